@@ -1,0 +1,108 @@
+# DDP workshop in C: build, data, demo and tests.
+#
+#   make            build every program this machine can build
+#   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
+#   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
+#   make test       unit + integration tests; ends with "N passed, N failed"
+#   make clean
+#
+# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, CUDA_HOME, CUDA=0|1, CFLAGS_EXTRA, SANITIZE=1.
+
+MPICC     ?= mpicc
+CUDA_HOME ?= /usr/local/cuda
+BLAS_LIBS ?= -lopenblas
+BLAS_CFLAGS ?=
+OPT       ?= -O3
+CFLAGS_EXTRA ?=
+
+# ---------------------------------------------------------------- detection
+# Each probe compiles a one-line program, so "found" means "usable", not
+# merely "some file exists".
+probe = $(shell printf '$(1)\nint main(void){return 0;}\n' | \
+          $(MPICC) -x c - -o /dev/null $(2) >/dev/null 2>&1 && echo 1)
+
+HAVE_MPICC := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
+pkg = $(shell pkg-config $(1) $(2) 2>/dev/null)
+
+PNG_CFLAGS  := $(call pkg,--cflags,libpng)
+PNG_LIBS    := $(or $(call pkg,--libs,libpng),-lpng)
+ZLIB_LIBS   := $(or $(call pkg,--libs,zlib),-lz)
+# HDF5: pkg-config first (Debian: hdf5 -> the serial build), else ask h5cc.
+HDF5_CFLAGS := $(or $(call pkg,--cflags,hdf5),$(filter -I%,$(shell h5cc -show 2>/dev/null)))
+HDF5_LIBS   := $(or $(call pkg,--libs,hdf5),$(filter -L%,$(shell h5cc -show 2>/dev/null)) -lhdf5)
+
+ifeq ($(HAVE_MPICC),1)
+HAVE_BLAS := $(call probe,#include <cblas.h>,$(BLAS_CFLAGS) $(BLAS_LIBS))
+HAVE_ZLIB := $(call probe,#include <zlib.h>,$(ZLIB_LIBS))
+HAVE_PNG  := $(call probe,#include <png.h>,$(PNG_CFLAGS) $(PNG_LIBS))
+HAVE_HDF5 := $(call probe,#include <hdf5.h>,$(HDF5_CFLAGS) $(HDF5_LIBS))
+endif
+HAVE_NVCC := $(shell test -x $(CUDA_HOME)/bin/nvcc && echo 1)
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
+CUDA ?= $(if $(HAVE_NVCC),1,0)
+
+mark = $(if $(filter 1,$(1)),✓,✗)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA))
+endif
+MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
+                   $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
+
+# ---------------------------------------------------------------- flags
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Wshadow -Icommon \
+          $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
+LDLIBS  = $(BLAS_LIBS) $(HDF5_LIBS) $(PNG_LIBS) $(ZLIB_LIBS) -lpthread -lm
+ifeq ($(SANITIZE),1)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+BUILD := build
+COMMON_SRC := $(wildcard common/*.c)
+COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
+
+DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp
+UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
+
+.PHONY: all check-deps data demo test clean
+all: check-deps $(DAY1) $(UNIT_TESTS)
+
+check-deps:
+	@if [ -n "$(MISSING)" ]; then \
+	  echo "missing: $(MISSING). On Debian/Ubuntu run ./setup.sh (or see README.md, Dependencies)." >&2; exit 1; fi
+
+$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) | $(BUILD)/common
+	$(MPICC) $(CFLAGS) -c $< -o $@
+
+day1/%: day1/%.c $(COMMON_OBJ)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(COMMON_OBJ) | $(BUILD)/tests
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+$(BUILD)/common $(BUILD)/tests:
+	mkdir -p $@
+
+# ---------------------------------------------------------------- data, demo, tests
+data:
+	data/fetch_mnist.sh data/mnist
+
+# mpirun refuses root unless told, and refuses more ranks than cores unless
+# told: both are normal on a laptop VM or a container.
+MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+
+demo: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	$(MPIRUN) -np 4 day1/0_dist_allreduce
+	day1/2_mnist_training
+	$(MPIRUN) -np 2 day1/3_mnist_distributed
+	$(MPIRUN) -np 2 day1/4_mnist_manual_ddp
+	@echo "demo done: loss curves in img/ (2_mnist_training.png, 3_mnist_distributed_rank*.png, 4_mnist_manual_ddp.png)"
+
+test: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	@MPIRUN="$(MPIRUN)" tests/run.sh
+
+clean:
+	rm -rf $(BUILD) $(DAY1)

@@ -1,0 +1,107 @@
+// args.c: flag parsing driven by a table. See args.h.
+#include "args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dist.h"
+
+static void print_default(const ArgSpec *f, char *out, size_t size) {
+    switch (f->type) {
+    case ARG_INT:    snprintf(out, size, "%d", *(int *)f->value); break;
+    case ARG_FLOAT:  snprintf(out, size, "%g", *(double *)f->value); break;
+    case ARG_SWITCH: snprintf(out, size, "off"); break;
+    case ARG_STRING: {
+        const char *s = *(const char **)f->value;
+        snprintf(out, size, "%s", s ? (*s ? s : "''") : "none");
+    } break;
+    }
+}
+
+static void print_help(const char *program, const ArgSpec *flags, int n_flags, const char *about) {
+    if (dist_rank() != 0) return;
+    printf("usage: %s [flags]\n  %s\n\nflags:\n", program, about);
+    for (int i = 0; i < n_flags; i++) {
+        const ArgSpec *f = &flags[i];
+        char left[64], def[256];
+        const char *meta = f->choices ? f->choices : f->metavar;
+        snprintf(left, sizeof left, "--%s%s%s", f->name, meta ? " " : "", meta ? meta : "");
+        print_default(f, def, sizeof def);
+        printf("  %-26s %s (default: %s)\n", left, f->help, def);
+    }
+    printf("  %-26s %s\n", "--help", "show this message");
+    fflush(stdout);
+}
+
+static int is_choice(const char *value, const char *choices) {
+    size_t len = strlen(value);
+    for (const char *c = choices; *c;) {
+        const char *bar = strchr(c, '|');
+        size_t n = bar ? (size_t)(bar - c) : strlen(c);
+        if (n == len && strncmp(c, value, n) == 0) return 1;
+        c += n + (bar ? 1 : 0);
+    }
+    return 0;
+}
+
+static void set_value(const ArgSpec *f, const char *text) {
+    char *end = NULL;
+    errno = 0;
+    switch (f->type) {
+    case ARG_INT: {
+        long v = strtol(text, &end, 10);
+        if (*text == '\0' || *end != '\0' || errno || v < f->min || v > 2147483647L)
+            usage_error("--%s expects an integer >= %g, got '%s'", f->name, f->min, text);
+        *(int *)f->value = (int)v;
+    } break;
+    case ARG_FLOAT: {
+        double v = strtod(text, &end);
+        if (*text == '\0' || *end != '\0' || errno || !isfinite(v) || v <= f->min)
+            usage_error("--%s expects a number > %g, got '%s'", f->name, f->min, text);
+        *(double *)f->value = v;
+    } break;
+    case ARG_STRING:
+        if (f->choices && !is_choice(text, f->choices))
+            usage_error("--%s expects one of %s, got '%s'", f->name, f->choices, text);
+        *(const char **)f->value = text;
+        break;
+    case ARG_SWITCH:
+        *(int *)f->value = 1;
+        break;
+    }
+}
+
+void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            print_help(argv[0], flags, n_flags, about);
+            MPI_Finalize();
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) usage_error("unexpected argument '%s'", arg);
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
+
+        const ArgSpec *f = NULL;
+        for (int k = 0; k < n_flags && !f; k++)
+            if (strlen(flags[k].name) == name_len && strncmp(flags[k].name, name, name_len) == 0) f = &flags[k];
+        if (!f) usage_error("unknown flag '--%.*s'", (int)name_len, name);
+
+        if (f->type == ARG_SWITCH) {
+            if (eq) usage_error("--%s takes no value", f->name);
+            set_value(f, "");
+        } else if (eq) {
+            set_value(f, eq + 1);
+        } else if (i + 1 < argc) {
+            set_value(f, argv[++i]);
+        } else {
+            usage_error("--%s expects a value (%s)", f->name, f->choices ? f->choices : f->metavar);
+        }
+    }
+}

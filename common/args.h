@@ -1,0 +1,65 @@
+// args.h: one flag table drives both the parsing and --help.
+//
+//   int count = 1;
+//   ArgSpec flags[] = {
+//       {"count", ARG_INT, &count, "N", "floats to allreduce", .min = 1},
+//   };
+//   args_parse(argc, argv, flags, ARRAY_LEN(flags), "0_dist_allreduce: sum, then mean, over ranks");
+//
+// Flags take "--name value" or "--name=value". A bad value, an unknown flag or a
+// stray argument is a usage error: one line on rank 0, exit status 2 on all ranks.
+#pragma once
+
+#define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+typedef enum {
+    ARG_INT,     // int*;    value must be >= .min
+    ARG_FLOAT,   // double*; value must be finite and > .min
+    ARG_STRING,  // const char**; if .choices ("cpu|cuda|auto") is set, one of them
+    ARG_SWITCH,  // int*;    takes no value, sets 1
+} ArgType;
+
+typedef struct {
+    const char *name;     // without the leading "--"
+    ArgType type;
+    void *value;          // holds the default before parsing
+    const char *metavar;  // "N", "DIR", ... shown in --help
+    const char *help;
+    double min;
+    const char *choices;
+} ArgSpec;
+
+void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about);
+
+// The flags every MNIST training program takes (issue: "Flags shared by the MNIST programs").
+typedef struct {
+    const char *data;    // folder with the four MNIST IDX files (plain or .gz)
+    int epochs;
+    int batch_size;      // per rank
+    double lr;           // a double, like Python's float: lr * world_size stays exact
+    int seed;
+    int no_shuffle;
+    const char *init;    // start from these weights (HDF5, PyTorch state_dict names)
+    const char *save;    // write the final weights there
+    const char *losses;  // CSV "step,epoch,loss", one line per optimizer step (rank 0)
+    const char *plot;    // loss-curve PNG
+    const char *device;  // cpu | cuda | auto
+} TrainOptions;
+
+// The workshop's defaults: MLP trained with Adam (lr 1e-3), batch 6400, 5 epochs.
+#define TRAIN_OPTIONS_DEFAULTS(plot_path)                                                 \
+    (TrainOptions) { .data = "data/mnist", .epochs = 5, .batch_size = 6400, .lr = 1e-3,   \
+                     .seed = 0, .plot = (plot_path), .device = "auto" }
+
+#define TRAIN_FLAGS(o)                                                                            \
+    {"data", ARG_STRING, &(o).data, "DIR", "folder with the MNIST files (make data)", 0, NULL},   \
+    {"epochs", ARG_INT, &(o).epochs, "N", "passes over the training set", 1, NULL},               \
+    {"batch_size", ARG_INT, &(o).batch_size, "N", "samples per step, per rank", 1, NULL},         \
+    {"lr", ARG_FLOAT, &(o).lr, "X", "Adam learning rate", 0, NULL},                               \
+    {"seed", ARG_INT, &(o).seed, "N", "seeds the weights and the shuffle, as torch.manual_seed", 0, NULL}, \
+    {"no-shuffle", ARG_SWITCH, &(o).no_shuffle, NULL, "keep the data in file order", 0, NULL},    \
+    {"init", ARG_STRING, &(o).init, "FILE.h5", "start from these weights", 0, NULL},              \
+    {"save", ARG_STRING, &(o).save, "FILE.h5", "write the final weights", 0, NULL},               \
+    {"losses", ARG_STRING, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
+    {"plot", ARG_STRING, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
+    {"device", ARG_STRING, &(o).device, "DEV", "where to compute", 0, "cpu|cuda|auto"}

@@ -1,0 +1,69 @@
+// check.c: the one place where fatal errors end. See check.h.
+#include "check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static int mpi_is_running(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    return initialized && !finalized;
+}
+
+void fatal_at(const char *file, int line, int code, const char *fmt, ...) {
+    int rank = 0, world = 1;
+    if (mpi_is_running()) {
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &world);
+    }
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+
+    // Build the whole line first and write it at once, so that lines from
+    // several ranks never interleave mid-line.
+    char msg[1024];
+    int len = snprintf(msg, sizeof msg, "[rank %d @ %s] %s:%d: ", rank, host, file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    if (len >= 0 && len < (int)sizeof msg) len += vsnprintf(msg + len, sizeof msg - len, fmt, ap);
+    va_end(ap);
+    if (len < 0 || len >= (int)sizeof msg - 1) len = (int)sizeof msg - 2;
+    msg[len] = '\n';
+    fflush(stdout);
+    fwrite(msg, 1, (size_t)len + 1, stderr);
+    fflush(stderr);
+
+    if (mpi_is_running() && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);  // alone there is nobody to take down with us
+}
+
+void usage_error(const char *fmt, ...) {
+    int rank = 0;
+    if (mpi_is_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fflush(stdout);
+        fprintf(stderr, "error: %s (see --help)\n", msg);
+        fflush(stderr);
+    }
+    if (mpi_is_running()) MPI_Finalize();
+    exit(EXIT_USAGE);
+}
+
+void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    CHECK(p != NULL, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}

@@ -1,0 +1,54 @@
+// check.h: fail fast, and never leave other ranks hanging.
+//
+// Every fatal error ends in fatal(), which prints ONE line
+//   [rank 1 @ node07] common/mnist.c:42: cannot open data/mnist/...: No such file or directory
+// and then calls MPI_Abort. A plain exit() on one rank would leave the others
+// blocked forever in their next collective; MPI_Abort takes the whole job down.
+// Outside MPI (unit tests, world size 1) it simply exits with the code.
+//
+// Usage errors (bad flags) are different: every rank parses the same argv, so
+// every rank sees the same error. args.c prints it once on rank 0 and all ranks
+// exit(2) together; see usage_error().
+#pragma once
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#define EXIT_USAGE 2  // bad flags or values: the convention of getopt tools
+
+// Print "[rank r @ host] file:line: message" and abort the job with `code`.
+__attribute__((noreturn, format(printf, 4, 5)))
+void fatal_at(const char *file, int line, int code, const char *fmt, ...);
+
+// Usage error: print "error: message (see --help)" once (rank 0) and exit(2)
+// on every rank. Call it only from code that all ranks run with the same input.
+__attribute__((noreturn, format(printf, 1, 2)))
+void usage_error(const char *fmt, ...);
+
+#define FATAL(...) fatal_at(__FILE__, __LINE__, 1, __VA_ARGS__)
+
+// CHECK(cond, "what went wrong %s", arg): abort when a condition does not hold.
+#define CHECK(cond, ...) \
+    do { if (!(cond)) fatal_at(__FILE__, __LINE__, 1, __VA_ARGS__); } while (0)
+
+// CHECK_ERRNO(call, "open %s", path): for libc calls that return -1/NULL and set errno.
+#define CHECK_ERRNO(ok, fmt, ...)                                                         \
+    do { if (!(ok)) fatal_at(__FILE__, __LINE__, 1, fmt ": %s", __VA_ARGS__, strerror(errno)); \
+    } while (0)
+
+// CHECK_MPI(MPI_Allreduce(...)): MPI's own error string names the failure.
+#define CHECK_MPI(call)                                                              \
+    do {                                                                             \
+        int mpi_status_ = (call);                                                    \
+        if (mpi_status_ != MPI_SUCCESS) {                                            \
+            char mpi_msg_[MPI_MAX_ERROR_STRING]; int mpi_len_ = 0;                   \
+            MPI_Error_string(mpi_status_, mpi_msg_, &mpi_len_);                      \
+            fatal_at(__FILE__, __LINE__, 1, "%s failed: %s", #call, mpi_msg_);       \
+        }                                                                            \
+    } while (0)
+
+// Allocation that never returns NULL.
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t count, size_t size);

@@ -1,0 +1,103 @@
+// dist.c: process group on MPI. See dist.h.
+#include "dist.h"
+
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static int g_rank = 0, g_world = 1, g_local_rank = 0, g_local_world = 1;
+static char g_host[MPI_MAX_PROCESSOR_NAME] = "localhost";
+
+void dist_init(int *argc, char ***argv) {
+    CHECK_MPI(MPI_Init(argc, argv));
+    CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
+    CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &g_world));
+    int len = 0;
+    CHECK_MPI(MPI_Get_processor_name(g_host, &len));
+
+    // The ranks that share memory share a node: their rank in that group is
+    // the local rank (what torchrun calls LOCAL_RANK; it picks the GPU).
+    MPI_Comm node;
+    CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node));
+    CHECK_MPI(MPI_Comm_rank(node, &g_local_rank));
+    CHECK_MPI(MPI_Comm_size(node, &g_local_world));
+    CHECK_MPI(MPI_Comm_free(&node));
+}
+
+void dist_finalize(void) {
+    fflush(stdout);
+    CHECK_MPI(MPI_Finalize());
+}
+
+int dist_rank(void) { return g_rank; }
+int dist_world_size(void) { return g_world; }
+int dist_local_rank(void) { return g_local_rank; }
+int dist_local_world_size(void) { return g_local_world; }
+const char *dist_hostname(void) { return g_host; }
+
+// MPI counts are int; gradients of big models are not. Send in slices.
+#define MPI_SLICE ((size_t)1 << 30)
+
+void dist_allreduce_sum(float *buf, size_t count) {
+    if (g_world == 1) return;
+    for (size_t off = 0; off < count; off += MPI_SLICE) {
+        int n = (int)(count - off < MPI_SLICE ? count - off : MPI_SLICE);
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    }
+}
+
+void dist_broadcast(float *buf, size_t count, int root) {
+    if (g_world == 1) return;
+    for (size_t off = 0; off < count; off += MPI_SLICE) {
+        int n = (int)(count - off < MPI_SLICE ? count - off : MPI_SLICE);
+        CHECK_MPI(MPI_Bcast(buf + off, n, MPI_FLOAT, root, MPI_COMM_WORLD));
+    }
+}
+
+void dist_barrier(void) { CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
+
+// OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
+// so the count must be set through its API. Weak, so that another CBLAS
+// (BLAS_LIBS=...) still links; it then keeps its own threading.
+extern void openblas_set_num_threads(int) __attribute__((weak));
+
+int dist_set_blas_threads(void) {
+    cpu_set_t allowed;
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    // mpirun and Slurm may bind us to a subset of the cores: respect it.
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) cores = CPU_COUNT(&allowed);
+    int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int fair_share = online / g_local_world;
+    int threads = cores < fair_share ? cores : fair_share;
+    if (threads < 1) threads = 1;
+    if (openblas_set_num_threads) openblas_set_num_threads(threads);
+    return threads;
+}
+
+static void print_line(const char *prefix, const char *fmt, va_list ap) {
+    char line[2048];
+    int len = snprintf(line, sizeof line, "%s", prefix);
+    vsnprintf(line + len, sizeof line - len, fmt, ap);
+    fputs(line, stdout);  // one write per line (stdout is flushed right after)
+    fflush(stdout);
+}
+
+void print0(const char *fmt, ...) {
+    if (g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    print_line("", fmt, ap);
+    va_end(ap);
+}
+
+void print_rank(const char *fmt, ...) {
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "[rank %d] ", g_rank);
+    va_list ap;
+    va_start(ap, fmt);
+    print_line(prefix, fmt, ap);
+    va_end(ap);
+}

@@ -1,0 +1,35 @@
+// dist.h: the process group, like torch.distributed, on MPI.
+//
+// One process-wide group (MPI_COMM_WORLD), as in PyTorch:
+//   dist_init(&argc, &argv);            // init_process_group
+//   dist_rank(), dist_world_size()      // get_rank(), get_world_size()
+//   dist_local_rank()                   // LOCAL_RANK: index among the ranks on this node
+//   dist_allreduce_sum(buf, n)          // all_reduce(t, op=SUM), in place
+//   dist_broadcast(buf, n, root)        // broadcast(t, src=root)
+//   dist_barrier()
+//   dist_finalize();                    // destroy_process_group
+// Printing: print0() prints on rank 0 only; print_rank() prefixes "[rank r] ".
+// Both write whole lines at once, so ranks never interleave half-lines.
+#pragma once
+#include <stddef.h>
+
+void dist_init(int *argc, char ***argv);
+void dist_finalize(void);
+
+int dist_rank(void);
+int dist_world_size(void);
+int dist_local_rank(void);        // rank among the processes sharing this node
+int dist_local_world_size(void);  // how many ranks share this node
+const char *dist_hostname(void);
+
+void dist_allreduce_sum(float *buf, size_t count);
+void dist_broadcast(float *buf, size_t count, int root);
+void dist_barrier(void);
+
+// BLAS threads for this rank: the cores this process may run on, shared
+// fairly among the ranks of the node, so that 4 ranks on 2 cores do not
+// start 4 x 2 threads. Returns the number it set.
+int dist_set_blas_threads(void);
+
+__attribute__((format(printf, 1, 2))) void print0(const char *fmt, ...);
+__attribute__((format(printf, 1, 2))) void print_rank(const char *fmt, ...);

@@ -1,0 +1,96 @@
+// h5.c: HDF5 checkpoints. See h5.h.
+#include "h5.h"
+
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "check.h"
+
+// HDF5 prints its whole error stack on every failed call by default; we check
+// each call and print one line of our own instead.
+static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+#define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
+
+// A bias [1, out] is stored 1-D [out], as torch has it.
+static int stored_shape(const Tensor *t, hsize_t dims[2]) {
+    if (t->rows == 1) {
+        dims[0] = (hsize_t)t->cols;
+        return 1;
+    }
+    dims[0] = (hsize_t)t->rows;
+    dims[1] = (hsize_t)t->cols;
+    return 2;
+}
+
+// "float32 [128, 784]"
+static void format_shape(char *out, size_t size, const hsize_t *dims, int rank) {
+    int len = snprintf(out, size, "float32 [");
+    for (int d = 0; d < rank && len < (int)size; d++)
+        len += snprintf(out + len, size - len, "%s%llu", d ? ", " : "", (unsigned long long)dims[d]);
+    if (len < (int)size) snprintf(out + len, size - len, "]");
+}
+
+void h5_save_params(const char *path, const Param *params, int n_params) {
+    quiet_hdf5();
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CHECK(file >= 0, "%s: cannot create the HDF5 file (does its folder exist and is it writable?)", path);
+    for (int i = 0; i < n_params; i++) {
+        hsize_t dims[2];
+        int rank = stored_shape(params[i].value, dims);
+        hid_t space = H5Screate_simple(rank, dims, NULL);
+        hid_t dataset = H5Dcreate2(file, params[i].name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                                   H5P_DEFAULT);
+        CHECK(space >= 0 && dataset >= 0, "%s: cannot create dataset '%s'", path, params[i].name);
+        CHECK_H5(H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, params[i].value->data),
+                 "%s: cannot write dataset '%s'", path, params[i].name);
+        H5Dclose(dataset);
+        H5Sclose(space);
+    }
+    CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", path);
+}
+
+void h5_load_params(const char *path, Param *params, int n_params) {
+    quiet_hdf5();
+    CHECK_ERRNO(access(path, R_OK) == 0, "%s: cannot open", path);
+#if H5_VERSION_GE(1, 12, 0)
+    CHECK(H5Fis_accessible(path, H5P_DEFAULT) > 0, "%s: not an HDF5 file", path);
+#else
+    CHECK(H5Fis_hdf5(path) > 0, "%s: not an HDF5 file", path);
+#endif
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    CHECK(file >= 0, "%s: cannot open the HDF5 file", path);
+    for (int i = 0; i < n_params; i++) {
+        const Param *p = &params[i];
+        hsize_t want[2];
+        int want_rank = stored_shape(p->value, want);
+        char expected[96];
+        format_shape(expected, sizeof expected, want, want_rank);
+        CHECK(H5Lexists(file, p->name, H5P_DEFAULT) > 0, "%s: no dataset '%s' (expected %s, as in the "
+              "state_dict of the workshop's Net)", path, p->name, expected);
+        hid_t dataset = H5Dopen2(file, p->name, H5P_DEFAULT);
+        CHECK(dataset >= 0, "%s: '%s' is not a dataset (expected %s)", path, p->name, expected);
+        hid_t type = H5Dget_type(dataset);
+        CHECK(H5Tget_class(type) == H5T_FLOAT, "%s: dataset '%s' is not floating point (expected %s)", path,
+              p->name, expected);
+        hid_t space = H5Dget_space(dataset);
+        int rank = H5Sget_simple_extent_ndims(space);
+        hsize_t dims[H5S_MAX_RANK] = {0};
+        H5Sget_simple_extent_dims(space, dims, NULL);
+        bool same = rank == want_rank && dims[0] == want[0] && (rank == 1 || dims[1] == want[1]);
+        bool bias_as_row = want_rank == 1 && rank == 2 && dims[0] == 1 && dims[1] == want[0];
+        if (!same && !bias_as_row) {
+            char found[96];
+            format_shape(found, sizeof found, dims, rank);
+            FATAL("%s: dataset '%s' is %s (expected %s)", path, p->name, found, expected);
+        }
+        // Reading as native float converts float64 files on the way in.
+        CHECK_H5(H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->value->data),
+                 "%s: cannot read dataset '%s'", path, p->name);
+        H5Sclose(space);
+        H5Tclose(type);
+        H5Dclose(dataset);
+    }
+    H5Fclose(file);
+}

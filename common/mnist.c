@@ -1,0 +1,243 @@
+// mnist.c: IDX reader, data set, sampler, batches. See mnist.h.
+#include "mnist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <zlib.h>
+
+#include "check.h"
+#include "rng.h"
+
+// ------------------------------------------------------------------ IDX files
+
+#define IDX_MAX_BYTES ((size_t)1 << 31)  // far above MNIST's 47 MB; guards against garbage
+
+// Slurp a file through zlib, which reads gzip and plain files alike.
+static uint8_t *read_all(const char *path, size_t *size, char *err, size_t err_size) {
+    gzFile file = gzopen(path, "rb");
+    if (!file) {
+        snprintf(err, err_size, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    size_t capacity = 1 << 20, used = 0;
+    uint8_t *buf = xmalloc(capacity);
+    for (;;) {
+        if (used == capacity) {
+            if (capacity >= IDX_MAX_BYTES) {
+                snprintf(err, err_size, "larger than %zu bytes: not an MNIST file", IDX_MAX_BYTES);
+                gzclose(file), free(buf);
+                return NULL;
+            }
+            capacity *= 2;
+            buf = realloc(buf, capacity);
+            CHECK(buf, "out of memory reading %s", path);
+        }
+        int got = gzread(file, buf + used, (unsigned)(capacity - used));
+        if (got < 0) {
+            int code;
+            snprintf(err, err_size, "corrupt gzip data (%s)", gzerror(file, &code));
+            gzclose(file), free(buf);
+            return NULL;
+        }
+        if (got == 0) break;
+        used += (size_t)got;
+    }
+    // A gzip stream cut short reads like a short file; zlib tells us at close.
+    if (gzclose(file) != Z_OK) {
+        snprintf(err, err_size, "truncated or corrupt gzip stream");
+        free(buf);
+        return NULL;
+    }
+    *size = used;
+    return buf;
+}
+
+static uint32_t big_endian_u32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+bool idx_read(const char *path, int ndim, IdxArray *out, char *err, size_t err_size) {
+    *out = (IdxArray){0};
+    size_t size = 0;
+    uint8_t *raw = read_all(path, &size, err, err_size);
+    if (!raw) return false;
+
+    size_t header = 4 + 4 * (size_t)ndim;
+    uint32_t expected_magic = 0x00000800u | (uint32_t)ndim;  // 0x08: unsigned bytes
+    if (size == 0) {
+        snprintf(err, err_size, "file is empty (expected an IDX file)");
+        goto fail;
+    }
+    if (size < header) {
+        snprintf(err, err_size, "only %zu bytes: too short for an IDX header of %zu bytes", size, header);
+        goto fail;
+    }
+    uint32_t magic = big_endian_u32(raw);
+    if (magic != expected_magic) {
+        snprintf(err, err_size, "bad magic number 0x%08x (expected 0x%08x: IDX, unsigned bytes, %d dimension%s)",
+                 magic, expected_magic, ndim, ndim > 1 ? "s" : "");
+        goto fail;
+    }
+    size_t payload = 1;
+    for (int d = 0; d < ndim; d++) {
+        uint32_t dim = big_endian_u32(raw + 4 + 4 * d);
+        if (dim == 0 || dim > (uint32_t)IDX_MAX_BYTES) {
+            snprintf(err, err_size, "dimension %d is %u (expected 1 to %zu)", d, dim, IDX_MAX_BYTES);
+            goto fail;
+        }
+        out->dims[d] = (int)dim;
+        payload *= dim;
+        if (payload > IDX_MAX_BYTES) {
+            snprintf(err, err_size, "header promises more than %zu bytes: not an MNIST file", IDX_MAX_BYTES);
+            goto fail;
+        }
+    }
+    if (size - header != payload) {
+        snprintf(err, err_size, "%s: the header promises %zu bytes of data, the file holds %zu",
+                 size - header < payload ? "truncated" : "trailing bytes", payload, size - header);
+        goto fail;
+    }
+    out->ndim = ndim;
+    out->data = xmalloc(payload);
+    memcpy(out->data, raw + header, payload);
+    free(raw);
+    return true;
+fail:
+    free(raw);
+    return false;
+}
+
+void idx_free(IdxArray *array) {
+    free(array->data);
+    *array = (IdxArray){0};
+}
+
+// ------------------------------------------------------------------ the data set
+
+// "<dir>/<stem>" if present, else "<dir>/<stem>.gz"; fatal with a hint if neither.
+static void find_file(const char *dir, const char *stem, char *path, size_t size) {
+    struct stat st;
+    snprintf(path, size, "%s/%s", dir, stem);
+    if (stat(path, &st) == 0) return;
+    snprintf(path, size, "%s/%s.gz", dir, stem);
+    if (stat(path, &st) == 0) return;
+    FATAL("MNIST not found: no %s/%s[.gz]. Run `make data` (or pass --data DIR)", dir, stem);
+}
+
+static IdxArray load_idx(const char *dir, const char *stem, int ndim) {
+    char path[4096], err[512];
+    find_file(dir, stem, path, sizeof path);
+    IdxArray array;
+    if (!idx_read(path, ndim, &array, err, sizeof err))
+        FATAL("%s: %s. Run `make data` to fetch MNIST again", path, err);
+    return array;
+}
+
+MnistSplit mnist_load(const char *dir, MnistPart part) {
+    const char *prefix = part == MNIST_TRAIN ? "train" : "t10k";
+    char images_stem[64], labels_stem[64];
+    snprintf(images_stem, sizeof images_stem, "%s-images-idx3-ubyte", prefix);
+    snprintf(labels_stem, sizeof labels_stem, "%s-labels-idx1-ubyte", prefix);
+
+    IdxArray images = load_idx(dir, images_stem, 3);
+    IdxArray labels = load_idx(dir, labels_stem, 1);
+    CHECK(images.dims[1] == 28 && images.dims[2] == 28, "%s/%s: images are %dx%d (expected 28x28)", dir,
+          images_stem, images.dims[1], images.dims[2]);
+    CHECK(images.dims[0] == labels.dims[0], "%s: %s has %d images but %s has %d labels", dir, images_stem,
+          images.dims[0], labels_stem, labels.dims[0]);
+
+    MnistSplit split = {.n = images.dims[0], .images = images.data};
+    split.labels = xmalloc((size_t)split.n * sizeof(int));
+    for (int i = 0; i < split.n; i++) {
+        CHECK(labels.data[i] < MNIST_CLASSES, "%s/%s: label %d of sample %d (expected 0..9)", dir, labels_stem,
+              labels.data[i], i);
+        split.labels[i] = labels.data[i];
+    }
+    idx_free(&labels);
+    return split;
+}
+
+void mnist_free(MnistSplit *split) {
+    free(split->images);
+    free(split->labels);
+    *split = (MnistSplit){0};
+}
+
+void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels) {
+    // A table gives exactly numpy's float32(p) / float32(255), at a table lookup's cost.
+    static float pixel_value[256];
+    if (pixel_value[255] == 0.0f)
+        for (int p = 0; p < 256; p++) pixel_value[p] = (float)p / 255.0f;
+
+    CHECK(images->cols == MNIST_PIXELS && rows <= images->rows, "gather %d rows into [%d, %d]", rows,
+          images->rows, images->cols);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *src = split->images + (size_t)indices[r] * MNIST_PIXELS;
+        float *dst = images->data + (size_t)r * MNIST_PIXELS;
+        for (int k = 0; k < MNIST_PIXELS; k++) dst[k] = pixel_value[src[k]];
+        labels[r] = split->labels[indices[r]];
+    }
+}
+
+Tensor mnist_images(const MnistSplit *split, Device device) {
+    Tensor images = tensor_zeros(split->n, MNIST_PIXELS, device);
+    int *all = xmalloc((size_t)split->n * sizeof(int));
+    int *labels = xmalloc((size_t)split->n * sizeof(int));
+    for (int i = 0; i < split->n; i++) all[i] = i;
+    mnist_gather(split, all, split->n, &images, labels);
+    free(all);
+    free(labels);
+    return images;
+}
+
+// ------------------------------------------------------------------ sampler
+
+DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool shuffle, uint64_t seed) {
+    CHECK(dataset_size > 0 && world_size > 0 && rank >= 0 && rank < world_size,
+          "sampler of %d samples, rank %d of %d", dataset_size, rank, world_size);
+    DistributedSampler s = {.dataset_size = dataset_size, .world_size = world_size, .rank = rank,
+                            .shuffle = shuffle, .seed = seed};
+    s.num_samples = (dataset_size + world_size - 1) / world_size;
+    s.indices = xmalloc((size_t)s.num_samples * sizeof(int));
+    s.order = xmalloc((size_t)dataset_size * sizeof(int));
+    sampler_set_epoch(&s, 0);
+    return s;
+}
+
+void sampler_set_epoch(DistributedSampler *s, int epoch) {
+    if (s->shuffle) {
+        Rng rng;
+        rng_seed(&rng, s->seed + (uint64_t)epoch);  // a new, reproducible order every epoch
+        rng_randperm(&rng, s->dataset_size, s->order);
+    } else {
+        for (int i = 0; i < s->dataset_size; i++) s->order[i] = i;
+    }
+    // Position p of the padded list is order[p mod N]: the padding repeats the start.
+    for (int k = 0; k < s->num_samples; k++) {
+        long position = (long)s->rank + (long)k * s->world_size;
+        s->indices[k] = s->order[position % s->dataset_size];
+    }
+}
+
+void sampler_free(DistributedSampler *s) {
+    free(s->indices);
+    free(s->order);
+    *s = (DistributedSampler){0};
+}
+
+int sampler_num_batches(const DistributedSampler *s, int batch_size) {
+    return (s->num_samples + batch_size - 1) / batch_size;
+}
+
+Tensor mnist_batch(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+                   const Tensor *buffer, int *labels) {
+    int start = batch * batch_size;
+    int rows = sampler->num_samples - start < batch_size ? sampler->num_samples - start : batch_size;
+    CHECK(rows > 0, "batch %d is past the end of this rank's %d samples", batch, sampler->num_samples);
+    Tensor images = tensor_rows(buffer, rows);
+    mnist_gather(split, sampler->indices + start, rows, &images, labels);
+    return images;
+}

@@ -1,0 +1,257 @@
+// nn.c: layers, MLP, Adam and SGD on the CPU. See nn.h.
+#include "nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check.h"
+
+// ------------------------------------------------------------------ layers
+
+void linear_init(Linear *layer, int in, int out, Rng *rng, Device device) {
+    layer->weight = tensor_zeros(out, in, device);
+    layer->bias = tensor_zeros(1, out, device);
+    layer->grad_weight = tensor_zeros(out, in, device);
+    layer->grad_bias = tensor_zeros(1, out, device);
+    // kaiming_uniform_(a=sqrt(5)) works out to U(-1/sqrt(in), 1/sqrt(in)); torch
+    // computes the bound in double and draws the weight, then the bias.
+    float bound = (float)(1.0 / sqrt((double)in));
+    for (size_t i = 0; i < tensor_numel(&layer->weight); i++)
+        layer->weight.data[i] = rng_uniform(rng, -bound, bound);
+    for (int i = 0; i < out; i++) layer->bias.data[i] = rng_uniform(rng, -bound, bound);
+}
+
+void linear_free(Linear *layer) {
+    tensor_free(&layer->weight);
+    tensor_free(&layer->bias);
+    tensor_free(&layer->grad_weight);
+    tensor_free(&layer->grad_bias);
+}
+
+void linear_forward(const Linear *layer, const Tensor *x, Tensor *y) {
+    gemm(false, true, 1.0f, x, &layer->weight, 0.0f, y);  // [B, in] @ [in, out]
+    const float *bias = layer->bias.data;
+    for (int r = 0; r < y->rows; r++) {
+        float *row = y->data + (size_t)r * y->cols;
+        for (int c = 0; c < y->cols; c++) row[c] += bias[c];
+    }
+}
+
+void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
+    gemm(true, false, 1.0f, grad_y, x, 1.0f, &layer->grad_weight);  // [out, B] @ [B, in]
+    float *grad_bias = layer->grad_bias.data;
+    for (int r = 0; r < grad_y->rows; r++) {
+        const float *row = grad_y->data + (size_t)r * grad_y->cols;
+        for (int c = 0; c < grad_y->cols; c++) grad_bias[c] += row[c];
+    }
+    if (grad_x) gemm(false, false, 1.0f, grad_y, &layer->weight, 0.0f, grad_x);  // [B, out] @ [out, in]
+}
+
+void relu_forward(Tensor *x) {
+    float *v = x->data;
+    for (size_t i = 0; i < tensor_numel(x); i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+}
+
+void relu_backward(const Tensor *y, Tensor *grad) {
+    const float *out = y->data;
+    float *g = grad->data;
+    for (size_t i = 0; i < tensor_numel(grad); i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+}
+
+float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *probs) {
+    CHECK(logits->rows == probs->rows && logits->cols == probs->cols, "cross_entropy: probs shape");
+    double total = 0.0;
+    for (int r = 0; r < logits->rows; r++) {
+        const float *z = logits->data + (size_t)r * logits->cols;
+        float *p = probs->data + (size_t)r * probs->cols;
+        float max = z[0];
+        for (int c = 1; c < logits->cols; c++) max = z[c] > max ? z[c] : max;
+        float sum = 0.0f;
+        for (int c = 0; c < logits->cols; c++) sum += p[c] = expf(z[c] - max);
+        for (int c = 0; c < logits->cols; c++) p[c] /= sum;
+        // -log softmax[label], computed from the logits (log-sum-exp) for accuracy.
+        total += (double)(logf(sum) + max - z[labels[r]]);
+    }
+    return (float)(total / logits->rows);
+}
+
+void cross_entropy_backward(const Tensor *probs, const int *labels, Tensor *grad_logits) {
+    float inv_batch = 1.0f / (float)probs->rows;
+    for (int r = 0; r < probs->rows; r++) {
+        const float *p = probs->data + (size_t)r * probs->cols;
+        float *g = grad_logits->data + (size_t)r * grad_logits->cols;
+        for (int c = 0; c < probs->cols; c++) g[c] = p[c] * inv_batch;
+        g[labels[r]] -= inv_batch;
+    }
+}
+
+// ------------------------------------------------------------------ MLP
+
+Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device device) {
+    CHECK(n_sizes >= 2, "an MLP needs at least an input and an output size");
+    Mlp model = {.n_layers = n_sizes - 1, .max_batch = max_batch};
+    model.layers = xcalloc((size_t)model.n_layers, sizeof(Linear));
+    model.outputs = xcalloc((size_t)model.n_layers, sizeof(Tensor));
+    model.grad_outputs = xcalloc((size_t)model.n_layers, sizeof(Tensor));
+    model.n_params = 2 * model.n_layers;
+    model.params = xcalloc((size_t)model.n_params, sizeof(Param));
+    for (int i = 0; i < model.n_layers; i++) {
+        Linear *layer = &model.layers[i];
+        linear_init(layer, sizes[i], sizes[i + 1], rng, device);
+        model.outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
+        model.grad_outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
+        // nn.Sequential counts the ReLUs too: the Linears are fc.0, fc.2, fc.4...
+        Param *w = &model.params[2 * i], *b = &model.params[2 * i + 1];
+        *w = (Param){.value = &layer->weight, .grad = &layer->grad_weight};
+        *b = (Param){.value = &layer->bias, .grad = &layer->grad_bias};
+        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
+        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
+    }
+    model.probs = tensor_zeros(max_batch, sizes[n_sizes - 1], device);
+    return model;
+}
+
+void mlp_free(Mlp *model) {
+    for (int i = 0; i < model->n_layers; i++) {
+        linear_free(&model->layers[i]);
+        tensor_free(&model->outputs[i]);
+        tensor_free(&model->grad_outputs[i]);
+    }
+    tensor_free(&model->probs);
+    free(model->layers);
+    free(model->outputs);
+    free(model->grad_outputs);
+    free(model->params);
+    *model = (Mlp){0};
+}
+
+const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
+    CHECK(x->rows <= model->max_batch, "batch of %d rows, model built for %d", x->rows, model->max_batch);
+    const Tensor *input = x;
+    for (int i = 0; i < model->n_layers; i++) {
+        model->outputs[i].rows = x->rows;  // this batch's rows of the buffer
+        linear_forward(&model->layers[i], input, &model->outputs[i]);
+        if (i + 1 < model->n_layers) relu_forward(&model->outputs[i]);
+        input = &model->outputs[i];
+    }
+    return input;
+}
+
+float mlp_loss(Mlp *model, const int *labels) {
+    const Tensor *logits = &model->outputs[model->n_layers - 1];
+    Tensor probs = tensor_rows(&model->probs, logits->rows);
+    float loss = cross_entropy_forward(logits, labels, &probs);
+    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];
+    grad_logits->rows = logits->rows;
+    cross_entropy_backward(&probs, labels, grad_logits);
+    return loss;
+}
+
+void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context) {
+    const Tensor *grad_y = &model->grad_outputs[model->n_layers - 1];  // set by mlp_loss
+    for (int i = model->n_layers - 1; i >= 0; i--) {
+        const Tensor *input = i > 0 ? &model->outputs[i - 1] : x;
+        Tensor *grad_x = NULL;
+        if (i > 0) {
+            grad_x = &model->grad_outputs[i - 1];
+            grad_x->rows = x->rows;
+        }
+        linear_backward(&model->layers[i], input, grad_y, grad_x);
+        if (hook) hook(context, i);  // layer i's gradients are final: DDP may send them now
+        if (grad_x) relu_backward(input, grad_x);
+        grad_y = grad_x;
+    }
+}
+
+void mlp_zero_grad(Mlp *model) {
+    for (int i = 0; i < model->n_params; i++) tensor_fill(model->params[i].grad, 0.0f);
+}
+
+double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
+    long correct = 0;
+    for (int start = 0; start < x->rows; start += model->max_batch) {
+        int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
+        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
+        const Tensor *logits = mlp_forward(model, &chunk);
+        for (int r = 0; r < rows; r++) {
+            const float *z = logits->data + (size_t)r * logits->cols;
+            int best = 0;
+            for (int c = 1; c < logits->cols; c++) best = z[c] > z[best] ? c : best;
+            correct += best == labels[start + r];
+        }
+    }
+    return x->rows ? (double)correct / x->rows : 0.0;
+}
+
+size_t mlp_num_weights(const Mlp *model) {
+    size_t total = 0;
+    for (int i = 0; i < model->n_params; i++) total += tensor_numel(model->params[i].value);
+    return total;
+}
+
+unsigned long long params_checksum(const Param *params, int n_params) {
+    unsigned long long hash = 1469598103934665603ULL;  // FNV-1a, over the raw float bits
+    for (int i = 0; i < n_params; i++) {
+        const unsigned char *bytes = (const unsigned char *)params[i].value->data;
+        for (size_t k = 0; k < tensor_numel(params[i].value) * sizeof(float); k++)
+            hash = (hash ^ bytes[k]) * 1099511628211ULL;
+    }
+    return hash;
+}
+
+// ------------------------------------------------------------------ optimizers
+
+Adam adam_new(Param *params, int n_params, double lr) {
+    Adam adam = {.params = params, .n_params = n_params, .lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    adam.exp_avg = xcalloc((size_t)n_params, sizeof(Tensor));
+    adam.exp_avg_sq = xcalloc((size_t)n_params, sizeof(Tensor));
+    for (int i = 0; i < n_params; i++) {
+        const Tensor *p = params[i].value;
+        adam.exp_avg[i] = tensor_zeros(p->rows, p->cols, p->device);
+        adam.exp_avg_sq[i] = tensor_zeros(p->rows, p->cols, p->device);
+    }
+    return adam;
+}
+
+void adam_step(Adam *adam) {
+    adam->step++;
+    // Scalars in double, as Python computes them; each is rounded to float once
+    // where PyTorch hands it to a float32 kernel.
+    double bias_correction1 = 1.0 - pow(adam->beta1, (double)adam->step);
+    double bias_correction2 = 1.0 - pow(adam->beta2, (double)adam->step);
+    const float step_size = (float)(adam->lr / bias_correction1);
+    const float bias_correction2_sqrt = (float)sqrt(bias_correction2);
+    const float one_minus_beta1 = (float)(1.0 - adam->beta1);
+    const float beta2 = (float)adam->beta2, one_minus_beta2 = (float)(1.0 - adam->beta2);
+    const float eps = (float)adam->eps;
+    for (int i = 0; i < adam->n_params; i++) {
+        float *p = adam->params[i].value->data;
+        const float *g = adam->params[i].grad->data;
+        float *m = adam->exp_avg[i].data, *v = adam->exp_avg_sq[i].data;
+        for (size_t k = 0, n = tensor_numel(adam->params[i].value); k < n; k++) {
+            m[k] = m[k] + one_minus_beta1 * (g[k] - m[k]);         // exp_avg.lerp_(grad, 1 - beta1)
+            v[k] = v[k] * beta2 + one_minus_beta2 * (g[k] * g[k]);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
+            float denom = sqrtf(v[k]) / bias_correction2_sqrt + eps;
+            p[k] = p[k] - step_size * (m[k] / denom);               // param.addcdiv_(m, denom, -step_size)
+        }
+    }
+}
+
+void adam_free(Adam *adam) {
+    for (int i = 0; i < adam->n_params; i++) {
+        tensor_free(&adam->exp_avg[i]);
+        tensor_free(&adam->exp_avg_sq[i]);
+    }
+    free(adam->exp_avg);
+    free(adam->exp_avg_sq);
+}
+
+void sgd_step(const Param *params, int n_params, double lr) {
+    const float rate = (float)lr;
+    for (int i = 0; i < n_params; i++) {
+        float *p = params[i].value->data;
+        const float *g = params[i].grad->data;
+        for (size_t k = 0, n = tensor_numel(params[i].value); k < n; k++) p[k] -= rate * g[k];
+    }
+}
