@@ -1,0 +1,357 @@
+// plot.c: line charts as PNG, drawn pixel by pixel into an RGB buffer. See plot.h.
+//
+// Nothing here needs a graphics library beyond libpng: text uses embedded
+// public-domain bitmap fonts (font.h), lines are anti-aliased by the distance
+// of each pixel centre to the segment, and the layout follows matplotlib's
+// defaults: axes at 12.5%..90% x 11%..88% of the figure (wider where labels
+// need it), ticks outside, 5% data margins, tab10 colours, legend in the
+// emptiest corner.
+#include "plot.h"
+
+#include <math.h>
+#include <png.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "font.h"
+
+typedef struct { uint8_t r, g, b; } Rgb;
+
+// matplotlib's default colour cycle ("tab10").
+static const Rgb TAB10[10] = {
+    {0x1f, 0x77, 0xb4}, {0xff, 0x7f, 0x0e}, {0x2c, 0xa0, 0x2c}, {0xd6, 0x27, 0x28}, {0x94, 0x67, 0xbd},
+    {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x7f, 0x7f, 0x7f}, {0xbc, 0xbd, 0x22}, {0x17, 0xbe, 0xcf},
+};
+static const Rgb BLACK = {0, 0, 0}, WHITE = {255, 255, 255}, LEGEND_EDGE = {0xcc, 0xcc, 0xcc};
+
+// Layout in pixels (matplotlib's points at 100 dpi, rounded).
+enum {
+    DEFAULT_WIDTH = 640, DEFAULT_HEIGHT = 480,
+    PAD = 8,                 // figure edge to the outermost text
+    TICK_LEN = 5, TICK_PAD = 4,
+    LABEL_GAP = 6,           // tick labels to axis label
+    TITLE_GAP = 8,           // title to axes frame
+    LEGEND_INSET = 8, LEGEND_PAD = 6, LEGEND_ROW_GAP = 4, SAMPLE_LEN = 24, SAMPLE_GAP = 8,
+    MAX_TICKS = 12,
+};
+static const double LINE_HALF_WIDTH = 1.0;  // 2 px lines, matplotlib's 1.5 pt
+static const double DOT_RADIUS = 2.5;       // a point with no neighbour to join
+static const double DATA_MARGIN = 0.05;     // matplotlib's axes.xmargin / ymargin
+
+// ---------------------------------------------------------------- raster
+
+typedef struct { int width, height; uint8_t *rgb; } Canvas;
+
+// Mix `color` into pixel (x, y) with weight `coverage`; pixels off the canvas are clipped.
+static void blend(Canvas *c, int x, int y, Rgb color, double coverage) {
+    if (x < 0 || y < 0 || x >= c->width || y >= c->height || coverage <= 0) return;
+    if (coverage > 1) coverage = 1;
+    uint8_t *p = c->rgb + 3 * ((size_t)y * c->width + x);
+    const uint8_t rgb[3] = {color.r, color.g, color.b};
+    for (int k = 0; k < 3; k++) p[k] = (uint8_t)lround(p[k] + (rgb[k] - p[k]) * coverage);
+}
+
+static void fill_rect(Canvas *c, int x0, int y0, int x1, int y1, Rgb color) {  // inclusive corners
+    for (int y = y0; y <= y1; y++)
+        for (int x = x0; x <= x1; x++) blend(c, x, y, color, 1);
+}
+
+static void frame_rect(Canvas *c, int x0, int y0, int x1, int y1, Rgb color) {
+    fill_rect(c, x0, y0, x1, y0, color);
+    fill_rect(c, x0, y1, x1, y1, color);
+    fill_rect(c, x0, y0, x0, y1, color);
+    fill_rect(c, x1, y0, x1, y1, color);
+}
+
+static int text_width(const BitmapFont *font, const char *s) { return font->width * (int)strlen(s); }
+
+// Draw `s` with the top-left corner of its bounding box at (x, y). Vertical text
+// is turned 90 degrees counter-clockwise (read bottom to top, like matplotlib's
+// y-axis label), so its box is font->height wide and text_width() tall.
+static void draw_text(Canvas *c, const BitmapFont *font, const char *s, int x, int y, bool vertical) {
+    int length = text_width(font, s);
+    for (int i = 0; s[i]; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 32 || ch > 126) ch = '?';
+        const uint16_t *rows = font->glyphs + (ch - 32) * font->height;
+        for (int v = 0; v < font->height; v++)
+            for (int u = 0; u < font->width; u++) {
+                if (!(rows[v] >> (font->width - 1 - u) & 1)) continue;
+                int along = i * font->width + u;  // position along the reading direction
+                if (vertical) blend(c, x + v, y + length - 1 - along, BLACK, 1);
+                else blend(c, x + along, y + v, BLACK, 1);
+            }
+    }
+}
+
+// Stroke one segment into `mask` (w x h coverage values, pixel centres at integer
+// coordinates). Coverage is how far a pixel centre lies inside the stroke's edge,
+// clamped to [0, 1]; taking the maximum, rather than blending each segment, keeps
+// the joints of a dense polyline from darkening. A zero-length segment is a dot.
+static void stroke_segment(float *mask, int w, int h, double x0, double y0, double x1, double y1,
+                           double half_width) {
+    const double reach = half_width + 0.5;
+    // Clamp in double before converting: a point far outside must not overflow int.
+    int xa = (int)fmax(0, floor(fmin(x0, x1) - reach)), xb = (int)fmin(w - 1, ceil(fmax(x0, x1) + reach));
+    int ya = (int)fmax(0, floor(fmin(y0, y1) - reach)), yb = (int)fmin(h - 1, ceil(fmax(y0, y1) + reach));
+    double dx = x1 - x0, dy = y1 - y0, length2 = dx * dx + dy * dy;
+    for (int y = ya; y <= yb; y++)
+        for (int x = xa; x <= xb; x++) {
+            double t = length2 > 0 ? ((x - x0) * dx + (y - y0) * dy) / length2 : 0;
+            t = fmin(1, fmax(0, t));  // nearest point on the segment, not the infinite line
+            float coverage = (float)fmin(1, reach - hypot(x0 + t * dx - x, y0 + t * dy - y));
+            if (coverage > mask[(size_t)y * w + x]) mask[(size_t)y * w + x] = coverage;
+        }
+}
+
+// ---------------------------------------------------------------- axes and ticks
+
+typedef struct {
+    double lo, hi;           // visible data range
+    double first, step;      // ticks at first + i * step
+    int n_ticks;
+    char labels[MAX_TICKS][32];
+    int label_width;         // widest tick label, pixels
+} Axis;
+
+// Widen [lo, hi] like matplotlib: open up a flat range (one point, constant loss)
+// around its value, then add a 5% margin on each side. No data at all: [0, 1].
+static void pad_range(Axis *a) {
+    if (!(a->lo <= a->hi)) { a->lo = 0; a->hi = 1; return; }
+    if (a->hi - a->lo <= 1e-12 * fmax(1, fabs(a->lo))) {
+        double half = a->lo != 0 ? 0.1 * fabs(a->lo) : 1;
+        a->lo -= half;
+        a->hi += half;
+    }
+    double margin = DATA_MARGIN * (a->hi - a->lo);
+    a->lo -= margin;
+    a->hi += margin;
+}
+
+// Fewest decimals that print `step` exactly (0.25 -> 2, 0.5 -> 1, 50 -> 0), so
+// labels read "0.5" and never "0.30000001". One count per axis, as matplotlib.
+static int decimals_for(double step) {
+    int d = 0;
+    while (d < 9 && fabs(step * pow(10, d) - round(step * pow(10, d))) > 1e-6 * step * pow(10, d)) d++;
+    return d;
+}
+
+// Ticks at a "nice" step (1, 2, 2.5 or 5 times a power of ten): the smallest such
+// step that gives at most max_ticks ticks inside [lo, hi]. Then format the labels.
+static void make_ticks(Axis *a, const BitmapFont *font, int max_ticks) {
+    static const double MULTIPLES[] = {1, 2, 2.5, 5, 10};
+    double span = a->hi - a->lo, magnitude = pow(10, floor(log10(span / max_ticks)));
+    for (int i = 0; i < 5; i++) {
+        a->step = MULTIPLES[i] * magnitude;
+        a->first = ceil(a->lo / a->step) * a->step;
+        a->n_ticks = (int)floor((a->hi - a->first) / a->step + 1e-9) + 1;
+        if (a->n_ticks <= max_ticks) break;
+    }
+    if (a->n_ticks > MAX_TICKS) a->n_ticks = MAX_TICKS;  // only if max_ticks > MAX_TICKS
+
+    double last = a->first + (a->n_ticks - 1) * a->step;
+    double largest = fmax(fabs(a->first), fabs(last));
+    bool scientific = largest >= 1e5 || (largest > 0 && largest < 1e-3);  // "2e+05", not "200000"
+    int digits = scientific ? (int)(floor(log10(largest)) - floor(log10(a->step) + 1e-9)) + 1 : 0;
+    a->label_width = 0;
+    for (int i = 0; i < a->n_ticks; i++) {
+        double v = a->first + i * a->step;
+        if (fabs(v) < 1e-9 * a->step) v = 0;  // -1e-17 would print as "-0.0"
+        if (scientific) snprintf(a->labels[i], sizeof a->labels[i], "%.*g", digits < 1 ? 1 : digits, v);
+        else snprintf(a->labels[i], sizeof a->labels[i], "%.*f", decimals_for(a->step), v);
+        int w = text_width(font, a->labels[i]);
+        if (w > a->label_width) a->label_width = w;
+    }
+}
+
+static int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+static int max_int(int a, int b) { return a > b ? a : b; }
+static bool has_text(const char *s) { return s && *s; }
+
+// ---------------------------------------------------------------- PNG output
+
+// `mkdir -p` of the directory part of `path`, so "img/run1/loss.png" just works.
+static void make_parent_dirs(const char *path) {
+    char dir[4096];
+    CHECK(strlen(path) < sizeof dir, "path too long: %s", path);
+    strcpy(dir, path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return;
+    *slash = '\0';
+    for (char *p = dir + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        CHECK_ERRNO(mkdir(dir, 0777) == 0 || errno == EEXIST, "cannot create directory %s", dir);
+        if (saved == '\0') break;
+        *p = saved;
+    }
+}
+
+static void write_png(const char *path, const Canvas *c) {
+    make_parent_dirs(path);
+    FILE *file = fopen(path, "wb");
+    CHECK_ERRNO(file != NULL, "cannot open %s", path);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    CHECK(info != NULL, "libpng: cannot start writing %s", path);
+    // libpng reports errors (e.g. a full disk) by longjmp to here; no local
+    // variable changes after this point, so none needs to be volatile.
+    if (setjmp(png_jmpbuf(png))) FATAL("libpng: failed writing %s", path);
+    png_init_io(png, file);
+    png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8, PNG_COLOR_TYPE_RGB,
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_set_pHYs(png, info, 3937, 3937, PNG_RESOLUTION_METER);  // 100 dpi, as matplotlib
+    png_write_info(png, info);
+    for (int y = 0; y < c->height; y++) png_write_row(png, c->rgb + (size_t)3 * c->width * y);
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    CHECK_ERRNO(fclose(file) == 0, "cannot write %s", path);
+}
+
+// ---------------------------------------------------------------- the figure
+
+void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, int n_series) {
+    const BitmapFont *font = &FONT_BODY, *title_font = &FONT_TITLE;
+    const int W = spec->width > 0 ? spec->width : DEFAULT_WIDTH;
+    const int H = spec->height > 0 ? spec->height : DEFAULT_HEIGHT;
+    Canvas canvas = {W, H, xmalloc((size_t)3 * W * H)};
+    memset(canvas.rgb, 255, (size_t)3 * W * H);
+
+    // Data limits over the finite points only (NaN/Inf are skipped, and break the line).
+    Axis xa = {.lo = INFINITY, .hi = -INFINITY}, ya = {.lo = INFINITY, .hi = -INFINITY};
+    for (int s = 0; s < n_series; s++)
+        for (int i = 0; i < series[s].n; i++) {
+            double x = series[s].x[i], y = series[s].y[i];
+            if (!isfinite(x) || !isfinite(y)) continue;
+            xa.lo = fmin(xa.lo, x), xa.hi = fmax(xa.hi, x);
+            ya.lo = fmin(ya.lo, y), ya.hi = fmax(ya.hi, y);
+        }
+    pad_range(&xa);
+    pad_range(&ya);
+
+    // Axes frame: rows top..bottom, columns left..right. Top and bottom come
+    // first: they fix the y axis length, hence its ticks, hence the width of the
+    // y tick labels, which sets the left margin.
+    int title_h = has_text(spec->title) ? title_font->height + TITLE_GAP : 0;
+    int xlabel_h = has_text(spec->xlabel) ? LABEL_GAP + font->height : 0;
+    int ylabel_w = has_text(spec->ylabel) ? LABEL_GAP + font->height : 0;
+    int top = max_int((int)(0.12 * H), PAD + title_h);
+    int below = TICK_LEN + TICK_PAD + font->height + xlabel_h;
+    int bottom = H - 1 - max_int((int)(0.11 * H), below + PAD);
+    bottom = max_int(bottom, top + 2);
+    make_ticks(&ya, font, clamp_int((bottom - top) / 40, 2, 9));
+    int beside = TICK_LEN + TICK_PAD + ya.label_width + ylabel_w;
+    int left = max_int((int)(0.125 * W), beside + PAD);
+    int right = max_int(W - 1 - max_int((int)(0.1 * W), PAD + 3 * font->width), left + 2);
+    // x tick labels are wide: start from one tick per 70 px, thin out until labels do not touch.
+    for (int max_ticks = clamp_int((right - left) / 70, 2, 8);; max_ticks--) {
+        make_ticks(&xa, font, max_ticks);
+        double step_px = xa.step / (xa.hi - xa.lo) * (right - left);
+        if (max_ticks == 2 || step_px >= xa.label_width + 2 * font->width) break;
+    }
+    double x_scale = (right - left) / (xa.hi - xa.lo), y_scale = (bottom - top) / (ya.hi - ya.lo);
+
+    // Series, clipped to the inside of the frame. Each is stroked into a coverage
+    // mask and composited once; `ink` sums them all, for placing the legend.
+    const int inner_x = left + 1, inner_y = top + 1, inner_w = right - left - 1, inner_h = bottom - top - 1;
+    float *mask = xmalloc((size_t)inner_w * inner_h * sizeof *mask);
+    float *ink = xcalloc((size_t)inner_w * inner_h, sizeof *ink);
+    for (int s = 0; s < n_series; s++) {
+        memset(mask, 0, (size_t)inner_w * inner_h * sizeof *mask);
+        double prev_x = 0, prev_y = 0;
+        bool have_prev = false;
+        const float *xs = series[s].x, *ys = series[s].y;
+        for (int i = 0; i < series[s].n; i++) {
+            if (!isfinite(xs[i]) || !isfinite(ys[i])) { have_prev = false; continue; }
+            double px = left + (xs[i] - xa.lo) * x_scale - inner_x;  // mask coordinates
+            double py = bottom - (ys[i] - ya.lo) * y_scale - inner_y;
+            bool next_joins = i + 1 < series[s].n && isfinite(xs[i + 1]) && isfinite(ys[i + 1]);
+            if (have_prev) stroke_segment(mask, inner_w, inner_h, prev_x, prev_y, px, py, LINE_HALF_WIDTH);
+            else if (!next_joins) stroke_segment(mask, inner_w, inner_h, px, py, px, py, DOT_RADIUS);
+            prev_x = px, prev_y = py, have_prev = true;
+        }
+        for (int y = 0; y < inner_h; y++)
+            for (int x = 0; x < inner_w; x++) {
+                float m = mask[(size_t)y * inner_w + x];
+                if (m <= 0) continue;
+                blend(&canvas, inner_x + x, inner_y + y, TAB10[s % 10], m);
+                ink[(size_t)y * inner_w + x] += m;
+            }
+    }
+    free(mask);
+
+    // Frame, ticks and tick labels (drawn over the lines, as matplotlib's spines).
+    frame_rect(&canvas, left, top, right, bottom, BLACK);
+    for (int i = 0; i < xa.n_ticks; i++) {
+        int px = (int)lround(left + (xa.first + i * xa.step - xa.lo) * x_scale);
+        fill_rect(&canvas, px, bottom + 1, px, bottom + TICK_LEN, BLACK);
+        draw_text(&canvas, font, xa.labels[i], px - text_width(font, xa.labels[i]) / 2,
+                  bottom + TICK_LEN + TICK_PAD, false);
+    }
+    for (int i = 0; i < ya.n_ticks; i++) {
+        int py = (int)lround(bottom - (ya.first + i * ya.step - ya.lo) * y_scale);
+        fill_rect(&canvas, left - TICK_LEN, py, left - 1, py, BLACK);
+        draw_text(&canvas, font, ya.labels[i], left - TICK_LEN - TICK_PAD - text_width(font, ya.labels[i]),
+                  py - font->height / 2, false);
+    }
+
+    // Title and axis labels, centred on the axes.
+    int centre_x = (left + right) / 2, centre_y = (top + bottom) / 2;
+    if (has_text(spec->title))
+        draw_text(&canvas, title_font, spec->title, centre_x - text_width(title_font, spec->title) / 2,
+                  top - TITLE_GAP - title_font->height, false);
+    if (has_text(spec->xlabel))
+        draw_text(&canvas, font, spec->xlabel, centre_x - text_width(font, spec->xlabel) / 2,
+                  bottom + TICK_LEN + TICK_PAD + font->height + LABEL_GAP, false);
+    if (has_text(spec->ylabel))
+        draw_text(&canvas, font, spec->ylabel, left - beside, centre_y - text_width(font, spec->ylabel) / 2,
+                  true);
+
+    // Legend: matplotlib's loc="best" among the four corners, i.e. the one that
+    // hides the least ink, preferring upper right, upper left, lower left, lower right.
+    int entries = 0, label_width = 0;
+    for (int s = 0; s < n_series; s++) {
+        if (!has_text(series[s].label)) continue;
+        entries++;
+        label_width = max_int(label_width, text_width(font, series[s].label));
+    }
+    if (entries > 0) {
+        int box_w = 2 * LEGEND_PAD + SAMPLE_LEN + SAMPLE_GAP + label_width;
+        int row_h = font->height + LEGEND_ROW_GAP, box_h = 2 * LEGEND_PAD + entries * row_h - LEGEND_ROW_GAP;
+        const int far_x = inner_w - LEGEND_INSET - box_w, far_y = inner_h - LEGEND_INSET - box_h;
+        const int corner_x[4] = {far_x, LEGEND_INSET, LEGEND_INSET, far_x};
+        const int corner_y[4] = {LEGEND_INSET, LEGEND_INSET, far_y, far_y};
+        int best = 0;
+        double best_ink = INFINITY;
+        for (int k = 0; k < 4; k++) {
+            double hidden = 0;
+            for (int y = max_int(corner_y[k], 0); y < corner_y[k] + box_h && y < inner_h; y++)
+                for (int x = max_int(corner_x[k], 0); x < corner_x[k] + box_w && x < inner_w; x++)
+                    hidden += ink[(size_t)y * inner_w + x];
+            if (hidden < best_ink) best_ink = hidden, best = k;
+        }
+        int bx = inner_x + corner_x[best], by = inner_y + corner_y[best];
+        fill_rect(&canvas, bx, by, bx + box_w - 1, by + box_h - 1, WHITE);
+        frame_rect(&canvas, bx, by, bx + box_w - 1, by + box_h - 1, LEGEND_EDGE);
+        int row_y = by + LEGEND_PAD;
+        for (int s = 0; s < n_series; s++) {
+            if (!has_text(series[s].label)) continue;
+            int sample_y = row_y + font->height / 2;  // a 2 px line through the text's middle
+            fill_rect(&canvas, bx + LEGEND_PAD, sample_y - 1, bx + LEGEND_PAD + SAMPLE_LEN - 1, sample_y,
+                      TAB10[s % 10]);
+            int text_x = bx + LEGEND_PAD + SAMPLE_LEN + SAMPLE_GAP;
+            draw_text(&canvas, font, series[s].label, text_x, row_y, false);
+            row_y += row_h;
+        }
+    }
+    free(ink);
+
+    write_png(path, &canvas);
+    free(canvas.rgb);
+}

@@ -1,0 +1,118 @@
+// Step 3: N identical, independent trainings.                PyTorch twin: 3_mnist_distributed.py
+//
+// What it adds over step 2: nothing but mpirun. Every rank runs step 2's loop
+// on the full data set, with no communication at all. With the same seed the
+// ranks draw the same weights and the same batches, so they do the same work
+// N times and end with bit-identical models (compare the checksums): N times
+// the compute for no gain. Step 4 fixes that by splitting the data and
+// averaging the gradients.
+//
+// Build and run:
+//   make day1/3_mnist_distributed
+//   mpirun -np 2 day1/3_mnist_distributed          (add --oversubscribe on fewer cores)
+//
+// Expected output (times vary; every rank prints its own lines):
+//   Step 3: 2 ranks, each training alone: MLP 784-128-10, ...; cpu, 1 BLAS thread per rank
+//   [rank 0] epoch 1/5: mean loss 1.9859 over 10 steps, 0.45 s, 133000 samples/s
+//   [rank 1] epoch 1/5: mean loss 1.9859 over 10 steps, 0.45 s, 133000 samples/s
+//   ...
+//   [rank 1] Training completed in 2.30 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum 9c1c0d3f5ad1bf7e
+//   [rank 0] Training completed in 2.30 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum 9c1c0d3f5ad1bf7e
+//   [rank 0] Loss curve: img/3_mnist_distributed_rank0.png
+//   [rank 1] Loss curve: img/3_mnist_distributed_rank1.png
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "check.h"
+#include "dist.h"
+#include "h5.h"
+#include "loss_log.h"
+#include "mnist.h"
+#include "nn.h"
+#include "timer.h"
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/3_mnist_distributed.png");
+    ArgSpec flags[] = {TRAIN_FLAGS(opt)};
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 3: every rank trains its own copy on all the data (--plot gets a _rank<r> suffix).");
+    Device device = device_from_flag(opt.device);
+    int blas_threads = dist_set_blas_threads();
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Every rank samples ALL the data, as if it were alone: world size 1, rank 0.
+    DistributedSampler sampler = sampler_new(train.n, 1, 0, !opt.no_shuffle, (uint64_t)opt.seed);
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    Adam optimizer = adam_new(model.params, model.n_params, opt.lr);
+
+    print0("Step 3: %d ranks, each training alone: MLP 784-128-10, %zu weights; Adam lr %g; batch %d; %d epochs; shuffle %s (seed %d); %s, %d BLAS thread%s\n",
+           world, mlp_num_weights(&model), opt.lr, opt.batch_size, opt.epochs, opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), blas_threads, blas_threads == 1 ? " per rank" : "s per rank");
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        double loss_sum = 0.0;
+        for (int b = 0; b < n_batches; b++) {
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            mlp_zero_grad(&model);                         // optimizer.zero_grad()
+            mlp_forward(&model, &x);                       // output = model(data)
+            float loss = mlp_loss(&model, batch_labels);   // loss = criterion(output, target)
+            mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
+            adam_step(&optimizer);                         // optimizer.step()
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print_rank("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_batches, n_batches, seconds, sampler.num_samples / seconds);
+    }
+    double train_seconds = wall_seconds() - train_start;
+
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    double accuracy = mlp_accuracy(&model, &test_images, test.labels);
+    print_rank("Training completed in %.2f s. Test accuracy: %.2f%% (%.0f of %d). Parameter checksum %016llx\n",
+               train_seconds, 100 * accuracy, accuracy * test.n, test.n, params_checksum(model.params, model.n_params));
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+    if (opt.plot && *opt.plot) {  // one curve per rank: img/x.png -> img/x_rank<r>.png
+        char path[4096], title[64], label[32];
+        const char *dot = strrchr(opt.plot, '.');
+        int stem = dot ? (int)(dot - opt.plot) : (int)strlen(opt.plot);
+        snprintf(path, sizeof path, "%.*s_rank%d%s", stem, opt.plot, rank, dot ? dot : ".png");
+        snprintf(title, sizeof title, "Step 3: MNIST training loss, rank %d of %d", rank, world);
+        snprintf(label, sizeof label, "rank %d", rank);
+        loss_log_plot(&losses, path, title, label);
+        print_rank("Loss curve: %s\n", path);
+    }
+
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
