@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One command from a fresh Debian/Ubuntu machine to the Day 1 demo:
+# install the packages, build, fetch MNIST, run steps 0, 2, 3 and 4.
+#
+#   ./setup.sh                   # everything, then the demo
+#   ./setup.sh --no-demo         # stop after building and fetching the data
+#   ./setup.sh --with-reference  # also install PyTorch and h5py (Debian's), which the
+#                                # tests use to compare with the PyTorch reference
+#   MNIST_MIRROR=DIR ./setup.sh  # offline: copy MNIST from a local folder
+#
+# On a cluster, skip this: `module load` MPI, OpenBLAS, HDF5 (and CUDA) instead,
+# then `make && make data` (README.md, "Dependencies").
+set -euo pipefail
+cd "$(dirname "$0")"
+
+demo=1 reference=0
+for arg in "$@"; do
+    case "$arg" in
+        --no-demo) demo=0 ;;
+        --with-reference) reference=1 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "error: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+packages=(make gcc pkg-config curl ca-certificates
+          openmpi-bin libopenmpi-dev       # MPI: mpicc, mpirun
+          libopenblas-dev                  # CBLAS (sgemm)
+          zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs
+          libhdf5-dev)                     # checkpoints (and Day 2's data set)
+[ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
+
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+echo "== installing: ${packages[*]}"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${packages[@]}"
+
+echo "== building"
+make -j"$(nproc)"
+echo "== fetching MNIST"
+make data
+if [ "$demo" = 1 ]; then
+    echo "== Day 1 demo"
+    make demo
+fi

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Run every unit test (build/tests/*) and integration script (tests/test_*.sh),
+# count their "PASS ..." / "FAIL ..." / "SKIP ..." lines, and end with the one line
+#   N passed, N failed[, N skipped]
+# A test program that exits non-zero without printing a FAIL (a crash) counts as a failure.
+set -u
+cd "$(dirname "$0")/.."
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+crashed=0
+run() {
+    local name=$1; shift
+    local out status
+    out=$(mktemp)
+    # Show the verdicts as they come; keep the whole output for the count.
+    "$@" 2>&1 | tee "$out" | grep --line-buffered -E '^(PASS|FAIL|SKIP) '
+    status=${PIPESTATUS[0]}
+    cat "$out" >> "$log"
+    if [ "$status" -ne 0 ] && ! grep -q '^FAIL ' "$out"; then
+        echo "FAIL $name: exited with status $status without a FAIL line; its output:"
+        tail -20 "$out" | sed 's/^/    /'
+        crashed=$((crashed + 1))
+    fi
+    rm -f "$out"
+}
+
+for test in build/tests/*; do
+    [ -x "$test" ] && run "$(basename "$test")" "$test"
+done
+for script in tests/test_*.sh; do
+    run "$(basename "$script")" bash "$script"
+done
+
+passed=$(grep -c '^PASS ' "$log")
+failed=$(( $(grep -c '^FAIL ' "$log") + crashed ))
+skipped=$(grep -c '^SKIP ' "$log")
+echo
+if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
+else echo "$passed passed, $failed failed"; fi
+[ "$failed" -eq 0 ]

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Integration tests: the real programs under mpirun, on real MNIST.
+# Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS integration: $*"; }
+fail() { echo "FAIL integration: $*"; }
+skip() { echo "SKIP integration: $*"; }
+expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+# Every run is bounded: a hang is a failure, not a stuck CI job.
+run() { timeout 120 "$@"; }
+mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+
+# ---------------------------------------------------------------- step 0
+for np in 1 2 4; do
+    mpi $np day1/0_dist_allreduce > "$tmp/out" 2>&1
+    mean=$(awk "BEGIN { print ($np + 1) / 2 }")
+    expect "step 0 at $np ranks: every rank prints mean $mean" \
+        test "$(grep -c "after allreduce: sum $((np * (np + 1) / 2)), mean $mean\$" "$tmp/out")" = $np
+    expect "step 0 --count 1000003 at $np ranks verifies every element" \
+        bash -c "$MPIRUN -np $np day1/0_dist_allreduce --count 1000003 | grep -q 'every element verified on every rank'"
+done
+
+# ---------------------------------------------------------------- step 2
+run day1/2_mnist_training --losses "$tmp/losses2.csv" --plot "$tmp/img/2.png" --save "$tmp/w2.h5" > "$tmp/out2" 2>&1
+accuracy=$(sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$tmp/out2")
+expect "step 2 reaches >= 85% test accuracy in 5 epochs (got ${accuracy:-nothing}%)" \
+    awk "BEGIN { exit !(${accuracy:-0} >= 85) }"
+expect "step 2 writes the loss CSV: header step,epoch,loss and 50 steps" \
+    bash -c "head -1 $tmp/losses2.csv | grep -qx 'step,epoch,loss' && test \$(wc -l < $tmp/losses2.csv) = 51"
+expect "step 2 writes its loss-curve PNG (creating the folder)" test -s "$tmp/img/2.png"
+expect "step 2's mean loss falls every epoch" \
+    awk '/^epoch/ { loss = $5 + 0; if (NR > 1 && seen && loss >= prev) bad = 1; prev = loss; seen = 1 } END { exit bad }' "$tmp/out2"
+
+# --save / --init: resuming from the saved weights starts where training ended.
+run day1/2_mnist_training --init "$tmp/w2.h5" --epochs 1 --losses "$tmp/resume.csv" --plot '' > /dev/null 2>&1
+expect "step 2 --init from its own --save resumes at the trained loss (< 0.6, a fresh start is 2.3)" \
+    awk -F, 'NR == 2 { exit !($3 < 0.6) }' "$tmp/resume.csv"
+
+# ---------------------------------------------------------------- step 3
+(cd "$tmp" && mpi 2 "$OLDPWD/day1/3_mnist_distributed" --data "$OLDPWD/$DATA" --epochs 1 --plot img/3.png) > "$tmp/out3" 2>&1
+expect "step 3 at 2 ranks: one PNG per rank" test -s "$tmp/img/3_rank0.png" -a -s "$tmp/img/3_rank1.png"
+expect "step 3 at 2 ranks: two identical, independent models" \
+    test "$(sed -n 's/.*Parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out3" | sort -u | wc -l)" = 1
+
+# ---------------------------------------------------------------- step 4
+for np in 2 4; do
+    mpi $np day1/4_mnist_manual_ddp --epochs 2 --plot "$tmp/4.png" > "$tmp/out4" 2>&1
+    checksums=$(sed -n 's/.*parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out4")
+    expect "step 4 at $np ranks ends with identical parameters on all ranks" \
+        test "$(echo "$checksums" | wc -l)" = $np -a "$(echo "$checksums" | sort -u | wc -l)" = 1
+done
+
+# DDP on W ranks with batch B == one process with batch W*B (no shuffle, same lr).
+same_losses() {  # CSV A, CSV B, relative tolerance
+    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
+        FNR > 1 { d = $3 - a[FNR]; if (d < 0) d = -d; r = d / a[FNR]; if (r > worst) worst = r; m = FNR }
+        END { printf "worst relative difference %.2e over %d steps\n", worst, m - 1 > "/dev/stderr"; exit !(m == n && n > 1 && worst <= tol) }' "$1" "$2"
+}
+for np in 2 4; do
+    batch=$((6400 / np))
+    mpi $np day1/4_mnist_manual_ddp --no-shuffle --epochs 2 --batch_size $batch --lr 0.001 --losses "$tmp/ddp$np.csv" --plot '' > /dev/null 2>&1
+    run day1/2_mnist_training --no-shuffle --epochs 2 --batch_size 6400 --lr "0.00$np" --losses "$tmp/single$np.csv" --plot '' > /dev/null 2>&1
+    expect "step 4 on $np ranks x batch $batch == step 2 with batch 6400: per-step losses within 1e-4 ($(same_losses "$tmp/ddp$np.csv" "$tmp/single$np.csv" 1e-4 2>&1 >/dev/null))" \
+        same_losses "$tmp/ddp$np.csv" "$tmp/single$np.csv" 1e-4 2> /dev/null
+done
+
+# ---------------------------------------------------------------- bad input
+# One clear line, the right exit status, no core dump, no hang: also with several ranks.
+expect_error() {  # status, message pattern, command...
+    local want=$1 pattern=$2; shift 2
+    "$@" > "$tmp/err" 2>&1
+    local status=$?
+    local line
+    line=$(grep -m1 -E "$pattern" "$tmp/err")
+    if [ $status -eq "$want" ] && [ -n "$line" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
+        pass "exit $want for '${*: -2}': $line"
+    else
+        fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
+    fi
+}
+expect_error 2 '^error: --epochs expects an integer >= 1' run day1/2_mnist_training --epochs 0
+expect_error 2 '^error: --epochs expects an integer' run day1/2_mnist_training --epochs abc
+expect_error 2 '^error: --lr expects a number > 0' run day1/2_mnist_training --lr -1
+expect_error 2 '^error: --batch_size expects a value' run day1/2_mnist_training --batch_size
+expect_error 2 '^error: --device expects one of cpu\|cuda\|auto' run day1/2_mnist_training --device tpu
+expect_error 2 "^error: unknown flag '--bogus'" mpi 2 day1/4_mnist_manual_ddp --bogus
+expect_error 2 "^error: unexpected argument 'extra'" mpi 2 day1/0_dist_allreduce extra
+expect_error 2 '^error: --count expects an integer >= 1' mpi 2 day1/0_dist_allreduce --count -5
+expect_error 0 '^  --batch_size N' run day1/2_mnist_training --help
+
+expect_error 1 'MNIST not found: no /nonexistent/train-images-idx3-ubyte\[\.gz\]\. Run `make data`' \
+    run day1/2_mnist_training --data /nonexistent
+expect_error 1 'MNIST not found.*Run `make data`' mpi 2 day1/4_mnist_manual_ddp --data /nonexistent
+
+mkdir -p "$tmp/bad"
+cp "$DATA"/train-labels* "$DATA"/t10k* "$tmp/bad/"
+head -c 5000000 "$DATA/train-images-idx3-ubyte.gz" > "$tmp/bad/train-images-idx3-ubyte.gz"
+expect_error 1 'train-images-idx3-ubyte.gz: truncated or corrupt gzip stream' mpi 2 day1/4_mnist_manual_ddp --data "$tmp/bad"
+gzip -dc "$DATA/train-images-idx3-ubyte.gz" | head -c 40000000 > "$tmp/bad/train-images-idx3-ubyte"
+rm "$tmp/bad/train-images-idx3-ubyte.gz"
+expect_error 1 'train-images-idx3-ubyte: truncated: the header promises 47040000 bytes of data, the file holds 39999984' \
+    run day1/2_mnist_training --data "$tmp/bad"
+gzip -dc "$DATA/train-labels-idx1-ubyte.gz" > "$tmp/bad/train-images-idx3-ubyte"
+expect_error 1 'bad magic number 0x00000801 \(expected 0x00000803' run day1/2_mnist_training --data "$tmp/bad"
+: > "$tmp/bad/train-images-idx3-ubyte"
+expect_error 1 'train-images-idx3-ubyte: file is empty' run day1/2_mnist_training --data "$tmp/bad"
+gzip -dc "$DATA/train-images-idx3-ubyte.gz" > "$tmp/bad/train-images-idx3-ubyte"
+gzip -dc "$DATA/train-labels-idx1-ubyte.gz" | head -c 50008 > "$tmp/bad/train-labels-idx1-ubyte"
+printf '\x00\x00\x08\x01\x00\x00\xc3\x50' | dd of="$tmp/bad/train-labels-idx1-ubyte" conv=notrunc status=none  # header says 50000
+rm "$tmp/bad/train-labels-idx1-ubyte.gz"
+expect_error 1 'has 60000 images but train-labels-idx1-ubyte has 50000 labels' run day1/2_mnist_training --data "$tmp/bad"
+
+expect_error 1 'missing.h5: cannot open: No such file' mpi 2 day1/4_mnist_manual_ddp --init "$tmp/missing.h5"
+echo "not hdf5" > "$tmp/text.h5"
+expect_error 1 'text.h5: not an HDF5 file' run day1/2_mnist_training --init "$tmp/text.h5"
+if /usr/bin/python3 -c 'import h5py' 2> /dev/null; then
+    /usr/bin/python3 -c "
+import h5py, numpy as np
+with h5py.File('$tmp/shape.h5', 'w') as f:
+    f['fc.0.weight'] = np.zeros((128, 785), np.float32)"
+    expect_error 1 "shape.h5: dataset 'fc.0.weight' is float32 \[128, 785\] \(expected float32 \[128, 784\]\)" \
+        mpi 2 day1/4_mnist_manual_ddp --init "$tmp/shape.h5"
+else
+    skip "a wrongly shaped --init file (python3-h5py not installed)"
+fi
