@@ -65,7 +65,9 @@ COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 
-.PHONY: all check-deps data demo test clean
+.PHONY: all check-deps data demo test bench clean
+# The objects are prerequisites of pattern rules only; keep make from deleting them.
+.SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(UNIT_TESTS)
 
 check-deps:
@@ -106,3 +108,7 @@ test: all
 
 clean:
 	rm -rf $(BUILD) $(DAY1)
+
+# Benchmark against the PyTorch reference (needs python3-torch); not part of `make test`.
+bench: all
+	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh

@@ -17,6 +17,11 @@
 
 // Slurp a file through zlib, which reads gzip and plain files alike.
 static uint8_t *read_all(const char *path, size_t *size, char *err, size_t err_size) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, err_size, "not a regular file");
+        return NULL;
+    }
     gzFile file = gzopen(path, "rb");
     if (!file) {
         snprintf(err, err_size, "cannot open: %s", strerror(errno));
