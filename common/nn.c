@@ -70,8 +70,9 @@ float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *pro
         float sum = 0.0f;
         for (int c = 0; c < logits->cols; c++) sum += p[c] = expf(z[c] - max);
         for (int c = 0; c < logits->cols; c++) p[c] /= sum;
-        // -log softmax[label], computed from the logits (log-sum-exp) for accuracy.
-        total += (double)(logf(sum) + max - z[labels[r]]);
+        // -log softmax[label] = log-sum-exp - logit, in log_softmax's order:
+        // (z - max) first, so large logits lose no digits.
+        total += (double)(logf(sum) - (z[labels[r]] - max));
     }
     return (float)(total / logits->rows);
 }
