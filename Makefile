@@ -43,8 +43,8 @@ HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
 CUDA ?= $(if $(HAVE_NVCC),1,0)
 
 mark = $(if $(filter 1,$(1)),✓,✗)
-ifeq ($(filter clean,$(MAKECMDGOALS)),)
-$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA))
+ifneq ($(filter-out clean data,$(or $(MAKECMDGOALS),all)),)
+$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA) (no GPU code yet: CPU programs only))
 endif
 MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
@@ -65,7 +65,7 @@ COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 
-.PHONY: all check-deps data demo test bench clean
+.PHONY: all check-deps data demo test bench clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(UNIT_TESTS)
@@ -74,13 +74,20 @@ check-deps:
 	@if [ -n "$(MISSING)" ]; then \
 	  echo "missing: $(MISSING). On Debian/Ubuntu run ./setup.sh (or see README.md, Dependencies)." >&2; exit 1; fi
 
-$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) | $(BUILD)/common
+# Everything depends on the compiler flags too: `make SANITIZE=1` after a
+# plain build rebuilds it all, and so does going back.
+FLAGS_STAMP := $(BUILD)/flags
+$(FLAGS_STAMP): FORCE | $(BUILD)/common
+	@echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS)' > $@
+FORCE:
+
+$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)/common
 	$(MPICC) $(CFLAGS) -c $< -o $@
 
-day1/%: day1/%.c $(COMMON_OBJ)
+day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(COMMON_OBJ) | $(BUILD)/tests
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
 $(BUILD)/common $(BUILD)/tests:

@@ -18,7 +18,7 @@ for arg in "$@"; do
     case "$arg" in
         --no-demo) demo=0 ;;
         --with-reference) reference=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "error: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -30,11 +30,19 @@ packages=(make gcc pkg-config curl ca-certificates
           libhdf5-dev)                     # checkpoints (and Day 2's data set)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
 
-sudo=""
-[ "$(id -u)" = 0 ] || sudo=sudo
-echo "== installing: ${packages[*]}"
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${packages[@]}"
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2> /dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    echo "== installing: ${missing[*]}"
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "== packages: all installed"
+fi
 
 echo "== building"
 make -j"$(nproc)"

@@ -55,7 +55,7 @@ static void set_value(const ArgSpec *f, const char *text) {
     case ARG_INT: {
         long v = strtol(text, &end, 10);
         if (*text == '\0' || *end != '\0' || errno || v < f->min || v > 2147483647L)
-            usage_error("--%s expects an integer >= %g, got '%s'", f->name, f->min, text);
+            usage_error("--%s expects an integer from %g to 2147483647, got '%s'", f->name, f->min, text);
         *(int *)f->value = (int)v;
     } break;
     case ARG_FLOAT: {

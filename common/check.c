@@ -1,6 +1,7 @@
 // check.c: the one place where fatal errors end. See check.h.
 #include "check.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -37,6 +38,26 @@ void fatal_at(const char *file, int line, int code, const char *fmt, ...) {
 
     if (mpi_is_running() && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);  // alone there is nobody to take down with us
+}
+
+void check_all_ranks(int ok, const char *message) {
+    int rank = 0;
+    int first_failing = ok ? INT_MAX : 0;
+    if (mpi_is_running()) {
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        first_failing = ok ? INT_MAX : rank;
+        MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    }
+    if (first_failing == INT_MAX) return;
+    if (rank == first_failing) {
+        char host[64] = "?";
+        gethostname(host, sizeof host - 1);
+        fflush(stdout);
+        fprintf(stderr, "[rank %d @ %s] %s\n", rank, host, message);
+        fflush(stderr);
+    }
+    if (mpi_is_running()) MPI_Finalize();
+    exit(1);
 }
 
 void usage_error(const char *fmt, ...) {

@@ -6,9 +6,9 @@
 // blocked forever in their next collective; MPI_Abort takes the whole job down.
 // Outside MPI (unit tests, world size 1) it simply exits with the code.
 //
-// Usage errors (bad flags) are different: every rank parses the same argv, so
-// every rank sees the same error. args.c prints it once on rank 0 and all ranks
-// exit(2) together; see usage_error().
+// Errors that every rank meets alike are reported once, without an abort:
+// usage errors (every rank parses the same argv; usage_error() prints on rank 0,
+// all exit 2) and bad input files (check_all_ranks()).
 #pragma once
 #include <errno.h>
 #include <stdarg.h>
@@ -26,6 +26,13 @@ void fatal_at(const char *file, int line, int code, const char *fmt, ...);
 // on every rank. Call it only from code that all ranks run with the same input.
 __attribute__((noreturn, format(printf, 1, 2)))
 void usage_error(const char *fmt, ...);
+
+// For errors that every rank meets at the same point of the program (a missing
+// data file, a bad --init file): every rank calls this with its own verdict.
+// If any rank failed, the lowest failing rank prints "[rank r @ host] message"
+// and all ranks exit(1) together: one line, and no rank killed mid-print.
+// Must be called by all ranks, like any collective.
+void check_all_ranks(int ok, const char *message);
 
 #define FATAL(...) fatal_at(__FILE__, __LINE__, 1, __VA_ARGS__)
 

@@ -13,6 +13,9 @@ static char g_host[MPI_MAX_PROCESSOR_NAME] = "localhost";
 
 void dist_init(int *argc, char ***argv) {
     CHECK_MPI(MPI_Init(argc, argv));
+    // MPI's default handler aborts inside the failing call, with its own
+    // message; returning the error lets CHECK_MPI name our call and line.
+    CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
     CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &g_world));
     int len = 0;

@@ -1,6 +1,8 @@
 // h5.c: HDF5 checkpoints. See h5.h.
 #include "h5.h"
 
+#include <errno.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <hdf5.h>
@@ -51,30 +53,41 @@ void h5_save_params(const char *path, const Param *params, int n_params) {
     CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", path);
 }
 
+// Reading checks everything about the file and, on the first problem, reports
+// it through check_all_ranks(): every rank reads the same file, so one line
+// says what is wrong and all ranks stop together.
+#define REJECT(...)                             \
+    do {                                        \
+        snprintf(err, sizeof err, __VA_ARGS__); \
+        goto done;                              \
+    } while (0)
+
 void h5_load_params(const char *path, Param *params, int n_params) {
     quiet_hdf5();
-    CHECK_ERRNO(access(path, R_OK) == 0, "%s: cannot open", path);
+    char err[1024] = "";
+    hid_t file = H5I_INVALID_HID, dataset = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
+    if (access(path, R_OK) != 0) REJECT("%s: cannot open: %s", path, strerror(errno));
 #if H5_VERSION_GE(1, 12, 0)
-    CHECK(H5Fis_accessible(path, H5P_DEFAULT) > 0, "%s: not an HDF5 file", path);
+    if (H5Fis_accessible(path, H5P_DEFAULT) <= 0) REJECT("%s: not an HDF5 file", path);
 #else
-    CHECK(H5Fis_hdf5(path) > 0, "%s: not an HDF5 file", path);
+    if (H5Fis_hdf5(path) <= 0) REJECT("%s: not an HDF5 file", path);
 #endif
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    CHECK(file >= 0, "%s: cannot open the HDF5 file", path);
+    if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) REJECT("%s: cannot open the HDF5 file", path);
     for (int i = 0; i < n_params; i++) {
         const Param *p = &params[i];
         hsize_t want[2];
         int want_rank = stored_shape(p->value, want);
         char expected[96];
         format_shape(expected, sizeof expected, want, want_rank);
-        CHECK(H5Lexists(file, p->name, H5P_DEFAULT) > 0, "%s: no dataset '%s' (expected %s, as in the "
-              "state_dict of the workshop's Net)", path, p->name, expected);
-        hid_t dataset = H5Dopen2(file, p->name, H5P_DEFAULT);
-        CHECK(dataset >= 0, "%s: '%s' is not a dataset (expected %s)", path, p->name, expected);
-        hid_t type = H5Dget_type(dataset);
-        CHECK(H5Tget_class(type) == H5T_FLOAT, "%s: dataset '%s' is not floating point (expected %s)", path,
-              p->name, expected);
-        hid_t space = H5Dget_space(dataset);
+        if (H5Lexists(file, p->name, H5P_DEFAULT) <= 0)
+            REJECT("%s: no dataset '%s' (expected %s, as in the state_dict of the workshop's Net)", path, p->name,
+                   expected);
+        if ((dataset = H5Dopen2(file, p->name, H5P_DEFAULT)) < 0)
+            REJECT("%s: '%s' is not a dataset (expected %s)", path, p->name, expected);
+        type = H5Dget_type(dataset);
+        if (H5Tget_class(type) != H5T_FLOAT)
+            REJECT("%s: dataset '%s' is not floating point (expected %s)", path, p->name, expected);
+        space = H5Dget_space(dataset);
         int rank = H5Sget_simple_extent_ndims(space);
         hsize_t dims[H5S_MAX_RANK] = {0};
         H5Sget_simple_extent_dims(space, dims, NULL);
@@ -83,14 +96,18 @@ void h5_load_params(const char *path, Param *params, int n_params) {
         if (!same && !bias_as_row) {
             char found[96];
             format_shape(found, sizeof found, dims, rank);
-            FATAL("%s: dataset '%s' is %s (expected %s)", path, p->name, found, expected);
+            REJECT("%s: dataset '%s' is %s (expected %s)", path, p->name, found, expected);
         }
         // Reading as native float converts float64 files on the way in.
-        CHECK_H5(H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->value->data),
-                 "%s: cannot read dataset '%s'", path, p->name);
-        H5Sclose(space);
-        H5Tclose(type);
-        H5Dclose(dataset);
+        if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->value->data) < 0)
+            REJECT("%s: cannot read dataset '%s'", path, p->name);
+        H5Sclose(space), H5Tclose(type), H5Dclose(dataset);
+        space = type = dataset = H5I_INVALID_HID;
     }
-    H5Fclose(file);
+done:
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (dataset >= 0) H5Dclose(dataset);
+    if (file >= 0) H5Fclose(file);
+    check_all_ranks(err[0] == '\0', err);
 }

@@ -10,6 +10,7 @@
 
 void h5_save_params(const char *path, const Param *params, int n_params);
 // Every parameter must be present with its exact shape (a bias may be stored
-// [out] or [1, out]) and a floating-point type; otherwise a fatal error that
-// names the file, the dataset and what was expected.
+// [out] or [1, out]) and a floating-point type; otherwise one line names the
+// file, the dataset and what was expected, and every rank exits(1).
+// Collective: every rank calls it.
 void h5_load_params(const char *path, Param *params, int n_params);

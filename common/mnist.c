@@ -122,46 +122,68 @@ void idx_free(IdxArray *array) {
 
 // ------------------------------------------------------------------ the data set
 
-// "<dir>/<stem>" if present, else "<dir>/<stem>.gz"; fatal with a hint if neither.
-static void find_file(const char *dir, const char *stem, char *path, size_t size) {
+// "<dir>/<stem>" if present, else "<dir>/<stem>.gz". False, with a hint, if neither.
+static bool find_file(const char *dir, const char *stem, char *path, size_t size, char *err, size_t err_size) {
     struct stat st;
     snprintf(path, size, "%s/%s", dir, stem);
-    if (stat(path, &st) == 0) return;
+    if (stat(path, &st) == 0) return true;
     snprintf(path, size, "%s/%s.gz", dir, stem);
-    if (stat(path, &st) == 0) return;
-    FATAL("MNIST not found: no %s/%s[.gz]. Run `make data` (or pass --data DIR)", dir, stem);
+    if (stat(path, &st) == 0) return true;
+    snprintf(err, err_size, "MNIST not found: no %s/%s[.gz]. Run `make data` (or pass --data DIR)", dir, stem);
+    return false;
 }
 
-static IdxArray load_idx(const char *dir, const char *stem, int ndim) {
-    char path[4096], err[512];
-    find_file(dir, stem, path, sizeof path);
-    IdxArray array;
-    if (!idx_read(path, ndim, &array, err, sizeof err))
-        FATAL("%s: %s. Run `make data` to fetch MNIST again", path, err);
-    return array;
+static bool load_idx(const char *dir, const char *stem, int ndim, IdxArray *array, char *err, size_t err_size) {
+    char path[4096], why[512];
+    if (!find_file(dir, stem, path, sizeof path, err, err_size)) return false;
+    if (idx_read(path, ndim, array, why, sizeof why)) return true;
+    snprintf(err, err_size, "%.700s: %.250s. Run `make data` to fetch MNIST again", path, why);
+    return false;
 }
 
-MnistSplit mnist_load(const char *dir, MnistPart part) {
-    const char *prefix = part == MNIST_TRAIN ? "train" : "t10k";
+// Everything mnist_load does, with failures reported in err instead of ending the job.
+static bool try_load(const char *dir, const char *prefix, MnistSplit *split, char *err, size_t err_size) {
     char images_stem[64], labels_stem[64];
     snprintf(images_stem, sizeof images_stem, "%s-images-idx3-ubyte", prefix);
     snprintf(labels_stem, sizeof labels_stem, "%s-labels-idx1-ubyte", prefix);
-
-    IdxArray images = load_idx(dir, images_stem, 3);
-    IdxArray labels = load_idx(dir, labels_stem, 1);
-    CHECK(images.dims[1] == 28 && images.dims[2] == 28, "%s/%s: images are %dx%d (expected 28x28)", dir,
-          images_stem, images.dims[1], images.dims[2]);
-    CHECK(images.dims[0] == labels.dims[0], "%s: %s has %d images but %s has %d labels", dir, images_stem,
-          images.dims[0], labels_stem, labels.dims[0]);
-
-    MnistSplit split = {.n = images.dims[0], .images = images.data};
-    split.labels = xmalloc((size_t)split.n * sizeof(int));
-    for (int i = 0; i < split.n; i++) {
-        CHECK(labels.data[i] < MNIST_CLASSES, "%s/%s: label %d of sample %d (expected 0..9)", dir, labels_stem,
-              labels.data[i], i);
-        split.labels[i] = labels.data[i];
+    IdxArray images = {0}, labels = {0};
+    bool ok = load_idx(dir, images_stem, 3, &images, err, err_size) &&
+              load_idx(dir, labels_stem, 1, &labels, err, err_size);
+    if (ok && (images.dims[1] != 28 || images.dims[2] != 28)) {
+        snprintf(err, err_size, "%s/%s: images are %dx%d (expected 28x28)", dir, images_stem, images.dims[1],
+                 images.dims[2]);
+        ok = false;
+    }
+    if (ok && images.dims[0] != labels.dims[0]) {
+        snprintf(err, err_size, "%s: %s has %d images but %s has %d labels", dir, images_stem, images.dims[0],
+                 labels_stem, labels.dims[0]);
+        ok = false;
+    }
+    for (int i = 0; ok && i < labels.dims[0]; i++) {
+        if (labels.data[i] >= MNIST_CLASSES) {
+            snprintf(err, err_size, "%s/%s: label %d of sample %d (expected 0..9)", dir, labels_stem,
+                     labels.data[i], i);
+            ok = false;
+        }
+    }
+    if (ok) {
+        *split = (MnistSplit){.n = images.dims[0], .images = images.data};
+        split->labels = xmalloc((size_t)split->n * sizeof(int));
+        for (int i = 0; i < split->n; i++) split->labels[i] = labels.data[i];
+    } else {
+        idx_free(&images);
     }
     idx_free(&labels);
+    return ok;
+}
+
+MnistSplit mnist_load(const char *dir, MnistPart part) {
+    MnistSplit split = {0};
+    char err[1024] = "";
+    bool ok = try_load(dir, part == MNIST_TRAIN ? "train" : "t10k", &split, err, sizeof err);
+    // Every rank reads the same files: let one rank say what is wrong, and all
+    // leave together, rather than N copies of the line and N racing MPI_Aborts.
+    check_all_ranks(ok, err);
     return split;
 }
 

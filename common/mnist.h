@@ -39,8 +39,9 @@ typedef struct {
     int *labels;      // [n] 0..9
 } MnistSplit;
 
-// Loads train-* or t10k-* from dir (each file plain or .gz). Fatal, with the
-// command to run, when the files are missing or invalid.
+// Loads train-* or t10k-* from dir (each file plain or .gz). Collective: every
+// rank calls it. When the files are missing or invalid on any rank, one line
+// says what and which command to run, and every rank exits(1).
 MnistSplit mnist_load(const char *dir, MnistPart part);
 void mnist_free(MnistSplit *split);
 

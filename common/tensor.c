@@ -58,7 +58,7 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
 
 Device device_from_flag(const char *flag) {
     if (strcmp(flag, "cuda") == 0)
-        usage_error("--device cuda: this build has no GPU support (build with CUDA=1 where nvcc is)");
+        usage_error("--device cuda: GPU support is not implemented yet (CPU programs only; use --device cpu)");
     return DEVICE_CPU;  // "cpu", and "auto" on a CPU-only build
 }
 

@@ -26,7 +26,7 @@ void tensor_fill(Tensor *t, float value);
 void tensor_copy(Tensor *dst, const Tensor *src);  // same shape; any devices
 
 // C = alpha * op(A) @ op(B) + beta * C, where op(X) is X or X^T.
-// CBLAS on the CPU, cuBLAS on the GPU. Shapes are checked.
+// CBLAS on the CPU (cuBLAS will serve CUDA tensors). Shapes are checked.
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
           float beta, Tensor *c);
 

@@ -62,8 +62,8 @@ int main(int argc, char **argv) {
     float wrong_total = (float)wrong;
     dist_allreduce_sum(&wrong_total, 1);
     if (wrong) print_rank("%ld of %d elements wrong after allreduce\n", wrong, count);
-    print0("allreduce of %d floats (%.1f MB) on %d ranks: %.3f ms, %s\n", count, count * 4e-6, world,
-           seconds * 1e3, wrong_total == 0 ? "every element verified on every rank" : "FAILED");
+    print0("allreduce of %d floats (%.1f MB) on %d rank%s: %.1f ms, %s\n", count, count * 4e-6, world,
+           world == 1 ? "" : "s", seconds * 1e3, wrong_total == 0 ? "every element verified on every rank" : "FAILED");
     free(values);
     dist_finalize();
     return wrong_total == 0 ? 0 : 1;

@@ -1,16 +1,17 @@
 // Step 4: data parallelism by hand.                          PyTorch twin: 4_mnist_manual_ddp.py
 //
 // What it adds over step 2 (diff the two files):
-//   - a DistributedSampler: rank r of W sees only every W-th sample, so an
-//     epoch takes 1/W of the steps on each rank;
+//   - a DistributedSampler: rank r of W takes positions r, r + W, ... of the
+//     epoch's (shuffled) order, so an epoch takes 1/W of the steps per rank;
 //   - every rank starts from rank 0's weights (one broadcast per parameter);
 //   - after backward, every gradient is summed over the ranks (allreduce) and
 //     divided by W: each rank then holds the gradient of the global batch of
 //     W x batch_size samples, takes the same optimizer step, and the models
 //     stay identical;
 //   - lr = 0.001 x W, as in the original: the global batch is W times larger.
-// With --no-shuffle, W ranks with batch B take exactly the steps of one
-// process with batch W x B and lr W x 0.001 (tests/test_integration.sh checks it).
+// With --no-shuffle, W ranks with batch B take the steps of one process with
+// batch W x B and lr W x 0.001, up to float rounding (tests/test_integration.sh
+// checks it).
 //
 // Build and run:
 //   make day1/4_mnist_manual_ddp
@@ -62,8 +63,8 @@ int main(int argc, char **argv) {
     double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
     Adam optimizer = adam_new(model.params, model.n_params, lr);
 
-    print0("Step 4: manual DDP on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epochs; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
-           world, mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 4: manual DDP on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+           world, mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]

@@ -10,14 +10,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-REFERENCE=${TORCH_REFERENCE:-../shared/anchors/torch_mnist_ddp.py}
+REFERENCE=${TORCH_REFERENCE:-tests/torch_mnist_ddp.py}
 PYTHON=${PYTHON:-/usr/bin/python3}
 DATA=${DATA:-data/mnist}
 "$PYTHON" -c 'import torch' 2> /dev/null || { echo "needs python3-torch (./setup.sh --with-reference)" >&2; exit 1; }
 [ -f "$REFERENCE" ] || { echo "no PyTorch reference at $REFERENCE (set TORCH_REFERENCE)" >&2; exit 1; }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
+wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); awk "BEGIN { print $t1 - $t0 }"; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
@@ -41,5 +41,5 @@ for ranks in 1 2; do
     name=$([ $ranks = 1 ] && echo "day1/2_mnist_training" || echo "day1/4_mnist_manual_ddp")
     printf '%-34s %8d %8.2f %10.2f %10s\n' "$name" $ranks "$cl" "$cw" "$c_acc"
     printf '%-34s %8d %8.2f %10.2f %10s\n' "PyTorch reference (gloo, lr x W)" $ranks "$tl" "$tw" "$t_acc"
-    printf '%-34s %8s %7.1fx %9.1fx\n' "  speed-up" "" "$(echo "$tl / $cl" | bc -l)" "$(echo "$tw / $cw" | bc -l)"
+    printf '%-34s %8s %7.1fx %9.1fx\n' "  speed-up" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
 done

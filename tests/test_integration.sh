@@ -84,19 +84,20 @@ expect_error() {  # status, message pattern, command...
         fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
     fi
 }
-expect_error 2 '^error: --epochs expects an integer >= 1' run day1/2_mnist_training --epochs 0
+expect_error 2 '^error: --epochs expects an integer from 1 to' run day1/2_mnist_training --epochs 0
 expect_error 2 '^error: --epochs expects an integer' run day1/2_mnist_training --epochs abc
 expect_error 2 '^error: --lr expects a number > 0' run day1/2_mnist_training --lr -1
 expect_error 2 '^error: --batch_size expects a value' run day1/2_mnist_training --batch_size
 expect_error 2 '^error: --device expects one of cpu\|cuda\|auto' run day1/2_mnist_training --device tpu
 expect_error 2 "^error: unknown flag '--bogus'" mpi 2 day1/4_mnist_manual_ddp --bogus
 expect_error 2 "^error: unexpected argument 'extra'" mpi 2 day1/0_dist_allreduce extra
-expect_error 2 '^error: --count expects an integer >= 1' mpi 2 day1/0_dist_allreduce --count -5
+expect_error 2 '^error: --count expects an integer from 1 to' mpi 2 day1/0_dist_allreduce --count -5
 expect_error 0 '^  --batch_size N' run day1/2_mnist_training --help
 
 expect_error 1 'MNIST not found: no /nonexistent/train-images-idx3-ubyte\[\.gz\]\. Run `make data`' \
     run day1/2_mnist_training --data /nonexistent
-expect_error 1 'MNIST not found.*Run `make data`' mpi 2 day1/4_mnist_manual_ddp --data /nonexistent
+expect_error 1 'MNIST not found.*Run `make data`' mpi 4 day1/4_mnist_manual_ddp --data /nonexistent
+expect "missing data on 4 ranks is reported once, not once per rank" test "$(grep -c 'MNIST not found' "$tmp/err")" = 1
 
 mkdir -p "$tmp/bad"
 cp "$DATA"/train-labels* "$DATA"/t10k* "$tmp/bad/"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Parity with PyTorch itself: ../shared/anchors/torch_mnist_ddp.py (or $TORCH_REFERENCE),
-# the CPU/gloo reference of the workshop, run with Debian's python3-torch.
+# Parity with PyTorch itself: tests/torch_mnist_ddp.py (or $TORCH_REFERENCE), the
+# CPU/gloo reference script of the workshop, run with Debian's python3-torch.
 #
 # Our RNG is torch's (common/rng.h), so with the same seed our programs draw the
 # same initial weights and the same DistributedSampler order as PyTorch: the
@@ -10,7 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
-REFERENCE=${TORCH_REFERENCE:-../shared/anchors/torch_mnist_ddp.py}
+REFERENCE=${TORCH_REFERENCE:-tests/torch_mnist_ddp.py}
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 pass() { echo "PASS parity: $*"; }
