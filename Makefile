@@ -62,13 +62,17 @@ BUILD := build
 COMMON_SRC := $(wildcard common/*.c)
 COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 
-DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp
+DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
+        day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
+# MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
+MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
+TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
 
-.PHONY: all check-deps data demo test bench clean FORCE
+.PHONY: all check-deps data demo test bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(UNIT_TESTS)
+all: check-deps $(DAY1) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -90,7 +94,13 @@ day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
-$(BUILD)/common $(BUILD)/tests:
+$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
+	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+$(BUILD)/tools/%: tests/tools/%.c $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tools
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+$(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@
 
 # ---------------------------------------------------------------- data, demo, tests
@@ -119,3 +129,8 @@ clean:
 # Benchmark against the PyTorch reference (needs python3-torch); not part of `make test`.
 bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
+
+# Step 7's companion: the speed-up table at 1, 2 and 4 ranks, and img/7_scaling.png.
+scaling: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	day1/7_scaling.sh

@@ -8,11 +8,12 @@
 
 #include "check.h"
 
-static int g_rank = 0, g_world = 1, g_local_rank = 0, g_local_world = 1;
+static int g_rank = 0, g_world = 1, g_local_rank = 0, g_local_world = 1, g_thread_level = MPI_THREAD_SINGLE;
 static char g_host[MPI_MAX_PROCESSOR_NAME] = "localhost";
 
 void dist_init(int *argc, char ***argv) {
-    CHECK_MPI(MPI_Init(argc, argv));
+    // DDP's communication thread calls MPI while the main thread may too.
+    CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level));
     // MPI's default handler aborts inside the failing call, with its own
     // message; returning the error lets CHECK_MPI name our call and line.
     CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -36,6 +37,7 @@ void dist_finalize(void) {
 }
 
 int dist_rank(void) { return g_rank; }
+int dist_thread_multiple(void) { return g_thread_level >= MPI_THREAD_MULTIPLE; }
 int dist_world_size(void) { return g_world; }
 int dist_local_rank(void) { return g_local_rank; }
 int dist_local_world_size(void) { return g_local_world; }

@@ -21,6 +21,7 @@ int dist_world_size(void);
 int dist_local_rank(void);        // rank among the processes sharing this node
 int dist_local_world_size(void);  // how many ranks share this node
 const char *dist_hostname(void);
+int dist_thread_multiple(void);   // may several threads call MPI at once?
 
 void dist_allreduce_sum(float *buf, size_t count);
 void dist_broadcast(float *buf, size_t count, int root);

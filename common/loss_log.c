@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "plot.h"
@@ -40,4 +41,44 @@ void loss_log_plot(const LossLog *log, const char *path, const char *title, cons
     PlotSpec spec = {.title = title, .xlabel = "step", .ylabel = "training loss"};
     plot_png(path, &spec, &curve, 1);
     free(steps);
+}
+
+LossLog loss_log_read_csv(const char *path, const char *flag) {
+    FILE *file = fopen(path, "r");
+    if (!file) usage_error("%s %s: cannot open: %s", flag, path, strerror(errno));
+    LossLog log = {0};
+    char line[256];
+    if (!fgets(line, sizeof line, file) || strncmp(line, "step,epoch,loss", 15) != 0)
+        usage_error("%s %s: expected the header step,epoch,loss (a file written with --losses)", flag, path);
+    int step, epoch, line_number = 1;
+    float loss;
+    while (fgets(line, sizeof line, file)) {
+        line_number++;
+        if (sscanf(line, "%d,%d,%f", &step, &epoch, &loss) != 3 || step != log.n || epoch < 0)
+            usage_error("%s %s: line %d is not 'step,epoch,loss' in order", flag, path, line_number);
+        loss_log_add(&log, epoch, loss);
+    }
+    fclose(file);
+    if (log.n == 0) usage_error("%s %s: no steps in the file", flag, path);
+    return log;
+}
+
+void loss_log_plot_epochs(const LossLog *logs, const char *const *labels, int n_logs, const char *path,
+                          const char *title) {
+    PlotSeries *series = xcalloc((size_t)n_logs, sizeof(PlotSeries));
+    for (int s = 0; s < n_logs; s++) {
+        const LossLog *log = &logs[s];
+        float *x = xmalloc((size_t)log->n * sizeof(float) + 1);
+        for (int first = 0; first < log->n;) {  // one epoch at a time
+            int end = first;
+            while (end < log->n && log->epoch[end] == log->epoch[first]) end++;
+            for (int k = first; k < end; k++) x[k] = (float)log->epoch[k] + (float)(k - first + 1) / (float)(end - first);
+            first = end;
+        }
+        series[s] = (PlotSeries){.label = labels[s], .x = x, .y = log->loss, .n = log->n};
+    }
+    PlotSpec spec = {.title = title, .xlabel = "epoch", .ylabel = "training loss"};
+    plot_png(path, &spec, series, n_logs);
+    for (int s = 0; s < n_logs; s++) free((void *)series[s].x);
+    free(series);
 }

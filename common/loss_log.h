@@ -18,3 +18,11 @@ void loss_log_free(LossLog *log);
 void loss_log_write_csv(const LossLog *log, const char *path);
 // Loss against step; `label` names the curve in the legend.
 void loss_log_plot(const LossLog *log, const char *path, const char *title, const char *label);
+
+// Read a CSV written by loss_log_write_csv (e.g. step 2's --losses). A missing
+// or malformed file is a usage error naming it: every rank reads it alike.
+LossLog loss_log_read_csv(const char *path, const char *flag);
+// Several runs on one chart, against epochs: step k of an epoch of n steps sits
+// at epoch + (k + 1) / n, so runs with different global batches line up.
+void loss_log_plot_epochs(const LossLog *logs, const char *const *labels, int n_logs, const char *path,
+                          const char *title);

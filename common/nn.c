@@ -149,6 +149,11 @@ float mlp_loss(Mlp *model, const int *labels) {
     return loss;
 }
 
+void mlp_scale_loss(Mlp *model, float factor) {
+    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];
+    for (size_t i = 0; i < tensor_numel(grad_logits); i++) grad_logits->data[i] *= factor;
+}
+
 void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context) {
     const Tensor *grad_y = &model->grad_outputs[model->n_layers - 1];  // set by mlp_loss
     for (int i = model->n_layers - 1; i >= 0; i--) {
@@ -159,7 +164,10 @@ void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context
             grad_x->rows = x->rows;
         }
         linear_backward(&model->layers[i], input, grad_y, grad_x);
-        if (hook) hook(context, i);  // layer i's gradients are final: DDP may send them now
+        if (hook) {  // layer i's gradients are final: DDP may send them now
+            hook(context, 2 * i + 1);  // fc.<2i>.bias
+            hook(context, 2 * i);      // fc.<2i>.weight
+        }
         if (grad_x) relu_backward(input, grad_x);
         grad_y = grad_x;
     }

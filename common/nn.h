@@ -54,9 +54,10 @@ typedef struct {
     Param *params;         // fc.0.weight, fc.0.bias, fc.2.weight, ... (model.parameters() order)
 } Mlp;
 
-// Called by mlp_backward as soon as a layer's weight and bias gradients are
-// final (last layer first): the hook that lets DDP start communicating early.
-typedef void (*GradReadyHook)(void *context, int layer);
+// Called by mlp_backward as soon as params[index]'s gradient is final (the last
+// layer's first), like autograd's per-parameter hooks: it lets DDP start
+// communicating while backward goes on.
+typedef void (*GradReadyHook)(void *context, int index);
 
 // sizes = {784, 128, 10}: Linear(784,128), ReLU, Linear(128,10).
 Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device device);
@@ -65,6 +66,10 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x);  // returns the logits [
 // Cross-entropy of the last forward's logits against labels (the mean over the
 // batch). Like autograd's graph, the model keeps d loss / d logits for backward.
 float mlp_loss(Mlp *model, const int *labels);
+// (loss * factor).backward() instead of loss.backward(): scales the gradient
+// that the next mlp_backward starts from (gradient accumulation weights each
+// micro-batch by its share of the step's samples).
+void mlp_scale_loss(Mlp *model, float factor);
 // loss.backward(): gradients of the last mlp_loss, accumulated into each
 // parameter's grad. x is the batch given to forward. The hook may be NULL.
 void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context);

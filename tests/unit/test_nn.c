@@ -214,19 +214,19 @@ static double rel_diff(const float *a, const float *b, double scale, size_t n) {
     return sqrt(err2 / fmax(ref2, 1e-30));
 }
 
-// Records the hook's calls and a hash of layer i's grads at the moment of its call.
+// Records the hook's calls and a hash of parameter i's grad at the moment of its call.
 typedef struct { Mlp *model; int calls, order[8]; unsigned long long hash[8]; } HookLog;
 
-static unsigned long long layer_grad_hash(const Linear *l) {
-    const Param grads[2] = {{.value = (Tensor *)&l->grad_weight}, {.value = (Tensor *)&l->grad_bias}};
-    return params_checksum(grads, 2);
+static unsigned long long grad_hash(const Param *p) {
+    const Param grad = {.value = p->grad};
+    return params_checksum(&grad, 1);
 }
 
-static void on_grad_ready(void *p, int layer) {
+static void on_grad_ready(void *p, int index) {
     HookLog *log = p;
-    if (log->calls < 8) log->order[log->calls] = layer;
+    if (log->calls < 8) log->order[log->calls] = index;
     log->calls++;
-    log->hash[layer] = layer_grad_hash(&log->model->layers[layer]);
+    log->hash[index] = grad_hash(&log->model->params[index]);
 }
 
 static void test_mlp(void) {
@@ -253,13 +253,16 @@ static void test_mlp(void) {
     }
     EXPECT(skipped * 10 <= n, "MLP FD: %zu of %zu elements skipped for flipping a ReLU (at most 10%%)", skipped, n);
 
-    // DDP starts the all-reduce of layer i from the hook, so the grads must be final by then.
-    bool final = true;
-    for (int i = 0; i < m.n_layers; i++) final = final && log.hash[i] == layer_grad_hash(&m.layers[i]);
-    EXPECT(log.calls == 3 && log.order[0] == 2 && log.order[1] == 1 && log.order[2] == 0,
-           "hook called once per layer, last first (got %d calls: %d %d %d)", log.calls, log.order[0],
-           log.order[1], log.order[2]);
-    EXPECT(final, "each layer's grads at its hook equal its grads after backward (bitwise)");
+    // DDP starts the all-reduce of a parameter's bucket from the hook, so its grad must be final by then.
+    bool final = true, reverse_order = log.calls == m.n_params;
+    for (int i = 0; i < m.n_params; i++) final = final && log.hash[i] == grad_hash(&m.params[i]);
+    for (int k = 0; reverse_order && k < m.n_params; k++) {
+        int layer = m.n_layers - 1 - k / 2;  // last layer first; within a layer, bias then weight
+        reverse_order = log.order[k] == 2 * layer + (k % 2 == 0 ? 1 : 0);
+    }
+    EXPECT(reverse_order, "hook called once per parameter, last layer first (got %d calls: %d %d %d %d %d %d)",
+           log.calls, log.order[0], log.order[1], log.order[2], log.order[3], log.order[4], log.order[5]);
+    EXPECT(final, "each parameter's grad at its hook equals its grad after backward (bitwise)");
 
     // PyTorch accumulates: a second forward/backward without zero_grad doubles the grads.
     float *once = grads_flat(&m);

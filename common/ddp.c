@@ -1,0 +1,227 @@
+// ddp.c: buckets, overlapped allreduce, no_sync. See ddp.h.
+#include "ddp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "dist.h"
+#include "timer.h"
+
+// ------------------------------------------------------------------ wrap
+
+Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
+    Ddp ddp = {.params = params, .n_params = n_params, .world_size = dist_world_size(), .sync = true};
+
+    // 1. Every rank starts from rank 0's weights, whatever its seed.
+    for (int i = 0; i < n_params; i++) dist_broadcast(params[i].value->data, tensor_numel(params[i].value), 0);
+
+    // 2. Buckets, filled in reverse parameter order: the last layer's gradients
+    //    come out of backward first. A bucket closes once it holds bucket_mb.
+    size_t cap_bytes = bucket_mb > 0 ? (size_t)(bucket_mb * 1024 * 1024) : 0;
+    ddp.buckets = xcalloc((size_t)n_params, sizeof(DdpBucket));  // at most one per tensor
+    ddp.bucket_of_param = xmalloc((size_t)n_params * sizeof(int));
+    for (int i = n_params - 1; i >= 0; i--) {
+        DdpBucket *bucket = &ddp.buckets[ddp.n_buckets];
+        if (bucket->n_params == 0) bucket->first_param = i;
+        bucket->first_param = i;  // the lowest index so far: the range is [i, i + n_params)
+        bucket->n_params++;
+        bucket->count += tensor_numel(params[i].value);
+        ddp.bucket_of_param[i] = ddp.n_buckets;
+        if (bucket->count * sizeof(float) >= cap_bytes || i == 0) ddp.n_buckets++;
+    }
+    for (int b = 0; b < ddp.n_buckets; b++) {
+        ddp.buckets[b].buffer = xmalloc(ddp.buckets[b].count * sizeof(float));
+        ddp.buckets[b].pending = ddp.buckets[b].n_params;
+    }
+
+    // 3. The communication thread, if MPI lets two threads call it.
+    ddp.use_thread = dist_world_size() > 1 && dist_thread_multiple();
+    if (dist_world_size() > 1 && !ddp.use_thread)
+        print0("ddp: this MPI has no MPI_THREAD_MULTIPLE: buckets progress between layers only\n");
+    return ddp;
+}
+
+// ------------------------------------------------------------------ the buckets' MPI calls
+
+static void start_bucket(DdpBucket *bucket) {
+    bucket->start_time = wall_seconds();
+    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket->buffer, (int)bucket->count, MPI_FLOAT, MPI_SUM,
+                             MPI_COMM_WORLD, &bucket->request));
+    bucket->started = true;
+}
+
+// MPI_Test drives the collective forward; returns true when it has completed.
+static bool test_bucket(DdpBucket *bucket) {
+    int done = 0;
+    CHECK_MPI(MPI_Test(&bucket->request, &done, MPI_STATUS_IGNORE));
+    if (done) {
+        bucket->completed = true;
+        bucket->done_time = wall_seconds();
+    }
+    return done;
+}
+
+// The communication thread: start each bucket the main thread hands over, in
+// order (every rank must start the same collectives in the same order), and
+// test the running ones until they complete. It sleeps on the condition
+// variable when there is nothing to do, and naps briefly between tests so that
+// it does not take a core away from backward's GEMMs. The counters live in the
+// Ddp, under its lock, so that ddp_finish can reset them for the next step.
+static void *communication_thread(void *arg) {
+    Ddp *ddp = arg;
+    pthread_mutex_lock(&ddp->lock);
+    for (;;) {
+        while (!ddp->stopping && ddp->n_started == ddp->n_ready && ddp->n_done == ddp->n_started)
+            pthread_cond_wait(&ddp->changed, &ddp->lock);
+        if (ddp->stopping) break;
+        int first = ddp->n_started, ready = ddp->n_ready;
+        ddp->n_started = ready;
+        pthread_mutex_unlock(&ddp->lock);
+
+        for (int b = first; b < ready; b++) start_bucket(&ddp->buckets[b]);
+        int newly_done = 0;
+        for (int b = 0; b < ready; b++)
+            if (!ddp->buckets[b].completed && test_bucket(&ddp->buckets[b])) newly_done++;
+
+        pthread_mutex_lock(&ddp->lock);
+        if (newly_done) {
+            ddp->n_done += newly_done;
+            pthread_cond_broadcast(&ddp->changed);
+        }
+        if (ddp->n_done < ddp->n_started) {  // still running: test again soon
+            pthread_mutex_unlock(&ddp->lock);
+            nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
+            pthread_mutex_lock(&ddp->lock);
+        }
+    }
+    pthread_mutex_unlock(&ddp->lock);
+    return NULL;
+}
+
+static void ensure_thread(Ddp *ddp) {
+    if (!ddp->use_thread || ddp->thread) return;
+    pthread_mutex_init(&ddp->lock, NULL);
+    pthread_cond_init(&ddp->changed, NULL);
+    CHECK(pthread_create(&ddp->thread, NULL, communication_thread, ddp) == 0, "cannot start the DDP thread");
+}
+
+// ------------------------------------------------------------------ backward and finish
+
+void ddp_grad_ready(void *context, int index) {
+    Ddp *ddp = context;
+    if (!ddp->sync || ddp->world_size == 1) return;
+    int b = ddp->bucket_of_param[index];
+    DdpBucket *bucket = &ddp->buckets[b];
+    if (--bucket->pending > 0) return;
+
+    // All of the bucket's gradients exist: pack them and send the bucket off.
+    float *out = bucket->buffer;
+    for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+        size_t n = tensor_numel(ddp->params[i].grad);
+        memcpy(out, ddp->params[i].grad->data, n * sizeof(float));
+        out += n;
+    }
+    if (ddp->use_thread) {
+        ensure_thread(ddp);
+        pthread_mutex_lock(&ddp->lock);
+        CHECK(b == ddp->n_ready, "DDP bucket %d ready out of order (expected %d)", b, ddp->n_ready);
+        ddp->n_ready++;
+        pthread_cond_broadcast(&ddp->changed);
+        pthread_mutex_unlock(&ddp->lock);
+    } else {
+        start_bucket(bucket);
+        for (int k = 0; k <= b; k++)
+            if (!ddp->buckets[k].completed) test_bucket(&ddp->buckets[k]);
+    }
+}
+
+void ddp_finish(Ddp *ddp) {
+    if (!ddp->sync || ddp->world_size == 1) return;
+    double wait_start = wall_seconds();
+    if (ddp->use_thread) {
+        pthread_mutex_lock(&ddp->lock);
+        CHECK(ddp->n_ready == ddp->n_buckets, "ddp_finish: backward produced %d of %d buckets", ddp->n_ready,
+              ddp->n_buckets);
+        while (ddp->n_done < ddp->n_buckets) pthread_cond_wait(&ddp->changed, &ddp->lock);
+        ddp->n_ready = ddp->n_started = ddp->n_done = 0;  // the thread waits now: reset for the next step
+        pthread_mutex_unlock(&ddp->lock);
+    } else {
+        for (int b = 0; b < ddp->n_buckets; b++)
+            while (!ddp->buckets[b].completed) test_bucket(&ddp->buckets[b]);
+    }
+    double wait_end = wall_seconds();
+
+    // Communication time: the union of the buckets' [start, done] intervals
+    // (started in order, so a running maximum merges them). The part of it
+    // before ddp_finish was entered ran while backward computed: hidden.
+    double covered_until = 0;
+    for (int b = 0; b < ddp->n_buckets; b++) {
+        DdpBucket *bucket = &ddp->buckets[b];
+        double from = bucket->start_time > covered_until ? bucket->start_time : covered_until;
+        double to = bucket->done_time;
+        if (to > from) {
+            double hidden_until = to < wait_start ? to : wait_start;
+            ddp->comm_seconds += to - from;
+            ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
+            covered_until = to;
+        }
+        // The sum over ranks, divided by W: the gradient of the global batch.
+        const float *in = bucket->buffer;
+        for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+            float *grad = ddp->params[i].grad->data;
+            for (size_t k = 0, n = tensor_numel(ddp->params[i].grad); k < n; k++) grad[k] = in[k] / (float)ddp->world_size;
+            in += tensor_numel(ddp->params[i].grad);
+        }
+        bucket->pending = bucket->n_params;
+        bucket->started = bucket->completed = false;
+    }
+    ddp->steps++;
+    ddp->wait_seconds += wait_end - wait_start;
+}
+
+void ddp_set_sync(Ddp *ddp, bool sync) { ddp->sync = sync; }
+
+void ddp_free(Ddp *ddp) {
+    if (ddp->thread) {
+        pthread_mutex_lock(&ddp->lock);
+        ddp->stopping = true;
+        pthread_cond_broadcast(&ddp->changed);
+        pthread_mutex_unlock(&ddp->lock);
+        pthread_join(ddp->thread, NULL);
+        pthread_mutex_destroy(&ddp->lock);
+        pthread_cond_destroy(&ddp->changed);
+    }
+    for (int b = 0; b < ddp->n_buckets; b++) free(ddp->buckets[b].buffer);
+    free(ddp->buckets);
+    free(ddp->bucket_of_param);
+    *ddp = (Ddp){0};
+}
+
+// ------------------------------------------------------------------ reports
+
+void ddp_describe_buckets(const Ddp *ddp, char *out, size_t size) {
+    int len = snprintf(out, size, "%d bucket%s:", ddp->n_buckets, ddp->n_buckets == 1 ? "" : "s");
+    for (int b = 0; b < ddp->n_buckets && len < (int)size; b++) {
+        const DdpBucket *bucket = &ddp->buckets[b];
+        len += snprintf(out + len, size - len, " [%s", ddp->params[bucket->first_param + bucket->n_params - 1].name);
+        if (bucket->n_params > 1 && len < (int)size)
+            len += snprintf(out + len, size - len, " .. %s", ddp->params[bucket->first_param].name);
+        if (len < (int)size) len += snprintf(out + len, size - len, ", %.1f KB]", bucket->count * 4 / 1024.0);
+    }
+}
+
+void ddp_describe_overlap(const Ddp *ddp, char *out, size_t size) {
+    if (ddp->steps == 0) {
+        snprintf(out, size, "no gradient allreduce (world size 1)");
+        return;
+    }
+    double comm = ddp->comm_seconds / ddp->steps, hidden = ddp->hidden_seconds / ddp->steps;
+    snprintf(out, size,
+             "gradient allreduce %.2f ms per step in %d bucket%s, %.2f ms (%.0f%%) of it hidden behind backward; "
+             "the step waited %.2f ms for it",
+             1e3 * comm, ddp->n_buckets, ddp->n_buckets == 1 ? "" : "s", 1e3 * hidden,
+             comm > 0 ? 100 * hidden / comm : 0.0, 1e3 * ddp->wait_seconds / ddp->steps);
+}

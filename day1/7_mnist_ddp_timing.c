@@ -1,0 +1,200 @@
+// Step 7: what does scaling buy? Time the training loop.    PyTorch twin: 7_mnist_ddp_pt_timing.py
+//
+// What it adds over step 6: every rank times its training loop, rank 0
+// reports the slowest (the job is as fast as its slowest rank), and with
+// --results FILE.csv each run appends "world_size,seconds" and prints the
+// table of every world size in the file so far, with the speed-up over one
+// rank, and draws it (--chart). The companion script runs it at 1, 2, 4 ranks:
+//   day1/7_scaling.sh                  (or: make scaling)
+// The batch is per rank, so W ranks take 1/W of the steps per epoch, each of
+// them as expensive as before: ideally the loop is W times faster. It is not,
+// when ranks share cores (a laptop) or when communication does not hide.
+//
+// Build and run:
+//   make day1/7_mnist_ddp_timing
+//   mpirun -np 2 day1/7_mnist_ddp_timing --results scaling.csv   (add --oversubscribe on fewer cores)
+//
+// Expected output (times vary):
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "check.h"
+#include "ddp.h"
+#include "dist.h"
+#include "h5.h"
+#include "loss_log.h"
+#include "mnist.h"
+#include "nn.h"
+#include "plot.h"
+#include "timer.h"
+
+// Append this run to the results CSV, then print the table of all its runs and
+// draw the speed-up chart. Rank 0 only.
+static void scaling_report(const char *path, int world, double seconds, const char *chart) {
+    FILE *file = fopen(path, "a");
+    CHECK_ERRNO(file != NULL, "--results %s: cannot open", path);
+    fprintf(file, "%d,%.6f\n", world, seconds);
+    CHECK_ERRNO(fclose(file) == 0, "--results %s: cannot write", path);
+
+    // Keep the last run of each world size.
+    enum { MAX_RUNS = 64 };
+    int worlds[MAX_RUNS], n = 0, w;
+    double times[MAX_RUNS], t;
+    file = fopen(path, "r");
+    CHECK_ERRNO(file != NULL, "--results %s: cannot read", path);
+    while (fscanf(file, "%d,%lf", &w, &t) == 2) {
+        int k = 0;
+        while (k < n && worlds[k] != w) k++;
+        if (k == n && n == MAX_RUNS) break;
+        if (k == n) n++;
+        worlds[k] = w, times[k] = t;
+    }
+    fclose(file);
+    for (int i = 1; i < n; i++)  // by world size
+        for (int k = i; k > 0 && worlds[k] < worlds[k - 1]; k--) {
+            int wi = worlds[k]; worlds[k] = worlds[k - 1]; worlds[k - 1] = wi;
+            double ti = times[k]; times[k] = times[k - 1]; times[k - 1] = ti;
+        }
+    int base = 0;
+    while (base < n && worlds[base] != 1) base++;
+    float x[MAX_RUNS], speedup[MAX_RUNS], ideal[MAX_RUNS];
+    printf("\n%10s %12s %9s %11s\n", "world size", "training s", "speed-up", "efficiency");
+    for (int i = 0; i < n; i++) {
+        x[i] = (float)worlds[i];
+        ideal[i] = (float)worlds[i];
+        speedup[i] = base < n ? (float)(times[base] / times[i]) : 0.0f;
+        if (base < n)
+            printf("%10d %12.3f %8.2fx %10.0f%%\n", worlds[i], times[i], speedup[i], 100 * speedup[i] / worlds[i]);
+        else
+            printf("%10d %12.3f %9s %11s\n", worlds[i], times[i], "-", "-");
+    }
+    if (base == n) printf("(run it on 1 rank too, for the speed-up)\n");
+    fflush(stdout);
+    if (chart && *chart && base < n) {
+        PlotSeries series[2] = {{.label = "measured", .x = x, .y = speedup, .n = n},
+                                {.label = "ideal (W x)", .x = x, .y = ideal, .n = n}};
+        PlotSpec spec = {.title = "Step 7: DDP training speed-up over one rank", .xlabel = "world size (ranks)",
+                         .ylabel = "speed-up"};
+        plot_png(chart, &spec, series, 2);
+        printf("Speed-up chart: %s\n", chart);
+    }
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/7_mnist_ddp_timing.png");
+    double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
+    int accum_steps = 1;
+    const char *results = NULL, *chart = "img/7_scaling.png";
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
+        {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+        {"results", ARG_STRING, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
+        {"chart", ARG_STRING, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 7: time DDP training; --results collects a speed-up table across world sizes.");
+    Device device = device_from_flag(opt.device);
+    int blas_threads = dist_set_blas_threads();
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Each rank takes its 1/W share: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(train.n, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
+    double lr = opt.lr;
+    Adam optimizer = adam_new(model.params, model.n_params, lr);
+
+    char buckets[512];
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    print0("Step 7: DDP on %d ranks: MLP 784-128-10, %zu weights in %s; Adam lr %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+           world, mlp_num_weights(&model), buckets, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        int n_steps = (n_batches + accum_steps - 1) / accum_steps;
+        double loss_sum = 0.0;
+        float loss = 0.0f;
+        for (int b = 0; b < n_batches; b++) {
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            // A step takes accum_steps micro-batches; weigh each by its share of the step's samples.
+            int first = b - b % accum_steps, end = first + accum_steps < n_batches ? first + accum_steps : n_batches;
+            int step_rows = (end * opt.batch_size < sampler.num_samples ? end * opt.batch_size : sampler.num_samples)
+                            - first * opt.batch_size;
+            bool last_micro_batch = b + 1 == end;
+            if (b == first) mlp_zero_grad(&model), loss = 0.0f;     // optimizer.zero_grad()
+            ddp_set_sync(&ddp, last_micro_batch);          // with model.no_sync() on the others
+            mlp_forward(&model, &x);                       // output = model(data)
+            float weight = (float)x.rows / (float)step_rows;
+            loss += weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_scale_loss(&model, weight);
+            mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
+            if (!last_micro_batch) continue;
+            ddp_finish(&ddp);                              // all buckets reduced, grads averaged
+            adam_step(&optimizer);                         // optimizer.step()
+            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
+            loss /= (float)world;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_steps, n_steps, seconds, (double)sampler.num_samples * world / seconds);
+    }
+    double train_seconds = wall_seconds() - train_start;
+    print_rank("training loop: %.3f s\n", train_seconds);
+    double slowest = train_seconds;  // the job is as fast as its slowest rank
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    double accuracy = mlp_accuracy(&model, &test_images, test.labels);
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    print0("World Size: %d. Training completed in %.2f seconds (slowest rank). Test accuracy: %.2f%% (%.0f of %d)\n",
+           world, slowest, 100 * accuracy, accuracy * test.n, test.n);
+    print0("DDP: %s\n", overlap);
+    dist_barrier();  // let every rank's lines out before rank 0's table
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+    if (rank == 0 && opt.plot && *opt.plot) {
+        char title[64], label[32];
+        snprintf(title, sizeof title, "Step 7: MNIST training loss, DDP on %d ranks", world);
+        snprintf(label, sizeof label, "%d ranks (mean loss)", world);
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    if (rank == 0 && results) scaling_report(results, world, slowest, chart);
+
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
