@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Steps 6, 7 and 8 and the DDP library, end to end, on real MNIST.
+# Prints one PASS/FAIL line per check (tests/run.sh counts them).
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS ddp: $*"; }
+fail() { echo "FAIL ddp: $*"; }
+mpi() { local np=$1; shift; timeout 120 $MPIRUN -np "$np" "$@"; }
+# same_weights WHAT A.h5 B.h5 TOLERANCE
+same_weights() {
+    local verdict
+    verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
+    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
+}
+final_loss() { tail -1 "$1" | cut -d, -f3; }
+
+# ---------------------------------------------------------------- 6 == 4
+# Step 4 scales lr by W, step 6 does not: give both the same effective lr.
+for np in 2 4; do
+    mpi $np day1/4_mnist_manual_ddp --epochs 2 --lr "$(awk "BEGIN { print 0.001 / $np }")" --save "$tmp/w4.h5" --plot '' > /dev/null 2>&1
+    mpi $np day1/6_mnist_ddp --epochs 2 --save "$tmp/w6_$np.h5" --plot '' > "$tmp/out6" 2>&1
+    same_weights "step 6 (DDP library) ends where step 4 (manual allreduce) does, on $np ranks" "$tmp/w6_$np.h5" "$tmp/w4.h5" 1e-6
+done
+if grep -qE '^DDP: gradient allreduce [0-9.]+ ms per step in 1 bucket, [0-9.]+ ms \([0-9]+%\) of it hidden behind backward' "$tmp/out6"; then
+    pass "step 6 reports the allreduce time and how much of it backward hid: $(grep '^DDP:' "$tmp/out6")"
+else
+    fail "step 6 prints no overlap report: $(tail -2 "$tmp/out6")"
+fi
+grep -qE '^World Size: 4\. Training completed in [0-9.]+ seconds\.' "$tmp/out6" &&
+    pass "step 6 prints 'World Size: 4. Training completed in T seconds.' like the original" ||
+    fail "step 6's final line: $(grep World "$tmp/out6")"
+
+# ---------------------------------------------------------------- bucket sizes
+# One bucket, one per tensor, and a cap that splits the model in between.
+for np in 2 4; do
+    for mb in 0 0.003; do
+        mpi $np day1/6_mnist_ddp --epochs 2 --bucket_mb $mb --save "$tmp/w6_$mb.h5" --plot '' > "$tmp/out_$mb" 2>&1
+        buckets=$(sed -n 's/.*weights in \([0-9]*\) buckets\{0,1\}.*/\1/p' "$tmp/out_$mb")
+        same_weights "step 6 on $np ranks: --bucket_mb $mb ($buckets buckets) == --bucket_mb 25 (1 bucket)" "$tmp/w6_$mb.h5" "$tmp/w6_$np.h5" 1e-6
+    done
+done
+
+# ---------------------------------------------------------------- no_sync / accumulation
+mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 2 --batch_size 1600 --accum_steps 4 --losses "$tmp/accum.csv" --save "$tmp/accum.h5" --plot '' > /dev/null 2>&1
+mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 2 --batch_size 6400 --losses "$tmp/big.csv" --save "$tmp/big.h5" --plot '' > /dev/null 2>&1
+verdict=$(awk -F, 'NR == FNR { a[FNR] = $3; n = FNR; next }
+    FNR > 1 { d = ($3 - a[FNR]) / a[FNR]; if (d < 0) d = -d; if (d > worst) worst = d; m = FNR }
+    END { printf "%d vs %d steps, worst relative loss difference %.1e", n - 1, m - 1, worst; exit !(n == m && n > 1 && worst <= 1e-5) }' "$tmp/accum.csv" "$tmp/big.csv")
+if [ $? -eq 0 ]; then pass "--accum_steps 4 x batch 1600 == batch 6400 on 2 ranks: $verdict"; else fail "--accum_steps 4 x batch 1600 vs batch 6400: $verdict"; fi
+same_weights "--accum_steps 4 x batch 1600 ends with the weights of batch 6400" "$tmp/accum.h5" "$tmp/big.h5" 1e-5
+
+# ---------------------------------------------------------------- step 8: lr x W
+day1/2_mnist_training --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
+mpi 4 day1/8_mnist_ddp_lr --losses "$tmp/lr4.csv" --compare "$tmp/one.csv" --plot "$tmp/8.png" > "$tmp/out8" 2>&1
+mpi 4 day1/6_mnist_ddp --losses "$tmp/nolr4.csv" --plot '' > /dev/null 2>&1
+one=$(final_loss "$tmp/one.csv") scaled=$(final_loss "$tmp/lr4.csv") unscaled=$(final_loss "$tmp/nolr4.csv")
+if awk "BEGIN { d = ($scaled - $one) / $one; exit !(d < 0.15 && d > -0.15) }"; then
+    pass "step 8 on 4 ranks with lr x 4 ends at loss $scaled, within 15% of one process ($one); without scaling (step 6): $unscaled"
+else
+    fail "step 8 on 4 ranks with lr x 4 ends at $scaled, one process at $one (more than 15% apart)"
+fi
+awk "BEGIN { exit !($unscaled > 2 * $one) }" &&
+    pass "without lr scaling 4 ranks learn less in 5 epochs: loss $unscaled vs $one (PyTorch: 1.33 vs 0.44)" ||
+    fail "step 6 on 4 ranks without lr scaling ends at $unscaled, not clearly above one process ($one)"
+# Both curves are in the image: the tab10 blue (DDP) and orange (--compare) lines.
+colors=$(build/tools/png_colors "$tmp/8.png" 1f77b4 ff7f0e 2>&1)
+blue=$(echo "$colors" | awk '$1 == "1f77b4" { print $2 }') orange=$(echo "$colors" | awk '$1 == "ff7f0e" { print $2 }')
+if [ "${blue:-0}" -gt 300 ] && [ "${orange:-0}" -gt 300 ]; then
+    pass "step 8's PNG holds both curves ($blue blue and $orange orange pixels)"
+else
+    fail "step 8's PNG: $colors"
+fi
+expect_usage() {
+    mpi 2 day1/8_mnist_ddp_lr --epochs 1 --compare "$1" --plot "$tmp/x.png" > "$tmp/err" 2>&1
+    local status=$?
+    if [ $status -eq 2 ] && grep -q "$2" "$tmp/err"; then pass "step 8 --compare $3: $(grep -m1 error "$tmp/err")"
+    else fail "step 8 --compare $3: exit $status: $(head -2 "$tmp/err")"; fi
+}
+expect_usage "$tmp/none.csv" "^error: --compare .*none.csv: cannot open" "with a missing file"
+echo "not,a,log" > "$tmp/bad.csv"
+expect_usage "$tmp/bad.csv" "^error: --compare .*expected the header step,epoch,loss" "with a file that is not a loss log"
+
+# ---------------------------------------------------------------- step 7: the scaling table
+rm -f "$tmp/scaling.csv"
+mpi 1 day1/7_mnist_ddp_timing --epochs 1 --results "$tmp/scaling.csv" --chart "$tmp/7.png" --plot '' > /dev/null 2>&1
+mpi 2 day1/7_mnist_ddp_timing --epochs 1 --results "$tmp/scaling.csv" --chart "$tmp/7.png" --plot '' > "$tmp/out7" 2>&1
+if grep -qE '^ +1 +[0-9.]+ +1\.00x +100%' "$tmp/out7" && grep -qE '^ +2 +[0-9.]+ +[0-9.]+x +[0-9]+%' "$tmp/out7" && [ -s "$tmp/7.png" ]; then
+    pass "step 7 --results: a speed-up table for world sizes 1 and 2, and its chart"
+else
+    fail "step 7 --results: $(tail -5 "$tmp/out7")"
+fi
+grep -qE '^\[rank 1\] training loop: [0-9.]+ s' "$tmp/out7" && pass "step 7 times the loop on every rank" ||
+    fail "step 7 prints no per-rank time"
