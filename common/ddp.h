@@ -52,6 +52,7 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t changed;
     int n_ready, n_started, n_done;  // buckets handed to the thread / started / completed, this step
+    bool finishing;            // the main thread waits in ddp_finish: test without napping
     bool stopping;
 
     // Overlap statistics, over all synchronised steps.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): our steps 2 and 4 against the PyTorch reference, side
-# by side in one sitting, alternating runs so that machine noise hits both.
+# Benchmark (not a test): our steps 2, 4 and 7 against the PyTorch reference,
+# side by side in one sitting, alternating runs so that machine noise hits both.
 #
 #   tests/bench_vs_pytorch.sh [REPEATS]        (make bench)
 #
@@ -21,25 +21,35 @@ wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-printf '%-34s %8s %8s %10s %10s\n' "program" "ranks" "loop s" "wall s" "test acc"
-for ranks in 1 2; do
-    declare -a c_loop=() c_wall=() t_loop=() t_wall=()
+# One row pair per configuration: our program against the PyTorch reference
+# with the same world size and learning-rate rule. --bind-to none lets every
+# world size use every core (mpirun would pin a single rank to one core).
+configs=(
+    "1|day1/2_mnist_training|"
+    "2|day1/4_mnist_manual_ddp|--lr-scale"
+    "1|day1/7_mnist_ddp_timing|"
+    "2|day1/7_mnist_ddp_timing|"
+    "4|day1/7_mnist_ddp_timing|"
+)
+printf '%-34s %6s %8s %8s %9s\n' "program" "ranks" "loop s" "wall s" "test acc"
+for config in "${configs[@]}"; do
+    IFS='|' read -r ranks program torch_flags <<< "$config"
+    c_loop=() c_wall=() t_loop=() t_wall=()
     for ((i = 0; i < repeats; i++)); do
-        if [ $ranks = 1 ]; then
-            c_wall+=("$(wall day1/2_mnist_training --data "$DATA" --plot '')")
+        if [ "$program" = day1/2_mnist_training ]; then
+            c_wall+=("$(wall $program --data "$DATA" --plot '')")
         else
-            c_wall+=("$(wall $MPIRUN -np $ranks day1/4_mnist_manual_ddp --data "$DATA" --plot '')")
+            c_wall+=("$(wall $MPIRUN --bind-to none -np $ranks $program --data "$DATA" --plot '')")
         fi
         c_loop+=("$(sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out")")
         c_acc=$(sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out")
-        t_wall+=("$(wall "$PYTHON" "$REFERENCE" "$DATA" $ranks --lr-scale)")
-        t_loop+=("$("$PYTHON" -c "import json,sys; print(json.loads(open('$out').read().strip().splitlines()[-1])['train_s'])")")
+        t_wall+=("$(wall "$PYTHON" "$REFERENCE" "$DATA" $ranks $torch_flags)")
+        t_loop+=("$("$PYTHON" -c "import json; print(json.loads(open('$out').read().strip().splitlines()[-1])['train_s'])")")
         t_acc=$("$PYTHON" -c "import json; print('%.2f%%' % (100 * json.loads(open('$out').read().strip().splitlines()[-1])['test_acc']))")
     done
     cl=$(printf '%s\n' "${c_loop[@]}" | median); cw=$(printf '%s\n' "${c_wall[@]}" | median)
     tl=$(printf '%s\n' "${t_loop[@]}" | median); tw=$(printf '%s\n' "${t_wall[@]}" | median)
-    name=$([ $ranks = 1 ] && echo "day1/2_mnist_training" || echo "day1/4_mnist_manual_ddp")
-    printf '%-34s %8d %8.2f %10.2f %10s\n' "$name" $ranks "$cl" "$cw" "$c_acc"
-    printf '%-34s %8d %8.2f %10.2f %10s\n' "PyTorch reference (gloo, lr x W)" $ranks "$tl" "$tw" "$t_acc"
-    printf '%-34s %8s %7.1fx %9.1fx\n' "  speed-up" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
+    printf '%-34s %6d %8.2f %8.2f %9s\n' "$program" "$ranks" "$cl" "$cw" "$c_acc"
+    printf '%-34s %6d %8.2f %8.2f %9s\n' "PyTorch reference ${torch_flags:-(lr 1e-3)}" "$ranks" "$tl" "$tw" "$t_acc"
+    printf '%-34s %6s %7.1fx %7.1fx\n' "  PyTorch time / ours" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
 done

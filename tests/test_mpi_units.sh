@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# MPI unit tests: every build/tests_mpi/* program under mpirun on 1, 2 and 4 ranks.
+# Forwards their PASS/FAIL/SKIP lines (tests/run.sh counts them); a run that exits
+# non-zero without a FAIL line (a crash, an MPI_Abort, a hang killed by the
+# timeout) gets one of its own:
+#   FAIL test_mpi_units: build/tests_mpi/test_ddp at 4 ranks exited with status 124
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+failed=0
+found=0
+for test in build/tests_mpi/*; do
+    [ -f "$test" ] && [ -x "$test" ] || continue
+    found=1
+    for np in 1 2 4; do
+        # Every run is bounded: a hang is a failure, not a stuck CI job.
+        timeout 120 $MPIRUN -np "$np" "$test" > "$out" 2>&1
+        status=$?
+        grep -E '^(PASS|FAIL|SKIP) ' "$out"
+        if [ "$status" -ne 0 ]; then
+            failed=1
+            if ! grep -q '^FAIL ' "$out"; then
+                echo "FAIL test_mpi_units: $test at $np ranks exited with status $status"
+                # The first lines that are not verdicts: the fatal error, if any (124: timeout).
+                grep -vE '^(PASS|SKIP) ' "$out" | head -4 | sed 's/^/    /'
+            fi
+        fi
+    done
+done
+[ "$found" = 1 ] || echo "SKIP test_mpi_units: no build/tests_mpi/* programs (run make)"
+exit "$failed"
