@@ -64,6 +64,8 @@ COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
         day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr
+# Day 2: every day2/*.c is a program.
+DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
@@ -72,7 +74,7 @@ TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools
 .PHONY: all check-deps data demo test bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
+all: check-deps $(DAY1) $(DAY2) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -89,6 +91,9 @@ $(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)
 	$(MPICC) $(CFLAGS) -c $< -o $@
 
 day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+day2/%: day2/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
@@ -124,7 +129,7 @@ test: all
 	@MPIRUN="$(MPIRUN)" tests/run.sh
 
 clean:
-	rm -rf $(BUILD) $(DAY1)
+	rm -rf $(BUILD) $(DAY1) $(DAY2)
 
 # Benchmark against the PyTorch reference (needs python3-torch); not part of `make test`.
 bench: all

@@ -8,6 +8,7 @@
 
 #include "check.h"
 
+static int g_nodes = 1;
 static int g_rank = 0, g_world = 1, g_local_rank = 0, g_local_world = 1, g_thread_level = MPI_THREAD_SINGLE;
 static char g_host[MPI_MAX_PROCESSOR_NAME] = "localhost";
 
@@ -29,6 +30,8 @@ void dist_init(int *argc, char ***argv) {
     CHECK_MPI(MPI_Comm_rank(node, &g_local_rank));
     CHECK_MPI(MPI_Comm_size(node, &g_local_world));
     CHECK_MPI(MPI_Comm_free(&node));
+    g_nodes = g_local_rank == 0;  // one leader per node: count them
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &g_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
 }
 
 void dist_finalize(void) {
@@ -41,6 +44,7 @@ int dist_thread_multiple(void) { return g_thread_level >= MPI_THREAD_MULTIPLE; }
 int dist_world_size(void) { return g_world; }
 int dist_local_rank(void) { return g_local_rank; }
 int dist_local_world_size(void) { return g_local_world; }
+int dist_num_nodes(void) { return g_nodes; }
 const char *dist_hostname(void) { return g_host; }
 
 // MPI counts are int; gradients of big models are not. Send in slices.

@@ -20,6 +20,7 @@ int dist_rank(void);
 int dist_world_size(void);
 int dist_local_rank(void);        // rank among the processes sharing this node
 int dist_local_world_size(void);  // how many ranks share this node
+int dist_num_nodes(void);         // how many nodes the job spans
 const char *dist_hostname(void);
 int dist_thread_multiple(void);   // may several threads call MPI at once?
 

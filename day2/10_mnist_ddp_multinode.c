@@ -1,0 +1,137 @@
+// Step 10: DDP across nodes.                 PyTorch twin: 10_mnist_ddp_pt_multinode.py
+//
+// What it changes from step 8 (diff the two files): nothing in the training.
+// MPI does not care whether two ranks share a node: the same program runs on
+// 2 nodes x 4 ranks under Slurm. Each node's ranks get their local rank from
+// MPI's shared-memory split (the GPU they would use), the lr is scaled by the
+// world size as in step 8, and rank 0 reports the layout it runs on.
+//
+// Run it under Slurm (README.md, Day 2):
+//   salloc --nodes 2 --ntasks-per-node=4 ...
+//   ./slurm/multinode_setup_and_run.sh day2/10_mnist_ddp_multinode
+// or on one machine:  mpirun -np 4 day2/10_mnist_ddp_multinode
+//
+// Expected output (times vary):
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "check.h"
+#include "ddp.h"
+#include "dist.h"
+#include "h5.h"
+#include "loss_log.h"
+#include "mnist.h"
+#include "nn.h"
+#include "timer.h"
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/10_mnist_ddp_multinode.png");
+    double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
+    int accum_steps = 1;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
+        {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 10: DDP across nodes (lr x world size).");
+    Device device = device_from_flag(opt.device);
+    int blas_threads = dist_set_blas_threads();
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Each rank takes its 1/W share: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(train.n, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
+    double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
+    Adam optimizer = adam_new(model.params, model.n_params, lr);
+
+    char buckets[512];
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    int nodes = dist_num_nodes();
+    print0("Step 10: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+           world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        int n_steps = (n_batches + accum_steps - 1) / accum_steps;
+        double loss_sum = 0.0;
+        float loss = 0.0f;
+        for (int b = 0; b < n_batches; b++) {
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            // A step takes accum_steps micro-batches; weigh each by its share of the step's samples.
+            int first = b - b % accum_steps, end = first + accum_steps < n_batches ? first + accum_steps : n_batches;
+            int step_rows = (end * opt.batch_size < sampler.num_samples ? end * opt.batch_size : sampler.num_samples)
+                            - first * opt.batch_size;
+            bool last_micro_batch = b + 1 == end;
+            if (b == first) mlp_zero_grad(&model), loss = 0.0f;     // optimizer.zero_grad()
+            ddp_set_sync(&ddp, last_micro_batch);          // with model.no_sync() on the others
+            mlp_forward(&model, &x);                       // output = model(data)
+            float weight = (float)x.rows / (float)step_rows;
+            loss += weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_scale_loss(&model, weight);
+            mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
+            if (!last_micro_batch) continue;
+            ddp_finish(&ddp);                              // all buckets reduced, grads averaged
+            adam_step(&optimizer);                         // optimizer.step()
+            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
+            loss /= (float)world;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_steps, n_steps, seconds, (double)sampler.num_samples * world / seconds);
+    }
+    double train_seconds = wall_seconds() - train_start;
+
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    double accuracy = mlp_accuracy(&model, &test_images, test.labels);
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
+           train_seconds, 100 * accuracy, accuracy * test.n, test.n);
+    print0("DDP: %s\n", overlap);
+    print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+    if (rank == 0 && opt.plot && *opt.plot) {
+        char title[80], label[64];
+        snprintf(title, sizeof title, "Step 10: MNIST training loss, DDP on %d ranks, %d nodes", world, nodes);
+        snprintf(label, sizeof label, "%d ranks, lr %g", world, lr);
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
