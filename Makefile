@@ -41,10 +41,12 @@ HAVE_NVCC := $(shell test -x $(CUDA_HOME)/bin/nvcc && echo 1)
 HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
 HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
 CUDA ?= $(if $(HAVE_NVCC),1,0)
+# NVTX3 is header-only: the profiling ranges need just its headers (NVTX=0: none).
+NVTX ?= $(if $(HAVE_NVTX),1,0)
 
 mark = $(if $(filter 1,$(1)),✓,✗)
 ifneq ($(filter-out clean data,$(or $(MAKECMDGOALS),all)),)
-$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA) (no GPU code yet: CPU programs only))
+$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX)) NVTX=$(NVTX)  CUDA=$(CUDA) (no GPU code yet: CPU programs only))
 endif
 MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
@@ -53,6 +55,10 @@ MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(H
 CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Wshadow -Icommon \
           $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
 LDLIBS  = $(BLAS_LIBS) $(HDF5_LIBS) $(PNG_LIBS) $(ZLIB_LIBS) -lpthread -lm
+ifeq ($(NVTX),1)
+CFLAGS  += -DHAVE_NVTX -isystem $(CUDA_HOME)/include
+LDLIBS  += -ldl
+endif
 ifeq ($(SANITIZE),1)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS += -fsanitize=address,undefined
@@ -63,7 +69,7 @@ COMMON_SRC := $(wildcard common/*.c)
 COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
-        day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr
+        day1/5_mnist_manual_ddp_profile day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day1/test_profile
 # Day 2: every day2/*.c is a program.
 DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))

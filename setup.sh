@@ -23,7 +23,7 @@ for arg in "$@"; do
     esac
 done
 
-packages=(make gcc pkg-config curl ca-certificates
+packages=(make gcc pkg-config curl ca-certificates python3
           openmpi-bin libopenmpi-dev       # MPI: mpicc, mpirun
           libopenblas-dev                  # CBLAS (sgemm)
           zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs

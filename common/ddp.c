@@ -47,7 +47,8 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 
 // ------------------------------------------------------------------ the buckets' MPI calls
 
-static void start_bucket(DdpBucket *bucket) {
+static void start_bucket(DdpBucket *bucket, int thread) {
+    bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
     CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket->buffer, (int)bucket->count, MPI_FLOAT, MPI_SUM,
                              MPI_COMM_WORLD, &bucket->request));
@@ -61,6 +62,7 @@ static bool test_bucket(DdpBucket *bucket) {
     if (done) {
         bucket->completed = true;
         bucket->done_time = wall_seconds();
+        profile_range_end(&bucket->range);
     }
     return done;
 }
@@ -85,7 +87,7 @@ static void *communication_thread(void *arg) {
         ddp->n_started = ready;
         pthread_mutex_unlock(&ddp->lock);
 
-        for (int b = first; b < ready; b++) start_bucket(&ddp->buckets[b]);
+        for (int b = first; b < ready; b++) start_bucket(&ddp->buckets[b], PROFILE_COMM_THREAD);
         int newly_done = 0;
         for (int b = 0; b < ready; b++)
             if (!ddp->buckets[b].completed && test_bucket(&ddp->buckets[b])) newly_done++;
@@ -136,7 +138,7 @@ void ddp_grad_ready(void *context, int index) {
         pthread_cond_broadcast(&ddp->changed);
         pthread_mutex_unlock(&ddp->lock);
     } else {
-        start_bucket(bucket);
+        start_bucket(bucket, PROFILE_MAIN_THREAD);
         for (int k = 0; k <= b; k++)
             if (!ddp->buckets[k].completed) test_bucket(&ddp->buckets[k]);
     }
@@ -144,6 +146,7 @@ void ddp_grad_ready(void *context, int index) {
 
 void ddp_finish(Ddp *ddp) {
     if (!ddp->sync || ddp->world_size == 1) return;
+    profile_push("allreduce wait");
     double wait_start = wall_seconds();
     if (ddp->use_thread) {
         pthread_mutex_lock(&ddp->lock);
@@ -186,6 +189,7 @@ void ddp_finish(Ddp *ddp) {
     }
     ddp->steps++;
     ddp->wait_seconds += wait_end - wait_start;
+    profile_pop();
 }
 
 void ddp_set_sync(Ddp *ddp, bool sync) { ddp->sync = sync; }

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 
 #include "nn.h"
+#include "profile.h"
 
 typedef struct {
     int first_param, n_params;  // params[first_param .. first_param + n_params), in reverse order
@@ -34,6 +35,7 @@ typedef struct {
     float *buffer;              // [count]: the flat gradients, reduced in place
     int pending;                // gradients not yet produced in this backward
     MPI_Request request;
+    ProfileRange range;         // "allreduce", on the thread that drives it
     bool started, completed;    // this step (completed: set by whoever tests it, read after n_done says so)
     double start_time, done_time;
 } DdpBucket;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "profile.h"
 
 static int g_nodes = 1;
 static int g_rank = 0, g_world = 1, g_local_rank = 0, g_local_world = 1, g_thread_level = MPI_THREAD_SINGLE;
@@ -35,6 +36,7 @@ void dist_init(int *argc, char ***argv) {
 }
 
 void dist_finalize(void) {
+    profile_finish();  // write the trace, if --trace asked for one (collective)
     fflush(stdout);
     CHECK_MPI(MPI_Finalize());
 }

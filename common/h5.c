@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include "check.h"
+#include "paths.h"
 
 // HDF5 prints its whole error stack on every failed call by default; we check
 // each call and print one line of our own instead.
@@ -36,6 +37,7 @@ static void format_shape(char *out, size_t size, const hsize_t *dims, int rank) 
 
 void h5_save_params(const char *path, const Param *params, int n_params) {
     quiet_hdf5();
+    make_parent_dirs(path);
     hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     CHECK(file >= 0, "%s: cannot create the HDF5 file (does its folder exist and is it writable?)", path);
     for (int i = 0; i < n_params; i++) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "paths.h"
 #include "plot.h"
 
 void loss_log_add(LossLog *log, int epoch, float loss) {
@@ -27,6 +28,7 @@ void loss_log_free(LossLog *log) {
 }
 
 void loss_log_write_csv(const LossLog *log, const char *path) {
+    make_parent_dirs(path);
     FILE *file = fopen(path, "w");
     CHECK_ERRNO(file != NULL, "--losses %s: cannot create", path);
     fprintf(file, "step,epoch,loss\n");

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "profile.h"
 #include "rng.h"
 
 // ------------------------------------------------------------------ IDX files
@@ -194,17 +195,13 @@ void mnist_free(MnistSplit *split) {
 }
 
 void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels) {
-    // A table gives exactly numpy's float32(p) / float32(255), at a table lookup's cost.
-    static float pixel_value[256];
-    if (pixel_value[255] == 0.0f)
-        for (int p = 0; p < 256; p++) pixel_value[p] = (float)p / 255.0f;
-
     CHECK(images->cols == MNIST_PIXELS && rows <= images->rows, "gather %d rows into [%d, %d]", rows,
           images->rows, images->cols);
     for (int r = 0; r < rows; r++) {
         const uint8_t *src = split->images + (size_t)indices[r] * MNIST_PIXELS;
         float *dst = images->data + (size_t)r * MNIST_PIXELS;
-        for (int k = 0; k < MNIST_PIXELS; k++) dst[k] = pixel_value[src[k]];
+        // numpy's float32(p) / float32(255): a correctly rounded division, vectorised.
+        for (int k = 0; k < MNIST_PIXELS; k++) dst[k] = (float)src[k] / 255.0f;
         labels[r] = split->labels[indices[r]];
     }
 }
@@ -264,7 +261,9 @@ Tensor mnist_batch(const MnistSplit *split, const DistributedSampler *sampler, i
     int start = batch * batch_size;
     int rows = sampler->num_samples - start < batch_size ? sampler->num_samples - start : batch_size;
     CHECK(rows > 0, "batch %d is past the end of this rank's %d samples", batch, sampler->num_samples);
+    profile_push("data");
     Tensor images = tensor_rows(buffer, rows);
     mnist_gather(split, sampler->indices + start, rows, &images, labels);
+    profile_pop();
     return images;
 }

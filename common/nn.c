@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "profile.h"
 
 // ------------------------------------------------------------------ layers
 
@@ -129,6 +130,7 @@ void mlp_free(Mlp *model) {
 
 const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
     CHECK(x->rows <= model->max_batch, "batch of %d rows, model built for %d", x->rows, model->max_batch);
+    profile_push("forward");
     const Tensor *input = x;
     for (int i = 0; i < model->n_layers; i++) {
         model->outputs[i].rows = x->rows;  // this batch's rows of the buffer
@@ -136,17 +138,38 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
         if (i + 1 < model->n_layers) relu_forward(&model->outputs[i]);
         input = &model->outputs[i];
     }
+    profile_pop();
     return input;
 }
 
 float mlp_loss(Mlp *model, const int *labels) {
+    profile_push("loss");
     const Tensor *logits = &model->outputs[model->n_layers - 1];
     Tensor probs = tensor_rows(&model->probs, logits->rows);
     float loss = cross_entropy_forward(logits, labels, &probs);
     Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];
     grad_logits->rows = logits->rows;
     cross_entropy_backward(&probs, labels, grad_logits);
+    profile_pop();
     return loss;
+}
+
+float mlp_mse_loss(Mlp *model, const Tensor *target) {
+    profile_push("loss");
+    const Tensor *output = &model->outputs[model->n_layers - 1];
+    CHECK(output->rows == target->rows && output->cols == target->cols, "mse: output [%d, %d], target [%d, %d]",
+          output->rows, output->cols, target->rows, target->cols);
+    Tensor *grad = &model->grad_outputs[model->n_layers - 1];
+    grad->rows = output->rows;
+    size_t n = tensor_numel(output);
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float diff = output->data[i] - target->data[i];
+        total += (double)diff * diff;
+        grad->data[i] = 2.0f * diff / (float)n;
+    }
+    profile_pop();
+    return (float)(total / (double)n);
 }
 
 void mlp_scale_loss(Mlp *model, float factor) {
@@ -155,6 +178,7 @@ void mlp_scale_loss(Mlp *model, float factor) {
 }
 
 void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context) {
+    profile_push("backward");
     const Tensor *grad_y = &model->grad_outputs[model->n_layers - 1];  // set by mlp_loss
     for (int i = model->n_layers - 1; i >= 0; i--) {
         const Tensor *input = i > 0 ? &model->outputs[i - 1] : x;
@@ -171,6 +195,7 @@ void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context
         if (grad_x) relu_backward(input, grad_x);
         grad_y = grad_x;
     }
+    profile_pop();
 }
 
 void mlp_zero_grad(Mlp *model) {
@@ -224,6 +249,7 @@ Adam adam_new(Param *params, int n_params, double lr) {
 }
 
 void adam_step(Adam *adam) {
+    profile_push("optimizer");
     adam->step++;
     // Scalars in double, as Python computes them; each is rounded to float once
     // where PyTorch hands it to a float32 kernel.
@@ -245,6 +271,7 @@ void adam_step(Adam *adam) {
             p[k] = p[k] - step_size * (m[k] / denom);               // param.addcdiv_(m, denom, -step_size)
         }
     }
+    profile_pop();
 }
 
 void adam_free(Adam *adam) {
@@ -257,10 +284,12 @@ void adam_free(Adam *adam) {
 }
 
 void sgd_step(const Param *params, int n_params, double lr) {
+    profile_push("optimizer");
     const float rate = (float)lr;
     for (int i = 0; i < n_params; i++) {
         float *p = params[i].value->data;
         const float *g = params[i].grad->data;
         for (size_t k = 0, n = tensor_numel(params[i].value); k < n; k++) p[k] -= rate * g[k];
     }
+    profile_pop();
 }

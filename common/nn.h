@@ -66,6 +66,9 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x);  // returns the logits [
 // Cross-entropy of the last forward's logits against labels (the mean over the
 // batch). Like autograd's graph, the model keeps d loss / d logits for backward.
 float mlp_loss(Mlp *model, const int *labels);
+// nn.MSELoss(): the mean over all elements of (output - target)^2, against the
+// last forward's output; keeps d loss / d output = 2 (output - target) / numel.
+float mlp_mse_loss(Mlp *model, const Tensor *target);
 // (loss * factor).backward() instead of loss.backward(): scales the gradient
 // that the next mlp_backward starts from (gradient accumulation weights each
 // micro-batch by its share of the step's samples).

@@ -7,6 +7,7 @@
 // need it), ticks outside, 5% data margins, tab10 colours, legend in the
 // emptiest corner.
 #include "plot.h"
+#include "paths.h"
 
 #include <math.h>
 #include <png.h>
@@ -174,24 +175,6 @@ static int max_int(int a, int b) { return a > b ? a : b; }
 static bool has_text(const char *s) { return s && *s; }
 
 // ---------------------------------------------------------------- PNG output
-
-// `mkdir -p` of the directory part of `path`, so "img/run1/loss.png" just works.
-static void make_parent_dirs(const char *path) {
-    char dir[4096];
-    CHECK(strlen(path) < sizeof dir, "path too long: %s", path);
-    strcpy(dir, path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return;
-    *slash = '\0';
-    for (char *p = dir + 1;; p++) {
-        if (*p != '/' && *p != '\0') continue;
-        char saved = *p;
-        *p = '\0';
-        CHECK_ERRNO(mkdir(dir, 0777) == 0 || errno == EEXIST, "cannot create directory %s", dir);
-        if (saved == '\0') break;
-        *p = saved;
-    }
-}
 
 static void write_png(const char *path, const Canvas *c) {
     make_parent_dirs(path);

@@ -1,6 +1,8 @@
 // rng.c: mt19937 and the two transforms of torch's CPU generator we need.
 #include "rng.h"
 
+#include <math.h>
+
 void rng_seed(Rng *rng, uint64_t seed) {
     // torch seeds mt19937 with the low 32 bits (the standard init_genrand).
     rng->state[0] = (uint32_t)seed;
@@ -35,6 +37,12 @@ float rng_uniform(Rng *rng, float low, float high) {
     // in double (the CPU accumulate type of float) and rounded once to float.
     float unit = (float)(rng_next_u32(rng) & ((1u << 24) - 1)) * (1.0f / (1u << 24));
     return (float)((double)unit * ((double)high - (double)low) + (double)low);
+}
+
+float rng_normal(Rng *rng) {
+    // 1 - u keeps the logarithm's argument in (0, 1].
+    double u1 = 1.0 - (rng_next_u32(rng) + 0.5) / 4294967296.0, u2 = (rng_next_u32(rng) + 0.5) / 4294967296.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
 void rng_randperm(Rng *rng, int n, int *perm) {

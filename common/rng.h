@@ -20,5 +20,9 @@ uint32_t rng_next_u32(Rng *rng);
 // A float uniform in [low, high), drawn like torch's uniform_() on float32.
 float rng_uniform(Rng *rng, float low, float high);
 
+// A standard normal draw (Box-Muller on two uniforms). Not torch.randn's stream:
+// only the distribution is the same.
+float rng_normal(Rng *rng);
+
 // perm[0..n) := a random permutation of 0..n-1, drawn like torch.randperm(n).
 void rng_randperm(Rng *rng, int n, int *perm);

@@ -16,6 +16,7 @@
 //   make day1/6_mnist_ddp
 //   mpirun -np 2 day1/6_mnist_ddp                  (add --oversubscribe on fewer cores)
 //   mpirun -np 2 day1/6_mnist_ddp --bucket_mb 0    # one bucket per tensor: see the overlap grow
+//   mpirun -np 2 day1/6_mnist_ddp --bucket_mb 0 --trace log_ddp/6.json   # and see it in Perfetto
 //
 // Expected output (times vary):
 #include <stdio.h>
@@ -29,6 +30,7 @@
 #include "loss_log.h"
 #include "mnist.h"
 #include "nn.h"
+#include "profile.h"
 #include "timer.h"
 
 int main(int argc, char **argv) {
@@ -36,10 +38,12 @@ int main(int argc, char **argv) {
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/6_mnist_ddp.png");
     double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
     int accum_steps = 1;
+    const char *trace = NULL;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 6: data-parallel training with a DDP library (bucketed, overlapped allreduce).");
     Device device = device_from_flag(opt.device);
@@ -72,6 +76,7 @@ int main(int argc, char **argv) {
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     LossLog losses = {0};
 
+    if (trace) profile_start(trace);
     double train_start = wall_seconds();
     for (int epoch = 0; epoch < opt.epochs; epoch++) {
         double epoch_start = wall_seconds();

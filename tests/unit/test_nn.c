@@ -294,6 +294,39 @@ static void test_mlp(void) {
     mlp_free(&m);
 }
 
+// ------------------------------------------------------------ MSE (test_profile's loss)
+
+typedef struct { Mlp *model; const Tensor *x, *target; } MseCtx;
+
+static double mse_loss_at(void *p) {
+    MseCtx *c = p;
+    mlp_forward(c->model, c->x);
+    return mlp_mse_loss(c->model, c->target);
+}
+
+static void test_mse(void) {
+    enum { B = 3, IN = 4, OUT = 5 };  // one Linear: no kinks, so every element is checked
+    const int sizes[] = {IN, OUT};
+    Rng init;
+    rng_seed(&init, 5);
+    Mlp m = mlp_new(sizes, 2, B, &init, DEVICE_CPU);
+    Tensor x = tensor_zeros(B, IN, DEVICE_CPU), target = tensor_zeros(B, OUT, DEVICE_CPU);
+    fill_uniform(x.data, tensor_numel(&x), -1, 1);
+    fill_uniform(target.data, tensor_numel(&target), -1, 1);
+    const Tensor *y = mlp_forward(&m, &x);
+    double ref = 0;  // nn.MSELoss(): the mean over all B x OUT elements
+    for (size_t i = 0; i < tensor_numel(y); i++) ref += pow((double)y->data[i] - target.data[i], 2) / (B * OUT);
+    mlp_zero_grad(&m);
+    double loss = mlp_mse_loss(&m, &target);
+    EXPECT(fabs(loss - ref) <= 1e-6 * ref, "MSE forward %.8f vs double reference %.8f", loss, ref);
+    mlp_backward(&m, &x, NULL, NULL);
+    MseCtx c = {&m, &x, &target};
+    check_grad("MSE d loss/d fc.0.weight", m.params[0].value->data, m.params[0].grad->data, IN * OUT, mse_loss_at, &c);
+    check_grad("MSE d loss/d fc.0.bias", m.params[1].value->data, m.params[1].grad->data, OUT, mse_loss_at, &c);
+    tensor_free(&x), tensor_free(&target);
+    mlp_free(&m);
+}
+
 // ------------------------------------------------------------ optimizers
 
 static void test_adam(void) {
@@ -435,6 +468,7 @@ int main(void) {
     test_relu();
     test_cross_entropy();
     test_mlp();
+    test_mse();
     test_adam();
     test_sgd();
     test_init_and_names();

@@ -1,0 +1,134 @@
+// Step 5: where does the time go? Step 4 with profiling.   PyTorch twin: 5_mnist_manual_ddp_profile.py
+//
+// What it adds over step 4 (diff the two files): profile_start() switches on
+// the recording of named ranges. The library already marks its work, as
+// torch.profiler records ops: data, forward, loss, backward, optimizer
+// (common/profile.h); the loop adds a range per step and one around the
+// hand-written allreduce. Like the original, it stops after one epoch. At the
+// end rank 0 prints a table per range for all ranks, and the ranges go to a
+// Chrome trace (--trace, default log_ddp/trace.json, as the original's
+// ./log_ddp) that Perfetto opens. Under Nsight Systems the same ranges show as
+// NVTX ranges: profiling/nsys.sh.
+//
+// Build and run:
+//   make day1/5_mnist_manual_ddp_profile
+//   mpirun -np 2 day1/5_mnist_manual_ddp_profile     (add --oversubscribe on fewer cores)
+//   mpirun -np 2 profiling/nsys.sh day1/5_mnist_manual_ddp_profile   # with Nsight Systems
+//
+// Expected output (times vary):
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "check.h"
+#include "dist.h"
+#include "h5.h"
+#include "loss_log.h"
+#include "mnist.h"
+#include "nn.h"
+#include "profile.h"
+#include "timer.h"
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/5_mnist_manual_ddp_profile.png");
+    opt.epochs = 1;  // the original profiles the first epoch only
+    const char *trace = "log_ddp/trace.json";
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 5: step 4 with profiling ranges, a summary table and a Chrome trace.");
+    Device device = device_from_flag(opt.device);
+    int blas_threads = dist_set_blas_threads();
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Each rank takes its 1/W share: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(train.n, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    for (int i = 0; i < model.n_params; i++)  // start equal: everyone takes rank 0's weights
+        dist_broadcast(model.params[i].value->data, tensor_numel(model.params[i].value), 0);
+    double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
+    Adam optimizer = adam_new(model.params, model.n_params, lr);
+
+    print0("Step 5: manual DDP, profiled, on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+           world, mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    profile_start(trace);  // with torch.profiler.profile(...) as prof:
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        double loss_sum = 0.0;
+        for (int b = 0; b < n_batches; b++) {
+            profile_push("step");                          // a range per step, like prof.step()
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            mlp_zero_grad(&model);                         // optimizer.zero_grad()
+            mlp_forward(&model, &x);                       // output = model(data)
+            float loss = mlp_loss(&model, batch_labels);   // loss = criterion(output, target)
+            mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
+            profile_push("allreduce");                     // with record_function("allreduce"):
+            for (int i = 0; i < model.n_params; i++) {     // the hand-written DDP:
+                Tensor *grad = model.params[i].grad;
+                dist_allreduce_sum(grad->data, tensor_numel(grad));   // dist.all_reduce(param.grad, SUM)
+                for (size_t k = 0; k < tensor_numel(grad); k++)       // param.grad /= world_size
+                    grad->data[k] /= (float)world;
+            }
+            profile_pop();
+            adam_step(&optimizer);                         // optimizer.step()
+            profile_pop();                                 // end of "step"
+            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
+            loss /= (float)world;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_batches, n_batches, seconds, (double)sampler.num_samples * world / seconds);
+    }
+    double train_seconds = wall_seconds() - train_start;
+    profile_summary();  // rank 0: the table of every rank's ranges
+
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    double accuracy = mlp_accuracy(&model, &test_images, test.labels);
+    print0("Training completed in %.2f s. Test accuracy: %.2f%% (%.0f of %d)\n", train_seconds, 100 * accuracy,
+           accuracy * test.n, test.n);
+    print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+    if (rank == 0 && opt.plot && *opt.plot) {
+        char title[64], label[32];
+        snprintf(title, sizeof title, "Step 5: MNIST training loss, manual DDP on %d ranks", world);
+        snprintf(label, sizeof label, "%d ranks (mean loss)", world);
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}

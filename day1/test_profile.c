@@ -1,0 +1,91 @@
+// test_profile: profile a toy DDP model.                    PyTorch twin: test-profile.py
+//
+// The original's sandbox for the profiler, before profiling MNIST: a toy
+// model, Linear(1024, 2048), ReLU, Linear(2048, 1024), wrapped in DDP and
+// trained with MSE loss and SGD (lr 0.01) on random data: 64 x 1024 inputs
+// and targets per rank, 5 steps. The loop marks its phases with named ranges,
+// as the original does with record_function: forward_pass, loss+backward,
+// optimizer_step, plus a marker per step (prof.step()). The library's own
+// ranges (forward, backward, the DDP buckets' allreduce) nest inside them.
+// Rank 0 prints the table; --trace (default log/trace.json, as the original's
+// ./log) holds every rank's ranges for Perfetto.
+//
+// Build and run:
+//   make day1/test_profile
+//   mpirun -np 2 day1/test_profile                 (add --oversubscribe on fewer cores)
+//   mpirun -np 2 profiling/nsys.sh day1/test_profile   # with Nsight Systems
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "check.h"
+#include "ddp.h"
+#include "dist.h"
+#include "nn.h"
+#include "profile.h"
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    int steps = 5, batch = 64, seed = 0;
+    double lr = 0.01;
+    const char *trace = "log/trace.json";
+    ArgSpec flags[] = {
+        {"steps", ARG_INT, &steps, "N", "training steps", 1, NULL},
+        {"batch_size", ARG_INT, &batch, "N", "random samples per step, per rank", 1, NULL},
+        {"lr", ARG_FLOAT, &lr, "X", "SGD learning rate", 0, NULL},
+        {"seed", ARG_INT, &seed, "N", "weights (rank 0's are broadcast) and, plus the rank, the data", 0, NULL},
+        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "test_profile: profile a toy DDP model on random data.");
+    int blas_threads = dist_set_blas_threads();
+
+    Rng rng;
+    rng_seed(&rng, (uint64_t)seed);
+    const int sizes[] = {1024, 2048, 1024};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, DEVICE_CPU);
+    Ddp ddp = ddp_wrap(model.params, model.n_params, 25.0);  // ddp_model = DDP(model)
+    print0("test_profile: MLP 1024-2048-1024 (%zu weights), MSE loss, SGD lr %g; %d x 1024 random samples per "
+           "rank, %d steps, %d ranks, %d BLAS thread%s per rank\n",
+           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), blas_threads, blas_threads == 1 ? "" : "s");
+
+    // Every rank its own random data: torch.randn(64, 1024) per rank.
+    rng_seed(&rng, (uint64_t)seed + 1 + (uint64_t)dist_rank());
+    Tensor inputs = tensor_zeros(batch, 1024, DEVICE_CPU), targets = tensor_zeros(batch, 1024, DEVICE_CPU);
+
+    profile_start(trace);  // with torch.profiler.profile(...) as prof:
+    for (int step = 0; step < steps; step++) {
+        for (size_t i = 0; i < tensor_numel(&inputs); i++) inputs.data[i] = rng_normal(&rng);
+        for (size_t i = 0; i < tensor_numel(&targets); i++) targets.data[i] = rng_normal(&rng);
+        mlp_zero_grad(&model);
+
+        profile_push("forward_pass");
+        mlp_forward(&model, &inputs);
+        profile_pop();
+
+        profile_push("loss+backward");
+        float loss = mlp_mse_loss(&model, &targets);
+        mlp_backward(&model, &inputs, ddp_grad_ready, &ddp);
+        ddp_finish(&ddp);
+        profile_pop();
+
+        profile_push("optimizer_step");
+        sgd_step(model.params, model.n_params, lr);
+        profile_pop();
+
+        profile_mark("step");  // prof.step()
+        print0("step %d: loss %.4f (rank 0's batch)\n", step + 1, loss);
+    }
+    profile_summary();
+
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    print0("DDP: %s\n", overlap);
+    print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
+
+    tensor_free(&inputs);
+    tensor_free(&targets);
+    ddp_free(&ddp);
+    mlp_free(&model);
+    dist_finalize();  // writes the trace
+    return 0;
+}

@@ -1,0 +1,185 @@
+// Step 11: DDP across nodes, streaming the data from HDF5.  PyTorch twin: 11_mnist_ddp_pt_multinode_streaming.py
+//
+// What it changes from step 10 (diff the two files): only where the data comes
+// from. Step 10 loads all of MNIST into every rank's memory; a data set that
+// does not fit there must be read from disk as training goes. Here each rank
+// reads only the samples it trains on, one batch ahead, from an HDF5 file
+// chunked in groups of 100 samples (day2/create_mnist_h5 writes it):
+//   - the DistributedSampler shuffles and shards GROUPS (600 of them), not
+//     samples, as the original's Dataset of groups does; a batch is 64 groups,
+//     so --batch_size counts samples and must be a multiple of 100;
+//   - a reader thread fills one batch buffer (hyperslab reads of the batch's
+//     groups, one gzip chunk each) while training runs on the other: a rank
+//     holds two batches, not the data set;
+//   - the end of the run says how fast the reader read, and how long training
+//     waited for it.
+// The test set is streamed the same way, in batches, by every rank.
+//
+// Run it under Slurm (README.md, Day 2):
+//   day2/create_mnist_h5                          # once: data/mnist -> data/mnist.h5
+//   salloc --nodes 2 --ntasks-per-node=4 ...
+//   ./slurm/multinode_setup_and_run.sh day2/11_multinode_streaming
+// or on one machine:  mpirun -np 4 day2/11_multinode_streaming [--h5 FILE.h5]
+//
+// Expected output (times vary):
+//   Step 11: DDP on 2 ranks (1 node, 2 ranks on node01): MLP 784-128-10, 101770 weights in 1 bucket; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 BLAS thread per rank
+//   Data: data/mnist.h5, float32 pixels, 600 training groups of 100 (300 per rank, 64 per batch), read one batch ahead by a thread
+//   epoch 1/5: mean loss 1.9510 over 5 steps, 0.38 s, 157894 samples/s
+//   ...
+//   epoch 5/5: mean loss 0.4610 over 5 steps, 0.36 s, 166666 samples/s
+//   World Size: 2. Training completed in 1.85 seconds. Test accuracy: 88.84% (8884 of 10000)
+//   DDP: gradient allreduce ...
+//   Data: read 150000 samples (470.4 MB of float32 pixels) from float32 chunks in 1.01 s: 466 MB/s; the loop waited 0.21 s for data (11% of 1.85 s), means over ranks
+//   [rank 0] parameter checksum 8d1c0a1b2c3d4e5f
+//   [rank 1] parameter checksum 8d1c0a1b2c3d4e5f
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "check.h"
+#include "ddp.h"
+#include "dist.h"
+#include "h5.h"
+#include "h5_stream.h"
+#include "loss_log.h"
+#include "mnist.h"
+#include "nn.h"
+#include "timer.h"
+
+// Accuracy on the test groups, streamed in batches like the training data
+// (every rank reads all of them: the test set is not sharded, as in step 10).
+static double test_accuracy(Mlp *model, const H5Part *test, int groups_per_batch, int *labels, Device device) {
+    DistributedSampler all_groups = sampler_new(test->n_groups, 1, 0, false, 0);  // in file order
+    H5Stream *stream = h5_stream_start(test, &all_groups, groups_per_batch, 1, device);
+    long correct = 0;
+    for (int b = 0; b < sampler_num_batches(&all_groups, groups_per_batch); b++) {
+        Tensor x = h5_stream_next(stream, 0, b, labels);  // [rows, 784]
+        correct += lround(mlp_accuracy(model, &x, labels) * x.rows);
+    }
+    h5_stream_stop(stream);
+    sampler_free(&all_groups);
+    return (double)correct / ((double)test->n_groups * H5_GROUP_SIZE);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/11_multinode_streaming.png");
+    const char *h5_path = H5_DEFAULT_FILE;
+    double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
+    int accum_steps = 1;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"h5", ARG_STRING, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
+        {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
+        {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 11: DDP across nodes, streaming MNIST from HDF5.");
+    if (opt.batch_size % H5_GROUP_SIZE != 0)
+        usage_error("--batch_size %d is not a multiple of %d: batches are whole groups of the HDF5 file", opt.batch_size,
+                    H5_GROUP_SIZE);
+    int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
+    Device device = device_from_flag(opt.device);
+    int blas_threads = dist_set_blas_threads();
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: groups of 100 samples in HDF5, read batch by batch as float32 pixels / 255.
+    H5Mnist data = h5_mnist_open(h5_path);  // checks the file's whole layout before anything runs
+    // Each rank takes its 1/W share of the groups: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(data.train.n_groups, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+    int rank_samples = sampler.num_samples * H5_GROUP_SIZE;
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
+    double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
+    Adam optimizer = adam_new(model.params, model.n_params, lr);
+
+    char buckets[512];
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    int nodes = dist_num_nodes();
+    print0("Step 11: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+           world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+    print0("Data: %s, %s pixels, %d training groups of %d (%d per rank, %d per batch), read one batch ahead by a thread\n",
+           h5_path, data.train.pixels == H5_PIXELS_UINT8 ? "uint8" : "float32", data.train.n_groups, H5_GROUP_SIZE,
+           sampler.num_samples, groups_per_batch);
+
+    // The reader thread starts now (not earlier: --init's HDF5 calls are done) and walks the same epochs.
+    H5Stream *stream = h5_stream_start(&data.train, &sampler, groups_per_batch, opt.epochs, device);
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, groups_per_batch);
+        int n_steps = (n_batches + accum_steps - 1) / accum_steps;
+        double loss_sum = 0.0;
+        float loss = 0.0f;
+        for (int b = 0; b < n_batches; b++) {
+            Tensor x = h5_stream_next(stream, epoch, b, batch_labels);  // [rows, 784], read while b - 1 trained
+            // A step takes accum_steps micro-batches; weigh each by its share of the step's samples.
+            int first = b - b % accum_steps, end = first + accum_steps < n_batches ? first + accum_steps : n_batches;
+            int step_rows = (end * opt.batch_size < rank_samples ? end * opt.batch_size : rank_samples)
+                            - first * opt.batch_size;
+            bool last_micro_batch = b + 1 == end;
+            if (b == first) mlp_zero_grad(&model), loss = 0.0f;     // optimizer.zero_grad()
+            ddp_set_sync(&ddp, last_micro_batch);          // with model.no_sync() on the others
+            mlp_forward(&model, &x);                       // output = model(data)
+            float weight = (float)x.rows / (float)step_rows;
+            loss += weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_scale_loss(&model, weight);
+            mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
+            if (!last_micro_batch) continue;
+            ddp_finish(&ddp);                              // all buckets reduced, grads averaged
+            adam_step(&optimizer);                         // optimizer.step()
+            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
+            loss /= (float)world;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_steps, n_steps, seconds, (double)rank_samples * world / seconds);
+    }
+    double train_seconds = wall_seconds() - train_start;
+    char reading[512];
+    h5_stream_describe_all_ranks(stream, train_seconds, reading, sizeof reading);
+    h5_stream_stop(stream);
+
+    double accuracy = test_accuracy(&model, &data.test, groups_per_batch, batch_labels, device);
+    int test_n = data.test.n_groups * H5_GROUP_SIZE;
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
+           train_seconds, 100 * accuracy, accuracy * test_n, test_n);
+    print0("DDP: %s\n", overlap);
+    print0("Data: %s\n", reading);
+    print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+    if (rank == 0 && opt.plot && *opt.plot) {
+        char title[80], label[64];
+        snprintf(title, sizeof title, "Step 11: MNIST training loss, DDP from HDF5 on %d ranks, %d nodes", world, nodes);
+        snprintf(label, sizeof label, "%d ranks, lr %g", world, lr);
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    h5_mnist_close(&data);
+    dist_finalize();
+    return 0;
+}

@@ -1,0 +1,157 @@
+// create_mnist_h5: MNIST as chunked HDF5, for step 11.          PyTorch twin: create_mnist_h5.py
+//
+// What it does: reads the four IDX files (make data) and writes them in the
+// original workshop's layout, groups of 100 samples, one gzip chunk per group:
+//   train/images  [600, 100, 1, 28, 28]  float32 pixels / 255    train/labels  [600, 100]  int64
+//   test/images   [100, 100, 1, 28, 28]  float32 pixels / 255    test/labels   [100, 100]  int64
+// So h5py code written for the original reads our file, and step 11 reads a
+// file that the original wrote. A chunk is what HDF5 reads and inflates in one
+// go: step 11 reads whole groups, one chunk each, and never the whole file.
+//
+// --uint8 stores the pixels as they are in the IDX files (0..255), 4x less to
+// inflate and 40% less on disk; step 11 then divides by 255 itself, with the
+// same float32 result. h5py code written for the original expects float32:
+// give it the default file.
+//
+// Build and run (one process: it writes one file):
+//   make day2/create_mnist_h5
+//   day2/create_mnist_h5                                   # data/mnist -> data/mnist.h5
+//   day2/create_mnist_h5 --uint8 --out data/mnist_uint8.h5
+//   day2/create_mnist_h5 --force                           # overwrite data/mnist.h5
+//
+// Expected output (times vary):
+//   create_mnist_h5: data/mnist -> data/mnist.h5: float32 pixels / 255, gzip level 4, one chunk per group of 100
+//   train: 60000 samples -> train/images float32 [600, 100, 1, 28, 28], train/labels int64 [600, 100] in 1.37 s
+//   test: 10000 samples -> test/images float32 [100, 100, 1, 28, 28], test/labels int64 [100, 100] in 0.23 s
+//   wrote data/mnist.h5: 19.9 MB for 219.5 MB of data (11.0x smaller) in 1.83 s
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "args.h"
+#include "check.h"
+#include "dist.h"
+#include "h5_stream.h"
+#include "mnist.h"
+#include "paths.h"
+#include "timer.h"
+
+#define GZIP_LEVEL 4  // h5py's default for compression="gzip"
+
+#define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
+
+// A chunked, gzip-compressed dataset `name` [dims], one chunk = [1, dims[1:]]: one group.
+static hid_t create_dataset(hid_t parent, const char *path, const char *name, hid_t type, int rank,
+                            const hsize_t *dims) {
+    hsize_t chunk[5];
+    for (int d = 0; d < rank; d++) chunk[d] = d == 0 ? 1 : dims[d];
+    hid_t space = H5Screate_simple(rank, dims, NULL);
+    hid_t create = H5Pcreate(H5P_DATASET_CREATE);
+    CHECK_H5(H5Pset_chunk(create, rank, chunk), "%s: cannot chunk '%s'", path, name);
+    CHECK_H5(H5Pset_deflate(create, GZIP_LEVEL), "%s: cannot compress '%s'", path, name);
+    hid_t dataset = H5Dcreate2(parent, name, type, space, H5P_DEFAULT, create, H5P_DEFAULT);
+    CHECK(dataset >= 0, "%s: cannot create dataset '%s'", path, name);
+    H5Pclose(create);
+    H5Sclose(space);
+    return dataset;
+}
+
+// Write one part ("train" or "test") group by group: each write fills exactly
+// one chunk, which HDF5 then compresses and writes out, so memory stays at one
+// group's worth beyond the IDX data. Returns the bytes of data written.
+static double write_part(hid_t file, const char *path, const char *name, const MnistSplit *split, bool uint8) {
+    double start = wall_seconds();
+    CHECK(split->n % H5_GROUP_SIZE == 0, "%s: %d samples do not make groups of %d", name, split->n, H5_GROUP_SIZE);
+    const hsize_t n_groups = (hsize_t)(split->n / H5_GROUP_SIZE);
+    const hsize_t image_dims[5] = {n_groups, H5_GROUP_SIZE, 1, 28, 28}, label_dims[2] = {n_groups, H5_GROUP_SIZE};
+    hid_t group = H5Gcreate2(file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    CHECK(group >= 0, "%s: cannot create group '%s'", path, name);
+    hid_t images = create_dataset(group, path, "images", uint8 ? H5T_STD_U8LE : H5T_IEEE_F32LE, 5, image_dims);
+    hid_t labels = create_dataset(group, path, "labels", H5T_STD_I64LE, 2, label_dims);
+
+    // One group in memory, and where it goes in the file: a hyperslab of one chunk.
+    const size_t group_pixels = (size_t)H5_GROUP_SIZE * MNIST_PIXELS;
+    float *group_floats = xmalloc(group_pixels * sizeof(float));  // [100, 784]
+    int64_t group_labels[H5_GROUP_SIZE];                          // [100]
+    const hsize_t image_count[5] = {1, H5_GROUP_SIZE, 1, 28, 28}, label_count[2] = {1, H5_GROUP_SIZE};
+    hid_t image_memory = H5Screate_simple(5, image_count, NULL), label_memory = H5Screate_simple(2, label_count, NULL);
+    hid_t image_space = H5Dget_space(images), label_space = H5Dget_space(labels);
+    for (hsize_t g = 0; g < n_groups; g++) {
+        const uint8_t *pixels = split->images + g * group_pixels;
+        const void *image_data = pixels;
+        if (!uint8) {
+            // Exactly numpy's np.float32(p) / 255 (the division is correctly rounded).
+            for (size_t k = 0; k < group_pixels; k++) group_floats[k] = (float)pixels[k] / 255.0f;
+            image_data = group_floats;
+        }
+        for (int i = 0; i < H5_GROUP_SIZE; i++) group_labels[i] = split->labels[g * H5_GROUP_SIZE + i];
+        const hsize_t image_start[5] = {g, 0, 0, 0, 0}, label_start[2] = {g, 0};
+        CHECK_H5(H5Sselect_hyperslab(image_space, H5S_SELECT_SET, image_start, NULL, image_count, NULL),
+                 "%s: cannot select group %llu of '%s/images'", path, (unsigned long long)g, name);
+        CHECK_H5(H5Sselect_hyperslab(label_space, H5S_SELECT_SET, label_start, NULL, label_count, NULL),
+                 "%s: cannot select group %llu of '%s/labels'", path, (unsigned long long)g, name);
+        CHECK_H5(H5Dwrite(images, uint8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, image_memory, image_space,
+                          H5P_DEFAULT, image_data),
+                 "%s: cannot write group %llu of '%s/images' (disk full?)", path, (unsigned long long)g, name);
+        CHECK_H5(H5Dwrite(labels, H5T_NATIVE_INT64, label_memory, label_space, H5P_DEFAULT, group_labels),
+                 "%s: cannot write group %llu of '%s/labels' (disk full?)", path, (unsigned long long)g, name);
+    }
+    H5Sclose(image_space), H5Sclose(label_space), H5Sclose(image_memory), H5Sclose(label_memory);
+    H5Dclose(images), H5Dclose(labels), H5Gclose(group);
+    free(group_floats);
+
+    unsigned long long groups = (unsigned long long)n_groups;
+    print0("%s: %d samples -> %s/images %s [%llu, %d, 1, 28, 28], %s/labels int64 [%llu, %d] in %.2f s\n", name,
+           split->n, name, uint8 ? "uint8" : "float32", groups, H5_GROUP_SIZE, name, groups, H5_GROUP_SIZE,
+           wall_seconds() - start);
+    return (double)split->n * (MNIST_PIXELS * (uint8 ? 1 : sizeof(float)) + sizeof(int64_t));
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);  // a world of one: MPI only so that every program shares one skeleton
+    const char *data = "data/mnist", *out = H5_DEFAULT_FILE;
+    int uint8 = 0, force = 0;
+    ArgSpec flags[] = {
+        {"data", ARG_STRING, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
+        {"out", ARG_STRING, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
+        {"uint8", ARG_SWITCH, &uint8, NULL, "store pixels as uint8 0..255, not float32 / 255 (smaller, faster to read; not the original's layout)", 0, NULL},
+        {"force", ARG_SWITCH, &force, NULL, "overwrite FILE.h5 if it exists", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Write MNIST as chunked HDF5 (groups of 100 samples) for step 11.");
+    if (dist_world_size() != 1)
+        usage_error("create_mnist_h5 writes one file: run it as one process, not on %d ranks", dist_world_size());
+    if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);
+    CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0, "this HDF5 library has no gzip (deflate) filter");
+    double start = wall_seconds();
+
+    MnistSplit train = mnist_load(data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(data, MNIST_TEST);
+    print0("create_mnist_h5: %s -> %s: %s, gzip level %d, one chunk per group of %d\n", data, out,
+           uint8 ? "uint8 pixels 0..255" : "float32 pixels / 255", GZIP_LEVEL, H5_GROUP_SIZE);
+
+    // Write next to the target and rename at the end: an interrupted run leaves
+    // no half-written FILE.h5 behind, and a step 11 reading the old file keeps it.
+    char partial[4096];
+    CHECK(snprintf(partial, sizeof partial, "%s.partial", out) < (int)sizeof partial, "--out path too long: %s", out);
+    make_parent_dirs(out);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);  // every call is checked: one line of ours, not HDF5's stack
+    hid_t file = H5Fcreate(partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CHECK(file >= 0, "%s: cannot create the HDF5 file (is its folder writable?)", partial);
+    double data_bytes = write_part(file, out, "train", &train, uint8) + write_part(file, out, "test", &test, uint8);
+    CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", partial);
+    CHECK_ERRNO(rename(partial, out) == 0, "cannot rename %s to %s", partial, out);
+
+    struct stat st;
+    CHECK_ERRNO(stat(out, &st) == 0, "%s", out);
+    print0("wrote %s: %.1f MB for %.1f MB of data (%.1fx smaller) in %.2f s\n", out, (double)st.st_size / 1e6,
+           data_bytes / 1e6, data_bytes / (double)st.st_size, wall_seconds() - start);
+
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Run a workshop program on every task of the current Slurm allocation.
+#
+#   salloc --nodes 2 --ntasks-per-node=4 --time 00:30:00     # first: get the nodes
+#   ./slurm/multinode_setup_and_run.sh day2/9_dist_multinode
+#   ./slurm/multinode_setup_and_run.sh day2/10_mnist_ddp_multinode --epochs 10
+#
+# The C twin of the workshop's multinode_setup_and_run.sh. It
+#   1. exports MASTER_ADDR (the job's first node) and MASTER_PORT (29500 unless
+#      set), as the original does for torch.distributed's env:// rendezvous.
+#      The C programs do not need them (MPI finds its peers through srun's
+#      PMIx), but a PyTorch script started through this one finds them set;
+#   2. runs the program from the repository root, so that relative paths such
+#      as the default --data data/mnist work wherever you call this from;
+#   3. launches one process per task: `srun -l --mpi=pmix` (-l puts the task
+#      number before each line), or Open MPI's mpirun, which takes its hosts
+#      from the allocation, where this Slurm has no PMIx plugin.
+#      LAUNCHER=srun or LAUNCHER=mpirun picks one by hand.
+# It works on one node as well (salloc --nodes 1 ...); slurm/day1.sbatch and
+# slurm/day2.sbatch call it from batch jobs.
+set -euo pipefail
+
+usage="usage: $0 PROGRAM [ARGS...]   (inside a Slurm allocation)"
+if [ $# -lt 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+    echo "$usage" >&2
+    [ $# -ge 1 ] && exit 0
+    exit 2
+fi
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+    echo "error: not inside a Slurm allocation (no SLURM_JOB_ID); get nodes first, e.g." \
+         "salloc --nodes 2 --ntasks-per-node=4 --time 00:30:00" >&2
+    exit 2
+fi
+
+# The program, as an absolute path: relative to where we were called from if it
+# is there, else relative to the repository root.
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+program=$1
+shift
+if [[ $program != /* ]]; then
+    if [ -e "$program" ]; then program=$(pwd)/$program; else program=$repo/$program; fi
+fi
+if [ ! -x "$program" ]; then
+    echo "error: $program: not an executable (build it with make in $repo)" >&2
+    exit 2
+fi
+cd "$repo"
+
+# The first node of the job hosts rank 0: that is where torch.distributed's
+# rendezvous would listen.
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=${MASTER_PORT:-29500}
+echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT" \
+     "(job $SLURM_JOB_ID: ${SLURM_JOB_NUM_NODES:-?} node(s) $SLURM_JOB_NODELIST, ${SLURM_NTASKS:-?} task(s))"
+
+# srun can start MPI programs directly when Slurm was built with PMIx
+# (`srun --mpi=list` names it). Otherwise mpirun starts one daemon per node
+# through srun and launches the ranks itself.
+launcher=${LAUNCHER:-} why="LAUNCHER=${LAUNCHER:-}"
+if [ -z "$launcher" ]; then
+    if srun --mpi=list 2>&1 | grep -qw pmix; then
+        launcher=srun why="srun has PMIx"
+    else
+        launcher=mpirun why="srun --mpi=list shows no PMIx"
+    fi
+fi
+printf -v command_line '%q ' "$program" "$@"  # shown as a shell would need it typed
+case "$launcher" in
+    srun)
+        echo "launching ($why): srun -l --mpi=pmix $command_line"
+        exec srun -l --mpi=pmix "$program" "$@" ;;
+    mpirun)
+        # Open MPI refuses to run as root unless told; inside an allocation it
+        # places one rank per Slurm task, so no -np is needed.
+        root_flag=()
+        [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
+        echo "launching ($why): mpirun ${root_flag[*]} $command_line"
+        exec mpirun "${root_flag[@]}" "$program" "$@" ;;
+    *)
+        echo "error: LAUNCHER must be srun or mpirun, not '$launcher'" >&2
+        exit 2 ;;
+esac
