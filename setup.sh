@@ -6,6 +6,8 @@
 #   ./setup.sh --no-demo         # stop after building and fetching the data
 #   ./setup.sh --with-reference  # also install PyTorch and h5py (Debian's), which the
 #                                # tests use to compare with the PyTorch reference
+#   ./setup.sh --with-slurm      # also install Slurm and munge, for tests/test_slurm.sh
+#                                # (a two-node test cluster on this machine; needs root)
 #   MNIST_MIRROR=DIR ./setup.sh  # offline: copy MNIST from a local folder
 #
 # On a cluster, skip this: `module load` MPI, OpenBLAS, HDF5 (and CUDA) instead,
@@ -13,12 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-demo=1 reference=0
+demo=1 reference=0 slurm=0
 for arg in "$@"; do
     case "$arg" in
         --no-demo) demo=0 ;;
         --with-reference) reference=1 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --with-slurm) slurm=1 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "error: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -29,6 +32,10 @@ packages=(make gcc pkg-config curl ca-certificates python3
           zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs
           libhdf5-dev)                     # checkpoints (and Day 2's data set)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
+# slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
+# libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
+# the test cluster's network namespaces.
+[ "$slurm" = 1 ] && packages+=(slurm-wlm munge libpmix-dev iproute2)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -1,8 +1,9 @@
 // h5_stream.h: MNIST streamed from chunked HDF5, one batch ahead, by a reader thread.
 //
-// The file has the layout of the original workshop's create_mnist_h5.py (ours,
-// day2/create_mnist_h5, writes the same, and h5py code reads either):
-//   train/images  [600, 100, 1, 28, 28]  float32 pixels / 255  (or uint8 0..255: create_mnist_h5 --uint8)
+// The file has the layout of the original workshop's create_mnist_h5.py, as
+// written by it, by h5py, or by day2/create_mnist_h5:
+//   train/images  [600, 100, 1, 28, 28]  float32 pixels / 255 (the original's),
+//                                        or uint8 0..255 (create_mnist_h5's default)
 //   train/labels  [600, 100]             int64 (any integer type is accepted)
 //   test/images   [100, 100, 1, 28, 28], test/labels [100, 100]
 // gzip-compressed, one chunk per GROUP of 100 samples. The group is the unit of
@@ -30,8 +31,7 @@
 // streams may overlap; but h5.c (checkpoints) does not take it: load and save
 // weights while no stream is running, as step 11 does.
 #pragma once
-#include <stdbool.h>
-#include <stdint.h>
+#include <stddef.h>
 
 #include <hdf5.h>
 
@@ -53,7 +53,7 @@ typedef struct {
 } H5Part;
 
 typedef struct {
-    char *path;
+    char *path;  // a copy: the parts' `path` points here
     hid_t file;
     H5Part train, test;
 } H5Mnist;
@@ -68,9 +68,9 @@ void h5_mnist_close(H5Mnist *file);
 typedef struct H5Stream H5Stream;  // the reader thread and its two batch buffers
 
 // Start reading: `epochs` passes of `sampler` (over part->n_groups groups), in
-// batches of groups_per_batch groups. The stream copies the sampler; the
-// caller keeps its own to count batches.
-// The thread starts at once: it reads the first batch while the caller builds its model.
+// batches of groups_per_batch groups. The reader thread starts at once, on the
+// first batch, with its own copy of the sampler; the caller keeps the original
+// to count batches and calls sampler_set_epoch on it as usual.
 H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler, int groups_per_batch,
                           int epochs, Device device);
 
@@ -83,7 +83,8 @@ Tensor h5_stream_next(H5Stream *stream, int epoch, int batch, int *labels);
 // Stop the reader (at once, even mid-plan), join it and free the stream.
 void h5_stream_stop(H5Stream *stream);
 
-// "read 60000 samples (188.2 MB of float32 pixels) from uint8 chunks in 0.31 s: 607 MB/s;
-//  the loop waited 0.02 s for data (2% of 1.05 s)", as the mean over ranks.
+// "read 150000 samples (470.4 MB of float32 pixels) from float32 chunks in 1.83 s: 257 MB/s;
+//  the loop waited 0.31 s for data (16% of 1.96 s), means over ranks". MB/s counts
+// the float32 pixels delivered, whatever the storage, so that storages compare.
 // Collective; call it before h5_stream_stop.
 void h5_stream_describe_all_ranks(H5Stream *stream, double loop_seconds, char *out, size_t size);

@@ -19,6 +19,14 @@
 //   mpirun -np 2 day1/6_mnist_ddp --bucket_mb 0 --trace log_ddp/6.json   # and see it in Perfetto
 //
 // Expected output (times vary):
+//   Step 6: DDP on 2 ranks: MLP 784-128-10, ...
+//   epoch 1/5: mean loss 2.1628 over 5 steps, 0.17 s, 362500 samples/s
+//   ...
+//   epoch 5/5: mean loss 0.9127 over 5 steps, 0.16 s, 379688 samples/s
+//   World Size: 2. Training completed in 0.81 seconds. Test accuracy: 84.54% (8454 of 10000)
+//   DDP: gradient allreduce 0.34 ms per step in 1 bucket, 0.09 ms (26%) of it hidden behind backward; the step waited 0.26 ms for it
+//   [rank 0] parameter checksum 004cbd612feb34c7
+//   [rank 1] parameter checksum 004cbd612feb34c7
 #include <stdio.h>
 #include <stdlib.h>
 

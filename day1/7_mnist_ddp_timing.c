@@ -15,6 +15,17 @@
 //   mpirun -np 2 day1/7_mnist_ddp_timing --results scaling.csv   (add --oversubscribe on fewer cores)
 //
 // Expected output (times vary):
+//   Step 7: DDP on 2 ranks: MLP 784-128-10, ...
+//   epoch 1/5: mean loss 2.1628 over 5 steps, 0.18 s, 339993 samples/s
+//   ...
+//   [rank 1] training loop: 0.844 s
+//   [rank 0] training loop: 0.844 s
+//   World Size: 2. Training completed in 0.84 seconds (slowest rank). Test accuracy: 84.54% (8454 of 10000)
+//   DDP: gradient allreduce 1.56 ms per step in 1 bucket, 0.07 ms (4%) of it hidden behind backward; the step waited 1.52 ms for it
+//   
+//   world size   training s  speed-up  efficiency   (with --results, after runs at 1 and 2 ranks)
+//            1        1.042     1.00x        100%
+//            2        0.914     1.14x         57%
 #include <stdio.h>
 #include <stdlib.h>
 

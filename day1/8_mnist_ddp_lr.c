@@ -14,6 +14,13 @@
 //   mpirun -np 4 day1/8_mnist_ddp_lr --compare img/2_losses.csv   (add --oversubscribe on fewer cores)
 //
 // Expected output (times vary):
+//   Step 8: DDP on 4 ranks: MLP 784-128-10, ...
+//   epoch 1/5: mean loss 2.0545 over 3 steps, 0.19 s, 312191 samples/s
+//   ...
+//   epoch 5/5: mean loss 0.4691 over 3 steps, 0.20 s, 302444 samples/s
+//   World Size: 4. Training completed in 0.90 seconds. Test accuracy: 88.12% (8812 of 10000)
+//   Final loss: 0.4538 on 4 ranks with lr x 4, 0.4389 in one process (img/2_losses.csv)
+//   Loss curves: img/8_mnist_ddp_lr.png
 #include <stdio.h>
 #include <stdlib.h>
 

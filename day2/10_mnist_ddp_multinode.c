@@ -12,6 +12,13 @@
 // or on one machine:  mpirun -np 4 day2/10_mnist_ddp_multinode
 //
 // Expected output (times vary):
+//   Step 10: DDP on 4 ranks (1 node, 4 ranks on vm): MLP 784-128-10, ...
+//   epoch 1/5: mean loss 2.0545 over 3 steps, 0.19 s, 316048 samples/s
+//   ...
+//   epoch 5/5: mean loss 0.4691 over 3 steps, 0.17 s, 357511 samples/s
+//   World Size: 4. Training completed in 0.86 seconds. Test accuracy: 88.12% (8812 of 10000)
+//   DDP: gradient allreduce 2.47 ms per step in 1 bucket, 0.05 ms (2%) of it hidden behind backward; the step waited 2.44 ms for it
+//   [rank 0] parameter checksum 2f1d3d9f0b8d1ea0   (the same on every rank)
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -20,11 +20,13 @@
 # slurm/day2.sbatch call it from batch jobs.
 set -euo pipefail
 
-usage="usage: $0 PROGRAM [ARGS...]   (inside a Slurm allocation)"
-if [ $# -lt 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-    echo "$usage" >&2
-    [ $# -ge 1 ] && exit 0
+if [ $# -lt 1 ]; then
+    echo "usage: $0 PROGRAM [ARGS...]   (inside a Slurm allocation; --help for more)" >&2
     exit 2
+fi
+if [ "$1" = -h ] || [ "$1" = --help ]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"  # the comment above
+    exit 0
 fi
 if [ -z "${SLURM_JOB_ID:-}" ]; then
     echo "error: not inside a Slurm allocation (no SLURM_JOB_ID); get nodes first, e.g." \
@@ -32,12 +34,21 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then
     exit 2
 fi
 
+case "${LAUNCHER:-}" in
+    "" | srun | mpirun) ;;
+    *) echo "error: LAUNCHER must be srun or mpirun (or unset: srun where it has PMIx), not '$LAUNCHER'" >&2
+       exit 2 ;;
+esac
+
 # The program, as an absolute path: relative to where we were called from if it
-# is there, else relative to the repository root.
+# is there, else relative to the repository root; a bare name that is no file
+# here is a command on the PATH (hostname, python3 ...).
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 program=$1
 shift
-if [[ $program != /* ]]; then
+if [[ $program != */* ]] && [ ! -e "$program" ] && command -v "$program" > /dev/null; then
+    program=$(command -v "$program")
+elif [[ $program != /* ]]; then
     if [ -e "$program" ]; then program=$(pwd)/$program; else program=$repo/$program; fi
 fi
 if [ ! -x "$program" ]; then
@@ -59,7 +70,10 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT" \
 # through srun and launches the ranks itself.
 launcher=${LAUNCHER:-} why="LAUNCHER=${LAUNCHER:-}"
 if [ -z "$launcher" ]; then
-    if srun --mpi=list 2>&1 | grep -qw pmix; then
+    # Read it all first: `srun ... | grep -q` could kill srun with SIGPIPE,
+    # and pipefail would then read that as "no PMIx".
+    mpi_types=$(srun --mpi=list 2>&1 || true)
+    if grep -qw pmix <<< "$mpi_types"; then
         launcher=srun why="srun has PMIx"
     else
         launcher=mpirun why="srun --mpi=list shows no PMIx"
@@ -77,7 +91,4 @@ case "$launcher" in
         [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
         echo "launching ($why): mpirun ${root_flag[*]} $command_line"
         exec mpirun "${root_flag[@]}" "$program" "$@" ;;
-    *)
-        echo "error: LAUNCHER must be srun or mpirun, not '$launcher'" >&2
-        exit 2 ;;
 esac

@@ -6,7 +6,7 @@
 # or from a script:
 #   source tests/slurm/cluster.sh
 #   reason=$(cluster_check) || skip "$reason"
-#   trap cluster_down EXIT; cluster_up || fail
+#   cluster_lock; trap cluster_down EXIT; cluster_up || fail
 #
 # The shape (see /work/shared/notes/slurm-test-cluster.md for what was checked):
 #
@@ -29,6 +29,8 @@
 #     namespaces (slurmd, slurmstepd, the ranks), stopped by pid;
 #   - the namespaces, the bridge and its veths;
 #   - two lines in /etc/hosts, marked, so that the node names resolve.
+# (One file stays: the empty lock file /run/lock/ddp-slurm-cluster.lock, so
+# that two runs at once take turns; /run is emptied at boot.)
 # /etc/slurm and /etc/munge are not touched: SLURM_CONF points every Slurm
 # command and daemon at our configuration, and munged gets its own key and socket.
 
@@ -38,6 +40,7 @@ CLUSTER_BRIDGE=ddpbr0
 CLUSTER_CTLD_PORT=16817              # not Slurm's 6817/6818: a real Slurm here keeps its ports
 CLUSTER_SLURMD_PORT=16818
 CLUSTER_STATE=/run/ddp-slurm-cluster
+CLUSTER_LOCK=/run/lock/ddp-slurm-cluster.lock
 CLUSTER_MARKER="# ddp-workshop test cluster (tests/slurm/cluster.sh)"
 CLUSTER_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PATH=$PATH:/usr/sbin:/sbin           # slurmctld, slurmd, munged, ip
@@ -48,7 +51,7 @@ cluster_say() { echo "cluster: $*"; }
 cluster_check() {
     if [ "$(id -u)" != 0 ]; then echo "needs root (network namespaces, slurmd)"; return 1; fi
     local cmd missing=()
-    for cmd in slurmctld slurmd munged munge unmunge salloc srun sbatch scontrol sinfo ip nsenter unshare timeout; do
+    for cmd in slurmctld slurmd munged munge unmunge salloc srun sbatch scontrol sinfo ip nsenter unshare flock timeout; do
         command -v "$cmd" > /dev/null || missing+=("$cmd")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -65,6 +68,15 @@ cluster_check() {
         echo "$CLUSTER_NET.0/24 is already in use on this machine (ip addr)"
         return 1
     fi
+}
+
+# One cluster at a time: the names, addresses and ports are fixed, and
+# cluster_up begins by removing whatever carries them. Two test runs at once
+# (two `make test` on one machine) take turns here instead. The lock is held
+# until this shell exits.
+cluster_lock() {  # [seconds to wait]
+    mkdir -p "$(dirname "$CLUSTER_LOCK")" && exec {CLUSTER_LOCK_FD}>> "$CLUSTER_LOCK" &&
+        flock -w "${1:-600}" "$CLUSTER_LOCK_FD"
 }
 
 # ---------------------------------------------------------------- helpers
@@ -116,6 +128,18 @@ _cluster_fail() {  # message, log files to show
 
 _cluster_record() { echo "$1 $2" >> "$CLUSTER_DIR/run/pids"; }  # name pid
 
+_cluster_spawn() {  # log file, command...: start a daemon in the background; its pid is then $!
+    local log=$1
+    shift
+    # Without our lock: a daemon that kept it open would hold it for as long
+    # as it runs, beyond the life of the script that took it.
+    if [ -n "${CLUSTER_LOCK_FD:-}" ]; then
+        "$@" > "$log" 2>&1 {CLUSTER_LOCK_FD}>&- &
+    else
+        "$@" > "$log" 2>&1 &
+    fi
+}
+
 _cluster_in_node() {  # node, command...: run in the node's network namespace
     local node=$1
     shift
@@ -140,12 +164,17 @@ cluster_up() {
     cluster_say "scratch folder $d"
 
     # -------- network: a bridge on the host, a veth into each node's namespace
+    # (A && B && ... || fail: any step that fails ends it.)
+    # shellcheck disable=SC2015
     ip link add "$CLUSTER_BRIDGE" type bridge &&
         ip addr add "$CLUSTER_NET.1/24" dev "$CLUSTER_BRIDGE" &&
         ip link set "$CLUSTER_BRIDGE" up || { _cluster_fail "cannot create bridge $CLUSTER_BRIDGE"; return 1; }
+    local summary="bridge $CLUSTER_BRIDGE $CLUSTER_NET.1"
     i=0
     for node in "${CLUSTER_NODES[@]}"; do
         i=$((i + 1))
+        summary+=", $node $CLUSTER_NET.1$i"
+        # shellcheck disable=SC2015
         ip netns add "$node" &&
             ip link add "ddpveth$i" type veth peer name eth0 netns "$node" &&
             ip link set "ddpveth$i" master "$CLUSTER_BRIDGE" &&
@@ -156,16 +185,15 @@ cluster_up() {
         # Node names resolve on every node and on the host (MASTER_ADDR, mpirun).
         echo "$CLUSTER_NET.1$i $node $CLUSTER_MARKER" >> /etc/hosts
     done
-    cluster_say "network: bridge $CLUSTER_BRIDGE $CLUSTER_NET.1; $(for i in "${!CLUSTER_NODES[@]}"; do
-        printf '%s %s.1%d  ' "${CLUSTER_NODES[$i]}" "$CLUSTER_NET" $((i + 1)); done)"
+    cluster_say "network: $summary"
 
     # -------- munge: our own daemon, key and socket. Slurm signs every message
     # with it; a system munged (if any) keeps running undisturbed.
     local socket=$d/munge/munge.socket
     dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none && chmod 400 "$d/munge/munge.key"
-    munged --foreground --force --key-file="$d/munge/munge.key" --socket="$socket" \
-        --pid-file="$d/run/munged.pid" --log-file="$d/log/munged.log" --seed-file="$d/munge/munged.seed" \
-        > "$d/log/munged.out" 2>&1 &
+    _cluster_spawn "$d/log/munged.out" munged --foreground --force --key-file="$d/munge/munge.key" \
+        --socket="$socket" --pid-file="$d/run/munged.pid" --log-file="$d/log/munged.log" \
+        --seed-file="$d/munge/munged.seed"
     _cluster_record munged $!
     _cluster_wait 15 "munged answers on $socket" bash -c "munge -S '$socket' -n | unmunge -S '$socket'" ||
         { _cluster_fail "munged did not start" "$d/log/munged.out" "$d/log/munged.log"; return 1; }
@@ -196,9 +224,9 @@ cluster_up() {
     echo "PMIxCliTmpDirBase=$d/pmix/base" > "$d/etc/mpi.conf"
 
     # -------- slurmctld, on the host
-    slurmctld -D > "$d/log/slurmctld.out" 2>&1 &
+    _cluster_spawn "$d/log/slurmctld.out" slurmctld -D
     _cluster_record slurmctld $!
-    _cluster_wait 30 "slurmctld answers (scontrol ping)" bash -c 'scontrol ping | grep -q "is UP"' ||
+    _cluster_wait 30 "slurmctld answers (scontrol ping)" bash -c 'timeout 10 scontrol ping | grep -q "is UP"' ||
         { _cluster_fail "slurmctld did not start" "$d/log/slurmctld.out" "$d/log/slurmctld.log"; return 1; }
 
     # -------- one slurmd per node, inside its namespaces
@@ -211,18 +239,20 @@ cluster_up() {
         # then finds no cgroup file system. unshare gives the node its own
         # hostname and a private mount table for the PMIx bind mount. nsenter,
         # unshare and sh all exec, so $! ends up being slurmd's pid.
-        nsenter --net="/var/run/netns/$node" -- unshare --uts --mount --propagation private -- \
+        # shellcheck disable=SC2016  # $1..$3 are the inner sh's arguments
+        _cluster_spawn "$d/log/slurmd-$node.out" \
+            nsenter --net="/var/run/netns/$node" -- unshare --uts --mount --propagation private -- \
             sh -c 'hostname "$1" && mount --bind "$2" "$3" && exec slurmd -D -N "$1"' \
-            sh "$node" "$d/pmix/$node" "$d/pmix/base" > "$d/log/slurmd-$node.out" 2>&1 &
+            sh "$node" "$d/pmix/$node" "$d/pmix/base"
         slurmd_pids+=($!)
         _cluster_record slurmd $!
     done
 
     # -------- wait until both nodes take jobs
-    local t states state
+    local t states state idle
     for ((t = 0; t < 60; t++)); do
-        states=$(sinfo -h -N -o '%N=%t' 2> /dev/null | sort -u | tr '\n' ' ')
-        local idle=0
+        states=$(timeout 10 sinfo -h -N -o '%N=%t' 2> /dev/null | sort -u | paste -sd ' ')
+        idle=0
         for node in "${CLUSTER_NODES[@]}"; do
             state=$(echo "$states" | tr ' ' '\n' | sed -n "s/^$node=//p")
             case "$state" in
@@ -235,6 +265,12 @@ cluster_up() {
             esac
         done
         if [ "$idle" -eq ${#CLUSTER_NODES[@]} ]; then
+            # Ranks on different nodes talk to each other directly, through
+            # the bridge: try it once (node 1 to node 2's slurmd).
+            _cluster_in_node "${CLUSTER_NODES[0]}" timeout 2 \
+                bash -c "exec 3<> /dev/tcp/$CLUSTER_NET.12/$CLUSTER_SLURMD_PORT" 2> /dev/null ||
+                { _cluster_fail "${CLUSTER_NODES[0]} cannot reach ${CLUSTER_NODES[1]} through $CLUSTER_BRIDGE (a firewall on bridged traffic? net.bridge.bridge-nf-call-iptables)"
+                  return 1; }
             cluster_say "up: slurmctld on $(hostname -s) ($CLUSTER_NET.1:$CLUSTER_CTLD_PORT); nodes $states"
             return 0
         fi
@@ -290,10 +326,13 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     case "${1:-}" in
         up)
             reason=$(cluster_check) || { echo "error: cannot run the test cluster here: $reason" >&2; exit 1; }
+            cluster_lock 60 || { echo "error: a test run is using the cluster (lock $CLUSTER_LOCK)" >&2; exit 1; }
             cluster_up || { cluster_down; exit 1; }
             echo "export SLURM_CONF=$SLURM_CONF     # then: salloc -N 2 --ntasks-per-node=2 ...; stop with: $0 down"
             ;;
-        down) cluster_down ;;
+        down)
+            cluster_lock 60 || { echo "error: a test run is using the cluster (lock $CLUSTER_LOCK)" >&2; exit 1; }
+            cluster_down ;;
         *) sed -n '2,7p' "$0"; exit 2 ;;
     esac
 fi

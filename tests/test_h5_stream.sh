@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# Day 2's HDF5 path end to end: day2/create_mnist_h5 and step 11 streaming from it.
+# Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+#   - the file has the original workshop's layout, uint8 by default and float32 (the
+#     original's exactly) with --float32 (checked with h5py, not with our reader);
+#   - a file written by h5py in that layout trains in step 11, with the losses of ours;
+#   - step 11 takes step 10's steps (1 rank, no shuffle), and uint8 and float32 files agree;
+#   - on 2 ranks: the loss falls, parameters agree, each rank reads only its groups;
+#   - bad files and flags: one clear line, non-zero exit, no hang;
+#   - memory: step 11 holds batches, not the data set.
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+PYTHON=${PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS h5_stream: $*"; }
+failures=0
+fail() { echo "FAIL h5_stream: $*"; failures=$((failures + 1)); }
+skip() { echo "SKIP h5_stream: $*"; }
+expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+# Every run is bounded: a hang is a failure, not a stuck CI job.
+run() { timeout 120 "$@"; }
+mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+step11=(day2/11_multinode_streaming --plot '')  # a later --plot wins
+have_h5py=0
+"$PYTHON" -c 'import h5py, numpy' 2> /dev/null && have_h5py=1
+no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
+
+# same_losses A.csv B.csv TOLERANCE: per-step losses within a relative tolerance;
+# prints the worst difference on stderr.
+same_losses() {
+    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
+        FNR > 1 { d = $3 - a[FNR]; if (d < 0) d = -d; r = d / a[FNR]; if (r > worst) worst = r; m = FNR }
+        END { printf "worst relative difference %.1e over %d steps", worst, m - 1 > "/dev/stderr"; exit !(m == n && n > 1 && worst <= tol) }' "$1" "$2"
+}
+expect_same_losses() {  # what, A, B, tolerance
+    local verdict
+    verdict=$(same_losses "$2" "$3" "$4" 2>&1)
+    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
+}
+
+# ---------------------------------------------------------------- create_mnist_h5
+run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours.h5" > "$tmp/out_create" 2>&1
+expect "create_mnist_h5 writes $tmp/ours.h5 and says what: $(tail -1 "$tmp/out_create")" \
+    grep -q "^wrote $tmp/ours.h5: [0-9.]* MB" "$tmp/out_create"
+run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours_float32.h5" --float32 > /dev/null 2>&1
+expect "create_mnist_h5 --float32 writes a second file" test -s "$tmp/ours_float32.h5"
+
+# The layout, read back by h5py against the IDX files: what the original's code sees.
+check_layout() {  # file, pixel dtype
+    "$PYTHON" - "$1" "$2" "$DATA" << 'EOF'
+import gzip, os, sys
+import h5py, numpy as np
+path, dtype, data = sys.argv[1:]
+def idx(stem, header):
+    name = os.path.join(data, stem)
+    raw = gzip.open(name + ".gz").read() if os.path.exists(name + ".gz") else open(name, "rb").read()
+    return np.frombuffer(raw, np.uint8, offset=header)
+with h5py.File(path, "r") as f:
+    for part, prefix, groups in (("train", "train", 600), ("test", "t10k", 100)):
+        images, labels = f[part + "/images"], f[part + "/labels"]
+        want = [(images.shape, (groups, 100, 1, 28, 28)), (images.dtype, np.dtype(dtype)),
+                (labels.shape, (groups, 100)), (labels.dtype, np.dtype("int64")),
+                (images.chunks, (1, 100, 1, 28, 28)), (labels.chunks, (1, 100)),
+                (images.compression, "gzip"), (labels.compression, "gzip")]
+        for got, expected in want:
+            assert got == expected, f"{part}: {got} where the original has {expected}"
+        pixels = idx(prefix + "-images-idx3-ubyte", 16).reshape(groups, 100, 1, 28, 28)
+        classes = idx(prefix + "-labels-idx1-ubyte", 8).reshape(groups, 100)
+        for g in (0, 1, groups // 2, groups - 1):
+            expected = pixels[g] if dtype == "uint8" else pixels[g].astype(np.float32) / np.float32(255)
+            assert np.array_equal(images[g], expected), f"{part} group {g}: pixels differ from the IDX file's"
+            assert np.array_equal(labels[g], classes[g]), f"{part} group {g}: labels differ"
+print(f"train/images {dtype} (600, 100, 1, 28, 28), train/labels int64 (600, 100), test likewise (100 groups); "
+      "gzip, one chunk per group; groups 0, 1, N/2, N-1 equal the IDX data" +
+      (" (the pixels as stored in IDX)" if dtype == "uint8" else " / 255 (the original's pixels exactly)"))
+EOF
+}
+if [ $have_h5py = 1 ]; then
+    for variant in "ours.h5 uint8" "ours_float32.h5 float32"; do
+        set -- $variant
+        verdict=$(check_layout "$tmp/$1" "$2" 2>&1)
+        if [ $? -eq 0 ]; then pass "h5py reads $1 ($2) in the original's layout: $verdict"
+        else fail "h5py reads $1: $(echo "$verdict" | tail -1)"; fi
+    done
+else
+    no_h5py "h5py reads create_mnist_h5's file in the original's layout"
+fi
+
+# Never overwrite by accident; --force does.
+before=$(cksum < "$tmp/ours.h5")
+run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours.h5" > "$tmp/err" 2>&1
+status=$?
+if [ $status -eq 2 ] && grep -qx "error: $tmp/ours.h5 exists: pass --force to overwrite it (see --help)" "$tmp/err" &&
+   [ "$(cksum < "$tmp/ours.h5")" = "$before" ]; then
+    pass "create_mnist_h5 refuses to overwrite (exit 2, file untouched): $(cat "$tmp/err")"
+else
+    fail "create_mnist_h5 over an existing file: exit $status: $(head -2 "$tmp/err")"
+fi
+run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours.h5" --force > /dev/null 2>&1
+expect "create_mnist_h5 --force overwrites it (and leaves no .partial file)" \
+    test $? -eq 0 -a -s "$tmp/ours.h5" -a ! -e "$tmp/ours.h5.partial"
+
+# ---------------------------------------------------------------- step 11 trains like step 10
+# One rank, no shuffle: groups of 100 in file order are the samples in file
+# order, so both take the same steps on the same data (the same floats: exact).
+run day2/10_mnist_ddp_multinode --data "$DATA" --no-shuffle --epochs 2 --losses "$tmp/s10.csv" --plot '' > /dev/null 2>&1
+run "${step11[@]}" --h5 "$tmp/ours.h5" --no-shuffle --epochs 2 --losses "$tmp/s11.csv" > /dev/null 2>&1
+expect_same_losses "step 11 (1 rank, --no-shuffle) takes step 10's steps, per-step losses within 1e-5" \
+    "$tmp/s10.csv" "$tmp/s11.csv" 1e-5
+
+# uint8 storage: the reader divides by 255 as create_mnist_h5 --float32 does: the same batches.
+run "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 2 --losses "$tmp/uint8.csv" > /dev/null 2>&1
+run "${step11[@]}" --h5 "$tmp/ours_float32.h5" --epochs 2 --losses "$tmp/float32.csv" > /dev/null 2>&1
+expect_same_losses "step 11 from the uint8 file == from the --float32 file (shuffled, 2 epochs)" \
+    "$tmp/uint8.csv" "$tmp/float32.csv" 0
+
+# ---------------------------------------------------------------- a file written by h5py
+# The original's layout written by numpy + h5py, as the original's create_mnist_h5.py would.
+if [ $have_h5py = 1 ]; then
+    "$PYTHON" - "$DATA" "$tmp/theirs.h5" << 'EOF'
+import gzip, os, sys
+import h5py, numpy as np
+data, out = sys.argv[1:]
+def idx(stem, header):
+    name = os.path.join(data, stem)
+    raw = gzip.open(name + ".gz").read() if os.path.exists(name + ".gz") else open(name, "rb").read()
+    return np.frombuffer(raw, np.uint8, offset=header)
+with h5py.File(out, "w") as f:
+    for part, prefix in (("train", "train"), ("test", "t10k")):
+        images = idx(prefix + "-images-idx3-ubyte", 16).reshape(-1, 100, 1, 28, 28).astype(np.float32) / 255
+        labels = idx(prefix + "-labels-idx1-ubyte", 8).reshape(-1, 100).astype(np.int64)
+        f.create_dataset(part + "/images", data=images, chunks=(1, 100, 1, 28, 28), compression="gzip")
+        f.create_dataset(part + "/labels", data=labels, chunks=(1, 100), compression="gzip")
+EOF
+    run "${step11[@]}" --h5 "$tmp/theirs.h5" --epochs 2 --losses "$tmp/theirs.csv" > "$tmp/out_theirs" 2>&1
+    accuracy=$(sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$tmp/out_theirs")
+    expect "step 11 trains from a file written by h5py (test accuracy ${accuracy:-none}% after 2 epochs)" \
+        awk "BEGIN { exit !(${accuracy:-0} >= 70) }"
+    expect_same_losses "step 11 from h5py's file == from create_mnist_h5's file" "$tmp/uint8.csv" "$tmp/theirs.csv" 0
+else
+    no_h5py "step 11 from a file written by h5py in the original's layout"
+fi
+
+# ---------------------------------------------------------------- 2 ranks
+mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 3 --losses "$tmp/r2.csv" --save "$tmp/w2.h5" --plot "$tmp/img/11.png" \
+    > "$tmp/out2" 2>&1
+expect "step 11 on 2 ranks: the mean loss falls every epoch ($(grep -o 'mean loss [0-9.]*' "$tmp/out2" | cut -d' ' -f3 | paste -sd' '))" \
+    awk '/^epoch/ { loss = $5 + 0; if (seen && loss >= prev) bad = 1; prev = loss; seen = 1 } END { exit bad || !seen }' "$tmp/out2"
+checksums=$(sed -n 's/.*parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out2")
+expect "step 11 on 2 ranks ends with identical parameters on both ranks ($(echo $checksums))" \
+    test "$(echo "$checksums" | wc -l)" = 2 -a "$(echo "$checksums" | sort -u | wc -l)" = 1
+# Each rank reads its 300 groups an epoch, not the file: 3 x 30000 samples.
+expect "each of 2 ranks reads only its half of the groups: $(grep '^Data: read' "$tmp/out2")" \
+    grep -qE '^Data: read 90000 samples \([0-9.]+ MB of float32 pixels\) from uint8 chunks in [0-9.]+ s: [0-9]+ MB/s; the loop waited [0-9.]+ s for data' "$tmp/out2"
+expect "step 11 --losses (3 epochs x 5 steps), --save and --plot write their files" \
+    test "$(wc -l < "$tmp/r2.csv")" = 16 -a -s "$tmp/w2.h5" -a -s "$tmp/img/11.png"
+mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 1 --init "$tmp/w2.h5" --losses "$tmp/resume.csv" > /dev/null 2>&1
+last=$(tail -1 "$tmp/r2.csv" | cut -d, -f3) first=$(sed -n 2p "$tmp/resume.csv" | cut -d, -f3)
+expect "step 11 --init from its --save resumes where it ended (first loss ${first:-none}, last trained ${last:-none}; fresh: 2.3)" \
+    awk "BEGIN { d = (${first:-9} - ${last:-0}) / ${last:-1}; exit !(d < 0.25 && d > -0.25) }"
+
+# ---------------------------------------------------------------- bad input
+# One clear line, the right exit status, no core dump, no hang: at 2 ranks.
+expect_error() {  # status, message pattern, command...
+    local want=$1 pattern=$2; shift 2
+    "$@" > "$tmp/err" 2>&1
+    local status=$?
+    local line
+    line=$(grep -m1 -E "$pattern" "$tmp/err")
+    if [ $status -eq "$want" ] && [ -n "$line" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
+        pass "exit $want for '${*: -2}': $line"
+    else
+        fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
+    fi
+}
+expect_error 1 "missing.h5: cannot open: No such file or directory\. Write it with \`day2/create_mnist_h5 --out $tmp/missing.h5\`" \
+    mpi 2 "${step11[@]}" --h5 "$tmp/missing.h5"
+expect "a missing file on 2 ranks is reported once" test "$(grep -c 'cannot open' "$tmp/err")" = 1
+expect_error 2 '^error: --batch_size 6450 is not a multiple of 100' mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --batch_size 6450
+echo "not hdf5" > "$tmp/text.h5"
+expect_error 1 'text.h5: not an HDF5 file' mpi 2 "${step11[@]}" --h5 "$tmp/text.h5"
+expect_error 1 'MNIST not found.*Run `make data`' run day2/create_mnist_h5 --data "$tmp/nowhere" --out "$tmp/x.h5"
+expect_error 2 '^error: create_mnist_h5 writes one file: run it as one process, not on 2 ranks' \
+    mpi 2 day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5"
+
+if [ $have_h5py = 1 ]; then
+    # Small files (2 groups) with one thing wrong each.
+    "$PYTHON" - "$tmp" << 'EOF'
+import sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+def write(name, images=None, labels=None, skip=()):
+    good_images, good_labels = np.zeros((2, 100, 1, 28, 28), np.float32), np.zeros((2, 100), np.int64)
+    with h5py.File(f"{tmp}/{name}.h5", "w") as f:
+        for part in ("train", "test"):
+            for what, default, override in (("images", good_images, images), ("labels", good_labels, labels)):
+                if f"{part}/{what}" not in skip:
+                    f[f"{part}/{what}"] = override if override is not None and part == "train" else default
+write("no_labels", skip=("test/labels",))
+write("shape", images=np.zeros((2, 100, 784), np.float32))
+write("float64", images=np.zeros((2, 100, 1, 28, 28), np.float64))
+write("float_labels", labels=np.zeros((2, 100), np.float32))
+write("count", labels=np.zeros((3, 100), np.int64))
+bad = np.zeros((2, 100), np.int64)
+bad[1, 3] = 12
+write("label_value", labels=bad)
+EOF
+    expect_error 1 "no_labels.h5: no dataset 'test/labels' \(expected int64 \[groups, 100\], as day2/create_mnist_h5 writes\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/no_labels.h5"
+    expect_error 1 "shape.h5: dataset 'train/images' is float32 \[2, 100, 784\] \(expected float32 or uint8 \[groups, 100, 1, 28, 28\]\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/shape.h5"
+    expect_error 1 "float64.h5: dataset 'train/images' is float64 \[2, 100, 1, 28, 28\] \(expected float32 or uint8" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/float64.h5"
+    expect_error 1 "float_labels.h5: dataset 'train/labels' is float32 \[2, 100\] \(expected int64 \[groups, 100\]\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/float_labels.h5"
+    expect_error 1 "count.h5: 'train/images' has 2 groups but 'train/labels' has 3" mpi 2 "${step11[@]}" --h5 "$tmp/count.h5"
+    # Found while streaming, on the rank that reads it (rank 1 gets group 1): the job aborts.
+    expect_error 1 "label_value.h5: 'train/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/label_value.h5" --no-shuffle --epochs 1
+else
+    no_h5py "step 11 on files with a missing dataset, a wrong shape, a wrong dtype, mismatched groups, a bad label"
+fi
+
+# ---------------------------------------------------------------- memory
+# Step 10 holds the data set (uint8) and the test set as float32; step 11 two
+# batches. Peak RSS of one process, the same batch (3200) for both.
+if [ -x /usr/bin/time ]; then
+    peak_kb() { /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+    rss10=$(peak_kb day2/10_mnist_ddp_multinode --data "$DATA" --epochs 1 --batch_size 3200 --plot '')
+    rss11=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/ours.h5" --epochs 1 --batch_size 3200 --plot '')
+    expect "step 11 peaks at ${rss11:-?} kB, under 60% of step 10's ${rss10:-?} kB (batch 3200, 1 rank)" \
+        awk "BEGIN { exit !(${rss11:-1} > 0 && ${rss11:-1} < 0.6 * ${rss10:-0}) }"
+    # O(batch), not O(data set): 4 x the training groups, the same peak.
+    if [ $have_h5py = 1 ]; then
+        "$PYTHON" - "$tmp/ours.h5" "$tmp/big.h5" << 'EOF'
+import sys
+import h5py
+source, out = sys.argv[1:]
+with h5py.File(source, "r") as src, h5py.File(out, "w") as dst:
+    for part, copies in (("train", 4), ("test", 1)):
+        images, labels = src[part + "/images"], src[part + "/labels"]
+        n = images.shape[0]
+        big_images = dst.create_dataset(part + "/images", (copies * n,) + images.shape[1:], images.dtype,
+                                        chunks=images.chunks, compression="gzip")
+        big_labels = dst.create_dataset(part + "/labels", (copies * n, 100), labels.dtype, chunks=(1, 100))
+        for c in range(copies):  # group by group: this script holds one group too
+            for g in range(n):
+                big_images[c * n + g] = images[g]
+            big_labels[c * n:(c + 1) * n] = labels[:]
+EOF
+        rss_big=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/big.h5" --epochs 1 --batch_size 3200 --plot '')
+        expect "step 11 on 4x the training groups (2400) peaks at ${rss_big:-?} kB, within 5% of 600 groups' ${rss11:-?} kB" \
+            awk "BEGIN { r = ${rss_big:-0} / ${rss11:-1}; exit !(r < 1.05 && r > 0.95) }"
+    else
+        no_h5py "step 11's peak memory on a 4x larger file"
+    fi
+else
+    skip "peak memory of step 11 vs step 10 (needs /usr/bin/time: apt-get install time)"
+fi
+
+[ $failures -eq 0 ]  # every test exits non-zero when it fails
