@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,8 @@
 static void print_default(const ArgSpec *f, char *out, size_t size) {
     switch (f->type) {
     case ARG_INT:    snprintf(out, size, "%d", *(int *)f->value); break;
-    case ARG_FLOAT:  snprintf(out, size, "%g", *(double *)f->value); break;
+    case ARG_FLOAT:
+    case ARG_FLOAT_GE: snprintf(out, size, "%g", *(double *)f->value); break;
     case ARG_SWITCH: snprintf(out, size, "off"); break;
     case ARG_STRING: {
         const char *s = *(const char **)f->value;
@@ -58,10 +60,12 @@ static void set_value(const ArgSpec *f, const char *text) {
             usage_error("--%s expects an integer from %g to 2147483647, got '%s'", f->name, f->min, text);
         *(int *)f->value = (int)v;
     } break;
-    case ARG_FLOAT: {
+    case ARG_FLOAT:
+    case ARG_FLOAT_GE: {
         double v = strtod(text, &end);
-        if (*text == '\0' || *end != '\0' || errno || !isfinite(v) || v <= f->min)
-            usage_error("--%s expects a number > %g, got '%s'", f->name, f->min, text);
+        bool at_least = f->type == ARG_FLOAT_GE;
+        if (*text == '\0' || *end != '\0' || errno || !isfinite(v) || v < f->min || (v == f->min && !at_least))
+            usage_error("--%s expects a number %s %g, got '%s'", f->name, at_least ? ">=" : ">", f->min, text);
         *(double *)f->value = v;
     } break;
     case ARG_STRING:

@@ -15,6 +15,7 @@
 typedef enum {
     ARG_INT,     // int*;    value must be >= .min
     ARG_FLOAT,   // double*; value must be finite and > .min
+    ARG_FLOAT_GE,  // double*; value must be finite and >= .min
     ARG_STRING,  // const char**; if .choices ("cpu|cuda|auto") is set, one of them
     ARG_SWITCH,  // int*;    takes no value, sets 1
 } ArgType;

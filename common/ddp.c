@@ -21,7 +21,8 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 
     // 2. Buckets, filled in reverse parameter order: the last layer's gradients
     //    come out of backward first. A bucket closes once it holds bucket_mb.
-    size_t cap_bytes = bucket_mb > 0 ? (size_t)(bucket_mb * 1024 * 1024) : 0;
+    double cap = bucket_mb * 1024 * 1024;  // bytes; a cap past any model is one bucket
+    size_t cap_bytes = cap <= 0 ? 0 : cap >= 0x1p62 ? (size_t)1 << 62 : (size_t)cap;
     ddp.buckets = xcalloc((size_t)n_params, sizeof(DdpBucket));  // at most one per tensor
     ddp.bucket_of_param = xmalloc((size_t)n_params * sizeof(int));
     for (int i = n_params - 1; i >= 0; i--) {

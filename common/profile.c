@@ -49,6 +49,7 @@ void profile_start(const char *trace_path) {
     dist_barrier();  // a common time origin for all ranks (to within a barrier's skew)
     g.on = 1;
     g.trace_path = trace_path && *trace_path ? trace_path : NULL;
+    if (g.trace_path && dist_rank() == 0) make_parent_dirs(g.trace_path);  // fail now, not after training
     g.t0 = wall_seconds();
 }
 
@@ -217,7 +218,7 @@ void profile_summary(void) {
         }
         if (step_ms > 0)
             printf("The ranges inside 'step' account for %.1f%% of its time.\n", 100 * inside_step / step_ms);
-        printf("Peak memory (RSS):");
+        printf("Peak memory (RSS) so far:");
         for (int r = 0; r < world; r++) printf(" rank %d %.0f MB%s", r, rss[r], r + 1 < world ? "," : "\n");
         fflush(stdout);
         for (int k = 0; k < n_rows; k++) free(rows[k].total_ms);

@@ -27,6 +27,7 @@
 //   DDP: gradient allreduce 0.34 ms per step in 1 bucket, 0.09 ms (26%) of it hidden behind backward; the step waited 0.26 ms for it
 //   [rank 0] parameter checksum 004cbd612feb34c7
 //   [rank 1] parameter checksum 004cbd612feb34c7
+//   Loss curve: img/6_mnist_ddp.png
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -49,7 +50,7 @@ int main(int argc, char **argv) {
     const char *trace = NULL;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5)", 0, NULL},
     };

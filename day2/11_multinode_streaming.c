@@ -19,7 +19,7 @@
 //   day2/create_mnist_h5                          # once: data/mnist -> data/mnist.h5
 //   salloc --nodes 2 --ntasks-per-node=4 ...
 //   ./slurm/multinode_setup_and_run.sh day2/11_multinode_streaming
-// or on one machine:  mpirun -np 4 day2/11_multinode_streaming [--h5 FILE.h5]
+// or on one machine:  mpirun -np 2 day2/11_multinode_streaming [--h5 FILE.h5]
 //
 // Expected output (times vary; 2 ranks on a 2-core laptop):
 //   Step 11: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, 101770 weights in 1 bucket: [fc.2.bias .. fc.0.weight, 397.5 KB]; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 BLAS thread per rank
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"h5", ARG_STRING, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
-        {"bucket_mb", ARG_FLOAT, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", -1, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 11: DDP across nodes, streaming MNIST from HDF5.");

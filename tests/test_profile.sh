@@ -86,7 +86,7 @@ else
     echo "FAIL profile: step 5's summary: '${share:-no share line}'"; tail -12 "$tmp/out5"
 fi
 rows=$(awk '/^range +calls/ { on = 1; next } /^The ranges inside/ { on = 0 } on' "$tmp/out5" | awk '{ print $1 }' | sort | tr '\n' ' ')
-if [ "$rows" = "allreduce backward data forward loss optimizer step " ] && grep -q '^Peak memory (RSS): rank 0 [0-9]* MB, rank 1 [0-9]* MB' "$tmp/out5"; then
+if [ "$rows" = "allreduce backward data forward loss optimizer step " ] && grep -q '^Peak memory (RSS) so far: rank 0 [0-9]* MB, rank 1 [0-9]* MB' "$tmp/out5"; then
     echo "PASS profile: step 5's table lists every range and each rank's peak memory"
 else
     echo "FAIL profile: step 5's table rows: $rows"
