@@ -6,8 +6,9 @@
 // reads only the samples it trains on, one batch ahead, from an HDF5 file
 // chunked in groups of 100 samples (day2/create_mnist_h5 writes it):
 //   - the DistributedSampler shuffles and shards GROUPS (600 of them), not
-//     samples, as the original's Dataset of groups does; a batch is 64 groups,
-//     so --batch_size counts samples and must be a multiple of 100;
+//     samples, as the original's Dataset of groups does; a batch is
+//     --batch_size / 100 whole groups (64 at the default 6400), so
+//     --batch_size counts samples and must be a multiple of 100;
 //   - a reader thread fills one batch buffer (hyperslab reads of the batch's
 //     groups, one gzip chunk each) while training runs on the other: a rank
 //     holds two batches, not the data set;
