@@ -109,35 +109,66 @@ static double peak_rss_mb(void) {
     return usage.ru_maxrss / 1024.0;  // Linux reports kilobytes
 }
 
-// Every rank's records as text lines "name\tthread\tdepth\tstart\tend", the
-// first line "#peak_rss_mb\t<MB>\t<host>", gathered on rank 0. Returns the
-// concatenation (rank 0) and each rank's offset and length in it.
-static char *gather_records(int **offsets_out, int **lengths_out) {
-    size_t capacity = 128 + g.n * 96, len = 0;
-    char *text = xmalloc(capacity);
-    len += (size_t)snprintf(text, capacity, "#peak_rss_mb\t%.1f\t%s\n", peak_rss_mb(), dist_hostname());
+// A record as it travels to rank 0: fixed size, the name copied in, so MPI
+// moves whole records (a contiguous datatype) and nobody parses text.
+typedef struct {
+    char name[40];
+    int thread, depth;
+    double start, end;
+} WireRecord;
+
+typedef struct {
+    double peak_rss_mb;
+    char host[64];
+} RankInfo;
+
+// Every rank's records, rank by rank, on rank 0 (elsewhere: empty).
+typedef struct {
+    RankInfo *info;       // [world]
+    WireRecord *records;  // rank r's are records[first[r] .. first[r] + count[r])
+    int *first, *count;   // [world]
+} Gathered;
+
+static Gathered gather_records(void) {
+    int world = dist_world_size(), root = dist_rank() == 0, n = (int)g.n;
+    WireRecord *mine = xcalloc(g.n, sizeof(WireRecord));
     for (size_t i = 0; i < g.n; i++) {
         const Record *r = &g.records[i];
-        len += (size_t)snprintf(text + len, capacity - len, "%.40s\t%d\t%d\t%.9f\t%.9f\n", r->name, r->thread,
-                                r->depth, r->start, r->end);
+        mine[i] = (WireRecord){.thread = r->thread, .depth = r->depth, .start = r->start, .end = r->end};
+        snprintf(mine[i].name, sizeof mine[i].name, "%s", r->name);
     }
-    int world = dist_world_size(), my_length = (int)len;
-    int *lengths = xcalloc((size_t)world, sizeof(int)), *offsets = xcalloc((size_t)world, sizeof(int));
-    CHECK_MPI(MPI_Gather(&my_length, 1, MPI_INT, lengths, 1, MPI_INT, 0, MPI_COMM_WORLD));
-    size_t total = 0;
-    for (int r = 0; r < world; r++) offsets[r] = (int)total, total += (size_t)lengths[r];
-    char *all = dist_rank() == 0 ? xmalloc(total + 1) : NULL;
-    CHECK_MPI(MPI_Gatherv(text, my_length, MPI_CHAR, all, lengths, offsets, MPI_CHAR, 0, MPI_COMM_WORLD));
-    if (all) all[total] = '\0';
-    free(text);
-    *offsets_out = offsets, *lengths_out = lengths;
+    RankInfo info = {.peak_rss_mb = peak_rss_mb()};
+    snprintf(info.host, sizeof info.host, "%s", dist_hostname());
+
+    Gathered all = {0};
+    if (root) {
+        all.info = xcalloc((size_t)world, sizeof(RankInfo));
+        all.first = xcalloc((size_t)world, sizeof(int));
+        all.count = xcalloc((size_t)world, sizeof(int));
+    }
+    CHECK_MPI(MPI_Gather(&info, sizeof info, MPI_BYTE, all.info, sizeof info, MPI_BYTE, 0, MPI_COMM_WORLD));
+    CHECK_MPI(MPI_Gather(&n, 1, MPI_INT, all.count, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    int total = 0;
+    for (int r = 0; root && r < world; r++) all.first[r] = total, total += all.count[r];
+    if (root) all.records = xcalloc((size_t)total, sizeof(WireRecord));
+    MPI_Datatype record_type;
+    CHECK_MPI(MPI_Type_contiguous(sizeof(WireRecord), MPI_BYTE, &record_type));
+    CHECK_MPI(MPI_Type_commit(&record_type));
+    CHECK_MPI(MPI_Gatherv(mine, n, record_type, all.records, all.count, all.first, record_type, 0, MPI_COMM_WORLD));
+    CHECK_MPI(MPI_Type_free(&record_type));
+    free(mine);
     return all;
+}
+
+static void gathered_free(Gathered *all) {
+    free(all->info), free(all->records), free(all->first), free(all->count);
+    *all = (Gathered){0};
 }
 
 // ------------------------------------------------------------------ the summary table
 
 typedef struct {
-    char name[41];
+    char name[40];
     int depth, thread;
     double *total_ms;  // [world]
     double first_start;
@@ -153,39 +184,27 @@ static int by_first_start(const void *a, const void *b) {
 
 void profile_summary(void) {
     if (!g.on) return;
-    int *offsets, *lengths;
-    char *all = gather_records(&offsets, &lengths);
+    Gathered all = gather_records();
     int world = dist_world_size();
     if (dist_rank() == 0) {
         Row rows[64];
         int n_rows = 0;
-        double *rss = xcalloc((size_t)world, sizeof(double));
         for (int rank = 0; rank < world; rank++) {
-            char *line = all + offsets[rank], *end = line + lengths[rank];
-            while (line < end) {
-                char *next = memchr(line, '\n', (size_t)(end - line));
-                *next = '\0';
-                char name[41];
-                int thread, depth;
-                double start, stop;
-                if (line[0] == '#') {
-                    sscanf(line, "#peak_rss_mb\t%lf", &rss[rank]);
-                } else if (sscanf(line, "%40[^\t]\t%d\t%d\t%lf\t%lf", name, &thread, &depth, &start, &stop) == 5 &&
-                           depth >= 0) {
-                    int k = 0;
-                    while (k < n_rows && !(strcmp(rows[k].name, name) == 0 && rows[k].thread == thread)) k++;
-                    if (k == n_rows && n_rows < 64) {
-                        rows[n_rows] = (Row){.depth = depth, .thread = thread, .first_start = start};
-                        snprintf(rows[k].name, sizeof rows[k].name, "%s", name);
-                        rows[n_rows++].total_ms = xcalloc((size_t)world, sizeof(double));
-                    }
-                    if (k < n_rows) {
-                        if (start < rows[k].first_start) rows[k].first_start = start;
-                        rows[k].total_ms[rank] += 1e3 * (stop - start);
-                        rows[k].calls++;
-                    }
+            for (int i = all.first[rank]; i < all.first[rank] + all.count[rank]; i++) {
+                const WireRecord *r = &all.records[i];
+                if (r->depth < 0) continue;  // an instant: no time to add up
+                int k = 0;
+                while (k < n_rows && !(strcmp(rows[k].name, r->name) == 0 && rows[k].thread == r->thread)) k++;
+                if (k == n_rows && n_rows < 64) {
+                    rows[n_rows] = (Row){.depth = r->depth, .thread = r->thread, .first_start = r->start};
+                    snprintf(rows[k].name, sizeof rows[k].name, "%s", r->name);
+                    rows[n_rows++].total_ms = xcalloc((size_t)world, sizeof(double));
                 }
-                line = next + 1;
+                if (k < n_rows) {
+                    if (r->start < rows[k].first_start) rows[k].first_start = r->start;
+                    rows[k].total_ms[rank] += 1e3 * (r->end - r->start);
+                    rows[k].calls++;
+                }
             }
         }
         qsort(rows, (size_t)n_rows, sizeof(Row), by_first_start);
@@ -219,12 +238,12 @@ void profile_summary(void) {
         if (step_ms > 0)
             printf("The ranges inside 'step' account for %.1f%% of its time.\n", 100 * inside_step / step_ms);
         printf("Peak memory (RSS) so far:");
-        for (int r = 0; r < world; r++) printf(" rank %d %.0f MB%s", r, rss[r], r + 1 < world ? "," : "\n");
+        for (int r = 0; r < world; r++)
+            printf(" rank %d %.0f MB%s", r, all.info[r].peak_rss_mb, r + 1 < world ? "," : "\n");
         fflush(stdout);
         for (int k = 0; k < n_rows; k++) free(rows[k].total_ms);
-        free(rss);
     }
-    free(all), free(offsets), free(lengths);
+    gathered_free(&all);
 }
 
 // ------------------------------------------------------------------ the trace file
@@ -234,38 +253,27 @@ void profile_finish(void) {
         g.on = 0;
         return;
     }
-    int *offsets, *lengths;
-    char *all = gather_records(&offsets, &lengths);
+    Gathered all = gather_records();
     if (dist_rank() == 0) {
-        make_parent_dirs(g.trace_path);  // log_ddp/, as the original's profiler makes it
-        FILE *file = fopen(g.trace_path, "w");
+        FILE *file = fopen(g.trace_path, "w");  // its folder was made by profile_start
         CHECK_ERRNO(file != NULL, "--trace %s: cannot create", g.trace_path);
         fprintf(file, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-        const char *separator = "";
         for (int rank = 0; rank < dist_world_size(); rank++) {
-            char *line = all + offsets[rank], *end = line + lengths[rank];
-            while (line < end) {
-                char *next = memchr(line, '\n', (size_t)(end - line));
-                *next = '\0';
-                char name[41], host[256] = "";
-                int thread, depth;
-                double start, stop, rss;
-                if (sscanf(line, "#peak_rss_mb\t%lf\t%255s", &rss, host) >= 1) {
-                    fprintf(file, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
-                            separator, rank, rank, host);
-                    separator = ",\n";
-                    fprintf(file, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"main\"}}", rank);
-                    fprintf(file, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}", rank);
-                    fprintf(file, ",\n{\"name\": \"peak RSS\", \"ph\": \"C\", \"pid\": %d, \"ts\": 0, \"args\": {\"MB\": %.1f}}", rank, rss);
-                } else if (sscanf(line, "%40[^\t]\t%d\t%d\t%lf\t%lf", name, &thread, &depth, &start, &stop) == 5) {
-                    if (depth < 0)  // an instant: a step marker
-                        fprintf(file, ",\n{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"t\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f}",
-                                name, rank, thread, 1e6 * start);
-                    else
-                        fprintf(file, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
-                                name, rank, thread, 1e6 * start, 1e6 * (stop - start));
-                }
-                line = next + 1;
+            // Per rank: a process named by rank and host, two named threads, the memory counter.
+            fprintf(file, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
+                    rank ? ",\n" : "", rank, rank, all.info[rank].host);
+            fprintf(file, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"main\"}}", rank);
+            fprintf(file, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}", rank);
+            fprintf(file, ",\n{\"name\": \"peak RSS\", \"ph\": \"C\", \"pid\": %d, \"ts\": 0, \"args\": {\"MB\": %.1f}}", rank,
+                    all.info[rank].peak_rss_mb);
+            for (int i = all.first[rank]; i < all.first[rank] + all.count[rank]; i++) {
+                const WireRecord *r = &all.records[i];
+                if (r->depth < 0)  // an instant: a step marker
+                    fprintf(file, ",\n{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"t\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f}",
+                            r->name, rank, r->thread, 1e6 * r->start);
+                else
+                    fprintf(file, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f}",
+                            r->name, rank, r->thread, 1e6 * r->start, 1e6 * (r->end - r->start));
             }
         }
         fprintf(file, "\n]}\n");
@@ -273,6 +281,6 @@ void profile_finish(void) {
         printf("Trace: %s (open it in https://ui.perfetto.dev or chrome://tracing)\n", g.trace_path);
         fflush(stdout);
     }
-    free(all), free(offsets), free(lengths);
+    gathered_free(&all);
     g.on = 0;
 }
