@@ -27,7 +27,6 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
     ddp.bucket_of_param = xmalloc((size_t)n_params * sizeof(int));
     for (int i = n_params - 1; i >= 0; i--) {
         DdpBucket *bucket = &ddp.buckets[ddp.n_buckets];
-        if (bucket->n_params == 0) bucket->first_param = i;
         bucket->first_param = i;  // the lowest index so far: the range is [i, i + n_params)
         bucket->n_params++;
         bucket->count += tensor_numel(params[i].value);

@@ -253,8 +253,7 @@ static void read_batch(H5Stream *s, int batch, Slot *slot) {
             read_group(s, group, images, labels);  // straight into the batch
         } else {
             read_group(s, group, s->raw, labels);
-            // Exactly numpy's np.float32(p) / 255: the division is correctly rounded.
-            for (size_t k = 0; k < GROUP_PIXELS; k++) images[k] = (float)s->raw[k] / 255.0f;
+            mnist_pixels_to_float(s->raw, images, GROUP_PIXELS);
         }
     }
     slot->rows = n_groups * H5_GROUP_SIZE;

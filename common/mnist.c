@@ -194,14 +194,18 @@ void mnist_free(MnistSplit *split) {
     *split = (MnistSplit){0};
 }
 
+void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n) {
+    // float32(p) / float32(255) is one correctly rounded division, as numpy's: vectorised.
+    for (size_t k = 0; k < n; k++) out[k] = (float)pixels[k] / 255.0f;
+}
+
 void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels) {
     CHECK(images->cols == MNIST_PIXELS && rows <= images->rows, "gather %d rows into [%d, %d]", rows,
           images->rows, images->cols);
     for (int r = 0; r < rows; r++) {
         const uint8_t *src = split->images + (size_t)indices[r] * MNIST_PIXELS;
         float *dst = images->data + (size_t)r * MNIST_PIXELS;
-        // numpy's float32(p) / float32(255): a correctly rounded division, vectorised.
-        for (int k = 0; k < MNIST_PIXELS; k++) dst[k] = (float)src[k] / 255.0f;
+        mnist_pixels_to_float(src, dst, MNIST_PIXELS);
         labels[r] = split->labels[indices[r]];
     }
 }
@@ -254,6 +258,11 @@ void sampler_free(DistributedSampler *s) {
 
 int sampler_num_batches(const DistributedSampler *s, int batch_size) {
     return (s->num_samples + batch_size - 1) / batch_size;
+}
+
+int rows_in_batches(int samples, int batch_size, int first, int end) {
+    long last = (long)end * batch_size < samples ? (long)end * batch_size : samples;
+    return (int)(last - (long)first * batch_size);
 }
 
 Tensor mnist_batch(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,

@@ -45,6 +45,9 @@ typedef struct {
 MnistSplit mnist_load(const char *dir, MnistPart part);
 void mnist_free(MnistSplit *split);
 
+// out[i] = pixels[i] / 255 as float32: exactly numpy's uint8 -> float32 / 255.
+void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n);
+
 // images[rows] = pixels / 255 as float32 (exactly numpy's uint8 -> float32 / 255),
 // labels[rows]; `indices` picks the samples.
 void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels);
@@ -72,6 +75,10 @@ void sampler_set_epoch(DistributedSampler *sampler, int epoch);
 void sampler_free(DistributedSampler *sampler);
 // DataLoader(batch_size, drop_last=False): the last, partial batch is kept.
 int sampler_num_batches(const DistributedSampler *sampler, int batch_size);
+
+// The samples in batches [first, end) when `samples` are cut into batches of
+// batch_size, the last one partial: what one step of accumulated batches sees.
+int rows_in_batches(int samples, int batch_size, int first, int end);
 
 // Gather batch b of this rank into `buffer` [batch_size, 784] and labels, and
 // return the view of the rows filled: batch_size of them, fewer in the last batch.

@@ -86,8 +86,7 @@ int main(int argc, char **argv) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             // A step takes accum_steps micro-batches; weigh each by its share of the step's samples.
             int first = b - b % accum_steps, end = first + accum_steps < n_batches ? first + accum_steps : n_batches;
-            int step_rows = (end * opt.batch_size < sampler.num_samples ? end * opt.batch_size : sampler.num_samples)
-                            - first * opt.batch_size;
+            int step_rows = rows_in_batches(sampler.num_samples, opt.batch_size, first, end);
             bool last_micro_batch = b + 1 == end;
             if (b == first) mlp_zero_grad(&model), loss = 0.0f;     // optimizer.zero_grad()
             ddp_set_sync(&ddp, last_micro_batch);          // with model.no_sync() on the others
