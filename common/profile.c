@@ -53,8 +53,6 @@ void profile_start(const char *trace_path) {
     g.t0 = wall_seconds();
 }
 
-int profile_recording(void) { return g.on; }
-
 static void record(const char *name, int thread, int depth, double start, double end) {
     pthread_mutex_lock(&g.lock);
     if (g.n == g.capacity) {

@@ -26,7 +26,6 @@ typedef struct {
 } ProfileRange;
 
 void profile_start(const char *trace_path);
-int profile_recording(void);
 
 void profile_push(const char *name);
 void profile_pop(void);
