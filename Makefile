@@ -4,9 +4,12 @@
 #   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
 #   make test       unit + integration tests; ends with "N passed, N failed"
+#                   (GPU tests included: on a machine without a GPU they say "skipped: no GPU")
+#   make test-gpu   the GPU tests alone; fails where there is no GPU
 #   make clean
 #
-# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, CUDA_HOME, CUDA=0|1, CFLAGS_EXTRA, SANITIZE=1.
+# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, CUDA_HOME, CUDA=0|1, CUDA_ARCH,
+# NVTX=0|1, CFLAGS_EXTRA, SANITIZE=1.
 
 MPICC     ?= mpicc
 CUDA_HOME ?= /usr/local/cuda
@@ -37,16 +40,28 @@ HAVE_ZLIB := $(call probe,#include <zlib.h>,$(ZLIB_LIBS))
 HAVE_PNG  := $(call probe,#include <png.h>,$(PNG_CFLAGS) $(PNG_LIBS))
 HAVE_HDF5 := $(call probe,#include <hdf5.h>,$(HDF5_CFLAGS) $(HDF5_LIBS))
 endif
-HAVE_NVCC := $(shell test -x $(CUDA_HOME)/bin/nvcc && echo 1)
-HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+# NCCL and cuBLAS: the header and the library, beside CUDA (where NVIDIA's
+# packages put them) or in the system's paths (Debian's libnccl-dev).
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+HAVE_NCCL := $(shell (test -f $(CUDA_HOME)/include/nccl.h || test -f /usr/include/nccl.h) && \
+               (ls $(CUDA_LIBDIR)/libnccl.so* || ls /usr/lib/*/libnccl.so*) >/dev/null 2>&1 && echo 1)
+HAVE_CUBLAS := $(shell ls $(CUDA_LIBDIR)/libcublas.so* >/dev/null 2>&1 && echo 1)
 HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
-CUDA ?= $(if $(HAVE_NVCC),1,0)
+# The GPU code needs all three; without them the programs are CPU-only (and
+# --device cuda says so). A machine without a GPU still builds it, and runs
+# the programs on its CPU.
+CUDA ?= $(if $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS)),1,0)
+# GPU architectures to compile for: A100 (80) and H100 (90) by default, plus
+# PTX of the last one, which newer GPUs compile when they load it.
+CUDA_ARCH ?= 80 90
 # NVTX3 is header-only: the profiling ranges need just its headers (NVTX=0: none).
 NVTX ?= $(if $(HAVE_NVTX),1,0)
 
 mark = $(if $(filter 1,$(1)),✓,✗)
 ifneq ($(filter-out clean data,$(or $(MAKECMDGOALS),all)),)
-$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  nvtx $(call mark,$(HAVE_NVTX)) NVTX=$(NVTX)  CUDA=$(CUDA) (no GPU code yet: CPU programs only))
+$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  cublas $(call mark,$(HAVE_CUBLAS))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA)$(if $(filter 1,$(CUDA)), (sm_$(subst $(eval) ,/sm_,$(strip $(CUDA_ARCH)))),: CPU only)  NVTX=$(NVTX))
 endif
 MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
@@ -59,6 +74,19 @@ ifeq ($(NVTX),1)
 CFLAGS  += -DHAVE_NVTX -isystem $(CUDA_HOME)/include
 LDLIBS  += -ldl
 endif
+ifeq ($(CUDA),1)
+CFLAGS  += -DHAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+# The CUDA runtime linked in statically (it finds the driver at run time, so
+# the binaries start, and run on CPU, where there is none); NCCL shared, found
+# through the rpath; cuBLAS opened by the first GPU rank that needs it
+# (common/cublas_loader.c says why). nvcc's objects need the C++ runtime.
+CFLAGS  += -DCUBLAS_LIBRARY='"$(CUDA_LIBDIR)/libcublas.so"'
+LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lnccl -lcudart_static -ldl -lrt -lstdc++
+NVCCFLAGS = -O3 -std=c++17 -lineinfo -Icommon \
+            $(foreach arch,$(CUDA_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch)) \
+            -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
+            -Xcompiler -Wall,-Wextra
+endif
 ifeq ($(SANITIZE),1)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS += -fsanitize=address,undefined
@@ -67,9 +95,16 @@ endif
 BUILD := build
 COMMON_SRC := $(wildcard common/*.c)
 COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
+ifeq ($(CUDA),1)
+COMMON_OBJ += $(BUILD)/common/kernels.o
+endif
 
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
         day1/5_mnist_manual_ddp_profile day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day1/test_profile
+# Step 1 is NCCL itself: built only with the GPU code.
+ifeq ($(CUDA),1)
+DAY1 += day1/1_dist_allreduce_gpu
+endif
 # Day 2: every day2/*.c is a program.
 DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
@@ -77,7 +112,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
 TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
 
-.PHONY: all check-deps data demo test bench scaling clean FORCE
+.PHONY: all check-deps data demo test test-gpu bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(DAY2) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
@@ -90,8 +125,11 @@ check-deps:
 # plain build rebuilds it all, and so does going back.
 FLAGS_STAMP := $(BUILD)/flags
 $(FLAGS_STAMP): FORCE | $(BUILD)/common
-	@echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS)' > $@
+	@echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS)' > $@
 FORCE:
+
+$(BUILD)/common/kernels.o: common/kernels.cu common/kernels.h $(FLAGS_STAMP) | $(BUILD)/common
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)/common
 	$(MPICC) $(CFLAGS) -c $< -o $@
@@ -134,8 +172,14 @@ test: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	@MPIRUN="$(MPIRUN)" tests/run.sh
 
+# The GPU tests alone: step 1, CPU-vs-GPU losses, steps 2, 4, 6 and 8 on the
+# GPU, compute-sanitizer. Unlike `make test`, no GPU here is a failure.
+test-gpu: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh tests/test_gpu.sh
+
 clean:
-	rm -rf $(BUILD) $(DAY1) $(DAY2)
+	rm -rf $(BUILD) $(DAY1) $(DAY2) day1/1_dist_allreduce_gpu
 
 # Benchmark against the PyTorch reference (needs python3-torch); not part of `make test`.
 bench: all

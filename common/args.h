@@ -63,4 +63,4 @@ typedef struct {
     {"save", ARG_STRING, &(o).save, "FILE.h5", "write the final weights", 0, NULL},               \
     {"losses", ARG_STRING, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
     {"plot", ARG_STRING, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
-    {"device", ARG_STRING, &(o).device, "DEV", "where to compute", 0, "cpu|cuda|auto"}
+    {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}

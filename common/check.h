@@ -10,6 +10,10 @@
 // usage errors (every rank parses the same argv; usage_error() prints on rank 0,
 // all exit 2) and bad input files (check_all_ranks()).
 #pragma once
+// Builds with the GPU code pass -DHAVE_CUDA=1 (the Makefile, when it finds nvcc and NCCL).
+#ifndef HAVE_CUDA
+#define HAVE_CUDA 0
+#endif
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>
@@ -55,6 +59,35 @@ void check_all_ranks(int ok, const char *message);
             fatal_at(__FILE__, __LINE__, 1, "%s failed: %s", #call, mpi_msg_);       \
         }                                                                            \
     } while (0)
+
+// CUDA, cuBLAS and NCCL: each library's own error string names the failure.
+// (HAVE_CUDA is 1 in builds with the GPU code; see device.h.)
+#if HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#define CHECK_CUDA(call)                                                                         \
+    do {                                                                                         \
+        cudaError_t cuda_status_ = (call);                                                       \
+        if (cuda_status_ != cudaSuccess)                                                         \
+            fatal_at(__FILE__, __LINE__, 1, "%s failed: %s", #call, cudaGetErrorString(cuda_status_)); \
+    } while (0)
+
+#define CHECK_CUBLAS(call)                                                                       \
+    do {                                                                                         \
+        cublasStatus_t cublas_status_ = (call);                                                  \
+        if (cublas_status_ != CUBLAS_STATUS_SUCCESS)                                             \
+            fatal_at(__FILE__, __LINE__, 1, "%s failed: %s", #call, cublasGetStatusString(cublas_status_)); \
+    } while (0)
+
+#define CHECK_NCCL(call)                                                                         \
+    do {                                                                                         \
+        ncclResult_t nccl_status_ = (call);                                                      \
+        if (nccl_status_ != ncclSuccess)                                                         \
+            fatal_at(__FILE__, __LINE__, 1, "%s failed: %s", #call, ncclGetErrorString(nccl_status_)); \
+    } while (0)
+#endif
 
 // Allocation that never returns NULL.
 void *xmalloc(size_t bytes);

@@ -10,14 +10,19 @@
 #include "check.h"
 #include "dist.h"
 #include "timer.h"
+#if HAVE_CUDA
+#include "kernels.h"
+#endif
 
 // ------------------------------------------------------------------ wrap
 
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
     Ddp ddp = {.params = params, .n_params = n_params, .world_size = dist_world_size(), .sync = true};
+    ddp.on_gpu = n_params > 0 && tensor_on_gpu(params[0].grad);
+    ddp.nccl = ddp.on_gpu && dist_nccl();
 
     // 1. Every rank starts from rank 0's weights, whatever its seed.
-    for (int i = 0; i < n_params; i++) dist_broadcast(params[i].value->data, tensor_numel(params[i].value), 0);
+    for (int i = 0; i < n_params; i++) dist_broadcast_tensor(params[i].value, 0);
 
     // 2. Buckets, filled in reverse parameter order: the last layer's gradients
     //    come out of backward first. A bucket closes once it holds bucket_mb.
@@ -34,13 +39,27 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
         if (bucket->count * sizeof(float) >= cap_bytes || i == 0) ddp.n_buckets++;
     }
     for (int b = 0; b < ddp.n_buckets; b++) {
-        ddp.buckets[b].buffer = xmalloc(ddp.buckets[b].count * sizeof(float));
-        ddp.buckets[b].pending = ddp.buckets[b].n_params;
+        DdpBucket *bucket = &ddp.buckets[b];
+        bucket->pending = bucket->n_params;
+        if (!ddp.nccl) bucket->buffer = device_host_alloc(bucket->count * sizeof(float));  // MPI's copy
+#if HAVE_CUDA
+        if (ddp.on_gpu) {
+            bucket->device_buffer = device_alloc(bucket->count * sizeof(float));
+            CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
+            CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
+            CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
+        }
+    }
+    if (ddp.nccl) {
+        CHECK_CUDA(cudaEventCreate(&ddp.step_start));
+        CHECK_CUDA(cudaEventCreate(&ddp.backward_end));
+#endif
     }
 
-    // 3. The communication thread, if MPI lets two threads call it.
-    ddp.use_thread = dist_world_size() > 1 && dist_thread_multiple();
-    if (dist_world_size() > 1 && !ddp.use_thread)
+    // 3. The communication thread, if MPI lets two threads call it (NCCL
+    //    needs none: the GPU runs its streams side by side).
+    ddp.use_thread = dist_world_size() > 1 && dist_thread_multiple() && !ddp.nccl;
+    if (dist_world_size() > 1 && !ddp.nccl && !dist_thread_multiple())
         print0("ddp: this MPI has no MPI_THREAD_MULTIPLE: buckets progress between layers only\n");
     return ddp;
 }
@@ -48,6 +67,10 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 // ------------------------------------------------------------------ the buckets' MPI calls
 
 static void start_bucket(DdpBucket *bucket, int thread) {
+#if HAVE_CUDA
+    // GPU gradients: wait for the compute stream's copy to the host buffer.
+    if (bucket->device_buffer) CHECK_CUDA(cudaEventSynchronize(bucket->packed));
+#endif
     bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
     CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket->buffer, (int)bucket->count, MPI_FLOAT, MPI_SUM,
@@ -78,6 +101,7 @@ static bool test_bucket(DdpBucket *bucket) {
 static void *communication_thread(void *arg) {
     Ddp *ddp = arg;
     prctl(PR_SET_TIMERSLACK, 1UL);  // a 20 us nap, not the default 50 us of slack on top
+    device_bind_thread();           // it waits on CUDA events of our GPU
     pthread_mutex_lock(&ddp->lock);
     for (;;) {
         while (!ddp->stopping && ddp->n_started == ddp->n_ready && ddp->n_done == ddp->n_started)
@@ -116,6 +140,101 @@ static void ensure_thread(Ddp *ddp) {
 
 // ------------------------------------------------------------------ backward and finish
 
+// Copy the bucket's gradients into one flat buffer: `buffer` on the CPU; on a
+// GPU, `device_buffer`, and from there to `buffer` when MPI is to reduce it.
+static void pack_bucket(Ddp *ddp, DdpBucket *bucket) {
+    if (!ddp->on_gpu) {
+        float *out = bucket->buffer;
+        for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+            size_t n = tensor_numel(ddp->params[i].grad);
+            memcpy(out, ddp->params[i].grad->data, n * sizeof(float));
+            out += n;
+        }
+        return;
+    }
+#if HAVE_CUDA
+    cudaStream_t stream = device_stream();
+    float *out = bucket->device_buffer;
+    for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+        size_t n = tensor_numel(ddp->params[i].grad);
+        CHECK_CUDA(cudaMemcpyAsync(out, ddp->params[i].grad->data, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   stream));
+        out += n;
+    }
+    if (!ddp->nccl)
+        CHECK_CUDA(cudaMemcpyAsync(bucket->buffer, bucket->device_buffer, bucket->count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaEventRecord(bucket->packed, stream));
+#endif
+}
+
+// The reduced sums, divided by W, back into the gradients: the gradient of the
+// global batch. (`grad / W`, a division, as PyTorch's DDP divides.)
+static void unpack_bucket(Ddp *ddp, DdpBucket *bucket) {
+    float divisor = (float)ddp->world_size;
+    if (!ddp->on_gpu) {
+        const float *in = bucket->buffer;
+        for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+            float *grad = ddp->params[i].grad->data;
+            for (size_t k = 0, n = tensor_numel(ddp->params[i].grad); k < n; k++) grad[k] = in[k] / divisor;
+            in += tensor_numel(ddp->params[i].grad);
+        }
+        return;
+    }
+#if HAVE_CUDA
+    cudaStream_t stream = device_stream();
+    if (ddp->nccl) CHECK_CUDA(cudaStreamWaitEvent(stream, bucket->comm_done, 0));
+    else CHECK_CUDA(cudaMemcpyAsync(bucket->device_buffer, bucket->buffer, bucket->count * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream));
+    const float *in = bucket->device_buffer;
+    for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
+        size_t n = tensor_numel(ddp->params[i].grad);
+        gpu_divide(ddp->params[i].grad->data, in, n, divisor, stream);
+        in += n;
+    }
+#endif
+}
+
+#if HAVE_CUDA
+// NCCL's statistics, read off the GPU's timeline once a step's events have
+// happened: the same union of bucket intervals as on the host (below), with
+// the end of backward on the compute stream as the boundary of "hidden".
+static void account_nccl_step(Ddp *ddp) {
+    if (!ddp->timing_pending) return;
+    ddp->timing_pending = false;
+    float backward_end_ms = 0, from_ms = 0, to_ms = 0;
+    CHECK_CUDA(cudaEventSynchronize(ddp->buckets[ddp->n_buckets - 1].comm_done));
+    CHECK_CUDA(cudaEventSynchronize(ddp->backward_end));
+    CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, ddp->step_start, ddp->backward_end));
+    double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
+    for (int b = 0; b < ddp->n_buckets; b++) {
+        CHECK_CUDA(cudaEventSynchronize(ddp->buckets[b].comm_done));
+        CHECK_CUDA(cudaEventElapsedTime(&from_ms, ddp->step_start, ddp->buckets[b].comm_start));
+        CHECK_CUDA(cudaEventElapsedTime(&to_ms, ddp->step_start, ddp->buckets[b].comm_done));
+        double from = 1e-3 * from_ms > covered_until ? 1e-3 * from_ms : covered_until, to = 1e-3 * to_ms;
+        if (to > from) {
+            double hidden_until = to < backward_end ? to : backward_end;
+            ddp->comm_seconds += to - from;
+            ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
+            covered_until = to;
+        }
+        last_done = to > last_done ? to : last_done;
+    }
+    ddp->wait_seconds += last_done > backward_end ? last_done - backward_end : 0;  // the compute stream's wait
+}
+
+// Queue the bucket's allreduce on the communication stream, behind its packing.
+static void start_bucket_nccl(Ddp *ddp, DdpBucket *bucket) {
+    cudaStream_t comm = dist_comm_stream();
+    CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
+    CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
+    CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, bucket->count, ncclFloat, ncclSum,
+                             dist_nccl_comm(), comm));
+    CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
+    (void)ddp;
+}
+#endif
+
 void ddp_grad_ready(void *context, int index) {
     Ddp *ddp = context;
     if (!ddp->sync || ddp->world_size == 1) return;
@@ -124,12 +243,18 @@ void ddp_grad_ready(void *context, int index) {
     if (--bucket->pending > 0) return;
 
     // All of the bucket's gradients exist: pack them and send the bucket off.
-    float *out = bucket->buffer;
-    for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
-        size_t n = tensor_numel(ddp->params[i].grad);
-        memcpy(out, ddp->params[i].grad->data, n * sizeof(float));
-        out += n;
+#if HAVE_CUDA
+    if (ddp->nccl) {
+        if (b == 0) {  // the step's first bucket: account for the last step, then mark this one's start
+            account_nccl_step(ddp);
+            CHECK_CUDA(cudaEventRecord(ddp->step_start, device_stream()));
+        }
+        pack_bucket(ddp, bucket);
+        start_bucket_nccl(ddp, bucket);
+        return;
     }
+#endif
+    pack_bucket(ddp, bucket);
     if (ddp->use_thread) {
         ensure_thread(ddp);
         pthread_mutex_lock(&ddp->lock);
@@ -146,6 +271,19 @@ void ddp_grad_ready(void *context, int index) {
 
 void ddp_finish(Ddp *ddp) {
     if (!ddp->sync || ddp->world_size == 1) return;
+#if HAVE_CUDA
+    if (ddp->nccl) {  // nothing to wait for on the host: the compute stream waits for each bucket
+        CHECK_CUDA(cudaEventRecord(ddp->backward_end, device_stream()));
+        for (int b = 0; b < ddp->n_buckets; b++) {
+            CHECK(ddp->buckets[b].pending == 0, "ddp_finish: backward did not produce bucket %d", b);
+            unpack_bucket(ddp, &ddp->buckets[b]);
+            ddp->buckets[b].pending = ddp->buckets[b].n_params;
+        }
+        ddp->timing_pending = true;
+        ddp->steps++;
+        return;
+    }
+#endif
     profile_push("allreduce wait");
     double wait_start = wall_seconds();
     if (ddp->use_thread) {
@@ -177,13 +315,7 @@ void ddp_finish(Ddp *ddp) {
             ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
             covered_until = to;
         }
-        // The sum over ranks, divided by W: the gradient of the global batch.
-        const float *in = bucket->buffer;
-        for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
-            float *grad = ddp->params[i].grad->data;
-            for (size_t k = 0, n = tensor_numel(ddp->params[i].grad); k < n; k++) grad[k] = in[k] / (float)ddp->world_size;
-            in += tensor_numel(ddp->params[i].grad);
-        }
+        unpack_bucket(ddp, bucket);
         bucket->pending = bucket->n_params;
         bucket->started = bucket->completed = false;
     }
@@ -204,7 +336,22 @@ void ddp_free(Ddp *ddp) {
         pthread_mutex_destroy(&ddp->lock);
         pthread_cond_destroy(&ddp->changed);
     }
-    for (int b = 0; b < ddp->n_buckets; b++) free(ddp->buckets[b].buffer);
+#if HAVE_CUDA
+    if (ddp->on_gpu) {
+        CHECK_CUDA(cudaDeviceSynchronize());  // no bucket may be in flight
+        for (int b = 0; b < ddp->n_buckets; b++) {
+            device_free(ddp->buckets[b].device_buffer);
+            CHECK_CUDA(cudaEventDestroy(ddp->buckets[b].packed));
+            CHECK_CUDA(cudaEventDestroy(ddp->buckets[b].comm_start));
+            CHECK_CUDA(cudaEventDestroy(ddp->buckets[b].comm_done));
+        }
+    }
+    if (ddp->nccl) {
+        CHECK_CUDA(cudaEventDestroy(ddp->step_start));
+        CHECK_CUDA(cudaEventDestroy(ddp->backward_end));
+    }
+#endif
+    for (int b = 0; b < ddp->n_buckets; b++) device_host_free(ddp->buckets[b].buffer);
     free(ddp->buckets);
     free(ddp->bucket_of_param);
     *ddp = (Ddp){0};
@@ -223,7 +370,10 @@ void ddp_describe_buckets(const Ddp *ddp, char *out, size_t size) {
     }
 }
 
-void ddp_describe_overlap(const Ddp *ddp, char *out, size_t size) {
+void ddp_describe_overlap(Ddp *ddp, char *out, size_t size) {
+#if HAVE_CUDA
+    if (ddp->nccl) account_nccl_step(ddp);
+#endif
     if (ddp->world_size == 1 || ddp->steps == 0) {
         snprintf(out, size, ddp->world_size == 1 ? "no gradient allreduce (world size 1)"
                                                  : "no synchronised step yet");

@@ -2,6 +2,7 @@
 #include "h5.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -47,8 +48,11 @@ void h5_save_params(const char *path, const Param *params, int n_params) {
         hid_t dataset = H5Dcreate2(file, params[i].name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
                                    H5P_DEFAULT);
         CHECK(space >= 0 && dataset >= 0, "%s: cannot create dataset '%s'", path, params[i].name);
-        CHECK_H5(H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, params[i].value->data),
+        float *values = xmalloc(tensor_numel(params[i].value) * sizeof(float));  // a host copy, wherever it lives
+        tensor_to_host(params[i].value, values);
+        CHECK_H5(H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values),
                  "%s: cannot write dataset '%s'", path, params[i].name);
+        free(values);
         H5Dclose(dataset);
         H5Sclose(space);
     }
@@ -101,8 +105,11 @@ void h5_load_params(const char *path, Param *params, int n_params) {
             REJECT("%s: dataset '%s' is %s (expected %s)", path, p->name, found, expected);
         }
         // Reading as native float converts float64 files on the way in.
-        if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->value->data) < 0)
-            REJECT("%s: cannot read dataset '%s'", path, p->name);
+        float *values = xmalloc(tensor_numel(p->value) * sizeof(float));
+        bool read = H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0;
+        if (read) tensor_from_host(p->value, values);
+        free(values);
+        if (!read) REJECT("%s: cannot read dataset '%s'", path, p->name);
         H5Sclose(space), H5Tclose(type), H5Dclose(dataset);
         space = type = dataset = H5I_INVALID_HID;
     }

@@ -9,6 +9,9 @@
 #include <zlib.h>
 
 #include "check.h"
+#if HAVE_CUDA
+#include "kernels.h"
+#endif
 #include "profile.h"
 #include "rng.h"
 
@@ -189,6 +192,8 @@ MnistSplit mnist_load(const char *dir, MnistPart part) {
 }
 
 void mnist_free(MnistSplit *split) {
+    device_free(split->device_images);
+    device_free(split->device_indices);
     free(split->images);
     free(split->labels);
     *split = (MnistSplit){0};
@@ -199,9 +204,37 @@ void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n) {
     for (size_t k = 0; k < n; k++) out[k] = (float)pixels[k] / 255.0f;
 }
 
-void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels) {
+#if HAVE_CUDA
+static void gather_on_gpu(MnistSplit *split, const int *indices, int rows, Tensor *images) {
+    cudaStream_t stream = device_stream();
+    if (!split->device_images) {
+        size_t bytes = (size_t)split->n * MNIST_PIXELS;
+        split->device_images = device_alloc(bytes);
+        CHECK_CUDA(cudaMemcpyAsync(split->device_images, split->images, bytes, cudaMemcpyHostToDevice, stream));
+    }
+    if (rows > split->device_indices_room) {
+        device_free(split->device_indices);
+        split->device_indices = device_alloc((size_t)rows * sizeof(int));
+        split->device_indices_room = rows;
+    }
+    // 4 bytes an index go over, not 3136 bytes an image. (From pageable memory
+    // the copy is staged before it returns: `indices` may change right after.)
+    CHECK_CUDA(cudaMemcpyAsync(split->device_indices, indices, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
+                               stream));
+    gpu_gather_pixels(split->device_images, split->device_indices, rows, MNIST_PIXELS, images->data, stream);
+}
+#endif
+
+void mnist_gather(MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels) {
     CHECK(images->cols == MNIST_PIXELS && rows <= images->rows, "gather %d rows into [%d, %d]", rows,
           images->rows, images->cols);
+    if (tensor_on_gpu(images)) {
+#if HAVE_CUDA
+        gather_on_gpu(split, indices, rows, images);
+#endif
+        for (int r = 0; r < rows; r++) labels[r] = split->labels[indices[r]];
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         const uint8_t *src = split->images + (size_t)indices[r] * MNIST_PIXELS;
         float *dst = images->data + (size_t)r * MNIST_PIXELS;
@@ -210,7 +243,7 @@ void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor 
     }
 }
 
-Tensor mnist_images(const MnistSplit *split, Device device) {
+Tensor mnist_images(MnistSplit *split, Device device) {
     Tensor images = tensor_zeros(split->n, MNIST_PIXELS, device);
     int *all = xmalloc((size_t)split->n * sizeof(int));
     int *labels = xmalloc((size_t)split->n * sizeof(int));
@@ -265,7 +298,7 @@ int rows_in_batches(int samples, int batch_size, int first, int end) {
     return (int)(last - (long)first * batch_size);
 }
 
-Tensor mnist_batch(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels) {
     int start = batch * batch_size;
     int rows = sampler->num_samples - start < batch_size ? sampler->num_samples - start : batch_size;

@@ -37,6 +37,11 @@ typedef struct {
     int n;
     uint8_t *images;  // [n, 784] raw pixels 0..255
     int *labels;      // [n] 0..9
+    // On a GPU rank the first gather onto the GPU uploads the pixels, once
+    // (uint8: 47 MB for the training set); batches are gathered there after.
+    uint8_t *device_images;  // [n, 784] device memory, or NULL
+    int *device_indices;     // [device_indices_room]: a batch's sample indices
+    int device_indices_room;
 } MnistSplit;
 
 // Loads train-* or t10k-* from dir (each file plain or .gz). Collective: every
@@ -49,11 +54,12 @@ void mnist_free(MnistSplit *split);
 void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n);
 
 // images[rows] = pixels / 255 as float32 (exactly numpy's uint8 -> float32 / 255),
-// labels[rows]; `indices` picks the samples.
-void mnist_gather(const MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels);
+// labels[rows] (on the host); `indices` picks the samples. When images is on
+// the GPU, the gather runs there.
+void mnist_gather(MnistSplit *split, const int *indices, int rows, Tensor *images, int *labels);
 
 // All images of the split as float32 [n, 784], e.g. to evaluate the test set.
-Tensor mnist_images(const MnistSplit *split, Device device);
+Tensor mnist_images(MnistSplit *split, Device device);
 
 // ------------------------------------------------------------------ sampler
 // torch.utils.data.DistributedSampler(shuffle, seed, drop_last=False):
@@ -82,5 +88,5 @@ int rows_in_batches(int samples, int batch_size, int first, int end);
 
 // Gather batch b of this rank into `buffer` [batch_size, 784] and labels, and
 // return the view of the rows filled: batch_size of them, fewer in the last batch.
-Tensor mnist_batch(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels);

@@ -7,6 +7,9 @@
 
 #include "check.h"
 #include "profile.h"
+#if HAVE_CUDA
+#include "kernels.h"
+#endif
 
 // ------------------------------------------------------------------ layers
 
@@ -17,10 +20,14 @@ void linear_init(Linear *layer, int in, int out, Rng *rng, Device device) {
     layer->grad_bias = tensor_zeros(1, out, device);
     // kaiming_uniform_(a=sqrt(5)) works out to U(-1/sqrt(in), 1/sqrt(in)); torch
     // computes the bound in double and draws the weight, then the bias.
+    // The draws happen on the host, wherever the tensors live.
     float bound = (float)(1.0 / sqrt((double)in));
-    for (size_t i = 0; i < tensor_numel(&layer->weight); i++)
-        layer->weight.data[i] = rng_uniform(rng, -bound, bound);
-    for (int i = 0; i < out; i++) layer->bias.data[i] = rng_uniform(rng, -bound, bound);
+    float *values = xmalloc(tensor_numel(&layer->weight) * sizeof(float));
+    for (size_t i = 0; i < tensor_numel(&layer->weight); i++) values[i] = rng_uniform(rng, -bound, bound);
+    tensor_from_host(&layer->weight, values);
+    for (int i = 0; i < out; i++) values[i] = rng_uniform(rng, -bound, bound);
+    tensor_from_host(&layer->bias, values);
+    free(values);
 }
 
 void linear_free(Linear *layer) {
@@ -30,37 +37,48 @@ void linear_free(Linear *layer) {
     tensor_free(&layer->grad_bias);
 }
 
-void linear_forward(const Linear *layer, const Tensor *x, Tensor *y) {
+void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu) {
     gemm(false, true, 1.0f, x, &layer->weight, 0.0f, y);  // [B, in] @ [in, out]
     const float *bias = layer->bias.data;
+    if (tensor_on_gpu(y)) {
+#if HAVE_CUDA
+        gpu_bias_relu(y->data, bias, y->rows, y->cols, relu, device_stream());
+#endif
+        return;
+    }
     for (int r = 0; r < y->rows; r++) {
         float *row = y->data + (size_t)r * y->cols;
         for (int c = 0; c < y->cols; c++) row[c] += bias[c];
     }
+    if (relu) relu_forward(y);
 }
 
 void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
     gemm(true, false, 1.0f, grad_y, x, 1.0f, &layer->grad_weight);  // [out, B] @ [B, in]
-    float *grad_bias = layer->grad_bias.data;
-    for (int r = 0; r < grad_y->rows; r++) {
-        const float *row = grad_y->data + (size_t)r * grad_y->cols;
-        for (int c = 0; c < grad_y->cols; c++) grad_bias[c] += row[c];
-    }
+    add_sum_over_rows(grad_y, &layer->grad_bias);
     if (grad_x) gemm(false, false, 1.0f, grad_y, &layer->weight, 0.0f, grad_x);  // [B, out] @ [out, in]
 }
 
 void relu_forward(Tensor *x) {
+    CHECK(!tensor_on_gpu(x), "relu_forward: CPU tensors only (linear_forward fuses the ReLU on the GPU)");
     float *v = x->data;
     for (size_t i = 0; i < tensor_numel(x); i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
 }
 
 void relu_backward(const Tensor *y, Tensor *grad) {
+    if (tensor_on_gpu(grad)) {
+#if HAVE_CUDA
+        gpu_relu_backward(y->data, grad->data, tensor_numel(grad), device_stream());
+#endif
+        return;
+    }
     const float *out = y->data;
     float *g = grad->data;
     for (size_t i = 0; i < tensor_numel(grad); i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
 }
 
 float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *probs) {
+    CHECK(!tensor_on_gpu(logits), "cross_entropy_forward: CPU tensors only (mlp_loss serves the GPU)");
     CHECK(logits->rows == probs->rows && logits->cols == probs->cols, "cross_entropy: probs shape");
     double total = 0.0;
     for (int r = 0; r < logits->rows; r++) {
@@ -79,6 +97,7 @@ float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *pro
 }
 
 void cross_entropy_backward(const Tensor *probs, const int *labels, Tensor *grad_logits) {
+    CHECK(!tensor_on_gpu(probs), "cross_entropy_backward: CPU tensors only (mlp_loss serves the GPU)");
     float inv_batch = 1.0f / (float)probs->rows;
     for (int r = 0; r < probs->rows; r++) {
         const float *p = probs->data + (size_t)r * probs->cols;
@@ -110,7 +129,12 @@ Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device devic
         snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
         snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
     }
-    model.probs = tensor_zeros(max_batch, sizes[n_sizes - 1], device);
+    model.probs = tensor_zeros(max_batch, sizes[n_sizes - 1], DEVICE_CPU);
+    if (device == DEVICE_CUDA) {
+        model.loss_terms = tensor_zeros(max_batch, sizes[n_sizes - 1], device);
+        model.loss_sum = device_alloc(sizeof(double));
+        model.labels = device_alloc((size_t)max_batch * sizeof(int));
+    }
     return model;
 }
 
@@ -121,6 +145,9 @@ void mlp_free(Mlp *model) {
         tensor_free(&model->grad_outputs[i]);
     }
     tensor_free(&model->probs);
+    tensor_free(&model->loss_terms);
+    device_free(model->loss_sum);
+    device_free(model->labels);
     free(model->layers);
     free(model->outputs);
     free(model->grad_outputs);
@@ -134,22 +161,46 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
     const Tensor *input = x;
     for (int i = 0; i < model->n_layers; i++) {
         model->outputs[i].rows = x->rows;  // this batch's rows of the buffer
-        linear_forward(&model->layers[i], input, &model->outputs[i]);
-        if (i + 1 < model->n_layers) relu_forward(&model->outputs[i]);
+        bool relu = i + 1 < model->n_layers;  // a ReLU after every Linear but the last
+        linear_forward(&model->layers[i], input, &model->outputs[i], relu);
         input = &model->outputs[i];
     }
     profile_pop();
     return input;
 }
 
+#if HAVE_CUDA
+// The sum that gpu_sum left in model->loss_sum, read by the host: like
+// PyTorch's loss.item(), it waits for the GPU to get there.
+static double read_loss_sum(const Mlp *model) {
+    double sum = 0.0;
+    CHECK_CUDA(cudaMemcpyAsync(&sum, model->loss_sum, sizeof sum, cudaMemcpyDeviceToHost, device_stream()));
+    CHECK_CUDA(cudaStreamSynchronize(device_stream()));
+    return sum;
+}
+#endif
+
 float mlp_loss(Mlp *model, const int *labels) {
     profile_push("loss");
     const Tensor *logits = &model->outputs[model->n_layers - 1];
-    Tensor probs = tensor_rows(&model->probs, logits->rows);
-    float loss = cross_entropy_forward(logits, labels, &probs);
     Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];
     grad_logits->rows = logits->rows;
-    cross_entropy_backward(&probs, labels, grad_logits);
+    float loss = 0.0f;
+    if (tensor_on_gpu(logits)) {
+#if HAVE_CUDA
+        cudaStream_t stream = device_stream();
+        CHECK_CUDA(cudaMemcpyAsync(model->labels, labels, (size_t)logits->rows * sizeof(int), cudaMemcpyHostToDevice,
+                                   stream));
+        gpu_cross_entropy(logits->data, model->labels, logits->rows, logits->cols, grad_logits->data,
+                          model->loss_terms.data, stream);
+        gpu_sum(model->loss_terms.data, (size_t)logits->rows, 0, model->loss_sum, stream);
+        loss = (float)(read_loss_sum(model) / logits->rows);
+#endif
+    } else {
+        Tensor probs = tensor_rows(&model->probs, logits->rows);
+        loss = cross_entropy_forward(logits, labels, &probs);
+        cross_entropy_backward(&probs, labels, grad_logits);
+    }
     profile_pop();
     return loss;
 }
@@ -163,18 +214,27 @@ float mlp_mse_loss(Mlp *model, const Tensor *target) {
     grad->rows = output->rows;
     size_t n = tensor_numel(output);
     double total = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        float diff = output->data[i] - target->data[i];
-        total += (double)diff * diff;
-        grad->data[i] = 2.0f * diff / (float)n;
+    if (tensor_on_gpu(output)) {
+#if HAVE_CUDA
+        CHECK(n <= tensor_numel(&model->loss_terms), "mse: %zu elements, room for %zu", n,
+              tensor_numel(&model->loss_terms));
+        gpu_mse(output->data, target->data, n, grad->data, model->loss_terms.data, device_stream());
+        gpu_sum(model->loss_terms.data, n, 1, model->loss_sum, device_stream());
+        total = read_loss_sum(model);
+#endif
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float diff = output->data[i] - target->data[i];
+            total += (double)diff * diff;
+            grad->data[i] = 2.0f * diff / (float)n;
+        }
     }
     profile_pop();
     return (float)(total / (double)n);
 }
 
 void mlp_scale_loss(Mlp *model, float factor) {
-    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];
-    for (size_t i = 0; i < tensor_numel(grad_logits); i++) grad_logits->data[i] *= factor;
+    tensor_scale(&model->grad_outputs[model->n_layers - 1], factor);
 }
 
 void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context) {
@@ -204,10 +264,22 @@ void mlp_zero_grad(Mlp *model) {
 
 double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
     long correct = 0;
+    int *predictions = xmalloc((size_t)model->max_batch * sizeof(int));
     for (int start = 0; start < x->rows; start += model->max_batch) {
         int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
         Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
         const Tensor *logits = mlp_forward(model, &chunk);
+        if (tensor_on_gpu(logits)) {
+#if HAVE_CUDA
+            // argmax on the GPU, into the label buffer; only the predictions travel.
+            gpu_argmax(logits->data, rows, logits->cols, model->labels, device_stream());
+            CHECK_CUDA(cudaMemcpyAsync(predictions, model->labels, (size_t)rows * sizeof(int),
+                                       cudaMemcpyDeviceToHost, device_stream()));
+            CHECK_CUDA(cudaStreamSynchronize(device_stream()));
+            for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
+#endif
+            continue;
+        }
         for (int r = 0; r < rows; r++) {
             const float *z = logits->data + (size_t)r * logits->cols;
             int best = 0;
@@ -215,6 +287,7 @@ double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
             correct += best == labels[start + r];
         }
     }
+    free(predictions);
     return x->rows ? (double)correct / x->rows : 0.0;
 }
 
@@ -227,9 +300,12 @@ size_t mlp_num_weights(const Mlp *model) {
 unsigned long long params_checksum(const Param *params, int n_params) {
     unsigned long long hash = 1469598103934665603ULL;  // FNV-1a, over the raw float bits
     for (int i = 0; i < n_params; i++) {
-        const unsigned char *bytes = (const unsigned char *)params[i].value->data;
+        float *values = xmalloc(tensor_numel(params[i].value) * sizeof(float));
+        tensor_to_host(params[i].value, values);
+        const unsigned char *bytes = (const unsigned char *)values;
         for (size_t k = 0; k < tensor_numel(params[i].value) * sizeof(float); k++)
             hash = (hash ^ bytes[k]) * 1099511628211ULL;
+        free(values);
     }
     return hash;
 }
@@ -261,6 +337,14 @@ void adam_step(Adam *adam) {
     const float beta2 = (float)adam->beta2, one_minus_beta2 = (float)(1.0 - adam->beta2);
     const float eps = (float)adam->eps;
     for (int i = 0; i < adam->n_params; i++) {
+        if (tensor_on_gpu(adam->params[i].value)) {
+#if HAVE_CUDA
+            gpu_adam(adam->params[i].value->data, adam->params[i].grad->data, adam->exp_avg[i].data,
+                     adam->exp_avg_sq[i].data, tensor_numel(adam->params[i].value), step_size,
+                     bias_correction2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps, device_stream());
+#endif
+            continue;
+        }
         float *p = adam->params[i].value->data;
         const float *g = adam->params[i].grad->data;
         float *m = adam->exp_avg[i].data, *v = adam->exp_avg_sq[i].data;
@@ -287,6 +371,12 @@ void sgd_step(const Param *params, int n_params, double lr) {
     profile_push("optimizer");
     const float rate = (float)lr;
     for (int i = 0; i < n_params; i++) {
+        if (tensor_on_gpu(params[i].value)) {
+#if HAVE_CUDA
+            gpu_sgd(params[i].value->data, params[i].grad->data, tensor_numel(params[i].value), rate, device_stream());
+#endif
+            continue;
+        }
         float *p = params[i].value->data;
         const float *g = params[i].grad->data;
         for (size_t k = 0, n = tensor_numel(params[i].value); k < n; k++) p[k] -= rate * g[k];

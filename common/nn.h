@@ -27,7 +27,8 @@ typedef struct {
 // nn.Linear's default init: weight, then bias, each ~ U(-1/sqrt(in), 1/sqrt(in)).
 void linear_init(Linear *layer, int in, int out, Rng *rng, Device device);
 void linear_free(Linear *layer);
-void linear_forward(const Linear *layer, const Tensor *x, Tensor *y);  // y [B, out]
+// y [B, out] = x @ weight^T + bias, and then ReLU in the same pass when relu.
+void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu);
 // grad_weight += grad_y^T @ x; grad_bias += sum over rows of grad_y;
 // grad_x = grad_y @ weight (skipped when grad_x is NULL: the input needs none).
 void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x);
@@ -36,7 +37,8 @@ void relu_forward(Tensor *x);                           // in place
 void relu_backward(const Tensor *y, Tensor *grad);      // grad *= (y > 0), in place; y = relu output
 
 // nn.CrossEntropyLoss: softmax, then the mean over the batch of -log p[label].
-// Keeps the softmax in `probs` [B, C] for the backward pass.
+// Keeps the softmax in `probs` [B, C] for the backward pass. CPU tensors (on
+// the GPU, mlp_loss runs both passes as one kernel).
 float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *probs);
 // d loss / d logits = (probs - onehot(labels)) / B
 void cross_entropy_backward(const Tensor *probs, const int *labels, Tensor *grad_logits);
@@ -48,8 +50,13 @@ typedef struct {
     Linear *layers;
     Tensor *outputs;       // [n_layers] of [max_batch, out_i]: kept for backward
     Tensor *grad_outputs;  // [n_layers] of [max_batch, out_i]
-    Tensor probs;          // [max_batch, classes]: the loss's softmax
+    Tensor probs;          // [max_batch, classes]: the loss's softmax (CPU)
     int max_batch;
+    // On a GPU: the loss's per-row (or per-element) terms, their sum, and the
+    // labels, copied over for the loss kernel.
+    Tensor loss_terms;     // [max_batch, classes]
+    double *loss_sum;      // [1], device memory
+    int *labels;           // [max_batch], device memory
     int n_params;
     Param *params;         // fc.0.weight, fc.0.bias, fc.2.weight, ... (model.parameters() order)
 } Mlp;

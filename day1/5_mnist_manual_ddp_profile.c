@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     for (int i = 0; i < model.n_params; i++)  // start equal: everyone takes rank 0's weights
-        dist_broadcast(model.params[i].value->data, tensor_numel(model.params[i].value), 0);
+        dist_broadcast_tensor(model.params[i].value, 0);
     double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
     Adam optimizer = adam_new(model.params, model.n_params, lr);
 
@@ -101,9 +101,8 @@ int main(int argc, char **argv) {
             profile_push("allreduce");                     // with record_function("allreduce"):
             for (int i = 0; i < model.n_params; i++) {     // the hand-written DDP:
                 Tensor *grad = model.params[i].grad;
-                dist_allreduce_sum(grad->data, tensor_numel(grad));   // dist.all_reduce(param.grad, SUM)
-                for (size_t k = 0; k < tensor_numel(grad); k++)       // param.grad /= world_size
-                    grad->data[k] /= (float)world;
+                dist_all_reduce(grad);                     // dist.all_reduce(param.grad, op=SUM)
+                tensor_divide(grad, (float)world);         // param.grad /= world_size
             }
             profile_pop();
             adam_step(&optimizer);                         // optimizer.step()
@@ -117,6 +116,7 @@ int main(int argc, char **argv) {
         print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_batches, n_batches, seconds, (double)sampler.num_samples * world / seconds);
     }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     profile_summary();  // rank 0: the table of every rank's ranges
 

@@ -169,6 +169,7 @@ int main(int argc, char **argv) {
         print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_steps, n_steps, seconds, (double)sampler.num_samples * world / seconds);
     }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     print_rank("training loop: %.3f s\n", train_seconds);
     double slowest = train_seconds;  // the job is as fast as its slowest rank

@@ -28,34 +28,40 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     int steps = 5, batch = 64, seed = 0;
     double lr = 0.01;
-    const char *trace = "log/trace.json";
+    const char *trace = "log/trace.json", *device_flag = "auto";
     ArgSpec flags[] = {
         {"steps", ARG_INT, &steps, "N", "training steps", 1, NULL},
         {"batch_size", ARG_INT, &batch, "N", "random samples per step, per rank", 1, NULL},
         {"lr", ARG_FLOAT, &lr, "X", "SGD learning rate", 0, NULL},
         {"seed", ARG_INT, &seed, "N", "weights (rank 0's are broadcast) and, plus the rank, the data", 0, NULL},
         {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
+        {"device", ARG_STRING, &device_flag, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "test_profile: profile a toy DDP model on random data.");
+    Device device = device_from_flag(device_flag);
     int blas_threads = dist_set_blas_threads();
 
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
     const int sizes[] = {1024, 2048, 1024};
-    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, DEVICE_CPU);
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, device);
     Ddp ddp = ddp_wrap(model.params, model.n_params, 25.0);  // ddp_model = DDP(model)
     print0("test_profile: MLP 1024-2048-1024 (%zu weights), MSE loss, SGD lr %g; %d x 1024 random samples per "
-           "rank, %d steps, %d ranks, %d BLAS thread%s per rank\n",
-           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), blas_threads, blas_threads == 1 ? "" : "s");
+           "rank, %d steps, %d ranks; %s, %d BLAS thread%s per rank\n",
+           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), device_name(device), blas_threads,
+           blas_threads == 1 ? "" : "s");
 
     // Every rank its own random data: torch.randn(64, 1024) per rank.
     rng_seed(&rng, (uint64_t)seed + 1 + (uint64_t)dist_rank());
-    Tensor inputs = tensor_zeros(batch, 1024, DEVICE_CPU), targets = tensor_zeros(batch, 1024, DEVICE_CPU);
+    Tensor random = tensor_zeros(batch, 1024, DEVICE_CPU);  // drawn on the host, then moved
+    Tensor inputs = tensor_zeros(batch, 1024, device), targets = tensor_zeros(batch, 1024, device);
 
     profile_start(trace);  // with torch.profiler.profile(...) as prof:
     for (int step = 0; step < steps; step++) {
-        for (size_t i = 0; i < tensor_numel(&inputs); i++) inputs.data[i] = rng_normal(&rng);
-        for (size_t i = 0; i < tensor_numel(&targets); i++) targets.data[i] = rng_normal(&rng);
+        for (size_t i = 0; i < tensor_numel(&random); i++) random.data[i] = rng_normal(&rng);
+        tensor_copy(&inputs, &random);
+        for (size_t i = 0; i < tensor_numel(&random); i++) random.data[i] = rng_normal(&rng);
+        tensor_copy(&targets, &random);
         mlp_zero_grad(&model);
 
         profile_push("forward_pass");
@@ -82,6 +88,7 @@ int main(int argc, char **argv) {
     print0("DDP: %s\n", overlap);
     print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
 
+    tensor_free(&random);
     tensor_free(&inputs);
     tensor_free(&targets);
     ddp_free(&ddp);

@@ -107,6 +107,7 @@ int main(int argc, char **argv) {
         print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_steps, n_steps, seconds, (double)sampler.num_samples * world / seconds);
     }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]

@@ -69,7 +69,7 @@ typedef struct { Linear *layer; Tensor *x, *y, *r; } LayerCtx;
 
 static double layer_loss(void *p) {
     LayerCtx *c = p;
-    if (c->layer) linear_forward(c->layer, c->x, c->y);
+    if (c->layer) linear_forward(c->layer, c->x, c->y, false);
     else tensor_copy(c->y, c->x), relu_forward(c->y);
     double loss = 0;
     for (size_t i = 0; i < tensor_numel(c->y); i++) loss += (double)c->y->data[i] * c->r->data[i];

@@ -1,0 +1,170 @@
+// device.c: the device choice and the CUDA context. See device.h.
+#include "device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+
+static Device g_device = DEVICE_CPU;
+static char g_name[300] = "cpu";
+
+#if HAVE_CUDA
+static int g_gpu = -1;            // the CUDA device index of this rank
+static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, in order
+static cublasHandle_t g_cublas;
+
+cudaStream_t device_stream(void) { return g_stream; }
+cublasHandle_t device_cublas(void) { return g_cublas; }
+#endif
+
+int device_gpu_count(void) {
+#if HAVE_CUDA
+    int count = 0;
+    // No driver (cudaErrorInsufficientDriver) or no GPU (cudaErrorNoDevice):
+    // a CPU machine, not an error. Clear the sticky error and say 0.
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+#else
+    return 0;
+#endif
+}
+
+// The lowest (or highest) value of x over the ranks.
+static int min_over_ranks(int x) {
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    return x;
+}
+static int max_over_ranks(int x) {
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    return x;
+}
+
+#if HAVE_CUDA
+static void use_gpu(int gpus) {
+    g_gpu = dist_local_rank() % gpus;
+    CHECK_CUDA(cudaSetDevice(g_gpu));
+    // A blocking stream: should anything use the legacy default stream (a
+    // plain cudaMemcpy, cudaFree), it still waits for our queued work.
+    CHECK_CUDA(cudaStreamCreate(&g_stream));
+    CHECK_CUBLAS(cublasCreate(&g_cublas));
+    CHECK_CUBLAS(cublasSetStream(g_cublas, g_stream));
+    // Plain FP32 GEMMs (cuBLAS uses TF32 tensor cores only when asked to):
+    // PyTorch's default (allow_tf32 = False), and what the CPU-vs-GPU loss
+    // comparison relies on.
+    CHECK_CUBLAS(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
+    struct cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, g_gpu));
+    snprintf(g_name, sizeof g_name, "cuda:%d (%s)", g_gpu, prop.name);
+    g_device = DEVICE_CUDA;
+}
+#endif
+
+Device device_from_flag(const char *flag) {
+    bool want_gpu = strcmp(flag, "cuda") == 0, auto_choice = strcmp(flag, "auto") == 0;
+    if (!want_gpu && !auto_choice && strcmp(flag, "cpu") != 0)
+        usage_error("--device %s: expected cpu, cuda or auto", flag);
+    if (!want_gpu && !auto_choice) return g_device = DEVICE_CPU;
+    if (want_gpu && !HAVE_CUDA)
+        usage_error("--device cuda: this build has no GPU code (built with CUDA=0 or without nvcc); use --device cpu");
+
+    // Every rank must make the same choice: a job that is half on GPUs would
+    // mix NCCL and MPI collectives. So the GPU is used only if all ranks have one.
+    int gpus = device_gpu_count();
+    bool everyone_has_one = min_over_ranks(gpus) > 0;
+    if (want_gpu) {
+        char message[160];
+        snprintf(message, sizeof message, "--device cuda: no CUDA device on %s (use --device cpu, or a GPU node)",
+                 dist_hostname());
+        check_all_ranks(gpus > 0, message);
+    }
+    if (!everyone_has_one) {
+        if (max_over_ranks(gpus) > 0) print0("device: some ranks see no GPU, so every rank computes on its CPU\n");
+        return g_device = DEVICE_CPU;
+    }
+#if HAVE_CUDA
+    use_gpu(gpus);
+    // NCCL needs one GPU per rank. Where a node has more ranks than GPUs,
+    // fall back to MPI on host copies, on every rank alike.
+    bool shared = max_over_ranks(dist_local_world_size() > gpus);
+    if (shared) {
+        print0("device: %d ranks share %d GPU%s on %s; NCCL cannot put two ranks on one GPU, so collectives "
+               "go through MPI on host copies\n",
+               dist_local_world_size(), gpus, gpus == 1 ? "" : "s", dist_hostname());
+    } else if (dist_world_size() > 1) {
+        dist_use_nccl();
+    }
+#endif
+    return g_device;
+}
+
+const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
+bool device_is_gpu(void) { return g_device == DEVICE_CUDA; }
+
+void device_synchronize(void) {
+#if HAVE_CUDA
+    if (g_device == DEVICE_CUDA) CHECK_CUDA(cudaDeviceSynchronize());
+#endif
+}
+
+void device_bind_thread(void) {
+#if HAVE_CUDA
+    if (g_device == DEVICE_CUDA) CHECK_CUDA(cudaSetDevice(g_gpu));
+#endif
+}
+
+void device_release(void) {
+#if HAVE_CUDA
+    if (g_device != DEVICE_CUDA) return;
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUBLAS(cublasDestroy(g_cublas));
+    CHECK_CUDA(cudaStreamDestroy(g_stream));
+    g_device = DEVICE_CPU;
+#endif
+}
+
+void *device_alloc(size_t bytes) {
+#if HAVE_CUDA
+    if (bytes == 0) return NULL;
+    void *pointer = NULL;
+    cudaError_t status = cudaMalloc(&pointer, bytes);
+    CHECK(status == cudaSuccess, "cannot allocate %.1f MB on %s: %s", bytes / 1e6, g_name, cudaGetErrorString(status));
+    return pointer;
+#else
+    (void)bytes;
+    FATAL("device_alloc: this build has no GPU code");
+#endif
+}
+
+void device_free(void *pointer) {
+#if HAVE_CUDA
+    if (pointer) CHECK_CUDA(cudaFree(pointer));
+#else
+    (void)pointer;
+#endif
+}
+
+void *device_host_alloc(size_t bytes) {
+#if HAVE_CUDA
+    if (g_device == DEVICE_CUDA) {
+        void *pointer = NULL;
+        CHECK_CUDA(cudaMallocHost(&pointer, bytes ? bytes : 1));
+        return pointer;
+    }
+#endif
+    return xmalloc(bytes);
+}
+
+void device_host_free(void *pointer) {
+#if HAVE_CUDA
+    if (g_device == DEVICE_CUDA) {
+        if (pointer) CHECK_CUDA(cudaFreeHost(pointer));
+        return;
+    }
+#endif
+    free(pointer);
+}

@@ -1,0 +1,55 @@
+// device.h: where this rank computes, CPU or its GPU, and the CUDA context of that choice.
+//
+//   Device device = device_from_flag(opt.device);   // collective: every rank calls it
+//   Mlp model = mlp_new(..., device);               // tensors live on that device
+//   ...
+//   device_synchronize();                           // torch.cuda.synchronize()
+//
+// --device auto (the default) takes the GPU when every rank has one, cuda asks
+// for it (an error where there is none), cpu never touches CUDA. Rank r uses
+// GPU (local rank mod GPUs on its node). NCCL cannot put two ranks of one
+// communicator on the same GPU: when ranks outnumber GPUs on a node, every
+// rank still computes on a GPU, but collectives go through MPI on host copies,
+// and rank 0 says so once.
+//
+// GPU work is queued, in order, on one compute stream per rank: the host runs
+// ahead until it needs a result (a loss value, a copy to the host).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "check.h"  // HAVE_CUDA, CHECK_CUDA
+
+typedef enum { DEVICE_CPU, DEVICE_CUDA } Device;
+
+// Parse --device cpu|cuda|auto and set this rank up on the device it names.
+// Collective. With a GPU: picks it, creates the compute stream and the cuBLAS
+// handle, and (world > 1, one GPU per rank) the NCCL communicator.
+Device device_from_flag(const char *flag);
+// "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)" once a GPU is chosen.
+const char *device_name(Device device);
+
+// CUDA devices this process can use: 0 in a build without CUDA, without a
+// driver, or without a GPU. Never fails.
+int device_gpu_count(void);
+
+// Wait until the GPU has finished all queued work (nothing to do on the CPU).
+void device_synchronize(void);
+// Is the compute device a GPU? (After device_from_flag.)
+bool device_is_gpu(void);
+// A thread other than main() that calls CUDA must first bind to our GPU.
+void device_bind_thread(void);
+// Release the stream and the cuBLAS handle (dist_finalize calls it).
+void device_release(void);
+
+// Raw device memory (cudaMalloc; zero bytes give NULL), and host memory that
+// the GPU copies fastest (page-locked on a GPU rank, plain malloc otherwise).
+void *device_alloc(size_t bytes);
+void device_free(void *pointer);
+void *device_host_alloc(size_t bytes);
+void device_host_free(void *pointer);
+
+#if HAVE_CUDA
+cudaStream_t device_stream(void);      // the compute stream
+cublasHandle_t device_cublas(void);    // bound to the compute stream
+#endif

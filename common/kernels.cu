@@ -1,0 +1,220 @@
+// kernels.cu: the CUDA kernels behind tensor, nn and mnist. See kernels.h.
+//
+// Plain CUDA, no libraries: one thread per element (grid-stride loops) for
+// the elementwise work, one thread per row where a row is a unit (softmax over
+// 10 classes), one block for the reductions so that they sum in a fixed order.
+#include "kernels.h"
+
+// check.h's, declared here so that this file needs no MPI headers.
+extern "C" void fatal_at(const char *file, int line, int code, const char *fmt, ...);
+
+#define CHECK_LAUNCH(kernel)                                                                      \
+    do {                                                                                          \
+        cudaError_t launch_status_ = cudaGetLastError();                                          \
+        if (launch_status_ != cudaSuccess)                                                        \
+            fatal_at(__FILE__, __LINE__, 1, "launching %s failed: %s", kernel,                     \
+                     cudaGetErrorString(launch_status_));                                         \
+    } while (0)
+
+static const int THREADS = 256;
+
+// Enough blocks to cover n, capped: the grid-stride loops do the rest.
+static unsigned blocks_for(size_t n) {
+    size_t blocks = (n + THREADS - 1) / THREADS;
+    return (unsigned)(blocks < 1 ? 1 : blocks > 8192 ? 8192 : blocks);
+}
+
+#define FOR_EACH_INDEX(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+// ------------------------------------------------------------------ elementwise
+
+__global__ void fill_kernel(float *x, size_t n, float value) {
+    FOR_EACH_INDEX(i, n) x[i] = value;
+}
+
+__global__ void scale_kernel(float *x, size_t n, float factor) {
+    FOR_EACH_INDEX(i, n) x[i] *= factor;
+}
+
+__global__ void divide_kernel(float *dst, const float *src, size_t n, float divisor) {
+    FOR_EACH_INDEX(i, n) dst[i] = src[i] / divisor;
+}
+
+__global__ void bias_relu_kernel(float *y, const float *bias, size_t n, int cols, int relu) {
+    FOR_EACH_INDEX(i, n) {
+        float v = y[i] + bias[i % cols];
+        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+
+__global__ void relu_backward_kernel(const float *y, float *grad, size_t n) {
+    FOR_EACH_INDEX(i, n) grad[i] = y[i] > 0.0f ? grad[i] : 0.0f;
+}
+
+__global__ void mse_kernel(const float *output, const float *target, size_t n, float *grad, float *diff) {
+    FOR_EACH_INDEX(i, n) {
+        float d = output[i] - target[i];
+        diff[i] = d;
+        grad[i] = 2.0f * d / (float)n;
+    }
+}
+
+__global__ void adam_kernel(float *param, const float *grad, float *m, float *v, size_t n, float step_size,
+                            float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2,
+                            float eps) {
+    FOR_EACH_INDEX(i, n) {
+        float g = grad[i];
+        float m_i = m[i] + one_minus_beta1 * (g - m[i]);      // exp_avg.lerp_(grad, 1 - beta1)
+        float v_i = v[i] * beta2 + one_minus_beta2 * (g * g);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
+        float denom = sqrtf(v_i) / bias_correction2_sqrt + eps;
+        param[i] = param[i] - step_size * (m_i / denom);       // param.addcdiv_(m, denom, -step_size)
+        m[i] = m_i;
+        v[i] = v_i;
+    }
+}
+
+__global__ void sgd_kernel(float *param, const float *grad, size_t n, float lr) {
+    FOR_EACH_INDEX(i, n) param[i] -= lr * grad[i];
+}
+
+__global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, int rows, int pixels, float *out) {
+    // blockIdx.y walks the rows; blockIdx.x and the threads walk a row's pixels.
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const uint8_t *src = images + (size_t)indices[r] * pixels;
+        float *dst = out + (size_t)r * pixels;
+        for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < pixels; k += gridDim.x * blockDim.x)
+            dst[k] = (float)src[k] / 255.0f;
+    }
+}
+
+// ------------------------------------------------------------------ a thread per row
+
+__global__ void cross_entropy_kernel(const float *logits, const int *labels, int rows, int cols, float *grad,
+                                     float *row_loss) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *z = logits + (size_t)r * cols;
+    float *g = grad + (size_t)r * cols;
+    float max = z[0];
+    for (int c = 1; c < cols; c++) max = z[c] > max ? z[c] : max;
+    float sum = 0.0f;
+    for (int c = 0; c < cols; c++) sum += expf(z[c] - max);
+    float inv_batch = 1.0f / (float)rows;
+    for (int c = 0; c < cols; c++) g[c] = (expf(z[c] - max) / sum) * inv_batch;
+    int label = labels[r];
+    g[label] -= inv_batch;
+    row_loss[r] = logf(sum) - (z[label] - max);  // log_softmax's order, as in nn.c
+}
+
+__global__ void argmax_kernel(const float *logits, int rows, int cols, int *prediction) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *z = logits + (size_t)r * cols;
+    int best = 0;
+    for (int c = 1; c < cols; c++) best = z[c] > z[best] ? c : best;
+    prediction[r] = best;
+}
+
+// ------------------------------------------------------------------ one-block reduction
+
+static const int SUM_THREADS = 1024;
+
+__global__ void sum_kernel(const float *x, size_t n, int squares, double *result) {
+    __shared__ double partial[SUM_THREADS];
+    double total = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) total += squares ? (double)x[i] * x[i] : (double)x[i];
+    partial[threadIdx.x] = total;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
+        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *result = partial[0];
+}
+
+// ------------------------------------------------------------------ launchers
+
+extern "C" {
+
+void gpu_fill(float *x, size_t n, float value, cudaStream_t stream) {
+    if (n == 0) return;
+    fill_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, n, value);
+    CHECK_LAUNCH("fill_kernel");
+}
+
+void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream) {
+    if (n == 0) return;
+    scale_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, n, factor);
+    CHECK_LAUNCH("scale_kernel");
+}
+
+void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream) {
+    if (n == 0) return;
+    divide_kernel<<<blocks_for(n), THREADS, 0, stream>>>(dst, src, n, divisor);
+    CHECK_LAUNCH("divide_kernel");
+}
+
+void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    bias_relu_kernel<<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu);
+    CHECK_LAUNCH("bias_relu_kernel");
+}
+
+void gpu_relu_backward(const float *y, float *grad, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    relu_backward_kernel<<<blocks_for(n), THREADS, 0, stream>>>(y, grad, n);
+    CHECK_LAUNCH("relu_backward_kernel");
+}
+
+void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, float *row_loss,
+                       cudaStream_t stream) {
+    if (rows == 0) return;
+    cross_entropy_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(logits, labels, rows, cols, grad,
+                                                                                  row_loss);
+    CHECK_LAUNCH("cross_entropy_kernel");
+}
+
+void gpu_mse(const float *output, const float *target, size_t n, float *grad, float *diff, cudaStream_t stream) {
+    if (n == 0) return;
+    mse_kernel<<<blocks_for(n), THREADS, 0, stream>>>(output, target, n, grad, diff);
+    CHECK_LAUNCH("mse_kernel");
+}
+
+void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream) {
+    sum_kernel<<<1, SUM_THREADS, 0, stream>>>(x, n, squares, result);
+    CHECK_LAUNCH("sum_kernel");
+}
+
+void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
+              float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
+              cudaStream_t stream) {
+    if (n == 0) return;
+    adam_kernel<<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, step_size,
+                                                       bias_correction2_sqrt, one_minus_beta1, beta2,
+                                                       one_minus_beta2, eps);
+    CHECK_LAUNCH("adam_kernel");
+}
+
+void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream) {
+    if (n == 0) return;
+    sgd_kernel<<<blocks_for(n), THREADS, 0, stream>>>(param, grad, n, lr);
+    CHECK_LAUNCH("sgd_kernel");
+}
+
+void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaStream_t stream) {
+    if (rows == 0) return;
+    argmax_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(logits, rows, cols, prediction);
+    CHECK_LAUNCH("argmax_kernel");
+}
+
+void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
+                       cudaStream_t stream) {
+    if (rows == 0) return;
+    dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
+    gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
+    CHECK_LAUNCH("gather_pixels_kernel");
+}
+
+}  // extern "C"

@@ -1,0 +1,54 @@
+// kernels.h: the CUDA kernels behind tensor, nn and mnist, callable from C.
+//
+// Each function launches one kernel on `stream` and returns at once; errors in
+// the launch end the job (check.h's fatal_at). Pointers are device memory.
+// The arithmetic mirrors the CPU code in nn.c operation for operation, so the
+// two agree to rounding (and exactly where no transcendental is involved).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void gpu_fill(float *x, size_t n, float value, cudaStream_t stream);
+void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream);          // x *= factor
+void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream);  // dst = src / divisor
+
+// y[r, c] += bias[c], then y = max(y, 0) when relu: Linear's bias and the
+// ReLU after it in one pass over y [rows, cols].
+void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream);
+// grad *= (y > 0), where y is the ReLU's output.
+void gpu_relu_backward(const float *y, float *grad, size_t n, cudaStream_t stream);
+
+// Softmax cross-entropy, forward and backward in one kernel, a thread per row:
+// row_loss[r] = logsumexp(logits[r]) - logits[r, label], and
+// grad[r] = (softmax(logits[r]) - onehot(label)) / rows.
+void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, float *row_loss,
+                       cudaStream_t stream);
+// MSE's per-element terms: diff = output - target, grad = 2 diff / n.
+void gpu_mse(const float *output, const float *target, size_t n, float *grad, float *diff, cudaStream_t stream);
+// *result = sum of x[i] (or of x[i]^2), accumulated in double by one block in
+// a fixed order: the same bits every run.
+void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream);
+
+// torch.optim.Adam's update of one tensor, in nn.c's (PyTorch's) operation order.
+void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
+              float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
+              cudaStream_t stream);
+void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream);  // param -= lr * grad
+
+// prediction[r] = argmax over c of logits[r, c] (the first, on ties).
+void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaStream_t stream);
+
+// out[r] = images[indices[r]] / 255 as float32: a batch gathered from the
+// uint8 training set on the GPU (the same correctly rounded division as numpy).
+void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
+                       cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
