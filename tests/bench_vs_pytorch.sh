@@ -24,32 +24,35 @@ trap 'rm -f "$out"' EXIT
 # One row pair per configuration: our program against the PyTorch reference
 # with the same world size and learning-rate rule. --bind-to none lets every
 # world size use every core (mpirun would pin a single rank to one core).
+# On a machine with a GPU, step 2 also runs there, against the reference on
+# the same GPU (--device cuda). Every row names its device.
 configs=(
-    "1|day1/2_mnist_training|"
-    "2|day1/4_mnist_manual_ddp|--lr-scale"
-    "1|day1/7_mnist_ddp_timing|"
-    "2|day1/7_mnist_ddp_timing|"
-    "4|day1/7_mnist_ddp_timing|"
+    "1|day1/2_mnist_training||cpu"
+    "2|day1/4_mnist_manual_ddp|--lr-scale|cpu"
+    "1|day1/7_mnist_ddp_timing||cpu"
+    "2|day1/7_mnist_ddp_timing||cpu"
+    "4|day1/7_mnist_ddp_timing||cpu"
 )
-printf '%-34s %6s %8s %8s %9s\n' "program" "ranks" "loop s" "wall s" "test acc"
+[ "$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ] && configs+=("1|day1/2_mnist_training||cuda")
+printf '%-40s %6s %8s %8s %9s\n' "program" "ranks" "loop s" "wall s" "test acc"
 for config in "${configs[@]}"; do
-    IFS='|' read -r ranks program torch_flags <<< "$config"
+    IFS='|' read -r ranks program torch_flags device <<< "$config"
     c_loop=() c_wall=() t_loop=() t_wall=()
     for ((i = 0; i < repeats; i++)); do
         if [ "$program" = day1/2_mnist_training ]; then
-            c_wall+=("$(wall $program --data "$DATA" --plot '')")
+            c_wall+=("$(wall $program --device $device --data "$DATA" --plot '')")
         else
-            c_wall+=("$(wall $MPIRUN --bind-to none -np $ranks $program --data "$DATA" --plot '')")
+            c_wall+=("$(wall $MPIRUN --bind-to none -np $ranks $program --device $device --data "$DATA" --plot '')")
         fi
         c_loop+=("$(sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out")")
         c_acc=$(sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out")
-        t_wall+=("$(wall "$PYTHON" "$REFERENCE" "$DATA" $ranks $torch_flags)")
+        t_wall+=("$(wall "$PYTHON" "$REFERENCE" "$DATA" $ranks $torch_flags --device $device)")
         t_loop+=("$("$PYTHON" -c "import json; print(json.loads(open('$out').read().strip().splitlines()[-1])['train_s'])")")
         t_acc=$("$PYTHON" -c "import json; print('%.2f%%' % (100 * json.loads(open('$out').read().strip().splitlines()[-1])['test_acc']))")
     done
     cl=$(printf '%s\n' "${c_loop[@]}" | median); cw=$(printf '%s\n' "${c_wall[@]}" | median)
     tl=$(printf '%s\n' "${t_loop[@]}" | median); tw=$(printf '%s\n' "${t_wall[@]}" | median)
-    printf '%-34s %6d %8.2f %8.2f %9s\n' "$program" "$ranks" "$cl" "$cw" "$c_acc"
-    printf '%-34s %6d %8.2f %8.2f %9s\n' "PyTorch reference ${torch_flags:-(lr 1e-3)}" "$ranks" "$tl" "$tw" "$t_acc"
-    printf '%-34s %6s %7.1fx %7.1fx\n' "  PyTorch time / ours" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
+    printf '%-40s %6d %8.3f %8.2f %9s\n' "$program ($device)" "$ranks" "$cl" "$cw" "$c_acc"
+    printf '%-40s %6d %8.3f %8.2f %9s\n' "PyTorch reference ${torch_flags:-(lr 1e-3)} ($device)" "$ranks" "$tl" "$tw" "$t_acc"
+    printf '%-40s %6s %7.1fx %7.1fx\n' "  PyTorch time / ours" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
 done

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The GPU path, end to end. Prints one PASS/FAIL/SKIP line per check.
+#
+# Everywhere (CUDA_VISIBLE_DEVICES= hides any GPU): what a machine without a
+# GPU does with step 1, --device cuda and --device auto.
+# With a GPU (tests/run.sh and make test-gpu): step 1; the same per-step
+# losses on the CPU and the GPU; steps 2, 4, 6 and 8 on the GPU, several
+# ranks sharing it through the MPI fallback; compute-sanitizer on a short run.
+# Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
+# under REQUIRE_GPU=1 (make test-gpu).
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS gpu: $*"; }
+fail() { echo "FAIL gpu: $*"; }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+mpi() { local np=$1; shift; timeout 300 $MPIRUN -np "$np" "$@"; }
+no_gpu() { CUDA_VISIBLE_DEVICES= "$@"; }  # the same binaries, with every GPU hidden
+accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
+final_loss() { tail -1 "$1" | cut -d, -f3; }
+# Per-step losses of two CSV logs within a relative tolerance: "WORST STEPS" or fails.
+losses_agree() {
+    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
+        FNR > 1 { d = ($3 - a[FNR]) / a[FNR]; if (d < 0) d = -d; if (d > worst) worst = d; m = FNR }
+        END { printf "worst relative difference %.1e over %d steps", worst, m - 1; exit !(n == m && n > 1 && worst <= tol) }' "$1" "$2"
+}
+same_weights() {
+    local verdict
+    verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
+    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
+}
+
+# ---------------------------------------------------------------- without a GPU
+if [ -x day1/1_dist_allreduce_gpu ]; then
+    no_gpu day1/1_dist_allreduce_gpu > "$tmp/step1" 2>&1
+    status=$?
+    if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/step1")" -eq 1 ] &&
+        grep -q 'no CUDA device: run step 0, or use a GPU node' "$tmp/step1"; then
+        pass "step 1 without a GPU: one line, exit $status: $(cat "$tmp/step1")"
+    else
+        fail "step 1 without a GPU (exit $status): $(head -3 "$tmp/step1")"
+    fi
+else
+    grep -q 'HAVE_CUDA=1' build/flags 2> /dev/null &&
+        fail "step 1 is missing from a build with CUDA" ||
+        pass "step 1 is not built without CUDA (CUDA=0 or no nvcc/NCCL), and make says so"
+fi
+
+no_gpu day1/2_mnist_training --device cuda --epochs 1 > "$tmp/cuda" 2>&1
+status=$?
+if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/cuda")" -eq 1 ] && grep -q -- '--device cuda' "$tmp/cuda"; then
+    pass "--device cuda without a GPU: one line, exit $status: $(cat "$tmp/cuda")"
+else
+    fail "--device cuda without a GPU (exit $status): $(head -3 "$tmp/cuda")"
+fi
+no_gpu mpi 4 day1/4_mnist_manual_ddp --device cuda --epochs 1 > "$tmp/cuda4" 2>&1
+status=$?
+lines=$(grep -c -- '--device cuda' "$tmp/cuda4")
+check "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
+    test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
+no_gpu day1/2_mnist_training --epochs 1 --plot '' > "$tmp/auto" 2>&1
+check "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
+    grep -q '; cpu, [0-9]* BLAS thread' "$tmp/auto"
+
+# A CPU-only build (CUDA=0) of a program, in a copy of the tree: no warnings,
+# --device cuda is a usage error, --device auto trains on the CPU.
+mkdir -p "$tmp/src/day1"
+cp -r Makefile common "$tmp/src/"
+cp day1/2_mnist_training.c "$tmp/src/day1/"
+if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training > "$tmp/build0" 2>&1; then
+    warnings=$(grep -c 'warning:' "$tmp/build0")
+    check "a CUDA=0 build compiles without warnings ($warnings) and says 'CUDA=0: CPU only'" \
+        test "$warnings" -eq 0 -a "$(grep -c 'CUDA=0: CPU only' "$tmp/build0")" -eq 1
+    "$tmp/src/day1/2_mnist_training" --device cuda > "$tmp/cuda0" 2>&1
+    status=$?
+    check "CUDA=0 build: --device cuda is a usage error (exit $status): $(cat "$tmp/cuda0")" \
+        test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/cuda0")" -eq 1
+    "$tmp/src/day1/2_mnist_training" --epochs 1 --plot '' > "$tmp/auto0" 2>&1
+    check "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
+        grep -q '; cpu, .*' "$tmp/auto0"
+else
+    fail "make CUDA=0 day1/2_mnist_training: $(grep -m3 -E 'error|Error' "$tmp/build0")"
+fi
+
+# ---------------------------------------------------------------- with a GPU
+gpus=$(build/tools/gpu_count 2> /dev/null || echo 0)
+gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every element"
+    "step 1 refuses two ranks on one GPU" "CPU and GPU per-step losses from the same --init, --no-shuffle"
+    "step 2 on the GPU" "step 4 on 2 ranks sharing the GPU (MPI fallback)" "step 6 == step 4 on the GPU"
+    "DDP on the GPU: 2 ranks x 3200 == 1 process x 6400" "step 8 on the GPU" "test_profile on the GPU"
+    "compute-sanitizer")
+if [ "$gpus" -eq 0 ]; then
+    for what in "${gpu_checks[@]}"; do
+        if [ "${REQUIRE_GPU:-0}" = 1 ]; then fail "$what: REQUIRE_GPU=1, but no GPU"
+        else echo "SKIP gpu: $what (skipped: no GPU)"; fi
+    done
+    exit 0
+fi
+
+# Step 1.
+day1/1_dist_allreduce_gpu > "$tmp/s1" 2>&1
+check "step 1 at world size 1: $(grep 'after allreduce' "$tmp/s1")" grep -q 'after allreduce: sum 1, mean 1$' "$tmp/s1"
+day1/1_dist_allreduce_gpu --count 50000000 > "$tmp/s1c" 2>&1
+check "step 1 --count 50000000: $(tail -1 "$tmp/s1c")" grep -q 'busbw .*every element verified on every rank' "$tmp/s1c"
+if [ "$gpus" -ge 2 ]; then
+    mpi 2 day1/1_dist_allreduce_gpu > "$tmp/s1n" 2>&1
+    check "step 1 on 2 GPUs: sum 3, mean 1.5 on both ranks" test "$(grep -c 'sum 3, mean 1.5' "$tmp/s1n")" -eq 2
+else
+    mpi 2 day1/1_dist_allreduce_gpu > "$tmp/s1n" 2>&1
+    status=$?
+    check "step 1 refuses two ranks on one GPU, exit $status: $(grep -o 'share.*' "$tmp/s1n" | head -1)" \
+        test $status -ne 0 -a $status -ne 124 -a "$(grep -c 'NCCL needs a GPU per rank' "$tmp/s1n")" -eq 1
+fi
+
+# The same steps on both devices: start from one set of weights, no shuffle.
+day1/2_mnist_training --device cpu --epochs 1 --save "$tmp/init.h5" --plot '' > /dev/null 2>&1
+day1/2_mnist_training --device cpu --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/cpu.csv" --plot '' > /dev/null 2>&1
+day1/2_mnist_training --device cuda --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/gpu.csv" --plot '' > "$tmp/g" 2>&1
+verdict=$(losses_agree "$tmp/cpu.csv" "$tmp/gpu.csv" 1e-3)
+check "CPU and GPU per-step losses from the same --init, --no-shuffle, one epoch: $verdict" test $? -eq 0
+grep -q '; cuda:' "$tmp/g" || fail "step 2 --device cuda does not say it runs on the GPU: $(head -1 "$tmp/g")"
+
+# Step 2, 5 epochs: the GPU's accuracy is the CPU's, to the rounding of a few samples.
+day1/2_mnist_training --device cpu --plot '' > "$tmp/c2" 2>&1
+day1/2_mnist_training --plot '' > "$tmp/g2" 2>&1
+check "step 2 on the GPU (--device auto): $(grep -o 'Training completed.*' "$tmp/g2"); CPU: $(accuracy "$tmp/c2")%" \
+    awk "BEGIN { d = $(accuracy "$tmp/g2") - $(accuracy "$tmp/c2"); exit !(d < 0.3 && d > -0.3) }"
+
+# Step 4 on 2 ranks and one GPU: the MPI fallback, announced once.
+mpi 2 day1/4_mnist_manual_ddp --device cpu --plot '' > "$tmp/c4" 2>&1
+mpi 2 day1/4_mnist_manual_ddp --lr 0.0005 --save "$tmp/w4.h5" --plot '' > "$tmp/g4" 2>&1
+mpi 2 day1/4_mnist_manual_ddp --plot '' > "$tmp/g4b" 2>&1
+if [ "$gpus" -lt 2 ]; then
+    check "step 4 on 2 ranks sharing the GPU says so once: $(grep -o 'share.*' "$tmp/g4b" | head -1)" \
+        test "$(grep -c 'NCCL cannot put two ranks on one GPU' "$tmp/g4b")" -eq 1
+fi
+checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/g4b" | sort -u | wc -l)
+check "step 4 on 2 GPU ranks: $(accuracy "$tmp/g4b")% (CPU $(accuracy "$tmp/c4")%), both ranks end bit-identical" \
+    awk "BEGIN { d = $(accuracy "$tmp/g4b") - $(accuracy "$tmp/c4"); exit !(d < 0.5 && d > -0.5 && $checksums == 1) }"
+
+# Step 6, the DDP library on GPU gradients, takes the steps of step 4.
+mpi 2 day1/6_mnist_ddp --save "$tmp/w6.h5" --plot '' > "$tmp/g6" 2>&1
+same_weights "step 6 == step 4 on the GPU, 2 ranks (DDP buckets through page-locked host copies)" "$tmp/w6.h5" "$tmp/w4.h5" 1e-6
+mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/ddp2.csv" --plot '' > /dev/null 2>&1
+day1/2_mnist_training --no-shuffle --epochs 1 --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
+verdict=$(losses_agree "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
+check "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
+
+# Step 8: lr x W on the GPU lands where it does on the CPU.
+mpi 2 day1/8_mnist_ddp_lr --device cpu --losses "$tmp/c8.csv" --plot '' > /dev/null 2>&1
+mpi 2 day1/8_mnist_ddp_lr --losses "$tmp/g8.csv" --plot '' > /dev/null 2>&1
+check "step 8 on the GPU, 2 ranks: final loss $(final_loss "$tmp/g8.csv"), CPU $(final_loss "$tmp/c8.csv")" \
+    awk "BEGIN { r = $(final_loss "$tmp/g8.csv") / $(final_loss "$tmp/c8.csv"); exit !(r > 0.98 && r < 1.02) }"
+
+# test_profile: MSE, SGD and the profiler's GPU synchronisation.
+mpi 2 day1/test_profile --trace "$tmp/trace.json" > "$tmp/tp" 2>&1
+check "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
+    test -s "$tmp/trace.json" -a "$(grep -c '^step' "$tmp/tp")" -eq 5
+
+# compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
+sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
+if [ -n "$sanitizer" ]; then
+    "$sanitizer" --error-exitcode 9 day1/2_mnist_training --epochs 1 --plot '' > "$tmp/cs" 2>&1
+    status=$?
+    check "compute-sanitizer on step 2 (one epoch), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs")" \
+        grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs"
+else
+    echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
+fi

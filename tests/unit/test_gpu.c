@@ -1,0 +1,279 @@
+// test_gpu.c: every GPU operation against the CPU code that the other unit
+// tests verify (finite differences, a hand-computed Adam, PyTorch's numbers).
+//
+// Each operation runs on the same inputs on both devices, and the GPU's
+// result comes back to be compared: bit for bit where the arithmetic is
+// exactly the same (copies, fills, division, the uint8 -> float gather, the
+// ReLU mask), to a relative tolerance where the order of a sum or a
+// transcendental function (expf, logf) differs (GEMM, softmax, Adam's sqrt).
+//
+// Without a GPU it prints one "SKIP ... (skipped: no GPU)" line and passes;
+// REQUIRE_GPU=1 (make test-gpu) turns that into a failure.
+#define TEST_NAME "test_gpu"
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "dist.h"
+#include "h5.h"
+#include "mnist.h"
+#include "nn.h"
+#include "test.h"
+
+static Rng data_rng;
+
+static void fill_uniform(Tensor *t, float low, float high) {
+    for (size_t i = 0; i < tensor_numel(t); i++) t->data[i] = rng_uniform(&data_rng, low, high);
+}
+
+// A CPU copy of any tensor (the caller frees it).
+static Tensor on_cpu(const Tensor *t) {
+    Tensor host = tensor_zeros(t->rows, t->cols, DEVICE_CPU);
+    tensor_copy(&host, t);
+    return host;
+}
+static Tensor on_gpu(const Tensor *t) {
+    Tensor device = tensor_zeros(t->rows, t->cols, DEVICE_CUDA);
+    tensor_copy(&device, t);
+    return device;
+}
+
+// max |a - b| / (max |b| + tiny): relative to the tensor's scale, which is
+// what a GEMM's rounding error is proportional to.
+static double relative_error(const Tensor *gpu, const Tensor *cpu) {
+    Tensor a = on_cpu(gpu);
+    double worst = 0, scale = 1e-30;
+    for (size_t i = 0; i < tensor_numel(cpu); i++) {
+        worst = fmax(worst, fabs((double)a.data[i] - cpu->data[i]));
+        scale = fmax(scale, fabs(cpu->data[i]));
+    }
+    tensor_free(&a);
+    return worst / scale;
+}
+
+static size_t bits_differ(const Tensor *gpu, const Tensor *cpu) {
+    Tensor a = on_cpu(gpu);
+    size_t differ = 0;
+    for (size_t i = 0; i < tensor_numel(cpu); i++) differ += memcmp(&a.data[i], &cpu->data[i], sizeof(float)) != 0;
+    tensor_free(&a);
+    return differ;
+}
+
+static void test_copies_and_elementwise(void) {
+    Tensor cpu = tensor_zeros(33, 65, DEVICE_CPU);
+    fill_uniform(&cpu, -3, 3);
+    Tensor gpu = on_gpu(&cpu);
+    EXPECT(bits_differ(&gpu, &cpu) == 0, "CPU -> GPU -> CPU copy of [33, 65] is bit-exact");
+
+    tensor_divide(&cpu, 3.0f), tensor_divide(&gpu, 3.0f);
+    EXPECT(bits_differ(&gpu, &cpu) == 0, "tensor_divide by 3 is bit-identical (IEEE division on both)");
+    tensor_scale(&cpu, 0.7f), tensor_scale(&gpu, 0.7f);
+    EXPECT(bits_differ(&gpu, &cpu) == 0, "tensor_scale by 0.7 is bit-identical");
+
+    float back[4] = {0};
+    Tensor row = tensor_zeros(1, 4, DEVICE_CUDA);
+    tensor_from_host(&row, (const float[]){1.5f, -2.0f, 0.0f, 7.25f});
+    tensor_to_host(&row, back);
+    EXPECT(back[0] == 1.5f && back[1] == -2.0f && back[2] == 0.0f && back[3] == 7.25f,
+           "tensor_from_host / tensor_to_host round trip: %g %g %g %g", back[0], back[1], back[2], back[3]);
+    tensor_fill(&row, 0.25f);
+    tensor_to_host(&row, back);
+    EXPECT(back[0] == 0.25f && back[3] == 0.25f, "tensor_fill(0.25) on the GPU: %g .. %g", back[0], back[3]);
+    tensor_free(&row);
+    tensor_free(&cpu);
+    tensor_free(&gpu);
+}
+
+static void test_gemm(void) {
+    const int m = 37, k = 53, n = 29;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            Tensor a = tensor_zeros(ta ? k : m, ta ? m : k, DEVICE_CPU);
+            Tensor b = tensor_zeros(tb ? n : k, tb ? k : n, DEVICE_CPU);
+            Tensor c = tensor_zeros(m, n, DEVICE_CPU);
+            fill_uniform(&a, -1, 1), fill_uniform(&b, -1, 1), fill_uniform(&c, -1, 1);
+            Tensor ga = on_gpu(&a), gb = on_gpu(&b), gc = on_gpu(&c);
+            gemm(ta, tb, 0.5f, &a, &b, 0.75f, &c);
+            gemm(ta, tb, 0.5f, &ga, &gb, 0.75f, &gc);
+            double err = relative_error(&gc, &c);
+            EXPECT(err < 1e-5, "gemm(%s, %s) [%d, %d] x [%d, %d], alpha 0.5, beta 0.75: cuBLAS vs CBLAS, rel err %.1e",
+                   ta ? "T" : "N", tb ? "T" : "N", m, k, k, n, err);
+            tensor_free(&a), tensor_free(&b), tensor_free(&c);
+            tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
+        }
+
+    Tensor x = tensor_zeros(300, 17, DEVICE_CPU), sums = tensor_zeros(1, 17, DEVICE_CPU);
+    fill_uniform(&x, -1, 1), fill_uniform(&sums, -1, 1);
+    Tensor gx = on_gpu(&x), gsums = on_gpu(&sums);
+    add_sum_over_rows(&x, &sums);
+    add_sum_over_rows(&gx, &gsums);
+    double err = relative_error(&gsums, &sums);
+    EXPECT(err < 1e-5, "add_sum_over_rows of [300, 17] (bias gradient, cuBLAS gemv): rel err %.1e", err);
+    tensor_free(&x), tensor_free(&sums), tensor_free(&gx), tensor_free(&gsums);
+}
+
+// Two copies of one model, one per device, drawn from the same seed.
+typedef struct {
+    Mlp cpu, gpu;
+} Twins;
+
+static Twins twins(const int *sizes, int n_sizes, int batch, uint64_t seed) {
+    Twins t;
+    Rng rng;
+    rng_seed(&rng, seed);
+    t.cpu = mlp_new(sizes, n_sizes, batch, &rng, DEVICE_CPU);
+    rng_seed(&rng, seed);
+    t.gpu = mlp_new(sizes, n_sizes, batch, &rng, DEVICE_CUDA);
+    return t;
+}
+
+static double worst_param_error(const Twins *t, bool grads) {
+    double worst = 0;
+    for (int i = 0; i < t->cpu.n_params; i++) {
+        const Param *c = &t->cpu.params[i], *g = &t->gpu.params[i];
+        worst = fmax(worst, relative_error(grads ? g->grad : g->value, grads ? c->grad : c->value));
+    }
+    return worst;
+}
+
+static void test_mlp_cross_entropy_adam(void) {
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES}, batch = 500;
+    Twins t = twins(sizes, 3, batch, 7);
+    EXPECT(params_checksum(t.cpu.params, t.cpu.n_params) == params_checksum(t.gpu.params, t.gpu.n_params),
+           "the same seed draws bit-identical weights on either device (drawn on the host)");
+
+    Tensor x = tensor_zeros(batch, MNIST_PIXELS, DEVICE_CPU);
+    fill_uniform(&x, 0, 1);
+    Tensor gx = on_gpu(&x);
+    int labels[500];
+    for (int r = 0; r < batch; r++) labels[r] = (int)rng_uniform(&data_rng, 0, 10) % 10;
+
+    Adam adam_cpu = adam_new(t.cpu.params, t.cpu.n_params, 1e-3);
+    Adam adam_gpu = adam_new(t.gpu.params, t.gpu.n_params, 1e-3);
+    double worst_logits = 0, worst_loss = 0, worst_grad = 0;
+    for (int step = 0; step < 5; step++) {
+        mlp_zero_grad(&t.cpu), mlp_zero_grad(&t.gpu);
+        const Tensor *logits_cpu = mlp_forward(&t.cpu, &x);
+        const Tensor *logits_gpu = mlp_forward(&t.gpu, &gx);
+        worst_logits = fmax(worst_logits, relative_error(logits_gpu, logits_cpu));
+        float loss_cpu = mlp_loss(&t.cpu, labels), loss_gpu = mlp_loss(&t.gpu, labels);
+        worst_loss = fmax(worst_loss, fabs(loss_gpu - loss_cpu) / loss_cpu);
+        mlp_backward(&t.cpu, &x, NULL, NULL), mlp_backward(&t.gpu, &gx, NULL, NULL);
+        worst_grad = fmax(worst_grad, worst_param_error(&t, true));
+        adam_step(&adam_cpu), adam_step(&adam_gpu);
+    }
+    EXPECT(worst_logits < 1e-4, "MLP 784-128-10 forward, 5 Adam steps: logits rel err %.1e", worst_logits);
+    EXPECT(worst_loss < 1e-5, "cross-entropy loss (fused softmax kernel + fixed-order sum): rel err %.1e", worst_loss);
+    EXPECT(worst_grad < 1e-4, "gradients of every parameter (bias + ReLU, GEMMs, gemv): rel err %.1e", worst_grad);
+    double worst_weights = worst_param_error(&t, false);
+    EXPECT(worst_weights < 1e-4, "weights after 5 Adam steps: rel err %.1e", worst_weights);
+
+    double acc_cpu = mlp_accuracy(&t.cpu, &x, labels), acc_gpu = mlp_accuracy(&t.gpu, &gx, labels);
+    EXPECT(fabs(acc_cpu - acc_gpu) <= 2.0 / batch, "mlp_accuracy (argmax kernel): %.3f on the CPU, %.3f on the GPU",
+           acc_cpu, acc_gpu);
+
+    // Gradient accumulation: (loss * 0.5).backward() twice is one backward.
+    mlp_zero_grad(&t.cpu), mlp_zero_grad(&t.gpu);
+    for (int twice = 0; twice < 2; twice++) {
+        mlp_forward(&t.cpu, &x), mlp_forward(&t.gpu, &gx);
+        mlp_loss(&t.cpu, labels), mlp_loss(&t.gpu, labels);
+        mlp_scale_loss(&t.cpu, 0.5f), mlp_scale_loss(&t.gpu, 0.5f);
+        mlp_backward(&t.cpu, &x, NULL, NULL), mlp_backward(&t.gpu, &gx, NULL, NULL);
+    }
+    double worst_accumulated = worst_param_error(&t, true);
+    EXPECT(worst_accumulated < 1e-4, "mlp_scale_loss and accumulated gradients: rel err %.1e", worst_accumulated);
+
+    // A checkpoint written from the GPU loads into a CPU model bit for bit.
+    h5_save_params("/tmp/test_gpu_weights.h5", t.gpu.params, t.gpu.n_params);
+    Rng other;
+    rng_seed(&other, 99);
+    Mlp loaded = mlp_new(sizes, 3, batch, &other, DEVICE_CPU);
+    h5_load_params("/tmp/test_gpu_weights.h5", loaded.params, loaded.n_params);
+    EXPECT(params_checksum(loaded.params, loaded.n_params) == params_checksum(t.gpu.params, t.gpu.n_params),
+           "h5_save_params from GPU tensors, h5_load_params into CPU ones: bit-identical");
+    remove("/tmp/test_gpu_weights.h5");
+
+    mlp_free(&loaded);
+    adam_free(&adam_cpu), adam_free(&adam_gpu);
+    mlp_free(&t.cpu), mlp_free(&t.gpu);
+    tensor_free(&x), tensor_free(&gx);
+}
+
+static void test_mlp_mse_sgd(void) {
+    const int sizes[] = {64, 96, 32}, batch = 40;
+    Twins t = twins(sizes, 3, batch, 11);
+    Tensor x = tensor_zeros(batch, 64, DEVICE_CPU), target = tensor_zeros(batch, 32, DEVICE_CPU);
+    fill_uniform(&x, -2, 2), fill_uniform(&target, -1, 1);
+    Tensor gx = on_gpu(&x), gtarget = on_gpu(&target);
+    double worst_loss = 0;
+    for (int step = 0; step < 3; step++) {
+        mlp_zero_grad(&t.cpu), mlp_zero_grad(&t.gpu);
+        mlp_forward(&t.cpu, &x), mlp_forward(&t.gpu, &gx);
+        float loss_cpu = mlp_mse_loss(&t.cpu, &target), loss_gpu = mlp_mse_loss(&t.gpu, &gtarget);
+        worst_loss = fmax(worst_loss, fabs(loss_gpu - loss_cpu) / loss_cpu);
+        mlp_backward(&t.cpu, &x, NULL, NULL), mlp_backward(&t.gpu, &gx, NULL, NULL);
+        sgd_step(t.cpu.params, t.cpu.n_params, 0.01), sgd_step(t.gpu.params, t.gpu.n_params, 0.01);
+    }
+    EXPECT(worst_loss < 1e-5, "MSE loss (test_profile's), 3 SGD steps: rel err %.1e", worst_loss);
+    double worst_weights = worst_param_error(&t, false);
+    EXPECT(worst_weights < 1e-5, "weights after 3 SGD steps: rel err %.1e", worst_weights);
+    mlp_free(&t.cpu), mlp_free(&t.gpu);
+    tensor_free(&x), tensor_free(&target), tensor_free(&gx), tensor_free(&gtarget);
+}
+
+static void test_gather(void) {
+    // A small data set of random pixels: the GPU gathers from its uint8 copy.
+    MnistSplit split = {.n = 50};
+    split.images = xmalloc((size_t)split.n * MNIST_PIXELS);
+    split.labels = xmalloc((size_t)split.n * sizeof(int));
+    for (size_t i = 0; i < (size_t)split.n * MNIST_PIXELS; i++)
+        split.images[i] = (uint8_t)((int)rng_uniform(&data_rng, 0, 256) & 255);
+    for (int i = 0; i < split.n; i++) split.labels[i] = i % 10;
+    DistributedSampler sampler = sampler_new(split.n, 1, 0, true, 3);
+    Tensor cpu_buffer = tensor_zeros(16, MNIST_PIXELS, DEVICE_CPU);
+    Tensor gpu_buffer = tensor_zeros(16, MNIST_PIXELS, DEVICE_CUDA);
+    int labels_cpu[16], labels_gpu[16];
+    size_t differ = 0, wrong_labels = 0;
+    for (int b = 0; b < sampler_num_batches(&sampler, 16); b++) {  // 16, 16, 16 and a partial 2
+        Tensor xc = mnist_batch(&split, &sampler, b, 16, &cpu_buffer, labels_cpu);
+        Tensor xg = mnist_batch(&split, &sampler, b, 16, &gpu_buffer, labels_gpu);
+        differ += bits_differ(&xg, &xc) + (size_t)(xg.rows != xc.rows);
+        for (int r = 0; r < xc.rows; r++) wrong_labels += labels_cpu[r] != labels_gpu[r];
+    }
+    EXPECT(differ == 0 && wrong_labels == 0,
+           "mnist_batch gathered on the GPU (uint8 / 255) equals the CPU's bit for bit: %zu pixels, %zu labels differ",
+           differ, wrong_labels);
+    tensor_free(&cpu_buffer), tensor_free(&gpu_buffer);
+    sampler_free(&sampler);
+    mnist_free(&split);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+#if HAVE_CUDA
+    // The binaries do not link cuBLAS; cublas_loader.c opens it on first use.
+    // Asking it for a string needs no GPU, so this runs everywhere.
+    const char *status = cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT(status && strstr(status, "not initialized"),
+           "cuBLAS is opened on first use (dlopen) and answers: \"%s\"", status ? status : "(null)");
+#endif
+    const char *require = getenv("REQUIRE_GPU");
+    if (device_gpu_count() == 0) {
+        if (require && strcmp(require, "1") == 0) EXPECT(0, "GPU kernels against the CPU: REQUIRE_GPU=1, but no GPU");
+        else printf("SKIP %s: GPU kernels against the CPU (skipped: no GPU)\n", TEST_NAME);
+        dist_finalize();
+        return test_summary();
+    }
+    Device device = device_from_flag("cuda");
+    printf("(%s)\n", device_name(device));
+    rng_seed(&data_rng, 2024);
+    test_copies_and_elementwise();
+    test_gemm();
+    test_mlp_cross_entropy_adam();
+    test_mlp_mse_sgd();
+    test_gather();
+    dist_finalize();
+    return test_summary();
+}
