@@ -176,7 +176,7 @@ test: all
 # GPU, compute-sanitizer. Unlike `make test`, no GPU here is a failure.
 test-gpu: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
-	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh tests/test_gpu.sh
+	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh build/tests/test_gpu tests/test_gpu.sh
 
 clean:
 	rm -rf $(BUILD) $(DAY1) $(DAY2) day1/1_dist_allreduce_gpu
