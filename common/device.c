@@ -11,6 +11,7 @@ static Device g_device = DEVICE_CPU;
 static char g_name[300] = "cpu";
 
 #if HAVE_CUDA
+static bool g_pinned_host;        // device_host_alloc gives page-locked memory (from the GPU's choice on)
 static int g_gpu = -1;            // the CUDA device index of this rank
 static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, in order
 static cublasHandle_t g_cublas;
@@ -44,9 +45,32 @@ static int max_over_ranks(int x) {
     return x;
 }
 
+int device_local_gpu(void) {
+    int gpus = device_gpu_count();
+    return gpus > 0 ? dist_local_rank() % gpus : -1;
+}
+
+bool device_gpus_shared(int gpu) {
 #if HAVE_CUDA
-static void use_gpu(int gpus) {
-    g_gpu = dist_local_rank() % gpus;
+    enum { NAME = 160 };
+    char mine[NAME] = "", *all = xcalloc((size_t)dist_world_size(), NAME);
+    int len = snprintf(mine, NAME, "%s/", dist_hostname());
+    CHECK_CUDA(cudaDeviceGetPCIBusId(mine + len, NAME - len, gpu));
+    CHECK_MPI(MPI_Allgather(mine, NAME, MPI_CHAR, all, NAME, MPI_CHAR, MPI_COMM_WORLD));
+    bool shared = false;
+    for (int i = 0; i < dist_world_size() && !shared; i++)
+        for (int j = i + 1; j < dist_world_size() && !shared; j++) shared = strcmp(all + i * NAME, all + j * NAME) == 0;
+    free(all);
+    return shared;
+#else
+    (void)gpu;
+    return false;
+#endif
+}
+
+#if HAVE_CUDA
+static void use_gpu(void) {
+    g_gpu = device_local_gpu();
     CHECK_CUDA(cudaSetDevice(g_gpu));
     // A blocking stream: should anything use the legacy default stream (a
     // plain cudaMemcpy, cudaFree), it still waits for our queued work.
@@ -61,6 +85,7 @@ static void use_gpu(int gpus) {
     CHECK_CUDA(cudaGetDeviceProperties(&prop, g_gpu));
     snprintf(g_name, sizeof g_name, "cuda:%d (%s)", g_gpu, prop.name);
     g_device = DEVICE_CUDA;
+    g_pinned_host = true;
 }
 #endif
 
@@ -87,11 +112,10 @@ Device device_from_flag(const char *flag) {
         return g_device = DEVICE_CPU;
     }
 #if HAVE_CUDA
-    use_gpu(gpus);
-    // NCCL needs one GPU per rank. Where a node has more ranks than GPUs,
-    // fall back to MPI on host copies, on every rank alike.
-    bool shared = max_over_ranks(dist_local_world_size() > gpus);
-    if (shared) {
+    use_gpu();
+    // NCCL needs one GPU per rank. Where ranks share one, fall back to MPI on
+    // host copies, on every rank alike.
+    if (device_gpus_shared(g_gpu)) {
         print0("device: %d ranks share %d GPU%s on %s; NCCL cannot put two ranks on one GPU, so collectives "
                "go through MPI on host copies\n",
                dist_local_world_size(), gpus, gpus == 1 ? "" : "s", dist_hostname());
@@ -119,11 +143,11 @@ void device_bind_thread(void) {
 
 void device_release(void) {
 #if HAVE_CUDA
-    if (g_device != DEVICE_CUDA) return;
+    if (g_device != DEVICE_CUDA || !g_cublas) return;
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));
-    g_device = DEVICE_CPU;
+    g_cublas = NULL;
 #endif
 }
 
@@ -150,7 +174,7 @@ void device_free(void *pointer) {
 
 void *device_host_alloc(size_t bytes) {
 #if HAVE_CUDA
-    if (g_device == DEVICE_CUDA) {
+    if (g_pinned_host) {
         void *pointer = NULL;
         CHECK_CUDA(cudaMallocHost(&pointer, bytes ? bytes : 1));
         return pointer;
@@ -161,7 +185,7 @@ void *device_host_alloc(size_t bytes) {
 
 void device_host_free(void *pointer) {
 #if HAVE_CUDA
-    if (g_device == DEVICE_CUDA) {
+    if (g_pinned_host) {
         if (pointer) CHECK_CUDA(cudaFreeHost(pointer));
         return;
     }

@@ -32,6 +32,12 @@ const char *device_name(Device device);
 // CUDA devices this process can use: 0 in a build without CUDA, without a
 // driver, or without a GPU. Never fails.
 int device_gpu_count(void);
+// The GPU this rank takes: local rank mod the GPUs it can see.
+int device_local_gpu(void);
+// Does any GPU serve two ranks? Collective; the same answer on every rank.
+// It compares the GPUs' node and PCI address, not counts: under Slurm each
+// rank may see only its own GPU (CUDA_VISIBLE_DEVICES), as GPU 0.
+bool device_gpus_shared(int gpu);
 
 // Wait until the GPU has finished all queued work (nothing to do on the CPU).
 void device_synchronize(void);

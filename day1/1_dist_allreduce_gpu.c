@@ -45,7 +45,7 @@
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
-    int count = 1, iterations = 20;
+    int count = 1, iterations = 20, status = 0;
     ArgSpec flags[] = {
         {"count", ARG_INT, &count, "N", "floats per rank; N > 1 verifies every element and measures bandwidth", 1, NULL},
         {"iters", ARG_INT, &iterations, "N", "timed allreduces, after one warm-up (--count N > 1 only)", 1, NULL},
@@ -53,16 +53,17 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 1: allreduce (sum, then mean) across GPUs with NCCL.");
     int rank = dist_rank(), world = dist_world_size();
 
-    // 1. A GPU per rank.
+    // 1. A GPU per rank: local rank mod the GPUs this rank sees, and no GPU
+    //    taken twice (compared by PCI address: see device.h).
     int gpus = device_gpu_count();
     check_all_ranks(gpus > 0, "no CUDA device: run step 0, or use a GPU node");
+    int gpu = device_local_gpu();
     char message[200];
     snprintf(message, sizeof message,
              "%d ranks on %s share %d GPU%s, and NCCL needs a GPU per rank: run at most %d rank%s per node "
              "(or step 0 on CPUs)",
              dist_local_world_size(), dist_hostname(), gpus, gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
-    check_all_ranks(dist_local_world_size() <= gpus, message);
-    int gpu = dist_local_rank();
+    check_all_ranks(!device_gpus_shared(gpu), message);
     CHECK_CUDA(cudaSetDevice(gpu));
     struct cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu));
@@ -135,15 +136,11 @@ int main(int argc, char **argv) {
         CHECK_CUDA(cudaFree(send));
         CHECK_CUDA(cudaFree(recv));
         free(values);
-        if (wrong_anywhere != 0) {
-            CHECK_NCCL(ncclCommDestroy(comm));
-            dist_finalize();
-            return 1;
-        }
+        if (wrong_anywhere != 0) status = 1;
     }
 
     CHECK_NCCL(ncclCommDestroy(comm));
     CHECK_CUDA(cudaStreamDestroy(stream));
     dist_finalize();
-    return 0;
+    return status;
 }

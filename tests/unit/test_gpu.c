@@ -162,13 +162,18 @@ static void test_mlp_cross_entropy_adam(void) {
         worst_loss = fmax(worst_loss, fabs(loss_gpu - loss_cpu) / loss_cpu);
         mlp_backward(&t.cpu, &x, NULL, NULL), mlp_backward(&t.gpu, &gx, NULL, NULL);
         worst_grad = fmax(worst_grad, worst_param_error(&t, true));
+        // Adam divides by sqrt(v) + 1e-8: a gradient of 1e-8 that differs in
+        // its last bits between cuBLAS and OpenBLAS moves its weight by a
+        // different ~lr. So both optimizers get the CPU's gradients, and the
+        // weights compare the Adam kernels, not the GEMMs' rounding.
+        for (int i = 0; i < t.cpu.n_params; i++) tensor_copy(t.gpu.params[i].grad, t.cpu.params[i].grad);
         adam_step(&adam_cpu), adam_step(&adam_gpu);
     }
     EXPECT(worst_logits < 1e-4, "MLP 784-128-10 forward, 5 Adam steps: logits rel err %.1e", worst_logits);
     EXPECT(worst_loss < 1e-5, "cross-entropy loss (fused softmax kernel + fixed-order sum): rel err %.1e", worst_loss);
     EXPECT(worst_grad < 1e-4, "gradients of every parameter (bias + ReLU, GEMMs, gemv): rel err %.1e", worst_grad);
     double worst_weights = worst_param_error(&t, false);
-    EXPECT(worst_weights < 1e-4, "weights after 5 Adam steps: rel err %.1e", worst_weights);
+    EXPECT(worst_weights < 1e-5, "weights after 5 Adam steps from the same gradients: rel err %.1e", worst_weights);
 
     double acc_cpu = mlp_accuracy(&t.cpu, &x, labels), acc_gpu = mlp_accuracy(&t.gpu, &gx, labels);
     EXPECT(fabs(acc_cpu - acc_gpu) <= 2.0 / batch, "mlp_accuracy (argmax kernel): %.3f on the CPU, %.3f on the GPU",
