@@ -195,15 +195,28 @@ static void unpack_bucket(Ddp *ddp, DdpBucket *bucket) {
 #endif
 }
 
+// Communication time: the union of the buckets' [start, done] intervals
+// (started in order, so a running maximum merges them). The part of it before
+// backward ended ran while backward computed: hidden. Called for each bucket
+// of a step, in order, from *covered_until = 0.
+static void account_bucket(Ddp *ddp, double start, double done, double backward_end, double *covered_until) {
+    double from = start > *covered_until ? start : *covered_until;
+    if (done > from) {
+        double hidden_until = done < backward_end ? done : backward_end;
+        ddp->comm_seconds += done - from;
+        ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
+        *covered_until = done;
+    }
+}
+
 #if HAVE_CUDA
 // NCCL's statistics, read off the GPU's timeline once a step's events have
-// happened: the same union of bucket intervals as on the host (below), with
-// the end of backward on the compute stream as the boundary of "hidden".
+// happened, with the end of backward on the compute stream as the boundary
+// of "hidden". Times are seconds since the step's first bucket was packed.
 static void account_nccl_step(Ddp *ddp) {
     if (!ddp->timing_pending) return;
     ddp->timing_pending = false;
     float backward_end_ms = 0, from_ms = 0, to_ms = 0;
-    CHECK_CUDA(cudaEventSynchronize(ddp->buckets[ddp->n_buckets - 1].comm_done));
     CHECK_CUDA(cudaEventSynchronize(ddp->backward_end));
     CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, ddp->step_start, ddp->backward_end));
     double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
@@ -211,27 +224,20 @@ static void account_nccl_step(Ddp *ddp) {
         CHECK_CUDA(cudaEventSynchronize(ddp->buckets[b].comm_done));
         CHECK_CUDA(cudaEventElapsedTime(&from_ms, ddp->step_start, ddp->buckets[b].comm_start));
         CHECK_CUDA(cudaEventElapsedTime(&to_ms, ddp->step_start, ddp->buckets[b].comm_done));
-        double from = 1e-3 * from_ms > covered_until ? 1e-3 * from_ms : covered_until, to = 1e-3 * to_ms;
-        if (to > from) {
-            double hidden_until = to < backward_end ? to : backward_end;
-            ddp->comm_seconds += to - from;
-            ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
-            covered_until = to;
-        }
-        last_done = to > last_done ? to : last_done;
+        account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
+        last_done = 1e-3 * to_ms > last_done ? 1e-3 * to_ms : last_done;
     }
     ddp->wait_seconds += last_done > backward_end ? last_done - backward_end : 0;  // the compute stream's wait
 }
 
 // Queue the bucket's allreduce on the communication stream, behind its packing.
-static void start_bucket_nccl(Ddp *ddp, DdpBucket *bucket) {
+static void start_bucket_nccl(DdpBucket *bucket) {
     cudaStream_t comm = dist_comm_stream();
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
     CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, bucket->count, ncclFloat, ncclSum,
                              dist_nccl_comm(), comm));
     CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
-    (void)ddp;
 }
 #endif
 
@@ -250,7 +256,7 @@ void ddp_grad_ready(void *context, int index) {
             CHECK_CUDA(cudaEventRecord(ddp->step_start, device_stream()));
         }
         pack_bucket(ddp, bucket);
-        start_bucket_nccl(ddp, bucket);
+        start_bucket_nccl(bucket);
         return;
     }
 #endif
@@ -301,20 +307,11 @@ void ddp_finish(Ddp *ddp) {
     }
     double wait_end = wall_seconds();
 
-    // Communication time: the union of the buckets' [start, done] intervals
-    // (started in order, so a running maximum merges them). The part of it
-    // before ddp_finish was entered ran while backward computed: hidden.
+    // Backward was over when ddp_finish was entered.
     double covered_until = 0;
     for (int b = 0; b < ddp->n_buckets; b++) {
         DdpBucket *bucket = &ddp->buckets[b];
-        double from = bucket->start_time > covered_until ? bucket->start_time : covered_until;
-        double to = bucket->done_time;
-        if (to > from) {
-            double hidden_until = to < wait_start ? to : wait_start;
-            ddp->comm_seconds += to - from;
-            ddp->hidden_seconds += hidden_until > from ? hidden_until - from : 0;
-            covered_until = to;
-        }
+        account_bucket(ddp, bucket->start_time, bucket->done_time, wait_start, &covered_until);
         unpack_bucket(ddp, bucket);
         bucket->pending = bucket->n_params;
         bucket->started = bucket->completed = false;
