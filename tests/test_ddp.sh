@@ -3,6 +3,7 @@
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -10,12 +11,6 @@ trap 'rm -rf "$tmp"' EXIT
 pass() { echo "PASS ddp: $*"; }
 fail() { echo "FAIL ddp: $*"; }
 mpi() { local np=$1; shift; timeout 120 $MPIRUN -np "$np" "$@"; }
-# same_weights WHAT A.h5 B.h5 TOLERANCE
-same_weights() {
-    local verdict
-    verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
-    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
-}
 final_loss() { tail -1 "$1" | cut -d, -f3; }
 
 # ---------------------------------------------------------------- 6 == 4
@@ -47,9 +42,7 @@ done
 # ---------------------------------------------------------------- no_sync / accumulation
 mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 2 --batch_size 1600 --accum_steps 4 --losses "$tmp/accum.csv" --save "$tmp/accum.h5" --plot '' > /dev/null 2>&1
 mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 2 --batch_size 6400 --losses "$tmp/big.csv" --save "$tmp/big.h5" --plot '' > /dev/null 2>&1
-verdict=$(awk -F, 'NR == FNR { a[FNR] = $3; n = FNR; next }
-    FNR > 1 { d = ($3 - a[FNR]) / a[FNR]; if (d < 0) d = -d; if (d > worst) worst = d; m = FNR }
-    END { printf "%d vs %d steps, worst relative loss difference %.1e", n - 1, m - 1, worst; exit !(n == m && n > 1 && worst <= 1e-5) }' "$tmp/accum.csv" "$tmp/big.csv")
+verdict=$(same_losses "$tmp/accum.csv" "$tmp/big.csv" 1e-5)
 if [ $? -eq 0 ]; then pass "--accum_steps 4 x batch 1600 == batch 6400 on 2 ranks: $verdict"; else fail "--accum_steps 4 x batch 1600 vs batch 6400: $verdict"; fi
 same_weights "--accum_steps 4 x batch 1600 ends with the weights of batch 6400" "$tmp/accum.h5" "$tmp/big.h5" 1e-5
 

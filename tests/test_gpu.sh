@@ -10,6 +10,7 @@
 # under REQUIRE_GPU=1 (make test-gpu).
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -21,17 +22,6 @@ mpi() { local np=$1; shift; timeout 300 $MPIRUN -np "$np" "$@"; }
 no_gpu() { CUDA_VISIBLE_DEVICES= "$@"; }  # the same binaries, with every GPU hidden
 accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
 final_loss() { tail -1 "$1" | cut -d, -f3; }
-# Per-step losses of two CSV logs within a relative tolerance: "WORST STEPS" or fails.
-losses_agree() {
-    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
-        FNR > 1 { d = ($3 - a[FNR]) / a[FNR]; if (d < 0) d = -d; if (d > worst) worst = d; m = FNR }
-        END { printf "worst relative difference %.1e over %d steps", worst, m - 1; exit !(n == m && n > 1 && worst <= tol) }' "$1" "$2"
-}
-same_weights() {
-    local verdict
-    verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
-    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
-}
 
 # ---------------------------------------------------------------- without a GPU
 if [ -x day1/1_dist_allreduce_gpu ]; then
@@ -119,7 +109,7 @@ fi
 day1/2_mnist_training --device cpu --epochs 1 --save "$tmp/init.h5" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --device cpu --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/cpu.csv" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --device cuda --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/gpu.csv" --plot '' > "$tmp/g" 2>&1
-verdict=$(losses_agree "$tmp/cpu.csv" "$tmp/gpu.csv" 1e-3)
+verdict=$(same_losses "$tmp/cpu.csv" "$tmp/gpu.csv" 1e-3)
 check "CPU and GPU per-step losses from the same --init, --no-shuffle, one epoch: $verdict" test $? -eq 0
 grep -q '; cuda:' "$tmp/g" || fail "step 2 --device cuda does not say it runs on the GPU: $(head -1 "$tmp/g")"
 
@@ -146,7 +136,7 @@ mpi 2 day1/6_mnist_ddp --save "$tmp/w6.h5" --plot '' > "$tmp/g6" 2>&1
 same_weights "step 6 == step 4 on the GPU, 2 ranks (DDP buckets through page-locked host copies)" "$tmp/w6.h5" "$tmp/w4.h5" 1e-6
 mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/ddp2.csv" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --no-shuffle --epochs 1 --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
-verdict=$(losses_agree "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
+verdict=$(same_losses "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
 check "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
 
 # Step 8: lr x W on the GPU lands where it does on the CPU.

@@ -10,6 +10,7 @@
 #   - memory: step 11 holds batches, not the data set.
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -29,16 +30,10 @@ have_h5py=0
 "$PYTHON" -c 'import h5py, numpy' 2> /dev/null && have_h5py=1
 no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
 
-# same_losses A.csv B.csv TOLERANCE: per-step losses within a relative tolerance;
-# prints the worst difference on stderr.
-same_losses() {
-    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
-        FNR > 1 { d = $3 - a[FNR]; if (d < 0) d = -d; r = d / a[FNR]; if (r > worst) worst = r; m = FNR }
-        END { printf "worst relative difference %.1e over %d steps", worst, m - 1 > "/dev/stderr"; exit !(m == n && n > 1 && worst <= tol) }' "$1" "$2"
-}
+# A PASS or FAIL line from same_losses (tests/lib.sh).
 expect_same_losses() {  # what, A, B, tolerance
     local verdict
-    verdict=$(same_losses "$2" "$3" "$4" 2>&1)
+    verdict=$(same_losses "$2" "$3" "$4")
     if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
 }
 

@@ -3,6 +3,7 @@
 # Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
 tmp=$(mktemp -d)
@@ -57,17 +58,13 @@ for np in 2 4; do
 done
 
 # DDP on W ranks with batch B == one process with batch W*B (no shuffle, same lr).
-same_losses() {  # CSV A, CSV B, relative tolerance
-    awk -F, -v tol="$3" 'NR == FNR { a[FNR] = $3; n = FNR; next }
-        FNR > 1 { d = $3 - a[FNR]; if (d < 0) d = -d; r = d / a[FNR]; if (r > worst) worst = r; m = FNR }
-        END { printf "worst relative difference %.2e over %d steps\n", worst, m - 1 > "/dev/stderr"; exit !(m == n && n > 1 && worst <= tol) }' "$1" "$2"
-}
 for np in 2 4; do
     batch=$((6400 / np))
     mpi $np day1/4_mnist_manual_ddp --no-shuffle --epochs 2 --batch_size $batch --lr 0.001 --losses "$tmp/ddp$np.csv" --plot '' > /dev/null 2>&1
     run day1/2_mnist_training --no-shuffle --epochs 2 --batch_size 6400 --lr "0.00$np" --losses "$tmp/single$np.csv" --plot '' > /dev/null 2>&1
-    expect "step 4 on $np ranks x batch $batch == step 2 with batch 6400: per-step losses within 1e-4 ($(same_losses "$tmp/ddp$np.csv" "$tmp/single$np.csv" 1e-4 2>&1 >/dev/null))" \
-        same_losses "$tmp/ddp$np.csv" "$tmp/single$np.csv" 1e-4 2> /dev/null
+    verdict=$(same_losses "$tmp/ddp$np.csv" "$tmp/single$np.csv" 1e-4)
+    expect "step 4 on $np ranks x batch $batch == step 2 with batch 6400: per-step losses within 1e-4 ($verdict)" \
+        test $? -eq 0
 done
 
 # ---------------------------------------------------------------- bad input
