@@ -127,7 +127,6 @@ Device device_from_flag(const char *flag) {
 }
 
 const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
-bool device_is_gpu(void) { return g_device == DEVICE_CUDA; }
 
 void device_synchronize(void) {
 #if HAVE_CUDA

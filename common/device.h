@@ -41,8 +41,6 @@ bool device_gpus_shared(int gpu);
 
 // Wait until the GPU has finished all queued work (nothing to do on the CPU).
 void device_synchronize(void);
-// Is the compute device a GPU? (After device_from_flag.)
-bool device_is_gpu(void);
 // A thread other than main() that calls CUDA must first bind to our GPU.
 void device_bind_thread(void);
 // Release the stream and the cuBLAS handle (dist_finalize calls it).
