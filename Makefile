@@ -8,7 +8,7 @@
 #   make test-gpu   the GPU tests alone; fails where there is no GPU
 #   make clean
 #
-# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, CUDA_HOME, CUDA=0|1, CUDA_ARCH,
+# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, OPENMP, CUDA_HOME, CUDA=0|1, CUDA_ARCH,
 # NVTX=0|1, CFLAGS_EXTRA, SANITIZE=1.
 
 MPICC     ?= mpicc
@@ -16,6 +16,9 @@ CUDA_HOME ?= /usr/local/cuda
 BLAS_LIBS ?= -lopenblas
 BLAS_CFLAGS ?=
 OPT       ?= -O3
+# OpenMP: every loop of a training step runs on the rank's threads (gcc's
+# libgomp). OPENMP= builds without it: one thread per rank, the same results.
+OPENMP    ?= -fopenmp
 CFLAGS_EXTRA ?=
 
 # ---------------------------------------------------------------- detection
@@ -67,8 +70,10 @@ MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(H
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
 
 # ---------------------------------------------------------------- flags
-CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Wshadow -Icommon \
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
           $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
+LDFLAGS = $(OPENMP)
+CFLAGS += $(if $(OPENMP),,-Wno-unknown-pragmas)
 LDLIBS  = $(BLAS_LIBS) $(HDF5_LIBS) $(PNG_LIBS) $(ZLIB_LIBS) -lpthread -lm
 ifeq ($(NVTX),1)
 CFLAGS  += -DHAVE_NVTX -isystem $(CUDA_HOME)/include

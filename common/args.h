@@ -45,6 +45,7 @@ typedef struct {
     const char *losses;  // CSV "step,epoch,loss", one line per optimizer step (rank 0)
     const char *plot;    // loss-curve PNG
     const char *device;  // cpu | cuda | auto
+    int threads;         // CPU threads of this rank; 0: its share of the node's cores
 } TrainOptions;
 
 // The workshop's defaults: MLP trained with Adam (lr 1e-3), batch 6400, 5 epochs.
@@ -63,4 +64,5 @@ typedef struct {
     {"save", ARG_STRING, &(o).save, "FILE.h5", "write the final weights", 0, NULL},               \
     {"losses", ARG_STRING, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
     {"plot", ARG_STRING, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
-    {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}
+    {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
+    {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}

@@ -176,7 +176,9 @@ static void unpack_bucket(Ddp *ddp, DdpBucket *bucket) {
         const float *in = bucket->buffer;
         for (int i = bucket->first_param; i < bucket->first_param + bucket->n_params; i++) {
             float *grad = ddp->params[i].grad->data;
-            for (size_t k = 0, n = tensor_numel(ddp->params[i].grad); k < n; k++) grad[k] = in[k] / divisor;
+            size_t n = tensor_numel(ddp->params[i].grad);
+#pragma omp parallel for
+            for (size_t k = 0; k < n; k++) grad[k] = in[k] / divisor;
             in += tensor_numel(ddp->params[i].grad);
         }
         return;

@@ -1,10 +1,8 @@
 // dist.c: process group on MPI. See dist.h.
 #include "dist.h"
 
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "profile.h"
@@ -168,24 +166,6 @@ void dist_broadcast_tensor(Tensor *t, int root) {
     dist_broadcast(host, tensor_numel(t), root);
     tensor_from_host(t, host);
 #endif
-}
-
-// OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
-// so the count must be set through its API. Weak, so that another CBLAS
-// (BLAS_LIBS=...) still links; it then keeps its own threading.
-extern void openblas_set_num_threads(int) __attribute__((weak));
-
-int dist_set_blas_threads(void) {
-    cpu_set_t allowed;
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    // mpirun and Slurm may bind us to a subset of the cores: respect it.
-    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) cores = CPU_COUNT(&allowed);
-    int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    int fair_share = online / g_local_world;
-    int threads = cores < fair_share ? cores : fair_share;
-    if (threads < 1) threads = 1;
-    if (openblas_set_num_threads) openblas_set_num_threads(threads);
-    return threads;
 }
 
 static void print_line(const char *prefix, const char *fmt, va_list ap) {

@@ -50,10 +50,5 @@ ncclComm_t dist_nccl_comm(void);
 cudaStream_t dist_comm_stream(void);
 #endif
 
-// BLAS threads for this rank: the cores this process may run on, shared
-// fairly among the ranks of the node, so that 4 ranks on 2 cores do not
-// start 4 x 2 threads. Returns the number it set.
-int dist_set_blas_threads(void);
-
 __attribute__((format(printf, 1, 2))) void print0(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void print_rank(const char *fmt, ...);

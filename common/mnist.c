@@ -235,7 +235,15 @@ void mnist_gather(MnistSplit *split, const int *indices, int rows, Tensor *image
         for (int r = 0; r < rows; r++) labels[r] = split->labels[indices[r]];
         return;
     }
+    // The rows are scattered over the 47 MB of pixels: without help, each one
+    // waits for memory. Ask for the row a few ahead while converting this one.
+    enum { AHEAD = 4, CACHE_LINE = 64 };
+#pragma omp parallel for
     for (int r = 0; r < rows; r++) {
+        if (r + AHEAD < rows) {
+            const uint8_t *next = split->images + (size_t)indices[r + AHEAD] * MNIST_PIXELS;
+            for (int byte = 0; byte < MNIST_PIXELS; byte += CACHE_LINE) __builtin_prefetch(next + byte);
+        }
         const uint8_t *src = split->images + (size_t)indices[r] * MNIST_PIXELS;
         float *dst = images->data + (size_t)r * MNIST_PIXELS;
         mnist_pixels_to_float(src, dst, MNIST_PIXELS);

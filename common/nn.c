@@ -46,11 +46,13 @@ void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu) 
 #endif
         return;
     }
+#pragma omp parallel for
     for (int r = 0; r < y->rows; r++) {
         float *row = y->data + (size_t)r * y->cols;
         for (int c = 0; c < y->cols; c++) row[c] += bias[c];
+        if (relu)
+            for (int c = 0; c < y->cols; c++) row[c] = row[c] > 0.0f ? row[c] : 0.0f;
     }
-    if (relu) relu_forward(y);
 }
 
 void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
@@ -62,7 +64,9 @@ void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tenso
 void relu_forward(Tensor *x) {
     CHECK(!tensor_on_gpu(x), "relu_forward: CPU tensors only (linear_forward fuses the ReLU on the GPU)");
     float *v = x->data;
-    for (size_t i = 0; i < tensor_numel(x); i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+    size_t n = tensor_numel(x);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
 }
 
 void relu_backward(const Tensor *y, Tensor *grad) {
@@ -74,13 +78,27 @@ void relu_backward(const Tensor *y, Tensor *grad) {
     }
     const float *out = y->data;
     float *g = grad->data;
-    for (size_t i = 0; i < tensor_numel(grad); i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+    size_t n = tensor_numel(grad);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+}
+
+// A sum of per-row (or per-element) terms in index order: the reductions are
+// the one place where a thread count could change the bits, so they are not
+// shared out.
+static double sum_in_order(const double *terms, size_t n) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += terms[i];
+    return total;
 }
 
 float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *probs) {
     CHECK(!tensor_on_gpu(logits), "cross_entropy_forward: CPU tensors only (mlp_loss serves the GPU)");
     CHECK(logits->rows == probs->rows && logits->cols == probs->cols, "cross_entropy: probs shape");
-    double total = 0.0;
+    // Each row's term on any thread; their sum in row order on one, so that the
+    // loss is the same bits whatever the thread count.
+    double *terms = xmalloc((size_t)logits->rows * sizeof(double));
+#pragma omp parallel for
     for (int r = 0; r < logits->rows; r++) {
         const float *z = logits->data + (size_t)r * logits->cols;
         float *p = probs->data + (size_t)r * probs->cols;
@@ -91,14 +109,17 @@ float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *pro
         for (int c = 0; c < logits->cols; c++) p[c] /= sum;
         // -log softmax[label] = log-sum-exp - logit, in log_softmax's order:
         // (z - max) first, so large logits lose no digits.
-        total += (double)(logf(sum) - (z[labels[r]] - max));
+        terms[r] = (double)(logf(sum) - (z[labels[r]] - max));
     }
+    double total = sum_in_order(terms, (size_t)logits->rows);
+    free(terms);
     return (float)(total / logits->rows);
 }
 
 void cross_entropy_backward(const Tensor *probs, const int *labels, Tensor *grad_logits) {
     CHECK(!tensor_on_gpu(probs), "cross_entropy_backward: CPU tensors only (mlp_loss serves the GPU)");
     float inv_batch = 1.0f / (float)probs->rows;
+#pragma omp parallel for
     for (int r = 0; r < probs->rows; r++) {
         const float *p = probs->data + (size_t)r * probs->cols;
         float *g = grad_logits->data + (size_t)r * grad_logits->cols;
@@ -223,11 +244,15 @@ float mlp_mse_loss(Mlp *model, const Tensor *target) {
         total = read_loss_sum(model);
 #endif
     } else {
+        double *terms = xmalloc(n * sizeof(double));
+#pragma omp parallel for
         for (size_t i = 0; i < n; i++) {
             float diff = output->data[i] - target->data[i];
-            total += (double)diff * diff;
+            terms[i] = (double)diff * diff;
             grad->data[i] = 2.0f * diff / (float)n;
         }
+        total = sum_in_order(terms, n);
+        free(terms);
     }
     profile_pop();
     return (float)(total / (double)n);
@@ -280,6 +305,7 @@ double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
 #endif
             continue;
         }
+#pragma omp parallel for reduction(+ : correct)  // an integer count: exact in any order
         for (int r = 0; r < rows; r++) {
             const float *z = logits->data + (size_t)r * logits->cols;
             int best = 0;
@@ -348,7 +374,9 @@ void adam_step(Adam *adam) {
         float *p = adam->params[i].value->data;
         const float *g = adam->params[i].grad->data;
         float *m = adam->exp_avg[i].data, *v = adam->exp_avg_sq[i].data;
-        for (size_t k = 0, n = tensor_numel(adam->params[i].value); k < n; k++) {
+        size_t n = tensor_numel(adam->params[i].value);
+#pragma omp parallel for
+        for (size_t k = 0; k < n; k++) {
             m[k] = m[k] + one_minus_beta1 * (g[k] - m[k]);         // exp_avg.lerp_(grad, 1 - beta1)
             v[k] = v[k] * beta2 + one_minus_beta2 * (g[k] * g[k]);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
             float denom = sqrtf(v[k]) / bias_correction2_sqrt + eps;
@@ -379,7 +407,9 @@ void sgd_step(const Param *params, int n_params, double lr) {
         }
         float *p = params[i].value->data;
         const float *g = params[i].grad->data;
-        for (size_t k = 0, n = tensor_numel(params[i].value); k < n; k++) p[k] -= rate * g[k];
+        size_t n = tensor_numel(params[i].value);
+#pragma omp parallel for
+        for (size_t k = 0; k < n; k++) p[k] -= rate * g[k];
     }
     profile_pop();
 }

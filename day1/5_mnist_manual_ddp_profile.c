@@ -43,6 +43,7 @@
 #include "mnist.h"
 #include "nn.h"
 #include "profile.h"
+#include "threads.h"
 #include "timer.h"
 
 int main(int argc, char **argv) {
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 5: step 4 with profiling ranges, a summary table and a Chrome trace.");
     Device device = device_from_flag(opt.device);
-    int blas_threads = dist_set_blas_threads();
+    threads_init(opt.threads);
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -76,9 +77,9 @@ int main(int argc, char **argv) {
     double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
     Adam optimizer = adam_new(model.params, model.n_params, lr);
 
-    print0("Step 5: manual DDP, profiled, on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+    print0("Step 5: manual DDP, profiled, on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
            world, mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
-           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+           device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

@@ -40,6 +40,7 @@
 #include "mnist.h"
 #include "nn.h"
 #include "profile.h"
+#include "threads.h"
 #include "timer.h"
 
 int main(int argc, char **argv) {
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 6: data-parallel training with a DDP library (bucketed, overlapped allreduce).");
     Device device = device_from_flag(opt.device);
-    int blas_threads = dist_set_blas_threads();
+    threads_init(opt.threads);
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -77,9 +78,9 @@ int main(int argc, char **argv) {
 
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
-    print0("Step 6: DDP on %d ranks: MLP 784-128-10, %zu weights in %s; Adam lr %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+    print0("Step 6: DDP on %d ranks: MLP 784-128-10, %zu weights in %s; Adam lr %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
            world, mlp_num_weights(&model), buckets, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
-           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+           device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

@@ -23,10 +23,11 @@
 #include "dist.h"
 #include "nn.h"
 #include "profile.h"
+#include "threads.h"
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
-    int steps = 5, batch = 64, seed = 0;
+    int steps = 5, batch = 64, seed = 0, threads = 0;
     double lr = 0.01;
     const char *trace = "log/trace.json", *device_flag = "auto";
     ArgSpec flags[] = {
@@ -36,10 +37,11 @@ int main(int argc, char **argv) {
         {"seed", ARG_INT, &seed, "N", "weights (rank 0's are broadcast) and, plus the rank, the data", 0, NULL},
         {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
         {"device", ARG_STRING, &device_flag, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
+        {"threads", ARG_INT, &threads, "N", "CPU threads per rank (0: the node's cores / its ranks)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "test_profile: profile a toy DDP model on random data.");
     Device device = device_from_flag(device_flag);
-    int blas_threads = dist_set_blas_threads();
+    threads_init(threads);
 
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
@@ -47,9 +49,8 @@ int main(int argc, char **argv) {
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, device);
     Ddp ddp = ddp_wrap(model.params, model.n_params, 25.0);  // ddp_model = DDP(model)
     print0("test_profile: MLP 1024-2048-1024 (%zu weights), MSE loss, SGD lr %g; %d x 1024 random samples per "
-           "rank, %d steps, %d ranks; %s, %d BLAS thread%s per rank\n",
-           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), device_name(device), blas_threads,
-           blas_threads == 1 ? "" : "s");
+           "rank, %d steps, %d ranks; %s, %s\n",
+           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), device_name(device), threads_describe());
 
     // Every rank its own random data: torch.randn(64, 1024) per rank.
     rng_seed(&rng, (uint64_t)seed + 1 + (uint64_t)dist_rank());

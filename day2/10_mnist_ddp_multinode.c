@@ -30,6 +30,7 @@
 #include "loss_log.h"
 #include "mnist.h"
 #include "nn.h"
+#include "threads.h"
 #include "timer.h"
 
 int main(int argc, char **argv) {
@@ -44,7 +45,7 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 10: DDP across nodes (lr x world size).");
     Device device = device_from_flag(opt.device);
-    int blas_threads = dist_set_blas_threads();
+    threads_init(opt.threads);
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -66,9 +67,9 @@ int main(int argc, char **argv) {
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
     int nodes = dist_num_nodes();
-    print0("Step 10: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+    print0("Step 10: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
            world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
-           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+           device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

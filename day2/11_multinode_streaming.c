@@ -23,7 +23,7 @@
 // or on one machine:  mpirun -np 2 day2/11_multinode_streaming [--h5 FILE.h5]
 //
 // Expected output (times vary; 2 ranks on a 2-core laptop):
-//   Step 11: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, 101770 weights in 1 bucket: [fc.2.bias .. fc.0.weight, 397.5 KB]; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 BLAS thread per rank
+//   Step 11: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, 101770 weights in 1 bucket: [fc.2.bias .. fc.0.weight, 397.5 KB]; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, OpenBLAS 0.3.21 (Cooperlake kernels)
 //   Data: data/mnist.h5, uint8 pixels, 600 training groups of 100 (300 per rank, 64 per batch), read one batch ahead by a thread
 //   epoch 1/5: mean loss 2.0357 over 5 steps, 0.31 s, 190526 samples/s
 //   ...
@@ -49,6 +49,7 @@
 #include "loss_log.h"
 #include "mnist.h"
 #include "nn.h"
+#include "threads.h"
 #include "timer.h"
 
 // Accuracy on the test groups, streamed in batches like the training data
@@ -84,7 +85,7 @@ int main(int argc, char **argv) {
                     opt.batch_size, H5_GROUP_SIZE);
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
-    int blas_threads = dist_set_blas_threads();
+    threads_init(opt.threads);
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: groups of 100 samples in HDF5, read batch by batch as float32 pixels / 255.
@@ -106,9 +107,9 @@ int main(int argc, char **argv) {
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
     int nodes = dist_num_nodes();
-    print0("Step 11: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %d BLAS thread%s per rank\n",
+    print0("Step 11: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
            world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
-           device_name(device), blas_threads, blas_threads == 1 ? "" : "s");
+           device_name(device), threads_describe());
     print0("Data: %s, %s pixels, %d training groups of %d (%d per rank, %d per batch), read one batch ahead by a thread\n",
            h5_path, data.train.pixels == H5_PIXELS_UINT8 ? "uint8" : "float32", data.train.n_groups, H5_GROUP_SIZE,
            sampler.num_samples, groups_per_batch);

@@ -1,0 +1,29 @@
+// threads.h: the CPU threads of a rank, one pool for our loops and for BLAS.
+//
+//   int threads = threads_init(opt.threads);   // torch.set_num_threads(threads)
+//   print0("...; %s, %s\n", device_name(device), threads_describe());  // "cpu, 2 threads, OpenBLAS ..."
+//
+// A rank owns its share of the node's cores: cores / ranks on the node, so
+// that `mpirun -np 4` on 4 cores runs 4 one-thread ranks, not 4 x 4 threads;
+// but no more than the cores it is bound to (mpirun binds 1 or 2 ranks to one
+// core each unless told --bind-to none; the first line then says so).
+// --threads N overrides it.
+//
+// Every loop of a training step (the batch gather, bias and ReLU, the loss,
+// the optimizer) is an OpenMP `parallel for` on these threads, and so are the
+// GEMMs (tensor.c cuts them into pieces, each one single-threaded BLAS call).
+// BLAS itself is kept at one thread: two pools on the same cores would fight.
+#pragma once
+
+// Decide this rank's thread count (requested > 0: exactly that many) and set
+// OpenMP to it and BLAS to one thread. Call it once, after dist_init. Returns
+// the count.
+int threads_init(int requested);
+int threads_count(void);
+// The BLAS library and the kernels it chose for this CPU, e.g.
+// "OpenBLAS 0.3.21 (Cooperlake kernels)"; "CBLAS" when it is not OpenBLAS.
+const char *threads_blas_name(void);
+// "2 threads, OpenBLAS 0.3.21 (Cooperlake kernels)" ("1 thread per rank, ..."
+// on several ranks), for the first line of a program: how many threads
+// compute, with which BLAS.
+const char *threads_describe(void);
