@@ -222,13 +222,16 @@ fi
 
 # ---------------------------------------------------------------- memory
 # Step 10 holds the data set (uint8) and the test set as float32; step 11 two
-# batches. Peak RSS of one process, the same batch (3200) for both.
+# batches. Peak RSS of one process, the same batch (3200) for both. What both
+# share (libraries, the threads' BLAS buffers, the model) grows with the
+# cores, so compare the difference, not the ratio: step 11 must save at least
+# the 47040 kB of training pixels that it never loads.
 if [ -x /usr/bin/time ]; then
     peak_kb() { /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
     rss10=$(peak_kb day2/10_mnist_ddp_multinode --data "$DATA" --epochs 1 --batch_size 3200 --plot '')
     rss11=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/ours.h5" --epochs 1 --batch_size 3200 --plot '')
-    expect "step 11 peaks at ${rss11:-?} kB, under 60% of step 10's ${rss10:-?} kB (batch 3200, 1 rank)" \
-        awk "BEGIN { exit !(${rss11:-1} > 0 && ${rss11:-1} < 0.6 * ${rss10:-0}) }"
+    expect "step 11 peaks at ${rss11:-?} kB, at least the training set's 47040 kB under step 10's ${rss10:-?} kB (batch 3200, 1 rank)" \
+        awk "BEGIN { exit !(${rss11:-0} > 0 && ${rss10:-0} - ${rss11:-0} >= 47040) }"
     # O(batch), not O(data set): 4 x the training groups, the same peak.
     if [ $have_h5py = 1 ]; then
         "$PYTHON" - "$tmp/ours.h5" "$tmp/big.h5" << 'EOF'

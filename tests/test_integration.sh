@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
+PYTHON=${PYTHON:-/usr/bin/python3}  # with h5py; on GPU nodes python3 is often a venv without it
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -117,13 +118,13 @@ expect_error 1 'has 60000 images but train-labels-idx1-ubyte has 50000 labels' r
 expect_error 1 'missing.h5: cannot open: No such file' mpi 2 day1/4_mnist_manual_ddp --init "$tmp/missing.h5"
 echo "not hdf5" > "$tmp/text.h5"
 expect_error 1 'text.h5: not an HDF5 file' run day1/2_mnist_training --init "$tmp/text.h5"
-if /usr/bin/python3 -c 'import h5py' 2> /dev/null; then
-    /usr/bin/python3 -c "
+if "$PYTHON" -c 'import h5py' 2> /dev/null; then
+    "$PYTHON" -c "
 import h5py, numpy as np
 with h5py.File('$tmp/shape.h5', 'w') as f:
     f['fc.0.weight'] = np.zeros((128, 785), np.float32)"
     expect_error 1 "shape.h5: dataset 'fc.0.weight' is float32 \[128, 785\] \(expected float32 \[128, 784\]\)" \
         mpi 2 day1/4_mnist_manual_ddp --init "$tmp/shape.h5"
 else
-    skip "a wrongly shaped --init file (python3-h5py not installed)"
+    skip "a wrongly shaped --init file ($PYTHON has no h5py)"
 fi
