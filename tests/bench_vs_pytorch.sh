@@ -1,31 +1,64 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): our steps 2, 4 and 7 against the PyTorch reference,
-# side by side in one sitting, alternating runs so that machine noise hits both.
+# Benchmark (not a test): our programs against two PyTorch yardsticks, side by
+# side in one sitting, alternating runs so that machine noise hits both.
+#   - tests/torch_mnist_ddp.py: the original workshop's script (a DataLoader
+#     feeds every batch), at the same world sizes;
+#   - tests/torch_fast_mlp.py: step 2 as a PyTorch expert writes it (the data
+#     set resident in memory, no DataLoader), at 1 thread and at every core.
+# Then the GEMM yardstick (the sgemm peak of this machine, measured now) and
+# step 5's profile at 1 thread and at every core: which ranges scale.
 #
 #   tests/bench_vs_pytorch.sh [REPEATS]        (make bench)
 #
-# Reports, per world size, the median training-loop time (as each program
-# prints it) and the end-to-end wall time (process start to exit).
+# Times are medians over REPEATS (default 3): the training loop as each program
+# reports it, and the end-to-end wall time (process start to exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 REFERENCE=${TORCH_REFERENCE:-tests/torch_mnist_ddp.py}
+FAST=tests/torch_fast_mlp.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 DATA=${DATA:-data/mnist}
 "$PYTHON" -c 'import torch' 2> /dev/null || { echo "needs python3-torch (./setup.sh --with-reference)" >&2; exit 1; }
 [ -f "$REFERENCE" ] || { echo "no PyTorch reference at $REFERENCE (set TORCH_REFERENCE)" >&2; exit 1; }
+# Measure as a user's machine runs: some sandboxes pin OpenBLAS to older
+# kernels (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE). Here only, never in the tests.
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+cores=$(nproc)
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); awk "BEGIN { print $t1 - $t0 }"; }
+json() { "$PYTHON" -c "import json, sys; print(json.loads(open('$out').read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
+loop_s() { sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out"; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
-# One row pair per configuration: our program against the PyTorch reference
-# with the same world size and learning-rate rule. --bind-to none lets every
-# world size use every core (mpirun would pin a single rank to one core).
-# On a machine with a GPU, step 2 also runs there, against the reference on
-# the same GPU (--device cuda). Every row names its device.
+# What computes: the CPU, our BLAS and its kernels, PyTorch's BLAS and its kernels.
+day1/2_mnist_training --epochs 1 --plot '' --data "$DATA" > "$out" 2>&1
+our_blas=$(head -1 "$out" | grep -o 'OpenBLAS.*kernels)\|CBLAS$' || echo '?')
+torch_blas=$("$PYTHON" - << 'PY' 2> /dev/null || echo '?'
+import ctypes, ctypes.util, os, torch
+library = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+try:
+    blas = ctypes.CDLL("libopenblas.so.0")
+    blas.openblas_get_corename.restype = ctypes.c_char_p
+    kernels = " (%s kernels)" % blas.openblas_get_corename().decode()
+except OSError:
+    kernels = ""
+print("torch %s, BLAS %s%s" % (torch.__version__, library, kernels))
+PY
+)
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $cores cores"
+echo "ours:    $our_blas"
+echo "PyTorch: $torch_blas"
+
+# ---------------------------------------------------------------- against the original's script
+# One row pair per configuration: our program against the reference with the
+# same world size and learning-rate rule. --bind-to none lets every world size
+# use every core (mpirun would pin one or two ranks to a core each). On a
+# machine with a GPU, step 2 also runs there, against the reference on the
+# same GPU. Every row names its device.
 configs=(
     "1|day1/2_mnist_training||cpu"
     "2|day1/4_mnist_manual_ddp|--lr-scale|cpu"
@@ -33,7 +66,10 @@ configs=(
     "2|day1/7_mnist_ddp_timing||cpu"
     "4|day1/7_mnist_ddp_timing||cpu"
 )
-[ "$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ] && configs+=("1|day1/2_mnist_training||cuda")
+gpus=$(build/tools/gpu_count 2> /dev/null || echo 0)
+[ "$gpus" -gt 0 ] && configs+=("1|day1/2_mnist_training||cuda")
+echo
+echo "== against the original workshop's script ($REFERENCE: a DataLoader feeds every batch)"
 printf '%-40s %6s %8s %8s %9s\n' "program" "ranks" "loop s" "wall s" "test acc"
 for config in "${configs[@]}"; do
     IFS='|' read -r ranks program torch_flags device <<< "$config"
@@ -44,11 +80,11 @@ for config in "${configs[@]}"; do
         else
             c_wall+=("$(wall $MPIRUN --bind-to none -np $ranks $program --device $device --data "$DATA" --plot '')")
         fi
-        c_loop+=("$(sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out")")
+        c_loop+=("$(loop_s)")
         c_acc=$(sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out")
         t_wall+=("$(wall "$PYTHON" "$REFERENCE" "$DATA" $ranks $torch_flags --device $device)")
-        t_loop+=("$("$PYTHON" -c "import json; print(json.loads(open('$out').read().strip().splitlines()[-1])['train_s'])")")
-        t_acc=$("$PYTHON" -c "import json; print('%.2f%%' % (100 * json.loads(open('$out').read().strip().splitlines()[-1])['test_acc']))")
+        t_loop+=("$(json train_s)")
+        t_acc=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
     done
     cl=$(printf '%s\n' "${c_loop[@]}" | median); cw=$(printf '%s\n' "${c_wall[@]}" | median)
     tl=$(printf '%s\n' "${t_loop[@]}" | median); tw=$(printf '%s\n' "${t_wall[@]}" | median)
@@ -56,3 +92,71 @@ for config in "${configs[@]}"; do
     printf '%-40s %6d %8.3f %8.2f %9s\n' "PyTorch reference ${torch_flags:-(lr 1e-3)} ($device)" "$ranks" "$tl" "$tw" "$t_acc"
     printf '%-40s %6s %7.1fx %7.1fx\n' "  PyTorch time / ours" "" "$(awk "BEGIN { print $tl / $cl }")" "$(awk "BEGIN { print $tw / $cw }")"
 done
+
+# ---------------------------------------------------------------- against the idiomatic PyTorch
+# Step 2 (5 epochs, batch 6400) at 1 thread and at every core, against the
+# expert's loop at the same thread counts. Their time is the 5-epoch loop
+# after a warm-up step; ours includes our first, cold step.
+echo
+echo "== step 2 against the idiomatic PyTorch ($FAST: data in memory, no DataLoader)"
+printf '%-40s %8s %8s %9s\n' "program" "threads" "loop s" "test acc"
+thread_counts=(1)
+[ "$cores" -gt 1 ] && thread_counts+=("$cores")
+declare -A ours theirs
+for threads in "${thread_counts[@]}"; do
+    c_loop=() t_loop=()
+    for ((i = 0; i < repeats; i++)); do
+        wall day1/2_mnist_training --threads "$threads" --data "$DATA" --plot '' > /dev/null
+        c_loop+=("$(loop_s)")
+        c_acc=$(sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out")
+        QUICK=1 wall "$PYTHON" "$FAST" "$DATA" cpu "$threads" > /dev/null
+        t_loop+=("$(json loop5_warm_s)")
+        t_acc=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
+    done
+    ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
+    theirs[$threads]=$(printf '%s\n' "${t_loop[@]}" | median)
+    printf '%-40s %8d %8.3f %9s\n' "day1/2_mnist_training (cpu)" "$threads" "${ours[$threads]}" "$c_acc"
+    printf '%-40s %8d %8.3f %9s\n' "idiomatic PyTorch (cpu)" "$threads" "${theirs[$threads]}" "$t_acc"
+done
+best_theirs=$(printf '%s\n' "${theirs[@]}" | sort -g | head -1)
+best_ours=$(printf '%s\n' "${ours[@]}" | sort -g | head -1)
+printf '%-40s %8s %7.2fx\n' "  idiomatic PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
+[ "$cores" -gt 1 ] && printf '%-40s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
+    "$(awk "BEGIN { print ${ours[1]} / ${ours[$cores]} }")"
+if [ "$gpus" -gt 0 ]; then
+    wall day1/2_mnist_training --device cuda --data "$DATA" --plot '' > /dev/null
+    gpu_ours=$(loop_s)
+    QUICK=1 wall "$PYTHON" "$FAST" "$DATA" cuda > /dev/null
+    printf '%-40s %8s %8.3f\n' "day1/2_mnist_training (cuda)" "" "$gpu_ours"
+    printf '%-40s %8s %8.3f (cold %.3f)\n' "idiomatic PyTorch (cuda)" "" "$(json loop5_warm_s)" "$(json loop5_cold_s)"
+fi
+
+# ---------------------------------------------------------------- GEMM efficiency
+# Step 2's 5 epochs do 300000 samples x 2 x (784*128 + 128*10) multiply-adds
+# forward, and twice the first layer's and three times the second's in all
+# (backward: both weight gradients, and the hidden layer's input gradient).
+echo
+echo "== the loop's GEMM rate against this machine's sgemm peak (measured now)"
+flops=$(awk 'BEGIN { print 300000 * 2 * (2 * 784 * 128 + 3 * 128 * 10) }')
+for threads in "${thread_counts[@]}"; do
+    peak=$(build/tools/sgemm_peak "$threads")
+    rate=$(awk "BEGIN { print $flops / ${ours[$threads]} / 1e9 }")
+    printf '%2d thread(s): loop %.0f GFLOP/s, sgemm peak %s: %.0f%% of peak\n' "$threads" "$rate" "$peak" \
+        "$(awk "BEGIN { print 100 * $rate / $(echo "$peak" | cut -d' ' -f1) }")"
+done
+
+# ---------------------------------------------------------------- which ranges scale
+# Step 5 (one rank, 5 epochs) at 1 thread and at every core: per range, the
+# mean ms per step at each, and the speed-up.
+if [ "$cores" -gt 1 ]; then
+    echo
+    echo "== step 5's profile (1 rank, 5 epochs): ms per step at 1 and $cores threads"
+    for threads in 1 "$cores"; do
+        day1/5_mnist_manual_ddp_profile --epochs 5 --threads "$threads" --data "$DATA" --plot '' --trace '' \
+            2>&1 | awk '/^ *(step|data|forward|loss|backward|allreduce|optimizer) / { print $1, $(NF - 1) }' > "$out.$threads"
+    done
+    printf '%-12s %10s %10s %9s\n' "range" "1 thread" "$cores threads" "speed-up"
+    join <(sort "$out.1") <(sort "$out.$cores") | sort -k2 -g -r |
+        awk '{ printf "%-12s %10.3f %10.3f %8.2fx\n", $1, $2, $3, $2 / $3 }'
+    rm -f "$out.1" "$out.$cores"
+fi
