@@ -186,7 +186,9 @@ test-gpu: all
 clean:
 	rm -rf $(BUILD) $(DAY1) $(DAY2) day1/1_dist_allreduce_gpu
 
-# Benchmark against the PyTorch reference (needs python3-torch); not part of `make test`.
+# Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
+# with the sgemm peak and step 5's profile at 1 and all threads (needs
+# python3-torch); not part of `make test`.
 bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
 
