@@ -40,7 +40,9 @@ void tensor_to_host(const Tensor *t, float *host);
 void tensor_from_host(Tensor *t, const float *host);
 
 // C = alpha * op(A) @ op(B) + beta * C, where op(X) is X or X^T.
-// CBLAS on the CPU, cuBLAS on the GPU. Shapes are checked.
+// CBLAS on the CPU (cut into single-threaded pieces that the rank's threads
+// share; the result is the same at any thread count), cuBLAS on the GPU.
+// Shapes are checked.
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
           float beta, Tensor *c);
 // sums [1, cols] += the sum over the rows of x [rows, cols] (a bias gradient).
