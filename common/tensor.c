@@ -154,18 +154,21 @@ static size_t g_partials_count;
 
 static void cpu_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
                      const float *b, int ldb, float beta, float *c, int ldc) {
-    int largest = m >= n && m >= k ? m : n >= k ? n : k;
-    int pieces = gemm_pieces(largest);
+    // Cut the largest dimension; k only while the partial products take no more
+    // memory than the operands (so a square-ish product cuts m or n instead).
+    bool cut_k = k > m && k > n && (double)gemm_pieces(k) * m * n <= (double)k * (m + n);
+    bool cut_m = !cut_k && m >= n;
+    int pieces = gemm_pieces(cut_k ? k : cut_m ? m : n);
     if (pieces == 1) {
         sgemm_1(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    } else if (largest == m) {  // rows of C
+    } else if (cut_m) {  // rows of C
 #pragma omp parallel for schedule(dynamic, 1)
         for (int p = 0; p < pieces; p++) {
             int m0 = piece_start(m, pieces, p), m1 = piece_start(m, pieces, p + 1);
             sgemm_1(transpose_a, transpose_b, m1 - m0, n, k, alpha, at(a, lda, transpose_a, m0, 0), lda, b, ldb, beta,
                     c + (size_t)m0 * ldc, ldc);
         }
-    } else if (largest == n) {  // columns of C
+    } else if (!cut_k) {  // columns of C
 #pragma omp parallel for schedule(dynamic, 1)
         for (int p = 0; p < pieces; p++) {
             int n0 = piece_start(n, pieces, p), n1 = piece_start(n, pieces, p + 1);

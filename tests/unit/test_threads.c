@@ -77,6 +77,9 @@ static void test_gemm(void) {
     check_gemm("cut along n", 20, 1100, 50, true, true, 0.0f);
     check_gemm("cut along k", 30, 40, 1500, true, false, 1.0f);
     check_gemm("cut along k", 30, 40, 1500, false, true, 0.0f);
+    // k is largest, but 4 partial products of [520, 520] would outweigh the
+    // operands: cut along m instead.
+    check_gemm("k largest, partials too big", 520, 520, 1024, true, false, 1.0f);
     check_gemm("uncut", 50, 60, 70, false, false, 1.0f);
 }
 
