@@ -35,10 +35,12 @@ int threads_init(int requested) {
         if (threads < 1) threads = 1;
         if (threads < fair_share) g_share = fair_share;
     }
-    g_threads = threads;
 #ifdef _OPENMP
     omp_set_num_threads(threads);
+#else
+    threads = 1;  // built without OpenMP (make OPENMP=): every loop runs on this thread
 #endif
+    g_threads = threads;
     if (openblas_set_num_threads) openblas_set_num_threads(1);
     return threads;
 }
