@@ -179,7 +179,7 @@ static void unpack_bucket(Ddp *ddp, DdpBucket *bucket) {
             size_t n = tensor_numel(ddp->params[i].grad);
 #pragma omp parallel for
             for (size_t k = 0; k < n; k++) grad[k] = in[k] / divisor;
-            in += tensor_numel(ddp->params[i].grad);
+            in += n;
         }
         return;
     }

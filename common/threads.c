@@ -3,7 +3,6 @@
 
 #include <sched.h>
 #include <stdio.h>
-#include <string.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -24,6 +23,7 @@ extern char *openblas_get_corename(void) __attribute__((weak));
 
 int threads_init(int requested) {
     int threads = requested;
+    g_share = 1;
     if (threads <= 0) {
         int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
         int allowed = online;
