@@ -1,4 +1,4 @@
-// h5_stream.c: the MNIST HDF5 reader and its prefetch thread. See h5_stream.h.
+// h5_stream.c: the MNIST HDF5 reader and its workers. See h5_stream.h.
 #include "h5_stream.h"
 
 #include <errno.h>
@@ -10,10 +10,11 @@
 
 #include "check.h"
 #include "dist.h"
+#include "threads.h"
 #include "timer.h"
-
-// The one lock around every HDF5 call in this file (see h5_stream.h).
-static pthread_mutex_t hdf5_lock = PTHREAD_MUTEX_INITIALIZER;
+#if HAVE_CUDA
+#include "kernels.h"
+#endif
 
 // ------------------------------------------------------------------ open and validate
 
@@ -120,6 +121,17 @@ static bool open_part(hid_t file, const char *path, const char *name, H5Part *pa
         return false;
     }
     part->n_groups = (int)image_groups;
+    // How each group is read: raw chunks inflated by the workers, or H5Dread.
+    // Literals: an H5Part is copied by value (h5_mnist_open returns it), and
+    // its datasets' messages point at these names.
+    bool train = strcmp(name, "train") == 0;
+    part->images_name = train ? "train/images" : "test/images";
+    part->labels_name = train ? "train/labels" : "test/labels";
+    hid_t pixel_type = part->pixels == H5_PIXELS_FLOAT32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT8;
+    if (!h5_chunked_open(&part->image_chunks, part->images, path, part->images_name, pixel_type, err, err_size) ||
+        !h5_chunked_open(&part->label_chunks, part->labels, path, part->labels_name, H5T_NATIVE_INT64, err, err_size))
+        return false;
+    part->image_chunks.unit = part->label_chunks.unit = "group";
     return true;
 }
 
@@ -142,7 +154,7 @@ H5Mnist h5_mnist_open(const char *path) {
     CHECK(mnist.path != NULL, "out of memory");
     mnist.train.images = mnist.train.labels = mnist.test.images = mnist.test.labels = H5I_INVALID_HID;
     char err[1024] = "";
-    pthread_mutex_lock(&hdf5_lock);
+    h5_lock();
     // HDF5 prints its whole error stack on every failed call by default; each
     // call is checked here, and one line of our own says what is wrong.
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -154,212 +166,300 @@ H5Mnist h5_mnist_open(const char *path) {
     } else if (!is_hdf5(path)) {
         snprintf(err, sizeof err, "%s: not an HDF5 file", path);
     } else if ((mnist.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
-        snprintf(err, sizeof err, "%s: cannot open the HDF5 file", path);
+        // HDF5 knows why ("truncated file: eof = ..."): say it on our line.
+        char why[256];
+        h5_last_error(why, sizeof why);
+        snprintf(err, sizeof err, "%s: cannot open the HDF5 file%s%s", path, *why ? ": " : "", why);
     } else if (open_part(mnist.file, mnist.path, "train", &mnist.train, err, sizeof err)) {
         open_part(mnist.file, mnist.path, "test", &mnist.test, err, sizeof err);
     }
-    pthread_mutex_unlock(&hdf5_lock);
+    h5_unlock();
     // Every rank opens the same file: one line says what is wrong, all stop together.
     check_all_ranks(err[0] == '\0', err);
+    // A file the workers cannot read themselves still trains, slower: say so once.
+    const H5ChunkedDataset *datasets[] = {&mnist.train.image_chunks, &mnist.train.label_chunks,
+                                          &mnist.test.image_chunks, &mnist.test.label_chunks};
+    char slow[1024] = "";
+    for (int i = 0, len = 0; i < 4 && len < (int)sizeof slow; i++)
+        if (!datasets[i]->direct)
+            len += snprintf(slow + len, sizeof slow - len, "%s'%s' (%s)", len ? ", " : "", datasets[i]->name,
+                            datasets[i]->why_not_direct);
+    if (*slow)
+        print0("Data: %s: read with H5Dread, one worker at a time: %s. day2/create_mnist_h5 writes chunks that the "
+               "workers read in parallel\n",
+               path, slow);
     return mnist;
 }
 
 void h5_mnist_close(H5Mnist *mnist) {
-    pthread_mutex_lock(&hdf5_lock);
+    h5_lock();
     close_part(&mnist->train);
     close_part(&mnist->test);
     if (mnist->file >= 0) H5Fclose(mnist->file);
-    pthread_mutex_unlock(&hdf5_lock);
+    h5_unlock();
     free(mnist->path);
     *mnist = (H5Mnist){.file = H5I_INVALID_HID};
 }
 
-// ------------------------------------------------------------------ the reader thread
+// ------------------------------------------------------------------ the workers
 
 #define GROUP_PIXELS ((size_t)H5_GROUP_SIZE * MNIST_PIXELS)
-// One group in the file, as a hyperslab's count, and in memory.
-static const hsize_t image_group[5] = {1, H5_GROUP_SIZE, 1, 28, 28}, label_group[2] = {1, H5_GROUP_SIZE};
 
-// One batch buffer: what the reader fills and the training loop reads.
+typedef enum { SLOT_FREE, SLOT_FILLED, SLOT_HELD } SlotState;
+
+// One batch of the plan, as a worker fills it and the training loop reads it.
 typedef struct {
-    Tensor images;     // [groups_per_batch * 100, 784] on the host
+    void *pixels;      // [groups_per_batch * 100, 784] as stored, uint8 or float32 (page-locked
+                       // for a GPU: its copy runs at full speed, asynchronously)
     int *labels;       // [groups_per_batch * 100]
     int rows;          // filled rows (the last batch of an epoch may be short)
-    int epoch, batch;  // which batch of the plan it holds
-    bool full;         // filled and not yet handed back
+    long batch;        // its place in the plan: epoch * batches_per_epoch + batch
+    SlotState state;   // FREE -> (worker) FILLED -> (loop) HELD -> (loop) FREE
+    bool uploaded;     // GPU: its copy to the device is queued
+    char *error;       // the worker's one-line failure, instead of data
 } Slot;
+
+typedef struct {
+    struct H5Stream *stream;
+    int index;
+    pthread_t thread;
+    DistributedSampler sampler;  // its own copy, walked epoch by epoch
+    H5ChunkScratch scratch;      // its own buffers for raw chunks and zlib
+    int64_t group_labels[H5_GROUP_SIZE];
+    // Statistics (under the stream's lock once the worker has stopped).
+    long batches, samples;
+    double busy_seconds;
+} Worker;
 
 struct H5Stream {
     const H5Part *part;
-    DistributedSampler sampler;  // the reader's own copy: it runs ahead of the loop's
-    int groups_per_batch, epochs;
+    int groups_per_batch, batches_per_epoch;
+    long n_planned;              // batches in all the epochs
+    int n_workers, prefetch, n_slots;
+    Worker *workers;
+    Slot *slots;                 // batch k of the plan goes to slots[k % n_slots]
+    bool to_gpu;                 // batches go to the GPU
+    Tensor images;               // [B, 784] float32 on the stream's device, for uint8 files
 
-    pthread_t thread;
-    pthread_mutex_t lock;        // guards the slots' `full`, `stopping` and the statistics
+    pthread_mutex_t lock;        // guards the slots' state and `stopping`
     pthread_cond_t changed;      // a slot was filled or handed back, or stop was asked
-    Slot slots[2];               // double buffering: batch k of the plan goes to slots[k % 2]
     long taken;                  // batches handed to the loop so far
-    bool holding;                // the loop trains on slots[(taken - 1) % 2]
     bool stopping;               // asked by h5_stream_stop
-    bool finished;               // the reader has read its whole plan
+    double wait_seconds;         // the loop blocked in h5_stream_next
 
-    // The reader thread's alone.
-    uint8_t *raw;                // [100 * 784]: one group as stored, for uint8 files
-    hid_t image_space, label_space;              // the datasets' dataspaces: select a group in them
-    hid_t group_image_space, group_label_space;  // one group in memory: [1, 100, 1, 28, 28] and [1, 100]
-
-    Tensor on_device;            // the batch copied to the device, when that is not the CPU
-
-    // Statistics (under `lock`).
-    double read_seconds;     // the reader inside HDF5 and converting
-    long long samples_read;
-    double wait_seconds;     // the loop blocked in h5_stream_next
+#if HAVE_CUDA
+    // Batch k's stored pixels go to staging[k % 2] on the copy stream; uint8
+    // ones are then converted into `images` on the compute stream.
+    cudaStream_t copy_stream;
+    void *staging[2];
+    cudaEvent_t copied[2];       // batch k's copy is done (recorded on the copy stream)
+    cudaEvent_t consumed[2];     // all of batch k's work is queued before this (compute stream)
+#endif
 };
 
-// Group `group` of the part, as one hyperslab of each dataset: exactly one
-// chunk, so HDF5 reads and inflates that chunk and nothing else. Pixels land
-// in `pixels` as stored (float32 or uint8), labels in `labels` as int.
-static void read_group(H5Stream *s, int group, void *pixels, int *labels) {
-    const H5Part *part = s->part;
-    const hsize_t image_start[5] = {(hsize_t)group, 0, 0, 0, 0}, label_start[2] = {(hsize_t)group, 0};
-    hid_t pixel_type = part->pixels == H5_PIXELS_FLOAT32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT8;
-    pthread_mutex_lock(&hdf5_lock);
-    herr_t status = H5Sselect_hyperslab(s->image_space, H5S_SELECT_SET, image_start, NULL, image_group, NULL);
-    if (status >= 0)
-        status = H5Dread(part->images, pixel_type, s->group_image_space, s->image_space, H5P_DEFAULT, pixels);
-    if (status >= 0)
-        status = H5Sselect_hyperslab(s->label_space, H5S_SELECT_SET, label_start, NULL, label_group, NULL);
-    if (status >= 0)  // int64 (or any integer type) in the file, converted by HDF5
-        status = H5Dread(part->labels, H5T_NATIVE_INT, s->group_label_space, s->label_space, H5P_DEFAULT, labels);
-    pthread_mutex_unlock(&hdf5_lock);
-    // The layout was validated at open: a failure now is a damaged chunk.
-    CHECK(status >= 0, "%s: cannot read group %d of '%s' (a damaged chunk?)", part->path, group, part->name);
-    for (int i = 0; i < H5_GROUP_SIZE; i++)
-        CHECK(labels[i] >= 0 && labels[i] < MNIST_CLASSES,
-              "%s: '%s/labels' group %d, sample %d: label %d (expected 0..9)", part->path, part->name, group, i,
-              labels[i]);
+static size_t stored_pixel_bytes(const H5Part *part) {
+    return part->pixels == H5_PIXELS_FLOAT32 ? sizeof(float) : sizeof(uint8_t);
 }
 
-// Fill `slot` with batch `batch` of the reader's sampler (at its current epoch).
-static void read_batch(H5Stream *s, int batch, Slot *slot) {
-    int first = batch * s->groups_per_batch;
-    int n_groups = s->sampler.num_samples - first < s->groups_per_batch ? s->sampler.num_samples - first
-                                                                         : s->groups_per_batch;
+// Batch `batch` of the worker's sampler (at its current epoch) into `slot`.
+// Returns false with a line in err on the first damaged group.
+static bool read_batch(Worker *w, int batch, Slot *slot, char *err, size_t err_size) {
+    H5Stream *s = w->stream;
+    const H5Part *part = s->part;
+    int first = batch * s->groups_per_batch, left = w->sampler.num_samples - first;
+    int n_groups = left < s->groups_per_batch ? left : s->groups_per_batch;
+    // The pixels stay as stored: uint8 is 4x less to move, and the conversion
+    // to float32 runs where the batch is used, on every core or on the GPU.
+    size_t group_bytes = GROUP_PIXELS * stored_pixel_bytes(part);
     for (int g = 0; g < n_groups; g++) {
-        int group = s->sampler.indices[first + g];
-        float *images = slot->images.data + (size_t)g * GROUP_PIXELS;  // [100, 784]
-        int *labels = slot->labels + g * H5_GROUP_SIZE;                // [100]
-        if (s->part->pixels == H5_PIXELS_FLOAT32) {
-            read_group(s, group, images, labels);  // straight into the batch
-        } else {
-            read_group(s, group, s->raw, labels);
-            mnist_pixels_to_float(s->raw, images, GROUP_PIXELS);
+        int group = w->sampler.indices[first + g];
+        void *rows = (char *)slot->pixels + (size_t)g * group_bytes;
+        if (!h5_chunk_read(&part->image_chunks, group, rows, &w->scratch, err, err_size) ||
+            !h5_chunk_read(&part->label_chunks, group, w->group_labels, &w->scratch, err, err_size))
+            return false;
+        for (int i = 0; i < H5_GROUP_SIZE; i++) {
+            int64_t label = w->group_labels[i];
+            if (label < 0 || label >= MNIST_CLASSES) {
+                snprintf(err, err_size, "%s: '%s' group %d, sample %d: label %lld (expected 0..9)", part->path,
+                         part->labels_name, group, i, (long long)label);
+                return false;
+            }
+            slot->labels[g * H5_GROUP_SIZE + i] = (int)label;
         }
     }
     slot->rows = n_groups * H5_GROUP_SIZE;
+    return true;
 }
 
-// The plan: every batch of every epoch, in the training loop's order.
-static void *reader_main(void *arg) {
-    H5Stream *s = arg;
-    long k = 0;  // batches read so far; batch k goes to slots[k % 2]
-    for (int epoch = 0; epoch < s->epochs; epoch++) {
-        sampler_set_epoch(&s->sampler, epoch);
-        int n_batches = sampler_num_batches(&s->sampler, s->groups_per_batch);
-        for (int b = 0; b < n_batches; b++, k++) {
-            Slot *slot = &s->slots[k % 2];
-            pthread_mutex_lock(&s->lock);
-            while (slot->full && !s->stopping) pthread_cond_wait(&s->changed, &s->lock);
-            bool stopping = s->stopping;
-            pthread_mutex_unlock(&s->lock);
-            if (stopping) return NULL;
+// Worker w's part of the plan: batches w, w + W, w + 2W, ... of all the epochs,
+// as PyTorch's DataLoader deals batches to its workers.
+static void *worker_main(void *arg) {
+    Worker *w = arg;
+    H5Stream *s = w->stream;
+    int epoch = -1;
+    for (long k = w->index; k < s->n_planned; k += s->n_workers) {
+        Slot *slot = &s->slots[k % s->n_slots];
+        pthread_mutex_lock(&s->lock);
+        while (slot->state != SLOT_FREE && !s->stopping) pthread_cond_wait(&s->changed, &s->lock);
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        if (stopping) break;
 
-            double start = wall_seconds();
-            read_batch(s, b, slot);  // the slot is ours alone until we mark it full
-            double seconds = wall_seconds() - start;
+        if (k / s->batches_per_epoch != epoch) sampler_set_epoch(&w->sampler, epoch = (int)(k / s->batches_per_epoch));
+        double start = wall_seconds();
+        char err[512] = "";
+        bool ok = read_batch(w, (int)(k % s->batches_per_epoch), slot, err, sizeof err);  // the slot is ours alone
+        double seconds = wall_seconds() - start;
 
-            pthread_mutex_lock(&s->lock);
-            slot->epoch = epoch, slot->batch = b, slot->full = true;
-            s->read_seconds += seconds;
-            s->samples_read += slot->rows;
-            pthread_cond_broadcast(&s->changed);
-            pthread_mutex_unlock(&s->lock);
-        }
+        pthread_mutex_lock(&s->lock);
+        slot->batch = k;
+        slot->uploaded = false;
+        slot->error = ok ? NULL : strdup(err);
+        slot->state = SLOT_FILLED;
+        w->batches++, w->samples += ok ? slot->rows : 0, w->busy_seconds += seconds;
+        pthread_cond_broadcast(&s->changed);
+        pthread_mutex_unlock(&s->lock);
+        if (!ok) break;  // the loop ends the job when it reaches this batch
     }
-    pthread_mutex_lock(&s->lock);
-    s->finished = true;
-    pthread_cond_broadcast(&s->changed);
-    pthread_mutex_unlock(&s->lock);
     return NULL;
 }
+
+int h5_stream_default_workers(Device device) {
+    int computing = device == DEVICE_CPU ? threads_count() : 1;
+    int spare = threads_rank_cores() - computing;
+    return spare > 1 ? spare : 1;
+}
+
+// ------------------------------------------------------------------ the copy to the GPU
+#if HAVE_CUDA
+// Queue batch k's copy (its slot is filled) into staging[k % 2], once the
+// compute stream is past batch k - 2, the last user of that buffer.
+static void upload(H5Stream *s, long k, Slot *slot) {
+    int buffer = (int)(k % 2);
+    size_t bytes = (size_t)slot->rows * MNIST_PIXELS * stored_pixel_bytes(s->part);
+    CHECK_CUDA(cudaStreamWaitEvent(s->copy_stream, s->consumed[buffer], 0));
+    CHECK_CUDA(cudaMemcpyAsync(s->staging[buffer], slot->pixels, bytes, cudaMemcpyHostToDevice, s->copy_stream));
+    CHECK_CUDA(cudaEventRecord(s->copied[buffer], s->copy_stream));
+    slot->uploaded = true;
+}
+
+// The loop takes batch k: make its pixels float32 on the GPU, in stream order.
+static Tensor batch_on_gpu(H5Stream *s, long k, Slot *slot) {
+    int buffer = (int)(k % 2);
+    if (!slot->uploaded) upload(s, k, slot);  // not copied ahead: the workers were late
+    CHECK_CUDA(cudaStreamWaitEvent(device_stream(), s->copied[buffer], 0));
+    Tensor images = {.data = s->staging[buffer], .rows = slot->rows, .cols = MNIST_PIXELS, .device = DEVICE_CUDA};
+    if (s->part->pixels == H5_PIXELS_UINT8) {
+        images = tensor_rows(&s->images, slot->rows);
+        gpu_pixels_to_float(s->staging[buffer], tensor_numel(&images), images.data, device_stream());
+    }
+    // Batch k + 1 already read? Copy it now: the copy runs while the GPU computes batch k.
+    Slot *next = &s->slots[(k + 1) % s->n_slots];
+    pthread_mutex_lock(&s->lock);
+    bool ready = k + 1 < s->n_planned && next != slot && next->state == SLOT_FILLED && next->batch == k + 1 &&
+                 !next->error;
+    pthread_mutex_unlock(&s->lock);
+    if (ready) upload(s, k + 1, next);  // a FILLED slot is the loop's to read: the worker waits for FREE
+    return images;
+}
+#endif
 
 // ------------------------------------------------------------------ the training loop's side
 
 H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler, int groups_per_batch,
-                          int epochs, Device device) {
+                          int epochs, Device device, int workers, int prefetch) {
     CHECK(sampler->dataset_size == part->n_groups, "a sampler over %d groups for '%s', which has %d",
           sampler->dataset_size, part->name, part->n_groups);
-    CHECK(groups_per_batch >= 1 && epochs >= 1, "a stream of %d groups per batch, %d epochs", groups_per_batch,
-          epochs);
+    CHECK(groups_per_batch >= 1 && epochs >= 1 && workers >= 1 && prefetch >= 1,
+          "a stream of %d groups per batch, %d epochs, %d workers, %d batches ahead", groups_per_batch, epochs,
+          workers, prefetch);
     H5Stream *s = xcalloc(1, sizeof *s);
-    *s = (H5Stream){.part = part, .groups_per_batch = groups_per_batch, .epochs = epochs};
-    s->sampler = sampler_new(sampler->dataset_size, sampler->world_size, sampler->rank, sampler->shuffle,
-                             sampler->seed);
-    int rows = groups_per_batch * H5_GROUP_SIZE;
-    for (int i = 0; i < 2; i++) {
-        s->slots[i].images = tensor_zeros(rows, MNIST_PIXELS, DEVICE_CPU);  // [B, 784]
-        s->slots[i].labels = xmalloc((size_t)rows * sizeof(int));          // [B]
-    }
-    if (part->pixels == H5_PIXELS_UINT8) s->raw = xmalloc(GROUP_PIXELS);
-    if (device != DEVICE_CPU) s->on_device = tensor_zeros(rows, MNIST_PIXELS, device);
+    s->part = part;
+    s->groups_per_batch = groups_per_batch;
+    s->batches_per_epoch = sampler_num_batches(sampler, groups_per_batch);
+    s->n_planned = (long)epochs * s->batches_per_epoch;
+    s->n_workers = workers, s->prefetch = prefetch, s->n_slots = workers * prefetch;
+    s->to_gpu = device != DEVICE_CPU;
 
-    pthread_mutex_lock(&hdf5_lock);
-    s->image_space = H5Dget_space(part->images);
-    s->label_space = H5Dget_space(part->labels);
-    // The memory side has the selection's own shape: with a flat [78400] one,
-    // HDF5 takes its general gather path and reads 4x slower.
-    s->group_image_space = H5Screate_simple(5, image_group, NULL);
-    s->group_label_space = H5Screate_simple(2, label_group, NULL);
-    pthread_mutex_unlock(&hdf5_lock);
-    CHECK(s->image_space >= 0 && s->label_space >= 0 && s->group_image_space >= 0 && s->group_label_space >= 0,
-          "%s: cannot make the dataspaces of '%s'", part->path, part->name);
+    int rows = groups_per_batch * H5_GROUP_SIZE;
+    size_t pixel_bytes = (size_t)rows * MNIST_PIXELS * stored_pixel_bytes(part);
+    s->slots = xcalloc((size_t)s->n_slots, sizeof *s->slots);
+    for (int i = 0; i < s->n_slots; i++) {
+        s->slots[i].pixels = s->to_gpu ? device_host_alloc(pixel_bytes) : xmalloc(pixel_bytes);
+        s->slots[i].labels = xmalloc((size_t)rows * sizeof(int));
+        s->slots[i].batch = -1;
+    }
+#if HAVE_CUDA
+    if (s->to_gpu) {
+        CHECK_CUDA(cudaStreamCreateWithFlags(&s->copy_stream, cudaStreamNonBlocking));
+        for (int i = 0; i < 2; i++) {
+            s->staging[i] = device_alloc((size_t)rows * MNIST_PIXELS * stored_pixel_bytes(part));
+            CHECK_CUDA(cudaEventCreateWithFlags(&s->copied[i], cudaEventDisableTiming));
+            CHECK_CUDA(cudaEventCreateWithFlags(&s->consumed[i], cudaEventDisableTiming));
+        }
+    }
+#endif
+    if (part->pixels == H5_PIXELS_UINT8) s->images = tensor_zeros(rows, MNIST_PIXELS, device);
 
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
-    int status = pthread_create(&s->thread, NULL, reader_main, s);
-    CHECK(status == 0, "cannot start the HDF5 reader thread: %s", strerror(status));
+    s->workers = xcalloc((size_t)workers, sizeof *s->workers);
+    for (int i = 0; i < workers; i++) {
+        Worker *w = &s->workers[i];
+        w->stream = s, w->index = i;
+        w->sampler = sampler_new(sampler->dataset_size, sampler->world_size, sampler->rank, sampler->shuffle,
+                                 sampler->seed);
+        int status = pthread_create(&w->thread, NULL, worker_main, w);
+        CHECK(status == 0, "cannot start HDF5 reader worker %d: %s", i, strerror(status));
+    }
     return s;
 }
 
 Tensor h5_stream_next(H5Stream *s, int epoch, int batch, int *labels) {
+    long k = (long)epoch * s->batches_per_epoch + batch;
+    // The loop and the workers walk the same plan; if they disagree, say so
+    // rather than train on the wrong data (or wait forever).
+    CHECK(k == s->taken && k < s->n_planned && batch < s->batches_per_epoch,
+          "'%s' stream: the loop asks for epoch %d batch %d, the plan's next is epoch %ld batch %ld of %ld batches",
+          s->part->name, epoch, batch, s->taken / s->batches_per_epoch, s->taken % s->batches_per_epoch,
+          s->n_planned);
     double start = wall_seconds();
+    Slot *previous = k > 0 ? &s->slots[(k - 1) % s->n_slots] : NULL;
+#if HAVE_CUDA
+    if (s->to_gpu && previous) {
+        // Everything of batch k - 1 is queued: its staging buffer is free after that.
+        CHECK_CUDA(cudaEventRecord(s->consumed[(k - 1) % 2], device_stream()));
+        // Its host slot may be refilled once its copy is done (long done, as a rule).
+        CHECK_CUDA(cudaEventSynchronize(s->copied[(k - 1) % 2]));
+    }
+#endif
+    Slot *slot = &s->slots[k % s->n_slots];
     pthread_mutex_lock(&s->lock);
-    if (s->holding) {  // the loop is done with the previous batch: the reader may refill it
-        s->slots[(s->taken - 1) % 2].full = false;
-        s->holding = false;
+    if (previous) {  // the loop is done with batch k - 1: its worker may refill the slot
+        previous->state = SLOT_FREE;
         pthread_cond_broadcast(&s->changed);
     }
-    Slot *slot = &s->slots[s->taken % 2];
-    while (!slot->full && !s->finished) pthread_cond_wait(&s->changed, &s->lock);
-    // Asking past the end would wait forever: say so instead.
-    CHECK(slot->full, "'%s' stream: the loop asks for epoch %d batch %d, past the %d epochs planned",
-          s->part->name, epoch, batch, s->epochs);
+    while (!(slot->state == SLOT_FILLED && slot->batch == k)) pthread_cond_wait(&s->changed, &s->lock);
+    slot->state = SLOT_HELD;
     s->taken++;
-    s->holding = true;
     s->wait_seconds += wall_seconds() - start;
     pthread_mutex_unlock(&s->lock);
-    // The loop and the reader walk the same plan; if they disagree, say so
-    // rather than train on the wrong data.
-    CHECK(slot->epoch == epoch && slot->batch == batch,
-          "'%s' stream: the loop asks for epoch %d batch %d, the reader has epoch %d batch %d", s->part->name,
-          epoch, batch, slot->epoch, slot->batch);
+    // A single rank's damaged chunk: this rank ends the job (MPI_Abort), with the worker's line.
+    if (slot->error) FATAL("%s", slot->error);
 
     memcpy(labels, slot->labels, (size_t)slot->rows * sizeof(int));
-    Tensor images = tensor_rows(&slot->images, slot->rows);  // [rows, 784]
-    if (s->on_device.data == NULL) return images;
-    Tensor on_device = tensor_rows(&s->on_device, slot->rows);
-    tensor_copy(&on_device, &images);
-    return on_device;
+#if HAVE_CUDA
+    if (s->to_gpu) return batch_on_gpu(s, k, slot);
+#endif
+    Tensor stored = {.data = slot->pixels, .rows = slot->rows, .cols = MNIST_PIXELS, .device = DEVICE_CPU};
+    if (s->part->pixels == H5_PIXELS_FLOAT32) return stored;
+    // uint8 -> float32 / 255 on every core, as step 10's gather does: x.float().div(255).
+    Tensor images = tensor_rows(&s->images, slot->rows);
+    const uint8_t *pixels = slot->pixels;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < slot->rows; r++)
+        mnist_pixels_to_float(pixels + (size_t)r * MNIST_PIXELS, images.data + (size_t)r * MNIST_PIXELS, MNIST_PIXELS);
+    return images;
 }
 
 void h5_stream_stop(H5Stream *s) {
@@ -367,41 +467,64 @@ void h5_stream_stop(H5Stream *s) {
     s->stopping = true;
     pthread_cond_broadcast(&s->changed);
     pthread_mutex_unlock(&s->lock);
-    pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->n_workers; i++) {
+        Worker *w = &s->workers[i];
+        pthread_join(w->thread, NULL);
+        sampler_free(&w->sampler);
+        h5_chunk_scratch_free(&w->scratch);
+    }
     pthread_cond_destroy(&s->changed);
     pthread_mutex_destroy(&s->lock);
-
-    pthread_mutex_lock(&hdf5_lock);
-    H5Sclose(s->image_space);
-    H5Sclose(s->label_space);
-    H5Sclose(s->group_image_space);
-    H5Sclose(s->group_label_space);
-    pthread_mutex_unlock(&hdf5_lock);
-    for (int i = 0; i < 2; i++) {
-        tensor_free(&s->slots[i].images);
-        free(s->slots[i].labels);
+#if HAVE_CUDA
+    if (s->to_gpu) {
+        // The last copies may still run from the page-locked slots.
+        CHECK_CUDA(cudaStreamSynchronize(s->copy_stream));
+        CHECK_CUDA(cudaStreamDestroy(s->copy_stream));
+        for (int i = 0; i < 2; i++) {
+            device_free(s->staging[i]);
+            CHECK_CUDA(cudaEventDestroy(s->copied[i]));
+            CHECK_CUDA(cudaEventDestroy(s->consumed[i]));
+        }
     }
-    if (s->on_device.data) tensor_free(&s->on_device);
-    free(s->raw);
-    sampler_free(&s->sampler);
+#endif
+    if (s->images.data) tensor_free(&s->images);
+    for (int i = 0; i < s->n_slots; i++) {
+        if (s->to_gpu) device_host_free(s->slots[i].pixels);
+        else free(s->slots[i].pixels);
+        free(s->slots[i].labels);
+        free(s->slots[i].error);
+    }
+    free(s->slots);
+    free(s->workers);
     free(s);
 }
 
 void h5_stream_describe_all_ranks(H5Stream *s, double loop_seconds, char *out, size_t size) {
+    // Means over ranks: [busy seconds, wait seconds, samples read, loop seconds, workers].
+    double mean[5] = {0, s->wait_seconds, 0, loop_seconds, s->n_workers};
     pthread_mutex_lock(&s->lock);
-    // Means over ranks: [read seconds, wait seconds, samples read, loop seconds].
-    double mean[4] = {s->read_seconds, s->wait_seconds, (double)s->samples_read, loop_seconds};
+    for (int i = 0; i < s->n_workers; i++) mean[0] += s->workers[i].busy_seconds, mean[2] += s->workers[i].samples;
     pthread_mutex_unlock(&s->lock);
     int world = dist_world_size();
-    if (world > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, mean, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-    for (int i = 0; i < 4; i++) mean[i] /= world;
+    if (world > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, mean, 5, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    for (int i = 0; i < 5; i++) mean[i] /= world;
     // Counted as what the loop receives, float32 pixels, whatever the storage:
-    // so the two storage types compare on the same work.
-    double megabytes = mean[2] * MNIST_PIXELS * sizeof(float) / 1e6;
-    snprintf(out, size,
-             "read %.0f samples (%.1f MB of float32 pixels) from %s chunks in %.2f s: %.0f MB/s; the loop waited "
-             "%.2f s for data (%.0f%% of %.2f s)%s",
-             mean[2], megabytes, s->part->pixels == H5_PIXELS_FLOAT32 ? "float32" : "uint8", mean[0],
-             megabytes / (mean[0] > 0 ? mean[0] : 1e-9), mean[1], 100 * mean[1] / (mean[3] > 0 ? mean[3] : 1e-9),
-             mean[3], world > 1 ? ", means over ranks" : "");
+    // so that the storages compare on the same work.
+    const double float_megabytes = MNIST_PIXELS * sizeof(float) / 1e6;
+    double megabytes = mean[2] * float_megabytes;
+    int len = snprintf(out, size,
+                       "Data: read %.0f samples (%.1f MB of float32 pixels) from %s chunks, %g worker%s busy %.2f s "
+                       "in all: %.0f MB/s per worker; the loop waited %.2f s for data (%.0f%% of %.2f s)%s\n",
+                       mean[2], megabytes, s->part->pixels == H5_PIXELS_FLOAT32 ? "float32" : "uint8", mean[4],
+                       mean[4] == 1 ? "" : "s", mean[0], megabytes / (mean[0] > 0 ? mean[0] : 1e-9), mean[1],
+                       100 * mean[1] / (mean[3] > 0 ? mean[3] : 1e-9), mean[3], world > 1 ? ", means over ranks" : "");
+    // The workers have read their whole plan (or stopped): their counters are still.
+    for (int i = 0; i < s->n_workers && len < (int)size; i++) {
+        const Worker *w = &s->workers[i];
+        len += snprintf(out + len, size - len,
+                        "Data: %sworker %d: %ld batches (%ld samples), busy %.2f s, %.2f s of it in HDF5: %.0f MB/s\n",
+                        world > 1 ? "rank 0's " : "", i, w->batches, w->samples, w->busy_seconds,
+                        w->scratch.hdf5_seconds,
+                        (double)w->samples * float_megabytes / (w->busy_seconds > 0 ? w->busy_seconds : 1e-9));
+    }
 }

@@ -78,6 +78,10 @@ __global__ void sgd_kernel(float *param, const float *grad, size_t n, float lr) 
     FOR_EACH_INDEX(i, n) param[i] -= lr * grad[i];
 }
 
+__global__ void pixels_to_float_kernel(const uint8_t *pixels, size_t n, float *out) {
+    FOR_EACH_INDEX(i, n) out[i] = (float)pixels[i] / 255.0f;
+}
+
 __global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, int rows, int pixels, float *out) {
     // blockIdx.y walks the rows; blockIdx.x and the threads walk a row's pixels.
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -215,6 +219,12 @@ void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int 
     dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
     gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
     CHECK_LAUNCH("gather_pixels_kernel");
+}
+
+void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream_t stream) {
+    if (n == 0) return;
+    pixels_to_float_kernel<<<blocks_for(n), THREADS, 0, stream>>>(pixels, n, out);
+    CHECK_LAUNCH("pixels_to_float_kernel");
 }
 
 }  // extern "C"

@@ -12,6 +12,7 @@
 
 static int g_threads = 1;
 static int g_share = 1;  // cores / ranks on the node, when a CPU binding allowed fewer
+static int g_cores = 1;  // the cores this rank may use
 
 // OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
 // so its count must be set through its API. Weak, so that another CBLAS
@@ -22,17 +23,18 @@ extern char *openblas_get_config(void) __attribute__((weak));
 extern char *openblas_get_corename(void) __attribute__((weak));
 
 int threads_init(int requested) {
+    int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int allowed = online;
+    cpu_set_t set;
+    // mpirun and Slurm may bind us to a subset of the cores: respect it.
+    if (sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
+    int fair_share = online / dist_local_world_size();
+    g_cores = allowed < fair_share ? allowed : fair_share;
+    if (g_cores < 1) g_cores = 1;
     int threads = requested;
     g_share = 1;
     if (threads <= 0) {
-        int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        int allowed = online;
-        cpu_set_t set;
-        // mpirun and Slurm may bind us to a subset of the cores: respect it.
-        if (sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
-        int fair_share = online / dist_local_world_size();
-        threads = allowed < fair_share ? allowed : fair_share;
-        if (threads < 1) threads = 1;
+        threads = g_cores;
         if (threads < fair_share) g_share = fair_share;
     }
 #ifdef _OPENMP
@@ -46,6 +48,7 @@ int threads_init(int requested) {
 }
 
 int threads_count(void) { return g_threads; }
+int threads_rank_cores(void) { return g_cores; }
 
 const char *threads_blas_name(void) {
     static char name[128];

@@ -20,6 +20,10 @@
 // the count.
 int threads_init(int requested);
 int threads_count(void);
+// The cores this rank may use: its share of the node (cores / ranks on the
+// node), no more than it is bound to, whatever --threads asked. What its
+// compute threads leave of them serves other work (step 11's reader workers).
+int threads_rank_cores(void);
 // The BLAS library and the kernels it chose for this CPU, e.g.
 // "OpenBLAS 0.3.21 (Cooperlake kernels)"; "CBLAS" when it is not OpenBLAS.
 const char *threads_blas_name(void);

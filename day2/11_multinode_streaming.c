@@ -54,9 +54,10 @@
 
 // Accuracy on the test groups, streamed in batches like the training data
 // (every rank reads all of them: the test set is not sharded, as in step 10).
-static double test_accuracy(Mlp *model, const H5Part *test, int groups_per_batch, int *labels, Device device) {
+static double test_accuracy(Mlp *model, const H5Part *test, int groups_per_batch, int *labels, Device device,
+                            int workers, int prefetch) {
     DistributedSampler all_groups = sampler_new(test->n_groups, 1, 0, false, 0);  // in file order
-    H5Stream *stream = h5_stream_start(test, &all_groups, groups_per_batch, 1, device);
+    H5Stream *stream = h5_stream_start(test, &all_groups, groups_per_batch, 1, device, workers, prefetch);
     long correct = 0;
     for (int b = 0; b < sampler_num_batches(&all_groups, groups_per_batch); b++) {
         Tensor x = h5_stream_next(stream, 0, b, labels);  // [rows, 784]
@@ -73,11 +74,14 @@ int main(int argc, char **argv) {
     const char *h5_path = H5_DEFAULT_FILE;
     double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
     int accum_steps = 1;
+    int workers = 0, prefetch = 2;  // DataLoader's num_workers (0 here: pick from the cores) and prefetch_factor
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"h5", ARG_STRING, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+        {"workers", ARG_INT, &workers, "N", "reader threads per rank, as DataLoader's num_workers (0: the cores the rank does not compute with, at least 1)", 0, NULL},
+        {"prefetch", ARG_INT, &prefetch, "K", "batches each worker reads ahead, as DataLoader's prefetch_factor", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 11: DDP across nodes, streaming MNIST from HDF5.");
     if (opt.batch_size % H5_GROUP_SIZE != 0)
@@ -86,6 +90,7 @@ int main(int argc, char **argv) {
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    if (workers == 0) workers = h5_stream_default_workers(device);
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: groups of 100 samples in HDF5, read batch by batch as float32 pixels / 255.
@@ -110,12 +115,14 @@ int main(int argc, char **argv) {
     print0("Step 11: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
            world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
-    print0("Data: %s, %s pixels, %d training groups of %d (%d per rank, %d per batch), read one batch ahead by a thread\n",
+    print0("Data: %s, %s pixels, %d training groups of %d (%d per rank, %d per batch), read by %d worker%s per rank, %d batch%s ahead each%s\n",
            h5_path, data.train.pixels == H5_PIXELS_UINT8 ? "uint8" : "float32", data.train.n_groups, H5_GROUP_SIZE,
-           sampler.num_samples, groups_per_batch);
+           sampler.num_samples, groups_per_batch, workers, workers == 1 ? "" : "s", prefetch, prefetch == 1 ? "" : "es",
+           device == DEVICE_CPU ? "" : ", copied to the GPU from page-locked memory");
 
-    // The reader thread starts now (not earlier: --init's HDF5 calls are done) and walks the same epochs.
-    H5Stream *stream = h5_stream_start(&data.train, &sampler, groups_per_batch, opt.epochs, device);
+    // DataLoader(dataset, batch_size, sampler=sampler, num_workers=workers, prefetch_factor=prefetch, pin_memory=True).
+    // The workers start now (not earlier: --init's HDF5 calls are done) and walk the same epochs.
+    H5Stream *stream = h5_stream_start(&data.train, &sampler, groups_per_batch, opt.epochs, device, workers, prefetch);
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     LossLog losses = {0};
 
@@ -154,18 +161,18 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
-    char reading[512];
+    char reading[512 + 128 * workers];
     h5_stream_describe_all_ranks(stream, train_seconds, reading, sizeof reading);
     h5_stream_stop(stream);
 
-    double accuracy = test_accuracy(&model, &data.test, groups_per_batch, batch_labels, device);
+    double accuracy = test_accuracy(&model, &data.test, groups_per_batch, batch_labels, device, workers, prefetch);
     int test_n = data.test.n_groups * H5_GROUP_SIZE;
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
            train_seconds, 100 * accuracy, accuracy * test_n, test_n);
     print0("DDP: %s\n", overlap);
-    print0("Data: %s\n", reading);
+    print0("%s", reading);
     print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);

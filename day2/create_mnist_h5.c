@@ -45,19 +45,18 @@
 #include "paths.h"
 #include "timer.h"
 
-#define GZIP_LEVEL 4  // h5py's default for compression="gzip"
-
 #define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
 
-// A chunked, gzip-compressed dataset `name` [dims], one chunk = [1, dims[1:]]: one group.
+// A chunked dataset `name` [dims], one chunk = [1, dims[1:]]: one group;
+// gzip-compressed at `gzip_level` (0: stored as is).
 static hid_t create_dataset(hid_t parent, const char *path, const char *name, hid_t type, int rank,
-                            const hsize_t *dims) {
+                            const hsize_t *dims, int gzip_level) {
     hsize_t chunk[5];
     for (int d = 0; d < rank; d++) chunk[d] = d == 0 ? 1 : dims[d];
     hid_t space = H5Screate_simple(rank, dims, NULL);
     hid_t create = H5Pcreate(H5P_DATASET_CREATE);
     CHECK_H5(H5Pset_chunk(create, rank, chunk), "%s: cannot chunk '%s'", path, name);
-    CHECK_H5(H5Pset_deflate(create, GZIP_LEVEL), "%s: cannot compress '%s'", path, name);
+    if (gzip_level > 0) CHECK_H5(H5Pset_deflate(create, (unsigned)gzip_level), "%s: cannot compress '%s'", path, name);
     hid_t dataset = H5Dcreate2(parent, name, type, space, H5P_DEFAULT, create, H5P_DEFAULT);
     CHECK(dataset >= 0, "%s: cannot create dataset '%s'", path, name);
     H5Pclose(create);
@@ -68,15 +67,17 @@ static hid_t create_dataset(hid_t parent, const char *path, const char *name, hi
 // Write one part ("train" or "test") group by group: each write fills exactly
 // one chunk, which HDF5 then compresses and writes out, so memory stays at one
 // group's worth beyond the IDX data. Returns the bytes of data written.
-static double write_part(hid_t file, const char *path, const char *name, const MnistSplit *split, bool float32) {
+static double write_part(hid_t file, const char *path, const char *name, const MnistSplit *split, bool float32,
+                         int gzip_level) {
     double start = wall_seconds();
     CHECK(split->n % H5_GROUP_SIZE == 0, "%s: %d samples do not make groups of %d", name, split->n, H5_GROUP_SIZE);
     const hsize_t n_groups = (hsize_t)(split->n / H5_GROUP_SIZE);
     const hsize_t image_dims[5] = {n_groups, H5_GROUP_SIZE, 1, 28, 28}, label_dims[2] = {n_groups, H5_GROUP_SIZE};
     hid_t group = H5Gcreate2(file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     CHECK(group >= 0, "%s: cannot create group '%s'", path, name);
-    hid_t images = create_dataset(group, path, "images", float32 ? H5T_IEEE_F32LE : H5T_STD_U8LE, 5, image_dims);
-    hid_t labels = create_dataset(group, path, "labels", H5T_STD_I64LE, 2, label_dims);
+    hid_t images = create_dataset(group, path, "images", float32 ? H5T_IEEE_F32LE : H5T_STD_U8LE, 5, image_dims,
+                                  gzip_level);
+    hid_t labels = create_dataset(group, path, "labels", H5T_STD_I64LE, 2, label_dims, gzip_level);
 
     // One group in memory, and where it goes in the file: a hyperslab of one chunk.
     const size_t group_pixels = (size_t)H5_GROUP_SIZE * MNIST_PIXELS;
@@ -119,24 +120,33 @@ static double write_part(hid_t file, const char *path, const char *name, const M
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every program shares one skeleton
     const char *data = "data/mnist", *out = H5_DEFAULT_FILE;
-    int float32 = 0, force = 0;
+    int float32 = 0, force = 0, gzip_level = -1;  // -1: uncompressed uint8, or the original's gzip 4 with --float32
     ArgSpec flags[] = {
         {"data", ARG_STRING, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
         {"out", ARG_STRING, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
-        {"float32", ARG_SWITCH, &float32, NULL, "float32 pixels / 255, the original's own (uint8 reads 2x faster)", 0, NULL},
+        {"float32", ARG_SWITCH, &float32, NULL, "float32 pixels / 255 and gzip, the original's own layout (it reads 10x slower than uint8)", 0, NULL},
+        {"gzip", ARG_INT, &gzip_level, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", -1, NULL},
         {"force", ARG_SWITCH, &force, NULL, "overwrite FILE.h5 if it exists", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Write MNIST as chunked HDF5 (groups of 100 samples) for step 11.");
     if (dist_world_size() != 1)
         usage_error("create_mnist_h5 writes one file: run it as one process, not on %d ranks", dist_world_size());
+    // The defaults, by measurement (README, Day 2): uint8 chunks uncompressed read
+    // 4x faster than gzip ones, and on a busy CPU that is training time; a
+    // float32 file is the original's, gzip level 4 (h5py's compression="gzip").
+    if (gzip_level < 0) gzip_level = float32 ? 4 : 0;
+    if (gzip_level > 9) usage_error("--gzip %d: the levels are 0 (uncompressed) to 9", gzip_level);
     if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);
-    CHECK(H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0, "this HDF5 library has no gzip (deflate) filter");
+    CHECK(gzip_level == 0 || H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0,
+          "this HDF5 library has no gzip (deflate) filter: use --gzip 0");
     double start = wall_seconds();
 
     MnistSplit train = mnist_load(data, MNIST_TRAIN);
     MnistSplit test = mnist_load(data, MNIST_TEST);
-    print0("create_mnist_h5: %s -> %s: %s, gzip level %d, one chunk per group of %d\n", data, out,
-           float32 ? "float32 pixels / 255" : "uint8 pixels 0..255", GZIP_LEVEL, H5_GROUP_SIZE);
+    char compression[32] = "uncompressed";
+    if (gzip_level > 0) snprintf(compression, sizeof compression, "gzip level %d", gzip_level);
+    print0("create_mnist_h5: %s -> %s: %s, %s, one chunk per group of %d\n", data, out,
+           float32 ? "float32 pixels / 255" : "uint8 pixels 0..255", compression, H5_GROUP_SIZE);
 
     // Write next to the target and rename at the end: an interrupted run leaves
     // no half-written FILE.h5 behind, and a step 11 reading the old file keeps it.
@@ -146,14 +156,17 @@ int main(int argc, char **argv) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);  // every call is checked: one line of ours, not HDF5's stack
     hid_t file = H5Fcreate(partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     CHECK(file >= 0, "%s: cannot create the HDF5 file (is its folder writable?)", partial);
-    double data_bytes = write_part(file, out, "train", &train, float32) + write_part(file, out, "test", &test, float32);
+    double data_bytes = write_part(file, out, "train", &train, float32, gzip_level) +
+                        write_part(file, out, "test", &test, float32, gzip_level);
     CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", partial);
     CHECK_ERRNO(rename(partial, out) == 0, "cannot rename %s to %s", partial, out);
 
     struct stat st;
     CHECK_ERRNO(stat(out, &st) == 0, "%s", out);
-    print0("wrote %s: %.1f MB for %.1f MB of data (%.1fx smaller) in %.2f s\n", out, (double)st.st_size / 1e6,
-           data_bytes / 1e6, data_bytes / (double)st.st_size, wall_seconds() - start);
+    char ratio[32] = "uncompressed";
+    if (gzip_level > 0) snprintf(ratio, sizeof ratio, "%.1fx smaller", data_bytes / (double)st.st_size);
+    print0("wrote %s: %.1f MB for %.1f MB of data (%s) in %.2f s\n", out, (double)st.st_size / 1e6, data_bytes / 1e6,
+           ratio, wall_seconds() - start);
 
     mnist_free(&train);
     mnist_free(&test);

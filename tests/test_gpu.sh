@@ -4,8 +4,8 @@
 # Everywhere (CUDA_VISIBLE_DEVICES= hides any GPU): what a machine without a
 # GPU does with step 1, --device cuda and --device auto.
 # With a GPU (tests/run.sh and make test-gpu): step 1; the same per-step
-# losses on the CPU and the GPU; steps 2, 4, 6 and 8 on the GPU, several
-# ranks sharing it through the MPI fallback; compute-sanitizer on a short run.
+# losses on the CPU and the GPU; steps 2, 4, 6, 8 and 11 on the GPU, several
+# ranks sharing it through the MPI fallback; compute-sanitizer on short runs.
 # Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
 # under REQUIRE_GPU=1 (make test-gpu).
 set -u
@@ -147,6 +147,31 @@ mpi 2 day1/8_mnist_ddp_lr --losses "$tmp/g8.csv" --plot '' > /dev/null 2>&1
 check "step 8 on the GPU, 2 ranks: final loss $(final_loss "$tmp/g8.csv"), CPU $(final_loss "$tmp/c8.csv")" \
     awk "BEGIN { r = $(final_loss "$tmp/g8.csv") / $(final_loss "$tmp/c8.csv"); exit !(r > 0.98 && r < 1.02) }"
 
+# Step 11 on the GPU: the workers fill page-locked slots with the stored
+# pixels; batch b+1 is copied on a copy stream while batch b computes, and
+# converted to float32 on the GPU. Same pixels as step 10's GPU gather.
+day2/create_mnist_h5 --out "$tmp/mnist.h5" > /dev/null 2>&1
+day2/create_mnist_h5 --out "$tmp/mnist_gzip.h5" --gzip 4 > /dev/null 2>&1
+day2/create_mnist_h5 --out "$tmp/mnist_float32.h5" --float32 > /dev/null 2>&1
+day2/10_mnist_ddp_multinode --no-shuffle --epochs 2 --losses "$tmp/s10.csv" --plot '' > /dev/null 2>&1
+day2/11_multinode_streaming --h5 "$tmp/mnist.h5" --no-shuffle --epochs 2 --losses "$tmp/s11.csv" --plot '' > "$tmp/g11" 2>&1
+verdict=$(same_losses "$tmp/s10.csv" "$tmp/s11.csv" 1e-6)
+check "step 11 on the GPU takes step 10's GPU steps (1 rank, --no-shuffle): $verdict" test $? -eq 0
+grep -q 'copied to the GPU from page-locked memory' "$tmp/g11" ||
+    fail "step 11 on the GPU does not say that it copies from page-locked memory: $(grep '^Data: ' "$tmp/g11" | head -1)"
+for setting in "1 1" "4 3"; do
+    set -- $setting
+    day2/11_multinode_streaming --h5 "$tmp/mnist_gzip.h5" --epochs 2 --workers "$1" --prefetch "$2" \
+        --losses "$tmp/g11_w$1.csv" --plot '' > "$tmp/g11_w$1" 2>&1
+done
+day2/11_multinode_streaming --h5 "$tmp/mnist_float32.h5" --epochs 2 --losses "$tmp/g11_f32.csv" --plot '' > /dev/null 2>&1
+check "step 11 on the GPU: bit-identical at 1 worker x 1 ahead and 4 x 3, and from the float32 file (copied as float32)" \
+    eval 'cmp -s "$tmp/g11_w1.csv" "$tmp/g11_w4.csv" && cmp -s "$tmp/g11_w1.csv" "$tmp/g11_f32.csv"'
+mpi 2 day2/11_multinode_streaming --h5 "$tmp/mnist.h5" --plot '' > "$tmp/g11_2" 2>&1
+checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/g11_2" | sort -u | wc -l)
+check "step 11 on 2 GPU ranks: $(accuracy "$tmp/g11_2")%, both ranks end bit-identical; $(grep -o 'the loop waited [^,]*' "$tmp/g11_2" | head -1)" \
+    awk "BEGIN { exit !($(accuracy "$tmp/g11_2") > 85 && $checksums == 1) }"
+
 # test_profile: MSE, SGD and the profiler's GPU synchronisation.
 mpi 2 day1/test_profile --trace "$tmp/trace.json" > "$tmp/tp" 2>&1
 check "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
@@ -159,6 +184,12 @@ if [ -n "$sanitizer" ]; then
     status=$?
     check "compute-sanitizer on step 2 (one epoch), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs"
+    # The copy stream, its events and the page-locked slots of step 11.
+    "$sanitizer" --error-exitcode 9 day2/11_multinode_streaming --h5 "$tmp/mnist_gzip.h5" --epochs 1 --workers 3 \
+        --plot '' > "$tmp/cs11" 2>&1
+    status=$?
+    check "compute-sanitizer on step 11 (one epoch, 3 workers), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs11")" \
+        grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs11"
 else
     echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
 fi

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Day 2's HDF5 path end to end: day2/create_mnist_h5 and step 11 streaming from it.
 # Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
-#   - the file has the original workshop's layout, uint8 by default and float32 (the
-#     original's exactly) with --float32 (checked with h5py, not with our reader);
+#   - the file has the original workshop's layout, uint8 uncompressed by default and
+#     float32 gzip (the original's exactly) with --float32 (checked with h5py, not with
+#     our reader); --gzip N compresses uint8 chunks;
+#   - the workers: losses and weights bit-identical at any --workers and --prefetch;
+#     damaged chunks and truncated files end the job with one line, no hang;
+#     a file with filters the workers do not decode trains through H5Dread;
 #   - a file written by h5py in that layout trains in step 11, with the losses of ours;
 #   - step 11 takes step 10's steps (1 rank, no shuffle), and uint8 and float32 files agree;
 #   - on 2 ranks: the loss falls, parameters agree, each rank reads only its groups;
 #   - bad files and flags: one clear line, non-zero exit, no hang;
-#   - memory: step 11 holds batches, not the data set.
+#   - memory: step 11 holds workers x prefetch batches, not the data set.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -43,13 +47,17 @@ expect "create_mnist_h5 writes $tmp/ours.h5 and says what: $(tail -1 "$tmp/out_c
     grep -q "^wrote $tmp/ours.h5: [0-9.]* MB" "$tmp/out_create"
 run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours_float32.h5" --float32 > /dev/null 2>&1
 expect "create_mnist_h5 --float32 writes a second file" test -s "$tmp/ours_float32.h5"
+run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours_gzip.h5" --gzip 4 > "$tmp/out_gzip" 2>&1
+expect "create_mnist_h5 --gzip 4 compresses the uint8 chunks: $(tail -1 "$tmp/out_gzip")" \
+    awk '/^wrote/ { mb = $3 + 0 } END { exit !(mb > 0 && mb < 20) }' "$tmp/out_gzip"
 
 # The layout, read back by h5py against the IDX files: what the original's code sees.
-check_layout() {  # file, pixel dtype
-    "$PYTHON" - "$1" "$2" "$DATA" << 'EOF'
+check_layout() {  # file, pixel dtype, compression (gzip or None)
+    "$PYTHON" - "$1" "$2" "$3" "$DATA" << 'EOF'
 import gzip, os, sys
 import h5py, numpy as np
-path, dtype, data = sys.argv[1:]
+path, dtype, compression, data = sys.argv[1:]
+compression = None if compression == "None" else compression
 def idx(stem, header):
     name = os.path.join(data, stem)
     raw = gzip.open(name + ".gz").read() if os.path.exists(name + ".gz") else open(name, "rb").read()
@@ -60,7 +68,7 @@ with h5py.File(path, "r") as f:
         want = [(images.shape, (groups, 100, 1, 28, 28)), (images.dtype, np.dtype(dtype)),
                 (labels.shape, (groups, 100)), (labels.dtype, np.dtype("int64")),
                 (images.chunks, (1, 100, 1, 28, 28)), (labels.chunks, (1, 100)),
-                (images.compression, "gzip"), (labels.compression, "gzip")]
+                (images.compression, compression), (labels.compression, compression)]
         for got, expected in want:
             assert got == expected, f"{part}: {got} where the original has {expected}"
         pixels = idx(prefix + "-images-idx3-ubyte", 16).reshape(groups, 100, 1, 28, 28)
@@ -70,14 +78,14 @@ with h5py.File(path, "r") as f:
             assert np.array_equal(images[g], expected), f"{part} group {g}: pixels differ from the IDX file's"
             assert np.array_equal(labels[g], classes[g]), f"{part} group {g}: labels differ"
 print(f"train/images {dtype} (600, 100, 1, 28, 28), train/labels int64 (600, 100), test likewise (100 groups); "
-      "gzip, one chunk per group; groups 0, 1, N/2, N-1 equal the IDX data" +
+      f"{compression or 'uncompressed'}, one chunk per group; groups 0, 1, N/2, N-1 equal the IDX data" +
       (" (the pixels as stored in IDX)" if dtype == "uint8" else " / 255 (the original's pixels exactly)"))
 EOF
 }
 if [ $have_h5py = 1 ]; then
-    for variant in "ours.h5 uint8" "ours_float32.h5 float32"; do
+    for variant in "ours.h5 uint8 None" "ours_float32.h5 float32 gzip" "ours_gzip.h5 uint8 gzip"; do
         set -- $variant
-        verdict=$(check_layout "$tmp/$1" "$2" 2>&1)
+        verdict=$(check_layout "$tmp/$1" "$2" "$3" 2>&1)
         if [ $? -eq 0 ]; then pass "h5py reads $1 ($2) in the original's layout: $verdict"
         else fail "h5py reads $1: $(echo "$verdict" | tail -1)"; fi
     done
@@ -112,6 +120,28 @@ run "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 2 --losses "$tmp/uint8.csv" > /d
 run "${step11[@]}" --h5 "$tmp/ours_float32.h5" --epochs 2 --losses "$tmp/float32.csv" > /dev/null 2>&1
 expect_same_losses "step 11 from the uint8 file == from the --float32 file (shuffled, 2 epochs)" \
     "$tmp/uint8.csv" "$tmp/float32.csv" 0
+run "${step11[@]}" --h5 "$tmp/ours_gzip.h5" --epochs 2 --losses "$tmp/gzip.csv" > /dev/null 2>&1
+expect_same_losses "step 11 from the gzip uint8 file (inflated by the workers) == from the uncompressed one" \
+    "$tmp/uint8.csv" "$tmp/gzip.csv" 0
+
+# ---------------------------------------------------------------- the workers
+# Which worker reads a batch, and how far ahead, changes nothing: the same
+# losses and the same final weights, bit for bit, from the gzip file (workers
+# inflate in parallel) at 1, 2 and 4 workers and 1 or 3 batches ahead.
+for setting in "1 1" "2 2" "4 3"; do
+    set -- $setting
+    run "${step11[@]}" --h5 "$tmp/ours_gzip.h5" --epochs 2 --workers "$1" --prefetch "$2" \
+        --losses "$tmp/w$1.csv" > "$tmp/out_w$1" 2>&1
+done
+sums=$(for w in 1 2 4; do sed -n 's/.*parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out_w$w"; done)
+expect "--workers 1/2/4 with --prefetch 1/2/3: bit-identical losses and final weights ($(echo $sums))" \
+    eval 'cmp -s "$tmp/w1.csv" "$tmp/w2.csv" && cmp -s "$tmp/w1.csv" "$tmp/w4.csv" &&
+          [ "$(echo "$sums" | wc -l)" = 3 ] && [ "$(echo "$sums" | sort -u | wc -l)" = 1 ]'
+expect_same_losses "... and the same losses as the default settings" "$tmp/gzip.csv" "$tmp/w4.csv" 0
+expect "step 11 says what each of its 4 workers read ($(grep -c '^Data: worker' "$tmp/out_w4") lines) and how long the loop waited" \
+    eval '[ "$(grep -cE "^Data: worker [0-3]: [0-9]+ batches \([0-9]+ samples\), busy [0-9.]+ s" "$tmp/out_w4")" = 4 ] &&
+          grep -qE "^Data: read 120000 samples .* 4 workers busy .* the loop waited [0-9.]+ s for data" "$tmp/out_w4"'
+
 
 # ---------------------------------------------------------------- a file written by h5py
 # The original's layout written by numpy + h5py, as the original's create_mnist_h5.py would.
@@ -150,7 +180,7 @@ expect "step 11 on 2 ranks ends with identical parameters on both ranks ($(echo 
     test "$(echo "$checksums" | wc -l)" = 2 -a "$(echo "$checksums" | sort -u | wc -l)" = 1
 # Each rank reads its 300 groups an epoch, not the file: 3 x 30000 samples.
 expect "each of 2 ranks reads only its half of the groups: $(grep '^Data: read' "$tmp/out2")" \
-    grep -qE '^Data: read 90000 samples \([0-9.]+ MB of float32 pixels\) from uint8 chunks in [0-9.]+ s: [0-9]+ MB/s; the loop waited [0-9.]+ s for data' "$tmp/out2"
+    grep -qE '^Data: read 90000 samples \([0-9.]+ MB of float32 pixels\) from uint8 chunks, [0-9.]+ workers? busy [0-9.]+ s in all: [0-9]+ MB/s per worker; the loop waited [0-9.]+ s for data' "$tmp/out2"
 expect "step 11 --losses (3 epochs x 5 steps), --save and --plot write their files" \
     test "$(wc -l < "$tmp/r2.csv")" = 16 -a -s "$tmp/w2.h5" -a -s "$tmp/img/11.png"
 mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 1 --init "$tmp/w2.h5" --losses "$tmp/resume.csv" > /dev/null 2>&1
@@ -176,6 +206,11 @@ expect_error 1 "missing.h5: cannot open: No such file or directory\. Write it wi
     mpi 2 "${step11[@]}" --h5 "$tmp/missing.h5"
 expect "a missing file on 2 ranks is reported once" test "$(grep -c 'cannot open' "$tmp/err")" = 1
 expect_error 2 '^error: --batch_size 6450 is not a multiple of 100' mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --batch_size 6450
+expect_error 2 '^error: --prefetch expects an integer from 1' mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --prefetch 0
+expect_error 2 '^error: --gzip 10: the levels are 0 \(uncompressed\) to 9' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
+# A truncated file (a copy cut at half): HDF5 sees it at open, every rank says so at once.
+head -c $(( $(stat -c %s "$tmp/ours_gzip.h5") / 2 )) "$tmp/ours_gzip.h5" > "$tmp/truncated.h5"
+expect_error 1 "truncated.h5: cannot open the HDF5 file: truncated file" mpi 2 "${step11[@]}" --h5 "$tmp/truncated.h5"
 echo "not hdf5" > "$tmp/text.h5"
 expect_error 1 'text.h5: not an HDF5 file' mpi 2 "${step11[@]}" --h5 "$tmp/text.h5"
 expect_error 1 'MNIST not found.*Run `make data`' run day2/create_mnist_h5 --data "$tmp/nowhere" --out "$tmp/x.h5"
@@ -216,6 +251,58 @@ EOF
     # Found while streaming, on the rank that reads it (rank 1 gets group 1): the job aborts.
     expect_error 1 "label_value.h5: 'train/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \
         mpi 2 "${step11[@]}" --h5 "$tmp/label_value.h5" --no-shuffle --epochs 1
+
+    # Damaged chunks in copies of the gzip file, found by a worker of the rank
+    # that reads the group (2 ranks, no shuffle: rank 1 reads group 5 in its 1st
+    # batch); the job ends with the worker's line, no rank or thread left waiting.
+    "$PYTHON" - "$tmp/ours_gzip.h5" "$tmp" << 'EOF'
+import shutil, sys
+import h5py
+source, tmp = sys.argv[1:]
+def damage(name, how):
+    shutil.copy(source, f"{tmp}/{name}.h5")
+    with h5py.File(f"{tmp}/{name}.h5", "r+") as f:
+        how(f["train/images"])
+def corrupt(images):
+    mask, chunk = images.id.read_direct_chunk((5, 0, 0, 0, 0))
+    images.id.write_direct_chunk((5, 0, 0, 0, 0), chunk[:2] + bytes(b ^ 0x5A for b in chunk[2:]), mask)
+def short(images):  # stored raw (filter mask 1), one image short
+    images.id.write_direct_chunk((5, 0, 0, 0, 0), bytes(99 * 784), 1)
+damage("corrupt_chunk", corrupt)
+damage("short_chunk", short)
+# A chunk never written: group 5 of 6 left out.
+with h5py.File(source, "r") as src, h5py.File(f"{tmp}/missing_chunk.h5", "w") as dst:
+    for part in ("train", "test"):
+        images, labels = src[part + "/images"], src[part + "/labels"]
+        n = 6 if part == "train" else images.shape[0]
+        out = dst.create_dataset(part + "/images", (n,) + images.shape[1:], images.dtype, chunks=images.chunks,
+                                 compression="gzip")
+        for g in range(n):
+            if not (part == "train" and g == 5):
+                out[g] = images[g]
+        dst[part + "/labels"] = labels[:n]
+EOF
+    expect_error 1 "corrupt_chunk.h5: 'train/images' group 5: corrupt gzip data" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/corrupt_chunk.h5" --no-shuffle --epochs 1 --workers 2
+    expect_error 1 "short_chunk.h5: 'train/images' group 5: its chunk is 77616 bytes, one group is 78400" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/short_chunk.h5" --no-shuffle --epochs 1
+    expect_error 1 "missing_chunk.h5: 'train/images' group 5: its chunk is missing \(never written\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/missing_chunk.h5" --no-shuffle --epochs 1 --batch_size 300
+
+    # Filters the workers do not decode (shuffle + gzip, as h5py's shuffle=True
+    # writes): read with H5Dread, the same batches, and rank 0 says so once.
+    "$PYTHON" - "$tmp/ours_gzip.h5" "$tmp/shuffled.h5" << 'EOF'
+import sys
+import h5py
+source, out = sys.argv[1:]
+with h5py.File(source, "r") as src, h5py.File(out, "w") as dst:
+    for name in ("train/images", "train/labels", "test/images", "test/labels"):
+        dst.create_dataset(name, data=src[name][:], chunks=src[name].chunks, compression="gzip", shuffle=True)
+EOF
+    mpi 2 "${step11[@]}" --h5 "$tmp/shuffled.h5" --epochs 3 --losses "$tmp/shuffled.csv" > "$tmp/out_shuffled" 2>&1
+    expect "a file with the shuffle filter trains through H5Dread, and rank 0 says so once: $(grep -m1 'H5Dread' "$tmp/out_shuffled")" \
+        eval '[ "$(grep -c "read with H5Dread, one worker at a time: .train/images. (filters \[shuffle, deflate\])" "$tmp/out_shuffled")" = 1 ]'
+    expect_same_losses "... and takes the same steps as from our file (2 ranks, 3 epochs)" "$tmp/r2.csv" "$tmp/shuffled.csv" 0
 else
     no_h5py "step 11 on files with a missing dataset, a wrong shape, a wrong dtype, mismatched groups, a bad label"
 fi
@@ -234,7 +321,8 @@ elif [ -x /usr/bin/time ]; then
     rss11=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/ours.h5" --epochs 1 --batch_size 3200 --plot '')
     expect "step 11 peaks at ${rss11:-?} kB, at least the training set's 47040 kB under step 10's ${rss10:-?} kB (batch 3200, 1 rank)" \
         awk "BEGIN { exit !(${rss11:-0} > 0 && ${rss10:-0} - ${rss11:-0} >= 47040) }"
-    # O(batch), not O(data set): 4 x the training groups, the same peak.
+    # O(workers x prefetch x batch), not O(data set): 4 x the training groups,
+    # the same peak, at 1, 2 and 4 workers.
     if [ $have_h5py = 1 ]; then
         "$PYTHON" - "$tmp/ours.h5" "$tmp/big.h5" << 'EOF'
 import sys
@@ -245,16 +333,19 @@ with h5py.File(source, "r") as src, h5py.File(out, "w") as dst:
         images, labels = src[part + "/images"], src[part + "/labels"]
         n = images.shape[0]
         big_images = dst.create_dataset(part + "/images", (copies * n,) + images.shape[1:], images.dtype,
-                                        chunks=images.chunks, compression="gzip")
+                                        chunks=images.chunks)
         big_labels = dst.create_dataset(part + "/labels", (copies * n, 100), labels.dtype, chunks=(1, 100))
         for c in range(copies):  # group by group: this script holds one group too
             for g in range(n):
                 big_images[c * n + g] = images[g]
             big_labels[c * n:(c + 1) * n] = labels[:]
 EOF
-        rss_big=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/big.h5" --epochs 1 --batch_size 3200 --plot '')
-        expect "step 11 on 4x the training groups (2400) peaks at ${rss_big:-?} kB, within 5% of 600 groups' ${rss11:-?} kB" \
-            awk "BEGIN { r = ${rss_big:-0} / ${rss11:-1}; exit !(r < 1.05 && r > 0.95) }"
+        for workers in 1 2 4; do
+            rss_small=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/ours.h5" --epochs 1 --batch_size 3200 --plot '' --workers $workers)
+            rss_big=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/big.h5" --epochs 1 --batch_size 3200 --plot '' --workers $workers)
+            expect "step 11 with $workers worker(s) x 2 ahead on 4x the training groups (2400) peaks at ${rss_big:-?} kB, within 5% of 600 groups' ${rss_small:-?} kB" \
+                awk "BEGIN { r = ${rss_big:-0} / ${rss_small:-1}; exit !(r < 1.05 && r > 0.95) }"
+        done
     else
         no_h5py "step 11's peak memory on a 4x larger file"
     fi
