@@ -2,33 +2,36 @@
 //
 // What it does: reads the four IDX files (make data) and writes them in the
 // original workshop's layout (names, shapes, chunks), groups of 100 samples,
-// one gzip chunk per group:
+// one chunk per group:
 //   train/images  [600, 100, 1, 28, 28]  uint8 pixels 0..255 (--float32: float32 pixels / 255)
 //   train/labels  [600, 100]             int64
 //   test/images   [100, 100, 1, 28, 28] and test/labels [100, 100], the same way
-// A chunk is what HDF5 reads and inflates in one go: step 11 reads whole
+// A chunk is what HDF5 reads (and inflates) in one go: step 11 reads whole
 // groups, one chunk each, and never the whole file.
 //
-// The pixels: the original stores float32 pixels / 255; by default we store
-// the IDX bytes themselves, and step 11 divides by 255 as it reads, into the
-// very same float32 values (its losses are bit-identical: tests/test_h5_stream.sh).
-// Why: reading costs step 11 CPU time that training would use, and a uint8
-// file is 4x less to inflate: an epoch reads in 0.19 s instead of 0.39 s (one
-// laptop core), and the file is 12 MB instead of 20 MB. --float32 writes the
-// original's exact layout, for the original's h5py code; step 11 reads both,
-// and files written by the original too.
+// The pixels: the original stores float32 pixels / 255, gzip-compressed; by
+// default we store the IDX bytes themselves, uncompressed, and step 11 divides
+// by 255 where it computes, into the very same float32 values (its losses are
+// bit-identical: tests/test_h5_stream.sh). Why, by measurement (README, step 11):
+// reading costs CPU time that training would use. uint8 is 4x less to move
+// than float32, and an uncompressed chunk needs no inflating: it reads about 4x
+// faster than a gzip one, for a file of 55 MB instead of 12 MB. --gzip 4 makes
+// the small file, for a slow disk; --float32 writes the original's exact
+// layout, for the original's h5py code. Step 11 reads them all, and files
+// written by the original too.
 //
 // Build and run (one process: it writes one file):
 //   make day2/create_mnist_h5
 //   day2/create_mnist_h5                                   # data/mnist -> data/mnist.h5
+//   day2/create_mnist_h5 --gzip 4 --out data/mnist_gzip.h5 # 4.6x smaller, slower to read
 //   day2/create_mnist_h5 --float32 --out data/mnist_float32.h5   # for the PyTorch original
 //   day2/create_mnist_h5 --force                           # overwrite data/mnist.h5
 //
 // Expected output (times vary):
-//   create_mnist_h5: data/mnist -> data/mnist.h5: uint8 pixels 0..255, gzip level 4, one chunk per group of 100
-//   train: 60000 samples -> train/images uint8 [600, 100, 1, 28, 28], train/labels int64 [600, 100] in 0.57 s
-//   test: 10000 samples -> test/images uint8 [100, 100, 1, 28, 28], test/labels int64 [100, 100] in 0.10 s
-//   wrote data/mnist.h5: 12.1 MB for 55.4 MB of data (4.6x smaller) in 0.93 s
+//   create_mnist_h5: data/mnist -> data/mnist.h5: uint8 pixels 0..255, uncompressed, one chunk per group of 100
+//   train: 60000 samples -> train/images uint8 [600, 100, 1, 28, 28], train/labels int64 [600, 100] in 0.05 s
+//   test: 10000 samples -> test/images uint8 [100, 100, 1, 28, 28], test/labels int64 [100, 100] in 0.01 s
+//   wrote data/mnist.h5: 55.5 MB for 55.4 MB of data (uncompressed) in 0.32 s
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
