@@ -160,3 +160,47 @@ if [ "$cores" -gt 1 ]; then
         awk '{ printf "%-12s %10.3f %10.3f %8.2fx\n", $1, $2, $3, $2 / $3 }'
     rm -f "$out.1" "$out.$cores"
 fi
+
+# ---------------------------------------------------------------- step 11: streaming from HDF5
+# Step 11 against step 10 (the same training, data in memory) at 1 and 2 ranks,
+# from the default file (uint8, uncompressed) and a gzip one, at 1, 2 and 4
+# reader workers; then the reader alone (no training) at 1, 2 and 4 workers.
+echo
+echo "== step 11 (streaming from HDF5) against step 10 (data in memory): loop s, and how long the loop waited for data"
+h5dir=$(mktemp -d)
+trap 'rm -f "$out"; rm -rf "$h5dir"' EXIT
+day2/create_mnist_h5 --data "$DATA" --out "$h5dir/mnist.h5" > /dev/null
+day2/create_mnist_h5 --data "$DATA" --out "$h5dir/mnist_gzip.h5" --gzip 4 > /dev/null
+waited_s() { sed -n 's/.*the loop waited \([0-9.]*\) s for data.*/\1/p' "$out"; }
+printf '%-46s %6s %8s %8s %9s\n' "program" "ranks" "loop s" "waited" "÷ step 10"
+for ranks in 1 2; do
+    step10=() ; declare -A s11 w11
+    for ((i = 0; i < repeats; i++)); do
+        wall $MPIRUN --bind-to none -np $ranks day2/10_mnist_ddp_multinode --data "$DATA" --plot '' > /dev/null
+        step10+=("$(loop_s)")
+        for file in mnist mnist_gzip; do
+            for workers in 1 2 4; do
+                wall $MPIRUN --bind-to none -np $ranks day2/11_multinode_streaming --h5 "$h5dir/$file.h5" \
+                    --workers $workers --plot '' > /dev/null
+                s11[$file.$workers]+="$(loop_s) " w11[$file.$workers]+="$(waited_s) "
+            done
+        done
+    done
+    base=$(printf '%s\n' "${step10[@]}" | median)
+    printf '%-46s %6d %8.3f %8s %9s\n' "day2/10_mnist_ddp_multinode" "$ranks" "$base" "" ""
+    for file in mnist mnist_gzip; do
+        for workers in 1 2 4; do
+            l=$(printf '%s\n' ${s11[$file.$workers]} | median) w=$(printf '%s\n' ${w11[$file.$workers]} | median)
+            printf '%-46s %6d %8.3f %8.3f %8.2fx\n' "day2/11 $file.h5 --workers $workers" "$ranks" "$l" "$w" \
+                "$(awk "BEGIN { print $l / $base }")"
+        done
+    done
+    unset s11 w11
+done
+echo
+echo "== step 11's reader alone (1 rank, 5 epochs, no training): GB/s of float32 pixels delivered"
+for file in mnist mnist_gzip; do
+    for workers in 1 2 4; do
+        build/tools/h5_read_bench "$h5dir/$file.h5" "$workers" 2 5 | head -1
+    done
+done
