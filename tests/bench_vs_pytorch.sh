@@ -6,7 +6,9 @@
 #   - tests/torch_fast_mlp.py: step 2 as a PyTorch expert writes it (the data
 #     set resident in memory, no DataLoader), at 1 thread and at every core.
 # Then the GEMM yardstick (the sgemm peak of this machine, measured now) and
-# step 5's profile at 1 thread and at every core: which ranges scale.
+# step 5's profile at 1 thread and at every core: which ranges scale. Last,
+# step 11 (streaming from HDF5) against step 10 at 1, 2 and 4 reader workers,
+# and the reader alone.
 #
 #   tests/bench_vs_pytorch.sh [REPEATS]        (make bench)
 #
