@@ -36,6 +36,8 @@ packages=(make gcc pkg-config curl ca-certificates python3
           libopenblas-dev                  # CBLAS (sgemm)
           zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs
           libhdf5-dev)                     # checkpoints (and Day 2's data set)
+# The GPU code, where CUDA is installed (the Makefile's CUDA_HOME): nvcc compiles its host side with g++.
+[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && packages+=(g++)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
 # slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
 # libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
