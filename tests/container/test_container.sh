@@ -138,7 +138,7 @@ cleanup() { "$manage" rmi -f "$image" > /dev/null 2>&1; rm -rf "$tmp"; }
 trap cleanup EXIT
 # Can it run a container at all here? (With podman-here.sh, the first call sets podman up: a minute.)
 if ! timeout 600 "$engine" run --rm docker.io/library/debian:bookworm true > "$tmp/probe" 2>&1; then
-    why=$(grep -v '^$' "$tmp/probe" | tail -1)
+    why=$(grep -v -e '^$' -e "^Run '.* --help'" "$tmp/probe" | tail -1)
     skip "the image: $engine cannot run a container here: ${why:-it exits with an error and says nothing}"
     exit 0
 fi
