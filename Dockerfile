@@ -1,6 +1,6 @@
 # The workshop in a container: every program built, run as a non-root user.
 #
-#   docker build -t ddp-workshop .                # CPUs: Debian 12 (a few minutes, ~600 MB)
+#   docker build -t ddp-workshop .                # CPUs: Debian 12 (about a minute, 810 MB)
 #   docker run --rm -v "$PWD/data/mnist:/workshop/data/mnist:ro" ddp-workshop             # the Day 1 demo
 #   docker run --rm -v "$PWD/data/mnist:/workshop/data/mnist:ro" ddp-workshop \
 #       mpirun -np 2 day1/6_mnist_ddp                                                      # any step
