@@ -6,6 +6,8 @@
 #   make test       unit + integration tests; ends with "N passed, N failed"
 #                   (GPU tests included: on a machine without a GPU they say "skipped: no GPU")
 #   make test-gpu   the GPU tests alone; fails where there is no GPU
+#   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
+#                   k8s/job.yaml's commands in it (podman or docker; SKIP without them)
 #   make clean
 #
 # Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, OPENMP, CUDA_HOME, CUDA=0|1, CUDA_ARCH,
@@ -117,7 +119,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
 TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
 
-.PHONY: all check-deps data demo test test-gpu bench scaling clean FORCE
+.PHONY: all check-deps data demo test test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(DAY2) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
@@ -182,6 +184,12 @@ test: all
 test-gpu: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh build/tests/test_gpu tests/test_gpu.sh
+
+# The container image and the Kubernetes Job (tests/container/test_container.sh says
+# what it checks). Not in `make test`: it takes a few minutes; CI runs it after.
+test-container: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	@MPIRUN="$(MPIRUN)" tests/run.sh tests/container/test_container.sh
 
 clean:
 	rm -rf $(BUILD) $(DAY1) $(DAY2) day1/1_dist_allreduce_gpu

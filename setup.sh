@@ -8,6 +8,9 @@
 #                                # tests use to compare with the PyTorch reference
 #   ./setup.sh --with-slurm      # also install Slurm and munge, for tests/test_slurm.sh
 #                                # (a two-node test cluster on this machine; needs root)
+#   ./setup.sh --with-containers # also install podman, python3-yaml and python3-kubernetes,
+#                                # for make test-container (the image, k8s/job.yaml)
+#   ./setup.sh --deps-only       # install the packages and stop (the Dockerfile's first step)
 #   MNIST_MIRROR=DIR ./setup.sh  # offline: copy MNIST from a local folder
 #
 # On a cluster, skip this: `module load` MPI, OpenBLAS, HDF5 (and CUDA) instead,
@@ -15,13 +18,15 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-demo=1 reference=0 slurm=0
+demo=1 reference=0 slurm=0 containers=0 deps_only=0
 for arg in "$@"; do
     case "$arg" in
         --no-demo) demo=0 ;;
         --with-reference) reference=1 ;;
         --with-slurm) slurm=1 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --with-containers) containers=1 ;;
+        --deps-only) deps_only=1 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "error: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -31,11 +36,16 @@ packages=(make gcc pkg-config curl ca-certificates python3
           libopenblas-dev                  # CBLAS (sgemm)
           zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs
           libhdf5-dev)                     # checkpoints (and Day 2's data set)
+# The GPU code, where CUDA is installed (the Makefile's CUDA_HOME): nvcc compiles its host side with g++.
+[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && packages+=(g++)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
 # slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
 # libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
 # the test cluster's network namespaces.
 [ "$slurm" = 1 ] && packages+=(slurm-wlm munge libpmix-dev iproute2)
+# podman builds and runs the image (Dockerfile); the test reads k8s/job.yaml with python3-yaml
+# and checks it against the Kubernetes API's models (python3-kubernetes).
+[ "$containers" = 1 ] && packages+=(podman python3-yaml python3-kubernetes)
 
 missing=()
 for package in "${packages[@]}"; do
@@ -50,6 +60,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
     echo "== packages: all installed"
 fi
+
+[ "$deps_only" = 1 ] && exit 0
 
 echo "== building"
 make -j"$(nproc)"
