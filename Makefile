@@ -103,6 +103,10 @@ COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 ifeq ($(CUDA),1)
 COMMON_OBJ += $(BUILD)/common/kernels.o
 endif
+# The programs link against an archive of common/'s objects, so each pulls in
+# only the files it uses (and those they use): step 0 gets dist and args, not
+# the GPU code, the tensors or the profiler.
+COMMON_LIB := $(BUILD)/libcommon.a
 
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
         day1/5_mnist_manual_ddp_profile day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day1/test_profile
@@ -139,20 +143,25 @@ $(BUILD)/common/kernels.o: common/kernels.cu common/kernels.h $(FLAGS_STAMP) | $
 $(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)/common
 	$(MPICC) $(CFLAGS) -c $< -o $@
 
-day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+# Rebuilt whole (rm first), so an object whose source is gone leaves with it.
+$(COMMON_LIB): $(COMMON_OBJ)
+	rm -f $@
+	ar rcs $@ $(COMMON_OBJ)
 
-day2/%: day2/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+day1/%: day1/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+day2/%: day2/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
-	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tools/%: tests/tools/%.c $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tools
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
+	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
+$(BUILD)/tools/%: tests/tools/%.c $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tools
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@

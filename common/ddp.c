@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "collectives.h"
 #include "dist.h"
 #include "timer.h"
 #if HAVE_CUDA
@@ -19,7 +20,7 @@
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
     Ddp ddp = {.params = params, .n_params = n_params, .world_size = dist_world_size(), .sync = true};
     ddp.on_gpu = n_params > 0 && tensor_on_gpu(params[0].grad);
-    ddp.nccl = ddp.on_gpu && dist_nccl();
+    ddp.nccl = ddp.on_gpu && device_nccl();
 
     // 1. Every rank starts from rank 0's weights, whatever its seed.
     for (int i = 0; i < n_params; i++) dist_broadcast_tensor(params[i].value, 0);
@@ -234,11 +235,11 @@ static void account_nccl_step(Ddp *ddp) {
 
 // Queue the bucket's allreduce on the communication stream, behind its packing.
 static void start_bucket_nccl(DdpBucket *bucket) {
-    cudaStream_t comm = dist_comm_stream();
+    cudaStream_t comm = device_comm_stream();
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
     CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, bucket->count, ncclFloat, ncclSum,
-                             dist_nccl_comm(), comm));
+                             device_nccl_comm(), comm));
     CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
 }
 #endif

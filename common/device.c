@@ -15,9 +15,16 @@ static bool g_pinned_host;        // device_host_alloc gives page-locked memory 
 static int g_gpu = -1;            // the CUDA device index of this rank
 static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, in order
 static cublasHandle_t g_cublas;
+static ncclComm_t g_nccl;         // NULL: GPU collectives go through MPI on host copies
+static cudaStream_t g_comm_stream;  // NCCL's, beside the compute stream
 
 cudaStream_t device_stream(void) { return g_stream; }
 cublasHandle_t device_cublas(void) { return g_cublas; }
+ncclComm_t device_nccl_comm(void) { return g_nccl; }
+cudaStream_t device_comm_stream(void) { return g_comm_stream; }
+bool device_nccl(void) { return g_nccl != NULL; }
+#else
+bool device_nccl(void) { return false; }
 #endif
 
 int device_gpu_count(void) {
@@ -86,6 +93,17 @@ static void use_gpu(void) {
     snprintf(g_name, sizeof g_name, "cuda:%d (%s)", g_gpu, prop.name);
     g_device = DEVICE_CUDA;
     g_pinned_host = true;
+    dist_at_finalize(device_release);
+}
+
+// Open the NCCL communicator over the ranks' GPUs: rank 0 makes the unique
+// id and MPI_Bcast carries it to the others. Collective.
+static void use_nccl(void) {
+    ncclUniqueId id;
+    if (dist_rank() == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    CHECK_NCCL(ncclCommInitRank(&g_nccl, dist_world_size(), id, dist_rank()));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&g_comm_stream, cudaStreamNonBlocking));
 }
 #endif
 
@@ -120,7 +138,7 @@ Device device_from_flag(const char *flag) {
                "go through MPI on host copies\n",
                dist_local_world_size(), gpus, gpus == 1 ? "" : "s", dist_hostname());
     } else if (dist_world_size() > 1) {
-        dist_use_nccl();
+        use_nccl();
     }
 #endif
     return g_device;
@@ -143,6 +161,12 @@ void device_bind_thread(void) {
 void device_release(void) {
 #if HAVE_CUDA
     if (g_device != DEVICE_CUDA || !g_cublas) return;
+    if (g_nccl) {
+        CHECK_CUDA(cudaStreamSynchronize(g_comm_stream));
+        CHECK_NCCL(ncclCommDestroy(g_nccl));
+        CHECK_CUDA(cudaStreamDestroy(g_comm_stream));
+        g_nccl = NULL;
+    }
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));

@@ -14,6 +14,11 @@
 //
 // GPU work is queued, in order, on one compute stream per rank: the host runs
 // ahead until it needs a result (a loss value, a copy to the host).
+//
+// Layers: device sits on dist (the process group: local rank, hostname, MPI
+// for the choice) and owns everything CUDA: the GPU, its streams, the cuBLAS
+// handle and the NCCL communicator. It registers its teardown with
+// dist_at_finalize. Collectives on tensors are one layer up (collectives.h).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -43,7 +48,8 @@ bool device_gpus_shared(int gpu);
 void device_synchronize(void);
 // A thread other than main() that calls CUDA must first bind to our GPU.
 void device_bind_thread(void);
-// Release the stream and the cuBLAS handle (dist_finalize calls it).
+// Release the NCCL communicator, the streams and the cuBLAS handle.
+// device_from_flag registers it with dist_at_finalize; it may run earlier.
 void device_release(void);
 
 // Raw device memory (cudaMalloc; zero bytes give NULL), and host memory that
@@ -53,7 +59,14 @@ void device_free(void *pointer);
 void *device_host_alloc(size_t bytes);
 void device_host_free(void *pointer);
 
+// Do GPU collectives go through NCCL? True on a GPU rank of a job of more
+// than one rank where every rank has a GPU of its own (device_from_flag
+// opened the communicator: rank 0 makes the unique id, MPI_Bcast carries it).
+bool device_nccl(void);
+
 #if HAVE_CUDA
 cudaStream_t device_stream(void);      // the compute stream
 cublasHandle_t device_cublas(void);    // bound to the compute stream
+ncclComm_t device_nccl_comm(void);     // NULL without NCCL
+cudaStream_t device_comm_stream(void); // NCCL's stream, beside the compute stream
 #endif

@@ -37,6 +37,7 @@
 
 #include "args.h"
 #include "check.h"
+#include "collectives.h"
 #include "dist.h"
 #include "h5.h"
 #include "loss_log.h"
