@@ -70,7 +70,7 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 static void start_bucket(DdpBucket *bucket, int thread) {
 #if HAVE_CUDA
     // GPU gradients: wait for the compute stream's copy to the host buffer.
-    if (bucket->device_buffer) CHECK_CUDA(cudaEventSynchronize(bucket->packed));
+    if (bucket->device_buffer) device_wait_event(bucket->packed);
 #endif
     bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
@@ -220,11 +220,11 @@ static void account_nccl_step(Ddp *ddp) {
     if (!ddp->timing_pending) return;
     ddp->timing_pending = false;
     float backward_end_ms = 0, from_ms = 0, to_ms = 0;
-    CHECK_CUDA(cudaEventSynchronize(ddp->backward_end));
+    device_wait_event(ddp->backward_end);
     CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, ddp->step_start, ddp->backward_end));
     double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
     for (int b = 0; b < ddp->n_buckets; b++) {
-        CHECK_CUDA(cudaEventSynchronize(ddp->buckets[b].comm_done));
+        device_wait_event(ddp->buckets[b].comm_done);
         CHECK_CUDA(cudaEventElapsedTime(&from_ms, ddp->step_start, ddp->buckets[b].comm_start));
         CHECK_CUDA(cudaEventElapsedTime(&to_ms, ddp->step_start, ddp->buckets[b].comm_done));
         account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
@@ -338,7 +338,7 @@ void ddp_free(Ddp *ddp) {
     }
 #if HAVE_CUDA
     if (ddp->on_gpu) {
-        CHECK_CUDA(cudaDeviceSynchronize());  // no bucket may be in flight
+        device_synchronize();  // no bucket may be in flight
         for (int b = 0; b < ddp->n_buckets; b++) {
             device_free(ddp->buckets[b].device_buffer);
             CHECK_CUDA(cudaEventDestroy(ddp->buckets[b].packed));

@@ -1,6 +1,7 @@
 // device.c: the device choice and the CUDA context. See device.h.
 #include "device.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,9 +147,45 @@ Device device_from_flag(const char *flag) {
 
 const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
 
+#if HAVE_CUDA
+// A failed communicator (a peer died, the network broke) ends the job now:
+// the GPU's NCCL kernels would otherwise wait for the peer forever.
+static void check_nccl_async_error(const char *waiting_for) {
+    ncclComm_t comm = g_nccl;
+    if (!comm) return;
+    ncclResult_t async = ncclSuccess;
+    CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", ncclGetLastError(comm));  // before the abort frees the communicator
+    g_nccl = NULL;
+    ncclCommAbort(comm);  // stops the GPU's waiting kernels; its own result no longer matters
+    FATAL("NCCL failed while the host waited for %s: %s (%s); a peer rank died or the network failed: "
+          "aborting the job", waiting_for, ncclGetErrorString(async), detail);
+}
+
+// Query until done; a query's own error (not "not ready") is fatal as usual.
+#define POLL(query, what)                                                        \
+    for (;;) {                                                                   \
+        cudaError_t status_ = (query);                                           \
+        if (status_ == cudaSuccess) break;                                       \
+        if (status_ != cudaErrorNotReady) CHECK_CUDA(status_);                   \
+        check_nccl_async_error(what);                                            \
+        sched_yield();                                                           \
+    }
+
+void device_wait_stream(cudaStream_t stream) { POLL(cudaStreamQuery(stream), "a stream"); }
+void device_wait_event(cudaEvent_t event) { POLL(cudaEventQuery(event), "an event"); }
+#endif
+
 void device_synchronize(void) {
 #if HAVE_CUDA
-    if (g_device == DEVICE_CUDA) CHECK_CUDA(cudaDeviceSynchronize());
+    if (g_device != DEVICE_CUDA) return;
+    // Our two streams, polled (NCCL's work is on the communication stream);
+    // then the device as a whole, which has nothing left that NCCL could hold up.
+    device_wait_stream(g_stream);
+    if (g_nccl) device_wait_stream(g_comm_stream);
+    CHECK_CUDA(cudaDeviceSynchronize());
 #endif
 }
 
@@ -161,13 +198,12 @@ void device_bind_thread(void) {
 void device_release(void) {
 #if HAVE_CUDA
     if (g_device != DEVICE_CUDA || !g_cublas) return;
+    device_synchronize();
     if (g_nccl) {
-        CHECK_CUDA(cudaStreamSynchronize(g_comm_stream));
         CHECK_NCCL(ncclCommDestroy(g_nccl));
         CHECK_CUDA(cudaStreamDestroy(g_comm_stream));
         g_nccl = NULL;
     }
-    CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));
     g_cublas = NULL;

@@ -45,6 +45,7 @@ int device_local_gpu(void);
 bool device_gpus_shared(int gpu);
 
 // Wait until the GPU has finished all queued work (nothing to do on the CPU).
+// Like every host wait on the GPU here, it polls (see device_wait_stream).
 void device_synchronize(void);
 // A thread other than main() that calls CUDA must first bind to our GPU.
 void device_bind_thread(void);
@@ -65,6 +66,16 @@ void device_host_free(void *pointer);
 bool device_nccl(void);
 
 #if HAVE_CUDA
+// Host waits on the GPU that never hang on a dead peer. A GPU blocked in an
+// NCCL collective whose peer has died never finishes, and neither would a
+// plain cudaStreamSynchronize. So these poll, as nccl-tests does: query the
+// stream or event, and between queries ask NCCL for the communicator's
+// asynchronous error (ncclCommGetAsyncError). On an error: ncclCommAbort, one
+// line naming it, and MPI_Abort, which ends the job. (Without NCCL they just
+// poll.) Any thread may call them.
+void device_wait_stream(cudaStream_t stream);
+void device_wait_event(cudaEvent_t event);
+
 cudaStream_t device_stream(void);      // the compute stream
 cublasHandle_t device_cublas(void);    // bound to the compute stream
 ncclComm_t device_nccl_comm(void);     // NULL without NCCL
