@@ -45,12 +45,17 @@ HAVE_HDF5 := $(call probe,#include <hdf5.h>,$(HDF5_CFLAGS) $(HDF5_LIBS))
 endif
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
-# NCCL and cuBLAS: the header and the library, beside CUDA (where NVIDIA's
-# packages put them) or in the system's paths (Debian's libnccl-dev).
+# NCCL and cuBLAS: a probe that includes the header and calls the library, built
+# against CUDA's folders (where NVIDIA's packages put them) and the system's
+# (Debian's libnccl-dev), so a stray header or a broken library is "not found".
 CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
-HAVE_NCCL := $(shell (test -f $(CUDA_HOME)/include/nccl.h || test -f /usr/include/nccl.h) && \
-               (ls $(CUDA_LIBDIR)/libnccl.so* || ls /usr/lib/*/libnccl.so*) >/dev/null 2>&1 && echo 1)
-HAVE_CUBLAS := $(shell ls $(CUDA_LIBDIR)/libcublas.so* >/dev/null 2>&1 && echo 1)
+CUDA_PROBE_FLAGS = -isystem $(CUDA_HOME)/include -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR)
+probe_call = $(shell printf '$(1)\nint main(void){$(2)}\n' | \
+               $(MPICC) -x c - -o /dev/null $(3) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_MPICC),1)
+HAVE_NCCL   := $(call probe_call,#include <nccl.h>,int version = 0; return ncclGetVersion(&version) != ncclSuccess;,$(CUDA_PROBE_FLAGS) -lnccl)
+HAVE_CUBLAS := $(call probe_call,#include <cublas_v2.h>,cublasHandle_t handle; return cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS;,$(CUDA_PROBE_FLAGS) -lcublas)
+endif
 HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
 # The GPU code needs all three; without them the programs are CPU-only (and
 # --device cuda says so). A machine without a GPU still builds it, and runs
