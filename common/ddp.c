@@ -15,6 +15,26 @@
 #include "kernels.h"
 #endif
 
+// ------------------------------------------------------------------ GPU gradients: a bucket's device side
+
+#if HAVE_CUDA
+// The bucket's flat copy on the GPU and the events that order and time it.
+static void gpu_bucket_new(DdpBucket *bucket) {
+    bucket->device_buffer = device_alloc(bucket->count * sizeof(float));
+    CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
+    CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
+}
+// NCCL's statistics come from the GPU's timeline: a step's first and last marks.
+static void nccl_timing_new(Ddp *ddp) {
+    CHECK_CUDA(cudaEventCreate(&ddp->step_start));
+    CHECK_CUDA(cudaEventCreate(&ddp->backward_end));
+}
+#else
+static void gpu_bucket_new(DdpBucket *bucket) { (void)bucket; }  // never called: no tensor is on a GPU
+static void nccl_timing_new(Ddp *ddp) { (void)ddp; }
+#endif
+
 // ------------------------------------------------------------------ wrap
 
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
@@ -43,19 +63,9 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
         DdpBucket *bucket = &ddp.buckets[b];
         bucket->pending = bucket->n_params;
         if (!ddp.nccl) bucket->buffer = device_host_alloc(bucket->count * sizeof(float));  // MPI's copy
-#if HAVE_CUDA
-        if (ddp.on_gpu) {
-            bucket->device_buffer = device_alloc(bucket->count * sizeof(float));
-            CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
-            CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
-            CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
-        }
+        if (ddp.on_gpu) gpu_bucket_new(bucket);
     }
-    if (ddp.nccl) {
-        CHECK_CUDA(cudaEventCreate(&ddp.step_start));
-        CHECK_CUDA(cudaEventCreate(&ddp.backward_end));
-#endif
-    }
+    if (ddp.nccl) nccl_timing_new(&ddp);
 
     // 3. The communication thread, if MPI lets two threads call it (NCCL
     //    needs none: the GPU runs its streams side by side).
