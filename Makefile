@@ -47,12 +47,17 @@ HAVE_HDF5 := $(call probe,#include <hdf5.h>,$(HDF5_CFLAGS) $(HDF5_LIBS))
 endif
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
-# NCCL and cuBLAS: the header and the library, beside CUDA (where NVIDIA's
-# packages put them) or in the system's paths (Debian's libnccl-dev).
+# NCCL and cuBLAS: a probe that includes the header and calls the library, built
+# against CUDA's folders (where NVIDIA's packages put them) and the system's
+# (Debian's libnccl-dev), so a stray header or a broken library is "not found".
 CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
-HAVE_NCCL := $(shell (test -f $(CUDA_HOME)/include/nccl.h || test -f /usr/include/nccl.h) && \
-               (ls $(CUDA_LIBDIR)/libnccl.so* || ls /usr/lib/*/libnccl.so*) >/dev/null 2>&1 && echo 1)
-HAVE_CUBLAS := $(shell ls $(CUDA_LIBDIR)/libcublas.so* >/dev/null 2>&1 && echo 1)
+CUDA_PROBE_FLAGS = -isystem $(CUDA_HOME)/include -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR)
+probe_call = $(shell printf '$(1)\nint main(void){$(2)}\n' | \
+               $(MPICC) -x c - -o /dev/null $(3) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_MPICC),1)
+HAVE_NCCL   := $(call probe_call,#include <nccl.h>,int version = 0; return ncclGetVersion(&version) != ncclSuccess;,$(CUDA_PROBE_FLAGS) -lnccl)
+HAVE_CUBLAS := $(call probe_call,#include <cublas_v2.h>,cublasHandle_t handle; return cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS;,$(CUDA_PROBE_FLAGS) -lcublas)
+endif
 HAVE_NVTX := $(shell test -f $(CUDA_HOME)/include/nvtx3/nvToolsExt.h && echo 1)
 # The GPU code needs all three; without them the programs are CPU-only (and
 # --device cuda says so). A machine without a GPU still builds it, and runs
@@ -105,6 +110,10 @@ COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 ifeq ($(CUDA),1)
 COMMON_OBJ += $(BUILD)/common/kernels.o
 endif
+# The programs link against an archive of common/'s objects, so each pulls in
+# only the files it uses (and those they use): step 0 gets dist and args, not
+# the GPU code, the tensors or the profiler.
+COMMON_LIB := $(BUILD)/libcommon.a
 
 DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day1/4_mnist_manual_ddp \
         day1/5_mnist_manual_ddp_profile day1/6_mnist_ddp day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day1/test_profile
@@ -141,20 +150,25 @@ $(BUILD)/common/kernels.o: common/kernels.cu common/kernels.h $(FLAGS_STAMP) | $
 $(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)/common
 	$(MPICC) $(CFLAGS) -c $< -o $@
 
-day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+# Rebuilt whole (rm first), so an object whose source is gone leaves with it.
+$(COMMON_LIB): $(COMMON_OBJ)
+	rm -f $@
+	ar rcs $@ $(COMMON_OBJ)
 
-day2/%: day2/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+day1/%: day1/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+day2/%: day2/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
-	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tools/%: tests/tools/%.c $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tools
-	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
+	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
+$(BUILD)/tools/%: tests/tools/%.c $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tools
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "dist.h"
 
 static void print_default(const ArgSpec *f, char *out, size_t size) {
     switch (f->type) {
@@ -24,8 +23,17 @@ static void print_default(const ArgSpec *f, char *out, size_t size) {
     }
 }
 
+// Rank 0 prints the help (args sits below dist: it asks MPI, if it is running).
+static bool rank_zero(void) {
+    int initialized = 0, finalized = 0, rank = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank == 0;
+}
+
 static void print_help(const char *program, const ArgSpec *flags, int n_flags, const char *about) {
-    if (dist_rank() != 0) return;
+    if (!rank_zero()) return;
     printf("usage: %s [flags]\n  %s\n\nflags:\n", program, about);
     for (int i = 0; i < n_flags; i++) {
         const ArgSpec *f = &flags[i];

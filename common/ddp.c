@@ -8,10 +8,31 @@
 #include <time.h>
 
 #include "check.h"
+#include "collectives.h"
 #include "dist.h"
 #include "timer.h"
 #if HAVE_CUDA
 #include "kernels.h"
+#endif
+
+// ------------------------------------------------------------------ GPU gradients: a bucket's device side
+
+#if HAVE_CUDA
+// The bucket's flat copy on the GPU and the events that order and time it.
+static void gpu_bucket_new(DdpBucket *bucket) {
+    bucket->device_buffer = device_alloc(bucket->count * sizeof(float));
+    CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
+    CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
+}
+// NCCL's statistics come from the GPU's timeline: a step's first and last marks.
+static void nccl_timing_new(Ddp *ddp) {
+    CHECK_CUDA(cudaEventCreate(&ddp->step_start));
+    CHECK_CUDA(cudaEventCreate(&ddp->backward_end));
+}
+#else
+static void gpu_bucket_new(DdpBucket *bucket) { (void)bucket; }  // never called: no tensor is on a GPU
+static void nccl_timing_new(Ddp *ddp) { (void)ddp; }
 #endif
 
 // ------------------------------------------------------------------ wrap
@@ -19,7 +40,7 @@
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
     Ddp ddp = {.params = params, .n_params = n_params, .world_size = dist_world_size(), .sync = true};
     ddp.on_gpu = n_params > 0 && tensor_on_gpu(params[0].grad);
-    ddp.nccl = ddp.on_gpu && dist_nccl();
+    ddp.nccl = ddp.on_gpu && device_nccl();
 
     // 1. Every rank starts from rank 0's weights, whatever its seed.
     for (int i = 0; i < n_params; i++) dist_broadcast_tensor(params[i].value, 0);
@@ -42,19 +63,9 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
         DdpBucket *bucket = &ddp.buckets[b];
         bucket->pending = bucket->n_params;
         if (!ddp.nccl) bucket->buffer = device_host_alloc(bucket->count * sizeof(float));  // MPI's copy
-#if HAVE_CUDA
-        if (ddp.on_gpu) {
-            bucket->device_buffer = device_alloc(bucket->count * sizeof(float));
-            CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
-            CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
-            CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
-        }
+        if (ddp.on_gpu) gpu_bucket_new(bucket);
     }
-    if (ddp.nccl) {
-        CHECK_CUDA(cudaEventCreate(&ddp.step_start));
-        CHECK_CUDA(cudaEventCreate(&ddp.backward_end));
-#endif
-    }
+    if (ddp.nccl) nccl_timing_new(&ddp);
 
     // 3. The communication thread, if MPI lets two threads call it (NCCL
     //    needs none: the GPU runs its streams side by side).
@@ -69,7 +80,7 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 static void start_bucket(DdpBucket *bucket, int thread) {
 #if HAVE_CUDA
     // GPU gradients: wait for the compute stream's copy to the host buffer.
-    if (bucket->device_buffer) CHECK_CUDA(cudaEventSynchronize(bucket->packed));
+    if (bucket->device_buffer) device_wait_event(bucket->packed);
 #endif
     bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
@@ -219,11 +230,11 @@ static void account_nccl_step(Ddp *ddp) {
     if (!ddp->timing_pending) return;
     ddp->timing_pending = false;
     float backward_end_ms = 0, from_ms = 0, to_ms = 0;
-    CHECK_CUDA(cudaEventSynchronize(ddp->backward_end));
+    device_wait_event(ddp->backward_end);
     CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, ddp->step_start, ddp->backward_end));
     double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
     for (int b = 0; b < ddp->n_buckets; b++) {
-        CHECK_CUDA(cudaEventSynchronize(ddp->buckets[b].comm_done));
+        device_wait_event(ddp->buckets[b].comm_done);
         CHECK_CUDA(cudaEventElapsedTime(&from_ms, ddp->step_start, ddp->buckets[b].comm_start));
         CHECK_CUDA(cudaEventElapsedTime(&to_ms, ddp->step_start, ddp->buckets[b].comm_done));
         account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
@@ -234,11 +245,11 @@ static void account_nccl_step(Ddp *ddp) {
 
 // Queue the bucket's allreduce on the communication stream, behind its packing.
 static void start_bucket_nccl(DdpBucket *bucket) {
-    cudaStream_t comm = dist_comm_stream();
+    cudaStream_t comm = device_comm_stream();
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
     CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, bucket->count, ncclFloat, ncclSum,
-                             dist_nccl_comm(), comm));
+                             device_nccl_comm(), comm));
     CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
 }
 #endif
@@ -337,7 +348,7 @@ void ddp_free(Ddp *ddp) {
     }
 #if HAVE_CUDA
     if (ddp->on_gpu) {
-        CHECK_CUDA(cudaDeviceSynchronize());  // no bucket may be in flight
+        device_synchronize();  // no bucket may be in flight
         for (int b = 0; b < ddp->n_buckets; b++) {
             device_free(ddp->buckets[b].device_buffer);
             CHECK_CUDA(cudaEventDestroy(ddp->buckets[b].packed));

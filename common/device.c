@@ -1,6 +1,7 @@
 // device.c: the device choice and the CUDA context. See device.h.
 #include "device.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,16 @@ static bool g_pinned_host;        // device_host_alloc gives page-locked memory 
 static int g_gpu = -1;            // the CUDA device index of this rank
 static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, in order
 static cublasHandle_t g_cublas;
+static ncclComm_t g_nccl;         // NULL: GPU collectives go through MPI on host copies
+static cudaStream_t g_comm_stream;  // NCCL's, beside the compute stream
 
 cudaStream_t device_stream(void) { return g_stream; }
 cublasHandle_t device_cublas(void) { return g_cublas; }
+ncclComm_t device_nccl_comm(void) { return g_nccl; }
+cudaStream_t device_comm_stream(void) { return g_comm_stream; }
+bool device_nccl(void) { return g_nccl != NULL; }
+#else
+bool device_nccl(void) { return false; }
 #endif
 
 int device_gpu_count(void) {
@@ -86,6 +94,17 @@ static void use_gpu(void) {
     snprintf(g_name, sizeof g_name, "cuda:%d (%s)", g_gpu, prop.name);
     g_device = DEVICE_CUDA;
     g_pinned_host = true;
+    dist_at_finalize(device_release);
+}
+
+// Open the NCCL communicator over the ranks' GPUs: rank 0 makes the unique
+// id and MPI_Bcast carries it to the others. Collective.
+static void use_nccl(void) {
+    ncclUniqueId id;
+    if (dist_rank() == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    CHECK_NCCL(ncclCommInitRank(&g_nccl, dist_world_size(), id, dist_rank()));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&g_comm_stream, cudaStreamNonBlocking));
 }
 #endif
 
@@ -120,7 +139,7 @@ Device device_from_flag(const char *flag) {
                "go through MPI on host copies\n",
                dist_local_world_size(), gpus, gpus == 1 ? "" : "s", dist_hostname());
     } else if (dist_world_size() > 1) {
-        dist_use_nccl();
+        use_nccl();
     }
 #endif
     return g_device;
@@ -128,9 +147,45 @@ Device device_from_flag(const char *flag) {
 
 const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
 
+#if HAVE_CUDA
+// A failed communicator (a peer died, the network broke) ends the job now:
+// the GPU's NCCL kernels would otherwise wait for the peer forever.
+static void check_nccl_async_error(const char *waiting_for) {
+    ncclComm_t comm = g_nccl;
+    if (!comm) return;
+    ncclResult_t async = ncclSuccess;
+    CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", ncclGetLastError(comm));  // before the abort frees the communicator
+    g_nccl = NULL;
+    ncclCommAbort(comm);  // stops the GPU's waiting kernels; its own result no longer matters
+    FATAL("NCCL failed while the host waited for %s: %s (%s); a peer rank died or the network failed: "
+          "aborting the job", waiting_for, ncclGetErrorString(async), detail);
+}
+
+// Query until done; a query's own error (not "not ready") is fatal as usual.
+#define POLL(query, what)                                                        \
+    for (;;) {                                                                   \
+        cudaError_t status_ = (query);                                           \
+        if (status_ == cudaSuccess) break;                                       \
+        if (status_ != cudaErrorNotReady) CHECK_CUDA(status_);                   \
+        check_nccl_async_error(what);                                            \
+        sched_yield();                                                           \
+    }
+
+void device_wait_stream(cudaStream_t stream) { POLL(cudaStreamQuery(stream), "a stream"); }
+void device_wait_event(cudaEvent_t event) { POLL(cudaEventQuery(event), "an event"); }
+#endif
+
 void device_synchronize(void) {
 #if HAVE_CUDA
-    if (g_device == DEVICE_CUDA) CHECK_CUDA(cudaDeviceSynchronize());
+    if (g_device != DEVICE_CUDA) return;
+    // Our two streams, polled (NCCL's work is on the communication stream);
+    // then the device as a whole, which has nothing left that NCCL could hold up.
+    device_wait_stream(g_stream);
+    if (g_nccl) device_wait_stream(g_comm_stream);
+    CHECK_CUDA(cudaDeviceSynchronize());
 #endif
 }
 
@@ -143,7 +198,12 @@ void device_bind_thread(void) {
 void device_release(void) {
 #if HAVE_CUDA
     if (g_device != DEVICE_CUDA || !g_cublas) return;
-    CHECK_CUDA(cudaDeviceSynchronize());
+    device_synchronize();
+    if (g_nccl) {
+        CHECK_NCCL(ncclCommDestroy(g_nccl));
+        CHECK_CUDA(cudaStreamDestroy(g_comm_stream));
+        g_nccl = NULL;
+    }
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));
     g_cublas = NULL;

@@ -14,6 +14,11 @@
 //
 // GPU work is queued, in order, on one compute stream per rank: the host runs
 // ahead until it needs a result (a loss value, a copy to the host).
+//
+// Layers: device sits on dist (the process group: local rank, hostname, MPI
+// for the choice) and owns everything CUDA: the GPU, its streams, the cuBLAS
+// handle and the NCCL communicator. It registers its teardown with
+// dist_at_finalize. Collectives on tensors are one layer up (collectives.h).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -40,10 +45,12 @@ int device_local_gpu(void);
 bool device_gpus_shared(int gpu);
 
 // Wait until the GPU has finished all queued work (nothing to do on the CPU).
+// Like every host wait on the GPU here, it polls (see device_wait_stream).
 void device_synchronize(void);
 // A thread other than main() that calls CUDA must first bind to our GPU.
 void device_bind_thread(void);
-// Release the stream and the cuBLAS handle (dist_finalize calls it).
+// Release the NCCL communicator, the streams and the cuBLAS handle.
+// device_from_flag registers it with dist_at_finalize; it may run earlier.
 void device_release(void);
 
 // Raw device memory (cudaMalloc; zero bytes give NULL), and host memory that
@@ -53,7 +60,24 @@ void device_free(void *pointer);
 void *device_host_alloc(size_t bytes);
 void device_host_free(void *pointer);
 
+// Do GPU collectives go through NCCL? True on a GPU rank of a job of more
+// than one rank where every rank has a GPU of its own (device_from_flag
+// opened the communicator: rank 0 makes the unique id, MPI_Bcast carries it).
+bool device_nccl(void);
+
 #if HAVE_CUDA
+// Host waits on the GPU that never hang on a dead peer. A GPU blocked in an
+// NCCL collective whose peer has died never finishes, and neither would a
+// plain cudaStreamSynchronize. So these poll, as nccl-tests does: query the
+// stream or event, and between queries ask NCCL for the communicator's
+// asynchronous error (ncclCommGetAsyncError). On an error: ncclCommAbort, one
+// line naming it, and MPI_Abort, which ends the job. (Without NCCL they just
+// poll.) Any thread may call them.
+void device_wait_stream(cudaStream_t stream);
+void device_wait_event(cudaEvent_t event);
+
 cudaStream_t device_stream(void);      // the compute stream
 cublasHandle_t device_cublas(void);    // bound to the compute stream
+ncclComm_t device_nccl_comm(void);     // NULL without NCCL
+cudaStream_t device_comm_stream(void); // NCCL's stream, beside the compute stream
 #endif

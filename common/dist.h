@@ -6,20 +6,27 @@
 //   dist_local_rank()                   // LOCAL_RANK: index among the ranks on this node
 //   dist_allreduce_sum(buf, n)          // all_reduce(t, op=SUM), in place, on a host buffer
 //   dist_broadcast(buf, n, root)        // broadcast(t, src=root), on a host buffer
-//   dist_all_reduce(&tensor)            // the same on a tensor, on the CPU or a GPU
-//   dist_broadcast_tensor(&tensor, root)
 //   dist_barrier()
 //   dist_finalize();                    // destroy_process_group
 // Printing: print0() prints on rank 0 only; print_rank() prefixes "[rank r] ".
 // Both write whole lines at once, so ranks never interleave half-lines.
+//
+// The bottom of common/'s layers above check.h: MPI only, no device, no
+// tensors. Collectives on tensors (CPU or GPU, MPI or NCCL) are one layer up,
+// in collectives.h. The layers above that need work done before MPI_Finalize
+// (the GPU's streams and NCCL communicator, the profiler's trace) register it
+// with dist_at_finalize, so that dist never calls up.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "tensor.h"
-
 void dist_init(int *argc, char ***argv);
+// Run every registered teardown, newest first (so a layer's work runs before
+// that of the layers below it, which it may still use), then MPI_Finalize.
 void dist_finalize(void);
+// Register `teardown` to run in dist_finalize, before MPI_Finalize. Collective
+// work is allowed there: every rank finalizes at the same point.
+void dist_at_finalize(void (*teardown)(void));
 
 int dist_rank(void);
 int dist_world_size(void);
@@ -32,23 +39,6 @@ int dist_thread_multiple(void);   // may several threads call MPI at once?
 void dist_allreduce_sum(float *buf, size_t count);
 void dist_broadcast(float *buf, size_t count, int root);
 void dist_barrier(void);
-
-// Collectives on tensors, wherever they live. CPU tensors: MPI. GPU tensors:
-// NCCL when every rank has a GPU of its own (the collective runs on the
-// communication stream, after the compute stream's queued work, which waits
-// for it in turn: the host does not wait); otherwise MPI on a host copy.
-void dist_all_reduce(Tensor *t);  // sum over ranks, in place
-void dist_broadcast_tensor(Tensor *t, int root);
-
-// Open the NCCL communicator over the ranks' GPUs: rank 0 makes the unique
-// id and MPI_Bcast carries it to the others. device_from_flag calls it.
-// Collective.
-void dist_use_nccl(void);
-bool dist_nccl(void);  // do GPU collectives go through NCCL?
-#if HAVE_CUDA
-ncclComm_t dist_nccl_comm(void);
-cudaStream_t dist_comm_stream(void);
-#endif
 
 __attribute__((format(printf, 1, 2))) void print0(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void print_rank(const char *fmt, ...);

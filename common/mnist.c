@@ -301,11 +301,6 @@ int sampler_num_batches(const DistributedSampler *s, int batch_size) {
     return (s->num_samples + batch_size - 1) / batch_size;
 }
 
-int rows_in_batches(int samples, int batch_size, int first, int end) {
-    long last = (long)end * batch_size < samples ? (long)end * batch_size : samples;
-    return (int)(last - (long)first * batch_size);
-}
-
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels) {
     int start = batch * batch_size;

@@ -82,10 +82,6 @@ void sampler_free(DistributedSampler *sampler);
 // DataLoader(batch_size, drop_last=False): the last, partial batch is kept.
 int sampler_num_batches(const DistributedSampler *sampler, int batch_size);
 
-// The samples in batches [first, end) when `samples` are cut into batches of
-// batch_size, the last one partial: what one step of accumulated batches sees.
-int rows_in_batches(int samples, int batch_size, int first, int end);
-
 // Gather batch b of this rank into `buffer` [batch_size, 784] and labels, and
 // return the view of the rows filled: batch_size of them, fewer in the last batch.
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,

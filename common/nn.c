@@ -196,7 +196,7 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
 static double read_loss_sum(const Mlp *model) {
     double sum = 0.0;
     CHECK_CUDA(cudaMemcpyAsync(&sum, model->loss_sum, sizeof sum, cudaMemcpyDeviceToHost, device_stream()));
-    CHECK_CUDA(cudaStreamSynchronize(device_stream()));
+    device_wait_stream(device_stream());
     return sum;
 }
 #endif
@@ -300,7 +300,7 @@ double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
             gpu_argmax(logits->data, rows, logits->cols, model->labels, device_stream());
             CHECK_CUDA(cudaMemcpyAsync(predictions, model->labels, (size_t)rows * sizeof(int),
                                        cudaMemcpyDeviceToHost, device_stream()));
-            CHECK_CUDA(cudaStreamSynchronize(device_stream()));
+            device_wait_stream(device_stream());
             for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
 #endif
             continue;

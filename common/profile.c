@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include "check.h"
+#include "device.h"
 #include "dist.h"
 #include "paths.h"
 #include "timer.h"
@@ -51,6 +52,7 @@ void profile_start(const char *trace_path) {
     g.trace_path = trace_path && *trace_path ? trace_path : NULL;
     if (g.trace_path && dist_rank() == 0) make_parent_dirs(g.trace_path);  // fail now, not after training
     g.t0 = wall_seconds();
+    dist_at_finalize(profile_finish);  // the trace is written before MPI goes away
 }
 
 static void record(const char *name, int thread, int depth, double start, double end) {

@@ -10,7 +10,8 @@
 // Each range is an NVTX3 range (header-only, /usr/local/cuda/include/nvtx3), so
 // `nsys profile -t nvtx` shows it; built without NVTX (HAVE_NVTX undefined), the
 // NVTX calls compile to nothing. Once profile_start() has run, each range is
-// also recorded with host timestamps; dist_finalize() then gathers all ranks'
+// also recorded with host timestamps; at dist_finalize() (profile_start
+// registers it there) profile_finish gathers all ranks'
 // records to rank 0, which writes them as Chrome trace-event JSON (one process
 // per rank, one track per thread, peak memory as a counter), for Perfetto
 // (ui.perfetto.dev) or chrome://tracing. Recording costs two clock reads a range.
@@ -37,5 +38,6 @@ void profile_mark(const char *name);
 // over ranks, slowest rank in brackets) and the share of the "step" range,
 // plus each rank's peak memory.
 void profile_summary(void);
-// Collective, called by dist_finalize(): write the trace file, if one was asked for.
+// Collective: write the trace file, if one was asked for. profile_start
+// registers it with dist_at_finalize; calling it earlier ends the recording.
 void profile_finish(void);

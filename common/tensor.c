@@ -65,7 +65,7 @@ void tensor_copy(Tensor *dst, const Tensor *src) {
         // cudaMemcpyDefault: the runtime knows where each pointer lives.
         CHECK_CUDA(cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDefault, device_stream()));
         // A host side must be safe to read (dst) or reuse (src) on return.
-        if (!tensor_on_gpu(dst) || !tensor_on_gpu(src)) CHECK_CUDA(cudaStreamSynchronize(device_stream()));
+        if (!tensor_on_gpu(dst) || !tensor_on_gpu(src)) device_wait_stream(device_stream());
 #endif
         return;
     }

@@ -19,10 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"
-#include "check.h"
-#include "dist.h"
-#include "timer.h"
+#include <mpi.h>     // MPI_Allreduce: the lesson itself
+
+#include "args.h"    // args_parse: --count and --help
+#include "check.h"   // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "dist.h"    // dist_init, dist_rank, print_rank: the process group (MPI_Init and friends)
+#include "timer.h"   // wall_seconds
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -38,7 +40,8 @@ int main(int argc, char **argv) {
         // holds 1 + 2 + ... + W, and dividing by W gives the mean.
         float value = (float)(rank + 1);
         print_rank("initial value %g\n", value);
-        dist_allreduce_sum(&value, 1);
+        // dist.all_reduce(tensor, op=ReduceOp.SUM): every rank's value in, the sum out, in place.
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
         float sum = value;
         float mean = sum / (float)world;
         print_rank("after allreduce: sum %g, mean %g\n", sum, mean);
@@ -53,14 +56,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < count; i++) values[i] = (float)((rank + 1) * (1 + i % 7));
     dist_barrier();
     double start = wall_seconds();
-    dist_allreduce_sum(values, (size_t)count);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     double seconds = wall_seconds() - start;
     for (int i = 0; i < count; i++) values[i] /= (float)world;
 
     long wrong = 0;
     for (int i = 0; i < count; i++) wrong += values[i] != (float)(1 + i % 7) * (float)(world + 1) / 2.0f;
-    float wrong_total = (float)wrong;
-    dist_allreduce_sum(&wrong_total, 1);
+    long wrong_total = wrong;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong_total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     if (wrong) print_rank("%ld of %d elements wrong after allreduce\n", wrong, count);
     print0("allreduce of %d floats (%.1f MB) on %d rank%s: %.1f ms, %s\n", count, count * 4e-6, world,
            world == 1 ? "" : "s", seconds * 1e3, wrong_total == 0 ? "every element verified on every rank" : "FAILED");

@@ -24,15 +24,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "check.h"
-#include "dist.h"
-#include "h5.h"
-#include "loss_log.h"
-#include "mnist.h"
-#include "nn.h"
-#include "threads.h"
-#include "timer.h"
+#include "args.h"      // args_parse: the flags and --help
+#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
+#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
+#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "threads.h"   // threads_init: this rank's CPU threads
+#include "timer.h"     // wall_seconds
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

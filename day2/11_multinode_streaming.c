@@ -44,17 +44,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"
-#include "check.h"
-#include "ddp.h"
-#include "dist.h"
-#include "h5.h"
-#include "h5_stream.h"
-#include "loss_log.h"
-#include "mnist.h"
-#include "nn.h"
-#include "threads.h"
-#include "timer.h"
+#include "accum.h"     // micro_batch: which micro-batches make one optimizer step
+#include "args.h"      // args_parse: the flags and --help
+#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
+#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "h5_stream.h" // h5_stream_next: batches streamed from HDF5 by reader threads
+#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
+#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "threads.h"   // threads_init: this rank's CPU threads
+#include "timer.h"     // wall_seconds
 
 // Accuracy on the test groups, streamed in batches like the training data
 // (every rank reads all of them: the test set is not sharded, as in step 10).
@@ -140,24 +141,25 @@ int main(int argc, char **argv) {
         float loss = 0.0f;
         for (int b = 0; b < n_batches; b++) {
             Tensor x = h5_stream_next(stream, epoch, b, batch_labels);  // [rows, 784], read while b - 1 trained
-            // A step takes accum_steps micro-batches; weigh each by its share of the step's samples.
-            int first = b - b % accum_steps, end = first + accum_steps < n_batches ? first + accum_steps : n_batches;
-            int step_rows = rows_in_batches(rank_samples, opt.batch_size, first, end);
-            bool last_micro_batch = b + 1 == end;
-            if (b == first) mlp_zero_grad(&model), loss = 0.0f;     // optimizer.zero_grad()
-            ddp_set_sync(&ddp, last_micro_batch);          // with model.no_sync() on the others
+            // accum_steps micro-batches make a step; each weighs by its share of the step's samples.
+            MicroBatch micro = micro_batch(b, accum_steps, rank_samples, opt.batch_size);
+            if (micro.first) {
+                mlp_zero_grad(&model);                     // optimizer.zero_grad()
+                loss = 0.0f;
+            }
+            ddp_set_sync(&ddp, micro.last);                // with model.no_sync() on the others
             mlp_forward(&model, &x);                       // output = model(data)
-            float weight = (float)x.rows / (float)step_rows;
-            loss += weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
-            mlp_scale_loss(&model, weight);
+            loss += micro.weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_scale_loss(&model, micro.weight);
             mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
-            if (!last_micro_batch) continue;
-            ddp_finish(&ddp);                              // all buckets reduced, grads averaged
-            adam_step(&optimizer);                         // optimizer.step()
-            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
-            loss /= (float)world;
-            loss_log_add(&losses, epoch, loss);
-            loss_sum += loss;
+            if (micro.last) {
+                ddp_finish(&ddp);                          // all buckets reduced, grads averaged
+                adam_step(&optimizer);                     // optimizer.step()
+                dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
+                loss /= (float)world;
+                loss_log_add(&losses, epoch, loss);
+                loss_sum += loss;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,

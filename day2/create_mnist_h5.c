@@ -38,15 +38,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <hdf5.h>
+#include <hdf5.h>      // the HDF5 C API: the file is written with it directly
 
-#include "args.h"
-#include "check.h"
-#include "dist.h"
-#include "h5_stream.h"
-#include "mnist.h"
-#include "paths.h"
-#include "timer.h"
+#include "args.h"      // args_parse: the flags and --help
+#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
+#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "h5_stream.h" // H5_GROUP_SIZE: the file layout step 11 reads
+#include "mnist.h"     // mnist_load: the IDX files to convert
+#include "paths.h"     // make_parent_dirs: folders for output files
+#include "timer.h"     // wall_seconds
 
 #define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Steps 6, 7 and 8 and the DDP library, end to end, on real MNIST.
+# Steps 6, 7 and 8 and the DDP library, end to end, on real MNIST (and
+# --accum_steps in steps 10 and 11 too).
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
@@ -45,6 +46,17 @@ mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 2 --batch_size 6400 --losses "$tmp/
 verdict=$(same_losses "$tmp/accum.csv" "$tmp/big.csv" 1e-5)
 if [ $? -eq 0 ]; then pass "--accum_steps 4 x batch 1600 == batch 6400 on 2 ranks: $verdict"; else fail "--accum_steps 4 x batch 1600 vs batch 6400: $verdict"; fi
 same_weights "--accum_steps 4 x batch 1600 ends with the weights of batch 6400" "$tmp/accum.h5" "$tmp/big.h5" 1e-5
+# Every other step with --accum_steps (its loop is step 6's: tests/test_training_loops.sh), one epoch each.
+day2/create_mnist_h5 --out "$tmp/mnist.h5" > /dev/null 2>&1 || fail "create_mnist_h5 for step 11's --accum_steps check"
+for step in day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day2/10_mnist_ddp_multinode "day2/11_multinode_streaming --h5 $tmp/mnist.h5"; do
+    name=${step%% *}
+    mpi 2 $step --no-shuffle --epochs 1 --batch_size 1600 --accum_steps 4 --losses "$tmp/accum.csv" --save "$tmp/accum.h5" --plot '' > /dev/null 2>&1
+    mpi 2 $step --no-shuffle --epochs 1 --batch_size 6400 --losses "$tmp/big.csv" --save "$tmp/big.h5" --plot '' > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/accum.csv" "$tmp/big.csv" 1e-5)
+    if [ $? -eq 0 ]; then pass "$name --accum_steps 4 x batch 1600 == batch 6400 on 2 ranks: $verdict"; else fail "$name --accum_steps 4 x batch 1600 vs batch 6400: $verdict"; fi
+    same_weights "$name --accum_steps 4 x batch 1600 ends with the weights of batch 6400" "$tmp/accum.h5" "$tmp/big.h5" 1e-5
+    rm -f "$tmp"/accum.* "$tmp"/big.*
+done
 
 # ---------------------------------------------------------------- step 8: lr x W
 day1/2_mnist_training --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
