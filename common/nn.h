@@ -4,9 +4,14 @@
 // (stored [1, out]) and computes y = x @ weight^T + bias for x [B, in].
 // Gradients ACCUMULATE, as in PyTorch: call mlp_zero_grad() before each
 // backward (or don't, to accumulate over micro-batches).
+//
+// Everything here is plain math over tensor_ops.h (ReLU, the losses, the
+// optimizers' updates) and tensor.h's gemm; those operations choose between
+// the CPU and the GPU, so these layers hold no device-specific code or state.
 #pragma once
 #include "rng.h"
 #include "tensor.h"
+#include "tensor_ops.h"  // relu_forward, relu_backward, softmax_cross_entropy, mse_loss, ...
 
 // A named parameter and its gradient, as model.named_parameters() yields them.
 // Names are the PyTorch state_dict keys ("fc.0.weight"), which the HDF5
@@ -33,15 +38,9 @@ void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu);
 // grad_x = grad_y @ weight (skipped when grad_x is NULL: the input needs none).
 void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x);
 
-void relu_forward(Tensor *x);                           // in place
-void relu_backward(const Tensor *y, Tensor *grad);      // grad *= (y > 0), in place; y = relu output
-
-// nn.CrossEntropyLoss: softmax, then the mean over the batch of -log p[label].
-// Keeps the softmax in `probs` [B, C] for the backward pass. CPU tensors (on
-// the GPU, mlp_loss runs both passes as one kernel).
-float cross_entropy_forward(const Tensor *logits, const int *labels, Tensor *probs);
-// d loss / d logits = (probs - onehot(labels)) / B
-void cross_entropy_backward(const Tensor *probs, const int *labels, Tensor *grad_logits);
+// ReLU is an elementwise operation of tensor_ops.h: relu_forward (in place)
+// and relu_backward. So are the losses: softmax_cross_entropy (nn.CrossEntropyLoss,
+// forward and gradient in one pass) and mse_loss (nn.MSELoss).
 
 // The workshop's Net: Linear, ReLU, Linear, ... (nn.Sequential named "fc", so
 // layer i is "fc.<2i>" in the state_dict: fc.0, fc.2).
@@ -50,13 +49,7 @@ typedef struct {
     Linear *layers;
     Tensor *outputs;       // [n_layers] of [max_batch, out_i]: kept for backward
     Tensor *grad_outputs;  // [n_layers] of [max_batch, out_i]
-    Tensor probs;          // [max_batch, classes]: the loss's softmax (CPU)
     int max_batch;
-    // On a GPU: the loss's per-row (or per-element) terms, their sum, and the
-    // labels, copied over for the loss kernel.
-    Tensor loss_terms;     // [max_batch, classes]
-    double *loss_sum;      // [1], device memory
-    int *labels;           // [max_batch], device memory
     int n_params;
     Param *params;         // fc.0.weight, fc.0.bias, fc.2.weight, ... (model.parameters() order)
 } Mlp;
