@@ -27,6 +27,15 @@
 // thread computes. The main thread never enters MPI between ddp_grad_ready and
 // ddp_finish. (MPI without MPI_THREAD_MULTIPLE: buckets are started and driven
 // from ddp_grad_ready itself, between layers, and ddp_wrap says so.)
+//
+// The code, by strategy (ddp_internal.h lists what the files share):
+//   ddp.c        this outline: wrap (buckets), grad_ready, finish, free, each
+//                handing the bucket to its strategy;
+//   ddp_mpi.c    CPU gradients through MPI: 1. with a communication thread,
+//                2. without MPI thread support, between layers;
+//   ddp_gpu.c    GPU gradients: 3. NCCL on the GPU, 4. a GPU shared by several
+//                ranks, through host copies and ddp_mpi.c;
+//   ddp_stats.c  the overlap statistics and the reports.
 #pragma once
 #include <mpi.h>
 #include <pthread.h>
@@ -44,12 +53,10 @@ typedef struct {
     ProfileRange range;         // "allreduce", on the thread that drives it
     bool started, completed;    // this step (completed: set by whoever tests it, read after n_done says so)
     double start_time, done_time;
-#if HAVE_CUDA
-    float *device_buffer;       // [count] on the GPU (GPU gradients): packed there, reduced there by NCCL
-    cudaEvent_t packed;         // the compute stream has packed the bucket (and copied it to `buffer`)
-    cudaEvent_t comm_start, comm_done;  // NCCL: the allreduce on the communication stream, timed
-#endif
 } DdpBucket;
+
+// GPU gradients' buffers and events, per bucket and per step (ddp_gpu.c).
+typedef struct DdpGpu DdpGpu;
 
 typedef struct {
     Param *params;
@@ -60,10 +67,7 @@ typedef struct {
     bool sync;                 // false inside no_sync: accumulate locally, no communication
     bool on_gpu;               // the gradients live on the GPU
     bool nccl;                 // ... and NCCL reduces them
-#if HAVE_CUDA
-    cudaEvent_t step_start, backward_end;  // NCCL: the GPU timeline's marks, for the statistics
-    bool timing_pending;       // the last step's events are not yet accounted for
-#endif
+    DdpGpu *gpu;               // GPU gradients: their device side (NULL on CPUs)
 
     // The communication thread and what it shares with the main thread.
     bool use_thread;
