@@ -108,7 +108,7 @@ __global__ void cross_entropy_kernel(const float *logits, const int *labels, int
     for (int c = 0; c < cols; c++) g[c] = (expf(z[c] - max) / sum) * inv_batch;
     int label = labels[r];
     g[label] -= inv_batch;
-    row_loss[r] = logf(sum) - (z[label] - max);  // log_softmax's order, as in nn.c
+    row_loss[r] = logf(sum) - (z[label] - max);  // log_softmax's order, as in tensor_ops.c
 }
 
 __global__ void argmax_kernel(const float *logits, int rows, int cols, int *prediction) {

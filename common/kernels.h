@@ -1,9 +1,9 @@
-// kernels.h: the CUDA kernels behind tensor, nn and mnist, callable from C.
+// kernels.h: the CUDA kernels behind tensor, tensor_ops, ddp and mnist, callable from C.
 //
 // Each function launches one kernel on `stream` and returns at once; errors in
 // the launch end the job (check.h's fatal_at). Pointers are device memory.
-// The arithmetic mirrors the CPU code in nn.c operation for operation, so the
-// two agree to rounding (and exactly where no transcendental is involved).
+// The arithmetic mirrors the CPU code in tensor_ops.c operation for operation,
+// so the two agree to rounding (and exactly where no transcendental is involved).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -35,7 +35,7 @@ void gpu_mse(const float *output, const float *target, size_t n, float *grad, fl
 // a fixed order: the same bits every run.
 void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream);
 
-// torch.optim.Adam's update of one tensor, in nn.c's (PyTorch's) operation order.
+// torch.optim.Adam's update of one tensor, in tensor_ops.c's (PyTorch's) operation order.
 void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
               float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
               cudaStream_t stream);

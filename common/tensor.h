@@ -2,7 +2,8 @@
 //
 // Every tensor here is a matrix [rows, cols] in row-major order (a bias is
 // [1, out]), which is all an MLP needs and keeps the GEMM calls readable.
-// The CPU/GPU choice is made here and in nn; programs never #ifdef on CUDA.
+// The CPU/GPU choice is made here and in tensor_ops (the layers' operations);
+// nn and the programs never #ifdef on CUDA.
 // A CUDA tensor's data is device memory: only kernels, cuBLAS and copies touch
 // it, and all of them run in order on the compute stream (device.h).
 #pragma once

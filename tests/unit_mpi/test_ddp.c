@@ -1,4 +1,4 @@
-// test_ddp.c: common/ddp.c under mpirun, at any world size W
+// test_ddp.c: common/ddp*.c under mpirun, at any world size W
 // (tests/test_mpi_units.sh runs it on 1, 2 and 4 ranks).
 //
 // What DDP promises, each verdict the AND over all ranks, printed by rank 0:
@@ -16,7 +16,7 @@
 //   overlap   sane statistics; ddp_free joins the thread; a second wrap works.
 // Both progress paths are run: the communication thread (when the MPI has
 // MPI_THREAD_MULTIPLE) and, by clearing use_thread before the first hook,
-// the between-layers fallback that ddp.c uses without it.
+// the between-layers fallback that ddp_mpi.c uses without it.
 #define TEST_NAME "test_ddp"
 #include <math.h>
 #include <stdbool.h>
