@@ -33,7 +33,7 @@
 // Expected output at 4 ranks (README.md, Day 3, shows it whole). Rank r starts
 // with 10 r + i at position i, so every number tells where it came from; the
 // lines come in rank order:
-//   Step 12: the collectives on 4 ranks, cpu, Open MPI v4.1.4; rank r holds 10 r + i at position i ...
+//   Step 12: the collectives on 4 ranks, cpu, MPI (Open MPI v4.1.4); rank r holds 10 r + i at position i, ...
 //   ...
 //   all-to-all: rank r's slice s goes to rank s, as its slice r (MPI_Alltoall; grouped ncclSend/ncclRecv; torch: dist.all_to_all_single)
 //     in training: mixture of experts: every rank sends each token to the rank that holds its expert
@@ -45,12 +45,13 @@
 // mean), algbw = size / time, and busbw = algbw x the collective's factor,
 // what each link carries (allreduce 2 (W-1)/W; allgather, reduce-scatter,
 // all-to-all, gather and scatter (W-1)/W; broadcast and reduce 1):
-//   collective        size (B)    time (us)  algbw (GB/s)  busbw (GB/s)  factor  wrong
-//   broadcast         40000000      ...
+//   collective          size (B)    time (us)  algbw (GB/s)  busbw (GB/s)  factor  wrong
+//   broadcast           40000000      57897.4         0.691         0.691   1.000      0
+//   ...
 //   every element of every collective verified on every rank
 // A wrong element fails the run (exit 1), with one line naming the
 // collective, the rank and the element:
-//   allreduce: rank 2 holds 61 at element 17 where 60 belongs (1 wrong element over all ranks)
+//   allreduce: rank 2 holds 89 at element 17 where 88 belongs (1 wrong element over all ranks)
 // Test-only: COLLECTIVES_TEST_WRONG_ELEMENT=allreduce:2:17 makes rank 2 change
 // element 17 of its allreduce result before it is verified, which is how
 // tests/test_collectives.sh proves that a wrong element is caught.
