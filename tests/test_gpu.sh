@@ -5,7 +5,9 @@
 # GPU does with step 1, --device cuda and --device auto.
 # With a GPU (tests/run.sh and make test-gpu): step 1; the same per-step
 # losses on the CPU and the GPU; steps 2, 4, 6, 8 and 11 on the GPU, several
-# ranks sharing it through the MPI fallback; compute-sanitizer on short runs.
+# ranks sharing it through the MPI fallback; step 12's collectives on GPU
+# buffers at 1-4 ranks (NCCL, or MPI on host copies); compute-sanitizer on
+# short runs.
 # Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
 # under REQUIRE_GPU=1 (make test-gpu).
 set -u
@@ -39,6 +41,12 @@ else
         pass "step 1 is not built without CUDA (CUDA=0 or no nvcc/NCCL), and make says so"
 fi
 
+no_gpu mpi 3 day3/12_collectives --device cuda > "$tmp/c12" 2>&1
+status=$?
+lines=$(grep -c -- '--device cuda' "$tmp/c12")
+check "step 12 --device cuda without a GPU on 3 ranks: exit $status, no hang, the reason said once: $(grep -m1 -- '--device cuda' "$tmp/c12")" \
+    test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
+
 no_gpu day1/2_mnist_training --device cuda --epochs 1 > "$tmp/cuda" 2>&1
 status=$?
 if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/cuda")" -eq 1 ] && grep -q -- '--device cuda' "$tmp/cuda"; then
@@ -57,10 +65,11 @@ check "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | gr
 
 # A CPU-only build (CUDA=0) of a program, in a copy of the tree: no warnings,
 # --device cuda is a usage error, --device auto trains on the CPU.
-mkdir -p "$tmp/src/day1"
+mkdir -p "$tmp/src/day1" "$tmp/src/day3"
 cp -r Makefile common "$tmp/src/"
 cp day1/2_mnist_training.c "$tmp/src/day1/"
-if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training > "$tmp/build0" 2>&1; then
+cp day3/12_collectives.c "$tmp/src/day3/"
+if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training day3/12_collectives > "$tmp/build0" 2>&1; then
     # The compiler's warnings (file:line:col: warning:), not make's own (a -j
     # inherited from a `make -j test` makes the sub-make warn about its jobserver).
     warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build0")
@@ -73,6 +82,10 @@ if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training > "$tmp/build0" 2>
     "$tmp/src/day1/2_mnist_training" --epochs 1 --plot '' > "$tmp/auto0" 2>&1
     check "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
         grep -q '; cpu, .*' "$tmp/auto0"
+    "$tmp/src/day3/12_collectives" --device cuda > "$tmp/c12_0" 2>&1
+    status=$?
+    check "CUDA=0 build: step 12 --device cuda is a usage error (exit $status): $(cat "$tmp/c12_0")" \
+        test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/c12_0")" -eq 1
 else
     fail "make CUDA=0 day1/2_mnist_training: $(grep -m3 -E 'error|Error' "$tmp/build0")"
 fi
@@ -83,7 +96,8 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 1 refuses two ranks on one GPU" "CPU and GPU per-step losses from the same --init, --no-shuffle"
     "step 2 on the GPU" "step 4 on 2 ranks sharing the GPU (MPI fallback)" "step 6 == step 4 on the GPU"
     "DDP on the GPU: 2 ranks x 3200 == 1 process x 6400" "step 8 on the GPU" "test_profile on the GPU"
-    "compute-sanitizer")
+    "step 12 --device cuda at 1, 2, 3 and 4 ranks: every collective verified, the demo as on the CPU"
+    "step 12 --device cuda: a wrong element fails the run, named" "compute-sanitizer")
 if [ "$gpus" -eq 0 ]; then
     for what in "${gpu_checks[@]}"; do
         if [ "${REQUIRE_GPU:-0}" = 1 ]; then fail "$what: REQUIRE_GPU=1, but no GPU"
@@ -106,6 +120,29 @@ else
     check "step 1 refuses two ranks on one GPU, exit $status: $(grep -o 'share.*' "$tmp/s1n" | head -1)" \
         test $status -ne 0 -a $status -ne 124 -a "$(grep -c 'NCCL needs a GPU per rank' "$tmp/s1n")" -eq 1
 fi
+
+# Step 12: the collectives on GPU buffers. NCCL where every rank has a GPU of
+# its own, MPI on host copies where ranks share one; the demo prints what it
+# prints on the CPU (after its first line, which names the device).
+for np in 1 2 3 4; do
+    if [ "$np" -le "$gpus" ]; then path=NCCL; else path="MPI on host copies"; fi
+    mpi $np day3/12_collectives --device cpu > "$tmp/c12_cpu" 2>&1
+    mpi $np day3/12_collectives --device cuda > "$tmp/c12_gpu" 2>&1
+    demo=$?
+    mpi $np day3/12_collectives --device cuda --count 10000000 --iters 5 > "$tmp/c12_count" 2>&1
+    count=$?
+    check "step 12 --device cuda at $np rank(s), $path: the demo as on the CPU, --count 10000000 verified; allreduce: $(grep '^allreduce ' "$tmp/c12_count" | tr -s ' ')" \
+        eval '[ $demo -eq 0 ] && [ $count -eq 0 ] && head -1 "$tmp/c12_gpu" | grep -q "$path" &&
+              diff <(tail -n +2 "$tmp/c12_cpu") <(tail -n +2 "$tmp/c12_gpu") > /dev/null &&
+              grep -q "^every element of every collective verified on every rank$" "$tmp/c12_count"'
+done
+COLLECTIVES_TEST_WRONG_ELEMENT=all-to-all:0:5 mpi 1 day3/12_collectives --device cuda --count 1000 --iters 1 > /dev/null 2> "$tmp/c12_w1"
+status1=$?
+COLLECTIVES_TEST_WRONG_ELEMENT=reduce-scatter:1:3 mpi 2 day3/12_collectives --device cuda --count 1000 --iters 1 > /dev/null 2> "$tmp/c12_w2"
+status2=$?
+check "step 12 --device cuda: a wrong element fails the run, named: $(grep -h ' holds ' "$tmp/c12_w1" "$tmp/c12_w2" | tr '\n' ' ')" \
+    eval '[ $status1 -eq 1 ] && [ $status2 -eq 1 ] && grep -q "^all-to-all: rank 0 holds .* at element 5 where" "$tmp/c12_w1" &&
+          grep -q "^reduce-scatter: rank 1 holds .* at element 3 where" "$tmp/c12_w2"'
 
 # The same steps on both devices: start from one set of weights, no shuffle.
 day1/2_mnist_training --device cpu --epochs 1 --save "$tmp/init.h5" --plot '' > /dev/null 2>&1
