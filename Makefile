@@ -110,8 +110,9 @@ DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day
 ifeq ($(CUDA),1)
 DAY1 += day1/1_dist_allreduce_gpu
 endif
-# Day 2: every day2/*.c is a program.
+# Days 2 and 3: every day2/*.c and day3/*.c is a program.
 DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
+DAY3 := $(patsubst %.c,%,$(wildcard day3/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
@@ -120,7 +121,7 @@ TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools
 .PHONY: all check-deps data demo test test-gpu bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(DAY2) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
+all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -143,6 +144,9 @@ day1/%: day1/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
 day2/%: day2/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
+
+day3/%: day3/%.c $(COMMON_OBJ) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_OBJ) -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_OBJ) $(FLAGS_STAMP) | $(BUILD)/tests
@@ -184,7 +188,7 @@ test-gpu: all
 	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh build/tests/test_gpu tests/test_gpu.sh
 
 clean:
-	rm -rf $(BUILD) $(DAY1) $(DAY2) day1/1_dist_allreduce_gpu
+	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) day1/1_dist_allreduce_gpu
 
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
 # with the sgemm peak and step 5's profile at 1 and all threads (needs
