@@ -476,6 +476,7 @@ static void read_file(SnapshotIo *io, const SnapshotSettings *run, SnapshotSetti
     *saved = *run;
     visit_snapshot(io, run, saved, progress, adam, losses, generator);
     H5Fclose(io->file);
+    H5garbage_collect();
     if (!io->err[0] && io->checksum != stored_checksum)
         fail(io, "%s: checksum mismatch (the file says %016llx, its contents hash to %016llx): the file is corrupt",
              io->path, (unsigned long long)stored_checksum, (unsigned long long)io->checksum);
@@ -487,7 +488,8 @@ bool snapshot_load(const char *path, const SnapshotSettings *run, SnapshotSettin
     quiet_hdf5();
     char temp[PATH_MAX + 8];
     snprintf(temp, sizeof temp, "%s.tmp", path);
-    if (dist_rank() == 0 && access(temp, F_OK) == 0) {
+    struct stat info;
+    if (dist_rank() == 0 && stat(temp, &info) == 0 && S_ISREG(info.st_mode)) {
         print0("%s: removing an unfinished snapshot (a run died while writing it; %s is untouched)\n", temp, path);
         unlink(temp);
     }
