@@ -77,6 +77,8 @@ for ((attempt = 1; ; attempt++)); do
     say "attempt $attempt of $attempts: $command_line"
     "$@" &
     child=$!
+    # A signal that came while no command ran (between two attempts) is passed on now.
+    case $stop_signal in USR1 | TERM) kill -s "$stop_signal" "$child" 2> /dev/null ;; esac
     while :; do  # until COMMAND itself has ended: a signal ends `wait` early
         wait "$child" 2> /dev/null  # (bash's own "Killed" notice: we say how it ended below)
         status=$?
