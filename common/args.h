@@ -53,9 +53,12 @@ typedef struct {
     (TrainOptions) { .data = "data/mnist", .epochs = 5, .batch_size = 6400, .lr = 1e-3,   \
                      .seed = 0, .plot = (plot_path), .device = "auto" }
 
-#define TRAIN_FLAGS(o)                                                                            \
+#define TRAIN_FLAGS(o) TRAIN_FLAGS_WITH_EPOCHS(o, "epochs")
+// The same flags with another name for --epochs: step 13 takes the DDP
+// tutorial's --total_epochs.
+#define TRAIN_FLAGS_WITH_EPOCHS(o, epochs_flag)                                                   \
     {"data", ARG_STRING, &(o).data, "DIR", "folder with the MNIST files (make data)", 0, NULL},   \
-    {"epochs", ARG_INT, &(o).epochs, "N", "passes over the training set", 1, NULL},               \
+    {epochs_flag, ARG_INT, &(o).epochs, "N", "passes over the training set", 1, NULL},            \
     {"batch_size", ARG_INT, &(o).batch_size, "N", "samples per step, per rank", 1, NULL},         \
     {"lr", ARG_FLOAT, &(o).lr, "X", "Adam learning rate", 0, NULL},                               \
     {"seed", ARG_INT, &(o).seed, "N", "seeds the weights and the shuffle, as torch.manual_seed", 0, NULL}, \

@@ -276,7 +276,11 @@ DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool 
     return s;
 }
 
-void sampler_set_epoch(DistributedSampler *s, int epoch) {
+void sampler_set_epoch(DistributedSampler *s, int epoch) { sampler_set_epoch_from(s, epoch, 0); }
+
+void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_position) {
+    CHECK(first_position >= 0 && first_position < s->dataset_size,
+          "sampler: position %ld is not inside an epoch of %d samples", first_position, s->dataset_size);
     if (s->shuffle) {
         Rng rng;
         rng_seed(&rng, s->seed + (uint64_t)epoch);  // a new, reproducible order every epoch
@@ -285,8 +289,11 @@ void sampler_set_epoch(DistributedSampler *s, int epoch) {
         for (int i = 0; i < s->dataset_size; i++) s->order[i] = i;
     }
     // Position p of the padded list is order[p mod N]: the padding repeats the start.
+    // The first first_position positions were trained on already (a resumed epoch).
+    long remaining = s->dataset_size - first_position;
+    s->num_samples = (int)((remaining + s->world_size - 1) / s->world_size);
     for (int k = 0; k < s->num_samples; k++) {
-        long position = (long)s->rank + (long)k * s->world_size;
+        long position = first_position + (long)s->rank + (long)k * s->world_size;
         s->indices[k] = s->order[position % s->dataset_size];
     }
 }

@@ -78,6 +78,14 @@ typedef struct {
 
 DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool shuffle, uint64_t seed);
 void sampler_set_epoch(DistributedSampler *sampler, int epoch);
+// The same epoch without the first first_position positions of its padded list,
+// which earlier steps trained on (a run resumed mid-epoch): rank r takes
+// positions first_position + r, + W, + 2W, ... and num_samples shrinks to match.
+// With first_position = k * W * batch_size, this rank's batches are batches
+// k, k + 1, ... of the whole epoch. A position means the same sample at any
+// world size, so a run resumed on other ranks trains on the rest of the epoch.
+// sampler_set_epoch(s, e) is sampler_set_epoch_from(s, e, 0).
+void sampler_set_epoch_from(DistributedSampler *sampler, int epoch, long first_position);
 void sampler_free(DistributedSampler *sampler);
 // DataLoader(batch_size, drop_last=False): the last, partial batch is kept.
 int sampler_num_batches(const DistributedSampler *sampler, int batch_size);

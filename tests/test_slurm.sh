@@ -30,8 +30,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # ---------------------------------------------------------------- no cluster needed
-expect "slurm/day1.sbatch and slurm/day2.sbatch are valid bash" \
-    bash -c 'bash -n slurm/day1.sbatch && bash -n slurm/day2.sbatch'
+expect "slurm/day1.sbatch, day2.sbatch, day3.sbatch and run_with_restarts.sh are valid bash" \
+    bash -c 'bash -n slurm/day1.sbatch && bash -n slurm/day2.sbatch && bash -n slurm/day3.sbatch && bash -n slurm/run_with_restarts.sh'
 
 env -u SLURM_JOB_ID slurm/multinode_setup_and_run.sh day2/9_dist_multinode > "$tmp/out" 2>&1
 status=$?
@@ -178,6 +178,33 @@ else
     check_training "step 11 (2 epochs, streaming from HDF5)" "$tmp/11.out" $? "$tmp/11.csv"
 fi
 
+# ---------------------------------------------------------------- step 13: a rank dies, the step restarts
+# Under salloc -N 2: first an uninterrupted run; then run_with_restarts.sh around
+# multinode_setup_and_run.sh (srun), with rank 3 (on the second node) killed by
+# SIGKILL in epoch 2. The step is restarted, resumes from epoch 1's snapshot and
+# ends with the uninterrupted run's weights and losses (the same launcher, the
+# same world size: the same reduction order).
+checksums() { sed -n 's/.*\[rank [0-9]*\] parameter checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u | paste -sd ' '; }
+if [ ! -x day3/13_fault_tolerant_ddp ]; then
+    skip "step 13 (not built yet)"
+else
+    step13=(day3/13_fault_tolerant_ddp --total_epochs 3 --plot '')
+    run_script 2 "$tmp/13.out" "${step13[@]}" --snapshot "$tmp/13.h5" --losses "$tmp/13.csv"
+    check_training "step 13 (3 epochs)" "$tmp/13.out" $? "$tmp/13.csv"
+    allocate 2 "$tmp/13r.out" "$repo/slurm/run_with_restarts.sh" --max-restarts 2 -- "$repo/slurm/multinode_setup_and_run.sh" \
+        "${step13[@]}" --snapshot "$tmp/13r.h5" --losses "$tmp/13r.csv" --fail_at_epoch 2 --fail_rank 3
+    status=$?
+    show_on_failure $status "$tmp/13r.out"
+    expect "step 13 under run_with_restarts.sh: rank 3 dies on node 2 in epoch 2, attempt 2 resumes from epoch 1 and succeeds (exit $status)" \
+        test $status = 0 -a -n "$(grep '^3: \[rank 3\] --fail_at_epoch 2: this rank dies now' "$tmp/13r.out")" \
+        -a -n "$(grep 'run_with_restarts: attempt 1 ended with status [0-9]*.*: restarting' "$tmp/13r.out")" \
+        -a -n "$(grep '^0: Resuming training from snapshot at Epoch 1$' "$tmp/13r.out")" \
+        -a -n "$(grep 'run_with_restarts: attempt 2 of 3 succeeded' "$tmp/13r.out")"
+    expect "step 13 restarted across nodes ends with the uninterrupted run's weights on all 4 ranks ($(checksums "$tmp/13r.out")) and losses" \
+        test -n "$(checksums "$tmp/13.out")" -a "$(checksums "$tmp/13r.out")" = "$(checksums "$tmp/13.out")" \
+        -a "$(grep -c 'parameter checksum' "$tmp/13r.out")" = 4 -a -n "$(cmp "$tmp/13r.csv" "$tmp/13.csv" && echo same)"
+fi
+
 # ---------------------------------------------------------------- the sbatch templates
 # Submitted as they are, but for the GPU requests this cluster cannot meet:
 # options on sbatch's command line win over the #SBATCH lines. (The account
@@ -204,4 +231,37 @@ expect "sbatch slurm/day1.sbatch --epochs 1: step 6 on 2 ranks, one node, equal 
     test $status = 0 -a "$(sed -n 's/.*parameter checksum //p' "$tmp/day1.out" | grep -c .)" = 2 \
     -a "$(sed -n 's/.*parameter checksum //p' "$tmp/day1.out" | sort -u | grep -c .)" = 1 \
     -a "$(grep -c 'on ddpnode' "$tmp/day1.out")" -ge 1
+
+# slurm/day3.sbatch, and what --signal=B:USR1@120 does before the time limit:
+# `scancel --signal=USR1 --batch` sends the batch shell the same signal now.
+# Its trap passes it on; the ranks save at one step and exit 75; the script
+# requeues the job, and its second run (appended to the same output) resumes
+# mid-epoch and ends with the uninterrupted run's weights. Slurm holds a
+# requeued job back (Reason=BeginTime); once the first run's step daemons are
+# gone, the test lets it start at once.
+if [ -x day3/13_fault_tolerant_ddp ]; then
+    job=$(timeout 30 sbatch --parsable --constraint= --gpus-per-node=0 --ntasks-per-node=2 --output="$tmp/day3.out" \
+        slurm/day3.sbatch --total_epochs 3 --plot '' --snapshot "$tmp/day3.h5" --losses "$tmp/day3.csv" 2> "$tmp/day3.sbatch")
+    state="" signalled=0 released=0
+    for ((t = 0; t < 2400; t++)); do  # 240 s at most
+        state=$(timeout 10 scontrol show job "$job" 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        if [ $signalled = 0 ] && grep -q '^0: Epoch 1 | Training snapshot saved' "$tmp/day3.out" 2> /dev/null; then
+            timeout 10 scancel --signal=USR1 --batch "$job" && signalled=1
+        fi
+        if [ $signalled = 1 ] && [ $released = 0 ] && [ "$state" = PENDING ] && ! pgrep -f "slurmstepd: \[$job\." > /dev/null; then
+            timeout 10 scontrol update JobId="$job" StartTime=now && released=1
+        fi
+        case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;; esac
+        sleep 0.1
+    done
+    [ "$state" = COMPLETED ] || timeout 10 scancel "$job" 2> /dev/null
+    show_on_failure "$([ "$state" = COMPLETED ] && echo 0 || echo 1)" "$tmp/day3.out"
+    expect "sbatch slurm/day3.sbatch, SIGUSR1 to its batch shell: the ranks save and exit 75, the job requeues itself (job ${job:-?}: $state)" \
+        test "$state" = COMPLETED -a -n "$(grep 'Stopped by SIGUSR1 .* exiting with status 75' "$tmp/day3.out")" \
+        -a -n "$(grep "^requeueing job $job" "$tmp/day3.out")" -a -n "$(grep 'run 2 of the job' "$tmp/day3.out")"
+    expect "slurm/day3.sbatch's second run resumes mid-epoch and ends with the uninterrupted run's weights ($(checksums "$tmp/day3.out")) and losses" \
+        test -n "$(grep "^0: Resuming training from snapshot at Epoch [0-9]*, [0-9]* of epoch" "$tmp/day3.out")" \
+        -a -n "$(checksums "$tmp/13.out")" -a "$(checksums "$tmp/day3.out")" = "$(checksums "$tmp/13.out")" \
+        -a -n "$(cmp "$tmp/day3.csv" "$tmp/13.csv" 2> /dev/null && echo same)"
+fi
 [ "$failures" -eq 0 ]

@@ -299,6 +299,54 @@ int main(void) {
     sampler_set_epoch(&s, 0);
     EXPECT(memcmp(s.indices, e0, sizeof e0) == 0, "set_epoch(1) then set_epoch(0) restores epoch 0's order");
 
+    // A resumed epoch (sampler_set_epoch_from): after k steps of batch B on W
+    // ranks, the rest of the epoch is exactly the batches k, k + 1, ... of the
+    // whole epoch on every rank, padding included.
+    const int resume_cases[][3] = {{10, 3, 1}, {10, 3, 2}, {7, 2, 1}, {50, 4, 3}, {12, 4, 1}, {60, 7, 2}};
+    int resume_mismatches = 0, resume_checked = 0;
+    for (int c = 0; c < 6; c++) {
+        int n = resume_cases[c][0], world = resume_cases[c][1], batch = resume_cases[c][2];
+        for (int r = 0; r < world; r++) {
+            DistributedSampler whole = sampler_new(n, world, r, true, 7), rest = sampler_new(n, world, r, true, 7);
+            sampler_set_epoch(&whole, 2);
+            for (int k = 1; (long)k * world * batch < n; k++) {
+                sampler_set_epoch_from(&rest, 2, (long)k * world * batch);
+                resume_mismatches += rest.num_samples != whole.num_samples - k * batch ||
+                                     memcmp(rest.indices, whole.indices + k * batch,
+                                            (size_t)rest.num_samples * sizeof(int)) != 0;
+                resume_checked++;
+            }
+            sampler_free(&whole);
+            sampler_free(&rest);
+        }
+    }
+    EXPECT(resume_mismatches == 0 && resume_checked > 30,
+           "sampler_set_epoch_from(k * W * B) continues the epoch at batch k on every rank (%d of %d cases differ)",
+           resume_mismatches, resume_checked);
+    // At another world size: 2 ranks trained 3 steps of 4 (positions 0..23 of 50);
+    // 3 ranks take the rest, every remaining sample once, plus the padding.
+    {
+        int seen[50] = {0}, total = 0;
+        for (int r = 0; r < 2; r++) {
+            DistributedSampler before = sampler_new(50, 2, r, true, 7);
+            sampler_set_epoch(&before, 1);
+            for (int k = 0; k < 12; k++) seen[before.indices[k]]++;
+            sampler_free(&before);
+        }
+        for (int r = 0; r < 3; r++) {
+            DistributedSampler after = sampler_new(50, 3, r, true, 7);
+            sampler_set_epoch_from(&after, 1, 24);
+            for (int k = 0; k < after.num_samples; k++) seen[after.indices[k]]++;
+            total += after.num_samples;
+            sampler_free(&after);
+        }
+        int missing = 0, repeats = 0;
+        for (int i = 0; i < 50; i++) missing += seen[i] == 0, repeats += seen[i] > 1 ? seen[i] - 1 : 0;
+        EXPECT(total == 27 && missing == 0 && repeats == 1,
+               "24 of 50 samples done on 2 ranks, the rest on 3: 27 drawn (got %d), none missing (%d), "
+               "1 padding repeat (%d)", total, missing, repeats);
+    }
+
     const int batch_sizes[] = {1, 4, 5, 25, 100}, expected_batches[] = {25, 7, 5, 1, 1};
     for (int i = 0; i < 5; i++)
         EXPECT(sampler_num_batches(&s, batch_sizes[i]) == expected_batches[i],

@@ -1,0 +1,258 @@
+// Step 13: fault-tolerant DDP.     PyTorch twin: the DDP tutorial series' multigpu_torchrun.py
+//
+// What it adds to step 10 (diff the two files): snapshots. A job that dies (a
+// node fails, Slurm's time limit hits) must not lose its work. As the
+// tutorial's Trainer does, the run loads its snapshot at start if there is one
+// ("Resuming training from snapshot at Epoch N") and rank 0 saves one every
+// --save_every epochs; whatever restarts the job (torchrun --max-restarts,
+// slurm/run_with_restarts.sh, Slurm's --requeue) just runs the same command
+// again. Unlike the tutorial's, the snapshot holds everything an exact resume
+// needs (common/snapshot.h): Adam's moments and step, the sampler's position,
+// the generator, the losses so far. A run killed anywhere and started again
+// ends with the weights and the per-step losses of a run that never stopped,
+// bit for bit.
+//   --fail_at_epoch E   rank --fail_rank (the last) dies by SIGKILL during epoch E,
+//                       as a dead node would; a resumed run does not fail again
+//   SIGUSR1, SIGTERM    (Slurm's warning, or the time limit) every rank saves at
+//                       the end of the same step and exits with status 75; the
+//                       same command resumes mid-epoch, still exactly
+//
+// Run it (README.md, Day 3):
+//   mpirun -np 2 day3/13_fault_tolerant_ddp --total_epochs 5        # saves checkpoints/snapshot.h5
+//   mpirun -np 2 day3/13_fault_tolerant_ddp --total_epochs 8        # resumes: epochs 6 to 8
+//   slurm/run_with_restarts.sh --max-restarts 3 -- mpirun -np 2 day3/13_fault_tolerant_ddp --fail_at_epoch 3
+//   sbatch slurm/day3.sbatch                                        # under Slurm, requeued at the time limit
+//
+// Expected output (the first run; times vary):
+//   Step 13: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, ...; 5 epochs; snapshot checkpoints/snapshot.h5 every 1 epoch; ...
+//   No snapshot at checkpoints/snapshot.h5: training from the start
+//   epoch 1/5: mean loss 1.8770 over 5 steps, 0.29 s, 209086 samples/s
+//   Epoch 1 | Training snapshot saved at checkpoints/snapshot.h5 (1.22 MB in 3.9 ms)
+//   ...
+//   World Size: 2. Training completed in 1.49 seconds. Test accuracy: 88.17% (8817 of 10000)
+//   Snapshots: 5 written, 1.22 MB each, 4.1 ms on average: 1.4% of an epoch (0.29 s)
+//   DDP: gradient allreduce ...
+//   [rank 0] parameter checksum 7bc3a1d4b4f5e2a1   (the same on every rank, and after any resume)
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "accum.h"     // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
+#include "args.h"      // args_parse: the flags and --help
+#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
+#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
+#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "snapshot.h"  // snapshot_save, snapshot_load: everything an exact resume needs
+#include "stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
+#include "threads.h"   // threads_init: this rank's CPU threads
+#include "timer.h"     // wall_seconds
+
+// --fail_at_epoch: this rank vanishes as a node that loses power does: no
+// message to the other ranks, no cleanup (SIGKILL cannot be caught). The
+// launcher notices, and takes the job down.
+static void die_like_a_dead_node(int fail_at_epoch, int step) {
+    print_rank("--fail_at_epoch %d: this rank dies now, in step %d of epoch %d (SIGKILL), as a dead node would\n",
+               fail_at_epoch, step + 1, fail_at_epoch);
+    raise(SIGKILL);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/13_fault_tolerant_ddp.png");
+    opt.epochs = 10;  // the tutorial's --total_epochs default
+    double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
+    int accum_steps = 1;
+    const char *snapshot_path = "checkpoints/snapshot.h5";
+    int save_every = 1, fail_at_epoch = 0, fail_rank = -1;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS_WITH_EPOCHS(opt, "total_epochs"),
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
+        {"snapshot", ARG_STRING, &snapshot_path, "FILE.h5", "resume from it if it exists; rank 0 saves it", 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", "epochs between snapshots (and one after the last)", 1, NULL},
+        {"fail_at_epoch", ARG_INT, &fail_at_epoch, "E", "a rank dies during epoch E, as a dead node (0: never; not after a resume)", 0, NULL},
+        {"fail_rank", ARG_INT, &fail_rank, "R", "the rank that --fail_at_epoch kills (-1: the last)", -1, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 13: DDP with snapshots, exact resume and failure injection.");
+    Device device = device_from_flag(opt.device);
+    threads_init(opt.threads);
+    int rank = dist_rank(), world = dist_world_size();
+    if (fail_rank == -1) fail_rank = world - 1;
+    if (fail_rank >= world) usage_error("--fail_rank %d: the ranks are 0 to %d", fail_rank, world - 1);
+    if (fail_at_epoch > opt.epochs) usage_error("--fail_at_epoch %d is past --total_epochs %d", fail_at_epoch, opt.epochs);
+    if (fail_at_epoch && fail_at_epoch <= save_every)  // the restarted run would find no snapshot, and die again
+        usage_error("--fail_at_epoch %d strikes before the first snapshot (after epoch %d, --save_every %d): a restart "
+                    "would start over and fail again; choose an epoch after %d", fail_at_epoch, save_every, save_every,
+                    save_every);
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Each rank takes its 1/W share: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(train.n, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
+    if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
+    Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
+    double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
+    Adam optimizer = adam_new(model.params, model.n_params, lr);
+
+    char buckets[512];
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    int nodes = dist_num_nodes();
+    print0("Step 13: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; snapshot %s every %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", snapshot_path, save_every, save_every == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), threads_describe());
+
+    // The snapshot, if there is one: every rank loads it (the tutorial's _load_snapshot).
+    SnapshotSettings settings = {.world_size = world, .batch_size = opt.batch_size, .accum_steps = accum_steps,
+                                 .lr = opt.lr, .seed = opt.seed, .shuffle = !opt.no_shuffle, .train_samples = train.n,
+                                 .n_sizes = ARRAY_LEN(sizes)};
+    memcpy(settings.sizes, sizes, sizeof sizes);
+    SnapshotSettings saved;
+    SnapshotProgress progress = {0};  // epochs done, and samples done of the next
+    LossLog losses = {0};
+    bool resumed = snapshot_load(snapshot_path, &settings, &saved, &progress, &optimizer, &losses, &rng);
+    if (resumed) {
+        if (progress.samples_done == 0)
+            print0("Resuming training from snapshot at Epoch %d\n", progress.epochs_done);
+        else
+            print0("Resuming training from snapshot at Epoch %d, %ld of epoch %d's %d samples done\n",
+                   progress.epochs_done, progress.samples_done, progress.epochs_done + 1, train.n);
+        if (saved.world_size != world)
+            print0("The snapshot was made on %d ranks, this run has %d: the data order now differs from an "
+                   "uninterrupted run (each epoch's samples are the same, their global batches are not)\n",
+                   saved.world_size, world);
+        if (opt.init) print0("--init %s is not used: the snapshot's weights are the run's\n", opt.init);
+        if (progress.epochs_done >= opt.epochs)
+            print0("Nothing left to train: %d of --total_epochs %d done\n", progress.epochs_done, opt.epochs);
+    } else {
+        print0("No snapshot at %s: training from the start\n", snapshot_path);
+    }
+    stop_signal_install();  // from now on SIGUSR1 and SIGTERM mean: save a snapshot, then stop
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+
+    double train_start = wall_seconds(), snapshot_seconds = 0.0, snapshot_megabytes = 0.0;
+    int snapshots = 0, epochs_run = 0, stopped_by = 0;
+    for (int epoch = progress.epochs_done; epoch < opt.epochs && !stopped_by; epoch++) {
+        double epoch_start = wall_seconds();
+        long first_position = progress.samples_done;  // a resumed epoch skips what it already trained on
+        sampler_set_epoch_from(&sampler, epoch, first_position);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        int n_steps = (n_batches + accum_steps - 1) / accum_steps;
+        double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
+        int epoch_steps = 0;
+        for (int i = 0; i < losses.n; i++)
+            if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
+        float loss = 0.0f;
+        for (int b = 0; b < n_batches; b++) {
+            if (epoch + 1 == fail_at_epoch && !resumed && rank == fail_rank && b == n_steps / 2 * accum_steps)
+                die_like_a_dead_node(fail_at_epoch, n_steps / 2);
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            // accum_steps micro-batches make a step; each weighs by its share of the step's samples.
+            MicroBatch micro = micro_batch(b, accum_steps, sampler.num_samples, opt.batch_size);
+            if (micro.first) {
+                mlp_zero_grad(&model);                     // optimizer.zero_grad()
+                loss = 0.0f;
+            }
+            ddp_set_sync(&ddp, micro.last);                // with model.no_sync() on the others
+            mlp_forward(&model, &x);                       // output = model(data)
+            loss += micro.weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_scale_loss(&model, micro.weight);
+            mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
+            if (micro.last) {
+                ddp_finish(&ddp);                          // all buckets reduced, grads averaged
+                adam_step(&optimizer);                     // optimizer.step()
+                dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
+                loss /= (float)world;
+                loss_log_add(&losses, epoch, loss);
+                loss_sum += loss;
+                epoch_steps++;
+                // SIGUSR1/SIGTERM on any rank: all ranks stop after this same step, with the samples it took.
+                if ((stopped_by = stop_signal_agreed())) {
+                    progress.samples_done =
+                        first_position + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
+                    break;
+                }
+            }
+        }
+        bool epoch_done = !stopped_by || progress.samples_done >= train.n;
+        progress = epoch_done ? (SnapshotProgress){epoch + 1, 0} : (SnapshotProgress){epoch, progress.samples_done};
+        if (epoch_done) {
+            double seconds = wall_seconds() - epoch_start;
+            epochs_run++;
+            print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+                   loss_sum / epoch_steps, epoch_steps, seconds, (double)sampler.num_samples * world / seconds);
+        }
+        // The tutorial's _save_snapshot, from rank 0, every save_every epochs; also after the last, and on a stop.
+        if (stopped_by || (epoch + 1) % save_every == 0 || epoch + 1 == opt.epochs) {
+            SnapshotWrite written = snapshot_save(snapshot_path, &settings, &progress, &optimizer, &losses, &rng);
+            snapshot_seconds += written.seconds, snapshot_megabytes = written.megabytes, snapshots++;
+            if (epoch_done)
+                print0("Epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch + 1, snapshot_path,
+                       written.megabytes, 1e3 * written.seconds);
+            else
+                print0("Step %d of epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch_steps,
+                       epoch + 1, snapshot_path, written.megabytes, 1e3 * written.seconds);
+        }
+    }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
+    double train_seconds = wall_seconds() - train_start;
+
+    int status = 0;
+    if (stopped_by && progress.epochs_done < opt.epochs) {
+        print0("Stopped by %s after %d of %d epochs and %ld samples: exiting with status %d; the same command "
+               "resumes from %s\n", stopped_by == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
+               progress.epochs_done, opt.epochs, progress.samples_done, EXIT_STOPPED, snapshot_path);
+        status = EXIT_STOPPED;
+    } else {
+        Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+        double accuracy = mlp_accuracy(&model, &test_images, test.labels);
+        char overlap[256];
+        ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+        print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
+               train_seconds, 100 * accuracy, accuracy * test.n, test.n);
+        if (snapshots > 0 && epochs_run > 0) {
+            double epoch_seconds = (train_seconds - snapshot_seconds) / epochs_run;
+            print0("Snapshots: %d written, %.2f MB each, %.1f ms on average: %.1f%% of an epoch (%.2f s)\n", snapshots,
+                   snapshot_megabytes, 1e3 * snapshot_seconds / snapshots, 100 * snapshot_seconds / snapshots / epoch_seconds,
+                   epoch_seconds);
+        }
+        print0("DDP: %s\n", overlap);
+        print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
+
+        if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+        if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
+        if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
+            char title[80], label[64];
+            snprintf(title, sizeof title, "Step 13: MNIST training loss, DDP on %d ranks, %d nodes", world, nodes);
+            snprintf(label, sizeof label, "%d ranks, lr %g", world, lr);
+            loss_log_plot(&losses, opt.plot, title, label);
+            print0("Loss curve: %s\n", opt.plot);
+        }
+        tensor_free(&test_images);
+    }
+
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    mlp_free(&model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return status;
+}

@@ -1,0 +1,395 @@
+#!/usr/bin/env bash
+# Day 3's step 13 (snapshots, exact resume) and slurm/run_with_restarts.sh, with real kills.
+# Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+#   - without a failure, step 13 takes step 10's steps, bit for bit;
+#   - killed (SIGKILL: --fail_at_epoch, or from outside) and started again with the
+#     same command, at 1 and 2 ranks, it ends with the weights of a run that never
+#     stopped (parameter checksum) and the same --losses CSV, byte for byte;
+#   - SIGUSR1 to mpirun, or SIGTERM to every rank (as Slurm sends at the time
+#     limit): every rank saves at the same step and exits 75; the same command
+#     resumes mid-epoch, still exactly;
+#   - run_with_restarts.sh brings an injected failure back to the same weights;
+#   - rank 0 killed in the middle of writing a snapshot (strace holds its rename)
+#     leaves the previous snapshot whole, and the run resumes from it exactly;
+#   - truncated, corrupt, incomplete, wrongly shaped or mismatched snapshots, a
+#     snapshot seen by one rank of two, and a failed write: one line naming the
+#     file and what is wrong, exit 1 on every rank, no hang;
+#   - another world size resumes, and says the data order differs;
+#   - h5py and torch read the snapshot as the README shows; resuming takes no
+#     more memory than a fresh start.
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+PYTHON=${PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d)
+background=()  # pids of runs started in the background: stopped on exit, by pid
+trap 'for pid in "${background[@]}"; do kill -KILL "$pid" 2> /dev/null; done; rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS fault_tolerance: $*"; }
+fail() { echo "FAIL fault_tolerance: $*"; }
+skip() { echo "SKIP fault_tolerance: $*"; }
+expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+have_h5py=0
+"$PYTHON" -c 'import h5py, numpy' 2> /dev/null && have_h5py=1
+no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
+
+if [ ! -x day3/13_fault_tolerant_ddp ]; then
+    fail "day3/13_fault_tolerant_ddp is not built (make)"
+    exit 1
+fi
+# Every run is bounded: a hang is a failure, not a stuck CI job. The flags use
+# the tutorial's --flag=value spelling throughout.
+EPOCHS=3
+step13() {  # ranks, flags...
+    local np=$1
+    shift
+    timeout -k 5 120 $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@"
+}
+# Start step 13 in the background, output to a file; $run_pid is timeout's pid,
+# mpirun is its child and the ranks are mpirun's children.
+step13_background() {  # output, ranks, flags...
+    local out=$1 np=$2
+    shift 2
+    timeout -k 5 120 $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@" \
+        > "$out" 2>&1 &
+    run_pid=$!
+    background+=("$run_pid")
+}
+mpirun_pid() { pgrep -P "$run_pid" | head -1; }
+rank_pids() { pgrep -P "$(mpirun_pid)"; }
+wait_for() {  # pattern, file, seconds: poll until the file has a line matching the pattern
+    local t
+    for ((t = 0; t < $3 * 10; t++)); do
+        grep -q "$1" "$2" 2> /dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+checksums() { sed -n 's/.*\[rank [0-9]*\] parameter checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u | paste -sd ' '; }
+# An exact resume: every rank ends with the reference's checksum, and the CSV is the same, byte for byte.
+expect_exact() {  # what, output, csv, reference output, reference csv
+    local ours theirs
+    ours=$(checksums "$2") theirs=$(checksums "$4")
+    if [ -n "$ours" ] && [ "$ours" = "$theirs" ] && [ "$(grep -c 'parameter checksum' "$2")" = "$(grep -c 'parameter checksum' "$4")" ] &&
+        cmp -s "$3" "$5"; then
+        pass "$1: checksum $ours on every rank and the same losses CSV ($(($(wc -l < "$3") - 1)) steps) as without a stop"
+    else
+        fail "$1: checksum '${ours:-none}' against '$theirs'; CSV $(cmp "$3" "$5" 2>&1 | head -1)"
+        tail -n 5 "$2" | sed 's/^/    /'
+    fi
+}
+
+# ---------------------------------------------------------------- references
+# The uninterrupted runs, at 1 and 2 ranks; and step 10, whose steps step 13 takes.
+step13 2 --snapshot="$tmp/ref2.h5" --losses="$tmp/ref2.csv" --save="$tmp/ref2_weights.h5" > "$tmp/ref2.out" 2>&1
+status=$?
+expect "step 13 on 2 ranks, $EPOCHS epochs, exits 0 and says it starts from scratch (exit $status)" \
+    test $status = 0 -a -n "$(grep "No snapshot at $tmp/ref2.h5: training from the start" "$tmp/ref2.out")"
+expect "step 13 saves a snapshot after every epoch (--save_every 1), from rank 0, and reports its cost ($(grep -o 'Snapshots: .*' "$tmp/ref2.out"))" \
+    test "$(grep -c "^Epoch [0-9]* | Training snapshot saved at $tmp/ref2.h5 (" "$tmp/ref2.out")" = $EPOCHS \
+    -a -n "$(grep "^Snapshots: $EPOCHS written" "$tmp/ref2.out")"
+timeout 120 $MPIRUN -np 2 day2/10_mnist_ddp_multinode --data="$DATA" --epochs=$EPOCHS --plot= --losses="$tmp/ref10.csv" > "$tmp/ref10.out" 2>&1
+expect_exact "step 13 without a failure takes step 10's steps" "$tmp/ref2.out" "$tmp/ref2.csv" "$tmp/ref10.out" "$tmp/ref10.csv"
+step13 1 --snapshot="$tmp/ref1.h5" --losses="$tmp/ref1.csv" > "$tmp/ref1.out" 2>&1
+expect "step 13 on 1 rank exits 0 with $EPOCHS snapshots" \
+    test $? = 0 -a "$(grep -c '| Training snapshot saved' "$tmp/ref1.out")" = $EPOCHS
+
+# ---------------------------------------------------------------- a kill, then the same command again
+# --fail_at_epoch 2: the last rank dies by SIGKILL in the middle of epoch 2, after the snapshot of epoch 1.
+for np in 1 2; do
+    flags=(--snapshot="$tmp/fail$np.h5" --losses="$tmp/fail$np.csv" --fail_at_epoch=2)
+    step13 $np "${flags[@]}" > "$tmp/fail$np.out" 2>&1
+    status=$?
+    expect "--fail_at_epoch 2 on $np rank(s): rank $((np - 1)) dies by SIGKILL in epoch 2 (exit $status), and the CSV is not written" \
+        test $status = 137 -a -n "$(grep "\[rank $((np - 1))\] --fail_at_epoch 2: this rank dies now, in step [0-9]* of epoch 2 (SIGKILL)" "$tmp/fail$np.out")" \
+        -a ! -e "$tmp/fail$np.csv" -a -z "$(grep 'Epoch 2 |' "$tmp/fail$np.out")"
+    step13 $np "${flags[@]}" > "$tmp/fail$np.resumed.out" 2>&1
+    status=$?
+    expect "the same command again on $np rank(s) exits 0: 'Resuming training from snapshot at Epoch 1', and no second failure (exit $status)" \
+        test $status = 0 -a -n "$(grep -x 'Resuming training from snapshot at Epoch 1' "$tmp/fail$np.resumed.out")" \
+        -a -z "$(grep 'dies now' "$tmp/fail$np.resumed.out")"
+    expect_exact "killed in epoch 2 and resumed, $np rank(s)" "$tmp/fail$np.resumed.out" "$tmp/fail$np.csv" "$tmp/ref$np.out" "$tmp/ref$np.csv"
+done
+
+# A kill from outside, as a node's death: SIGKILL to one rank's process while it trains epoch 2.
+step13_background "$tmp/kill.out" 2 --snapshot="$tmp/kill.h5" --losses="$tmp/kill.csv"
+if wait_for '^Epoch 1 | Training snapshot saved' "$tmp/kill.out" 60 && victim=$(rank_pids | tail -1) && [ -n "$victim" ]; then
+    kill -KILL "$victim"
+    wait "$run_pid"
+    status=$?
+    expect "SIGKILL to rank process $victim during epoch 2: the job ends (exit $status)" test $status != 0 -a $status != 124
+    step13 2 --snapshot="$tmp/kill.h5" --losses="$tmp/kill.csv" > "$tmp/kill.resumed.out" 2>&1
+    expect "after the outside kill, the same command resumes ($(grep -o 'Resuming.*' "$tmp/kill.resumed.out"))" \
+        test $? = 0 -a -n "$(grep 'Resuming training from snapshot at Epoch [12]' "$tmp/kill.resumed.out")"
+    expect_exact "killed from outside and resumed, 2 ranks" "$tmp/kill.resumed.out" "$tmp/kill.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+else
+    fail "the background run never reached its first snapshot: $(tail -3 "$tmp/kill.out")"
+fi
+
+# ---------------------------------------------------------------- stop signals: save, exit 75, resume mid-epoch
+stop_and_resume() {  # label, name, how to deliver the signal (a function of the run)
+    local label=$1 name=$2 deliver=$3
+    step13_background "$tmp/$name.out" 2 --snapshot="$tmp/$name.h5" --losses="$tmp/$name.csv"
+    if ! wait_for '^Epoch 1 | Training snapshot saved' "$tmp/$name.out" 60; then
+        fail "$label: the run never reached its first snapshot: $(tail -3 "$tmp/$name.out")"
+        return
+    fi
+    sleep 0.1
+    $deliver
+    wait "$run_pid"
+    local status=$? line
+    line=$(grep -o '^Step [0-9]* of epoch [0-9]* | Training snapshot saved.*' "$tmp/$name.out")
+    expect "$label: the ranks save at the end of one step and exit 75 (exit $status; ${line:-no mid-epoch snapshot})" \
+        test $status = 75 -a -n "$line" -a -n "$(grep 'Stopped by SIG[A-Z0-9]*.*exiting with status 75' "$tmp/$name.out")"
+    step13 2 --snapshot="$tmp/$name.h5" --losses="$tmp/$name.csv" > "$tmp/$name.resumed.out" 2>&1
+    status=$?
+    expect "$label: the same command resumes mid-epoch (exit $status: $(grep -o 'Resuming.*' "$tmp/$name.resumed.out"))" \
+        test $status = 0 -a -n "$(grep 'Resuming training from snapshot at Epoch [0-9]*, [0-9]* of epoch [0-9]*.s 60000 samples done' "$tmp/$name.resumed.out")"
+    expect_exact "$label, then resumed" "$tmp/$name.resumed.out" "$tmp/$name.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+}
+usr1_to_mpirun() { kill -USR1 "$(mpirun_pid)"; }  # mpirun passes it on to every rank
+term_to_ranks() { local pid; for pid in $(rank_pids); do kill -TERM "$pid"; done; }  # what Slurm does at the time limit
+stop_and_resume "SIGUSR1 to mpirun" usr1 usr1_to_mpirun
+stop_and_resume "SIGTERM to both ranks" term term_to_ranks
+
+# ---------------------------------------------------------------- slurm/run_with_restarts.sh
+restarts=(slurm/run_with_restarts.sh --max-restarts=2 --)
+timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+    --snapshot="$tmp/restart.h5" --losses="$tmp/restart.csv" --fail_at_epoch=2 > "$tmp/restart.out" 2>&1
+status=$?
+expect "run_with_restarts.sh --max-restarts=2: attempt 1 dies (SIGKILL), attempt 2 resumes and succeeds (exit $status)" \
+    test $status = 0 -a -n "$(grep 'run_with_restarts: attempt 1 ended with status 137 (SIGKILL): restarting (2 restart(s) left)' "$tmp/restart.out")" \
+    -a -n "$(grep 'run_with_restarts: attempt 2 of 3 succeeded' "$tmp/restart.out")" \
+    -a "$(grep -c 'dies now' "$tmp/restart.out")" = 1 -a -n "$(grep -x 'Resuming training from snapshot at Epoch 1' "$tmp/restart.out")"
+sed -n '/attempt 2 of 3:/,$p' "$tmp/restart.out" > "$tmp/restart.last.out"
+expect_exact "the injected failure under run_with_restarts.sh" "$tmp/restart.last.out" "$tmp/restart.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+
+timeout 60 slurm/run_with_restarts.sh --max-restarts 1 -- sh -c 'kill -KILL $$' > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh: a command that always dies runs 2 times, then exits with its status (exit $status)" \
+    test $status = 137 -a "$(grep -c 'attempt [12] of 2:' "$tmp/out")" = 2 \
+    -a -n "$(grep 'attempt 2 ended with status 137 (SIGKILL): no restarts left (--max-restarts 1)' "$tmp/out")"
+timeout 60 slurm/run_with_restarts.sh --max-restarts 3 -- true > "$tmp/out" 2>&1
+expect "run_with_restarts.sh: a command that succeeds runs once" \
+    test $? = 0 -a "$(grep -c 'attempt' "$tmp/out")" = 2
+timeout 60 slurm/run_with_restarts.sh --max-restarts=x -- true > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$tmp/out"))" \
+    test $status = 2 -a -n "$(grep "error: --max-restarts expects an integer >= 0, got 'x'" "$tmp/out")"
+# SIGUSR1 to the script: passed on to mpirun and the ranks, which save and exit 75; no restart after it.
+timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+    --snapshot="$tmp/restart_usr1.h5" > "$tmp/restart_usr1.out" 2>&1 &
+run_pid=$!
+background+=("$run_pid")
+if wait_for '^Epoch 1 | Training snapshot saved' "$tmp/restart_usr1.out" 60; then
+    kill -USR1 "$(pgrep -P "$run_pid" -f run_with_restarts | head -1)"
+    wait "$run_pid"
+    status=$?
+    expect "SIGUSR1 to run_with_restarts.sh: passed on, the ranks save and exit 75, no restart (exit $status)" \
+        test $status = 75 -a -n "$(grep 'attempt 1 ended with status 75 after SIGUSR1: no restart' "$tmp/restart_usr1.out")" \
+        -a -z "$(grep 'attempt 2' "$tmp/restart_usr1.out")" -a -n "$(grep '^Step [0-9]* of epoch' "$tmp/restart_usr1.out")"
+else
+    fail "run_with_restarts.sh with SIGUSR1: the run never reached its first snapshot"
+fi
+
+# ---------------------------------------------------------------- rank 0 killed while it writes
+# strace holds rank 0's second rename (the snapshot of epoch 2 is written and
+# synced as FILE.tmp, but not yet in place) for 60 s; rank 0 is killed there.
+if ! command -v strace > /dev/null; then
+    skip "rank 0 killed during a snapshot write (needs strace: apt-get install strace)"
+elif ! strace -qq -o /dev/null true 2> /dev/null; then
+    skip "rank 0 killed during a snapshot write (strace cannot trace here: $(strace -qq -o /dev/null true 2>&1 | head -1))"
+else
+    cat > "$tmp/rank0_under_strace.sh" << 'SH'
+# Rank 0 runs under strace, which holds its second rename for 60 s; the other ranks run as they are.
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+    exec strace -qq -o /dev/null -e trace=rename,renameat,renameat2 \
+        -e inject=rename,renameat,renameat2:delay_enter=60000000:when=2 "$@"
+fi
+exec "$@"
+SH
+    timeout -k 5 120 $MPIRUN -np 2 bash "$tmp/rank0_under_strace.sh" day3/13_fault_tolerant_ddp --data="$DATA" \
+        --total_epochs=$EPOCHS --plot= --snapshot="$tmp/torn.h5" --losses="$tmp/torn.csv" > "$tmp/torn.out" 2>&1 &
+    run_pid=$!
+    background+=("$run_pid")
+    if wait_for '^epoch 2/' "$tmp/torn.out" 60 && sleep 1 && [ -e "$tmp/torn.h5.tmp" ] &&
+        strace_pid=$(pgrep -P "$(mpirun_pid)" -x strace) && victim=$(pgrep -P "$strace_pid") && [ -n "$victim" ]; then
+        kill -KILL "$victim"
+        kill -KILL "$strace_pid"  # after its tracee (strace would let go of it): it waits out its delay otherwise
+        wait "$run_pid"
+        status=$?
+        expect "rank 0 killed between writing the epoch 2 snapshot and its rename (exit $status): FILE.tmp is left, epoch 2's snapshot never replaced epoch 1's" \
+            test $status != 0 -a $status != 124 -a -e "$tmp/torn.h5.tmp" -a -z "$(grep 'Epoch 2 |' "$tmp/torn.out")"
+        step13 2 --snapshot="$tmp/torn.h5" --losses="$tmp/torn.csv" > "$tmp/torn.resumed.out" 2>&1
+        status=$?
+        expect "the previous snapshot is whole: the run resumes from Epoch 1 and removes the unfinished FILE.tmp (exit $status)" \
+            test $status = 0 -a -n "$(grep -x 'Resuming training from snapshot at Epoch 1' "$tmp/torn.resumed.out")" \
+            -a -n "$(grep "torn.h5.tmp: removing an unfinished snapshot" "$tmp/torn.resumed.out")" -a ! -e "$tmp/torn.h5.tmp"
+        expect_exact "rank 0 killed mid-write, resumed" "$tmp/torn.resumed.out" "$tmp/torn.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+    else
+        fail "rank 0 under strace: never caught in its second snapshot write: $(tail -3 "$tmp/torn.out")"
+    fi
+fi
+
+# ---------------------------------------------------------------- bad snapshots: one line, exit 1, every rank, no hang
+expect_refused() {  # what, message pattern, snapshot, extra flags...
+    local what=$1 pattern=$2 snapshot=$3
+    shift 3
+    step13 2 --snapshot="$snapshot" "$@" > "$tmp/err" 2>&1
+    local status=$? line
+    line=$(grep -E "$pattern" "$tmp/err")
+    if [ $status = 1 ] && [ -n "$line" ] && [ "$(grep -c '^\[rank' "$tmp/err")" = 1 ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err" &&
+        ! grep -q 'Resuming' "$tmp/err"; then
+        pass "$what: exit 1, one line: $line"
+    else
+        fail "$what: expected exit 1 and one line /$pattern/ (got exit $status:" "$(grep -v '^Step 13' "$tmp/err" | head -3))"
+    fi
+}
+good=$tmp/ref2.h5  # the snapshot of a finished run: 3 epochs done
+head -c 600000 "$good" > "$tmp/truncated.h5"
+expect_refused "a truncated snapshot" "truncated.h5: not a readable HDF5 file \(600000 bytes\): truncated or corrupt" "$tmp/truncated.h5"
+: > "$tmp/empty.h5"
+expect_refused "an empty snapshot" "empty.h5: the file is empty, not a snapshot" "$tmp/empty.h5"
+echo "not hdf5" > "$tmp/text.h5"
+expect_refused "a text file as snapshot" "text.h5: not a readable HDF5 file" "$tmp/text.h5"
+expect_refused "a weights file (--save) as snapshot" "ref2_weights.h5: not a training snapshot .*--init takes those" "$tmp/ref2_weights.h5"
+expect_refused "a snapshot of another run's flags (--batch_size 3200)" \
+    "ref2.h5: made with --batch_size 6400, this run has --batch_size 3200" "$good" --batch_size=3200
+expect_refused "a snapshot of another run's flags (--seed 1)" "ref2.h5: made with --seed 0, this run has --seed 1" "$good" --seed=1
+# Seen by one rank only (each rank its own --snapshot: mpirun's MPMD syntax), then two different files.
+cp "$good" "$tmp/seen.h5"
+timeout -k 5 120 $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
+    -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/unseen.h5" > "$tmp/err" 2>&1
+status=$?
+expect "a snapshot that rank 1 does not see: exit 1, one line ($(grep '^\[rank' "$tmp/err"))" \
+    test $status = 1 -a "$(grep -c '^\[rank' "$tmp/err")" = 1 -a -n "$(grep '^\[rank 1 @ .*unseen.h5: 1 of 2 ranks see this snapshot, this rank does not' "$tmp/err")"
+timeout -k 5 120 $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
+    -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/ref1.h5" > "$tmp/err" 2>&1
+status=$?
+expect "two ranks that read different snapshots: exit 1, one line ($(grep '^\[rank' "$tmp/err"))" \
+    test $status = 1 -a "$(grep -c '^\[rank' "$tmp/err")" = 1 -a -n "$(grep 'the ranks read different snapshots' "$tmp/err")"
+# A write that fails: FILE.tmp is a folder, so rank 0 cannot create it.
+mkdir -p "$tmp/blocked.h5.tmp"
+expect_refused "a snapshot that cannot be written" "blocked.h5: cannot create .*blocked.h5.tmp" "$tmp/blocked.h5"
+expect "a failed write leaves no snapshot behind" test ! -e "$tmp/blocked.h5"
+
+if [ $have_h5py = 1 ]; then
+    "$PYTHON" - "$good" "$tmp" << 'PY'
+import h5py, numpy as np, shutil, sys
+good, tmp = sys.argv[1:3]
+def variant(name, change):
+    shutil.copy(good, f"{tmp}/{name}.h5")
+    with h5py.File(f"{tmp}/{name}.h5", "a") as f:
+        change(f)
+def flip(name):  # one bit in the middle of fc.0.weight's data
+    shutil.copy(good, f"{tmp}/{name}.h5")
+    with h5py.File(good, "r") as f:
+        offset = f["fc.0.weight"].id.get_offset() + 4 * 50000
+    with open(f"{tmp}/{name}.h5", "r+b") as f:
+        f.seek(offset); byte = f.read(1); f.seek(offset); f.write(bytes([byte[0] ^ 0x10]))
+def replace(f, name, value):
+    del f[name]; f[name] = value
+flip("flipped")
+variant("missing", lambda f: f.__delitem__("optimizer/exp_avg_sq/fc.0.bias"))
+variant("other_model", lambda f: replace(f, "settings/model_sizes", np.array([784, 256, 10], np.int64)))
+variant("wrong_shape", lambda f: replace(f, "fc.0.weight", np.zeros((128, 785), np.float32)))
+PY
+    expect_refused "a snapshot with one flipped bit" "flipped.h5: checksum mismatch .*: the file is corrupt" "$tmp/flipped.h5"
+    expect_refused "a snapshot with a missing field" "missing.h5: no 'optimizer/exp_avg_sq/fc.0.bias': an incomplete snapshot" "$tmp/missing.h5"
+    expect_refused "a snapshot of another model" "other_model.h5: a snapshot of an MLP 784-256-10; this run builds an MLP 784-128-10" "$tmp/other_model.h5"
+    expect_refused "a snapshot with a wrongly shaped parameter" \
+        "wrong_shape.h5: 'fc.0.weight' is float32 \[128, 785\] \(expected float32 \[128, 784\]\)" "$tmp/wrong_shape.h5"
+else
+    no_h5py "flipped-bit, incomplete and wrongly shaped snapshots"
+fi
+
+# ---------------------------------------------------------------- another world size
+cp "$tmp/fail2.h5" "$tmp/elastic.h5"  # 3 epochs done on 2 ranks
+step13 1 --snapshot="$tmp/elastic.h5" --total_epochs=4 > "$tmp/elastic.out" 2>&1
+status=$?
+expect "a snapshot from 2 ranks resumes on 1 and says the data order now differs (exit $status)" \
+    test $status = 0 -a -n "$(grep -x 'Resuming training from snapshot at Epoch 3' "$tmp/elastic.out")" \
+    -a -n "$(grep 'The snapshot was made on 2 ranks, this run has 1: the data order now differs from an uninterrupted run' "$tmp/elastic.out")" \
+    -a -n "$(grep '^epoch 4/4: mean loss' "$tmp/elastic.out")"
+step13 2 --snapshot="$tmp/ref2.h5" > "$tmp/done.out" 2>&1
+expect "a finished run's snapshot: the same command trains nothing and reports the same weights" \
+    test $? = 0 -a -n "$(grep "Nothing left to train: $EPOCHS of --total_epochs $EPOCHS done" "$tmp/done.out")" \
+    -a "$(checksums "$tmp/done.out")" = "$(checksums "$tmp/ref2.out")"
+
+# ---------------------------------------------------------------- usage errors
+expect_usage() {  # what, pattern, ranks, flags...
+    local what=$1 pattern=$2 np=$3
+    shift 3
+    step13 "$np" --snapshot="$tmp/usage.h5" "$@" > "$tmp/err" 2>&1
+    local status=$?
+    expect "$what: exit 2 ($(grep '^error' "$tmp/err"))" test $status = 2 -a -n "$(grep -E "$pattern" "$tmp/err")" -a ! -e "$tmp/usage.h5"
+}
+expect_usage "--fail_rank=2 on 2 ranks" "^error: --fail_rank 2: the ranks are 0 to 1" 2 --fail_rank=2
+expect_usage "--fail_at_epoch=1 with --save_every=1" "^error: --fail_at_epoch 1 strikes before the first snapshot" 1 --fail_at_epoch=1
+expect_usage "--fail_at_epoch past --total_epochs" "^error: --fail_at_epoch 4 is past --total_epochs 3" 1 --fail_at_epoch=4
+expect_usage "--save_every=0" "^error: --save_every expects an integer from 1" 1 --save_every=0
+expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--epochs'" 1 --epochs=2
+
+# ---------------------------------------------------------------- h5py and torch read the snapshot
+if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
+    "$PYTHON" - "$good" "$tmp/ref2_weights.h5" "$tmp/ref2.csv" > "$tmp/torch.out" 2>&1 << 'PY'
+# What README.md, Day 3, shows: the model into torch, Adam's state into torch.optim.Adam.
+import sys, h5py, torch, torch.nn as nn
+snapshot, weights, csv = sys.argv[1:4]
+
+class Net(nn.Module):  # the workshop's model
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+    def forward(self, x):
+        return self.fc(x.view(-1, 784))
+
+model = Net()
+with h5py.File(snapshot, "r") as f:
+    names = [k for k, _ in model.named_parameters()]
+    model.load_state_dict({k: torch.from_numpy(f[k][...]) for k in names})
+    optimizer = torch.optim.Adam(model.parameters(), lr=float(f["settings/lr"][()]) * int(f["settings/world_size"][()]))
+    step = int(f["optimizer/step"][()])
+    optimizer.load_state_dict({
+        "state": {i: {"step": torch.tensor(float(step)),
+                      "exp_avg": torch.from_numpy(f["optimizer/exp_avg/" + k][...]),
+                      "exp_avg_sq": torch.from_numpy(f["optimizer/exp_avg_sq/" + k][...])}
+                  for i, k in enumerate(names)},
+        "param_groups": optimizer.state_dict()["param_groups"]})
+    epochs_done, losses = int(f["progress/epochs_done"][()]), f["losses/loss"][...]
+with h5py.File(weights, "r") as f:
+    same = all(torch.equal(p, torch.from_numpy(f[k][...])) for k, p in model.named_parameters())
+steps_in_csv = sum(1 for _ in open(csv)) - 1
+state = optimizer.state_dict()["state"]
+ok = same and epochs_done == 3 and len(losses) == step == steps_in_csv and len(state) == 4 \
+     and state[0]["exp_avg"].shape == (128, 784)
+print(f"{'ok' if ok else 'MISMATCH'}: {epochs_done} epochs, {step} Adam steps, {len(losses)} losses "
+      f"({steps_in_csv} in the CSV), weights equal to --save's: {same}")
+sys.exit(0 if ok else 1)
+PY
+    expect "torch loads the snapshot's model (strict load_state_dict) and Adam state, as the README shows ($(tail -1 "$tmp/torch.out"))" test $? = 0
+else
+    skip "torch reads the snapshot (needs $PYTHON with torch and h5py: ./setup.sh --with-reference)"
+fi
+
+# ---------------------------------------------------------------- memory
+# The peak RSS of one process training one epoch: from scratch, and resumed
+# from a snapshot (epoch 1 of 2). Medians of 3; a second copy of the model and
+# Adam's state (1.2 MB) would show.
+if nm day3/13_fault_tolerant_ddp 2> /dev/null | grep -q __asan_init; then
+    skip "peak memory of a resumed run (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
+elif [ -x /usr/bin/time ]; then
+    peak_kb() { timeout 120 /usr/bin/time -f '%M' -o "$tmp/rss" day3/13_fault_tolerant_ddp --data="$DATA" --plot= "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+    fresh=() resumed=()
+    for i in 1 2 3; do
+        fresh+=("$(peak_kb --snapshot="$tmp/mem$i.h5" --total_epochs=1)")
+        resumed+=("$(peak_kb --snapshot="$tmp/mem$i.h5" --total_epochs=2)")
+    done
+    median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+    fresh_kb=$(median "${fresh[@]}") resumed_kb=$(median "${resumed[@]}")
+    expect "resuming takes no more memory than a fresh start: peak ${resumed_kb:-?} kB against ${fresh_kb:-?} kB (medians of 3; within 400 kB)" \
+        test -n "$fresh_kb" -a -n "$resumed_kb" -a "${resumed_kb:-0}" -le $((${fresh_kb:-0} + 400))
+else
+    skip "peak memory of a resumed run (needs /usr/bin/time: apt-get install time)"
+fi

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Every flag of every program takes the --name=value spelling (torchrun's and the
+# DDP tutorials': --total_epochs=10), as well as --name value.
+#
+# For each program, its --help lists its flags. All of them are given at once as
+# --name=DEFAULT (a switch as --name) before a --help, which exits 0 only if
+# every flag before it parsed; then one numeric flag as --name=x, which must be a
+# usage error naming that flag (so the value after '=' is read, not dropped).
+# tests/unit/test_args.c checks the parser itself, value by value.
+# One PASS/FAIL line per program (tests/run.sh counts them).
+set -u
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS flags: $*"; }
+fail() { echo "FAIL flags: $*"; }
+
+found=0
+for source in day1/*.c day2/*.c day3/*.c; do
+    program=${source%.c}
+    [ -x "$program" ] || continue  # (step 1 is built only with the GPU code)
+    found=$((found + 1))
+    # Every run is bounded: a hang is a failure, not a stuck CI job.
+    if ! timeout 30 "$program" --help > "$tmp/help" 2> "$tmp/err"; then
+        fail "$program --help exits non-zero: $(head -2 "$tmp/err")"
+        continue
+    fi
+    # "  --name META     help text (default: X)": the flag and its metavar fill
+    # the first 26 columns; the default closes the line.
+    flags=() numeric=""
+    while IFS= read -r line; do
+        left=$(echo "${line:2:26}" | sed 's/ *$//')
+        name=${left%% *}
+        [ "$name" = --help ] && continue
+        default=$(echo "$line" | sed -n 's/.*(default: \(.*\))$/\1/p')
+        if [ "$left" = "$name" ]; then
+            flags+=("$name")  # a switch takes no value
+        else
+            case $default in
+                none) flags+=("$name=x") ;;
+                "''") flags+=("$name=") ;;
+                *) flags+=("$name=$default") ;;
+            esac
+            [[ $default =~ ^-?[0-9.e+-]+$ ]] && numeric=$name
+        fi
+    done < <(grep '^  --' "$tmp/help")
+    if [ ${#flags[@]} -eq 0 ]; then
+        pass "$program takes no flags ($(sed -n 2p "$tmp/help" | sed 's/^ *//'))"
+        continue
+    fi
+    timeout 30 "$program" "${flags[@]}" --help > "$tmp/out" 2>&1
+    status=$?
+    if [ $status != 0 ] || ! grep -q '^usage:' "$tmp/out"; then
+        fail "$program ${flags[*]} --help: exit $status: $(grep -v '^ ' "$tmp/out" | head -2)"
+        continue
+    fi
+    verdict="$program takes all ${#flags[@]} of its flags as --name=value (${flags[*]})"
+    if [ -n "$numeric" ]; then
+        timeout 30 "$program" "$numeric=x" > "$tmp/out" 2>&1
+        status=$?
+        if [ $status != 2 ] || ! grep -q "^error: $numeric expects .*, got 'x'" "$tmp/out"; then
+            fail "$program $numeric=x: expected a usage error naming $numeric, exit 2 (got exit $status: $(head -1 "$tmp/out"))"
+            continue
+        fi
+        verdict="$verdict; $numeric=x is a usage error"
+    fi
+    pass "$verdict"
+done
+[ $found -gt 0 ] || fail "no program is built (make)"

@@ -1,0 +1,140 @@
+// test_args.c: the flag parser (common/args.c) takes both spellings, "--name value"
+// and "--name=value" (the one torchrun and the DDP tutorials use), for every type
+// of flag, and turns every mistake into one line and exit status 2.
+//
+// Errors end the process (usage_error), so each error case runs args_parse in a
+// child process and checks its exit status and the line it printed on stderr.
+// (--help needs MPI running, as in the programs: tests/test_flag_spelling.sh
+// passes every flag of every program as --name=value before a --help.)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "args.h"
+
+#define TEST_NAME "test_args"
+#include "test.h"
+
+// The flags of a training program, one of each type.
+typedef struct {
+    int epochs, no_shuffle, fail_rank;
+    double lr, bucket_mb;
+    const char *data, *plot, *device;
+} Flags;
+
+static Flags defaults(void) {
+    return (Flags){.epochs = 5, .fail_rank = -1, .lr = 1e-3, .bucket_mb = 25, .data = "data/mnist",
+                   .plot = "img/x.png", .device = "auto"};
+}
+
+static void parse(Flags *f, int argc, char **argv) {
+    ArgSpec flags[] = {
+        {"epochs", ARG_INT, &f->epochs, "N", "passes", 1, NULL},
+        {"fail_rank", ARG_INT, &f->fail_rank, "R", "a rank, -1: the last", -1, NULL},
+        {"lr", ARG_FLOAT, &f->lr, "X", "learning rate", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &f->bucket_mb, "MB", "bucket size", 0, NULL},
+        {"data", ARG_STRING, &f->data, "DIR", "data folder", 0, NULL},
+        {"plot", ARG_STRING, &f->plot, "FILE.png", "loss curve", 0, NULL},
+        {"device", ARG_STRING, &f->device, "DEV", "where", 0, "cpu|cuda|auto"},
+        {"no-shuffle", ARG_SWITCH, &f->no_shuffle, NULL, "file order", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "test_args");
+}
+
+// Parse a command line given as one string of space-separated words.
+static Flags parse_line(const char *line) {
+    static char copy[512];
+    char *argv[32] = {"prog"};
+    int argc = 1;
+    snprintf(copy, sizeof copy, "%s", line);
+    for (char *word = strtok(copy, " "); word && argc < 31; word = strtok(NULL, " ")) argv[argc++] = word;
+    Flags f = defaults();
+    parse(&f, argc, argv);
+    return f;
+}
+
+// Run parse_line in a child; return its exit status and the first line of its stderr.
+static int parse_in_child(const char *line, char *message, size_t size) {
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pipe_fds[1], STDERR_FILENO);
+        close(pipe_fds[0]);
+        parse_line(line);
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    size_t used = 0;  // read to the end, so that the child never writes into a closed pipe
+    char rest[256];
+    for (ssize_t got; (got = read(pipe_fds[0], used < size - 1 ? message + used : rest,
+                                  used < size - 1 ? size - 1 - used : sizeof rest)) > 0;)
+        if (used < size - 1) used += (size_t)got;
+    message[used] = '\0';
+    char *newline = strchr(message, '\n');
+    if (newline) *newline = '\0';
+    close(pipe_fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void expect_error(const char *line, const char *expected) {
+    char message[512];
+    int status = parse_in_child(line, message, sizeof message);
+    EXPECT(status == 2 && strstr(message, expected) != NULL,
+           "'%s' is a usage error (exit %d, want 2): \"%s\"", line, status, message);
+}
+
+int main(void) {
+    // Both spellings give the same values, for every type of flag.
+    const char *spaced = "--epochs 7 --fail_rank 0 --lr 0.004 --bucket_mb 0 --data /d --plot a.png --device cpu";
+    const char *joined = "--epochs=7 --fail_rank=0 --lr=0.004 --bucket_mb=0 --data=/d --plot=a.png --device=cpu";
+    Flags a = parse_line(spaced), b = parse_line(joined);
+    EXPECT(a.epochs == 7 && a.fail_rank == 0 && a.lr == 0.004 && a.bucket_mb == 0 && strcmp(a.data, "/d") == 0 &&
+               strcmp(a.plot, "a.png") == 0 && strcmp(a.device, "cpu") == 0,
+           "--name value sets an int, a float, a float >= 0, strings and a choice");
+    EXPECT(b.epochs == a.epochs && b.fail_rank == a.fail_rank && b.lr == a.lr && b.bucket_mb == a.bucket_mb &&
+               strcmp(b.data, a.data) == 0 && strcmp(b.plot, a.plot) == 0 && strcmp(b.device, a.device) == 0,
+           "--name=value sets the same values (epochs %d, lr %g, data %s, device %s)", b.epochs, b.lr, b.data,
+           b.device);
+
+    Flags f = parse_line("--fail_rank=-1 --lr=1e-2");
+    EXPECT(f.fail_rank == -1 && f.lr == 0.01, "--fail_rank=-1 and --lr=1e-2: a sign and an exponent after '='");
+    f = parse_line("--plot=");
+    EXPECT(strcmp(f.plot, "") == 0, "--plot= gives the empty string, as --plot '' does (got '%s')", f.plot);
+    f = parse_line("--data=run=3/x");
+    EXPECT(strcmp(f.data, "run=3/x") == 0, "--data=run=3/x: only the first '=' splits (got '%s')", f.data);
+    f = parse_line("--epochs 3 --epochs=4");
+    EXPECT(f.epochs == 4, "the last of two spellings wins (got %d)", f.epochs);
+    f = parse_line("--no-shuffle --epochs=2");
+    EXPECT(f.no_shuffle == 1 && f.epochs == 2, "a switch beside a --name=value flag");
+    f = parse_line("");
+    Flags d = defaults();
+    EXPECT(f.epochs == d.epochs && f.lr == d.lr && strcmp(f.data, d.data) == 0 && f.no_shuffle == 0,
+           "no flags: every default stays");
+
+    // Every mistake, in either spelling: one line, exit status 2.
+    expect_error("--epochs=0", "--epochs expects an integer from 1 to 2147483647, got '0'");
+    expect_error("--epochs 0", "--epochs expects an integer from 1 to 2147483647, got '0'");
+    expect_error("--epochs=", "--epochs expects an integer from 1 to 2147483647, got ''");
+    expect_error("--epochs=3x", "--epochs expects an integer");
+    expect_error("--epochs=99999999999", "--epochs expects an integer");
+    expect_error("--fail_rank=-2", "--fail_rank expects an integer from -1 to");
+    expect_error("--lr=0", "--lr expects a number > 0, got '0'");
+    expect_error("--lr=nan", "--lr expects a number > 0, got 'nan'");
+    expect_error("--bucket_mb=-1", "--bucket_mb expects a number >= 0, got '-1'");
+    expect_error("--device=tpu", "--device expects one of cpu|cuda|auto, got 'tpu'");
+    expect_error("--device tpu", "--device expects one of cpu|cuda|auto, got 'tpu'");
+    expect_error("--no-shuffle=1", "--no-shuffle takes no value");
+    expect_error("--epoch=3", "unknown flag '--epoch'");
+    expect_error("--epochs_x=3", "unknown flag '--epochs_x'");
+    expect_error("--=3", "unknown flag '--'");
+    expect_error("--epochs", "--epochs expects a value (N)");
+    expect_error("epochs=3", "unexpected argument 'epochs=3'");
+    expect_error("-epochs=3", "unexpected argument '-epochs=3'");
+    return test_summary();
+}
