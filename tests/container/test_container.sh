@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The container image (Dockerfile) and the Kubernetes Job (k8s/job.yaml), for real:
-# - job.yaml parses, is a valid Job for the Kubernetes API's own models, and holds the fields
-#   README.md promises (GPUs = ranks, /dev/shm in memory, toleration, node selector, restarts, non-root);
+# - job.yaml parses, each of its documents (a PersistentVolumeClaim, the Job) is valid for the
+#   Kubernetes API's own models, and it holds the fields README.md promises (GPUs = ranks, /dev/shm
+#   in memory, toleration, node selector, restarts, non-root, step 13's snapshot on the claim);
 # - the image builds from a clean clone of HEAD, holds the committed files and no data or build output,
 #   and runs as a non-root user;
 # - its default command runs the Day 1 demo on MNIST mounted read-only, with the results of the same
 #   demo outside, and without MNIST (and no network) stops with one clear line;
-# - the Job's own commands (read from job.yaml) fetch MNIST into an empty folder and train on it.
+# - the Job's own commands (read from job.yaml) fetch MNIST into an empty folder and train on it,
+#   with the host's results, leaving the snapshot in a folder mounted where the claim goes;
+# - the restart lesson: the same training killed in mid-run (--fail_at_epoch), then run again on
+#   the same folder, as restartPolicy: OnFailure does, resumes from the snapshot and ends with the
+#   losses, accuracy and checksums of the run that never failed.
 # `make test-container` runs it (CI: after `make test`); it prints PASS/FAIL/SKIP lines, and
 # tests/run.sh counts them.
 #
@@ -32,9 +37,10 @@ seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f\n", b - a }'; }
 median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # ---------------------------------------------------------------- k8s/job.yaml
-# One PASS/FAIL line per property; the Job's two commands, one argument a line, for the runs below.
+# One PASS/FAIL line per property; the Job's two commands, one argument a line, the snapshot's
+# folder in the container and the epochs of the restart test below, for the runs below.
 "$PYTHON" - k8s/job.yaml "$tmp" <<'EOF'
-import json, sys
+import json, posixpath, sys
 path, out = sys.argv[1], sys.argv[2]
 def check(what, ok):
     print(("PASS" if ok else "FAIL") + " container: job.yaml: " + what)
@@ -44,49 +50,58 @@ except ImportError:
     print("SKIP container: job.yaml: python3-yaml is not installed (./setup.sh --with-containers)")
     sys.exit(0)
 try:
-    job = yaml.safe_load(open(path))
+    documents = [d for d in yaml.safe_load_all(open(path)) if d is not None]
+    job, = [d for d in documents if d.get("kind") == "Job"]
+    claims = {d["metadata"]["name"]: d for d in documents if d.get("kind") == "PersistentVolumeClaim"}
     pod = job["spec"]["template"]["spec"]
     train, = pod["containers"]
     init, = pod.get("initContainers", [])
 except Exception as e:
-    check(f"parses as a Job with one container and one init container ({type(e).__name__}: {e})", False)
+    check(f"parses as one Job with one container and one init container ({type(e).__name__}: {e})", False)
     sys.exit(0)
-check("parses: a batch/v1 Job", job.get("apiVersion") == "batch/v1" and job.get("kind") == "Job")
+check("parses: a batch/v1 Job", job.get("apiVersion") == "batch/v1")
+check(f"its documents are a PersistentVolumeClaim and the Job ({', '.join(str(d.get('kind')) for d in documents)})",
+      sorted(d.get("kind") for d in documents) == ["Job", "PersistentVolumeClaim"]
+      and all(c.get("apiVersion") == "v1" for c in claims.values()))
 
-# Every key known to the Kubernetes API's model of a Job, with its type: the client's deserializer
-# drops unknown keys (a misspelled field) and converts values, so a round trip must give it back.
+# Every key known to the Kubernetes API's model of each document, with its type: the client's
+# deserializer drops unknown keys (a misspelled field) and converts values, so a round trip must
+# give it back.
 try:
     from kubernetes import client
 except ImportError:
     print("SKIP container: job.yaml against the Kubernetes API's models: python3-kubernetes is not installed (./setup.sh --with-containers)")
 else:
-    class Response: data = json.dumps(job)
+    models = {"Job": "V1Job", "PersistentVolumeClaim": "V1PersistentVolumeClaim"}
     api = client.ApiClient()
-    try:
-        back = api.sanitize_for_serialization(api.deserialize(Response(), "V1Job"))
-        problems = []
-        def same(a, b, where):
-            if isinstance(a, dict) and isinstance(b, dict):
-                for key in sorted(set(a) | set(b)):
-                    if key not in b: problems.append(f"{where}.{key}: unknown to the API")
-                    elif key not in a: problems.append(f"{where}.{key}: added")
-                    else: same(a[key], b[key], f"{where}.{key}")
-            elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-                for i, (x, y) in enumerate(zip(a, b)): same(x, y, f"{where}[{i}]")
-            # A quantity (nvidia.com/gpu: 4) is a string in the model and may be an integer in YAML.
-            elif not (type(a) is type(b) and a == b) and not (type(a) is int and b == str(a)):
-                problems.append(f"{where}: {a!r} read as {b!r}")
-        same(job, back, "")
-        check("every field is a field of the Kubernetes API's Job, with its type" +
-              (": " + "; ".join(problems) if problems else ""), not problems)
-    except Exception as e:
-        check(f"the Kubernetes API's models reject it ({type(e).__name__}: {e})", False)
+    for document in documents:
+        kind = document.get("kind")
+        class Response: data = json.dumps(document)
+        try:
+            back = api.sanitize_for_serialization(api.deserialize(Response(), models[kind]))
+            problems = []
+            def same(a, b, where):
+                if isinstance(a, dict) and isinstance(b, dict):
+                    for key in sorted(set(a) | set(b)):
+                        if key not in b: problems.append(f"{where}.{key}: unknown to the API")
+                        elif key not in a: problems.append(f"{where}.{key}: added")
+                        else: same(a[key], b[key], f"{where}.{key}")
+                elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+                    for i, (x, y) in enumerate(zip(a, b)): same(x, y, f"{where}[{i}]")
+                # A quantity (nvidia.com/gpu: 4) is a string in the model and may be an integer in YAML.
+                elif not (type(a) is type(b) and a == b) and not (type(a) is int and b == str(a)):
+                    problems.append(f"{where}: {a!r} read as {b!r}")
+            same(document, back, "")
+            check(f"every field of the {kind} is a field of the Kubernetes API's {kind}, with its type" +
+                  (": " + "; ".join(problems) if problems else ""), not problems)
+        except Exception as e:
+            check(f"the Kubernetes API's models reject the {kind} ({type(e).__name__}: {e})", False)
 
 command = train.get("command", []) + train.get("args", [])
 ranks = command[2] if command[:2] == ["mpirun", "-np"] and len(command) > 3 else None
 gpus = train.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-check(f"the container runs `mpirun -np N day1/6_mnist_ddp` ({' '.join(command)})",
-      ranks is not None and command[3] == "day1/6_mnist_ddp")
+check(f"the container runs `mpirun -np N day3/13_fault_tolerant_ddp ...` ({' '.join(command)})",
+      ranks is not None and command[3] == "day3/13_fault_tolerant_ddp")
 check(f"it asks for as many GPUs as it starts ranks (nvidia.com/gpu: {gpus}, -np {ranks})",
       ranks is not None and str(gpus) == ranks)
 volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -115,9 +130,37 @@ check("the init container fills the data volume, which training mounts read-only
       data_train and data_train is data_init and mount_train.get("readOnly") is True)
 check(f"both containers run the same image ({train.get('image')})",
       bool(train.get("image")) and train.get("image") == init.get("image"))
+
+# The snapshot (step 13's --snapshot, --total_epochs and --save_every, as it reads them: the last
+# one given wins) lives on the claim, where a restarted container, or a new pod, finds it.
+def flag(name, default):
+    value = default
+    for i, arg in enumerate(command):
+        if arg.startswith(f"--{name}="): value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(command): value = command[i + 1]
+    return value
+snapshot = flag("snapshot", "checkpoints/snapshot.h5")
+folder = posixpath.normpath(posixpath.join(train.get("workingDir", "/workshop"), posixpath.dirname(snapshot)))
+snapshots, mount_snapshots = volume_at(train, folder)
+claim = snapshots.get("persistentVolumeClaim", {}).get("claimName")
+check(f"the snapshot ({snapshot}) is on the claim {claim}, defined in the file and mounted writable at {folder}",
+      claim in claims and not mount_snapshots.get("readOnly", False))
+group = pod.get("securityContext", {}).get("fsGroup")
+check(f"the claim's files belong to a group of the non-root user (fsGroup {group}), who writes the snapshots",
+      isinstance(group, int) and group > 0)
+try:
+    total, save_every = int(flag("total_epochs", "10")), int(flag("save_every", "1"))
+except ValueError:
+    total = save_every = 0
+# A rank dies in the first epoch after the first snapshot; the restart must resume from that one.
+fail_at = save_every + 1
+check(f"a snapshot is saved before the last epoch, so a failure can lose less than the run "
+      f"(--save_every {save_every}, --total_epochs {total})", 1 <= save_every and fail_at <= total)
 for name, container in (("train", train), ("init", init)):
     with open(f"{out}/{name}.cmd", "w") as f:
         f.write("".join(arg + "\n" for arg in container.get("command", []) + container.get("args", [])))
+with open(f"{out}/snapshot", "w") as f:
+    f.write(f"{folder}\n{posixpath.basename(snapshot)}\n{fail_at}\n{save_every}\n")
 EOF
 
 # ---------------------------------------------------------------- the engine
@@ -246,10 +289,12 @@ expect "without MNIST mounted and offline, the demo stops: exit $status, '$line'
 
 # ---------------------------------------------------------------- the Job's commands
 # As in the pod: the init container fills an empty folder (an emptyDir is writable by all), from
-# the mirror instead of the internet; then training mounts it read-only, with 1 GB of /dev/shm.
-if [ -s "$tmp/train.cmd" ] && [ -s "$tmp/init.cmd" ]; then
+# the mirror instead of the internet; then training mounts it read-only, with 1 GB of /dev/shm, and
+# an empty folder where the claim goes (writable by the image's user, as fsGroup makes the claim).
+if [ -s "$tmp/train.cmd" ] && [ -s "$tmp/init.cmd" ] && [ -s "$tmp/snapshot" ]; then
     mapfile -t train < "$tmp/train.cmd"
     mapfile -t init < "$tmp/init.cmd"
+    { read -r snapshot_dir; read -r snapshot_file; read -r fail_at; read -r resume_at; } < "$tmp/snapshot"
     mkdir "$tmp/emptydir" && chmod 777 "$tmp/emptydir"
     timeout 300 "$engine" run --rm -e MNIST_MIRROR=/mirror -v "$mnist:/mirror:ro" \
         -v "$tmp/emptydir:/workshop/data/mnist" "$image" "${init[@]}" > "$tmp/init" 2>&1
@@ -258,18 +303,48 @@ if [ -s "$tmp/train.cmd" ] && [ -s "$tmp/init.cmd" ]; then
     fetched() { [ "$status" = 0 ] && [ "$verified" = 4 ] && [ "$(find "$tmp/emptydir" -type f | wc -l)" = 4 ]; }
     expect "the Job's init container (${init[*]}) fills the data volume as a non-root user: exit $status, $verified files md5-verified" fetched
 
-    timeout 600 "$engine" run --rm --shm-size 1g "${env_opts[@]}" -v "$tmp/emptydir:/workshop/data/mnist:ro" \
-        "$image" "${train[@]}" > "$tmp/job" 2>&1
+    # The training container on a fresh claim (a folder of the host, $1), with extra flags ($2...).
+    run_train() {
+        local claim=$1; shift
+        mkdir -p "$claim" && chmod 777 "$claim"
+        timeout 600 "$engine" run --rm --shm-size 1g "${env_opts[@]}" -v "$tmp/emptydir:/workshop/data/mnist:ro" \
+            -v "$claim:$snapshot_dir" "$image" "${train[@]}" "$@"
+    }
+    run_train "$tmp/claim" > "$tmp/job" 2>&1
     status=$?
     ranks=${train[2]}
     sums=$(sed -n 's/.*parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/job")
     trained() { [ "$status" = 0 ] && grep -q "^World Size: $ranks\." "$tmp/job" &&
                 [ "$(echo "$sums" | wc -w)" = "$ranks" ] && [ "$(echo "$sums" | sort -u | wc -l)" = 1 ]; }
     expect "the Job's command (${train[*]}) trains in the container: exit $status, world size $ranks, $ranks ranks with the same parameters" trained
-    CUDA_VISIBLE_DEVICES='' timeout 600 $MPIRUN "${train[@]:1}" > "$tmp/job_host" 2>&1
+    saved() { grep -q "^No snapshot at " "$tmp/job" && [ -s "$tmp/claim/$snapshot_file" ] &&
+              [ -z "$(find "$tmp/claim" -name '*.tmp')" ]; }
+    expect "it starts from scratch on an empty claim and leaves its snapshot there ($snapshot_dir/$snapshot_file, $(stat -c %s "$tmp/claim/$snapshot_file" 2> /dev/null) bytes)" saved
+    # On the host, the same command with the snapshot in a folder of its own (the last --snapshot wins).
+    CUDA_VISIBLE_DEVICES='' timeout 600 $MPIRUN "${train[@]:1}" --snapshot="$tmp/host_claim/$snapshot_file" > "$tmp/job_host" 2>&1
     results "$tmp/job" > "$tmp/results_in"
     results "$tmp/job_host" > "$tmp/results_out"
     expect "the Job's command prints the host's losses, accuracy and checksums ($(grep -o 'Test accuracy: [0-9.]*%' "$tmp/job"))" same_results
+
+    # The restart lesson, as Kubernetes runs it: a rank dies in epoch $fail_at (--fail_at_epoch,
+    # SIGKILL, as a lost GPU or node), mpirun fails, restartPolicy runs the same command again on
+    # the same claim. It must resume from the snapshot and end as the run above, which never failed.
+    run_train "$tmp/restart_claim" --fail_at_epoch="$fail_at" > "$tmp/failed" 2>&1
+    status=$?
+    died() { [ "$status" != 0 ] && [ "$status" != 124 ] && grep -q -- "--fail_at_epoch $fail_at: this rank dies now" "$tmp/failed" &&
+             grep -q "^Epoch $resume_at | Training snapshot saved" "$tmp/failed" && [ -s "$tmp/restart_claim/$snapshot_file" ] &&
+             ! grep -q '^World Size' "$tmp/failed"; }
+    expect "with --fail_at_epoch=$fail_at a rank dies in epoch $fail_at: exit $status, after the snapshot of epoch $resume_at on the claim" died
+    run_train "$tmp/restart_claim" --fail_at_epoch="$fail_at" > "$tmp/restarted" 2>&1
+    status=$?
+    resumed() { [ "$status" = 0 ] && grep -q "^Resuming training from snapshot at Epoch $resume_at\$" "$tmp/restarted" &&
+                ! grep -q -- '--fail_at_epoch.*dies now' "$tmp/restarted"; }
+    expect "the same command again, as the restart: exit $status, '$(grep -m1 '^Resuming' "$tmp/restarted")'" resumed
+    # The epochs after the snapshot, the accuracy and every rank's checksum: the uninterrupted run's.
+    results "$tmp/restarted" > "$tmp/results_restarted"
+    results "$tmp/job" | awk -v done="$resume_at" '{ split($2, e, "/") } !($1 == "epoch" && e[1] + 0 <= done)' > "$tmp/results_straight"
+    same_as_straight() { grep -q checksum "$tmp/results_restarted" && cmp -s "$tmp/results_restarted" "$tmp/results_straight"; }
+    expect "the restarted run ends as the run that never failed: the same losses of epochs $((resume_at + 1)) on, accuracy and checksums ($(grep -m1 -o 'checksum [0-9a-f]*' "$tmp/restarted"))" same_as_straight
 else
     skip "the Job's commands in the image: job.yaml was not read (see above)"
 fi
