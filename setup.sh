@@ -5,7 +5,8 @@
 #   ./setup.sh                   # everything, then the demo
 #   ./setup.sh --no-demo         # stop after building and fetching the data
 #   ./setup.sh --with-reference  # also install PyTorch and h5py (Debian's), which the
-#                                # tests use to compare with the PyTorch reference
+#                                # tests use to compare with the PyTorch reference, and
+#                                # strace, with which a test stops a rank mid-write
 #   ./setup.sh --with-slurm      # also install Slurm and munge, for tests/test_slurm.sh
 #                                # (a two-node test cluster on this machine; needs root)
 #   ./setup.sh --with-containers # also install podman, python3-yaml and python3-kubernetes,
@@ -38,7 +39,8 @@ packages=(make gcc pkg-config curl ca-certificates python3
           libhdf5-dev)                     # checkpoints (and Day 2's data set)
 # The GPU code, where CUDA is installed (the Makefile's CUDA_HOME): nvcc compiles its host side with g++.
 [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && packages+=(g++)
-[ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py)
+[ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py
+                                   strace)  # tests/test_fault_tolerance.sh: rank 0 held in its rename
 # slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
 # libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
 # the test cluster's network namespaces.
