@@ -40,7 +40,8 @@ packages=(make gcc pkg-config curl ca-certificates python3
 # The GPU code, where CUDA is installed (the Makefile's CUDA_HOME): nvcc compiles its host side with g++.
 [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && packages+=(g++)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py
-                                   strace)  # tests/test_fault_tolerance.sh: rank 0 held in its rename
+                                   strace   # tests/test_fault_tolerance.sh: rank 0 held in its rename
+                                   time)    # /usr/bin/time: the tests' peak-memory checks
 # slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
 # libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
 # the test cluster's network namespaces.
