@@ -17,8 +17,15 @@ static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
 #define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
 
-// A bias [1, out] is stored 1-D [out], as torch has it.
-static int stored_shape(const Tensor *t, hsize_t dims[2]) {
+// A bias [1, out] is stored 1-D [out], as torch has it; a parameter with its
+// own state_dict shape (Param.dims: a Conv2d weight) is stored with that one.
+static int stored_shape(const Param *p, hsize_t dims[4]) {
+    const Tensor *t = p->value;
+    if (p->dims[0] > 0) {
+        int rank = 0;
+        for (; rank < 4 && p->dims[rank] > 0; rank++) dims[rank] = (hsize_t)p->dims[rank];
+        return rank;
+    }
     if (t->rows == 1) {
         dims[0] = (hsize_t)t->cols;
         return 1;
@@ -42,8 +49,8 @@ void h5_save_params(const char *path, const Param *params, int n_params) {
     hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     CHECK(file >= 0, "%s: cannot create the HDF5 file (does its folder exist and is it writable?)", path);
     for (int i = 0; i < n_params; i++) {
-        hsize_t dims[2];
-        int rank = stored_shape(params[i].value, dims);
+        hsize_t dims[4];
+        int rank = stored_shape(&params[i], dims);
         hid_t space = H5Screate_simple(rank, dims, NULL);
         hid_t dataset = H5Dcreate2(file, params[i].name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
                                    H5P_DEFAULT);
@@ -81,12 +88,12 @@ void h5_load_params(const char *path, Param *params, int n_params) {
     if ((file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) REJECT("%s: cannot open the HDF5 file", path);
     for (int i = 0; i < n_params; i++) {
         const Param *p = &params[i];
-        hsize_t want[2];
-        int want_rank = stored_shape(p->value, want);
+        hsize_t want[4];
+        int want_rank = stored_shape(p, want);
         char expected[96];
         format_shape(expected, sizeof expected, want, want_rank);
         if (H5Lexists(file, p->name, H5P_DEFAULT) <= 0)
-            REJECT("%s: no dataset '%s' (expected %s, as in the state_dict of the workshop's Net)", path, p->name,
+            REJECT("%s: no dataset '%s' (expected %s, as in the model's state_dict)", path, p->name,
                    expected);
         if ((dataset = H5Dopen2(file, p->name, H5P_DEFAULT)) < 0)
             REJECT("%s: '%s' is not a dataset (expected %s)", path, p->name, expected);
@@ -97,7 +104,8 @@ void h5_load_params(const char *path, Param *params, int n_params) {
         int rank = H5Sget_simple_extent_ndims(space);
         hsize_t dims[H5S_MAX_RANK] = {0};
         H5Sget_simple_extent_dims(space, dims, NULL);
-        bool same = rank == want_rank && dims[0] == want[0] && (rank == 1 || dims[1] == want[1]);
+        bool same = rank == want_rank;
+        for (int d = 0; same && d < rank; d++) same = dims[d] == want[d];
         bool bias_as_row = want_rank == 1 && rank == 2 && dims[0] == 1 && dims[1] == want[0];
         if (!same && !bias_as_row) {
             char found[96];

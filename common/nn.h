@@ -20,6 +20,9 @@ typedef struct {
     char name[32];
     Tensor *value;
     Tensor *grad;
+    // The state_dict shape where it is not the tensor's own (a Conv2d weight
+    // [64, 32, 3, 3] is the tensor [64, 288]); all 0: [rows, cols], a bias [cols].
+    int dims[4];
 } Param;
 
 typedef struct {

@@ -336,7 +336,7 @@ static void test_adam(void) {
     Tensor p = tensor_zeros(1, N, DEVICE_CPU), g = tensor_zeros(1, N, DEVICE_CPU);
     const float p0[N] = {1.5f, -2, 0.75f, 3};
     memcpy(p.data, p0, sizeof p0);
-    Param param = {"p", &p, &g};
+    Param param = {.name = "p", .value = &p, .grad = &g};
     Adam adam = adam_new(&param, 1, lr);
     double ref[N], m[N] = {0}, v[N] = {0}, worst = 0, worst_moment = 0;
     for (int k = 0; k < N; k++) ref[k] = p0[k];
@@ -382,7 +382,7 @@ static void test_sgd(void) {
     const float pv[5] = {1.5f, -2, 0.25f, 8, 0}, gv[5] = {0.5f, -1, 2, -0.125f, 3}, lr = 0.5f;
     memcpy(p[0].data, pv, 3 * 4), memcpy(p[1].data, pv + 3, 2 * 4);
     memcpy(g[0].data, gv, 3 * 4), memcpy(g[1].data, gv + 3, 2 * 4);
-    Param params[2] = {{"a", &p[0], &g[0]}, {"b", &p[1], &g[1]}};
+    Param params[2] = {{.name = "a", .value = &p[0], .grad = &g[0]}, {.name = "b", .value = &p[1], .grad = &g[1]}};
     sgd_step(params, 2, lr);
     int exact = 0;
     for (int k = 0; k < 5; k++) exact += (k < 3 ? p[0].data[k] : p[1].data[k - 3]) == pv[k] - lr * gv[k];
