@@ -137,6 +137,100 @@ __global__ void sum_kernel(const float *x, size_t n, int squares, double *result
     if (threadIdx.x == 0) *result = partial[0];
 }
 
+// ------------------------------------------------------------------ the CNN's operations
+
+__global__ void im2col_kernel(const float *x, int channels, int batch, int height, int width, int kernel,
+                              int padding, int out_h, int out_w, float *columns) {
+    size_t cols = (size_t)batch * out_h * out_w, n = (size_t)channels * kernel * kernel * cols;
+    FOR_EACH_INDEX(i, n) {
+        int row = (int)(i / cols);
+        size_t col = i % cols;
+        int b = (int)(col / ((size_t)out_h * out_w)), pixel = (int)(col % ((size_t)out_h * out_w));
+        int c = row / (kernel * kernel), dy = row / kernel % kernel, dx = row % kernel;
+        int in_y = pixel / out_w + dy - padding, in_x = pixel % out_w + dx - padding;
+        columns[i] = in_y >= 0 && in_y < height && in_x >= 0 && in_x < width
+                         ? x[(((size_t)c * batch + b) * height + in_y) * width + in_x]
+                         : 0.0f;
+    }
+}
+
+__global__ void col2im_kernel(const float *columns, int channels, int batch, int height, int width, int kernel,
+                              int padding, int out_h, int out_w, float *x) {
+    size_t cols = (size_t)batch * out_h * out_w, n = (size_t)channels * batch * height * width;
+    FOR_EACH_INDEX(i, n) {
+        int in_x = (int)(i % width), in_y = (int)(i / width % height);
+        int b = (int)(i / ((size_t)width * height) % batch), c = (int)(i / ((size_t)width * height * batch));
+        float sum = 0.0f;
+        for (int dy = 0; dy < kernel; dy++) {
+            int y = in_y - dy + padding;
+            if (y < 0 || y >= out_h) continue;
+            for (int dx = 0; dx < kernel; dx++) {
+                int x_ = in_x - dx + padding;
+                if (x_ < 0 || x_ >= out_w) continue;
+                int row = (c * kernel + dy) * kernel + dx;
+                sum += columns[(size_t)row * cols + ((size_t)b * out_h + y) * out_w + x_];
+            }
+        }
+        x[i] = sum;
+    }
+}
+
+__global__ void add_row_bias_kernel(float *y, const float *bias, size_t n, int cols, int relu) {
+    FOR_EACH_INDEX(i, n) {
+        float v = y[i] + bias[i / cols];
+        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+
+static const int ROW_SUM_THREADS = 256;
+
+__global__ void add_sum_of_rows_kernel(const float *x, int cols, float *sums) {
+    __shared__ double partial[ROW_SUM_THREADS];
+    const float *row = x + (size_t)blockIdx.x * cols;
+    double total = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) total += row[c];
+    partial[threadIdx.x] = total;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
+        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sums[blockIdx.x] = (float)((double)sums[blockIdx.x] + partial[0]);
+}
+
+__global__ void max_pool2d_kernel(const float *x, int planes, int height, int width, int size, float *y,
+                                  int *argmax) {
+    int out_h = height / size, out_w = width / size;
+    size_t n = (size_t)planes * out_h * out_w;
+    FOR_EACH_INDEX(i, n) {
+        int ox = (int)(i % out_w), oy = (int)(i / out_w % out_h);
+        size_t plane = i / ((size_t)out_w * out_h);
+        const float *in = x + plane * height * width;
+        int best = oy * size * width + ox * size;
+        float best_value = -INFINITY;
+        for (int dy = 0; dy < size; dy++)
+            for (int dx = 0; dx < size; dx++) {
+                int index = (oy * size + dy) * width + ox * size + dx;
+                float value = in[index];
+                if (value > best_value || isnan(value)) best_value = value, best = index;
+            }
+        y[i] = best_value;
+        argmax[i] = (int)(plane * height * width + best);
+    }
+}
+
+__global__ void max_pool2d_backward_kernel(const float *grad_y, const int *argmax, size_t n, float *grad_x) {
+    FOR_EACH_INDEX(i, n) grad_x[argmax[i]] = grad_y[i];
+}
+
+__global__ void swap_outer_axes_kernel(const float *x, int a, int b, int inner, float *y) {
+    size_t n = (size_t)a * b * inner;
+    FOR_EACH_INDEX(i, n) {  // i indexes y [b, a, inner]
+        size_t k = i % inner, ai = i / inner % a, bj = i / ((size_t)inner * a);
+        y[i] = x[(ai * b + bj) * inner + k];
+    }
+}
+
 // ------------------------------------------------------------------ launchers
 
 extern "C" {
@@ -225,6 +319,60 @@ void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream
     if (n == 0) return;
     pixels_to_float_kernel<<<blocks_for(n), THREADS, 0, stream>>>(pixels, n, out);
     CHECK_LAUNCH("pixels_to_float_kernel");
+}
+
+void gpu_im2col(const float *x, int channels, int batch, int height, int width, int kernel, int padding,
+                float *columns, cudaStream_t stream) {
+    int out_h = height + 2 * padding - kernel + 1, out_w = width + 2 * padding - kernel + 1;
+    size_t n = (size_t)channels * kernel * kernel * batch * out_h * out_w;
+    if (n == 0) return;
+    im2col_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, channels, batch, height, width, kernel, padding, out_h,
+                                                         out_w, columns);
+    CHECK_LAUNCH("im2col_kernel");
+}
+
+void gpu_col2im(const float *columns, int channels, int batch, int height, int width, int kernel, int padding,
+                float *x, cudaStream_t stream) {
+    int out_h = height + 2 * padding - kernel + 1, out_w = width + 2 * padding - kernel + 1;
+    size_t n = (size_t)channels * batch * height * width;
+    if (n == 0) return;
+    col2im_kernel<<<blocks_for(n), THREADS, 0, stream>>>(columns, channels, batch, height, width, kernel, padding,
+                                                         out_h, out_w, x);
+    CHECK_LAUNCH("col2im_kernel");
+}
+
+void gpu_add_row_bias(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    add_row_bias_kernel<<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu);
+    CHECK_LAUNCH("add_row_bias_kernel");
+}
+
+void gpu_add_sum_of_rows(const float *x, int rows, int cols, float *sums, cudaStream_t stream) {
+    if (rows == 0) return;
+    add_sum_of_rows_kernel<<<rows, ROW_SUM_THREADS, 0, stream>>>(x, cols, sums);
+    CHECK_LAUNCH("add_sum_of_rows_kernel");
+}
+
+void gpu_max_pool2d(const float *x, int planes, int height, int width, int size, float *y, int *argmax,
+                    cudaStream_t stream) {
+    size_t n = (size_t)planes * (height / size) * (width / size);
+    if (n == 0) return;
+    max_pool2d_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, planes, height, width, size, y, argmax);
+    CHECK_LAUNCH("max_pool2d_kernel");
+}
+
+void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, float *grad_x, cudaStream_t stream) {
+    if (n == 0) return;
+    max_pool2d_backward_kernel<<<blocks_for(n), THREADS, 0, stream>>>(grad_y, argmax, n, grad_x);
+    CHECK_LAUNCH("max_pool2d_backward_kernel");
+}
+
+void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream) {
+    size_t n = (size_t)a * b * inner;
+    if (n == 0) return;
+    swap_outer_axes_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, a, b, inner, y);
+    CHECK_LAUNCH("swap_outer_axes_kernel");
 }
 
 }  // extern "C"

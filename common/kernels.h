@@ -53,6 +53,31 @@ void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int 
 // uint8 (4x fewer bytes over PCIe), converted there.
 void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream_t stream);
 
+// ------------------------------------------------------------------ the CNN's operations (tensor_ops.c)
+// Images are channel-major [channels, batch * height * width] (tensor_ops.h).
+
+// columns [channels * k * k, batch * out_h * out_w] = every k x k window of x
+// (stride 1, `padding` zeros around each image), a thread per column entry.
+void gpu_im2col(const float *x, int channels, int batch, int height, int width, int kernel, int padding,
+                float *columns, cudaStream_t stream);
+// x = im2col's adjoint of columns: a thread per pixel sums its k x k entries in
+// (dy, dx) order, as the CPU does (no atomics: the same bits every run).
+void gpu_col2im(const float *columns, int channels, int batch, int height, int width, int kernel, int padding,
+                float *x, cudaStream_t stream);
+// y[r, c] += bias[r], then y = max(y, 0) when relu.
+void gpu_add_row_bias(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream);
+// sums[r] += the sum of row r of x [rows, cols]: a block per row, in double, in
+// a fixed tree.
+void gpu_add_sum_of_rows(const float *x, int rows, int cols, float *sums, cudaStream_t stream);
+// Max pooling over planes of height x width, windows size x size with stride
+// size: y and argmax (the index in x) per output, aten's rule on ties and NaNs.
+void gpu_max_pool2d(const float *x, int planes, int height, int width, int size, float *y, int *argmax,
+                    cudaStream_t stream);
+// grad_x[argmax[i]] = grad_y[i] for i < n (grad_x zeroed by the caller).
+void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, float *grad_x, cudaStream_t stream);
+// y [b, a, inner] = x [a, b, inner] with the outer two axes swapped.
+void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #if HAVE_CUDA
@@ -236,4 +237,253 @@ void sgd_update(Tensor *param, const Tensor *grad, float lr) {
     const float *g = grad->data;
 #pragma omp parallel for
     for (size_t k = 0; k < n; k++) p[k] -= lr * g[k];
+}
+
+// ------------------------------------------------------------------ the CNN's operations
+
+Tensor tensor_view(const Tensor *t, int rows, int cols) {
+    CHECK(rows >= 0 && cols >= 0 && (size_t)rows * (size_t)cols <= tensor_numel(t),
+          "a [%d, %d] view of a [%d, %d] tensor", rows, cols, t->rows, t->cols);
+    Tensor view = *t;
+    view.rows = rows;
+    view.cols = cols;
+    return view;
+}
+
+IntBuffer int_buffer_new(size_t count, Device device) {
+    IntBuffer buffer = {.count = count, .device = device};
+    if (HAVE_CUDA && device == DEVICE_CUDA) buffer.data = device_alloc(count * sizeof(int));
+    else buffer.data = xcalloc(count ? count : 1, sizeof(int));
+    return buffer;
+}
+
+void int_buffer_free(IntBuffer *buffer) {
+    if (HAVE_CUDA && buffer->device == DEVICE_CUDA) device_free(buffer->data);
+    else free(buffer->data);
+    *buffer = (IntBuffer){0};
+}
+
+int conv_out_height(const ConvGeometry *g) { return g->height + 2 * g->padding - g->kernel + 1; }
+int conv_out_width(const ConvGeometry *g) { return g->width + 2 * g->padding - g->kernel + 1; }
+
+static void check_geometry(const Tensor *x, const ConvGeometry *g, const Tensor *columns, const char *what) {
+    int out_h = conv_out_height(g), out_w = conv_out_width(g);
+    CHECK(out_h > 0 && out_w > 0, "%s: a %dx%d kernel with padding %d on %dx%d images", what, g->kernel, g->kernel,
+          g->padding, g->height, g->width);
+    CHECK(x->rows == g->channels && x->cols == g->batch * g->height * g->width,
+          "%s: images [%d, %d], expected [%d, %d x %d x %d]", what, x->rows, x->cols, g->channels, g->batch,
+          g->height, g->width);
+    CHECK(columns->rows == g->channels * g->kernel * g->kernel && columns->cols == g->batch * out_h * out_w,
+          "%s: columns [%d, %d], expected [%d, %d]", what, columns->rows, columns->cols,
+          g->channels * g->kernel * g->kernel, g->batch * out_h * out_w);
+    CHECK(x->device == columns->device, "%s: operands on different devices", what);
+}
+
+// ------------------------------------------------------------------ im2col, col2im
+
+void im2col(const Tensor *x, const ConvGeometry *g, Tensor *columns) {
+    check_geometry(x, g, columns, "im2col");
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_im2col(x->data, g->channels, g->batch, g->height, g->width, g->kernel, g->padding, columns->data,
+                   device_stream());
+#endif
+        return;
+    }
+    const int k = g->kernel, h = g->height, w = g->width, out_h = conv_out_height(g), out_w = conv_out_width(g);
+    const int rows = g->channels * k * k;
+    // One task per (column row, image): out_h x out_w values, a shifted copy
+    // of one image's channel with zeros where the window leaves it.
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int row = 0; row < rows; row++) {
+        for (int b = 0; b < g->batch; b++) {
+            int c = row / (k * k), dy = row / k % k, dx = row % k;
+            const float *image = x->data + ((size_t)c * g->batch + b) * h * w;
+            float *out = columns->data + (size_t)row * columns->cols + (size_t)b * out_h * out_w;
+            for (int y = 0; y < out_h; y++) {
+                int in_y = y + dy - g->padding;
+                float *out_row = out + (size_t)y * out_w;
+                if (in_y < 0 || in_y >= h) {
+                    memset(out_row, 0, (size_t)out_w * sizeof(float));
+                    continue;
+                }
+                const float *in_row = image + (size_t)in_y * w;
+                for (int x_ = 0; x_ < out_w; x_++) {
+                    int in_x = x_ + dx - g->padding;
+                    out_row[x_] = in_x >= 0 && in_x < w ? in_row[in_x] : 0.0f;
+                }
+            }
+        }
+    }
+}
+
+void col2im(const Tensor *columns, const ConvGeometry *g, Tensor *x) {
+    check_geometry(x, g, columns, "col2im");
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_col2im(columns->data, g->channels, g->batch, g->height, g->width, g->kernel, g->padding, x->data,
+                   device_stream());
+#endif
+        return;
+    }
+    const int k = g->kernel, h = g->height, w = g->width, out_h = conv_out_height(g), out_w = conv_out_width(g);
+    // One task per image plane (channel, image): it alone writes the plane, and
+    // adds the k x k shifted column planes into it in (dy, dx) order, so every
+    // pixel's sum has the same order as the GPU's (a pixel per thread).
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int c = 0; c < g->channels; c++) {
+        for (int b = 0; b < g->batch; b++) {
+            float *image = x->data + ((size_t)c * g->batch + b) * h * w;
+            memset(image, 0, (size_t)h * w * sizeof(float));
+            for (int dy = 0; dy < k; dy++) {
+                for (int dx = 0; dx < k; dx++) {
+                    int row = (c * k + dy) * k + dx;
+                    const float *in = columns->data + (size_t)row * columns->cols + (size_t)b * out_h * out_w;
+                    // Output pixel (y, x) of this window offset came from image
+                    // pixel (y + dy - padding, x + dx - padding).
+                    int y0 = g->padding - dy > 0 ? g->padding - dy : 0;
+                    int y1 = h + g->padding - dy < out_h ? h + g->padding - dy : out_h;
+                    int x0 = g->padding - dx > 0 ? g->padding - dx : 0;
+                    int x1 = w + g->padding - dx < out_w ? w + g->padding - dx : out_w;
+                    for (int y = y0; y < y1; y++) {
+                        float *image_row = image + (size_t)(y + dy - g->padding) * w + (dx - g->padding);
+                        const float *in_row = in + (size_t)y * out_w;
+                        for (int x_ = x0; x_ < x1; x_++) image_row[x_] += in_row[x_];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ per-row bias and sums
+
+void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
+    CHECK(bias->rows == 1 && bias->cols == y->rows && bias->device == y->device,
+          "row bias [%d, %d] for [%d, %d]", bias->rows, bias->cols, y->rows, y->cols);
+    if (tensor_on_gpu(y)) {
+#if HAVE_CUDA
+        gpu_add_row_bias(y->data, bias->data, y->rows, y->cols, relu, device_stream());
+#endif
+        return;
+    }
+    // Blocks of 4096 values, so that a few rows still feed many threads.
+    enum { BLOCK = 4096 };
+    int blocks = (y->cols + BLOCK - 1) / BLOCK;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int r = 0; r < y->rows; r++) {
+        for (int block = 0; block < blocks; block++) {
+            float *row = y->data + (size_t)r * y->cols;
+            int end = (block + 1) * BLOCK < y->cols ? (block + 1) * BLOCK : y->cols;
+            float b = bias->data[r];
+            if (relu)
+                for (int c = block * BLOCK; c < end; c++) row[c] = row[c] + b > 0.0f ? row[c] + b : 0.0f;
+            else
+                for (int c = block * BLOCK; c < end; c++) row[c] += b;
+        }
+    }
+}
+
+void add_sum_of_rows(const Tensor *x, Tensor *sums) {
+    CHECK(sums->rows == 1 && sums->cols == x->rows && sums->device == x->device,
+          "sums of the rows of [%d, %d] into [%d, %d]", x->rows, x->cols, sums->rows, sums->cols);
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_add_sum_of_rows(x->data, x->rows, x->cols, sums->data, device_stream());
+#endif
+        return;
+    }
+    // A row per task, summed in double into 16 fixed lanes (vectorised, and
+    // the same bits at any thread count), then the lanes in order.
+    enum { LANES = 16 };
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < x->rows; r++) {
+        const float *row = x->data + (size_t)r * x->cols;
+        double lane[LANES] = {0};
+        int c = 0;
+        for (; c + LANES <= x->cols; c += LANES)
+            for (int l = 0; l < LANES; l++) lane[l] += row[c + l];
+        for (int l = 0; c < x->cols; c++, l++) lane[l] += row[c];
+        double total = 0.0;
+        for (int l = 0; l < LANES; l++) total += lane[l];
+        sums->data[r] = (float)((double)sums->data[r] + total);
+    }
+}
+
+// ------------------------------------------------------------------ max pooling
+
+void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, IntBuffer *argmax) {
+    int out_h = height / size, out_w = width / size;
+    CHECK(size > 0 && out_h > 0 && out_w > 0 && x->cols % (height * width) == 0, "max_pool2d(%d) on %dx%d planes",
+          size, height, width);
+    int planes = (int)(tensor_numel(x) / ((size_t)height * width));
+    size_t n_out = (size_t)planes * out_h * out_w;
+    CHECK(tensor_numel(y) == n_out && argmax->count >= n_out && y->device == x->device && argmax->device == x->device,
+          "max_pool2d: %d planes of %dx%d into %zu values (%zu indices)", planes, out_h, out_w, tensor_numel(y),
+          argmax->count);
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_max_pool2d(x->data, planes, height, width, size, y->data, argmax->data, device_stream());
+#endif
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < planes; p++) {
+        const float *in = x->data + (size_t)p * height * width;
+        for (int oy = 0; oy < out_h; oy++) {
+            for (int ox = 0; ox < out_w; ox++) {
+                // aten's cpu_max_pool: start from the first pixel at -inf, take a
+                // larger value or a NaN.
+                int best = oy * size * width + ox * size;
+                float best_value = -INFINITY;
+                for (int dy = 0; dy < size; dy++) {
+                    for (int dx = 0; dx < size; dx++) {
+                        int index = (oy * size + dy) * width + ox * size + dx;
+                        float value = in[index];
+                        if (value > best_value || isnan(value)) best_value = value, best = index;
+                    }
+                }
+                size_t out = ((size_t)p * out_h + oy) * out_w + ox;
+                y->data[out] = best_value;
+                argmax->data[out] = (int)((size_t)p * height * width + (size_t)best);
+            }
+        }
+    }
+}
+
+void max_pool2d_backward(const Tensor *grad_y, const IntBuffer *argmax, Tensor *grad_x) {
+    CHECK(argmax->count >= tensor_numel(grad_y) && grad_y->device == grad_x->device,
+          "max_pool2d_backward: %zu gradients, %zu indices", tensor_numel(grad_y), argmax->count);
+    if (tensor_on_gpu(grad_x)) {
+#if HAVE_CUDA
+        CHECK_CUDA(cudaMemsetAsync(grad_x->data, 0, tensor_numel(grad_x) * sizeof(float), device_stream()));
+        gpu_max_pool2d_backward(grad_y->data, argmax->data, tensor_numel(grad_y), grad_x->data, device_stream());
+#endif
+        return;
+    }
+    size_t n_in = tensor_numel(grad_x), n_out = tensor_numel(grad_y);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n_in; i++) grad_x->data[i] = 0.0f;
+    // Each input pixel is in one window at most: no two writes collide.
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n_out; i++) grad_x->data[argmax->data[i]] = grad_y->data[i];
+}
+
+// ------------------------------------------------------------------ flatten
+
+void swap_outer_axes(const Tensor *x, int a, int b, int inner, Tensor *y) {
+    size_t n = (size_t)a * b * inner;
+    CHECK(tensor_numel(x) == n && tensor_numel(y) == n && x->device == y->device,
+          "swap_outer_axes: [%d, %d, %d] from %zu into %zu values", a, b, inner, tensor_numel(x), tensor_numel(y));
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_swap_outer_axes(x->data, a, b, inner, y->data, device_stream());
+#endif
+        return;
+    }
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int j = 0; j < b; j++)
+        for (int i = 0; i < a; i++)
+            memcpy(y->data + ((size_t)j * a + i) * inner, x->data + ((size_t)i * b + j) * inner,
+                   (size_t)inner * sizeof(float));
 }
