@@ -1,0 +1,175 @@
+// Step 14: a convolutional network under DDP.      PyTorch twin: the torchrun tutorial's train.py
+//
+// What it changes from step 6 (diff the two files): the model. DDP does not
+// care what it trains: ddp_wrap() takes the CNN's parameter list as it took
+// the MLP's, and backward starts each bucket's allreduce as it goes. The
+// model is the tutorial's SimpleCNN (common/cnn.h):
+//   nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+//                 nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+//                 nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+// trained with Adam (lr 1e-3) at batch 64 per rank for one epoch. Each
+// convolution is im2col + one GEMM (common/conv.h). At the end, every rank
+// evaluates its share of the test set and rank 0 prints what the tutorial's
+// Trainer reports: test loss and accuracy, per-class precision, recall and
+// F1, and the confusion matrix. --max_steps N stops after N optimizer steps
+// (Hugging Face's max_steps: it overrides --epochs).
+//
+// Build and run:
+//   make day3/14_cnn_ddp
+//   day3/14_cnn_ddp                                       # one process
+//   mpirun -np 2 --bind-to none day3/14_cnn_ddp           # add --oversubscribe on fewer cores
+//   day3/14_cnn_ddp --max_steps 100 --plot ''             # a quick look
+//
+// Expected output (times vary):
+//   Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: [...]; Adam lr 0.001; batch 64 per rank; 1 epoch; ...
+//   epoch 1/1: mean loss 0.1830 over 469 steps, ...
+//   World Size: 2. Training completed in ... seconds (469 steps). Test loss 0.0469, accuracy 98.45% (9845 of 10000)
+//          class  precision     recall   f1-score  support
+//              0     0.9848     0.9918     0.9883      980
+//   ...
+//   DDP: gradient allreduce ...
+//   [rank 0] parameter checksum ...   (the same on every rank)
+//   Loss curve: img/14_cnn_ddp.png
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"      // the flag table and --help
+#include "check.h"     // CHECK, CHECK_MPI, xmalloc
+#include "cnn.h"       // SimpleCNN: forward, loss, backward, evaluation
+#include "ddp.h"       // DistributedDataParallel: ddp_wrap, ddp_grad_ready, ddp_finish
+#include "dist.h"      // init_process_group, rank, world size, print0
+#include "h5.h"        // --init / --save: state_dict in HDF5
+#include "loss_log.h"  // --losses CSV, the loss curve
+#include "metrics.h"   // confusion matrix, precision, recall, F1
+#include "mnist.h"     // MNIST, DistributedSampler, batches
+#include "threads.h"   // the rank's CPU threads
+#include "timer.h"     // wall_seconds
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/14_cnn_ddp.png");
+    opt.epochs = 1;       // the tutorial's train.py: one epoch
+    opt.batch_size = 64;  // of 64 images per rank
+    double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
+    int max_steps = -1;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
+    Device device = device_from_flag(opt.device);
+    threads_init(opt.threads);
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: 60000 training and 10000 test images, pixels / 255 as float32.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    // Each rank takes its 1/W share: positions rank, rank + W, rank + 2W, ...
+    DistributedSampler sampler = sampler_new(train.n, world, rank, !opt.no_shuffle, (uint64_t)opt.seed);
+    int steps_per_epoch = sampler_num_batches(&sampler, opt.batch_size);
+    int epochs = max_steps < 0 ? opt.epochs : (max_steps + steps_per_epoch - 1) / steps_per_epoch;
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    Cnn *model = cnn_new(opt.batch_size, &rng, device);  // model = SimpleCNN()
+    if (opt.init) h5_load_params(opt.init, model->params, model->n_params);
+    Ddp ddp = ddp_wrap(model->params, model->n_params, bucket_mb);  // model = DDP(model)
+    Adam optimizer = adam_new(model->params, model->n_params, opt.lr);
+
+    char buckets[512], steps_text[64] = "";
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    if (max_steps >= 0) snprintf(steps_text, sizeof steps_text, " (--max_steps %d)", max_steps);
+    print0("Step 14: DDP on %d rank%s: SimpleCNN, %zu weights in %s; Adam lr %g; batch %d per rank; %d epoch%s%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", cnn_num_weights(model), buckets, opt.lr, opt.batch_size, epochs, epochs == 1 ? "" : "s", steps_text, opt.no_shuffle ? "off" : "on", opt.seed,
+           device_name(device), threads_describe());
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]: B images of 1 x 28 x 28
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    LossLog losses = {0};
+
+    int steps = 0;
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int epoch_steps = 0;
+        long samples = 0;
+        double loss_sum = 0.0;
+        for (int b = 0; b < steps_per_epoch && steps != max_steps; b++) {
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            cnn_zero_grad(model);                         // optimizer.zero_grad()
+            cnn_forward(model, &x);                       // output = model(data)
+            float loss = cnn_loss(model, batch_labels);   // loss = criterion(output, target)
+            cnn_backward(model, ddp_grad_ready, &ddp);    // loss.backward(): buckets start here
+            ddp_finish(&ddp);                             // all buckets reduced, grads averaged
+            adam_step(&optimizer);                        // optimizer.step()
+            dist_allreduce_sum(&loss, 1);                 // for the log: the loss of the global batch
+            loss /= (float)world;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+            samples += (long)x.rows * world;
+            epoch_steps++;
+            steps++;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
+               epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, seconds, samples / seconds);
+    }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
+    double train_seconds = wall_seconds() - train_start;
+
+    // Evaluation: rank r takes test images [r N / W, (r + 1) N / W), and the
+    // counts and loss sums are added up on rank 0 (torch.distributed.reduce).
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    int first = (int)((long)test.n * rank / world), end = (int)((long)test.n * (rank + 1) / world);
+    Tensor shard = {.data = test_images.data + (size_t)first * MNIST_PIXELS, .rows = end - first,
+                    .cols = MNIST_PIXELS, .device = device};  // [N / W, 784]: this rank's images
+    int *predictions = xmalloc((size_t)(end - first + 1) * sizeof(int));
+    double test_loss = cnn_evaluate(model, &shard, test.labels + first, predictions);  // with torch.no_grad()
+    ConfusionMatrix confusion = confusion_new(MNIST_CLASSES);
+    confusion_add(&confusion, test.labels + first, predictions, end - first);
+    CHECK_MPI(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : &test_loss, &test_loss, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
+    CHECK_MPI(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : confusion.counts, confusion.counts, MNIST_CLASSES * MNIST_CLASSES,
+                         MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD));
+    long correct = confusion_correct(&confusion);
+    print0("World Size: %d. Training completed in %.2f seconds (%d steps). Test loss %.4f, accuracy %.2f%% (%ld of %d)\n",
+           world, train_seconds, steps, test_loss / test.n, 100.0 * correct / test.n, correct, test.n);
+    if (rank == 0) {
+        char table[2048];
+        classification_report(&confusion, table, sizeof table);
+        print0("%s", table);
+        confusion_table(&confusion, table, sizeof table);
+        print0("Confusion matrix (rows: the true class, columns: the predicted one):\n%s", table);
+    }
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    print0("DDP: %s\n", overlap);
+    print_rank("parameter checksum %016llx\n", params_checksum(model->params, model->n_params));
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model->params, model->n_params);
+    if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
+        char title[80], label[32];
+        snprintf(title, sizeof title, "Step 14: SimpleCNN training loss, DDP on %d rank%s", world, world == 1 ? "" : "s");
+        snprintf(label, sizeof label, "%d rank%s (mean loss)", world, world == 1 ? "" : "s");
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    confusion_free(&confusion);
+    free(predictions);
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    cnn_free(model);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
