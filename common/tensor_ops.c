@@ -300,18 +300,21 @@ void im2col(const Tensor *x, const ConvGeometry *g, Tensor *columns) {
             int c = row / (k * k), dy = row / k % k, dx = row % k;
             const float *image = x->data + ((size_t)c * g->batch + b) * h * w;
             float *out = columns->data + (size_t)row * columns->cols + (size_t)b * out_h * out_w;
+            // Output column x reads image column x + dx - padding: inside the
+            // image for x in [x0, x1), a straight copy; zeros on either side.
+            int x0 = g->padding - dx > 0 ? g->padding - dx : 0;
+            int x1 = w + g->padding - dx < out_w ? w + g->padding - dx : out_w;
             for (int y = 0; y < out_h; y++) {
                 int in_y = y + dy - g->padding;
                 float *out_row = out + (size_t)y * out_w;
-                if (in_y < 0 || in_y >= h) {
+                if (in_y < 0 || in_y >= h || x1 <= x0) {
                     memset(out_row, 0, (size_t)out_w * sizeof(float));
                     continue;
                 }
-                const float *in_row = image + (size_t)in_y * w;
-                for (int x_ = 0; x_ < out_w; x_++) {
-                    int in_x = x_ + dx - g->padding;
-                    out_row[x_] = in_x >= 0 && in_x < w ? in_row[in_x] : 0.0f;
-                }
+                const float *in_row = image + (size_t)in_y * w + (dx - g->padding);
+                for (int x_ = 0; x_ < x0; x_++) out_row[x_] = 0.0f;
+                memcpy(out_row + x0, in_row + x0, (size_t)(x1 - x0) * sizeof(float));
+                for (int x_ = x1; x_ < out_w; x_++) out_row[x_] = 0.0f;
             }
         }
     }
@@ -412,6 +415,31 @@ void add_sum_of_rows(const Tensor *x, Tensor *sums) {
 
 // ------------------------------------------------------------------ max pooling
 
+// MaxPool2d(2) of one plane, the network's case, written out: four values per
+// output, compared in the window's order with the same rule as below.
+static void max_pool_2x2_plane(const float *in, int height, int width, int offset, float *out, int *out_index) {
+    int out_h = height / 2, out_w = width / 2;
+    for (int oy = 0; oy < out_h; oy++) {
+        const float *row0 = in + (size_t)(2 * oy) * width, *row1 = row0 + width;
+        float *y = out + (size_t)oy * out_w;
+        int *index = out_index + (size_t)oy * out_w;
+        for (int ox = 0; ox < out_w; ox++) {
+            float v[4] = {row0[2 * ox], row0[2 * ox + 1], row1[2 * ox], row1[2 * ox + 1]};
+            int at[4] = {2 * oy * width + 2 * ox, 2 * oy * width + 2 * ox + 1, (2 * oy + 1) * width + 2 * ox,
+                         (2 * oy + 1) * width + 2 * ox + 1};
+            float best_value = v[0];  // v[0] > -inf, or a NaN: taken either way, unless it is -inf itself
+            int best = at[0];
+            for (int k = 1; k < 4; k++) {
+                bool take = v[k] > best_value || v[k] != v[k];
+                best_value = take ? v[k] : best_value;
+                best = take ? at[k] : best;
+            }
+            y[ox] = best_value;
+            index[ox] = offset + best;
+        }
+    }
+}
+
 void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, IntBuffer *argmax) {
     int out_h = height / size, out_w = width / size;
     CHECK(size > 0 && out_h > 0 && out_w > 0 && x->cols % (height * width) == 0, "max_pool2d(%d) on %dx%d planes",
@@ -430,22 +458,32 @@ void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, Int
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < planes; p++) {
         const float *in = x->data + (size_t)p * height * width;
+        if (size == 2) {
+            size_t first_out = (size_t)p * out_h * out_w;
+            max_pool_2x2_plane(in, height, width, (int)((size_t)p * height * width), y->data + first_out,
+                               argmax->data + first_out);
+            continue;
+        }
         for (int oy = 0; oy < out_h; oy++) {
+            float *out = y->data + ((size_t)p * out_h + oy) * out_w;
+            int *out_index = argmax->data + ((size_t)p * out_h + oy) * out_w;
             for (int ox = 0; ox < out_w; ox++) {
                 // aten's cpu_max_pool: start from the first pixel at -inf, take a
-                // larger value or a NaN.
+                // larger value or a NaN. Selects, not branches: the compiler
+                // vectorises them, and random data mispredicts no branch.
                 int best = oy * size * width + ox * size;
                 float best_value = -INFINITY;
                 for (int dy = 0; dy < size; dy++) {
                     for (int dx = 0; dx < size; dx++) {
                         int index = (oy * size + dy) * width + ox * size + dx;
                         float value = in[index];
-                        if (value > best_value || isnan(value)) best_value = value, best = index;
+                        bool take = value > best_value || value != value;  // value != value: a NaN
+                        best_value = take ? value : best_value;
+                        best = take ? index : best;
                     }
                 }
-                size_t out = ((size_t)p * out_h + oy) * out_w + ox;
-                y->data[out] = best_value;
-                argmax->data[out] = (int)((size_t)p * height * width + (size_t)best);
+                out[ox] = best_value;
+                out_index[ox] = (int)((size_t)p * height * width + (size_t)best);
             }
         }
     }
