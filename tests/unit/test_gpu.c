@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cnn.h"
 #include "device.h"
 #include "dist.h"
 #include "h5.h"
@@ -255,6 +256,108 @@ static void test_gather(void) {
     mnist_free(&split);
 }
 
+// Step 14's tensor operations: the copies, pooling, reordering and per-row
+// bias are bit for bit (the same arithmetic; col2im adds in the same order on
+// both), the sums of rows to a relative tolerance (their order differs).
+static void test_cnn_ops(void) {
+    ConvGeometry g = {.channels = 3, .batch = 5, .height = 14, .width = 13, .kernel = 3, .padding = 1};
+    int rows = g.channels * 9, positions = g.batch * conv_out_height(&g) * conv_out_width(&g);
+    Tensor x = tensor_zeros(g.channels, g.batch * g.height * g.width, DEVICE_CPU);
+    Tensor columns = tensor_zeros(rows, positions, DEVICE_CPU), back = tensor_zeros(x.rows, x.cols, DEVICE_CPU);
+    fill_uniform(&x, -1, 1);
+    Tensor gx = on_gpu(&x), gcolumns = on_gpu(&columns), gback = on_gpu(&back);
+    im2col(&x, &g, &columns), im2col(&gx, &g, &gcolumns);
+    col2im(&columns, &g, &back), col2im(&gcolumns, &g, &gback);
+    EXPECT(bits_differ(&gcolumns, &columns) == 0 && bits_differ(&gback, &back) == 0,
+           "im2col and col2im of 5 images 3 x 14 x 13 (3x3, padding 1): bit-identical");
+
+    Tensor bias = tensor_zeros(1, rows, DEVICE_CPU), sums = tensor_zeros(1, rows, DEVICE_CPU);
+    fill_uniform(&bias, -0.5f, 0.5f), fill_uniform(&sums, -1, 1);
+    Tensor gbias = on_gpu(&bias), gsums = on_gpu(&sums);
+    add_row_bias(&columns, &bias, true), add_row_bias(&gcolumns, &gbias, true);
+    EXPECT(bits_differ(&gcolumns, &columns) == 0, "add_row_bias with ReLU: bit-identical");
+    add_sum_of_rows(&columns, &sums), add_sum_of_rows(&gcolumns, &gsums);
+    double err = relative_error(&gsums, &sums);
+    EXPECT(err < 1e-6, "add_sum_of_rows of [%d, %d] (a conv's bias gradient): rel err %.1e", rows, positions, err);
+
+    // Pooling 2x2 of 15 planes of 14 x 13 (the last column dropped), with ties from the ReLU's zeros.
+    int planes = g.channels * g.batch;
+    Tensor pooled = tensor_zeros(planes, 7 * 6, DEVICE_CPU), grad_x = tensor_zeros(x.rows, x.cols, DEVICE_CPU);
+    Tensor relu_x = tensor_zeros(x.rows, x.cols, DEVICE_CPU);
+    tensor_copy(&relu_x, &x);
+    for (size_t i = 0; i < tensor_numel(&relu_x); i++) relu_x.data[i] = fmaxf(relu_x.data[i], 0);
+    Tensor grelu_x = on_gpu(&relu_x), gpooled = on_gpu(&pooled), ggrad_x = on_gpu(&grad_x);
+    IntBuffer argmax = int_buffer_new(tensor_numel(&pooled), DEVICE_CPU);
+    IntBuffer gargmax = int_buffer_new(tensor_numel(&pooled), DEVICE_CUDA);
+    max_pool2d(&relu_x, 14, 13, 2, &pooled, &argmax), max_pool2d(&grelu_x, 14, 13, 2, &gpooled, &gargmax);
+    int *gpu_argmax = xmalloc(argmax.count * sizeof(int));
+    CHECK_CUDA(cudaMemcpy(gpu_argmax, gargmax.data, argmax.count * sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT(bits_differ(&gpooled, &pooled) == 0 && memcmp(gpu_argmax, argmax.data, argmax.count * sizeof(int)) == 0,
+           "max_pool2d: the same maxima and argmax (first on ties)");
+    Tensor grad_pooled = tensor_zeros(pooled.rows, pooled.cols, DEVICE_CPU);
+    fill_uniform(&grad_pooled, -1, 1);
+    Tensor ggrad_pooled = on_gpu(&grad_pooled);
+    max_pool2d_backward(&grad_pooled, &argmax, &grad_x), max_pool2d_backward(&ggrad_pooled, &gargmax, &ggrad_x);
+    EXPECT(bits_differ(&ggrad_x, &grad_x) == 0, "max_pool2d_backward: bit-identical");
+
+    Tensor swapped = tensor_zeros(g.batch, g.channels * g.height * g.width, DEVICE_CPU), gswapped = on_gpu(&swapped);
+    swap_outer_axes(&x, g.channels, g.batch, g.height * g.width, &swapped);
+    swap_outer_axes(&gx, g.channels, g.batch, g.height * g.width, &gswapped);
+    EXPECT(bits_differ(&gswapped, &swapped) == 0, "swap_outer_axes (Flatten): bit-identical");
+
+    free(gpu_argmax);
+    int_buffer_free(&argmax), int_buffer_free(&gargmax);
+    Tensor *all[] = {&x, &columns, &back, &gx, &gcolumns, &gback, &bias, &sums, &gbias, &gsums, &pooled, &grad_x,
+                     &relu_x, &grelu_x, &gpooled, &ggrad_x, &grad_pooled, &ggrad_pooled, &swapped, &gswapped};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+}
+
+// SimpleCNN on both devices from the same seed: logits, loss, every gradient,
+// then Adam from the CPU's gradients (see test_mlp_cross_entropy_adam), and
+// the evaluation's predictions.
+static void test_cnn_model(void) {
+    enum { BATCH = 64 };
+    Rng rng;
+    rng_seed(&rng, 0);
+    Cnn *cpu = cnn_new(BATCH, &rng, DEVICE_CPU);
+    rng_seed(&rng, 0);
+    Cnn *gpu = cnn_new(BATCH, &rng, DEVICE_CUDA);
+    Tensor x = tensor_zeros(BATCH, MNIST_PIXELS, DEVICE_CPU);
+    fill_uniform(&x, 0, 1);
+    Tensor gx = on_gpu(&x);
+    int labels[BATCH];
+    for (int r = 0; r < BATCH; r++) labels[r] = (int)rng_uniform(&data_rng, 0, 10) % 10;
+    Adam adam_cpu = adam_new(cpu->params, cpu->n_params, 1e-3), adam_gpu = adam_new(gpu->params, gpu->n_params, 1e-3);
+    double worst_logits = 0, worst_loss = 0, worst_grad = 0, worst_weights = 0;
+    for (int step = 0; step < 3; step++) {
+        cnn_zero_grad(cpu), cnn_zero_grad(gpu);
+        worst_logits = fmax(worst_logits, relative_error(cnn_forward(gpu, &gx), cnn_forward(cpu, &x)));
+        float loss_cpu = cnn_loss(cpu, labels), loss_gpu = cnn_loss(gpu, labels);
+        worst_loss = fmax(worst_loss, fabs(loss_gpu - loss_cpu) / loss_cpu);
+        cnn_backward(cpu, NULL, NULL), cnn_backward(gpu, NULL, NULL);
+        for (int i = 0; i < cpu->n_params; i++) {
+            worst_grad = fmax(worst_grad, relative_error(gpu->params[i].grad, cpu->params[i].grad));
+            tensor_copy(gpu->params[i].grad, cpu->params[i].grad);
+        }
+        adam_step(&adam_cpu), adam_step(&adam_gpu);
+    }
+    for (int i = 0; i < cpu->n_params; i++)
+        worst_weights = fmax(worst_weights, relative_error(gpu->params[i].value, cpu->params[i].value));
+    EXPECT(worst_logits < 1e-4, "SimpleCNN forward at batch 64 (im2col + cuBLAS, pooling, Linear), 3 steps: logits rel err %.1e", worst_logits);
+    EXPECT(worst_loss < 1e-5, "SimpleCNN cross-entropy: rel err %.1e", worst_loss);
+    EXPECT(worst_grad < 1e-4, "SimpleCNN gradients of every parameter (col2im, pooling and ReLU backward, row sums): rel err %.1e", worst_grad);
+    EXPECT(worst_weights < 1e-5, "SimpleCNN weights after 3 Adam steps from the same gradients: rel err %.1e", worst_weights);
+
+    int predictions_cpu[BATCH], predictions_gpu[BATCH], same = 0;
+    double sum_cpu = cnn_evaluate(cpu, &x, labels, predictions_cpu), sum_gpu = cnn_evaluate(gpu, &gx, labels, predictions_gpu);
+    for (int r = 0; r < BATCH; r++) same += predictions_cpu[r] == predictions_gpu[r];
+    EXPECT(same >= BATCH - 1 && fabs(sum_gpu - sum_cpu) <= 1e-5 * sum_cpu,
+           "cnn_evaluate: %d of %d predictions equal, loss sums %.6f and %.6f", same, BATCH, sum_cpu, sum_gpu);
+    adam_free(&adam_cpu), adam_free(&adam_gpu);
+    cnn_free(cpu), cnn_free(gpu);
+    tensor_free(&x), tensor_free(&gx);
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
 #if HAVE_CUDA
@@ -279,6 +382,8 @@ int main(int argc, char **argv) {
     test_mlp_cross_entropy_adam();
     test_mlp_mse_sgd();
     test_gather();
+    test_cnn_ops();
+    test_cnn_model();
     dist_finalize();
     return test_summary();
 }
