@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Parity with PyTorch itself: tests/torch_mnist_ddp.py (or $TORCH_REFERENCE), the
-# CPU/gloo reference script of the workshop, run with Debian's python3-torch.
+# CPU/gloo reference script of the workshop, and tests/torch_cnn_ddp.py (or
+# $TORCH_CNN_REFERENCE), step 14's, run with Debian's python3-torch.
 #
 # Our RNG is torch's (common/rng.h), so with the same seed our programs draw the
 # same initial weights and the same DistributedSampler order as PyTorch: the
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
 REFERENCE=${TORCH_REFERENCE:-tests/torch_mnist_ddp.py}
+CNN_REFERENCE=${TORCH_CNN_REFERENCE:-tests/torch_cnn_ddp.py}
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 pass() { echo "PASS parity: $*"; }
@@ -67,3 +69,46 @@ day1/2_mnist_training --seed 123 --epochs 1 --save "$tmp/ours.h5" --plot '' > /d
 day1/2_mnist_training --init "$tmp/ours.h5" --no-shuffle --epochs 1 --losses "$tmp/c3.csv" --plot '' > /dev/null 2>&1
 "$PYTHON" "$REFERENCE" "$DATA" 1 --init "$tmp/ours.h5" --no-shuffle --epochs 1 --port 29613 > "$tmp/t3.json" 2> "$tmp/t3.err" || { fail "reference run from our checkpoint: $(tail -1 "$tmp/t3.err")"; exit 1; }
 compare "$tmp/c3.csv" "$tmp/t3.json" 1e-5 "from our --save checkpoint, loaded by torch via h5py (no shuffle, 1 epoch)" ""
+
+# 4. Step 14, the SimpleCNN. With the same seed we draw PyTorch's initial
+#    weights bit for bit (Conv2d's kaiming_uniform_(a=sqrt(5)) and bias, then
+#    the Linears', in nn.Sequential's order); from the same --init and no
+#    shuffle, 30 steps at batch 64 take PyTorch's losses, and the evaluation
+#    ends with PyTorch's test loss, accuracy and confusion matrix.
+if [ ! -f "$CNN_REFERENCE" ]; then
+    echo "SKIP parity: step 14 vs PyTorch (no reference script at $CNN_REFERENCE; set TORCH_CNN_REFERENCE)"
+    exit 0
+fi
+timeout 300 day3/14_cnn_ddp --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
+timeout 300 "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --max-steps 0 --save-init "$tmp/cnn_torch_init.h5" --port 29614 > /dev/null 2> "$tmp/t4.err" ||
+    { fail "step 14 reference run: $(tail -1 "$tmp/t4.err")"; exit 1; }
+verdict=$(build/tools/compare_cnn_weights "$tmp/cnn_init.h5" "$tmp/cnn_torch_init.h5" 0 2>&1)
+if [ $? -eq 0 ]; then pass "step 14: seed 0 draws torch.manual_seed(0); SimpleCNN()'s weights bit for bit: $verdict"
+else fail "step 14: our initial weights differ from SimpleCNN()'s after torch.manual_seed(0): $verdict"; fi
+timeout 300 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 30 --losses "$tmp/c4.csv" --plot '' > "$tmp/c4.out" 2>&1
+timeout 300 "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --init "$tmp/cnn_init.h5" --no-shuffle --max-steps 30 --port 29615 > "$tmp/t4.json" 2> "$tmp/t4.err" ||
+    { fail "step 14 reference run from our --init: $(tail -1 "$tmp/t4.err")"; exit 1; }
+"$PYTHON" - "$tmp/c4.csv" "$tmp/t4.json" "$tmp/c4.out" << 'PY'
+import csv, json, re, sys
+ours_csv, torch_json, ours_out = sys.argv[1:4]
+ours = [float(r["loss"]) for r in csv.DictReader(open(ours_csv))]
+ref = json.loads(open(torch_json).read().strip().splitlines()[-1])
+theirs = ref["losses"]
+worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) if ours else float("inf")
+ok = len(ours) == len(theirs) == 30 and worst <= 1e-3
+print(f"{'PASS' if ok else 'FAIL'} parity: step 14 from the same --init, no shuffle, 30 steps at batch 64 vs torch: "
+      f"{len(ours)} vs {len(theirs)} steps, worst relative loss difference {worst:.1e} (<= 1e-3)")
+text = open(ours_out).read()
+m = re.search(r"Test loss ([0-9.]+), accuracy ([0-9.]+)% \((\d+) of", text)
+rows = re.findall(r"^ {11}(\d)((?: +\d+){10})$", text, re.M)
+confusion = [[int(v) for v in counts.split()] for _, counts in rows]
+if not m:
+    print("FAIL parity: step 14 printed no test loss and accuracy"); sys.exit(0)
+loss, correct = float(m.group(1)), int(m.group(3))
+moved = sum(abs(a - b) for r1, r2 in zip(confusion, ref["confusion"]) for a, b in zip(r1, r2)) // 2
+ok = abs(loss - ref["test_loss"]) <= 1e-3 * ref["test_loss"] + 5e-5 and abs(correct - round(10000 * ref["test_acc"])) <= 5 \
+    and len(confusion) == 10 and moved <= 5
+print(f"{'PASS' if ok else 'FAIL'} parity: step 14's evaluation after 30 steps vs torch: test loss {loss:.4f} vs "
+      f"{ref['test_loss']:.4f}, {correct} vs {round(10000 * ref['test_acc'])} correct, {moved} of 10000 images "
+      f"in another cell of the confusion matrix (<= 5)")
+PY
