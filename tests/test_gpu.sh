@@ -97,7 +97,9 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 2 on the GPU" "step 4 on 2 ranks sharing the GPU (MPI fallback)" "step 6 == step 4 on the GPU"
     "DDP on the GPU: 2 ranks x 3200 == 1 process x 6400" "step 8 on the GPU" "test_profile on the GPU"
     "step 12 --device cuda at 1, 2, 3 and 4 ranks: every collective verified, the demo as on the CPU"
-    "step 12 --device cuda: a wrong element fails the run, named" "compute-sanitizer")
+    "step 12 --device cuda: a wrong element fails the run, named"
+    "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
+    "compute-sanitizer")
 if [ "$gpus" -eq 0 ]; then
     for what in "${gpu_checks[@]}"; do
         if [ "${REQUIRE_GPU:-0}" = 1 ]; then fail "$what: REQUIRE_GPU=1, but no GPU"
@@ -214,6 +216,24 @@ mpi 2 day1/test_profile --trace "$tmp/trace.json" > "$tmp/tp" 2>&1
 check "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
     test -s "$tmp/trace.json" -a "$(grep -c '^step' "$tmp/tp")" -eq 5
 
+# Step 14: the SimpleCNN on the GPU (im2col, col2im and pooling kernels,
+# cuBLAS) takes the CPU's steps from the same --init; DDP on 2 GPU ranks takes
+# those of one GPU process with the 2x batch.
+cnn_accuracy() { sed -n 's/.*Test loss [0-9.]*, accuracy \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
+day3/14_cnn_ddp --device cpu --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
+day3/14_cnn_ddp --device cpu --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 100 --losses "$tmp/cnn_cpu.csv" --plot '' > "$tmp/cnn_c" 2>&1
+day3/14_cnn_ddp --device cuda --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 100 --losses "$tmp/cnn_gpu.csv" --plot '' > "$tmp/cnn_g" 2>&1
+verdict=$(same_losses "$tmp/cnn_cpu.csv" "$tmp/cnn_gpu.csv" 1e-3)
+status=$?
+check "step 14: CPU and GPU per-step losses from the same --init, --no-shuffle, 100 steps: $verdict; test accuracy $(cnn_accuracy "$tmp/cnn_g")% on the GPU, $(cnn_accuracy "$tmp/cnn_c")% on the CPU" \
+    awk "BEGIN { d = $(cnn_accuracy "$tmp/cnn_g") - $(cnn_accuracy "$tmp/cnn_c"); exit !($status == 0 && d < 0.3 && d > -0.3) }"
+mpi 2 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 100 --batch_size 32 --losses "$tmp/cnn_gpu2.csv" --plot '' > "$tmp/cnn_g2" 2>&1
+verdict=$(same_losses "$tmp/cnn_gpu.csv" "$tmp/cnn_gpu2.csv" 1e-4)
+status=$?
+checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/cnn_g2" | sort -u | wc -l)
+check "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (100 steps): $verdict; both ranks end bit-identical" \
+    test $status -eq 0 -a "$checksums" -eq 1
+
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
 if [ -n "$sanitizer" ]; then
@@ -227,6 +247,11 @@ if [ -n "$sanitizer" ]; then
     status=$?
     check "compute-sanitizer on step 11 (one epoch, 3 workers), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs11")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs11"
+    # Step 14's kernels: im2col, col2im, pooling; the evaluation ends on a partial batch (10000 = 156 x 64 + 16).
+    "$sanitizer" --error-exitcode 9 day3/14_cnn_ddp --max_steps 20 --plot '' > "$tmp/cs14" 2>&1
+    status=$?
+    check "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
+        grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs14"
 else
     echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
 fi
