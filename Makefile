@@ -77,7 +77,9 @@ MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(H
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
 
 # ---------------------------------------------------------------- flags
-CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
+# -fno-math-errno: sqrtf need not set errno, so loops with it vectorise (Adam's
+# update, 3x faster); IEEE square roots either way, so the same bits.
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
           $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
 LDFLAGS = $(OPENMP)
 CFLAGS += $(if $(OPENMP),,-Wno-unknown-pragmas)
