@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): our programs against two PyTorch yardsticks, side by
+# Benchmark (not a test): our programs against PyTorch yardsticks, side by
 # side in one sitting, alternating runs so that machine noise hits both.
 #   - tests/torch_mnist_ddp.py: the original workshop's script (a DataLoader
 #     feeds every batch), at the same world sizes;
 #   - tests/torch_fast_mlp.py: step 2 as a PyTorch expert writes it (the data
-#     set resident in memory, no DataLoader), at 1 thread and at every core.
+#     set resident in memory, no DataLoader), at 1 thread and at every core;
+#   - tests/torch_cnn_ddp.py: step 14's SimpleCNN, one epoch, at 1 thread and
+#     at every core.
 # Then the GEMM yardstick (the sgemm peak of this machine, measured now) and
 # step 5's profile at 1 thread and at every core: which ranges scale. Last,
 # step 11 (streaming from HDF5) against step 10 at 1, 2 and 4 reader workers,
@@ -131,6 +133,50 @@ if [ "$gpus" -gt 0 ]; then
     QUICK=1 wall "$PYTHON" "$FAST" "$DATA" cuda > /dev/null
     printf '%-40s %8s %8.3f\n' "day1/2_mnist_training (cuda)" "" "$gpu_ours"
     printf '%-40s %8s %8.3f (cold %.3f)\n' "idiomatic PyTorch (cuda)" "" "$(json loop5_warm_s)" "$(json loop5_cold_s)"
+fi
+
+# ---------------------------------------------------------------- step 14, the CNN
+# One epoch of the SimpleCNN at batch 64 on one rank, ours against PyTorch's
+# training of the same network (tests/torch_cnn_ddp.py: the tutorial's loop,
+# a DataLoader over the tensors in memory), each at 1 thread and at every
+# core, runs alternating. An epoch is 938 steps of 25.0 MFLOP per image
+# (conv1 forward and weight gradient, conv2 and the Linears forward and both
+# gradients), 1.50 TFLOP in all.
+CNN_REFERENCE=${TORCH_CNN_REFERENCE:-tests/torch_cnn_ddp.py}
+echo
+echo "== step 14 (SimpleCNN, 1 epoch, batch 64, 1 rank) against PyTorch's training of the same network ($CNN_REFERENCE)"
+printf '%-40s %8s %8s %8s %9s %9s\n' "program" "threads" "loop s" "ms/step" "GFLOP/s" "test acc"
+cnn_flop=$(awk 'BEGIN { print 60000 * 2 * (2 * 32*9*784 + 3 * 64*288*196 + 3 * 3136*128 + 3 * 128*10) }')
+declare -A cnn_ours cnn_theirs
+for threads in "${thread_counts[@]}"; do
+    c_loop=() t_loop=()
+    for ((i = 0; i < repeats; i++)); do
+        wall day3/14_cnn_ddp --threads "$threads" --data "$DATA" --plot '' > /dev/null
+        c_loop+=("$(loop_s)")
+        c_acc=$(sed -n 's/.*accuracy \([0-9.]*%\).*/\1/p' "$out")
+        wall "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --threads "$threads" --port 29531 > /dev/null
+        t_loop+=("$(json train_s)")
+        t_acc=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
+    done
+    cnn_ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
+    cnn_theirs[$threads]=$(printf '%s\n' "${t_loop[@]}" | median)
+    for side in ours theirs; do
+        if [ $side = ours ]; then name="day3/14_cnn_ddp (cpu)" t=${cnn_ours[$threads]} acc=$c_acc
+        else name="PyTorch, the same network (cpu)" t=${cnn_theirs[$threads]} acc=$t_acc; fi
+        printf '%-40s %8d %8.2f %8.2f %9.0f %9s\n' "$name" "$threads" "$t" "$(awk "BEGIN { print 1000 * $t / 938 }")" \
+            "$(awk "BEGIN { print $cnn_flop / $t / 1e9 }")" "$acc"
+    done
+done
+best_theirs=$(printf '%s\n' "${cnn_theirs[@]}" | sort -g | head -1)
+best_ours=$(printf '%s\n' "${cnn_ours[@]}" | sort -g | head -1)
+printf '%-40s %8s %7.2fx\n' "  PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
+[ "$cores" -gt 1 ] && printf '%-40s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
+    "$(awk "BEGIN { print ${cnn_ours[1]} / ${cnn_ours[$cores]} }")"
+if [ "$gpus" -gt 0 ]; then
+    wall day3/14_cnn_ddp --device cuda --data "$DATA" --plot '' > /dev/null
+    printf '%-40s %8s %8.2f %8.2f\n' "day3/14_cnn_ddp (cuda)" "" "$(loop_s)" "$(awk "BEGIN { print 1000 * $(loop_s) / 938 }")"
+    wall "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --device cuda --port 29532 > /dev/null
+    printf '%-40s %8s %8.2f %8.2f\n' "PyTorch, the same network (cuda)" "" "$(json train_s)" "$(awk "BEGIN { print 1000 * $(json train_s) / 938 }")"
 fi
 
 # ---------------------------------------------------------------- GEMM efficiency
