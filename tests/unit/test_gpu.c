@@ -290,22 +290,20 @@ static void test_cnn_ops(void) {
     IntBuffer argmax = int_buffer_new(tensor_numel(&pooled), DEVICE_CPU);
     IntBuffer gargmax = int_buffer_new(tensor_numel(&pooled), DEVICE_CUDA);
     max_pool2d(&relu_x, 14, 13, 2, &pooled, &argmax), max_pool2d(&grelu_x, 14, 13, 2, &gpooled, &gargmax);
-    int *gpu_argmax = xmalloc(argmax.count * sizeof(int));
-    CHECK_CUDA(cudaMemcpy(gpu_argmax, gargmax.data, argmax.count * sizeof(int), cudaMemcpyDeviceToHost));
-    EXPECT(bits_differ(&gpooled, &pooled) == 0 && memcmp(gpu_argmax, argmax.data, argmax.count * sizeof(int)) == 0,
-           "max_pool2d: the same maxima and argmax (first on ties)");
+    EXPECT(bits_differ(&gpooled, &pooled) == 0, "max_pool2d: the same maxima");
+    // Distinct gradients land where each device's argmax says: the same
+    // places (the first maximum on ties) iff the results are bit-identical.
     Tensor grad_pooled = tensor_zeros(pooled.rows, pooled.cols, DEVICE_CPU);
-    fill_uniform(&grad_pooled, -1, 1);
+    for (size_t i = 0; i < tensor_numel(&grad_pooled); i++) grad_pooled.data[i] = 1.0f + (float)i;
     Tensor ggrad_pooled = on_gpu(&grad_pooled);
     max_pool2d_backward(&grad_pooled, &argmax, &grad_x), max_pool2d_backward(&ggrad_pooled, &gargmax, &ggrad_x);
-    EXPECT(bits_differ(&ggrad_x, &grad_x) == 0, "max_pool2d_backward: bit-identical");
+    EXPECT(bits_differ(&ggrad_x, &grad_x) == 0, "max_pool2d_backward: bit-identical, so the same argmax");
 
     Tensor swapped = tensor_zeros(g.batch, g.channels * g.height * g.width, DEVICE_CPU), gswapped = on_gpu(&swapped);
     swap_outer_axes(&x, g.channels, g.batch, g.height * g.width, &swapped);
     swap_outer_axes(&gx, g.channels, g.batch, g.height * g.width, &gswapped);
     EXPECT(bits_differ(&gswapped, &swapped) == 0, "swap_outer_axes (Flatten): bit-identical");
 
-    free(gpu_argmax);
     int_buffer_free(&argmax), int_buffer_free(&gargmax);
     Tensor *all[] = {&x, &columns, &back, &gx, &gcolumns, &gback, &bias, &sums, &gbias, &gsums, &pooled, &grad_x,
                      &relu_x, &grelu_x, &gpooled, &ggrad_x, &grad_pooled, &ggrad_pooled, &swapped, &gswapped};
