@@ -41,16 +41,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // the flag table and --help
-#include "check.h"     // CHECK, CHECK_MPI, xmalloc
-#include "cnn.h"       // SimpleCNN: forward, loss, backward, evaluation
-#include "ddp.h"       // DistributedDataParallel: ddp_wrap, ddp_grad_ready, ddp_finish
-#include "dist.h"      // init_process_group, rank, world size, print0
-#include "h5.h"        // --init / --save: state_dict in HDF5
-#include "loss_log.h"  // --losses CSV, the loss curve
-#include "metrics.h"   // confusion matrix, precision, recall, F1
-#include "mnist.h"     // MNIST, DistributedSampler, batches
-#include "threads.h"   // the rank's CPU threads
+#include "args.h"      // args_parse: the flags and --help
+#include "check.h"     // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "cnn.h"       // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
+#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "metrics.h"   // ConfusionMatrix, classification_report: the evaluation's tables
+#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
+#include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
 
 int main(int argc, char **argv) {
