@@ -96,6 +96,8 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 1 refuses two ranks on one GPU" "CPU and GPU per-step losses from the same --init, --no-shuffle"
     "step 2 on the GPU" "step 4 on 2 ranks sharing the GPU (MPI fallback)" "step 6 == step 4 on the GPU"
     "DDP on the GPU: 2 ranks x 3200 == 1 process x 6400" "step 8 on the GPU" "test_profile on the GPU"
+    "step 11 on the GPU takes step 10's GPU steps" "step 11 on the GPU: bit-identical at any --workers and --prefetch"
+    "step 11 on 2 GPU ranks"
     "step 12 --device cuda at 1, 2, 3 and 4 ranks: every collective verified, the demo as on the CPU"
     "step 12 --device cuda: a wrong element fails the run, named"
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
