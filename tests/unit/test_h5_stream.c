@@ -206,14 +206,10 @@ static void check_chunks(const char *dir) {
     write_chunk(gzip, 4, 1, bytes, SLICE);
     // raw slice 4: 999 bytes where a slice is 1000.
     write_chunk(raw, 4, 0, bytes, SLICE - 1);
-    H5Fclose(file);
 
-    // Now damage copies of the gzip chunk of slice 1 in a second file.
-    snprintf(path, sizeof path, "%s/chunks.h5", dir);
-    file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    // Damaged gzip chunks in a dataset of their own: slice 4's bytes, compressed, then spoiled.
     hid_t damaged = slices_dataset(file, "damaged", 1);
     uLongf packed_size = sizeof packed;
-    for (int k = 0; k < SLICE; k++) bytes[k] = byte_at(4, k);
     compress2(packed, &packed_size, bytes, SLICE, 4);
     uint8_t corrupt[2 * SLICE];
     memcpy(corrupt, packed, packed_size);
