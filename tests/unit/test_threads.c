@@ -125,6 +125,29 @@ static void test_training_step(void) {
     }
 }
 
+// The bias gradient: sums += the sum over the rows of x, each column summed in
+// row order from its current value, exactly as a plain loop does, at 1..4
+// threads. 37 columns: two full blocks of 16 and a partial one.
+static void test_sum_over_rows(void) {
+    Tensor x = random_tensor(300, 37), start = random_tensor(1, 37), sums = tensor_zeros(1, 37, DEVICE_CPU);
+    float expect[37];
+    for (int c = 0; c < 37; c++) {
+        expect[c] = start.data[c];
+        for (int r = 0; r < 300; r++) expect[c] += x.data[(size_t)r * 37 + c];
+    }
+    for (int threads = 1; threads <= 4; threads++) {
+        threads_init(threads);
+        tensor_copy(&sums, &start);
+        add_sum_over_rows(&x, &sums);
+        EXPECT(memcmp(sums.data, expect, sizeof expect) == 0,
+               "sum over the rows of [300, 37] at %d thread%s: the plain loop's bits, column by column", threads,
+               threads == 1 ? "" : "s");
+    }
+    tensor_free(&x);
+    tensor_free(&start);
+    tensor_free(&sums);
+}
+
 static void test_thread_count(void) {
     EXPECT(threads_init(3) == 3 && threads_count() == 3, "--threads 3 gives 3 threads (got %d)", threads_count());
     int fair = threads_init(0);
@@ -137,6 +160,7 @@ int main(void) {
     rng_seed(&data_rng, 1);
     test_gemm();
     test_training_step();
+    test_sum_over_rows();
     test_thread_count();
     return test_summary();
 }
