@@ -186,11 +186,19 @@ fi
 echo
 echo "== the loop's GEMM rate against this machine's sgemm peak (measured now)"
 flops=$(awk 'BEGIN { print 300000 * 2 * (2 * 784 * 128 + 3 * 128 * 10) }')
+# The ceiling: step 2's two large GEMMs alone at the loop's shapes (the
+# forward x @ W1^T and the weight gradient grad_h^T @ x, through our gemm()),
+# the best of 20 each; nearly all of the loop's arithmetic is in them.
 for threads in "${thread_counts[@]}"; do
     peak=$(build/tools/sgemm_peak "$threads")
+    peak_rate=$(echo "$peak" | cut -d' ' -f1)
     rate=$(awk "BEGIN { print $flops / ${ours[$threads]} / 1e9 }")
+    gemms=$(build/tools/sgemm_peak "$threads" mlp | sed -n 's/^both: \(.*\)/\1/p')
+    gemms_rate=$(echo "$gemms" | awk '{ print $3 }')
     printf '%2d thread(s): loop %.0f GFLOP/s, sgemm peak %s: %.0f%% of peak\n' "$threads" "$rate" "$peak" \
-        "$(awk "BEGIN { print 100 * $rate / $(echo "$peak" | cut -d' ' -f1) }")"
+        "$(awk "BEGIN { print 100 * $rate / $peak_rate }")"
+    printf '             the two large GEMMs alone: %s, %.0f%% of peak\n' "$gemms" \
+        "$(awk "BEGIN { print 100 * $gemms_rate / $peak_rate }")"
 done
 
 # ---------------------------------------------------------------- which ranges scale
