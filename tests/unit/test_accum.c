@@ -1,0 +1,74 @@
+// test_accum.c: micro_batch() and rows_in_batches(), the bookkeeping of
+// gradient accumulation, against hand-computed steps, then over every small
+// epoch: each step has one first and one last micro-batch, and its weights
+// are its micro-batches' shares of its samples, summing to 1.
+#define TEST_NAME "test_accum"
+#include <math.h>
+
+#include "accum.h"
+#include "test.h"
+
+static void expect_micro(int b, int accum_steps, int samples, int batch_size, bool first, bool last, double weight) {
+    MicroBatch micro = micro_batch(b, accum_steps, samples, batch_size);
+    EXPECT(micro.first == first && micro.last == last && fabs(micro.weight - weight) <= 1e-7 * weight,
+           "%d samples, batch %d, accum %d: batch %d is %sfirst, %slast, weight %.7f (got %s, %s, %.7f)", samples,
+           batch_size, accum_steps, b, first ? "" : "not ", last ? "" : "not ", weight, micro.first ? "first" : "-",
+           micro.last ? "last" : "-", micro.weight);
+}
+
+// MNIST at batch 6400: 10 batches, the last of 2400 samples.
+static void test_by_hand(void) {
+    EXPECT(rows_in_batches(60000, 6400, 0, 10) == 60000, "rows in all 10 batches: 60000 (got %d)",
+           rows_in_batches(60000, 6400, 0, 10));
+    EXPECT(rows_in_batches(60000, 6400, 9, 10) == 2400, "rows in the last batch: 2400 (got %d)",
+           rows_in_batches(60000, 6400, 9, 10));
+    EXPECT(rows_in_batches(60000, 6400, 8, 12) == 8800, "rows in batches 8 to 11 of 10: 8800 (got %d)",
+           rows_in_batches(60000, 6400, 8, 12));
+    // accum 1: every batch is a step of its own.
+    expect_micro(0, 1, 60000, 6400, true, true, 1.0);
+    expect_micro(9, 1, 60000, 6400, true, true, 1.0);
+    // accum 3: steps [0, 3), [3, 6), [6, 9) of 19200 samples, then [9] alone.
+    expect_micro(0, 3, 60000, 6400, true, false, 1.0 / 3);
+    expect_micro(1, 3, 60000, 6400, false, false, 1.0 / 3);
+    expect_micro(2, 3, 60000, 6400, false, true, 1.0 / 3);
+    expect_micro(6, 3, 60000, 6400, true, false, 1.0 / 3);
+    expect_micro(9, 3, 60000, 6400, true, true, 1.0);
+    // accum 4: the last step is [8, 10), 6400 + 2400 samples.
+    expect_micro(8, 4, 60000, 6400, true, false, 6400.0 / 8800);
+    expect_micro(9, 4, 60000, 6400, false, true, 2400.0 / 8800);
+    // More micro-batches than the epoch has: one step of all of them.
+    expect_micro(0, 16, 60000, 6400, true, false, 6400.0 / 60000);
+    expect_micro(9, 16, 60000, 6400, false, true, 2400.0 / 60000);
+}
+
+// Every epoch of 1..60 samples, batches of 1..8, accumulating 1..5.
+static void test_every_small_epoch(void) {
+    int bad = 0, epochs = 0;
+    for (int samples = 1; samples <= 60; samples++)
+        for (int batch_size = 1; batch_size <= 8; batch_size++)
+            for (int accum = 1; accum <= 5; accum++, epochs++) {
+                int n_batches = (samples + batch_size - 1) / batch_size, steps = 0, open = 0;
+                double weights = 0.0;
+                for (int b = 0; b < n_batches; b++) {
+                    MicroBatch micro = micro_batch(b, accum, samples, batch_size);
+                    int rows = rows_in_batches(samples, batch_size, b, b + 1);
+                    if (micro.first != (b % accum == 0) || micro.first == open) bad++;
+                    if (micro.first) open = 1, weights = 0.0;
+                    weights += micro.weight;
+                    if (micro.last) {
+                        int step_rows = rows_in_batches(samples, batch_size, b - b % accum, b + 1);
+                        if (fabs(weights - 1.0) > 1e-6 || fabsf(micro.weight - (float)rows / step_rows) > 1e-7f) bad++;
+                        open = 0, steps++;
+                    }
+                }
+                if (open || steps != (n_batches + accum - 1) / accum) bad++;
+            }
+    EXPECT(bad == 0, "%d epochs (1-60 samples, batches of 1-8, accum 1-5): every step opens once, closes once, "
+                     "and its weights are its samples' shares, summing to 1 (%d wrong)", epochs, bad);
+}
+
+int main(void) {
+    test_by_hand();
+    test_every_small_epoch();
+    return test_summary();
+}
