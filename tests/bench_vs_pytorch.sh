@@ -119,7 +119,7 @@ torch_configs=("1|OPENBLAS_NUM_THREADS=1|idiomatic PyTorch (cpu), one core")
 declare -A ours theirs
 for threads in "${thread_counts[@]}"; do
     c_loop=()
-    declare -A t_loop=() t_acc=()
+    declare -A torch_loop=() torch_acc=()
     for ((i = 0; i < repeats; i++)); do
         wall day1/2_mnist_training --threads "$threads" --data "$DATA" --plot '' > /dev/null
         c_loop+=("$(loop_s)")
@@ -128,8 +128,8 @@ for threads in "${thread_counts[@]}"; do
             IFS='|' read -r torch_threads torch_env name <<< "$config"
             [ "$torch_threads" = "$threads" ] || continue
             QUICK=1 wall env $torch_env "$PYTHON" "$FAST" "$DATA" cpu "$torch_threads" > /dev/null
-            t_loop[$config]+="$(json loop5_warm_s) "
-            t_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
+            torch_loop[$config]+="$(json loop5_warm_s) "
+            torch_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
         done
     done
     ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
@@ -138,10 +138,10 @@ for threads in "${thread_counts[@]}"; do
     for config in "${torch_configs[@]}"; do
         IFS='|' read -r torch_threads torch_env name <<< "$config"
         [ "$torch_threads" = "$threads" ] || continue
-        theirs[$config]=$(printf '%s\n' ${t_loop[$config]} | median)
-        printf '%-52s %8d %8.3f %9s\n' "$name" "$threads" "${theirs[$config]}" "${t_acc[$config]}"
+        theirs[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
+        printf '%-52s %8d %8.3f %9s\n' "$name" "$threads" "${theirs[$config]}" "${torch_acc[$config]}"
     done
-    unset t_loop t_acc
+    unset torch_loop torch_acc
 done
 best_theirs=$(printf '%s\n' "${theirs[@]}" | sort -g | head -1)
 best_ours=$(printf '%s\n' "${ours[@]}" | sort -g | head -1)
@@ -172,7 +172,7 @@ printf '%-52s %8s %8s %8s %9s %9s\n' "program" "threads" "loop s" "ms/step" "GFL
 cnn_flop=$(awk 'BEGIN { print 60000 * 2 * (2 * 32*9*784 + 3 * 64*288*196 + 3 * 3136*128 + 3 * 128*10) }')
 # PyTorch at 1 thread runs as above: as it comes, and on one core.
 cnn_configs=("1|OPENBLAS_NUM_THREADS=1|PyTorch, the same network (cpu), one core")
-[ "$cores" -gt 1 ] && cnn_configs+=("1||PyTorch, the same network (cpu), its GEMMs on $cores cores"
+[ "$cores" -gt 1 ] && cnn_configs+=("1||PyTorch, the same network (cpu), OpenBLAS on $cores cores"
                                     "$cores||PyTorch, the same network (cpu)")
 declare -A cnn_ours cnn_theirs
 cnn_row() {  # name threads seconds accuracy
@@ -181,7 +181,7 @@ cnn_row() {  # name threads seconds accuracy
 }
 for threads in "${thread_counts[@]}"; do
     c_loop=()
-    declare -A t_loop=() t_acc=()
+    declare -A torch_loop=() torch_acc=()
     for ((i = 0; i < repeats; i++)); do
         wall day3/14_cnn_ddp --threads "$threads" --data "$DATA" --plot '' > /dev/null
         c_loop+=("$(loop_s)")
@@ -190,8 +190,8 @@ for threads in "${thread_counts[@]}"; do
             IFS='|' read -r torch_threads torch_env name <<< "$config"
             [ "$torch_threads" = "$threads" ] || continue
             wall env $torch_env "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --threads "$threads" --port 29531 > /dev/null
-            t_loop[$config]+="$(json train_s) "
-            t_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
+            torch_loop[$config]+="$(json train_s) "
+            torch_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
         done
     done
     cnn_ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
@@ -199,10 +199,10 @@ for threads in "${thread_counts[@]}"; do
     for config in "${cnn_configs[@]}"; do
         IFS='|' read -r torch_threads torch_env name <<< "$config"
         [ "$torch_threads" = "$threads" ] || continue
-        cnn_theirs[$config]=$(printf '%s\n' ${t_loop[$config]} | median)
-        cnn_row "$name" "$threads" "${cnn_theirs[$config]}" "${t_acc[$config]}"
+        cnn_theirs[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
+        cnn_row "$name" "$threads" "${cnn_theirs[$config]}" "${torch_acc[$config]}"
     done
-    unset t_loop t_acc
+    unset torch_loop torch_acc
 done
 best_theirs=$(printf '%s\n' "${cnn_theirs[@]}" | sort -g | head -1)
 best_ours=$(printf '%s\n' "${cnn_ours[@]}" | sort -g | head -1)
