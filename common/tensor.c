@@ -262,7 +262,7 @@ void add_sum_over_rows(const Tensor *x, Tensor *sums) {
     }
     // Threads take blocks of 16 columns (a cache line); each column is summed
     // over the rows in row order, whatever the thread count. The running sums
-    // live in a local block, a vector register, not in sums->data: the compiler
+    // live in a local block, in vector registers, not in sums->data: the compiler
     // cannot know that sums and x do not overlap, so it would load and store
     // each sum once per row ([6400, 128] on 2 threads: 0.39 ms, now 0.13).
     enum { COLUMNS = 16 };
@@ -271,13 +271,12 @@ void add_sum_over_rows(const Tensor *x, Tensor *sums) {
         int width = first + COLUMNS < x->cols ? COLUMNS : x->cols - first;
         float block[COLUMNS];
         for (int c = 0; c < width; c++) block[c] = sums->data[first + c];
-        const float *column = x->data + first;
-        if (width == COLUMNS) {  // a constant trip count: the loop becomes one vector add
-            for (int r = 0; r < x->rows; r++, column += x->cols)
-                for (int c = 0; c < COLUMNS; c++) block[c] += column[c];
-        } else {
-            for (int r = 0; r < x->rows; r++, column += x->cols)
-                for (int c = 0; c < width; c++) block[c] += column[c];
+        for (int r = 0; r < x->rows; r++) {
+            const float *row = x->data + (size_t)r * x->cols + first;
+            if (width == COLUMNS)  // a constant trip count: the loop becomes vector adds
+                for (int c = 0; c < COLUMNS; c++) block[c] += row[c];
+            else
+                for (int c = 0; c < width; c++) block[c] += row[c];
         }
         for (int c = 0; c < width; c++) sums->data[first + c] = block[c];
     }

@@ -29,6 +29,8 @@ DATA=${DATA:-data/mnist}
 # Measure as a user's machine runs: some sandboxes pin OpenBLAS to older
 # kernels (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE). Here only, never in the tests.
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+# Thread counts come from the flags of each run, never from the caller's environment.
+unset OPENBLAS_NUM_THREADS GOTO_NUM_THREADS OMP_NUM_THREADS
 cores=$(nproc)
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -232,12 +234,12 @@ for threads in "${thread_counts[@]}"; do
     peak=$(build/tools/sgemm_peak "$threads")
     peak_rate=$(echo "$peak" | cut -d' ' -f1)
     rate=$(awk "BEGIN { print $flops / ${ours[$threads]} / 1e9 }")
-    gemms=$(build/tools/sgemm_peak "$threads" mlp | sed -n 's/^both: \(.*\)/\1/p')
-    gemms_rate=$(echo "$gemms" | awk '{ print $3 }')
+    two_gemms=$(build/tools/sgemm_peak "$threads" mlp | sed -n 's/^both: \(.*\)/\1/p')
+    two_gemms_rate=$(echo "$two_gemms" | awk '{ print $3 }')
     printf '%2d thread(s): loop %.0f GFLOP/s, sgemm peak %s: %.0f%% of peak\n' "$threads" "$rate" "$peak" \
         "$(awk "BEGIN { print 100 * $rate / $peak_rate }")"
-    printf '             the two large GEMMs alone: %s, %.0f%% of peak\n' "$gemms" \
-        "$(awk "BEGIN { print 100 * $gemms_rate / $peak_rate }")"
+    printf '              the two large GEMMs alone: %s, %.0f%% of peak\n' "$two_gemms" \
+        "$(awk "BEGIN { print 100 * $two_gemms_rate / $peak_rate }")"
 done
 
 # ---------------------------------------------------------------- which ranges scale

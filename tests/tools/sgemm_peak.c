@@ -44,22 +44,25 @@ static void mlp_gemms(void) {
     Tensor x = tensor_zeros(BATCH, IN, DEVICE_CPU), w1 = tensor_zeros(HIDDEN, IN, DEVICE_CPU);
     Tensor h = tensor_zeros(BATCH, HIDDEN, DEVICE_CPU), grad_w1 = tensor_zeros(HIDDEN, IN, DEVICE_CPU);
     for (size_t i = 0; i < tensor_numel(&w1); i++) w1.data[i] = (float)(i % 5) * 0.01f;
+    enum { FORWARD, WEIGHT_GRADIENT };
     double flop = 2.0 * BATCH * IN * HIDDEN, best[2] = {1e9, 1e9};
     for (int repeat = 0; repeat < REPEATS; repeat++) {
-        for (int which = 0; which < 2; which++) {
+        for (int gemm_kind = FORWARD; gemm_kind <= WEIGHT_GRADIENT; gemm_kind++) {
             tensor_fill(&x, (float)(repeat + 1) / 255.0f);
             double start = wall_seconds();
-            if (which == 0) gemm(false, true, 1.0f, &x, &w1, 0.0f, &h);  // h = x @ W1^T
-            else gemm(true, false, 1.0f, &h, &x, 1.0f, &grad_w1);        // grad_W1 += h^T @ x
+            if (gemm_kind == FORWARD) gemm(false, true, 1.0f, &x, &w1, 0.0f, &h);  // h = x @ W1^T
+            else gemm(true, false, 1.0f, &h, &x, 1.0f, &grad_w1);                  // grad_W1 += h^T @ x
             double seconds = wall_seconds() - start;
-            if (seconds < best[which]) best[which] = seconds;
+            if (seconds < best[gemm_kind]) best[gemm_kind] = seconds;
         }
     }
-    printf("x @ W1^T [%d, %d] @ [%d, %d]: %.2f ms, %.0f GFLOP/s\n", BATCH, IN, IN, HIDDEN, 1e3 * best[0],
-           flop / best[0] / 1e9);
+    double forward = best[FORWARD], weight_gradient = best[WEIGHT_GRADIENT];
+    printf("x @ W1^T [%d, %d] @ [%d, %d]: %.2f ms, %.0f GFLOP/s\n", BATCH, IN, IN, HIDDEN, 1e3 * forward,
+           flop / forward / 1e9);
     printf("grad_W1 = grad_h^T @ x [%d, %d] @ [%d, %d]: %.2f ms, %.0f GFLOP/s\n", HIDDEN, BATCH, BATCH, IN,
-           1e3 * best[1], flop / best[1] / 1e9);
-    printf("both: %.2f ms, %.0f GFLOP/s\n", 1e3 * (best[0] + best[1]), 2 * flop / (best[0] + best[1]) / 1e9);
+           1e3 * weight_gradient, flop / weight_gradient / 1e9);
+    printf("both: %.2f ms, %.0f GFLOP/s\n", 1e3 * (forward + weight_gradient),
+           2 * flop / (forward + weight_gradient) / 1e9);
     tensor_free(&x);
     tensor_free(&w1);
     tensor_free(&h);

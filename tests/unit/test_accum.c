@@ -41,30 +41,45 @@ static void test_by_hand(void) {
     expect_micro(9, 16, 60000, 6400, false, true, 2400.0 / 60000);
 }
 
-// Every epoch of 1..60 samples, batches of 1..8, accumulating 1..5.
+// Every epoch of 1..60 samples, batches of 1..8, accumulating 1..5. The
+// expectations are counted here, batch by batch, not taken from accum.c's
+// formulas: a batch holds batch_size samples, or what is left of the epoch.
 static void test_every_small_epoch(void) {
+    enum { MAX_ACCUM = 5 };
     int bad = 0, epochs = 0;
     for (int samples = 1; samples <= 60; samples++)
         for (int batch_size = 1; batch_size <= 8; batch_size++)
-            for (int accum = 1; accum <= 5; accum++, epochs++) {
-                int n_batches = (samples + batch_size - 1) / batch_size, steps = 0, open = 0;
-                double weights = 0.0;
+            for (int accum = 1; accum <= MAX_ACCUM; accum++, epochs++) {
+                int n_batches = 0, steps = 0, open = 0, step_rows = 0, in_step = 0;
+                int rows[MAX_ACCUM];
+                float weights[MAX_ACCUM];
+                for (int left = samples; left > 0; left -= batch_size) n_batches++;
                 for (int b = 0; b < n_batches; b++) {
                     MicroBatch micro = micro_batch(b, accum, samples, batch_size);
-                    int rows = rows_in_batches(samples, batch_size, b, b + 1);
-                    if (micro.first != (b % accum == 0) || micro.first == open) bad++;
-                    if (micro.first) open = 1, weights = 0.0;
-                    weights += micro.weight;
+                    int batch_rows = samples - b * batch_size < batch_size ? samples - b * batch_size : batch_size;
+                    // A step opens at every accum-th batch and nowhere else.
+                    if (micro.first != (in_step == 0) || in_step >= accum) bad++;
+                    if (micro.first) open = 1, step_rows = 0, in_step = 0;
+                    if (!open) break;
+                    rows[in_step] = batch_rows, weights[in_step] = micro.weight, in_step++;
+                    step_rows += batch_rows;
+                    // It closes after accum batches, or at the epoch's end.
+                    if (micro.last != (in_step == accum || b + 1 == n_batches)) bad++;
                     if (micro.last) {
-                        int step_rows = rows_in_batches(samples, batch_size, b - b % accum, b + 1);
-                        if (fabs(weights - 1.0) > 1e-6 || fabsf(micro.weight - (float)rows / step_rows) > 1e-7f) bad++;
-                        open = 0, steps++;
+                        double total = 0.0;
+                        for (int i = 0; i < in_step; i++) {
+                            total += weights[i];
+                            if (fabs(weights[i] - (double)rows[i] / step_rows) > 1e-6) bad++;
+                        }
+                        if (fabs(total - 1.0) > 1e-6) bad++;
+                        open = 0, in_step = 0, steps++;
                     }
                 }
                 if (open || steps != (n_batches + accum - 1) / accum) bad++;
             }
-    EXPECT(bad == 0, "%d epochs (1-60 samples, batches of 1-8, accum 1-5): every step opens once, closes once, "
-                     "and its weights are its samples' shares, summing to 1 (%d wrong)", epochs, bad);
+    EXPECT(bad == 0, "%d epochs (1-60 samples, batches of 1-8, accum 1-5): every step opens at its first batch, "
+                     "closes after accum batches or at the epoch's end, and weighs each batch by its share of the "
+                     "step's samples, counted here (%d wrong)", epochs, bad);
 }
 
 int main(void) {
