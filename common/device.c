@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dist.h"
+#include "timer.h"
 
 static Device g_device = DEVICE_CPU;
 static char g_name[300] = "cpu";
@@ -164,13 +165,38 @@ static void check_nccl_async_error(const char *waiting_for) {
           "aborting the job", waiting_for, ncclGetErrorString(async), detail);
 }
 
+// NCCL reports a peer that died on another node only after its own network
+// timeout, and one on the same node (shared memory, NVLink) never: the GPU
+// just waits. So a wait has a limit, as init_process_group's timeout (10
+// minutes) in PyTorch; GPU_WAIT_TIMEOUT=SECONDS sets it. No wait of ours
+// is anywhere near it: the host is never more than a step ahead of the GPU.
+static double wait_timeout_seconds(void) {
+    static double timeout = 0.0;
+    if (timeout == 0.0) {
+        const char *text = getenv("GPU_WAIT_TIMEOUT");
+        timeout = text && atof(text) > 0.0 ? atof(text) : 600.0;
+    }
+    return timeout;
+}
+
+static void check_wait_timeout(double started, const char *waiting_for) {
+    double waited = wall_seconds() - started;
+    if (waited < wait_timeout_seconds()) return;
+    ncclComm_t comm = g_nccl;
+    g_nccl = NULL;
+    if (comm) ncclCommAbort(comm);  // stops the GPU's waiting kernels
+    FATAL("the host waited %.0f s for %s on the GPU: a peer rank died or hangs (NCCL does not see a dead peer "
+          "on the same node); aborting the job (GPU_WAIT_TIMEOUT=SECONDS sets the limit)", waited, waiting_for);
+}
+
 // Query until done; a query's own error (not "not ready") is fatal as usual.
 #define POLL(query, what)                                                        \
-    for (;;) {                                                                   \
+    for (double started_ = wall_seconds();;) {                                   \
         cudaError_t status_ = (query);                                           \
         if (status_ == cudaSuccess) break;                                       \
         if (status_ != cudaErrorNotReady) CHECK_CUDA(status_);                   \
         check_nccl_async_error(what);                                            \
+        check_wait_timeout(started_, what);                                      \
         sched_yield();                                                           \
     }
 
@@ -203,10 +229,14 @@ void device_release(void) {
         CHECK_NCCL(ncclCommDestroy(g_nccl));
         CHECK_CUDA(cudaStreamDestroy(g_comm_stream));
         g_nccl = NULL;
+        g_comm_stream = NULL;
     }
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));
+    // No handle outlives what it names: a wait after this one (a teardown that
+    // runs later) finds the default stream, not a destroyed one.
     g_cublas = NULL;
+    g_stream = NULL;
 #endif
 }
 

@@ -250,7 +250,7 @@ static void wait_for_gpu(Buffers *b) {
         if (!b->nccl) continue;
         ncclResult_t nccl_status = ncclSuccess;
         CHECK_NCCL(ncclCommGetAsyncError(b->nccl, &nccl_status));
-        if (nccl_status != ncclSuccess) {
+        if (nccl_status != ncclSuccess && nccl_status != ncclInProgress) {  // in progress: not an error
             ncclCommAbort(b->nccl);
             FATAL("NCCL failed while this rank waited for its GPU: %s", ncclGetErrorString(nccl_status));
         }
