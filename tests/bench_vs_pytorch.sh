@@ -40,6 +40,55 @@ loop_s() { sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out"; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
+# Our program against PyTorch at each thread count (thread_counts), runs
+# alternating, REPEATS each; the medians go into the associative arrays named
+# by OURS (by thread count) and THEIRS (by config), one row each through ROW,
+# then the ratios. A config is "THREADS|ENVIRONMENT|NAME": PyTorch at THREADS,
+# under ENVIRONMENT (VAR=value, or nothing); the first one is PyTorch on one core.
+#   versus_pytorch OURS THEIRS NAME RUN_OURS OUR_ACCURACY RUN_THEIRS TIME_KEY ROW CONFIG...
+#     RUN_OURS THREADS, RUN_THEIRS THREADS ENVIRONMENT: run into $out;
+#     OUR_ACCURACY: print ours from $out; TIME_KEY: PyTorch's time in its JSON;
+#     ROW NAME THREADS SECONDS ACCURACY: print a row.
+versus_pytorch() {
+    local -n ours_=$1 theirs_=$2
+    local name=$3 run_ours=$4 our_accuracy=$5 run_theirs=$6 time_key=$7 row=$8
+    shift 8
+    local configs=("$@") threads i config torch_threads torch_env label our_acc
+    for threads in "${thread_counts[@]}"; do
+        local our_loop=()
+        local -A torch_loop=() torch_acc=()
+        for ((i = 0; i < repeats; i++)); do
+            "$run_ours" "$threads"
+            our_loop+=("$(loop_s)")
+            our_acc=$("$our_accuracy")
+            for config in "${configs[@]}"; do
+                IFS='|' read -r torch_threads torch_env label <<< "$config"
+                [ "$torch_threads" = "$threads" ] || continue
+                "$run_theirs" "$threads" "$torch_env"
+                torch_loop[$config]+="$(json "$time_key") "
+                torch_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
+            done
+        done
+        ours_[$threads]=$(printf '%s\n' "${our_loop[@]}" | median)
+        "$row" "$name$([ "$threads" = 1 ] && echo ", one core")" "$threads" "${ours_[$threads]}" "$our_acc"
+        for config in "${configs[@]}"; do
+            IFS='|' read -r torch_threads torch_env label <<< "$config"
+            [ "$torch_threads" = "$threads" ] || continue
+            theirs_[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
+            "$row" "$label" "$threads" "${theirs_[$config]}" "${torch_acc[$config]}"
+        done
+    done
+    local best_theirs best_ours
+    best_theirs=$(printf '%s\n' "${theirs_[@]}" | sort -g | head -1)
+    best_ours=$(printf '%s\n' "${ours_[@]}" | sort -g | head -1)
+    printf '%-52s %8s %7.2fx\n' "  PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
+    printf '%-52s %8s %7.2fx\n' "  on one core: PyTorch / ours" "" \
+        "$(awk "BEGIN { print ${theirs_[${configs[0]}]} / ${ours_[1]} }")"
+    [ "$cores" -gt 1 ] && printf '%-52s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
+        "$(awk "BEGIN { print ${ours_[1]} / ${ours_[$cores]} }")"
+    return 0
+}
+
 # What computes: the CPU, our BLAS and its kernels, PyTorch's BLAS and its kernels.
 day1/2_mnist_training --epochs 1 --plot '' --data "$DATA" > "$out" 2>&1
 our_blas=$(head -1 "$out" | grep -o 'OpenBLAS.*kernels)\|CBLAS$' || echo '?')
@@ -115,43 +164,16 @@ echo "== step 2 against the idiomatic PyTorch ($FAST: data in memory, no DataLoa
 printf '%-52s %8s %8s %9s\n' "program" "threads" "loop s" "test acc"
 thread_counts=(1)
 [ "$cores" -gt 1 ] && thread_counts+=("$cores")
+run_mlp_ours() { wall day1/2_mnist_training --threads "$1" --data "$DATA" --plot '' > /dev/null; }
+mlp_accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out"; }
+run_mlp_theirs() { QUICK=1 wall env $2 "$PYTHON" "$FAST" "$DATA" cpu "$1" > /dev/null; }
+mlp_row() { printf '%-52s %8d %8.3f %9s\n' "$@"; }
 torch_configs=("1|OPENBLAS_NUM_THREADS=1|idiomatic PyTorch (cpu), one core")
 [ "$cores" -gt 1 ] && torch_configs+=("1||idiomatic PyTorch (cpu), its GEMMs on $cores cores"
                                       "$cores||idiomatic PyTorch (cpu)")
 declare -A ours theirs
-for threads in "${thread_counts[@]}"; do
-    c_loop=()
-    declare -A torch_loop=() torch_acc=()
-    for ((i = 0; i < repeats; i++)); do
-        wall day1/2_mnist_training --threads "$threads" --data "$DATA" --plot '' > /dev/null
-        c_loop+=("$(loop_s)")
-        c_acc=$(sed -n 's/.*Test accuracy: \([0-9.]*%\).*/\1/p' "$out")
-        for config in "${torch_configs[@]}"; do
-            IFS='|' read -r torch_threads torch_env name <<< "$config"
-            [ "$torch_threads" = "$threads" ] || continue
-            QUICK=1 wall env $torch_env "$PYTHON" "$FAST" "$DATA" cpu "$torch_threads" > /dev/null
-            torch_loop[$config]+="$(json loop5_warm_s) "
-            torch_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
-        done
-    done
-    ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
-    printf '%-52s %8d %8.3f %9s\n' "day1/2_mnist_training (cpu)$([ "$threads" = 1 ] && echo ", one core")" \
-        "$threads" "${ours[$threads]}" "$c_acc"
-    for config in "${torch_configs[@]}"; do
-        IFS='|' read -r torch_threads torch_env name <<< "$config"
-        [ "$torch_threads" = "$threads" ] || continue
-        theirs[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
-        printf '%-52s %8d %8.3f %9s\n' "$name" "$threads" "${theirs[$config]}" "${torch_acc[$config]}"
-    done
-    unset torch_loop torch_acc
-done
-best_theirs=$(printf '%s\n' "${theirs[@]}" | sort -g | head -1)
-best_ours=$(printf '%s\n' "${ours[@]}" | sort -g | head -1)
-printf '%-52s %8s %7.2fx\n' "  idiomatic PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
-printf '%-52s %8s %7.2fx\n' "  on one core: PyTorch / ours" "" \
-    "$(awk "BEGIN { print ${theirs[${torch_configs[0]}]} / ${ours[1]} }")"
-[ "$cores" -gt 1 ] && printf '%-52s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
-    "$(awk "BEGIN { print ${ours[1]} / ${ours[$cores]} }")"
+versus_pytorch ours theirs "day1/2_mnist_training (cpu)" run_mlp_ours mlp_accuracy run_mlp_theirs loop5_warm_s mlp_row \
+    "${torch_configs[@]}"
 if [ "$gpus" -gt 0 ]; then
     wall day1/2_mnist_training --device cuda --data "$DATA" --plot '' > /dev/null
     gpu_ours=$(loop_s)
@@ -173,46 +195,19 @@ echo "== step 14 (SimpleCNN, 1 epoch, batch 64, 1 rank) against PyTorch's traini
 printf '%-52s %8s %8s %8s %9s %9s\n' "program" "threads" "loop s" "ms/step" "GFLOP/s" "test acc"
 cnn_flop=$(awk 'BEGIN { print 60000 * 2 * (2 * 32*9*784 + 3 * 64*288*196 + 3 * 3136*128 + 3 * 128*10) }')
 # PyTorch at 1 thread runs as above: as it comes, and on one core.
-cnn_configs=("1|OPENBLAS_NUM_THREADS=1|PyTorch, the same network (cpu), one core")
-[ "$cores" -gt 1 ] && cnn_configs+=("1||PyTorch, the same network (cpu), OpenBLAS on $cores cores"
-                                    "$cores||PyTorch, the same network (cpu)")
-declare -A cnn_ours cnn_theirs
+run_cnn_ours() { wall day3/14_cnn_ddp --threads "$1" --data "$DATA" --plot '' > /dev/null; }
+cnn_accuracy() { sed -n 's/.*accuracy \([0-9.]*%\).*/\1/p' "$out"; }
+run_cnn_theirs() { wall env $2 "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --threads "$1" --port 29531 > /dev/null; }
 cnn_row() {  # name threads seconds accuracy
     printf '%-52s %8d %8.2f %8.2f %9.0f %9s\n' "$1" "$2" "$3" "$(awk "BEGIN { print 1000 * $3 / 938 }")" \
         "$(awk "BEGIN { print $cnn_flop / $3 / 1e9 }")" "$4"
 }
-for threads in "${thread_counts[@]}"; do
-    c_loop=()
-    declare -A torch_loop=() torch_acc=()
-    for ((i = 0; i < repeats; i++)); do
-        wall day3/14_cnn_ddp --threads "$threads" --data "$DATA" --plot '' > /dev/null
-        c_loop+=("$(loop_s)")
-        c_acc=$(sed -n 's/.*accuracy \([0-9.]*%\).*/\1/p' "$out")
-        for config in "${cnn_configs[@]}"; do
-            IFS='|' read -r torch_threads torch_env name <<< "$config"
-            [ "$torch_threads" = "$threads" ] || continue
-            wall env $torch_env "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --threads "$threads" --port 29531 > /dev/null
-            torch_loop[$config]+="$(json train_s) "
-            torch_acc[$config]=$(printf '%.2f%%' "$(awk "BEGIN { print 100 * $(json test_acc) }")")
-        done
-    done
-    cnn_ours[$threads]=$(printf '%s\n' "${c_loop[@]}" | median)
-    cnn_row "day3/14_cnn_ddp (cpu)$([ "$threads" = 1 ] && echo ", one core")" "$threads" "${cnn_ours[$threads]}" "$c_acc"
-    for config in "${cnn_configs[@]}"; do
-        IFS='|' read -r torch_threads torch_env name <<< "$config"
-        [ "$torch_threads" = "$threads" ] || continue
-        cnn_theirs[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
-        cnn_row "$name" "$threads" "${cnn_theirs[$config]}" "${torch_acc[$config]}"
-    done
-    unset torch_loop torch_acc
-done
-best_theirs=$(printf '%s\n' "${cnn_theirs[@]}" | sort -g | head -1)
-best_ours=$(printf '%s\n' "${cnn_ours[@]}" | sort -g | head -1)
-printf '%-52s %8s %7.2fx\n' "  PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
-printf '%-52s %8s %7.2fx\n' "  on one core: PyTorch / ours" "" \
-    "$(awk "BEGIN { print ${cnn_theirs[${cnn_configs[0]}]} / ${cnn_ours[1]} }")"
-[ "$cores" -gt 1 ] && printf '%-52s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
-    "$(awk "BEGIN { print ${cnn_ours[1]} / ${cnn_ours[$cores]} }")"
+cnn_configs=("1|OPENBLAS_NUM_THREADS=1|PyTorch, the same network (cpu), one core")
+[ "$cores" -gt 1 ] && cnn_configs+=("1||PyTorch, the same network (cpu), OpenBLAS on $cores cores"
+                                    "$cores||PyTorch, the same network (cpu)")
+declare -A cnn_ours cnn_theirs
+versus_pytorch cnn_ours cnn_theirs "day3/14_cnn_ddp (cpu)" run_cnn_ours cnn_accuracy run_cnn_theirs train_s cnn_row \
+    "${cnn_configs[@]}"
 if [ "$gpus" -gt 0 ]; then
     wall day3/14_cnn_ddp --device cuda --data "$DATA" --plot '' > /dev/null
     printf '%-52s %8s %8.2f %8.2f\n' "day3/14_cnn_ddp (cuda)" "" "$(loop_s)" "$(awk "BEGIN { print 1000 * $(loop_s) / 938 }")"
