@@ -19,6 +19,9 @@ static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, i
 static cublasHandle_t g_cublas;
 static ncclComm_t g_nccl;         // NULL: GPU collectives go through MPI on host copies
 static cudaStream_t g_comm_stream;  // NCCL's, beside the compute stream
+// How long a host wait on the GPU may last (see check_wait_timeout): read
+// once, when the GPU is taken (use_gpu), before any thread that waits exists.
+static double g_wait_timeout = 600.0;
 
 cudaStream_t device_stream(void) { return g_stream; }
 cublasHandle_t device_cublas(void) { return g_cublas; }
@@ -79,6 +82,8 @@ bool device_gpus_shared(int gpu) {
 
 #if HAVE_CUDA
 static void use_gpu(void) {
+    const char *timeout = getenv("GPU_WAIT_TIMEOUT");
+    if (timeout && atof(timeout) > 0.0) g_wait_timeout = atof(timeout);
     g_gpu = device_local_gpu();
     CHECK_CUDA(cudaSetDevice(g_gpu));
     // A blocking stream: should anything use the legacy default stream (a
@@ -170,18 +175,9 @@ static void check_nccl_async_error(const char *waiting_for) {
 // just waits. So a wait has a limit, as init_process_group's timeout (10
 // minutes) in PyTorch; GPU_WAIT_TIMEOUT=SECONDS sets it. No wait of ours
 // is anywhere near it: the host is never more than a step ahead of the GPU.
-static double wait_timeout_seconds(void) {
-    static double timeout = 0.0;
-    if (timeout == 0.0) {
-        const char *text = getenv("GPU_WAIT_TIMEOUT");
-        timeout = text && atof(text) > 0.0 ? atof(text) : 600.0;
-    }
-    return timeout;
-}
-
 static void check_wait_timeout(double started, const char *waiting_for) {
     double waited = wall_seconds() - started;
-    if (waited < wait_timeout_seconds()) return;
+    if (waited < g_wait_timeout) return;
     ncclComm_t comm = g_nccl;
     g_nccl = NULL;
     if (comm) ncclCommAbort(comm);  // stops the GPU's waiting kernels
