@@ -57,8 +57,8 @@ int main(int argc, char **argv) {
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Adam optimizer = adam_new(model.params, model.n_params, opt.lr);
 
-    print0("Step 3: %d ranks, each training alone: MLP 784-128-10, %zu weights; Adam lr %g; batch %d; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, mlp_num_weights(&model), opt.lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 3: %d rank%s, each training alone: MLP 784-128-10, %zu weights; Adam lr %g; batch %d; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", mlp_num_weights(&model), opt.lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]

@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
     double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
     Adam optimizer = adam_new(model.params, model.n_params, lr);
 
-    print0("Step 5: manual DDP, profiled, on %d ranks: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 5: manual DDP, profiled, on %d rank%s: MLP 784-128-10, %zu weights; Adam lr %g x %d = %g; batch %d per rank; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", mlp_num_weights(&model), opt.lr, world, lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
@@ -132,8 +132,8 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[64], label[32];
-        snprintf(title, sizeof title, "Step 5: MNIST training loss, manual DDP on %d ranks", world);
-        snprintf(label, sizeof label, "%d ranks (mean loss)", world);
+        snprintf(title, sizeof title, "Step 5: MNIST training loss, manual DDP on %d rank%s", world, world == 1 ? "" : "s");
+        snprintf(label, sizeof label, "%d rank%s (mean loss)", world, world == 1 ? "" : "s");
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }

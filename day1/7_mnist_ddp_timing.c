@@ -132,8 +132,8 @@ int main(int argc, char **argv) {
 
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
-    print0("Step 7: DDP on %d ranks: MLP 784-128-10, %zu weights in %s; Adam lr %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, mlp_num_weights(&model), buckets, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 7: DDP on %d rank%s: MLP 784-128-10, %zu weights in %s; Adam lr %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", mlp_num_weights(&model), buckets, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
@@ -193,8 +193,8 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[64], label[32];
-        snprintf(title, sizeof title, "Step 7: MNIST training loss, DDP on %d ranks", world);
-        snprintf(label, sizeof label, "%d ranks (mean loss)", world);
+        snprintf(title, sizeof title, "Step 7: MNIST training loss, DDP on %d rank%s", world, world == 1 ? "" : "s");
+        snprintf(label, sizeof label, "%d rank%s (mean loss)", world, world == 1 ? "" : "s");
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }

@@ -75,8 +75,8 @@ int main(int argc, char **argv) {
 
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
-    print0("Step 8: DDP on %d ranks: MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 8: DDP on %d rank%s: MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
@@ -132,12 +132,12 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
     if (rank == 0 && compare)
-        print0("Final loss: %.4f on %d ranks with lr x %d, %.4f in one process (%s)\n", losses.loss[losses.n - 1],
-               world, world, one_process.loss[one_process.n - 1], compare);
+        print0("Final loss: %.4f on %d rank%s with lr x %d, %.4f in one process (%s)\n", losses.loss[losses.n - 1],
+               world, world == 1 ? "" : "s", world, one_process.loss[one_process.n - 1], compare);
     if (rank == 0 && opt.plot && *opt.plot) {  // against epochs, with the one-process run if given
         char title[80], label[64];
-        snprintf(title, sizeof title, "Step 8: MNIST training loss, DDP on %d ranks, lr x %d", world, world);
-        snprintf(label, sizeof label, "%d ranks, lr %g", world, lr);
+        snprintf(title, sizeof title, "Step 8: MNIST training loss, DDP on %d rank%s, lr x %d", world, world == 1 ? "" : "s", world);
+        snprintf(label, sizeof label, "%d rank%s, lr %g", world, world == 1 ? "" : "s", lr);
         LossLog curves[2] = {losses, one_process};
         const char *labels[2] = {label, "1 process (--compare)"};
         loss_log_plot_epochs(curves, labels, compare ? 2 : 1, opt.plot, title);

@@ -68,8 +68,8 @@ int main(int argc, char **argv) {
     char buckets[512];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
     int nodes = dist_num_nodes();
-    print0("Step 10: DDP on %d ranks (%d node%s, %d ranks on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    print0("Step 10: DDP on %d rank%s (%d node%s, %d rank%s on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_local_world_size() == 1 ? "" : "s", dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
@@ -126,8 +126,8 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[80], label[64];
-        snprintf(title, sizeof title, "Step 10: MNIST training loss, DDP on %d ranks, %d nodes", world, nodes);
-        snprintf(label, sizeof label, "%d ranks, lr %g", world, lr);
+        snprintf(title, sizeof title, "Step 10: MNIST training loss, DDP on %d rank%s, %d node%s", world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s");
+        snprintf(label, sizeof label, "%d rank%s, lr %g", world, world == 1 ? "" : "s", lr);
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
