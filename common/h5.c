@@ -80,6 +80,8 @@ void h5_load_params(const char *path, Param *params, int n_params) {
     char err[1024] = "";
     hid_t file = H5I_INVALID_HID, dataset = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID;
     if (access(path, R_OK) != 0) REJECT("%s: cannot open: %s", path, strerror(errno));
+    const char *problem = input_file_problem(path);
+    if (problem) REJECT("%s: %s, not an HDF5 file", path, problem);
 #if H5_VERSION_GE(1, 12, 0)
     if (H5Fis_accessible(path, H5P_DEFAULT) <= 0) REJECT("%s: not an HDF5 file", path);
 #else

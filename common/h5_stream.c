@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "dist.h"
+#include "paths.h"
 #include "threads.h"
 #include "timer.h"
 #if HAVE_CUDA
@@ -163,6 +164,8 @@ H5Mnist h5_mnist_open(const char *path) {
         bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0;
         snprintf(err, sizeof err, "%s: cannot open: %s. Write it with `day2/create_mnist_h5%s%s`", path,
                  strerror(errno), default_path ? "" : " --out ", default_path ? "" : path);
+    } else if (input_file_problem(path)) {
+        snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, input_file_problem(path));
     } else if (!is_hdf5(path)) {
         snprintf(err, sizeof err, "%s: not an HDF5 file", path);
     } else if ((mnist.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {

@@ -46,6 +46,8 @@ void loss_log_plot(const LossLog *log, const char *path, const char *title, cons
 }
 
 LossLog loss_log_read_csv(const char *path, const char *flag) {
+    const char *problem = input_file_problem(path);
+    if (problem) usage_error("%s %s: %s, not a CSV file", flag, path, problem);
     FILE *file = fopen(path, "r");
     if (!file) usage_error("%s %s: cannot open: %s", flag, path, strerror(errno));
     LossLog log = {0};

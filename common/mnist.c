@@ -11,6 +11,7 @@
 #include "check.h"
 #if HAVE_CUDA
 #include "kernels.h"
+#include "paths.h"
 #endif
 #include "profile.h"
 #include "rng.h"
@@ -21,9 +22,9 @@
 
 // Slurp a file through zlib, which reads gzip and plain files alike.
 static uint8_t *read_all(const char *path, size_t *size, char *err, size_t err_size) {
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        snprintf(err, err_size, "not a regular file");
+    const char *problem = input_file_problem(path);
+    if (problem) {
+        snprintf(err, err_size, "%s", problem);
         return NULL;
     }
     gzFile file = gzopen(path, "rb");

@@ -23,3 +23,9 @@ void make_parent_dirs(const char *path) {
         *p = saved;
     }
 }
+
+const char *input_file_problem(const char *path) {
+    struct stat info;
+    if (stat(path, &info) != 0 || S_ISREG(info.st_mode)) return NULL;
+    return S_ISDIR(info.st_mode) ? "is a directory" : "is not a regular file (a FIFO, a socket or a device)";
+}

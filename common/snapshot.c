@@ -439,6 +439,11 @@ static void read_file(SnapshotIo *io, const SnapshotSettings *run, SnapshotSetti
         fail(io, "%s: cannot read: %s", io->path, strerror(errno));
         return;
     }
+    const char *problem = input_file_problem(io->path);
+    if (problem) {
+        fail(io, "%s: %s, not a snapshot", io->path, problem);
+        return;
+    }
     if (info.st_size == 0) {
         fail(io, "%s: the file is empty, not a snapshot", io->path);
         return;

@@ -262,6 +262,10 @@ expect_refused "a truncated snapshot" "truncated.h5: not a readable HDF5 file \(
 expect_refused "an empty snapshot" "empty.h5: the file is empty, not a snapshot" "$tmp/empty.h5"
 echo "not hdf5" > "$tmp/text.h5"
 expect_refused "a text file as snapshot" "text.h5: not a readable HDF5 file" "$tmp/text.h5"
+mkdir "$tmp/folder.h5"
+expect_refused "a folder as snapshot" "folder.h5: is a directory, not a snapshot" "$tmp/folder.h5"
+mkfifo "$tmp/fifo.h5"  # opening it would wait for a writer: it must be refused, not opened
+expect_refused "a FIFO as snapshot" "fifo.h5: is not a regular file \\(a FIFO" "$tmp/fifo.h5"
 expect_refused "a weights file (--save) as snapshot" "ref2_weights.h5: not a training snapshot .*--init takes those" "$tmp/ref2_weights.h5"
 expect_refused "a snapshot of another run's flags (--batch_size 3200)" \
     "ref2.h5: made with --batch_size 6400, this run has --batch_size 3200" "$good" --batch_size=3200

@@ -213,6 +213,9 @@ head -c $(( $(stat -c %s "$tmp/ours_gzip.h5") / 2 )) "$tmp/ours_gzip.h5" > "$tmp
 expect_error 1 "truncated.h5: cannot open the HDF5 file: truncated file" mpi 2 "${step11[@]}" --h5 "$tmp/truncated.h5"
 echo "not hdf5" > "$tmp/text.h5"
 expect_error 1 'text.h5: not an HDF5 file' mpi 2 "${step11[@]}" --h5 "$tmp/text.h5"
+mkfifo "$tmp/fifo.h5"  # opening it would wait for a writer: refused before opening
+expect_error 1 'fifo.h5: is not a regular file \(a FIFO, a socket or a device\), not an HDF5 file' \
+    mpi 2 "${step11[@]}" --h5 "$tmp/fifo.h5"
 expect_error 1 'MNIST not found.*Run `make data`' run day2/create_mnist_h5 --data "$tmp/nowhere" --out "$tmp/x.h5"
 expect_error 2 '^error: create_mnist_h5 writes one file: run it as one process, not on 2 ranks' \
     mpi 2 day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5"

@@ -118,6 +118,12 @@ expect_error 1 'has 60000 images but train-labels-idx1-ubyte has 50000 labels' r
 expect_error 1 'missing.h5: cannot open: No such file' mpi 2 day1/4_mnist_manual_ddp --init "$tmp/missing.h5"
 echo "not hdf5" > "$tmp/text.h5"
 expect_error 1 'text.h5: not an HDF5 file' run day1/2_mnist_training --init "$tmp/text.h5"
+# A FIFO would block the open until a writer comes, on every rank: refused before opening.
+mkfifo "$tmp/fifo.h5"
+expect_error 1 'fifo.h5: is not a regular file \(a FIFO, a socket or a device\), not an HDF5 file' \
+    mpi 2 day1/6_mnist_ddp --init "$tmp/fifo.h5"
+expect_error 1 'bad: is a directory, not an HDF5 file' run day1/2_mnist_training --init "$tmp/bad"
+expect_error 2 '^error: --compare .*fifo.h5: is not a regular file' mpi 2 day1/8_mnist_ddp_lr --compare "$tmp/fifo.h5"
 if "$PYTHON" -c 'import h5py' 2> /dev/null; then
     "$PYTHON" -c "
 import h5py, numpy as np
