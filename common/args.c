@@ -16,6 +16,7 @@ static void print_default(const ArgSpec *f, char *out, size_t size) {
     case ARG_FLOAT:
     case ARG_FLOAT_GE: snprintf(out, size, "%g", *(double *)f->value); break;
     case ARG_SWITCH: snprintf(out, size, "off"); break;
+    case ARG_PATH:
     case ARG_STRING: {
         const char *s = *(const char **)f->value;
         snprintf(out, size, "%s", s ? (*s ? s : "''") : "none");
@@ -58,14 +59,34 @@ static int is_choice(const char *value, const char *choices) {
     return 0;
 }
 
+// Upper bounds, by flag name, in every program: they keep a typo from
+// becoming a crash, an out-of-memory kill or an integer overflow. No node has
+// 1024 cores per rank; 2^20 MNIST samples are 3.3 GB of floats per rank; 2^20
+// micro-batches or 2^30 steps are past any epoch; 256 reader workers with 64
+// batches each ahead are past any DataLoader.
+static const struct {
+    const char *name;
+    long max;
+} upper_bounds[] = {
+    {"threads", 1024}, {"batch_size", 1L << 20}, {"accum_steps", 1L << 20}, {"max_steps", 1L << 30},
+    {"workers", 256},  {"prefetch", 64},
+};
+
+static long upper_bound(const char *name) {
+    for (int i = 0; i < ARRAY_LEN(upper_bounds); i++)
+        if (strcmp(upper_bounds[i].name, name) == 0) return upper_bounds[i].max;
+    return 2147483647L;
+}
+
 static void set_value(const ArgSpec *f, const char *text) {
     char *end = NULL;
     errno = 0;
     switch (f->type) {
     case ARG_INT: {
         long v = strtol(text, &end, 10);
-        if (*text == '\0' || *end != '\0' || errno || v < f->min || v > 2147483647L)
-            usage_error("--%s expects an integer from %g to 2147483647, got '%s'", f->name, f->min, text);
+        long max = upper_bound(f->name);
+        if (*text == '\0' || *end != '\0' || errno || v < f->min || v > max)
+            usage_error("--%s expects an integer from %g to %ld, got '%s'", f->name, f->min, max, text);
         *(int *)f->value = (int)v;
     } break;
     case ARG_FLOAT:
@@ -79,6 +100,10 @@ static void set_value(const ArgSpec *f, const char *text) {
     case ARG_STRING:
         if (f->choices && !is_choice(text, f->choices))
             usage_error("--%s expects one of %s, got '%s'", f->name, f->choices, text);
+        *(const char **)f->value = text;
+        break;
+    case ARG_PATH:
+        if (*text == '\0') usage_error("--%s expects a %s, got ''", f->name, f->metavar);
         *(const char **)f->value = text;
         break;
     case ARG_SWITCH:

@@ -13,10 +13,11 @@
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef enum {
-    ARG_INT,     // int*;    value must be >= .min
+    ARG_INT,     // int*;    value must be >= .min (and within args.c's bound for a few names: --threads ...)
     ARG_FLOAT,   // double*; value must be finite and > .min
     ARG_FLOAT_GE,  // double*; value must be finite and >= .min
     ARG_STRING,  // const char**; if .choices ("cpu|cuda|auto") is set, one of them
+    ARG_PATH,    // const char**; a file or folder name, never '' (use ARG_STRING where '' means none)
     ARG_SWITCH,  // int*;    takes no value, sets 1
 } ArgType;
 
@@ -57,15 +58,15 @@ typedef struct {
 // The same flags with another name for --epochs: step 13 takes the DDP
 // tutorial's --total_epochs.
 #define TRAIN_FLAGS_WITH_EPOCHS(o, epochs_flag)                                                   \
-    {"data", ARG_STRING, &(o).data, "DIR", "folder with the MNIST files (make data)", 0, NULL},   \
+    {"data", ARG_PATH, &(o).data, "DIR", "folder with the MNIST files (make data)", 0, NULL},   \
     {epochs_flag, ARG_INT, &(o).epochs, "N", "passes over the training set", 1, NULL},            \
-    {"batch_size", ARG_INT, &(o).batch_size, "N", "samples per step, per rank", 1, NULL},         \
+    {"batch_size", ARG_INT, &(o).batch_size, "N", "samples per step, per rank", 1, NULL}, \
     {"lr", ARG_FLOAT, &(o).lr, "X", "Adam learning rate", 0, NULL},                               \
     {"seed", ARG_INT, &(o).seed, "N", "seeds the weights and the shuffle, as torch.manual_seed", 0, NULL}, \
     {"no-shuffle", ARG_SWITCH, &(o).no_shuffle, NULL, "keep the data in file order", 0, NULL},    \
-    {"init", ARG_STRING, &(o).init, "FILE.h5", "start from these weights", 0, NULL},              \
-    {"save", ARG_STRING, &(o).save, "FILE.h5", "write the final weights", 0, NULL},               \
-    {"losses", ARG_STRING, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
+    {"init", ARG_PATH, &(o).init, "FILE.h5", "start from these weights", 0, NULL},                \
+    {"save", ARG_PATH, &(o).save, "FILE.h5", "write the final weights", 0, NULL},                 \
+    {"losses", ARG_PATH, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
     {"plot", ARG_STRING, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
     {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
     {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}

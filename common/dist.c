@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -102,4 +103,14 @@ void print_rank(const char *fmt, ...) {
     va_start(ap, fmt);
     print_line(prefix, fmt, ap);
     va_end(ap);
+}
+
+void dist_require_memory(double bytes_per_rank, const char *what) {
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    double node = pages > 0 && page_size > 0 ? (double)pages * page_size : 0.0;  // 0: unknown, no check
+    int ranks = dist_local_world_size();
+    char message[512];
+    snprintf(message, sizeof message, "%s: %.1f GB per rank, %d rank%s on %s: more than half of its %.1f GB of memory",
+             what, bytes_per_rank / 1e9, ranks, ranks == 1 ? "" : "s", dist_hostname(), node / 1e9);
+    check_all_ranks(node == 0.0 || bytes_per_rank * ranks <= node / 2, message);
 }

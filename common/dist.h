@@ -36,6 +36,12 @@ int dist_num_nodes(void);         // how many nodes the job spans
 const char *dist_hostname(void);
 int dist_thread_multiple(void);   // may several threads call MPI at once?
 
+// Collective: end the job with one line (check_all_ranks) when this node's
+// ranks, each asking for bytes_per_rank of host memory for `what` (a flag and
+// its value), would take more than half of the node's memory. Better than
+// what follows otherwise: the kernel's OOM killer, which says nothing.
+void dist_require_memory(double bytes_per_rank, const char *what);
+
 void dist_allreduce_sum(float *buf, size_t count);
 void dist_broadcast(float *buf, size_t count, int root);
 void dist_barrier(void);

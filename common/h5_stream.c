@@ -386,6 +386,9 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
 
     int rows = groups_per_batch * H5_GROUP_SIZE;
     size_t pixel_bytes = (size_t)rows * MNIST_PIXELS * stored_pixel_bytes(part);
+    char what[128];  // every rank starts its streams with the same flags: a collective check
+    snprintf(what, sizeof what, "--workers %d x --prefetch %d slots of %d samples", workers, prefetch, rows);
+    dist_require_memory((double)s->n_slots * (double)pixel_bytes, what);
     s->slots = xcalloc((size_t)s->n_slots, sizeof *s->slots);
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].pixels = s->to_gpu ? device_host_alloc(pixel_bytes) : xmalloc(pixel_bytes);

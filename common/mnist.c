@@ -306,7 +306,7 @@ void sampler_free(DistributedSampler *s) {
 }
 
 int sampler_num_batches(const DistributedSampler *s, int batch_size) {
-    return (s->num_samples + batch_size - 1) / batch_size;
+    return (int)(((long)s->num_samples + batch_size - 1) / batch_size);
 }
 
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,

@@ -52,6 +52,9 @@ int main(int argc, char **argv) {
     // --count N: element i on rank r is (r + 1) * (1 + i % 7). Small integers
     // add exactly in float32, so every element of the mean is known exactly:
     // (1 + i % 7) * (W + 1) / 2.
+    char what[64];
+    snprintf(what, sizeof what, "--count %d", count);
+    dist_require_memory((double)count * sizeof(float), what);
     float *values = xmalloc((size_t)count * sizeof(float));
     for (int i = 0; i < count; i++) values[i] = (float)((rank + 1) * (1 + i % 7));
     dist_barrier();

@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"results", ARG_STRING, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
+        {"results", ARG_PATH, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
         {"chart", ARG_STRING, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 7: time DDP training; --results collects a speed-up table across world sizes.");

@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"compare", ARG_STRING, &compare, "FILE.csv", "a one-process loss log (step 2 --losses) to overlay", 0, NULL},
+        {"compare", ARG_PATH, &compare, "FILE.csv", "a one-process loss log (step 2 --losses) to overlay", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 8: DDP with lr x world size; --compare overlays a one-process run.");
     Device device = device_from_flag(opt.device);

@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
     int workers = 0, prefetch = 2;  // DataLoader's num_workers (0 here: pick from the cores) and prefetch_factor
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"h5", ARG_STRING, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
+        {"h5", ARG_PATH, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"workers", ARG_INT, &workers, "N", "reader threads per rank, as DataLoader's num_workers (0: the cores the rank does not compute with, at least 1)", 0, NULL},

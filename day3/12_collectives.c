@@ -461,6 +461,8 @@ int main(int argc, char **argv) {
     snprintf(message, sizeof message, "step 12 runs on at most %d ranks (beyond, the sums it checks are not exact in float32)", MAX_RANKS);
     check_all_ranks(world <= MAX_RANKS, message);
     long slice = count > 0 ? count / world : 1, n = slice * world;  // n: count rounded down to whole slices
+    snprintf(message, sizeof message, "--count %d: two buffers of %ld floats", count, n);
+    dist_require_memory(2.0 * (double)n * sizeof(float), message);
     Plant plant = plant_from_environment(world, slice);
 
     // The buffers: on the CPU, or on this rank's GPU with host copies beside them.

@@ -90,6 +90,22 @@ expect_error 2 '^error: --device expects one of cpu\|cuda\|auto' run day1/2_mnis
 expect_error 2 "^error: unknown flag '--bogus'" mpi 2 day1/4_mnist_manual_ddp --bogus
 expect_error 2 "^error: unexpected argument 'extra'" mpi 2 day1/0_dist_allreduce extra
 expect_error 2 '^error: --count expects an integer from 1 to' mpi 2 day1/0_dist_allreduce --count -5
+# Values that once crashed or were killed without a word: libgomp's segfault at 100000 threads, the
+# OOM killer at --count 2147483647 (8.6 GB a rank), an int overflow that trained 0 steps and exited 0.
+expect_error 2 '^error: --threads expects an integer from 0 to 1024' run day1/2_mnist_training --threads 100000
+expect_error 2 '^error: --max_steps expects an integer from -1 to 1073741824' run day3/14_cnn_ddp --max_steps 2147483647
+expect_error 2 '^error: --accum_steps expects an integer from 1 to 1048576' mpi 2 day1/6_mnist_ddp --accum_steps 2147483642
+node_gb=$(awk '/^MemTotal/ { print int($2 / 1e6) }' /proc/meminfo)
+if [ "$node_gb" -lt 34 ]; then  # 2 ranks x 8.6 GB is more than half of it
+    expect_error 1 '^\[rank 0 @ [^]]*\] --count 2147483647: 8\.6 GB per rank, 2 ranks on .*: more than half of its' \
+        mpi 2 day1/0_dist_allreduce --count 2147483647
+    expect "--count too large for memory on 2 ranks is reported once" test "$(grep -c 'more than half' "$tmp/err")" = 1
+    expect_error 1 '\] --count 2147483647: two buffers of 2147483646 floats: 17\.2 GB per rank' \
+        mpi 2 day3/12_collectives --count 2147483647
+else
+    skip "--count beyond memory: this node's $node_gb GB hold the largest --count on 2 ranks"
+fi
+expect_error 2 "^error: --save expects a FILE.h5, got ''" mpi 2 day1/4_mnist_manual_ddp --save ''
 expect_error 0 '^  --batch_size N' run day1/2_mnist_training --help
 
 expect_error 1 'MNIST not found: no /nonexistent/train-images-idx3-ubyte\[\.gz\]\. Run `make data`' \

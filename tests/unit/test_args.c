@@ -19,13 +19,13 @@
 
 // The flags of a training program, one of each type.
 typedef struct {
-    int epochs, no_shuffle, fail_rank;
+    int epochs, no_shuffle, fail_rank, threads, batch_size;
     double lr, bucket_mb;
-    const char *data, *plot, *device;
+    const char *data, *plot, *device, *init;
 } Flags;
 
 static Flags defaults(void) {
-    return (Flags){.epochs = 5, .fail_rank = -1, .lr = 1e-3, .bucket_mb = 25, .data = "data/mnist",
+    return (Flags){.epochs = 5, .fail_rank = -1, .batch_size = 6400, .lr = 1e-3, .bucket_mb = 25, .data = "data/mnist",
                    .plot = "img/x.png", .device = "auto"};
 }
 
@@ -35,7 +35,10 @@ static void parse(Flags *f, int argc, char **argv) {
         {"fail_rank", ARG_INT, &f->fail_rank, "R", "a rank, -1: the last", -1, NULL},
         {"lr", ARG_FLOAT, &f->lr, "X", "learning rate", 0, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &f->bucket_mb, "MB", "bucket size", 0, NULL},
+        {"threads", ARG_INT, &f->threads, "N", "threads", 0, NULL},
+        {"batch_size", ARG_INT, &f->batch_size, "N", "samples per step", 1, NULL},
         {"data", ARG_STRING, &f->data, "DIR", "data folder", 0, NULL},
+        {"init", ARG_PATH, &f->init, "FILE.h5", "weights", 0, NULL},
         {"plot", ARG_STRING, &f->plot, "FILE.png", "loss curve", 0, NULL},
         {"device", ARG_STRING, &f->device, "DEV", "where", 0, "cpu|cuda|auto"},
         {"no-shuffle", ARG_SWITCH, &f->no_shuffle, NULL, "file order", 0, NULL},
@@ -134,6 +137,15 @@ int main(void) {
     expect_error("--epochs_x=3", "unknown flag '--epochs_x'");
     expect_error("--=3", "unknown flag '--'");
     expect_error("--epochs", "--epochs expects a value (N)");
+    // A few names are bounded above in every program: a typo must not become
+    // a crash (libgomp at 100000 threads), an OOM kill or an int overflow.
+    f = parse_line("--threads=1024 --batch_size 1048576 --init w.h5");
+    EXPECT(f.threads == 1024 && f.batch_size == 1048576 && strcmp(f.init, "w.h5") == 0,
+           "--threads 1024 and --batch_size 2^20 are allowed (got %d, %d)", f.threads, f.batch_size);
+    expect_error("--threads=1025", "--threads expects an integer from 0 to 1024, got '1025'");
+    expect_error("--batch_size 2147483647", "--batch_size expects an integer from 1 to 1048576, got '2147483647'");
+    // A file name is never empty ('' means none only where a flag says so: --plot).
+    expect_error("--init=", "--init expects a FILE.h5, got ''");
     expect_error("epochs=3", "unexpected argument 'epochs=3'");
     expect_error("-epochs=3", "unexpected argument '-epochs=3'");
     return test_summary();
