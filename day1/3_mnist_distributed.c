@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
     if (opt.plot && *opt.plot) {  // one curve per rank: img/x.png -> img/x_rank<r>.png
         char path[4096], title[64], label[32];
-        const char *dot = strrchr(opt.plot, '.');
+        const char *dot = strrchr(opt.plot, '.'), *slash = strrchr(opt.plot, '/');
+        if (dot && slash && dot < slash) dot = NULL;  // a dot in a folder's name (run.1/curve) is no extension
         int stem = dot ? (int)(dot - opt.plot) : (int)strlen(opt.plot);
         snprintf(path, sizeof path, "%.*s_rank%d%s", stem, opt.plot, rank, dot ? dot : ".png");
         snprintf(title, sizeof title, "Step 3: MNIST training loss, rank %d of %d", rank, world);

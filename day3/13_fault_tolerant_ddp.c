@@ -63,6 +63,9 @@ static void die_like_a_dead_node(int fail_at_epoch, int step) {
 }
 
 int main(int argc, char **argv) {
+    // From the very start, before MPI_Init even: a stop that comes while MPI, the
+    // data or the snapshot load is honoured after the first step, instead of killing the rank.
+    stop_signal_install();  // SIGUSR1 and SIGTERM now mean: save a snapshot, then stop
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/13_fault_tolerant_ddp.png");
     opt.epochs = 10;  // the tutorial's --total_epochs default
@@ -139,7 +142,6 @@ int main(int argc, char **argv) {
     } else {
         print0("No snapshot at %s: training from the start\n", snapshot_path);
     }
-    stop_signal_install();  // from now on SIGUSR1 and SIGTERM mean: save a snapshot, then stop
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

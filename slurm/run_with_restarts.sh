@@ -11,9 +11,10 @@
 # restart only helps a program that resumes: step 13 continues from its last
 # snapshot, so the restarted job ends as if nothing had happened.
 #
-# Signals: SIGUSR1 and SIGTERM are passed on to COMMAND (mpirun and srun pass
-# them on to every rank: step 13 then saves a snapshot at the end of a step and
-# exits with status 75). After a signal there is no restart: the job is being
+# Signals: SIGUSR1 and SIGTERM are passed on to COMMAND as SIGUSR1, which mpirun
+# and srun pass on to every rank: step 13 then saves a snapshot at the end of a
+# step and exits with status 75. (mpirun takes a SIGTERM as an order to end the
+# job: the ranks still save, but mpirun exits 1.) After a signal there is no restart: the job is being
 # stopped (the time limit nears, or scancel), and whatever stopped it brings it
 # back (slurm/day3.sbatch requeues itself). Ctrl-C reaches COMMAND from the
 # terminal directly, and ends the restarts too.
@@ -63,9 +64,9 @@ describe() {
 # COMMAND runs in the background: bash runs a trap only between commands, and
 # `wait` is a command that a trapped signal interrupts.
 child="" stop_signal=""
-forward() {
+forward() {  # SIGUSR1 for either: see the top
     stop_signal=$1
-    [ -n "$child" ] && kill -s "$1" "$child" 2> /dev/null
+    [ -n "$child" ] && kill -s USR1 "$child" 2> /dev/null
 }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
@@ -78,7 +79,7 @@ for ((attempt = 1; ; attempt++)); do
     "$@" &
     child=$!
     # A signal that came while no command ran (between two attempts) is passed on now.
-    case $stop_signal in USR1 | TERM) kill -s "$stop_signal" "$child" 2> /dev/null ;; esac
+    case $stop_signal in USR1 | TERM) kill -s USR1 "$child" 2> /dev/null ;; esac
     while :; do  # until COMMAND itself has ended: a signal ends `wait` early
         wait "$child" 2> /dev/null  # (bash's own "Killed" notice: we say how it ended below)
         status=$?

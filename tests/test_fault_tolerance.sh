@@ -162,6 +162,16 @@ term_to_ranks() { local pid; for pid in $(rank_pids); do kill -TERM "$pid"; done
 stop_and_resume "SIGUSR1 to mpirun" usr1 usr1_to_mpirun
 stop_and_resume "SIGTERM to both ranks" term term_to_ranks
 
+# A stop as soon as the ranks exist (in MPI_Init, or loading the data): no rank dies of the
+# signal; they train one step, save it and exit 75.
+step13_background "$tmp/early.out" 2 --snapshot="$tmp/early.h5"
+for ((t = 0; t < 200; t++)); do [ "$(rank_pids | wc -l)" = 2 ] && break; sleep 0.01; done
+for pid in $(rank_pids); do kill -USR1 "$pid"; done
+wait "$run_pid"
+status=$?
+expect "SIGUSR1 as the ranks start: exit 75 after the first step, not death by the signal (exit $status: $(grep -o 'Stopped by.*samples' "$tmp/early.out"))" \
+    test $status = 75 -a -n "$(grep 'Stopped by SIGUSR1 after 0 of [0-9]* epochs and 12800 samples' "$tmp/early.out")"
+
 # ---------------------------------------------------------------- slurm/run_with_restarts.sh
 restarts=(slurm/run_with_restarts.sh --max-restarts=2 --)
 timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
@@ -186,21 +196,26 @@ timeout 60 slurm/run_with_restarts.sh --max-restarts=x -- true > "$tmp/out" 2>&1
 status=$?
 expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$tmp/out"))" \
     test $status = 2 -a -n "$(grep "error: --max-restarts expects an integer >= 0, got 'x'" "$tmp/out")"
-# SIGUSR1 to the script: passed on to mpirun and the ranks, which save and exit 75; no restart after it.
-timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
-    --snapshot="$tmp/restart_usr1.h5" > "$tmp/restart_usr1.out" 2>&1 &
-run_pid=$!
-background+=("$run_pid")
-if wait_for '^Epoch 1 | Training snapshot saved' "$tmp/restart_usr1.out" 60; then
-    kill -USR1 "$(pgrep -P "$run_pid" -f run_with_restarts | head -1)"
-    wait "$run_pid"
-    status=$?
-    expect "SIGUSR1 to run_with_restarts.sh: passed on, the ranks save and exit 75, no restart (exit $status)" \
-        test $status = 75 -a -n "$(grep 'attempt 1 ended with status 75 after SIGUSR1: no restart' "$tmp/restart_usr1.out")" \
-        -a -z "$(grep 'attempt 2' "$tmp/restart_usr1.out")" -a -n "$(grep '^Step [0-9]* of epoch' "$tmp/restart_usr1.out")"
-else
-    fail "run_with_restarts.sh with SIGUSR1: the run never reached its first snapshot"
-fi
+# SIGUSR1 or SIGTERM (scancel, the time limit) to the script: passed on to mpirun as SIGUSR1, which
+# mpirun forwards to the ranks (a SIGTERM would make mpirun end the job, exit 1); the ranks save and
+# exit 75; no restart after it.
+for signal in USR1 TERM; do
+    out=$tmp/restart_$signal.out
+    timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+        --snapshot="$tmp/restart_$signal.h5" > "$out" 2>&1 &
+    run_pid=$!
+    background+=("$run_pid")
+    if wait_for '^Epoch 1 | Training snapshot saved' "$out" 60; then
+        kill -$signal "$(pgrep -P "$run_pid" -f run_with_restarts | head -1)"
+        wait "$run_pid"
+        status=$?
+        expect "SIG$signal to run_with_restarts.sh: passed on, the ranks save and exit 75, no restart (exit $status)" \
+            test $status = 75 -a -n "$(grep "attempt 1 ended with status 75 after SIG$signal: no restart" "$out")" \
+            -a -z "$(grep 'attempt 2' "$out")" -a -n "$(grep '^Step [0-9]* of epoch' "$out")"
+    else
+        fail "run_with_restarts.sh with SIG$signal: the run never reached its first snapshot"
+    fi
+done
 
 # ---------------------------------------------------------------- rank 0 killed while it writes
 # strace holds rank 0's second rename (the snapshot of epoch 2 is written and

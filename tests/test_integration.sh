@@ -45,8 +45,9 @@ expect "step 2 --init from its own --save resumes at the trained loss (< 0.6, a 
     awk -F, 'NR == 2 { exit !($3 < 0.6) }' "$tmp/resume.csv"
 
 # ---------------------------------------------------------------- step 3
-(cd "$tmp" && mpi 2 "$OLDPWD/day1/3_mnist_distributed" --data "$OLDPWD/$DATA" --epochs 1 --plot img/3.png) > "$tmp/out3" 2>&1
-expect "step 3 at 2 ranks: one PNG per rank" test -s "$tmp/img/3_rank0.png" -a -s "$tmp/img/3_rank1.png"
+(cd "$tmp" && mpi 2 "$OLDPWD/day1/3_mnist_distributed" --data "$OLDPWD/$DATA" --epochs 1 --plot img.v1/3.png) > "$tmp/out3" 2>&1
+expect "step 3 at 2 ranks: one PNG per rank, the suffix before the file's extension, not a folder's dot" \
+    test -s "$tmp/img.v1/3_rank0.png" -a -s "$tmp/img.v1/3_rank1.png" -a ! -e "$tmp/img_rank0.v1"
 expect "step 3 at 2 ranks: two identical, independent models" \
     test "$(sed -n 's/.*Parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out3" | sort -u | wc -l)" = 1
 
