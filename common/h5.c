@@ -94,7 +94,9 @@ void h5_load_params(const char *path, Param *params, int n_params) {
         int want_rank = stored_shape(p, want);
         char expected[96];
         format_shape(expected, sizeof expected, want, want_rank);
-        if (H5Lexists(file, p->name, H5P_DEFAULT) <= 0)
+        htri_t exists = H5Lexists(file, p->name, H5P_DEFAULT);  // the names are flat: < 0 is a read error
+        if (exists < 0) REJECT("%s: cannot read its index of datasets: a damaged HDF5 file", path);
+        if (exists == 0)
             REJECT("%s: no dataset '%s' (expected %s, as in the model's state_dict)", path, p->name,
                    expected);
         if ((dataset = H5Dopen2(file, p->name, H5P_DEFAULT)) < 0)

@@ -140,6 +140,9 @@ mkfifo "$tmp/fifo.h5"
 expect_error 1 'fifo.h5: is not a regular file \(a FIFO, a socket or a device\), not an HDF5 file' \
     mpi 2 day1/6_mnist_ddp --init "$tmp/fifo.h5"
 expect_error 1 'bad: is a directory, not an HDF5 file' run day1/2_mnist_training --init "$tmp/bad"
+cp "$tmp/w2.h5" "$tmp/damaged.h5"  # a real weights file, its index of datasets overwritten
+head -c 1200 /dev/zero | tr '\0' '\377' | dd of="$tmp/damaged.h5" bs=1 seek=300 conv=notrunc status=none
+expect_error 1 'damaged.h5: cannot read its index of datasets: a damaged HDF5 file' run day1/2_mnist_training --init "$tmp/damaged.h5"
 expect_error 2 '^error: --compare .*fifo.h5: is not a regular file' mpi 2 day1/8_mnist_ddp_lr --compare "$tmp/fifo.h5"
 if "$PYTHON" -c 'import h5py' 2> /dev/null; then
     "$PYTHON" -c "
