@@ -2,6 +2,7 @@
 #include "h5.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,11 +44,18 @@ static void format_shape(char *out, size_t size, const hsize_t *dims, int rank) 
     if (len < (int)size) snprintf(out + len, size - len, "]");
 }
 
+// The file is built in memory (HDF5's core driver) and then written by stdio,
+// next to `path` and renamed over it (paths.h): a failed write leaves the old
+// weights as they were, and names its cause (errno), which HDF5's own writes
+// would not. (HDF5 writing to disk also crashes at exit after a close that
+// failed.) The weights are a few MB at most.
 void h5_save_params(const char *path, const Param *params, int n_params) {
     quiet_hdf5();
-    make_parent_dirs(path);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    CHECK(file >= 0, "%s: cannot create the HDF5 file (does its folder exist and is it writable?)", path);
+    hid_t access = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_fapl_core(access, 1 << 20, 0);  // grow by 1 MB; no backing file: `path` is only its name
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, access);
+    H5Pclose(access);
+    CHECK(file >= 0, "%s: cannot create the HDF5 file in memory", path);
     for (int i = 0; i < n_params; i++) {
         hsize_t dims[4];
         int rank = stored_shape(&params[i], dims);
@@ -63,7 +71,22 @@ void h5_save_params(const char *path, const Param *params, int n_params) {
         H5Dclose(dataset);
         H5Sclose(space);
     }
-    CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", path);
+    CHECK_H5(H5Fflush(file, H5F_SCOPE_LOCAL), "%s: cannot finish the HDF5 file in memory", path);
+    ssize_t size = H5Fget_file_image(file, NULL, 0);
+    CHECK(size > 0, "%s: cannot take the HDF5 file's image", path);
+    char *image = xmalloc((size_t)size);
+    CHECK(H5Fget_file_image(file, image, (size_t)size) == size, "%s: cannot take the HDF5 file's image", path);
+    CHECK_H5(H5Fclose(file), "%s: cannot close the HDF5 file in memory", path);
+
+    char temp[PATH_MAX];
+    FILE *out = replace_begin(path, temp, sizeof temp);
+    CHECK_ERRNO(out != NULL, "%s: cannot create %s", path, temp);
+    if (fwrite(image, 1, (size_t)size, out) != (size_t)size) {
+        replace_abort(out, temp);  // keeps fwrite's errno
+        CHECK_ERRNO(false, "%s: cannot write %s", path, temp);
+    }
+    CHECK_ERRNO(replace_commit(out, temp, path), "%s: cannot write %s", path, temp);
+    free(image);
 }
 
 // Reading checks everything about the file and, on the first problem, reports

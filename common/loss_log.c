@@ -1,6 +1,7 @@
 // loss_log.c: per-step losses. See loss_log.h.
 #include "loss_log.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,12 +29,12 @@ void loss_log_free(LossLog *log) {
 }
 
 void loss_log_write_csv(const LossLog *log, const char *path) {
-    make_parent_dirs(path);
-    FILE *file = fopen(path, "w");
-    CHECK_ERRNO(file != NULL, "--losses %s: cannot create", path);
+    char temp[PATH_MAX];  // written there, then renamed over `path`: a failed write keeps the old file
+    FILE *file = replace_begin(path, temp, sizeof temp);
+    CHECK_ERRNO(file != NULL, "--losses %s: cannot create %s", path, temp);
     fprintf(file, "step,epoch,loss\n");
     for (int i = 0; i < log->n; i++) fprintf(file, "%d,%d,%.9g\n", i, log->epoch[i], (double)log->loss[i]);
-    CHECK_ERRNO(fclose(file) == 0, "--losses %s: cannot write", path);
+    CHECK_ERRNO(replace_commit(file, temp, path), "--losses %s: cannot write", path);
 }
 
 void loss_log_plot(const LossLog *log, const char *path, const char *title, const char *label) {

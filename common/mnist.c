@@ -11,8 +11,8 @@
 #include "check.h"
 #if HAVE_CUDA
 #include "kernels.h"
-#include "paths.h"
 #endif
+#include "paths.h"
 #include "profile.h"
 #include "rng.h"
 

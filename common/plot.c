@@ -9,6 +9,8 @@
 #include "plot.h"
 #include "paths.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <png.h>
 #include <stdbool.h>
@@ -176,16 +178,36 @@ static bool has_text(const char *s) { return s && *s; }
 
 // ---------------------------------------------------------------- PNG output
 
+// libpng's errors, kept for our one line instead of printed by libpng; a
+// failed fwrite ("Write Error") keeps its errno too.
+typedef struct {
+    char message[200];
+    int error;
+} PngFailure;
+
+static void png_failed(png_structp png, png_const_charp message) {
+    PngFailure *failure = png_get_error_ptr(png);
+    failure->error = strcmp(message, "Write Error") == 0 ? errno : 0;
+    snprintf(failure->message, sizeof failure->message, "%s", message);
+    png_longjmp(png, 1);
+}
+
+// Written next to `path`, then renamed over it: a failed write keeps the old file.
 static void write_png(const char *path, const Canvas *c) {
-    make_parent_dirs(path);
-    FILE *file = fopen(path, "wb");
-    CHECK_ERRNO(file != NULL, "cannot open %s", path);
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    char temp[PATH_MAX];
+    FILE *file = replace_begin(path, temp, sizeof temp);
+    CHECK_ERRNO(file != NULL, "cannot create %s", temp);
+    PngFailure failure = {"", 0};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &failure, png_failed, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     CHECK(info != NULL, "libpng: cannot start writing %s", path);
     // libpng reports errors (e.g. a full disk) by longjmp to here; no local
     // variable changes after this point, so none needs to be volatile.
-    if (setjmp(png_jmpbuf(png))) FATAL("libpng: failed writing %s", path);
+    if (setjmp(png_jmpbuf(png))) {
+        replace_abort(file, temp);
+        FATAL("cannot write %s: libpng: %s%s%s", path, failure.message, failure.error ? ": " : "",
+              failure.error ? strerror(failure.error) : "");
+    }
     png_init_io(png, file);
     png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8, PNG_COLOR_TYPE_RGB,
                  PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -194,7 +216,7 @@ static void write_png(const char *path, const Canvas *c) {
     for (int y = 0; y < c->height; y++) png_write_row(png, c->rgb + (size_t)3 * c->width * y);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    CHECK_ERRNO(fclose(file) == 0, "cannot write %s", path);
+    CHECK_ERRNO(replace_commit(file, temp, path), "cannot write %s", path);
 }
 
 // ---------------------------------------------------------------- the figure

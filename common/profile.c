@@ -1,6 +1,7 @@
 // profile.c: NVTX ranges, host-timestamp records, Chrome trace, summary table.
 #include "profile.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -262,8 +263,10 @@ void profile_finish(void) {
     }
     Gathered all = gather_records();
     if (dist_rank() == 0) {
-        FILE *file = fopen(g.trace_path, "w");  // its folder was made by profile_start
-        CHECK_ERRNO(file != NULL, "--trace %s: cannot create", g.trace_path);
+        // Written next to the trace and renamed over it: a failed write keeps the old file.
+        char temp[PATH_MAX];
+        FILE *file = replace_begin(g.trace_path, temp, sizeof temp);
+        CHECK_ERRNO(file != NULL, "--trace %s: cannot create %s", g.trace_path, temp);
         fprintf(file, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
         for (int rank = 0; rank < dist_world_size(); rank++) {
             // Per rank: a process named by rank and host, two named threads, the memory counter.
@@ -284,7 +287,7 @@ void profile_finish(void) {
             }
         }
         fprintf(file, "\n]}\n");
-        CHECK_ERRNO(fclose(file) == 0, "--trace %s: cannot write", g.trace_path);
+        CHECK_ERRNO(replace_commit(file, temp, g.trace_path), "--trace %s: cannot write", g.trace_path);
         printf("Trace: %s (open it in https://ui.perfetto.dev or chrome://tracing)\n", g.trace_path);
         fflush(stdout);
     }

@@ -32,6 +32,8 @@
 //   train: 60000 samples -> train/images uint8 [600, 100, 1, 28, 28], train/labels int64 [600, 100] in 0.05 s
 //   test: 10000 samples -> test/images uint8 [100, 100, 1, 28, 28], test/labels int64 [100, 100] in 0.01 s
 //   wrote data/mnist.h5: 55.5 MB for 55.4 MB of data (uncompressed) in 0.32 s
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +47,7 @@
 #include "dist.h"      // dist_init, dist_rank, print0: the process group
 #include "h5_stream.h" // H5_GROUP_SIZE: the file layout step 11 reads
 #include "mnist.h"     // mnist_load: the IDX files to convert
-#include "paths.h"     // make_parent_dirs: folders for output files
+#include "paths.h"     // replace_temp_name, replace_commit: write next to FILE.h5, then rename
 #include "timer.h"     // wall_seconds
 
 #define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
@@ -120,15 +122,35 @@ static double write_part(hid_t file, const char *path, const char *name, const M
     return (double)split->n * (MNIST_PIXELS * (float32 ? sizeof(float) : 1) + sizeof(int64_t));
 }
 
+// --gzip: -1 (the default for the layout), or a level from 0 to 9.
+static int parse_gzip_level(const char *text) {
+    char *end;
+    errno = 0;
+    long level = strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || errno || level < -1 || level > 9)
+        usage_error("--gzip expects a level from 0 (uncompressed) to 9, or -1 (the default), got '%s'", text);
+    return (int)level;
+}
+
+// The temporary file being written, if any: a failure anywhere (a CHECK deep
+// in write_part, a full disk) ends the program, and this exit handler then
+// removes the half-written file, 55 MB of nothing.
+static char g_unfinished[PATH_MAX];
+
+static void remove_unfinished(void) {
+    if (g_unfinished[0]) unlink(g_unfinished);
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every program shares one skeleton
     const char *data = "data/mnist", *out = H5_DEFAULT_FILE;
-    int float32 = 0, force = 0, gzip_level = -1;  // -1: uncompressed uint8, or the original's gzip 4 with --float32
+    const char *gzip = "-1";  // -1: uncompressed uint8, or the original's gzip 4 with --float32
+    int float32 = 0, force = 0;
     ArgSpec flags[] = {
         {"data", ARG_STRING, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
         {"out", ARG_STRING, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
         {"float32", ARG_SWITCH, &float32, NULL, "float32 pixels / 255 and gzip, the original's own layout (it reads 10x slower than uint8)", 0, NULL},
-        {"gzip", ARG_INT, &gzip_level, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", -1, NULL},
+        {"gzip", ARG_STRING, &gzip, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", 0, NULL},
         {"force", ARG_SWITCH, &force, NULL, "overwrite FILE.h5 if it exists", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Write MNIST as chunked HDF5 (groups of 100 samples) for step 11.");
@@ -137,9 +159,15 @@ int main(int argc, char **argv) {
     // The defaults, by measurement (README, Day 2): uint8 chunks uncompressed read
     // 4x faster than gzip ones, and on a busy CPU that is training time; a
     // float32 file is the original's, gzip level 4 (h5py's compression="gzip").
+    int gzip_level = parse_gzip_level(gzip);
     if (gzip_level < 0) gzip_level = float32 ? 4 : 0;
-    if (gzip_level > 9) usage_error("--gzip %d: the levels are 0 (uncompressed) to 9", gzip_level);
+    if (!*out) usage_error("--out expects a file name, got ''");
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) usage_error("--out %s is a directory: name the file to write", out);
     if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);
+    // HDF5 closes its open files at exit, and crashes in it when a write has
+    // failed: our exits are our own (the file is closed below, or abandoned).
+    H5dont_atexit();
     CHECK(gzip_level == 0 || H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0,
           "this HDF5 library has no gzip (deflate) filter: use --gzip 0");
     double start = wall_seconds();
@@ -151,20 +179,20 @@ int main(int argc, char **argv) {
     print0("create_mnist_h5: %s -> %s: %s, %s, one chunk per group of %d\n", data, out,
            float32 ? "float32 pixels / 255" : "uint8 pixels 0..255", compression, H5_GROUP_SIZE);
 
-    // Write next to the target and rename at the end: an interrupted run leaves
-    // no half-written FILE.h5 behind, and a step 11 reading the old file keeps it.
-    char partial[4096];
-    CHECK(snprintf(partial, sizeof partial, "%s.partial", out) < (int)sizeof partial, "--out path too long: %s", out);
-    make_parent_dirs(out);
+    // Write next to the target and rename at the end (paths.h): an interrupted
+    // run leaves no half-written FILE.h5 behind, and a step 11 reading the old
+    // file keeps it. On a failure, remove_unfinished() takes the temp away.
+    replace_temp_name(out, g_unfinished, sizeof g_unfinished);
+    atexit(remove_unfinished);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);  // every call is checked: one line of ours, not HDF5's stack
-    hid_t file = H5Fcreate(partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    CHECK(file >= 0, "%s: cannot create the HDF5 file (is its folder writable?)", partial);
+    hid_t file = H5Fcreate(g_unfinished, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CHECK(file >= 0, "%s: cannot create the HDF5 file (is its folder writable?)", g_unfinished);
     double data_bytes = write_part(file, out, "train", &train, float32, gzip_level) +
                         write_part(file, out, "test", &test, float32, gzip_level);
-    CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", partial);
-    CHECK_ERRNO(rename(partial, out) == 0, "cannot rename %s to %s", partial, out);
+    CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", g_unfinished);
+    CHECK_ERRNO(replace_commit(NULL, g_unfinished, out), "%s: cannot replace it with %s", out, g_unfinished);
+    g_unfinished[0] = '\0';  // done: nothing to remove
 
-    struct stat st;
     CHECK_ERRNO(stat(out, &st) == 0, "%s", out);
     char ratio[32] = "uncompressed";
     if (gzip_level > 0) snprintf(ratio, sizeof ratio, "%.1fx smaller", data_bytes / (double)st.st_size);
@@ -173,6 +201,7 @@ int main(int argc, char **argv) {
 
     mnist_free(&train);
     mnist_free(&test);
+    H5close();
     dist_finalize();
     return 0;
 }

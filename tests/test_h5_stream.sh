@@ -104,8 +104,29 @@ else
     fail "create_mnist_h5 over an existing file: exit $status: $(head -2 "$tmp/err")"
 fi
 run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours.h5" --force > /dev/null 2>&1
-expect "create_mnist_h5 --force overwrites it (and leaves no .partial file)" \
-    test $? -eq 0 -a -s "$tmp/ours.h5" -a ! -e "$tmp/ours.h5.partial"
+expect "create_mnist_h5 --force overwrites it (and leaves no temporary file)" \
+    test $? -eq 0 -a -s "$tmp/ours.h5" -a -z "$(find "$tmp" -maxdepth 1 -name 'ours.h5.*')"
+
+# An --out that cannot be written is refused before anything is: one line, exit 2, no 55 MB leftover.
+expect_refused() {  # message pattern, flags...
+    local pattern=$1; shift
+    run day2/create_mnist_h5 --data "$DATA" "$@" > "$tmp/err" 2>&1
+    local status=$? left
+    left=$(find "$tmp" . -maxdepth 1 \( -name '*.partial' -o -name '*.tmp.*' \) 2> /dev/null)
+    if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -qE "$pattern" "$tmp/err" && [ -z "$left" ]; then
+        pass "create_mnist_h5 $*: $(cat "$tmp/err")"
+    else
+        fail "create_mnist_h5 $*: exit $status, leftovers '$left': $(head -2 "$tmp/err")"
+    fi
+}
+mkdir -p "$tmp/folder"
+expect_refused "^error: --out expects a file name, got ''" --out ''
+expect_refused "^error: --out .*folder is a directory" --out "$tmp/folder"
+expect_refused "^error: --out .*folder is a directory" --out "$tmp/folder" --force
+for level in -2 10 x; do
+    expect_refused "^error: --gzip expects a level from 0 \(uncompressed\) to 9, or -1 \(the default\), got '$level'" \
+        --out "$tmp/gzip.h5" --gzip "$level"
+done
 
 # ---------------------------------------------------------------- step 11 trains like step 10
 # One rank, no shuffle: groups of 100 in file order are the samples in file
@@ -211,7 +232,7 @@ expect_error 2 '^error: --workers expects an integer from 0 to 256' mpi 2 "${ste
 # W x K slots that no node holds (16384 batches of 822 MB): one line, before any is allocated.
 expect_error 1 '\] --workers 256 x --prefetch 64 slots of 1048500 samples: [0-9.]+ GB per rank, 2 ranks on .*: more than half' \
     mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --workers 256 --prefetch 64 --batch_size 1048500
-expect_error 2 '^error: --gzip 10: the levels are 0 \(uncompressed\) to 9' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
+expect_error 2 '^error: --gzip expects a level from 0 \(uncompressed\) to 9, or -1' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
 # A truncated file (a copy cut at half): HDF5 sees it at open, every rank says so at once.
 head -c $(( $(stat -c %s "$tmp/ours_gzip.h5") / 2 )) "$tmp/ours_gzip.h5" > "$tmp/truncated.h5"
 expect_error 1 "truncated.h5: cannot open the HDF5 file: truncated file" mpi 2 "${step11[@]}" --h5 "$tmp/truncated.h5"

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Output files are replaced atomically (paths.h: replace_begin/replace_commit):
+# a write that fails leaves the old file byte for byte, and no temporary file
+# behind; a write that succeeds leaves no temporary file either. Also step 7's
+# --results, which a malformed file is refused by, and create_mnist_h5's
+# writes. Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+tmp=$(mktemp -d)
+mounted=""
+trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS outputs: $*"; }
+fail() { echo "FAIL outputs: $*"; }
+skip() { echo "SKIP outputs: $*"; }
+# Every run is bounded: a hang is a failure, not a stuck CI job.
+run() { timeout 120 "$@"; }
+mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+
+# limited KB COMMAND...: COMMAND as one rank whose files cannot grow past KB
+# kilobytes (ulimit -f), so that writing a bigger one fails with EFBIG ("File
+# too large"), as a full disk fails it with ENOSPC. SIGXFSZ is ignored: the
+# write fails instead of killing the process. The limit is the rank's alone
+# (mpirun's own files would break under it), and one rank over `--mca btl
+# self` needs no shared-memory segment, which the limit would refuse too.
+limited() {
+    local kb=$1; shift
+    run $MPIRUN --mca btl self -np 1 bash -c 'trap "" XFSZ; ulimit -f "$0"; exec "$@"' "$kb" "$@"
+}
+
+# The temporary files left in a folder (TARGET.tmp.PID, or create_mnist_h5's old TARGET.partial).
+temps() { find "$1" -maxdepth 1 \( -name '*.tmp.*' -o -name '*.partial' \) -printf '%f ' 2>/dev/null; }
+
+# expect_kept WHAT FILE PATTERN: the last command (its output in $tmp/err, its
+# status in $status) failed with one line matching PATTERN, FILE is still its
+# copy $tmp/keep/FILE's name byte for byte, and no temporary file is left.
+expect_kept() {
+    local what=$1 file=$2 pattern=$3 line left
+    line=$(grep -m1 -E -- "$pattern" "$tmp/err")
+    left=$(temps "$(dirname "$file")")
+    if [ "$status" -ne 0 ] && [ -n "$line" ] && cmp -s "$file" "$tmp/keep/$(basename "$file")" && [ -z "$left" ] &&
+       ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
+        pass "$what: the old file survives a failed write, byte for byte, and no temp is left: $line"
+    else
+        fail "$what: exit $status, old file $(cmp -s "$file" "$tmp/keep/$(basename "$file")" && echo kept || echo LOST), temps: '${left}'; $(grep -v '^-\|^ *$' "$tmp/err" | tail -3)"
+    fi
+}
+
+# ---------------------------------------------------------------- the first writes
+mkdir -p "$tmp/out" "$tmp/keep"
+run day3/14_cnn_ddp --data "$DATA" --max_steps 100 --save "$tmp/out/w.h5" --losses "$tmp/out/l.csv" \
+    --plot "$tmp/out/p.png" > "$tmp/err" 2>&1
+status=$?
+run day1/test_profile --trace "$tmp/out/t.json" > /dev/null 2>&1
+left=$(temps "$tmp/out")
+if [ $status -eq 0 ] && [ -s "$tmp/out/w.h5" ] && [ -s "$tmp/out/l.csv" ] && [ -s "$tmp/out/p.png" ] &&
+   [ -s "$tmp/out/t.json" ] && [ -z "$left" ]; then
+    pass "--save, --losses, --plot and --trace write their files and leave no temp file"
+else
+    fail "the first writes: exit $status, temps '$left': $(tail -3 "$tmp/err")"
+fi
+cp "$tmp/out/"* "$tmp/keep/"
+
+# The same files again, from another seed (other bytes), where a write fails:
+# 1 KB is less than each of them.
+limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --save "$tmp/out/w.h5" > "$tmp/err" 2>&1
+status=$?
+expect_kept "--save" "$tmp/out/w.h5" 'w\.h5: cannot write .*: File too large$'
+limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --losses "$tmp/out/l.csv" > "$tmp/err" 2>&1
+status=$?
+expect_kept "--losses" "$tmp/out/l.csv" '--losses .*l\.csv: cannot write: File too large$'
+limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot "$tmp/out/p.png" > "$tmp/err" 2>&1
+status=$?
+expect_kept "--plot" "$tmp/out/p.png" 'cannot write .*p\.png: .*File too large$'
+limited 1 day1/test_profile --trace "$tmp/out/t.json" > "$tmp/err" 2>&1
+status=$?
+expect_kept "--trace" "$tmp/out/t.json" '--trace .*t\.json: cannot write: File too large$'
+
+# A write that succeeds replaces the file, and leaves no temp.
+run day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --losses "$tmp/out/l.csv" > /dev/null 2>&1
+status=$?
+if [ $status -eq 0 ] && ! cmp -s "$tmp/out/l.csv" "$tmp/keep/l.csv" && [ "$(wc -l < "$tmp/out/l.csv")" = 101 ] &&
+   [ -z "$(temps "$tmp/out")" ]; then
+    pass "a write that succeeds replaces the old file (--losses from another seed: 100 new steps) and leaves no temp"
+else
+    fail "--losses over an old file: exit $status, $(wc -l < "$tmp/out/l.csv") lines, temps '$(temps "$tmp/out")'"
+fi
+
+# A full disk, as the sweep found it: a tmpfs that holds the old weights and
+# not a second copy. Only where this user may mount one (root, outside most
+# containers).
+mkdir -p "$tmp/full"
+if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=2m tmpfs "$tmp/full" 2> /dev/null; then
+    mounted="$tmp/full"
+    cp "$tmp/keep/w.h5" "$tmp/full/w.h5"
+    run day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 0 --plot '' --save "$tmp/full/w.h5" > "$tmp/err" 2>&1
+    status=$?
+    expect_kept "--save on a full disk" "$tmp/full/w.h5" 'w\.h5: cannot write .*: No space left on device$'
+else
+    skip "--save on a full disk (skipped: cannot mount a small tmpfs here; the file size limit above stands in for it)"
+fi
+
+# ---------------------------------------------------------------- step 7 --results
+step7=(day1/7_mnist_ddp_timing --data "$DATA" --epochs 1 --plot '' --chart '')
+printf 'world_size,seconds\n1,-1\nabc,def\n4,1e999\n' > "$tmp/bad.csv"
+cp "$tmp/bad.csv" "$tmp/keep/bad.csv"
+mpi 2 "${step7[@]}" --results "$tmp/bad.csv" > "$tmp/err" 2>&1
+status=$?
+line=$(grep -m1 '^error: ' "$tmp/err")
+if [ $status -eq 2 ] && echo "$line" | grep -qE "^error: --results .*bad\.csv: line 2 is '1,-1', expected world_size,seconds" &&
+   [ "$(grep -c '^error' "$tmp/err")" = 1 ] && ! grep -q '^epoch' "$tmp/err" && cmp -s "$tmp/bad.csv" "$tmp/keep/bad.csv"; then
+    pass "step 7 refuses a malformed --results file before training, on 2 ranks, and leaves it as it was: $line"
+else
+    fail "step 7 --results with malformed rows: exit $status: $(grep -v '^-\|^ *$' "$tmp/err" | head -3)"
+fi
+for row in 'abc,def' '2,1.5,3' '0,1.5' '2,0' '2,nan' '2,1e999'; do
+    printf 'world_size,seconds\n1,2.5\n%s\n' "$row" > "$tmp/bad2.csv"
+    mpi 1 "${step7[@]}" --results "$tmp/bad2.csv" > "$tmp/err" 2>&1
+    status=$?
+    line=$(grep -m1 '^error: ' "$tmp/err")
+    if [ $status -eq 2 ] && echo "$line" | grep -qF "bad2.csv: line 3 is '$row', expected"; then
+        pass "step 7 --results: the row '$row' is refused, naming its line"
+    else
+        fail "step 7 --results with the row '$row': exit $status: $(head -2 "$tmp/err")"
+    fi
+done
+
+# A good file keeps its rows, byte for byte, and gets this run's; a new one starts with the header.
+printf 'world_size,seconds\n1,2.5' > "$tmp/good.csv"  # no newline at the end: written by hand
+cp "$tmp/good.csv" "$tmp/keep/good.csv"
+mpi 2 "${step7[@]}" --results "$tmp/good.csv" > "$tmp/out7" 2>&1
+status=$?
+if [ $status -eq 0 ] && [ "$(head -c "$(wc -c < "$tmp/keep/good.csv")" "$tmp/good.csv")" = "$(cat "$tmp/keep/good.csv")" ] &&
+   [ "$(wc -l < "$tmp/good.csv")" = 3 ] && tail -1 "$tmp/good.csv" | grep -qE '^2,[0-9]+\.[0-9]{6}$' &&
+   grep -qE '^ +1 +2\.500 +1\.00x +100%' "$tmp/out7" && [ -z "$(temps "$tmp")" ]; then
+    pass "step 7 --results: a good file keeps its rows and gets this run's, and the table reads them all"
+else
+    fail "step 7 --results on a good file: exit $status: $(cat "$tmp/good.csv" | tr '\n' ' ') / $(tail -3 "$tmp/out7")"
+fi
+mpi 1 "${step7[@]}" --results "$tmp/new.csv" > /dev/null 2>&1
+expect_new=$(head -1 "$tmp/new.csv" 2> /dev/null)
+if [ "$expect_new" = "world_size,seconds" ] && [ "$(wc -l < "$tmp/new.csv")" = 2 ]; then
+    pass "step 7 --results: a new file starts with the header world_size,seconds"
+else
+    fail "step 7 --results: a new file holds: $(cat "$tmp/new.csv" 2> /dev/null | tr '\n' ' ')"
+fi
+# A failed write keeps every run: 200 of them are more than 1 KB.
+{ echo world_size,seconds; for i in $(seq 200); do echo "$((i % 4 + 1)),1.$i"; done; } > "$tmp/out/runs.csv"
+cp "$tmp/out/runs.csv" "$tmp/keep/runs.csv"
+limited 1 "${step7[@]}" --results "$tmp/out/runs.csv" > "$tmp/err" 2>&1
+status=$?
+expect_kept "step 7 --results" "$tmp/out/runs.csv" '--results .*runs\.csv: cannot write: File too large$'
+
+# ---------------------------------------------------------------- create_mnist_h5
+echo "old data" > "$tmp/out/mnist.h5"
+cp "$tmp/out/mnist.h5" "$tmp/keep/mnist.h5"
+limited 64 day2/create_mnist_h5 --data "$DATA" --out "$tmp/out/mnist.h5" --force > "$tmp/err" 2>&1
+status=$?
+expect_kept "create_mnist_h5 --force" "$tmp/out/mnist.h5" 'mnist\.h5: cannot write'
