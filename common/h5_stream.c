@@ -155,6 +155,7 @@ H5Mnist h5_mnist_open(const char *path) {
     CHECK(mnist.path != NULL, "out of memory");
     mnist.train.images = mnist.train.labels = mnist.test.images = mnist.test.labels = H5I_INVALID_HID;
     char err[1024] = "";
+    const char *problem;  // what the path names, if not a file (paths.h)
     h5_lock();
     // HDF5 prints its whole error stack on every failed call by default; each
     // call is checked here, and one line of our own says what is wrong.
@@ -164,8 +165,8 @@ H5Mnist h5_mnist_open(const char *path) {
         bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0;
         snprintf(err, sizeof err, "%s: cannot open: %s. Write it with `day2/create_mnist_h5%s%s`", path,
                  strerror(errno), default_path ? "" : " --out ", default_path ? "" : path);
-    } else if (input_file_problem(path)) {
-        snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, input_file_problem(path));
+    } else if ((problem = input_file_problem(path))) {
+        snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, problem);
     } else if (!is_hdf5(path)) {
         snprintf(err, sizeof err, "%s: not an HDF5 file", path);
     } else if ((mnist.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {

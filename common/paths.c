@@ -43,9 +43,8 @@ FILE *replace_begin(const char *target, char *temp, size_t size) {
     return fopen(temp, "wb");
 }
 
-// fsync a file by name (one that HDF5 wrote and closed).
-static bool sync_file(const char *path) {
-    int fd = open(path, O_RDONLY);
+bool sync_path(const char *path, bool folder) {
+    int fd = open(path, O_RDONLY | (folder ? O_DIRECTORY : 0));
     if (fd < 0) return false;
     bool ok = fsync(fd) == 0;
     int saved = errno;
@@ -67,7 +66,7 @@ bool replace_commit(FILE *file, const char *temp, const char *target) {
         // not synced: a rename lost in a crash leaves the old file, which is fine.)
         if (!error && fsync(fileno(file)) != 0) error = errno;
         if (fclose(file) != 0 && !error) error = errno;
-    } else if (!sync_file(temp)) {
+    } else if (!sync_path(temp, false)) {
         error = errno;
     }
     if (!error && rename(temp, target) != 0) error = errno;

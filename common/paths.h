@@ -30,6 +30,10 @@ const char *input_file_problem(const char *path);
 // `temp` themselves, and end with replace_commit(NULL, temp, path), or with
 // replace_abort(NULL, temp) when they fail.
 
+// fsync a file or a folder by name (a file that HDF5 wrote and closed): its
+// data, or a folder's entries, reach the disk. False, with errno set, if not.
+bool sync_path(const char *path, bool folder);
+
 // The temporary name for `target`: "TARGET.tmp.PID". In the target's folder,
 // since rename() cannot cross filesystems; with the process id, so that two
 // runs writing one target never write into one temporary file. Creates the

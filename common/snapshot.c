@@ -6,7 +6,6 @@
 #include "snapshot.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -343,17 +342,6 @@ static void check_consistency(SnapshotIo *io, const SnapshotSettings *saved, con
 }
 
 // ---------------------------------------------------------------- save
-// fsync a file or a folder by name: its data (and a folder's entries) reach the disk.
-static bool sync_path(const char *path, bool folder) {
-    int fd = open(path, O_RDONLY | (folder ? O_DIRECTORY : 0));
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return ok;
-}
-
 static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
 // Rank 0: write FILE.tmp, sync it, rename it over FILE, sync the folder.

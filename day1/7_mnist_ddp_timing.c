@@ -147,8 +147,7 @@ static bool results_read(const char *path, Results *r, char *err, size_t err_siz
 // Before training: a results file that is corrupt, or cannot be read, is
 // refused now, not after the run (and it stays as it is). Rank 0 reads it,
 // since rank 0 writes it; every rank exits.
-static void check_results(const char *path) {
-    if (!*path) usage_error("--results expects a file name, got ''");
+static void check_results(const char *path) {  // (never '': --results is an ARG_PATH)
     char err[512] = "";
     int bad = 0;
     if (dist_rank() == 0) {
