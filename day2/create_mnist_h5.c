@@ -32,7 +32,6 @@
 //   train: 60000 samples -> train/images uint8 [600, 100, 1, 28, 28], train/labels int64 [600, 100] in 0.05 s
 //   test: 10000 samples -> test/images uint8 [100, 100, 1, 28, 28], test/labels int64 [100, 100] in 0.01 s
 //   wrote data/mnist.h5: 55.5 MB for 55.4 MB of data (uncompressed) in 0.32 s
-#include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,16 +121,6 @@ static double write_part(hid_t file, const char *path, const char *name, const M
     return (double)split->n * (MNIST_PIXELS * (float32 ? sizeof(float) : 1) + sizeof(int64_t));
 }
 
-// --gzip: -1 (the default for the layout), or a level from 0 to 9.
-static int parse_gzip_level(const char *text) {
-    char *end;
-    errno = 0;
-    long level = strtol(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || errno || level < -1 || level > 9)
-        usage_error("--gzip expects a level from 0 (uncompressed) to 9, or -1 (the default), got '%s'", text);
-    return (int)level;
-}
-
 // The temporary file being written, if any: a failure anywhere (a CHECK deep
 // in write_part, a full disk) ends the program, and this exit handler then
 // removes the half-written file, 55 MB of nothing.
@@ -144,13 +133,12 @@ static void remove_unfinished(void) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every program shares one skeleton
     const char *data = "data/mnist", *out = H5_DEFAULT_FILE;
-    const char *gzip = "-1";  // -1: uncompressed uint8, or the original's gzip 4 with --float32
-    int float32 = 0, force = 0;
+    int float32 = 0, force = 0, gzip_level = -1;  // -1: uncompressed uint8, or the original's gzip 4 with --float32
     ArgSpec flags[] = {
-        {"data", ARG_STRING, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
-        {"out", ARG_STRING, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
+        {"data", ARG_PATH, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
+        {"out", ARG_PATH, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
         {"float32", ARG_SWITCH, &float32, NULL, "float32 pixels / 255 and gzip, the original's own layout (it reads 10x slower than uint8)", 0, NULL},
-        {"gzip", ARG_STRING, &gzip, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", 0, NULL},
+        {"gzip", ARG_INT, &gzip_level, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", -1, NULL},
         {"force", ARG_SWITCH, &force, NULL, "overwrite FILE.h5 if it exists", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Write MNIST as chunked HDF5 (groups of 100 samples) for step 11.");
@@ -159,9 +147,7 @@ int main(int argc, char **argv) {
     // The defaults, by measurement (README, Day 2): uint8 chunks uncompressed read
     // 4x faster than gzip ones, and on a busy CPU that is training time; a
     // float32 file is the original's, gzip level 4 (h5py's compression="gzip").
-    int gzip_level = parse_gzip_level(gzip);
     if (gzip_level < 0) gzip_level = float32 ? 4 : 0;
-    if (!*out) usage_error("--out expects a file name, got ''");
     struct stat st;
     if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) usage_error("--out %s is a directory: name the file to write", out);
     if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);

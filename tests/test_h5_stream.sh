@@ -120,11 +120,11 @@ expect_refused() {  # message pattern, flags...
     fi
 }
 mkdir -p "$tmp/folder"
-expect_refused "^error: --out expects a file name, got ''" --out ''
+expect_refused "^error: --out expects a FILE.h5, got ''" --out ''
 expect_refused "^error: --out .*folder is a directory" --out "$tmp/folder"
 expect_refused "^error: --out .*folder is a directory" --out "$tmp/folder" --force
 for level in -2 10 x; do
-    expect_refused "^error: --gzip expects a level from 0 \(uncompressed\) to 9, or -1 \(the default\), got '$level'" \
+    expect_refused "^error: --gzip expects an integer from -1 to 9, got '$level'" \
         --out "$tmp/gzip.h5" --gzip "$level"
 done
 
@@ -232,7 +232,7 @@ expect_error 2 '^error: --workers expects an integer from 0 to 256' mpi 2 "${ste
 # W x K slots that no node holds (16384 batches of 822 MB): one line, before any is allocated.
 expect_error 1 '\] --workers 256 x --prefetch 64 slots of 1048500 samples: [0-9.]+ GB per rank, 2 ranks on .*: more than half' \
     mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --workers 256 --prefetch 64 --batch_size 1048500
-expect_error 2 '^error: --gzip expects a level from 0 \(uncompressed\) to 9, or -1' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
+expect_error 2 '^error: --gzip expects an integer from -1 to 9' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
 # A truncated file (a copy cut at half): HDF5 sees it at open, every rank says so at once.
 head -c $(( $(stat -c %s "$tmp/ours_gzip.h5") / 2 )) "$tmp/ours_gzip.h5" > "$tmp/truncated.h5"
 expect_error 1 "truncated.h5: cannot open the HDF5 file: truncated file" mpi 2 "${step11[@]}" --h5 "$tmp/truncated.h5"
