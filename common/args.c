@@ -2,6 +2,7 @@
 #include "args.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "paths.h"  // output_file_writable
 
 static void print_default(const ArgSpec *f, char *out, size_t size) {
     switch (f->type) {
@@ -17,6 +19,8 @@ static void print_default(const ArgSpec *f, char *out, size_t size) {
     case ARG_FLOAT_GE: snprintf(out, size, "%g", *(double *)f->value); break;
     case ARG_SWITCH: snprintf(out, size, "off"); break;
     case ARG_PATH:
+    case ARG_OUTPUT:
+    case ARG_OUTPUT_OR_NONE:
     case ARG_STRING: {
         const char *s = *(const char **)f->value;
         snprintf(out, size, "%s", s ? (*s ? s : "''") : "none");
@@ -103,13 +107,34 @@ static void set_value(const ArgSpec *f, const char *text) {
         *(const char **)f->value = text;
         break;
     case ARG_PATH:
+    case ARG_OUTPUT:
         if (*text == '\0') usage_error("--%s expects a %s, got ''", f->name, f->metavar);
+        *(const char **)f->value = text;
+        break;
+    case ARG_OUTPUT_OR_NONE:
         *(const char **)f->value = text;
         break;
     case ARG_SWITCH:
         *(int *)f->value = 1;
         break;
     }
+}
+
+// Rank 0 tries each output file; one verdict for all ranks (check_all_ranks).
+// Rank 0 writes them all (step 3's per-rank plots go to the same folder).
+static void check_outputs(const ArgSpec *flags, int n_flags) {
+    char message[PATH_MAX + 256] = "";
+    bool ok = true;
+    for (int i = 0; i < n_flags && ok; i++) {
+        bool output = flags[i].type == ARG_OUTPUT || flags[i].type == ARG_OUTPUT_OR_NONE;
+        const char *path = output ? *(const char **)flags[i].value : NULL;
+        char why[PATH_MAX + 64];
+        if (rank_zero() && path && *path && !output_file_writable(path, why, sizeof why)) {
+            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, path, why);
+            ok = false;
+        }
+    }
+    check_all_ranks(ok, message);
 }
 
 void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about) {
@@ -141,4 +166,5 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
             usage_error("--%s expects a value (%s)", f->name, f->choices ? f->choices : f->metavar);
         }
     }
+    check_outputs(flags, n_flags);
 }

@@ -17,7 +17,9 @@ typedef enum {
     ARG_FLOAT,   // double*; value must be finite and > .min
     ARG_FLOAT_GE,  // double*; value must be finite and >= .min
     ARG_STRING,  // const char**; if .choices ("cpu|cuda|auto") is set, one of them
-    ARG_PATH,    // const char**; a file or folder name, never '' (use ARG_STRING where '' means none)
+    ARG_PATH,    // const char**; a file or folder to read, never ''
+    ARG_OUTPUT,  // const char**; a file to write, never '': tried at parse time (see args_parse)
+    ARG_OUTPUT_OR_NONE,  // the same, or '' for none (--plot '')
     ARG_SWITCH,  // int*;    takes no value, sets 1
 } ArgType;
 
@@ -31,6 +33,9 @@ typedef struct {
     const char *choices;
 } ArgSpec;
 
+// After the flags are read, rank 0 tries every output file
+// (output_file_writable in paths.h): a folder it cannot create or write ends
+// the job now, with one line (check_all_ranks), rather than after the training.
 void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about);
 
 // The flags every MNIST training program takes (issue: "Flags shared by the MNIST programs").
@@ -65,8 +70,8 @@ typedef struct {
     {"seed", ARG_INT, &(o).seed, "N", "seeds the weights and the shuffle, as torch.manual_seed", 0, NULL}, \
     {"no-shuffle", ARG_SWITCH, &(o).no_shuffle, NULL, "keep the data in file order", 0, NULL},    \
     {"init", ARG_PATH, &(o).init, "FILE.h5", "start from these weights", 0, NULL},                \
-    {"save", ARG_PATH, &(o).save, "FILE.h5", "write the final weights", 0, NULL},                 \
-    {"losses", ARG_PATH, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
-    {"plot", ARG_STRING, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
+    {"save", ARG_OUTPUT, &(o).save, "FILE.h5", "write the final weights", 0, NULL},                 \
+    {"losses", ARG_OUTPUT, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
+    {"plot", ARG_OUTPUT_OR_NONE, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
     {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
     {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}

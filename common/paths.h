@@ -15,6 +15,16 @@ void make_parent_dirs(const char *path);
 // not exist is left to the caller's open, whose errno says so.
 const char *input_file_problem(const char *path);
 
+// Whether `path` can be written as an output file, tried now rather than at
+// the end of a run (args.c does it for every ARG_OUTPUT flag at parse time):
+// false, with the reason in `why` ("is a directory", "cannot create a file in
+// logs: Read-only file system"), when it cannot. It leaves no trace: it creates
+// and removes a probe file in the target's folder, or, where that folder does
+// not exist yet, in the nearest folder above it, where make_parent_dirs will
+// create the rest. An existing target must be a regular file (or a link to
+// one): renaming over a device or a FIFO would replace it, not write to it.
+bool output_file_writable(const char *path, char *why, size_t size);
+
 // Replacing an output file atomically, as the workshop promises ("nothing
 // already written is lost"): write a temporary file in the target's folder,
 // then rename it over the target. Until the rename the target is untouched, so
@@ -29,6 +39,9 @@ const char *input_file_problem(const char *path);
 // Writers that open the file by name (HDF5) take replace_temp_name(), create
 // `temp` themselves, and end with replace_commit(NULL, temp, path), or with
 // replace_abort(NULL, temp) when they fail.
+//
+// A target that is a symbolic link stays one: the file it points to is
+// replaced. A replaced file keeps its permission bits.
 
 // fsync a file or a folder by name (a file that HDF5 wrote and closed): its
 // data, or a folder's entries, reach the disk. False, with errno set, if not.

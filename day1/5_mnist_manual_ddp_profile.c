@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     const char *trace = "log_ddp/trace.json";
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
+        {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 5: step 4 with profiling ranges, a summary table and a Chrome trace.");
     Device device = device_from_flag(opt.device);

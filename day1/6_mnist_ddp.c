@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5)", 0, NULL},
+        {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 6: data-parallel training with a DDP library (bucketed, overlapped allreduce).");
     Device device = device_from_flag(opt.device);

@@ -147,7 +147,7 @@ static bool results_read(const char *path, Results *r, char *err, size_t err_siz
 // Before training: a results file that is corrupt, or cannot be read, is
 // refused now, not after the run (and it stays as it is). Rank 0 reads it,
 // since rank 0 writes it; every rank exits.
-static void check_results(const char *path) {  // (never '': --results is an ARG_PATH)
+static void check_results(const char *path) {  // (never '': --results is an ARG_OUTPUT)
     char err[512] = "";
     int bad = 0;
     if (dist_rank() == 0) {
@@ -233,8 +233,8 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"results", ARG_PATH, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
-        {"chart", ARG_STRING, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
+        {"results", ARG_OUTPUT, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
+        {"chart", ARG_OUTPUT_OR_NONE, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 7: time DDP training; --results collects a speed-up table across world sizes.");
     if (results) check_results(results);  // a corrupt file is refused before the run, not after it

@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
         {"batch_size", ARG_INT, &batch, "N", "random samples per step, per rank", 1, NULL},
         {"lr", ARG_FLOAT, &lr, "X", "SGD learning rate", 0, NULL},
         {"seed", ARG_INT, &seed, "N", "weights (rank 0's are broadcast) and, plus the rank, the data", 0, NULL},
-        {"trace", ARG_STRING, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
+        {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges ('' for none)", 0, NULL},
         {"device", ARG_STRING, &device_flag, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &threads, "N", "CPU threads per rank (0: the node's cores / its ranks)", 0, NULL},
     };

@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     int float32 = 0, force = 0, gzip_level = -1;  // -1: uncompressed uint8, or the original's gzip 4 with --float32
     ArgSpec flags[] = {
         {"data", ARG_PATH, &data, "DIR", "folder with the MNIST IDX files (make data)", 0, NULL},
-        {"out", ARG_PATH, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
+        {"out", ARG_OUTPUT, &out, "FILE.h5", "the HDF5 file to write", 0, NULL},
         {"float32", ARG_SWITCH, &float32, NULL, "float32 pixels / 255 and gzip, the original's own layout (it reads 10x slower than uint8)", 0, NULL},
         {"gzip", ARG_INT, &gzip_level, "LEVEL", "gzip level of the chunks, 1 to 9, or 0: uncompressed; -1: 0 for uint8, the original's 4 with --float32", -1, NULL},
         {"force", ARG_SWITCH, &force, NULL, "overwrite FILE.h5 if it exists", 0, NULL},
@@ -148,8 +148,6 @@ int main(int argc, char **argv) {
     // 4x faster than gzip ones, and on a busy CPU that is training time; a
     // float32 file is the original's, gzip level 4 (h5py's compression="gzip").
     if (gzip_level < 0) gzip_level = float32 ? 4 : 0;
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) usage_error("--out %s is a directory: name the file to write", out);
     if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);
     // HDF5 closes its open files at exit, and crashes in it when a write has
     // failed: our exits are our own (the file is closed below, or abandoned).
@@ -179,6 +177,7 @@ int main(int argc, char **argv) {
     CHECK_ERRNO(replace_commit(NULL, g_unfinished, out), "%s: cannot replace it with %s", out, g_unfinished);
     g_unfinished[0] = '\0';  // done: nothing to remove
 
+    struct stat st;
     CHECK_ERRNO(stat(out, &st) == 0, "%s", out);
     char ratio[32] = "uncompressed";
     if (gzip_level > 0) snprintf(ratio, sizeof ratio, "%.1fx smaller", data_bytes / (double)st.st_size);

@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS_WITH_EPOCHS(opt, "total_epochs"),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"snapshot", ARG_PATH, &snapshot_path, "FILE.h5", "resume from it if it exists; rank 0 saves it", 0, NULL},
+        {"snapshot", ARG_OUTPUT, &snapshot_path, "FILE.h5", "resume from it if it exists; rank 0 saves it", 0, NULL},
         {"save_every", ARG_INT, &save_every, "N", "epochs between snapshots (and one after the last)", 1, NULL},
         {"fail_at_epoch", ARG_INT, &fail_at_epoch, "E", "a rank dies during epoch E, as a dead node (0: never; not after a resume)", 0, NULL},
         {"fail_rank", ARG_INT, &fail_rank, "R", "the rank that --fail_at_epoch kills (-1: the last)", -1, NULL},

@@ -159,3 +159,82 @@ cp "$tmp/out/mnist.h5" "$tmp/keep/mnist.h5"
 limited 64 day2/create_mnist_h5 --data "$DATA" --out "$tmp/out/mnist.h5" --force > "$tmp/err" 2>&1
 status=$?
 expect_kept "create_mnist_h5 --force" "$tmp/out/mnist.h5" 'mnist\.h5: cannot write'
+
+# ---------------------------------------------------------------- outputs tried before the run
+# args.c tries every output file at parse time (paths.h: output_file_writable),
+# so that a path that cannot be written ends the job in a second, with one line
+# naming the flag, and not after the training it would have thrown away.
+touch "$tmp/plainfile"
+mkdir -p "$tmp/folder"
+rm -f "$tmp/fifo"; mkfifo "$tmp/fifo"
+expect_early() {  # what, pattern, ranks, program and flags...
+    local what=$1 pattern=$2 np=$3; shift 3
+    mpi "$np" "$@" > "$tmp/err" 2>&1
+    local status=$? line left
+    line=$(grep -m1 -E -- "$pattern" "$tmp/err")
+    left=$(find "$tmp" -maxdepth 2 -name '.write-check.*' -printf '%f ')
+    if [ $status -eq 1 ] && [ -n "$line" ] && [ "$(grep -c '^\[rank' "$tmp/err")" = 1 ] &&
+       ! grep -qE '^(epoch|Step|step)' "$tmp/err" && [ -z "$left" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
+        pass "$what: refused before anything runs, on $np rank$([ "$np" = 1 ] || echo s), one line: $line"
+    else
+        fail "$what: exit $status, probes left '$left': $(grep -v '^-\|^ *$' "$tmp/err" | head -3)"
+    fi
+}
+expect_early "step 2 --save under a plain file" "^\[rank 0 @ .*\] --save .*plainfile/w\.h5: .*plainfile is not a folder$" \
+    1 day1/2_mnist_training --data "$DATA" --save "$tmp/plainfile/w.h5"
+expect_early "step 3 --plot deeper under a plain file" "--plot .*plainfile/a/p\.png: .*plainfile/a: Not a directory$" \
+    2 day1/3_mnist_distributed --data "$DATA" --plot "$tmp/plainfile/a/p.png"
+expect_early "step 5 --trace on a FIFO" "--trace .*fifo: is not a regular file \(a FIFO" \
+    2 day1/5_mnist_manual_ddp_profile --data "$DATA" --trace "$tmp/fifo"
+expect_early "step 6 --losses on a folder" "--losses .*folder: is a directory$" \
+    2 day1/6_mnist_ddp --data "$DATA" --losses "$tmp/folder"
+expect_early "step 7 --results on a folder" "--results .*folder: is a directory$" \
+    2 day1/7_mnist_ddp_timing --data "$DATA" --results "$tmp/folder"
+expect_early "step 7 --chart under a plain file" "--chart .*plainfile/c\.png: .*plainfile is not a folder$" \
+    2 day1/7_mnist_ddp_timing --data "$DATA" --chart "$tmp/plainfile/c.png"
+expect_early "step 13 --snapshot under a plain file" "--snapshot .*plainfile/s\.h5: .*plainfile is not a folder$" \
+    2 day3/13_fault_tolerant_ddp --data "$DATA" --snapshot "$tmp/plainfile/s.h5"
+expect_early "step 14 --save naming a folder" "--save .*folder/: names a folder, not a file$" \
+    2 day3/14_cnn_ddp --data "$DATA" --save "$tmp/folder/"
+
+# A read-only filesystem, the case that permissions cannot show to root.
+mkdir -p "$tmp/ro"
+if [ "$(id -u)" = 0 ] && mount -t tmpfs -o ro,size=1m tmpfs "$tmp/ro" 2> /dev/null; then
+    expect_early "step 2 --losses on a read-only filesystem" \
+        "--losses .*ro/deep/l\.csv: cannot create a file in .*ro: Read-only file system$" \
+        1 day1/2_mnist_training --data "$DATA" --losses "$tmp/ro/deep/l.csv"
+    umount "$tmp/ro"
+else
+    skip "--losses on a read-only filesystem (skipped: cannot mount a tmpfs here)"
+fi
+
+# Trying leaves no trace: a run refused for another reason has created no folder.
+run day1/2_mnist_training --data "$DATA" --save "$tmp/never/made/w.h5" --init "$tmp/missing.h5" > "$tmp/err" 2>&1
+status=$?
+if [ $status -ne 0 ] && [ ! -e "$tmp/never" ] && grep -q 'missing\.h5' "$tmp/err"; then
+    pass "a writable --save in new folders is accepted, and trying it creates no folder (the run then fails on --init)"
+else
+    fail "--save in new folders: exit $status, $tmp/never $( [ -e "$tmp/never" ] && echo exists || echo absent): $(head -2 "$tmp/err")"
+fi
+
+# '' is none only for an output that may be none (--plot, --trace); a snapshot's name may not be ''.
+mpi 2 day3/13_fault_tolerant_ddp --data "$DATA" --snapshot '' > "$tmp/err" 2>&1
+status=$?
+if [ $status -eq 2 ] && grep -q "^error: --snapshot expects a FILE.h5, got ''" "$tmp/err" && ! grep -q '^epoch' "$tmp/err"; then
+    pass "an output that cannot be none refuses '' (step 13 --snapshot ''): $(grep -m1 '^error' "$tmp/err")"
+else
+    fail "step 13 --snapshot '': exit $status: $(head -2 "$tmp/err")"
+fi
+
+# A link stays a link: the file it points to is replaced, and keeps its permission bits.
+echo old > "$tmp/out/real.csv"
+chmod 640 "$tmp/out/real.csv"
+ln -sf real.csv "$tmp/out/link.csv"
+run day3/14_cnn_ddp --data "$DATA" --max_steps 3 --plot '' --losses "$tmp/out/link.csv" > "$tmp/err" 2>&1
+status=$?
+if [ $status -eq 0 ] && [ -L "$tmp/out/link.csv" ] && [ "$(wc -l < "$tmp/out/real.csv")" = 4 ] &&
+   [ "$(stat -c %a "$tmp/out/real.csv")" = 640 ] && [ -z "$(temps "$tmp/out")" ]; then
+    pass "--losses through a symbolic link replaces the file it points to, keeps the link and the mode 640"
+else
+    fail "--losses through a link: exit $status, link $( [ -L "$tmp/out/link.csv" ] && echo kept || echo REPLACED), mode $(stat -c %a "$tmp/out/real.csv"), $(wc -l < "$tmp/out/real.csv") lines"
+fi
