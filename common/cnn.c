@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "dist.h"  // dist_require_memory
 #include "profile.h"
 
 #define ARRAY_SIZE(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -18,8 +19,25 @@ static Param param(const char *name, Tensor *value, Tensor *grad, int d0, int d1
     return p;
 }
 
+// What one sample of a batch holds on the CPU, in 4-byte words: every
+// activation and its gradient (cnn_new's buffers), both convolutions' columns
+// and their gradients (3x3 kernels: 9 and 9 x C1 rows, one column per output
+// pixel), and the pools' argmax. About 1 MB: a batch of 2^20 would take a TB.
+static double words_per_sample(void) {
+    const double pixels = SIDE * SIDE;
+    double activations = 2 * (C1 * pixels + C1 * pixels / 4 + C2 * pixels / 4 + C2 * pixels / 16 + FLAT + HIDDEN + CLASSES);
+    double columns = 2 * (9 * 1 * pixels + 9 * C1 * pixels / 4);
+    double argmax = C1 * pixels / 4 + C2 * pixels / 16;
+    return activations + columns + argmax;
+}
+
 Cnn *cnn_new(int max_batch, Rng *rng, Device device) {
     CHECK(max_batch > 0, "SimpleCNN for batches of %d", max_batch);
+    if (device == DEVICE_CPU) {  // one line for every rank, not the OOM killer (on a GPU, cudaMalloc says it)
+        char what[64];
+        snprintf(what, sizeof what, "--batch_size %d (SimpleCNN)", max_batch);
+        dist_require_memory(words_per_sample() * 4.0 * max_batch, what);
+    }
     Cnn *m = xcalloc(1, sizeof(Cnn));
     m->max_batch = max_batch;
     m->n_params = CNN_PARAMS;

@@ -42,7 +42,9 @@ typedef struct {
 
 // The layers in PyTorch's order, each drawing its weight and then its bias
 // from rng (torch.manual_seed(seed) then SimpleCNN() draws the same numbers).
-// On the heap: params point into it. cnn_free releases it.
+// On the heap: params point into it. cnn_free releases it. On the CPU it is
+// collective (every rank builds it with the same batch): a batch whose buffers
+// would take more than half of the node's memory ends the job with one line.
 Cnn *cnn_new(int max_batch, Rng *rng, Device device);
 void cnn_free(Cnn *model);
 size_t cnn_num_weights(const Cnn *model);
