@@ -9,6 +9,7 @@
 // Flags take "--name value" or "--name=value". A bad value, an unknown flag or a
 // stray argument is a usage error: one line on rank 0, exit status 2 on all ranks.
 #pragma once
+#include <stdbool.h>
 
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -37,6 +38,10 @@ typedef struct {
 // (output_file_writable in paths.h): a folder it cannot create or write ends
 // the job now, with one line (check_all_ranks), rather than after the training.
 void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about);
+
+// Whether the last args_parse saw --name on the command line (a flag that only
+// makes sense beside another: "--iters needs --count").
+bool args_given(const char *name);
 
 // The flags every MNIST training program takes (issue: "Flags shared by the MNIST programs").
 typedef struct {
