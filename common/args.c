@@ -120,8 +120,8 @@ static void set_value(const ArgSpec *f, const char *text) {
     }
 }
 
-// Rank 0 tries each output file; one verdict for all ranks (check_all_ranks).
-// Rank 0 writes them all (step 3's per-rank plots go to the same folder).
+// Rank 0, which writes the outputs (step 3's ranks write their plots into one
+// folder), tries each of them; check_all_ranks gives every rank its verdict.
 static void check_outputs(const ArgSpec *flags, int n_flags) {
     char message[PATH_MAX + 256] = "";
     bool ok = true;

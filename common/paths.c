@@ -47,12 +47,14 @@ __attribute__((format(printf, 3, 4))) static bool refuse(char *why, size_t size,
 
 bool output_file_writable(const char *path, char *why, size_t size) {
     size_t len = strlen(path);
-    if (len == 0 || path[len - 1] == '/') return refuse(why, size, "names a folder, not a file");
+    if (len == 0) return refuse(why, size, "is an empty name");
+    if (path[len - 1] == '/') return refuse(why, size, "names a folder, not a file");
     char folder[PATH_MAX];
     if (len >= sizeof folder) return refuse(why, size, "is too long");
+    // An existing target (stat, not lstat: what a link points to is what gets replaced).
     struct stat info;
     if (stat(path, &info) == 0 && S_ISDIR(info.st_mode)) return refuse(why, size, "is a directory");
-    if (stat(path, &info) == 0 && !S_ISREG(info.st_mode))  // stat, not lstat: what a link points to gets replaced
+    if (stat(path, &info) == 0 && !S_ISREG(info.st_mode))
         return refuse(why, size, "is not a regular file (a FIFO, a socket or a device)");
 
     // The folder that will hold the new file: the target's, or the nearest

@@ -115,6 +115,12 @@ int main(void) {
     EXPECT(f.epochs == 4, "the last of two spellings wins (got %d)", f.epochs);
     f = parse_line("--no-shuffle --epochs=2");
     EXPECT(f.no_shuffle == 1 && f.epochs == 2, "a switch beside a --name=value flag");
+    f = parse_line("--epochs 3 --epochs=4");
+    EXPECT(args_given("epochs") && !args_given("lr") && !args_given("epoch"),
+           "args_given: --epochs was on the command line, --lr was not");
+    f = parse_line("--lr 0.001");
+    EXPECT(args_given("lr") && !args_given("epochs"),
+           "args_given: a flag given at its default value counts as given; the last parse's flags only");
     f = parse_line("");
     Flags d = defaults();
     EXPECT(f.epochs == d.epochs && f.lr == d.lr && strcmp(f.data, d.data) == 0 && f.no_shuffle == 0,
