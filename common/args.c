@@ -137,18 +137,21 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
     check_all_ranks(ok, message);
 }
 
-// The flags the last args_parse saw, for args_given. Programs have a handful.
-static const char *g_given[64];
-static int g_n_given;
+// The names of the flags the last args_parse saw (NULL for the others), for
+// args_given. The names, not the table: a table may live in a returned frame.
+static const char **g_given;
+static int g_n_flags;
 
 bool args_given(const char *name) {
-    for (int i = 0; i < g_n_given; i++)
-        if (strcmp(g_given[i], name) == 0) return true;
+    for (int i = 0; i < g_n_flags; i++)
+        if (g_given[i] && strcmp(g_given[i], name) == 0) return true;
     return false;
 }
 
 void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about) {
-    g_n_given = 0;
+    free(g_given);
+    g_n_flags = n_flags;
+    g_given = xcalloc(n_flags > 0 ? (size_t)n_flags : 1, sizeof *g_given);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -165,7 +168,7 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
         for (int k = 0; k < n_flags && !f; k++)
             if (strlen(flags[k].name) == name_len && strncmp(flags[k].name, name, name_len) == 0) f = &flags[k];
         if (!f) usage_error("unknown flag '--%.*s'", (int)name_len, name);
-        if (!args_given(f->name) && g_n_given < ARRAY_LEN(g_given)) g_given[g_n_given++] = f->name;
+        g_given[f - flags] = f->name;
 
         if (f->type == ARG_SWITCH) {
             if (eq) usage_error("--%s takes no value", f->name);

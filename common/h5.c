@@ -85,7 +85,7 @@ void h5_save_params(const char *path, const Param *params, int n_params) {
         replace_abort(out, temp);  // keeps fwrite's errno
         CHECK_ERRNO(false, "%s: cannot write %s", path, temp);
     }
-    CHECK_ERRNO(replace_commit(out, temp, path), "%s: cannot write %s", path, temp);
+    CHECK_ERRNO(replace_commit(out, temp), "%s: cannot write %s", path, temp);
     free(image);
 }
 

@@ -34,7 +34,7 @@ void loss_log_write_csv(const LossLog *log, const char *path) {
     CHECK_ERRNO(file != NULL, "--losses %s: cannot create %s", path, temp);
     fprintf(file, "step,epoch,loss\n");
     for (int i = 0; i < log->n; i++) fprintf(file, "%d,%d,%.9g\n", i, log->epoch[i], (double)log->loss[i]);
-    CHECK_ERRNO(replace_commit(file, temp, path), "--losses %s: cannot write", path);
+    CHECK_ERRNO(replace_commit(file, temp), "--losses %s: cannot write", path);
 }
 
 void loss_log_plot(const LossLog *log, const char *path, const char *title, const char *label) {

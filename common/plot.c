@@ -216,7 +216,7 @@ static void write_png(const char *path, const Canvas *c) {
     for (int y = 0; y < c->height; y++) png_write_row(png, c->rgb + (size_t)3 * c->width * y);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    CHECK_ERRNO(replace_commit(file, temp, path), "cannot write %s", path);
+    CHECK_ERRNO(replace_commit(file, temp), "cannot write %s", path);
 }
 
 // ---------------------------------------------------------------- the figure

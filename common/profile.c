@@ -287,7 +287,7 @@ void profile_finish(void) {
             }
         }
         fprintf(file, "\n]}\n");
-        CHECK_ERRNO(replace_commit(file, temp, g.trace_path), "--trace %s: cannot write", g.trace_path);
+        CHECK_ERRNO(replace_commit(file, temp), "--trace %s: cannot write", g.trace_path);
         printf("Trace: %s (open it in https://ui.perfetto.dev or chrome://tracing)\n", g.trace_path);
         fflush(stdout);
     }

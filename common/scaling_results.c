@@ -139,7 +139,7 @@ void scaling_results_report(const char *path, int world, double seconds, const c
         if (r.text[r.size - 1] != '\n') fputc('\n', file);
     }
     fprintf(file, "%d,%.6f\n", world, seconds);
-    CHECK_ERRNO(replace_commit(file, temp, path), "--results %s: cannot write", path);
+    CHECK_ERRNO(replace_commit(file, temp), "--results %s: cannot write", path);
     results_add(&r, world, seconds);
 
     // Keep the last run of each world size.

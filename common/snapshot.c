@@ -347,14 +347,16 @@ static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 // Rank 0: write FILE.tmp, sync it, rename it over FILE, sync the folder.
 static void write_snapshot(SnapshotIo *io, const SnapshotSettings *run, const SnapshotProgress *progress,
                            const Adam *adam, const LossLog *losses, const Rng *generator) {
-    char temp[PATH_MAX + 8], folder[PATH_MAX];
-    snprintf(temp, sizeof temp, "%s.tmp", io->path);
-    snprintf(folder, sizeof folder, "%s", io->path);
+    // Through a symbolic link, the file it points to is replaced, and the link stays.
+    char resolved[PATH_MAX], temp[PATH_MAX + 8], folder[PATH_MAX];
+    const char *file = replace_target(io->path, resolved, sizeof resolved);
+    snprintf(temp, sizeof temp, "%s.tmp", file);
+    snprintf(folder, sizeof folder, "%s", file);
     char *slash = strrchr(folder, '/');
     if (!slash) snprintf(folder, sizeof folder, ".");
     else if (slash == folder) folder[1] = '\0';  // "/snapshot.h5": the root
     else *slash = '\0';
-    make_parent_dirs(io->path);
+    make_parent_dirs(file);
 
     // Metadata checksums (object header and superblock versions of HDF5 1.8 on):
     // HDF5 then refuses a damaged header itself. The data is covered by ours.
@@ -396,7 +398,7 @@ static void write_snapshot(SnapshotIo *io, const SnapshotSettings *run, const Sn
     if (!io->err[0] && !sync_path(temp, false))
         fail(io, "%s: cannot flush %s to disk: %s", io->path, temp, strerror(errno));
     // The switch: rename replaces FILE in one step; before it FILE is the old snapshot, after it the new one.
-    if (!io->err[0] && rename(temp, io->path) != 0)
+    if (!io->err[0] && !replace_rename(temp, file))  // keeps the old file's permission bits
         fail(io, "%s: cannot rename %s over it: %s", io->path, temp, strerror(errno));
     if (!io->err[0] && !sync_path(folder, true))  // the rename itself reaches the disk
         fail(io, "%s: cannot flush the folder %s: %s", io->path, folder, strerror(errno));
@@ -479,8 +481,8 @@ static void read_file(SnapshotIo *io, const SnapshotSettings *run, SnapshotSetti
 bool snapshot_load(const char *path, const SnapshotSettings *run, SnapshotSettings *saved,
                    SnapshotProgress *progress, Adam *optimizer, LossLog *losses, Rng *generator) {
     quiet_hdf5();
-    char temp[PATH_MAX + 8];
-    snprintf(temp, sizeof temp, "%s.tmp", path);
+    char resolved[PATH_MAX], temp[PATH_MAX + 8];
+    snprintf(temp, sizeof temp, "%s.tmp", replace_target(path, resolved, sizeof resolved));
     struct stat info;
     if (dist_rank() == 0 && stat(temp, &info) == 0 && S_ISREG(info.st_mode)) {
         print0("%s: removing an unfinished snapshot (a run died while writing it; %s is untouched)\n", temp, path);

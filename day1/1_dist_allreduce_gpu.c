@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
         {"iters", ARG_INT, &iterations, "N", "timed allreduces, after one warm-up (--count N > 1 only)", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 1: allreduce (sum, then mean) across GPUs with NCCL.");
-    if (args_given("iters") && count == 1) usage_error("--iters times the allreduce of --count N > 1 floats: give --count too");
+    if (args_given("iters") && count == 1) usage_error("--iters times the allreduce of --count N > 1 floats (got --count 1)");
     int rank = dist_rank(), world = dist_world_size();
 
     // 1. A GPU per rank: local rank mod the GPUs this rank sees, and no GPU

@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
         {"chart", ARG_OUTPUT_OR_NONE, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 7: time DDP training; --results collects a speed-up table across world sizes.");
+    if (args_given("chart") && *chart && !results) usage_error("--chart draws the table of --results: give --results too");
     if (results) scaling_results_check(results);  // a corrupt file is refused before the run, not after it
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);

@@ -148,6 +148,7 @@ int main(int argc, char **argv) {
     // 4x faster than gzip ones, and on a busy CPU that is training time; a
     // float32 file is the original's, gzip level 4 (h5py's compression="gzip").
     if (gzip_level < 0) gzip_level = float32 ? 4 : 0;
+    if (output_is_stream(out)) usage_error("--out %s: HDF5 writes a file it can seek in, not a stream", out);
     if (access(out, F_OK) == 0 && !force) usage_error("%s exists: pass --force to overwrite it", out);
     // HDF5 closes its open files at exit, and crashes in it when a write has
     // failed: our exits are our own (the file is closed below, or abandoned).
@@ -174,7 +175,7 @@ int main(int argc, char **argv) {
     double data_bytes = write_part(file, out, "train", &train, float32, gzip_level) +
                         write_part(file, out, "test", &test, float32, gzip_level);
     CHECK_H5(H5Fclose(file), "%s: cannot close (disk full?)", g_unfinished);
-    CHECK_ERRNO(replace_commit(NULL, g_unfinished, out), "%s: cannot replace it with %s", out, g_unfinished);
+    CHECK_ERRNO(replace_commit(NULL, g_unfinished), "%s: cannot replace it with %s", out, g_unfinished);
     g_unfinished[0] = '\0';  // done: nothing to remove
 
     struct stat st;

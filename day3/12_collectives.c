@@ -454,7 +454,7 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 12: broadcast, reduce, allreduce, gather, allgather, scatter, "
                "reduce-scatter and all-to-all, shown on a few values or verified and timed (--count).");
-    if (args_given("iters") && count == 0) usage_error("--iters times the collectives on --count N floats: give --count too");
+    if (args_given("iters") && count == 0) usage_error("--iters times the collectives on --count N > 0 floats (got --count 0: the demo)");
     int world = dist_world_size();
     if (count > 0 && count < world)
         usage_error("--count %d: fewer floats than ranks (%d): a slice needs at least one", count, world);

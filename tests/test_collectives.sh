@@ -163,7 +163,7 @@ bad_flag() {  # status, pattern, np, arguments...
 bad_flag 2 "^error: --count expects an integer from 0 to" 2 --count -1
 bad_flag 2 "^error: --count 3: fewer floats than ranks \(4\)" 4 --count 3
 bad_flag 2 "^error: --iters expects an integer from 1 to" 2 --count 100 --iters 0
-bad_flag 2 "^error: --iters times the collectives on --count N floats: give --count too" 2 --iters 5
+bad_flag 2 "^error: --iters times the collectives on --count N > 0 floats \(got --count 0: the demo\)" 2 --iters 5
 bad_flag 2 "^error: --device expects one of cpu\|cuda, got 'gpu'" 3 --device gpu
 bad_flag 2 "^error: unknown flag '--bogus'" 4 --bogus
 bad_flag 2 "^error: unexpected argument 'extra'" 2 extra

@@ -38,7 +38,7 @@ if [ -x day1/1_dist_allreduce_gpu ]; then
     no_gpu day1/1_dist_allreduce_gpu --iters 5 > "$tmp/step1" 2>&1
     status=$?
     if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/step1")" -eq 1 ] &&
-        grep -q '^error: --iters times the allreduce of --count N > 1 floats: give --count too' "$tmp/step1"; then
+        grep -q '^error: --iters times the allreduce of --count N > 1 floats (got --count 1)' "$tmp/step1"; then
         pass "step 1 --iters without --count: a usage error, one line: $(cat "$tmp/step1")"
     else
         fail "step 1 --iters without --count (exit $status): $(head -3 "$tmp/step1")"

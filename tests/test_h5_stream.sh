@@ -125,6 +125,7 @@ expect_refused 2 "^error: --out expects a FILE.h5, got ''" --out ''
 expect_refused 1 "^\[rank 0 @ .*\] --out .*folder: is a directory$" --out "$tmp/folder"
 expect_refused 1 "^\[rank 0 @ .*\] --out .*folder: is a directory$" --out "$tmp/folder" --force
 expect_refused 1 "^\[rank 0 @ .*\] --out .*ours.h5/x.h5: .*ours.h5 is not a folder$" --out "$tmp/ours.h5/x.h5"
+expect_refused 2 "^error: --out /dev/stdout: HDF5 writes a file it can seek in, not a stream" --out /dev/stdout --force
 for level in -2 10 x; do
     expect_refused 2 "^error: --gzip expects an integer from -1 to 9, got '$level'" \
         --out "$tmp/gzip.h5" --gzip "$level"

@@ -153,6 +153,15 @@ limited 1 "${step7[@]}" --results "$tmp/out/runs.csv" > "$tmp/err" 2>&1
 status=$?
 expect_kept "step 7 --results" "$tmp/out/runs.csv" '--results .*runs\.csv: cannot write: File too large$'
 
+mpi 1 "${step7[@]}" --chart "$tmp/lonely.png" > "$tmp/err" 2>&1
+status=$?
+if [ $status -eq 2 ] && grep -q '^error: --chart draws the table of --results: give --results too' "$tmp/err" &&
+   ! grep -q '^epoch' "$tmp/err"; then
+    pass "step 7 --chart without --results: a usage error before training"
+else
+    fail "step 7 --chart without --results: exit $status: $(head -2 "$tmp/err")"
+fi
+
 # ---------------------------------------------------------------- create_mnist_h5
 echo "old data" > "$tmp/out/mnist.h5"
 cp "$tmp/out/mnist.h5" "$tmp/keep/mnist.h5"
@@ -182,7 +191,7 @@ expect_early() {  # what, pattern, ranks, program and flags...
 }
 expect_early "step 2 --save under a plain file" "^\[rank 0 @ .*\] --save .*plainfile/w\.h5: .*plainfile is not a folder$" \
     1 day1/2_mnist_training --data "$DATA" --save "$tmp/plainfile/w.h5"
-expect_early "step 3 --plot deeper under a plain file" "--plot .*plainfile/a/p\.png: .*plainfile/a: Not a directory$" \
+expect_early "step 3 --plot deeper under a plain file" "--plot .*plainfile/a/p\.png: .*plainfile is not a folder$" \
     2 day1/3_mnist_distributed --data "$DATA" --plot "$tmp/plainfile/a/p.png"
 expect_early "step 5 --trace on a FIFO" "--trace .*fifo: is not a regular file \(a FIFO" \
     2 day1/5_mnist_manual_ddp_profile --data "$DATA" --trace "$tmp/fifo"
@@ -237,4 +246,32 @@ if [ $status -eq 0 ] && [ -L "$tmp/out/link.csv" ] && [ "$(wc -l < "$tmp/out/rea
     pass "--losses through a symbolic link replaces the file it points to, keeps the link and the mode 640"
 else
     fail "--losses through a link: exit $status, link $( [ -L "$tmp/out/link.csv" ] && echo kept || echo REPLACED), mode $(stat -c %a "$tmp/out/real.csv"), $(wc -l < "$tmp/out/real.csv") lines"
+fi
+
+# A stream is written in place: --losses /dev/stdout, with stdout redirected to a file, adds the
+# CSV to what the program prints, and replaces nothing (a rename would take the file from under it).
+run day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' --losses /dev/stdout > "$tmp/out/stdout.txt" 2> "$tmp/err"
+status=$?
+if [ $status -eq 0 ] && grep -q '^Step 2: ' "$tmp/out/stdout.txt" && grep -q '^Training completed' "$tmp/out/stdout.txt" &&
+   [ "$(grep -c '^[0-9]*,0,[0-9.]*$' "$tmp/out/stdout.txt")" = 10 ] && grep -qx 'step,epoch,loss' "$tmp/out/stdout.txt" &&
+   [ -z "$(temps "$tmp/out")" ]; then
+    pass "--losses /dev/stdout into a file: the program's lines and the 10 CSV rows, all there"
+else
+    fail "--losses /dev/stdout: exit $status, $(wc -l < "$tmp/out/stdout.txt") lines: $(head -3 "$tmp/out/stdout.txt" | tr '\n' ' ')"
+fi
+
+# Step 13's snapshot (its own writer, snapshot.c) through a link to a file not there yet: the file
+# is created where the link points, and the next run's snapshot keeps the link and the file's mode.
+mkdir -p "$tmp/snaps"
+ln -sf "$tmp/snaps/s.h5" "$tmp/out/snap_link.h5"
+mpi 1 day3/13_fault_tolerant_ddp --data "$DATA" --total_epochs 1 --plot '' --snapshot "$tmp/out/snap_link.h5" > "$tmp/err" 2>&1
+first=$?
+chmod 600 "$tmp/snaps/s.h5" 2> /dev/null
+mpi 1 day3/13_fault_tolerant_ddp --data "$DATA" --total_epochs 2 --plot '' --snapshot "$tmp/out/snap_link.h5" > "$tmp/err" 2>&1
+status=$?
+if [ $first -eq 0 ] && [ $status -eq 0 ] && grep -q 'Resuming' "$tmp/err" && [ -L "$tmp/out/snap_link.h5" ] &&
+   [ "$(stat -c %a "$tmp/snaps/s.h5")" = 600 ] && [ -z "$(find "$tmp/snaps" "$tmp/out" -name '*.tmp*')" ]; then
+    pass "step 13 --snapshot through a link: created where it points, resumed, and the link and mode 600 kept"
+else
+    fail "step 13 --snapshot through a link: exits $first, $status, link $( [ -L "$tmp/out/snap_link.h5" ] && echo kept || echo REPLACED), mode $(stat -c %a "$tmp/snaps/s.h5" 2>&1): $(grep -v '^-\|^ *$' "$tmp/err" | tail -2)"
 fi

@@ -3,12 +3,15 @@
 //
 // - output_file_writable: the cases that would otherwise fail only after the
 //   training (a folder as the target, a plain file where a folder must be, a
-//   FIFO or a device, a final '/'), the ones that must pass (a new file, in
-//   folders that do not exist yet, through a symbolic link, a bare name), and
-//   that trying leaves nothing behind: no probe file, no folder.
+//   FIFO, a final '/', a name too long for its temporary suffix), the ones that
+//   must pass (a new file, in folders that do not exist yet, through links and
+//   dangling links, a bare name, /dev/null), and that trying leaves nothing
+//   behind: no probe file, no folder.
 // - replace_begin/replace_commit: the new bytes arrive, a symbolic link stays a
-//   link (the file it points to is replaced), the old file's mode is kept, and
-//   no temporary file is left; replace_abort leaves the old file as it was.
+//   link (the file it points to is replaced: through a chain, or created where
+//   a dangling one points), the old file's mode is kept, no temporary file is
+//   left, and a stream (/dev/null) is written in place; replace_abort leaves
+//   the old file as it was.
 // (tests/test_outputs.sh runs the programs: refusals on 1 and 2 ranks, a
 // read-only filesystem, writes that fail.)
 #include <dirent.h>
@@ -28,7 +31,7 @@ static char g_dir[PATH_MAX];
 
 // g_dir/name, in a static buffer (one of a few in turn).
 static const char *at(const char *name) {
-    static char buffers[4][PATH_MAX + 64];
+    static char buffers[4][PATH_MAX + 320];
     static int next;
     char *path = buffers[next++ % 4];
     snprintf(path, sizeof buffers[0], "%s/%s", g_dir, name);
@@ -97,22 +100,29 @@ int main(void) {
     symlink("plain", at("link_to_file"));
     symlink("folder", at("link_to_folder"));
     symlink("nowhere", at("dangling"));
-    const char *names = "folder plain fifo link_to_file link_to_folder dangling";
+    symlink("link_to_file", at("chain"));
+    symlink("folder/sub/target.csv", at("dangling_deep"));
+    const char *names = "folder plain fifo link_to_file link_to_folder dangling chain dangling_deep";
 
     // ------------------------------------------------ output_file_writable
     expect_refused(at("folder"), "is a directory");
     expect_refused(at("link_to_folder"), "is a directory");
     expect_refused(at("folder/"), "names a folder, not a file");
     expect_refused(at("fifo"), "is not a regular file");
-    expect_refused("/dev/null", "is not a regular file");
     expect_refused(at("plain/w.h5"), "plain is not a folder");
-    expect_refused(at("plain/a/b/w.h5"), "plain/a/b: Not a directory");
+    expect_refused(at("plain/a/b/w.h5"), "plain is not a folder");
+    char long_name[300];
+    snprintf(long_name, sizeof long_name, "%0250d.csv", 0);  // 254 bytes: a legal name, but not with ".tmp.PID"
+    expect_refused(at(long_name), "with the temporary suffix");
     expect_refused("", "is an empty name");
 
     expect_writable(at("new.h5"));
     expect_writable(at("plain"));  // an existing file is replaced
     expect_writable(at("link_to_file"));
     expect_writable(at("dangling"));  // a new file where the link points
+    expect_writable(at("chain"));
+    expect_writable(at("dangling_deep"));
+    expect_writable("/dev/null");  // a stream: written in place
     expect_writable(at("folder/new.csv"));
     expect_writable(at("not/yet/there/w.h5"));  // make_parent_dirs creates them at the write
     char cwd[PATH_MAX];
@@ -134,7 +144,7 @@ int main(void) {
     char temp[PATH_MAX + 64];
     FILE *file = replace_begin(at("link_to_file"), temp, sizeof temp);
     if (file) fputs("new", file);
-    int committed = file && replace_commit(file, temp, at("link_to_file"));
+    int committed = file && replace_commit(file, temp);
     struct stat link_info, file_info;
     lstat(at("link_to_file"), &link_info);
     stat(at("plain"), &file_info);
@@ -144,17 +154,45 @@ int main(void) {
            "and leaves no temp (left: '%s')",
            file_info.st_mode & 07777, extra);
 
+    // Through a chain of links (chain -> link_to_file -> plain): both links stay.
+    file = replace_begin(at("chain"), temp, sizeof temp);
+    if (file) fputs("chained", file);
+    committed = file && replace_commit(file, temp);
+    struct stat chain_info;
+    lstat(at("chain"), &chain_info);
+    lstat(at("link_to_file"), &link_info);
+    EXPECT(committed && S_ISLNK(chain_info.st_mode) && S_ISLNK(link_info.st_mode) && same_text(at("plain"), "chained"),
+           "replacing through a chain of two links keeps both and writes the file at its end");
+
+    // Through a link to nothing yet: the file it names is created, in a folder made for it, and the link stays.
+    file = replace_begin(at("dangling_deep"), temp, sizeof temp);
+    if (file) fputs("created", file);
+    committed = file && replace_commit(file, temp);
+    lstat(at("dangling_deep"), &link_info);
+    EXPECT(committed && S_ISLNK(link_info.st_mode) && same_text(at("folder/sub/target.csv"), "created"),
+           "replacing through a dangling link creates the file it names (folder/sub/target.csv) and keeps the link");
+
+    // A stream is written in place: no temporary name, and /dev/null stays a device.
+    file = replace_begin("/dev/null", temp, sizeof temp);
+    if (file) fputs("nothing", file);
+    committed = file && replace_commit(file, temp);
+    struct stat null_info;
+    stat("/dev/null", &null_info);
+    EXPECT(output_is_stream("/dev/null") && !output_is_stream(at("plain")) && committed && temp[0] == '\0' &&
+               S_ISCHR(null_info.st_mode),
+           "/dev/null is a stream, written in place (temp '%s'), and stays a device", temp);
+
     // A new file, in folders made for it.
     file = replace_begin(at("made/for/it.csv"), temp, sizeof temp);
     if (file) fputs("fresh", file);
-    committed = file && replace_commit(file, temp, at("made/for/it.csv"));
+    committed = file && replace_commit(file, temp);
     EXPECT(committed && same_text(at("made/for/it.csv"), "fresh"), "a new file is written, in the folders made for it");
 
     // Abandoned: the old file stays whole, and the temp is gone.
     file = replace_begin(at("plain"), temp, sizeof temp);
     if (file) fputs("half of a new", file);
     replace_abort(file, temp);
-    EXPECT(same_text(at("plain"), "new") && access(temp, F_OK) != 0,
+    EXPECT(same_text(at("plain"), "chained") && access(temp, F_OK) != 0,
            "replace_abort leaves the old file as it was and removes %s", shown(temp));
 
     char command[PATH_MAX + 16];
