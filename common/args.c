@@ -124,12 +124,12 @@ static void set_value(const ArgSpec *f, const char *text) {
 // folder), tries each of them; check_all_ranks gives every rank its verdict.
 static void check_outputs(const ArgSpec *flags, int n_flags) {
     char message[PATH_MAX + 256] = "";
-    bool ok = true;
-    for (int i = 0; i < n_flags && ok; i++) {
+    bool ok = true, writer = rank_zero();
+    for (int i = 0; i < n_flags && ok && writer; i++) {
         bool output = flags[i].type == ARG_OUTPUT || flags[i].type == ARG_OUTPUT_OR_NONE;
         const char *path = output ? *(const char **)flags[i].value : NULL;
         char why[PATH_MAX + 64];
-        if (rank_zero() && path && *path && !output_file_writable(path, why, sizeof why)) {
+        if (path && *path && !output_file_writable(path, why, sizeof why)) {
             snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, path, why);
             ok = false;
         }

@@ -86,9 +86,9 @@ bool output_file_writable(const char *path, char *why, size_t size) {
     char resolved[PATH_MAX];
     const char *file = replace_target(path, resolved, sizeof resolved);
     struct stat info;
-    if (stat(file, &info) == 0 && S_ISDIR(info.st_mode)) return refuse(why, size, "is a directory");
     if (stat(file, &info) == 0 && !S_ISREG(info.st_mode))
-        return refuse(why, size, "is not a regular file (a FIFO, a socket or a device)");
+        return refuse(why, size, "%s",
+                      S_ISDIR(info.st_mode) ? "is a directory" : "is not a regular file (a FIFO, a socket or a device)");
     char temp[PATH_MAX];
     if (snprintf(temp, sizeof temp, "%s.tmp.%ld", file, (long)getpid()) >= (int)sizeof temp)
         return refuse(why, size, "is too long");
@@ -114,7 +114,7 @@ bool output_file_writable(const char *path, char *why, size_t size) {
         name += strspn(name, "/");
         size_t n = strcspn(name, "/");
         if ((long)n > name_max)
-            return refuse(why, size, "'%.*s' is too long a name for %s: %zu bytes%s, where it takes %ld", (int)n,
+            return refuse(why, size, "'%.*s...' is too long a name for %s: %zu bytes%s, where it takes %ld", 40,
                           name, folder, n, name[n] ? "" : " with the temporary suffix", name_max);
         name += n;
     }

@@ -26,23 +26,23 @@ accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
 final_loss() { tail -1 "$1" | cut -d, -f3; }
 
 # ---------------------------------------------------------------- without a GPU
+# step1_refused WHAT STATUS PATTERN FLAGS...: step 1, with every GPU hidden, exits with STATUS
+# (any non-zero for "fail") and prints one line matching PATTERN.
+step1_refused() {
+    local what=$1 want=$2 pattern=$3 status; shift 3
+    no_gpu day1/1_dist_allreduce_gpu "$@" > "$tmp/step1" 2>&1
+    status=$?
+    if { [ "$want" = fail ] && [ $status -ne 0 ] || [ $status = "$want" ]; } &&
+        [ "$(wc -l < "$tmp/step1")" -eq 1 ] && grep -q -- "$pattern" "$tmp/step1"; then
+        pass "step 1 $what: one line, exit $status: $(cat "$tmp/step1")"
+    else
+        fail "step 1 $what (exit $status): $(head -3 "$tmp/step1")"
+    fi
+}
 if [ -x day1/1_dist_allreduce_gpu ]; then
-    no_gpu day1/1_dist_allreduce_gpu > "$tmp/step1" 2>&1
-    status=$?
-    if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/step1")" -eq 1 ] &&
-        grep -q 'no CUDA device: run step 0, or use a GPU node' "$tmp/step1"; then
-        pass "step 1 without a GPU: one line, exit $status: $(cat "$tmp/step1")"
-    else
-        fail "step 1 without a GPU (exit $status): $(head -3 "$tmp/step1")"
-    fi
-    no_gpu day1/1_dist_allreduce_gpu --iters 5 > "$tmp/step1" 2>&1
-    status=$?
-    if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/step1")" -eq 1 ] &&
-        grep -q '^error: --iters times the allreduce of --count N > 1 floats (got --count 1)' "$tmp/step1"; then
-        pass "step 1 --iters without --count: a usage error, one line: $(cat "$tmp/step1")"
-    else
-        fail "step 1 --iters without --count (exit $status): $(head -3 "$tmp/step1")"
-    fi
+    step1_refused "without a GPU" fail 'no CUDA device: run step 0, or use a GPU node'
+    step1_refused "--iters without --count (a usage error)" 2 \
+        '^error: --iters times the allreduce of --count N > 1 floats (got --count 1)' --iters 5
 else
     grep -q 'HAVE_CUDA=1' build/flags 2> /dev/null &&
         fail "step 1 is missing from a build with CUDA" ||
