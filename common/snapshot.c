@@ -31,6 +31,7 @@ typedef enum { INT64, UINT32, FLOAT32, FLOAT64 } FieldType;
 typedef struct {
     Direction direction;
     const char *path;       // the snapshot's name, for messages
+    const char *temp;       // SAVE: the FILE.tmp being written (snapshot_temp), for messages
     hid_t file;
     hid_t link_create;      // SAVE: creates "optimizer/exp_avg" on the way to "optimizer/exp_avg/fc.0.weight"
     uint64_t checksum;      // of every field's values, in visiting order
@@ -134,7 +135,7 @@ static void field(SnapshotIo *io, const char *name, FieldType type, int rank, co
         bool ok = space >= 0 && dataset >= 0 && H5Dwrite(dataset, memory_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
         if (dataset >= 0) H5Dclose(dataset);
         if (space >= 0) H5Sclose(space);
-        if (!ok) fail(io, "%s: cannot write '%s' into %s.tmp (disk full?)", io->path, name, io->path);
+        if (!ok) fail(io, "%s: cannot write '%s' into %s (disk full?)", io->path, name, io->temp);
     } else {
         int stored_rank = 0;
         hsize_t stored_dims[H5S_MAX_RANK] = {0};
@@ -344,13 +345,22 @@ static void check_consistency(SnapshotIo *io, const SnapshotSettings *saved, con
 // ---------------------------------------------------------------- save
 static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
+// FILE.tmp, which a save writes and a load clears after a run that died while
+// saving: beside the file that the snapshot's name points to (through a
+// symbolic link, the link's file, replace_target), which it returns.
+static const char *snapshot_temp(const char *path, char resolved[PATH_MAX], char *temp, size_t size) {
+    const char *file = replace_target(path, resolved, PATH_MAX);
+    snprintf(temp, size, "%s.tmp", file);
+    return file;
+}
+
 // Rank 0: write FILE.tmp, sync it, rename it over FILE, sync the folder.
 static void write_snapshot(SnapshotIo *io, const SnapshotSettings *run, const SnapshotProgress *progress,
                            const Adam *adam, const LossLog *losses, const Rng *generator) {
     // Through a symbolic link, the file it points to is replaced, and the link stays.
     char resolved[PATH_MAX], temp[PATH_MAX + 8], folder[PATH_MAX];
-    const char *file = replace_target(io->path, resolved, sizeof resolved);
-    snprintf(temp, sizeof temp, "%s.tmp", file);
+    const char *file = snapshot_temp(io->path, resolved, temp, sizeof temp);
+    io->temp = temp;
     snprintf(folder, sizeof folder, "%s", file);
     char *slash = strrchr(folder, '/');
     if (!slash) snprintf(folder, sizeof folder, ".");
@@ -482,7 +492,7 @@ bool snapshot_load(const char *path, const SnapshotSettings *run, SnapshotSettin
                    SnapshotProgress *progress, Adam *optimizer, LossLog *losses, Rng *generator) {
     quiet_hdf5();
     char resolved[PATH_MAX], temp[PATH_MAX + 8];
-    snprintf(temp, sizeof temp, "%s.tmp", replace_target(path, resolved, sizeof resolved));
+    snapshot_temp(path, resolved, temp, sizeof temp);
     struct stat info;
     if (dist_rank() == 0 && stat(temp, &info) == 0 && S_ISREG(info.st_mode)) {
         print0("%s: removing an unfinished snapshot (a run died while writing it; %s is untouched)\n", temp, path);
