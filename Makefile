@@ -10,7 +10,7 @@
 #                   k8s/job.yaml's commands in it (podman or docker; SKIP without them)
 #   make clean
 #
-# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, OPENMP, CUDA_HOME, CUDA=0|1, CUDA_ARCH,
+# Knobs (make VAR=value): MPICC, BLAS_LIBS, BLAS_CFLAGS, OPENMP, CUDA_HOME, CUDA=0|1, CUDA_ARCH, FAKE_GPU=1,
 # NVTX=0|1, CFLAGS_EXTRA, SANITIZE=1.
 
 MPICC     ?= mpicc
@@ -146,6 +146,11 @@ FLAGS_STAMP := $(BUILD)/flags
 $(FLAGS_STAMP): FORCE | $(BUILD)/common
 	@echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS)' > $@
 FORCE:
+
+# The GPU path on a simulated GPU, for machines without one (tests/test_fake_gpu.sh).
+ifeq ($(FAKE_GPU),1)
+include tests/fake_gpu/fake_gpu.mk
+endif
 
 $(BUILD)/common/kernels.o: common/kernels.cu common/kernels.h $(FLAGS_STAMP) | $(BUILD)/common
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

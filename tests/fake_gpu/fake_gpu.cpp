@@ -1,0 +1,996 @@
+// fake_gpu.cpp: the CUDA runtime, cuBLAS and NCCL calls of this repository,
+// run on the CPU, so that the GPU path (its host code, its kernels, the order
+// of its streams) is tested on machines without a GPU.
+//
+// `make FAKE_GPU=1` (tests/fake_gpu/fake_gpu.mk) links the programs against
+// this library instead of libcudart and libnccl, opens it as cuBLAS, and
+// builds common/kernels.cu with tests/fake_gpu/nvcc. tests/test_fake_gpu.sh
+// runs tests/test_gpu.sh on such a build, with one simulated GPU (the ranks
+// share it: the MPI fallbacks) and with four (NCCL between ranks).
+//
+// It is stricter than a GPU where a GPU forgives by luck:
+//  - Device memory is an arena that host code cannot touch (PROT_NONE) except
+//    while a kernel, copy, GEMM or collective runs: a host loop over a device
+//    pointer is a segfault, a kernel, GEMM or copy given host memory where it
+//    wants device memory is stopped with its name.
+//  - Fresh device and page-locked memory is filled with 0xFF bytes (NaN),
+//    not the zeros a GPU often hands out: a read before a write shows.
+//  - A stream's work runs only when something waits for it (the stream, an
+//    event, a synchronous copy, cudaFree, another stream through
+//    cudaStreamWaitEvent): a missing wait reads stale data. NCCL's collectives
+//    communicate when called (as on a GPU, other ranks may wait on them), and
+//    their result lands when their stream runs.
+// It does not model timing, streams running side by side, memory sizes, or
+// the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
+// Fibers switch stacks with _longjmp, which glibc's fortified longjmp refuses.
+#undef _FORTIFY_SOURCE
+#include <cblas.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <setjmp.h>
+#include <nccl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace {
+
+[[noreturn]] void fail(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "fake GPU: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    fflush(stderr);
+    abort();
+}
+
+std::recursive_mutex big_lock;  // one caller at a time: the state below is shared
+using Guard = std::lock_guard<std::recursive_mutex>;
+
+double now_seconds() {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// ------------------------------------------------------------------ memory
+
+// Device memory: one reserved range, allocated from the bottom; readable and
+// writable only inside a Window.
+const size_t ARENA_BYTES = (size_t)1 << 38, PAGE = 4096, ALIGN = 256;
+char *arena;
+size_t arena_top;                             // bytes handed out so far (page-rounded when protected)
+std::map<const char *, size_t> device_blocks;  // start -> bytes asked for, live
+std::map<const char *, size_t> capacities;     // start -> bytes reserved (256-byte multiples)
+std::multimap<size_t, char *> free_blocks;     // bytes -> start, for reuse
+std::map<const char *, size_t> pinned_blocks;  // cudaMallocHost's
+int window_depth;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void protect(int protection) {
+    if (arena_top && mprotect(arena, round_up(arena_top, PAGE), protection) != 0) fail("mprotect: %s", strerror(errno));
+}
+
+// While one is alive, the arena is readable and writable (device code runs).
+struct Window {
+    Window() {
+        if (window_depth++ == 0) protect(PROT_READ | PROT_WRITE);
+    }
+    ~Window() {
+        if (--window_depth == 0) protect(PROT_NONE);
+    }
+};
+
+void reserve_arena() {
+    if (arena) return;
+    void *p = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fail("cannot reserve %zu GB of address space: %s", ARENA_BYTES >> 30, strerror(errno));
+    arena = (char *)p;
+}
+
+bool in_arena(const void *p) { return arena && (const char *)p >= arena && (const char *)p < arena + ARENA_BYTES; }
+
+// The live block of `blocks` that holds [p, p + bytes), or NULL.
+const char *block_holding(const std::map<const char *, size_t> &blocks, const void *p, size_t bytes) {
+    auto it = blocks.upper_bound((const char *)p);
+    if (it == blocks.begin()) return NULL;
+    --it;
+    const char *start = it->first, *q = (const char *)p;
+    return q >= start && q + bytes <= start + it->second ? start : NULL;
+}
+
+bool is_device(const void *p, size_t bytes) { return block_holding(device_blocks, p, bytes ? bytes : 1) != NULL; }
+bool is_pinned(const void *p, size_t bytes) { return block_holding(pinned_blocks, p, bytes ? bytes : 1) != NULL; }
+
+void require_device(const void *p, size_t bytes, const char *what) {
+    if (!is_device(p, bytes))
+        fail("%s: %p (%zu bytes) is not inside one block of device memory%s", what, p, bytes,
+             in_arena(p) ? " (it runs past the end of its block, or the block was freed)" : " (it is host memory)");
+}
+
+void require_host(const void *p, size_t bytes, const char *what) {
+    if (in_arena(p)) fail("%s: %p (%zu bytes) is device memory where host memory was asked for", what, p, bytes);
+}
+
+void poison(void *p, size_t bytes) {
+    Window open;
+    memset(p, 0xFF, bytes);  // NaN in every float
+}
+
+// ------------------------------------------------------------------ streams and events
+
+}  // namespace
+
+struct CUstream_st {
+    std::deque<std::function<void()>> pending;
+    unsigned long long queued = 0, done = 0;  // operations ever queued, and run
+    bool blocking = true;                     // synchronises with the legacy default stream
+};
+
+struct CUevent_st {
+    CUstream_st *stream = nullptr;  // where it was last recorded (nullptr: complete)
+    unsigned long long position = 0;
+    double seconds = 0;  // when it completed
+};
+
+namespace {
+
+CUstream_st legacy_stream;  // stream 0: runs at once, after every blocking stream
+std::vector<CUstream_st *> streams;
+
+CUstream_st *stream_of(cudaStream_t s) {
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &legacy_stream;
+    return s;
+}
+
+void run_until(CUstream_st *s, unsigned long long position) {
+    if (s->done >= position) return;
+    Window open;  // once for the lot: each mprotect of the arena costs up to a millisecond
+    while (s->done < position) {
+        std::function<void()> op = std::move(s->pending.front());
+        s->pending.pop_front();
+        s->done++;
+        op();
+    }
+}
+
+void run_all(CUstream_st *s) { run_until(s, s->queued); }
+
+void run_blocking_streams() {
+    for (CUstream_st *s : streams)
+        if (s->blocking) run_all(s);
+}
+
+void run_every_stream() {
+    for (CUstream_st *s : streams) run_all(s);
+}
+
+// Queues op on s; on the legacy default stream it runs now, after the blocking streams.
+void enqueue(cudaStream_t stream, std::function<void()> op) {
+    CUstream_st *s = stream_of(stream);
+    if (s == &legacy_stream) {
+        run_blocking_streams();
+        op();
+        return;
+    }
+    s->pending.push_back(std::move(op));
+    s->queued++;
+}
+
+bool event_complete(const CUevent_st *e) { return !e->stream || e->stream->done >= e->position; }
+
+// ------------------------------------------------------------------ devices
+
+int current_device;
+
+int device_count() {
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    const char *count = getenv("FAKE_GPU_COUNT");
+    int n = count && *count ? atoi(count) : 1;
+    if (visible) {
+        int listed = *visible ? 1 : 0;
+        for (const char *c = visible; *c; c++) listed += *c == ',';
+        if (listed < n) n = listed;
+    }
+    return n;
+}
+
+// ------------------------------------------------------------------ kernels
+
+// Up to 1024 threads of one block, as fibers: each runs until __syncthreads
+// or its end, in turn. makecontext gives each its stack and swapcontext starts
+// it; after that they switch with _setjmp/_longjmp, which, unlike swapcontext,
+// make no system call (a kernel with barriers switches 10^4 times a launch).
+const size_t FIBER_STACK = 64 * 1024;
+struct Fibers {
+    ucontext_t start;
+    jmp_buf scheduler;
+    std::vector<ucontext_t> contexts;
+    struct Resume {
+        jmp_buf at;
+    };
+    std::vector<Resume> resume;  // where each fiber waits at its barrier
+    std::vector<char> started, done;
+    char *stacks = nullptr;
+    size_t n_stacks = 0;
+    const std::function<void()> *thread = nullptr;
+    int current = -1;
+} fibers;
+
+void fiber_main() {
+    (*fibers.thread)();
+    fibers.done[fibers.current] = 1;
+    _longjmp(fibers.scheduler, 1);
+}
+
+void run_block_as_fibers(const std::function<void()> &thread, dim3 block) {
+    size_t n = (size_t)block.x * block.y * block.z;
+    if (n > fibers.n_stacks) {
+        if (fibers.stacks) munmap(fibers.stacks, fibers.n_stacks * FIBER_STACK);
+        void *p = mmap(NULL, n * FIBER_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) fail("cannot map %zu fiber stacks: %s", n, strerror(errno));
+        fibers.stacks = (char *)p;
+        fibers.n_stacks = n;
+    }
+    fibers.contexts.resize(n);
+    fibers.resume.resize(n);
+    fibers.started.assign(n, 0);
+    fibers.done.assign(n, 0);
+    fibers.thread = &thread;
+    for (size_t remaining = n; remaining > 0;) {  // one round: every thread to its next barrier
+        size_t finished = 0;
+        for (size_t t = 0; t < n; t++) {
+            if (fibers.done[t]) continue;
+            threadIdx = dim3((unsigned)(t % block.x), (unsigned)(t / block.x % block.y), (unsigned)(t / block.x / block.y));
+            fibers.current = (int)t;
+            if (_setjmp(fibers.scheduler) == 0) {
+                if (fibers.started[t]) _longjmp(fibers.resume[t].at, 1);
+                fibers.started[t] = 1;
+                ucontext_t &c = fibers.contexts[t];
+                getcontext(&c);
+                c.uc_stack.ss_sp = fibers.stacks + t * FIBER_STACK;
+                c.uc_stack.ss_size = FIBER_STACK;
+                c.uc_link = NULL;  // fiber_main never returns: it jumps back here
+                makecontext(&c, fiber_main, 0);
+                swapcontext(&fibers.start, &c);
+            }
+            finished += fibers.done[t];
+        }
+        if (finished && finished != remaining)
+            fail("a kernel's block left %zu threads at a __syncthreads that %zu others never reached", remaining - finished,
+                 finished);
+        remaining -= finished;
+    }
+    fibers.current = -1;
+}
+
+void run_grid(const std::function<void()> &thread, bool synced, dim3 grid, dim3 block) {
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = dim3(x, y, z);
+                if (synced) {
+                    run_block_as_fibers(thread, block);
+                    continue;
+                }
+                for (unsigned tz = 0; tz < block.z; tz++)
+                    for (unsigned ty = 0; ty < block.y; ty++)
+                        for (unsigned tx = 0; tx < block.x; tx++) {
+                            threadIdx = dim3(tx, ty, tz);
+                            thread();
+                        }
+            }
+}
+
+cudaError_t last_error = cudaSuccess;
+
+}  // namespace
+
+void __syncthreads() {
+    if (fibers.current < 0) fail("__syncthreads in a kernel launched without fibers (tests/fake_gpu/nvcc missed it)");
+    if (_setjmp(fibers.resume[fibers.current].at) == 0) _longjmp(fibers.scheduler, 1);
+}
+
+namespace fake_gpu {
+
+void check_kernel_pointer(const char *kernel, int argument, const void *p) {
+    Guard guard(big_lock);
+    if (p && !is_device(p, 1) && !is_pinned(p, 1))
+        fail("kernel %s: argument %d (%p) is neither device memory nor page-locked host memory", kernel, argument, p);
+}
+
+void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> thread) {
+    Guard guard(big_lock);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0 ||
+        (size_t)block.x * block.y * block.z > 1024 || grid.y > 65535 || grid.z > 65535) {
+        fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u) is invalid", kernel, grid.x, grid.y, grid.z,
+             block.x, block.y, block.z);
+    }
+    enqueue(stream, [thread, synced, grid, block] {
+        Window open;
+        run_grid(thread, synced, grid, block);
+    });
+}
+
+}  // namespace fake_gpu
+
+// ================================================================== the CUDA runtime
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = device_count();
+    return *count ? cudaSuccess : cudaErrorNoDevice;
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return last_error = cudaErrorInvalidDevice;
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *bus_id, int len, int device) {
+    if (device < 0 || device >= device_count()) return last_error = cudaErrorInvalidDevice;
+    snprintf(bus_id, (size_t)len, "0000:%02X:00.0", device + 1);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (device < 0 || device >= device_count()) return last_error = cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "fake GPU %d, the CPU", device);
+    prop->totalGlobalMem = (size_t)16 << 30;
+    prop->major = 9;
+    prop->multiProcessorCount = 1;
+    prop->maxThreadsPerBlock = 1024;
+    prop->pciBusID = device + 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    Guard guard(big_lock);
+    run_every_stream();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t error = last_error;
+    last_error = cudaSuccess;
+    return error;
+}
+
+const char *cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "fake GPU: an error it does not name";
+    }
+}
+
+// ------------------------------------------------------------------ memory
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    Guard guard(big_lock);
+    reserve_arena();
+    size_t size = round_up(bytes ? bytes : 1, ALIGN);
+    char *block = NULL;
+    auto reuse = free_blocks.lower_bound(size);
+    if (reuse != free_blocks.end() && reuse->first <= 2 * size) {
+        block = reuse->second;
+        size = reuse->first;
+        free_blocks.erase(reuse);
+    } else {
+        if (arena_top + size > ARENA_BYTES) return last_error = cudaErrorMemoryAllocation;
+        block = arena + arena_top;
+        arena_top += size;  // reserved as PROT_NONE: only an open window needs the new pages opened
+        if (window_depth) protect(PROT_READ | PROT_WRITE);
+    }
+    device_blocks[block] = bytes ? bytes : 1;  // the checks hold a copy to the bytes asked for
+    capacities[block] = size;
+    poison(block, size);
+    *p = block;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    Guard guard(big_lock);
+    if (!p) return cudaSuccess;
+    run_every_stream();  // cudaFree waits for the device
+    auto it = device_blocks.find((const char *)p);
+    if (it == device_blocks.end()) fail("cudaFree(%p): not the start of a live block of device memory", p);
+    size_t size = capacities[(const char *)p];
+    poison(p, size);  // a use after the free reads NaN
+    free_blocks.emplace(size, (char *)p);
+    device_blocks.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    Guard guard(big_lock);
+    void *block = NULL;
+    if (posix_memalign(&block, PAGE, round_up(bytes ? bytes : 1, PAGE)) != 0) return last_error = cudaErrorMemoryAllocation;
+    memset(block, 0xFF, bytes);
+    pinned_blocks[(const char *)block] = bytes ? bytes : 1;
+    *p = block;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    Guard guard(big_lock);
+    if (!p) return cudaSuccess;
+    run_every_stream();
+    if (!pinned_blocks.erase((const char *)p)) fail("cudaFreeHost(%p): not from cudaMallocHost", p);
+    free(p);
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+namespace {
+
+// The copy's kind, checked against where its pointers are.
+cudaMemcpyKind checked_kind(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *call) {
+    if (kind == cudaMemcpyDefault)
+        kind = in_arena(dst) ? (in_arena(src) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                             : (in_arena(src) ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    char what[96];
+    snprintf(what, sizeof what, "%s's destination", call);
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) require_device(dst, bytes, what);
+    else require_host(dst, bytes, what);
+    snprintf(what, sizeof what, "%s's source", call);
+    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) require_device(src, bytes, what);
+    else require_host(src, bytes, what);
+    return kind;
+}
+
+void copy_now(void *dst, const void *src, size_t bytes) {
+    Window open;
+    memmove(dst, src, bytes);
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+    Guard guard(big_lock);
+    if (!bytes) return cudaSuccess;
+    checked_kind(dst, src, bytes, kind, "cudaMemcpy");
+    run_blocking_streams();  // the legacy default stream's copy
+    copy_now(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    Guard guard(big_lock);
+    if (!bytes) return cudaSuccess;
+    kind = checked_kind(dst, src, bytes, kind, "cudaMemcpyAsync");
+    if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, bytes)) {
+        // Into pageable memory the call returns when the copy is done.
+        run_all(stream_of(stream));
+        copy_now(dst, src, bytes);
+    } else if (kind == cudaMemcpyHostToDevice && !is_pinned(src, bytes)) {
+        // From pageable memory the source is staged before the call returns.
+        auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
+        enqueue(stream, [dst, staged] { copy_now(dst, staged->data(), staged->size()); });
+    } else {
+        enqueue(stream, [dst, src, bytes] { copy_now(dst, src, bytes); });
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
+    Guard guard(big_lock);
+    if (!bytes) return cudaSuccess;
+    require_device(p, bytes, "cudaMemsetAsync");
+    enqueue(stream, [p, value, bytes] {
+        Window open;
+        memset(p, value, bytes);
+    });
+    return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ streams and events
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+    Guard guard(big_lock);
+    CUstream_st *s = new CUstream_st;
+    s->blocking = !(flags & cudaStreamNonBlocking);
+    streams.push_back(s);
+    *stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    Guard guard(big_lock);
+    CUstream_st *s = stream_of(stream);
+    if (s == &legacy_stream) return last_error = cudaErrorInvalidValue;
+    run_all(s);  // its queued work still runs
+    for (size_t i = 0; i < streams.size(); i++)
+        if (streams[i] == s) streams.erase(streams.begin() + (long)i);
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    Guard guard(big_lock);
+    CUstream_st *s = stream_of(stream);
+    if (s == &legacy_stream) run_blocking_streams();
+    else run_all(s);
+    return cudaSuccess;
+}
+
+// Not ready while work is queued; the query lets it run, so a polling loop ends.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    Guard guard(big_lock);
+    CUstream_st *s = stream_of(stream);
+    if (s->done == s->queued) return cudaSuccess;
+    run_all(s);
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    *event = new CUevent_st;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    (void)flags;
+    return cudaEventCreate(event);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    Guard guard(big_lock);
+    if (!event_complete(event)) run_until(event->stream, event->position);  // its marker holds the event
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    Guard guard(big_lock);
+    CUstream_st *s = stream_of(stream);
+    if (s == &legacy_stream) {
+        run_blocking_streams();
+        event->stream = nullptr;
+        event->seconds = now_seconds();
+        return cudaSuccess;
+    }
+    enqueue(stream, [event] { event->seconds = now_seconds(); });
+    event->stream = s;
+    event->position = s->queued;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    Guard guard(big_lock);
+    if (event_complete(event)) return cudaSuccess;
+    run_until(event->stream, event->position);
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    Guard guard(big_lock);
+    if (!event_complete(event)) run_until(event->stream, event->position);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    Guard guard(big_lock);
+    if (!event_complete(start) || !event_complete(end)) return last_error = cudaErrorNotReady;
+    *ms = (float)((end->seconds - start->seconds) * 1e3);
+    return cudaSuccess;
+}
+
+// The stream's later work waits for the event's stream up to the event.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    Guard guard(big_lock);
+    (void)flags;
+    if (event_complete(event)) return cudaSuccess;
+    CUstream_st *other = event->stream;
+    unsigned long long position = event->position;
+    enqueue(stream, [other, position] { run_until(other, position); });
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ================================================================== cuBLAS (column-major, as cuBLAS)
+struct cublasContext {
+    cudaStream_t stream = nullptr;
+};
+
+namespace {
+
+// The bytes of a column-major rows x cols matrix with leading dimension ld.
+size_t matrix_bytes(int rows, int cols, int ld) {
+    return rows && cols ? ((size_t)ld * (cols - 1) + rows) * sizeof(float) : 0;
+}
+
+CBLAS_TRANSPOSE transpose_of(cublasOperation_t op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
+    *handle = new cublasContext;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    (void)handle, (void)mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasGetStatusString(cublasStatus_t status) {
+    return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "fake GPU: a cuBLAS error";
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                              int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                              const float *beta, float *C, int ldc) {
+    Guard guard(big_lock);
+    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    if (k > 0) {
+        require_device(A, matrix_bytes(ta ? k : m, ta ? m : k, lda), "cublasSgemm's A");
+        require_device(B, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemm's B");
+    }
+    require_device(C, matrix_bytes(m, n, ldc), "cublasSgemm's C");
+    require_host(alpha, sizeof *alpha, "cublasSgemm's alpha");
+    require_host(beta, sizeof *beta, "cublasSgemm's beta");
+    float a = *alpha, b = *beta;
+    enqueue(handle->stream, [=] {
+        Window open;
+        if (b == 0.0f)  // cuBLAS does not read C then: a NaN there must not show
+            for (int j = 0; j < n; j++) memset(C + (size_t)j * ldc, 0, (size_t)m * sizeof *C);
+        if (m && n && k) cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A, lda, B, ldb, b, C, ldc);
+        else if (b != 1.0f && b != 0.0f)
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] *= b;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
+                              const float *A, int lda, const float *x, int incx, const float *beta, float *y, int incy) {
+    Guard guard(big_lock);
+    if (m < 0 || n < 0 || incx <= 0 || incy <= 0) return CUBLAS_STATUS_INVALID_VALUE;
+    bool t = trans != CUBLAS_OP_N;
+    int len_x = t ? m : n, len_y = t ? n : m;
+    require_device(A, matrix_bytes(m, n, lda), "cublasSgemv's A");
+    if (len_x) require_device(x, ((size_t)(len_x - 1) * incx + 1) * sizeof *x, "cublasSgemv's x");
+    if (len_y) require_device(y, ((size_t)(len_y - 1) * incy + 1) * sizeof *y, "cublasSgemv's y");
+    float a = *alpha, b = *beta;
+    enqueue(handle->stream, [=] {
+        Window open;
+        if (b == 0.0f)
+            for (int i = 0; i < len_y; i++) y[(size_t)i * incy] = 0.0f;
+        if (m && n) cblas_sgemv(CblasColMajor, transpose_of(trans), m, n, a, A, lda, x, incx, b, y, incy);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+// ================================================================== NCCL, over MPI
+struct ncclComm {
+    MPI_Comm mpi;
+    int rank, size;
+};
+
+namespace {
+
+struct Datatype {
+    MPI_Datatype mpi;
+    size_t bytes;
+};
+
+Datatype datatype_of(ncclDataType_t type) {
+    switch (type) {
+    case ncclInt8: return {MPI_INT8_T, 1};
+    case ncclUint8: return {MPI_UINT8_T, 1};
+    case ncclInt32: return {MPI_INT32_T, 4};
+    case ncclUint32: return {MPI_UINT32_T, 4};
+    case ncclInt64: return {MPI_INT64_T, 8};
+    case ncclUint64: return {MPI_UINT64_T, 8};
+    case ncclFloat32: return {MPI_FLOAT, 4};
+    case ncclFloat64: return {MPI_DOUBLE, 8};
+    default: fail("NCCL datatype %d is not simulated", (int)type);
+    }
+}
+
+MPI_Op op_of(ncclRedOp_t op) {
+    switch (op) {
+    case ncclSum: case ncclAvg: return MPI_SUM;
+    case ncclProd: return MPI_PROD;
+    case ncclMax: return MPI_MAX;
+    case ncclMin: return MPI_MIN;
+    default: fail("NCCL reduction %d is not simulated", (int)op);
+    }
+}
+
+void divide(void *buffer, size_t count, ncclDataType_t type, int by) {
+    if (type == ncclFloat32)
+        for (size_t i = 0; i < count; i++) ((float *)buffer)[i] /= (float)by;
+    else if (type == ncclFloat64)
+        for (size_t i = 0; i < count; i++) ((double *)buffer)[i] /= by;
+    else fail("ncclAvg of an integer type is not simulated");
+}
+
+void check_mpi(int code, const char *call) {
+    if (code != MPI_SUCCESS) fail("%s failed (MPI error %d)", call, code);
+}
+
+// One call's communication: run when the call is made (its stream's earlier
+// work first, so it sends what the stream computed), its result held in a
+// host buffer that a copy on the stream puts in place when the stream runs.
+struct Transfer {
+    enum Kind { COLLECTIVE, SEND, RECV } kind;
+    cudaStream_t stream;
+    std::function<void(std::vector<char> &result)> collective;  // COLLECTIVE: fills result
+    const void *send_buffer;
+    void *recv_buffer;
+    size_t bytes;
+    int peer;
+    ncclComm_t comm;
+};
+
+int group_depth;
+std::vector<Transfer> group;
+
+void deliver(cudaStream_t stream, void *destination, std::shared_ptr<std::vector<char>> result) {
+    if (!destination || result->empty()) return;
+    enqueue(stream, [destination, result] { copy_now(destination, result->data(), result->size()); });
+}
+
+void run_transfers(std::vector<Transfer> &transfers) {
+    for (Transfer &t : transfers) run_all(stream_of(t.stream));
+    std::vector<MPI_Request> requests;
+    std::vector<std::shared_ptr<std::vector<char>>> results(transfers.size());
+    Window open;
+    for (size_t i = 0; i < transfers.size(); i++) {
+        Transfer &t = transfers[i];
+        results[i] = std::make_shared<std::vector<char>>();
+        if (t.kind == Transfer::SEND) {
+            results[i]->assign((const char *)t.send_buffer, (const char *)t.send_buffer + t.bytes);
+            requests.emplace_back();
+            check_mpi(MPI_Isend(results[i]->data(), (int)t.bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &requests.back()),
+                      "ncclSend (MPI_Isend)");
+        } else if (t.kind == Transfer::RECV) {
+            results[i]->resize(t.bytes);
+            requests.emplace_back();
+            check_mpi(MPI_Irecv(results[i]->data(), (int)t.bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &requests.back()),
+                      "ncclRecv (MPI_Irecv)");
+        }
+    }
+    for (size_t i = 0; i < transfers.size(); i++)
+        if (transfers[i].kind == Transfer::COLLECTIVE) transfers[i].collective(*results[i]);
+    check_mpi(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE), "ncclGroupEnd (MPI_Waitall)");
+    for (size_t i = 0; i < transfers.size(); i++)
+        if (transfers[i].kind != Transfer::SEND) deliver(transfers[i].stream, transfers[i].recv_buffer, results[i]);
+}
+
+ncclResult_t submit(Transfer t) {
+    Guard guard(big_lock);
+    group.push_back(std::move(t));
+    if (group_depth == 0) {
+        std::vector<Transfer> now;
+        now.swap(group);
+        run_transfers(now);
+    }
+    return ncclSuccess;
+}
+
+void require_buffer(const void *p, size_t bytes, const char *what) {
+    if (bytes) require_device(p, bytes, what);
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int *version) {
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t result) {
+    switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    default: return "fake GPU: an NCCL error";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return "";
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    snprintf(id->internal, sizeof id->internal, "fake GPU NCCL id");
+    return ncclSuccess;
+}
+
+// Every rank of MPI_COMM_WORLD, each on a GPU of its own, as NCCL demands.
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    Guard guard(big_lock);
+    (void)id;
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (nranks != world || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    char host[256] = "";
+    gethostname(host, sizeof host - 16);
+    snprintf(host + strlen(host), 16, "#%d", current_device);
+    std::vector<char> all((size_t)nranks * sizeof host);
+    check_mpi(MPI_Allgather(host, sizeof host, MPI_CHAR, all.data(), sizeof host, MPI_CHAR, MPI_COMM_WORLD),
+              "ncclCommInitRank (MPI_Allgather)");
+    for (int r = 0; r < nranks; r++)
+        if (r != rank && strcmp(&all[(size_t)r * sizeof host], host) == 0) {
+            fprintf(stderr, "fake NCCL WARN Duplicate GPU detected: rank %d and rank %d both on CUDA device %d\n", rank, r,
+                    current_device);
+            return ncclInvalidUsage;
+        }
+    ncclComm *c = new ncclComm;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi), "ncclCommInitRank (MPI_Comm_dup)");
+    c->rank = rank;
+    c->size = nranks;
+    *comm = c;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    Guard guard(big_lock);
+    MPI_Comm_free(&comm->mpi);
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
+    (void)comm;
+    *error = ncclSuccess;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart(void) {
+    Guard guard(big_lock);
+    group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    Guard guard(big_lock);
+    if (group_depth == 0) return ncclInvalidUsage;
+    if (--group_depth == 0) {
+        std::vector<Transfer> now;
+        now.swap(group);
+        run_transfers(now);
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(send, count * d.bytes, "ncclAllReduce's send buffer");
+    require_buffer(recv, count * d.bytes, "ncclAllReduce's receive buffer");
+    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
+    t.collective = [=](std::vector<char> &result) {
+        result.resize(count * d.bytes);
+        check_mpi(MPI_Allreduce(send, result.data(), (int)count, d.mpi, op_of(op), comm->mpi), "ncclAllReduce (MPI_Allreduce)");
+        if (op == ncclAvg) divide(result.data(), count, type, comm->size);
+    };
+    return submit(std::move(t));
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    if (comm->rank == root) require_buffer(send, count * d.bytes, "ncclBroadcast's send buffer");
+    require_buffer(recv, count * d.bytes, "ncclBroadcast's receive buffer");
+    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
+    t.collective = [=](std::vector<char> &result) {
+        result.resize(count * d.bytes);
+        if (comm->rank == root) memcpy(result.data(), send, result.size());
+        check_mpi(MPI_Bcast(result.data(), (int)count, d.mpi, root, comm->mpi), "ncclBroadcast (MPI_Bcast)");
+    };
+    return submit(std::move(t));
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(send, count * d.bytes, "ncclReduce's send buffer");
+    if (comm->rank == root) require_buffer(recv, count * d.bytes, "ncclReduce's receive buffer");
+    Transfer t{Transfer::COLLECTIVE, stream, {}, send, comm->rank == root ? recv : nullptr, count * d.bytes, 0, comm};
+    t.collective = [=](std::vector<char> &result) {
+        result.resize(count * d.bytes);
+        check_mpi(MPI_Reduce(send, result.data(), (int)count, d.mpi, op_of(op), root, comm->mpi), "ncclReduce (MPI_Reduce)");
+        if (op == ncclAvg && comm->rank == root) divide(result.data(), count, type, comm->size);
+    };
+    return submit(std::move(t));
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(send, count * d.bytes, "ncclAllGather's send buffer");
+    require_buffer(recv, count * d.bytes * comm->size, "ncclAllGather's receive buffer");
+    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes * comm->size, 0, comm};
+    t.collective = [=](std::vector<char> &result) {
+        result.resize(count * d.bytes * comm->size);
+        check_mpi(MPI_Allgather(send, (int)count, d.mpi, result.data(), (int)count, d.mpi, comm->mpi),
+                  "ncclAllGather (MPI_Allgather)");
+    };
+    return submit(std::move(t));
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(send, count * d.bytes * comm->size, "ncclReduceScatter's send buffer");
+    require_buffer(recv, count * d.bytes, "ncclReduceScatter's receive buffer");
+    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
+    t.collective = [=](std::vector<char> &result) {
+        result.resize(count * d.bytes);
+        check_mpi(MPI_Reduce_scatter_block(send, result.data(), (int)count, d.mpi, op_of(op), comm->mpi),
+                  "ncclReduceScatter (MPI_Reduce_scatter_block)");
+        if (op == ncclAvg) divide(result.data(), count, type, comm->size);
+    };
+    return submit(std::move(t));
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(send, count * d.bytes, "ncclSend's buffer");
+    return submit(Transfer{Transfer::SEND, stream, {}, send, nullptr, count * d.bytes, peer, comm});
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+    Datatype d = datatype_of(type);
+    require_buffer(recv, count * d.bytes, "ncclRecv's buffer");
+    return submit(Transfer{Transfer::RECV, stream, {}, nullptr, recv, count * d.bytes, peer, comm});
+}
+
+}  // extern "C"

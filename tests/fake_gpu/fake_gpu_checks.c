@@ -1,0 +1,144 @@
+// fake_gpu_checks: the simulated GPU catches what it claims to catch.
+//
+// Each planted mistake runs in a child process, which must die with the
+// fake GPU's message (or a segfault, for host code reading device memory);
+// the correct versions of the same code must give the right numbers. Built
+// and run by tests/test_fake_gpu.sh on a FAKE_GPU=1 build; prints PASS/FAIL lines.
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels.h"
+
+static int failures;
+
+static void check(int ok, const char *what) {
+    printf("%s fake_gpu: %s\n", ok ? "PASS" : "FAIL", what);
+    failures += !ok;
+}
+
+// Runs mistake() in a child with its stderr in a pipe: true if the child died
+// by `signal` and, when `message` is given, said it.
+static int dies(void (*mistake)(void), int signal, const char *message) {
+    int pipe_ends[2];
+    if (pipe(pipe_ends) != 0) return 0;
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(pipe_ends[1], 2);
+        close(pipe_ends[0]);
+        mistake();
+        _exit(0);  // not caught
+    }
+    close(pipe_ends[1]);
+    char said[4096] = "";
+    size_t used = 0;
+    ssize_t got;
+    while (used < sizeof said - 1 && (got = read(pipe_ends[0], said + used, sizeof said - 1 - used)) > 0) used += (size_t)got;
+    close(pipe_ends[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFSIGNALED(status) && WTERMSIG(status) == signal && (!message || strstr(said, message));
+}
+
+static float *device_floats(size_t n) {
+    void *p = NULL;
+    if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) abort();
+    return p;
+}
+
+static void host_reads_device_memory(void) {
+    float *x = device_floats(4);
+    printf("%g\n", x[0]);
+}
+
+static void kernel_given_host_memory(void) {
+    static float host[4];
+    gpu_fill(host, 4, 1.0f, 0);
+}
+
+static void copy_of_the_wrong_kind(void) {
+    float *x = device_floats(4), host[4] = {0};
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyDeviceToHost);  // the pointers say host to device
+}
+
+static void copy_past_the_end(void) {
+    float *x = device_floats(4), host[8] = {0};
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyHostToDevice);
+}
+
+static void gemm_on_host_memory(void) {
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    static float a[4], b[4], c[4];
+    float one = 1, zero = 0;
+    cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, a, 2, b, 2, &zero, c, 2);
+}
+
+int main(void) {
+    check(dies(host_reads_device_memory, SIGSEGV, NULL), "host code that reads device memory is a segfault");
+    check(dies(kernel_given_host_memory, SIGABRT, "kernel fill_kernel: argument 0"),
+          "a kernel given host memory stops the run, named");
+    check(dies(copy_of_the_wrong_kind, SIGABRT, "cudaMemcpy's destination"), "a cudaMemcpy of the wrong kind stops the run");
+    check(dies(copy_past_the_end, SIGABRT, "not inside one block of device memory"),
+          "a copy past the end of a device block stops the run");
+    check(dies(gemm_on_host_memory, SIGABRT, "cublasSgemm's A"), "cublasSgemm on host memory stops the run, named");
+
+    // Fresh device memory is NaN, not zeros.
+    const size_t n = 3000;
+    float *x = device_floats(n), *host = NULL;
+    cudaMallocHost((void **)&host, n * sizeof *host);
+    cudaMemcpy(host, x, n * sizeof *host, cudaMemcpyDeviceToHost);
+    check(isnan(host[0]) && isnan(host[n - 1]), "fresh device memory holds NaN");
+
+    // A stream's work waits for its stream: a copy on another stream that does
+    // not wait for the fill reads what was there before it.
+    cudaStream_t compute, copy;
+    cudaStreamCreate(&compute);
+    cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking);
+    gpu_fill(x, n, 2.0f, compute);
+    cudaMemcpyAsync(host, x, n * sizeof *host, cudaMemcpyDeviceToHost, copy);
+    cudaStreamSynchronize(copy);
+    check(isnan(host[0]), "a copy on a stream that does not wait for the fill reads the old data");
+    cudaEvent_t filled;
+    cudaEventCreate(&filled);
+    gpu_fill(x, n, 3.0f, compute);
+    cudaEventRecord(filled, compute);
+    cudaStreamWaitEvent(copy, filled, 0);
+    cudaMemcpyAsync(host, x, n * sizeof *host, cudaMemcpyDeviceToHost, copy);
+    check(host[0] != 3.0f, "an asynchronous copy into page-locked memory has not landed before a wait");
+    cudaStreamSynchronize(copy);
+    check(host[0] == 3.0f && host[n - 1] == 3.0f, "with cudaStreamWaitEvent it reads the fill's values");
+
+    // A kernel with __syncthreads (one block of 1024 fibers) sums in its fixed order.
+    for (size_t i = 0; i < n; i++) host[i] = (float)(i % 7) - 2.5f;
+    double expected = 0, *sum = NULL, got = 0;
+    for (size_t i = 0; i < n; i++) expected += host[i];
+    cudaMemcpy(x, host, n * sizeof *host, cudaMemcpyHostToDevice);
+    cudaMalloc((void **)&sum, sizeof *sum);
+    gpu_sum(x, n, 0, sum, compute);
+    cudaMemcpyAsync(&got, sum, sizeof got, cudaMemcpyDeviceToHost, compute);
+    check(got == expected, "a kernel with __syncthreads (gpu_sum, 1024 threads) sums right");
+
+    // cuBLAS is column-major: C = A B with A = [1 2; 3 4], B = [5 6; 7 8] (rows) is [19 22; 43 50].
+    float a[4] = {1, 3, 2, 4}, b[4] = {5, 7, 6, 8}, c[4], one = 1, zero = 0, *da = device_floats(4),
+          *db = device_floats(4), *dc = device_floats(4);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    cublasHandle_t handle;
+    cublasCreate(&handle);
+    cublasSetStream(handle, compute);
+    cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, da, 2, db, 2, &zero, dc, 2);  // dc is NaN: beta 0 ignores it
+    cudaMemcpy(c, dc, sizeof c, cudaMemcpyDeviceToHost);
+    check(c[0] == 19 && c[2] == 22 && c[1] == 43 && c[3] == 50, "cublasSgemm, column-major, beta 0 over NaN");
+
+    printf("%d passed, %d failed\n", 11 - failures, failures);
+    return failures != 0;
+}

@@ -1,0 +1,46 @@
+// kernel_emulation.h: what nvcc gives a .cu file, for the host's C++ compiler.
+//
+// tests/fake_gpu/nvcc compiles common/kernels.cu with g++ and this header in
+// front of it, after rewriting each launch `k<<<grid, block, shared, stream>>>(args)`
+// into `fake_gpu::launcher("k", synced, k, grid, block, shared, stream)(args)`.
+// A kernel becomes a plain function; fake_gpu.cpp runs it once per thread of
+// the grid, with threadIdx, blockIdx, blockDim and gridDim set, when its stream
+// runs. `synced` says that the kernel calls __syncthreads: its block's threads
+// then run as fibers that all stop at each barrier.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+#include <functional>
+
+#undef __global__
+#undef __shared__
+#define __global__
+#define __shared__ static  // the blocks of a grid run one after the other
+
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+
+namespace fake_gpu {
+
+// Stops the run, naming the kernel, unless p is NULL, device memory or page-locked host memory.
+void check_kernel_pointer(const char *kernel, int argument, const void *p);
+// Queues the grid on `stream` (runs it at once on the legacy default stream).
+void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> thread);
+
+template <class T> void check_argument(const char *kernel, int argument, T *p) { check_kernel_pointer(kernel, argument, p); }
+template <class T> void check_argument(const char *, int, T) {}
+
+template <class... Params>
+auto launcher(const char *name, bool synced, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes = 0,
+              cudaStream_t stream = 0) {
+    (void)shared_bytes;  // static __shared__ arrays only
+    return [=](auto... args) {
+        int argument = 0;
+        (check_argument(name, argument++, args), ...);
+        launch(name, synced, grid, block, stream, [=] { kernel(args...); });
+    };
+}
+
+}  // namespace fake_gpu

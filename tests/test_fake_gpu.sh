@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU path on a simulated GPU, for machines without one: a copy of the
+# tree built with `make CUDA=1 FAKE_GPU=1` (tests/fake_gpu: a CUDA runtime,
+# cuBLAS and NCCL that run on the CPU, and kernels.cu compiled for it), the
+# simulation's own checks, every GPU operation against the CPU code
+# (tests/unit/test_gpu.c), then every check of tests/test_gpu.sh, with one
+# simulated GPU (ranks share it: the MPI fallbacks) and with four (NCCL
+# between ranks). tests/fake_gpu/fake_gpu.cpp says what the simulation
+# catches and what only a real GPU can show (`make test-gpu` on one).
+set -u
+cd "$(dirname "$0")/.."
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
+for needed in "$cuda_include/cuda_runtime_api.h" "$cuda_include/cublas_v2.h" "$cuda_include/nccl.h"; do
+    if [ ! -f "$needed" ]; then
+        echo "SKIP fake-gpu: the GPU path on a simulated GPU (needs the CUDA toolkit's headers: no $needed)"
+        exit 0
+    fi
+done
+if ! command -v g++ > /dev/null || ! command -v mpicxx > /dev/null; then
+    echo "SKIP fake-gpu: the GPU path on a simulated GPU (needs g++ and mpicxx)"
+    exit 0
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+src=$tmp/src
+mkdir -p "$src"
+cp -r Makefile common day1 day2 day3 tests "$src/"
+ln -s "$PWD/data" "$src/data"
+# A fresh build/ of its own: every binary copied from here is rebuilt (they depend on build/flags).
+if ! make -C "$src" -j"$(nproc)" CUDA=1 FAKE_GPU=1 NVTX=0 > "$tmp/build" 2>&1; then
+    echo "FAIL fake-gpu: make CUDA=1 FAKE_GPU=1: $(grep -m3 -E 'error|Error' "$tmp/build")"
+    exit 1
+fi
+warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build")
+if [ "$warnings" -eq 0 ]; then echo "PASS fake-gpu: make CUDA=1 FAKE_GPU=1 builds every program without warnings"
+else echo "FAIL fake-gpu: make CUDA=1 FAKE_GPU=1 warns $warnings times: $(grep -m1 -E ': warning:' "$tmp/build")"; fi
+
+"$src/build/fake_gpu/fake_gpu_checks" | grep -E '^(PASS|FAIL) '
+# Every GPU operation against the CPU code (tests/unit/test_gpu.c).
+(cd "$src" && build/tests/test_gpu 2>&1) | sed -E "s/^(PASS|FAIL|SKIP) /\1 fake GPU: /"
+
+for gpus in 1 4; do
+    (cd "$src" && FAKE_GPU_COUNT=$gpus GPU_CHECKS_ONLY=1 MPIRUN="$MPIRUN" bash tests/test_gpu.sh 2>&1) |
+        sed -E "s/^(PASS|FAIL|SKIP) gpu: /\1 fake GPU x$gpus: /"
+done
