@@ -1,6 +1,7 @@
 // cnn.c: SimpleCNN's forward and backward, layer by layer. See cnn.h.
 #include "cnn.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,6 +39,15 @@ Cnn *cnn_new(int max_batch, Rng *rng, Device device) {
         snprintf(what, sizeof what, "--batch_size %d (SimpleCNN)", max_batch);
         dist_require_memory(words_per_sample() * 4.0 * max_batch, what);
     }
+    // The first pool's argmax are int indices into its C1 x batch x 28 x 28
+    // input: past INT_MAX they would wrap, and its backward write out of bounds
+    // (a GPU of 141 GB holds that batch; on the CPU, the memory check above says
+    // no first).
+    char too_large[128];
+    int most = (int)(INT_MAX / ((long)C1 * SIDE * SIDE));
+    snprintf(too_large, sizeof too_large, "--batch_size %d: the SimpleCNN takes at most %d (its pooling indexes are ints)",
+             max_batch, most);
+    check_all_ranks(max_batch <= most, too_large);
     Cnn *m = xcalloc(1, sizeof(Cnn));
     m->max_batch = max_batch;
     m->n_params = CNN_PARAMS;

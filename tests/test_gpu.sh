@@ -112,6 +112,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 12 --device cuda at 1, 2, 3 and 4 ranks: every collective verified, the demo as on the CPU"
     "step 12 --device cuda: a wrong element fails the run, named"
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
+    "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 13 on the GPU: a kill and a restart end as the run without one"
     "NCCL between ranks (DDP, step 12): needs 2 GPUs or more" "compute-sanitizer")
 if [ "$gpus" -eq 0 ]; then
@@ -252,6 +253,13 @@ status=$?
 checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/cnn_g2" | sort -u | wc -l)
 check "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (40 steps): $verdict; both ranks end bit-identical" \
     test $status -eq 0 -a "$checksums" -eq 1
+
+# Past batch 85598 the first pool's argmax (int indices into 32 x batch x 28 x 28)
+# would wrap; a GPU has no host memory check to refuse it first, as the CPU does.
+mpi 2 day3/14_cnn_ddp --device cuda --batch_size 85599 --plot '' > "$tmp/cnn_big" 2>&1
+status=$?
+check "step 14 on the GPU refuses a batch past its int pooling indexes, exit $status: $(grep -m1 -- '--batch_size' "$tmp/cnn_big")" \
+    test $status -eq 1 -a "$(grep -c -- '--batch_size 85599: the SimpleCNN takes at most 85598' "$tmp/cnn_big")" -eq 1
 
 # Step 13 on the GPU: the snapshot holds GPU tensors (the weights, Adam's
 # moments), copied to the host to be written and back when loaded. A run
