@@ -26,79 +26,76 @@ accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
 final_loss() { tail -1 "$1" | cut -d, -f3; }
 
 # ---------------------------------------------------------------- without a GPU
-# tests/test_fake_gpu.sh sets GPU_CHECKS_ONLY=1: its simulated GPU has nothing to add here.
-if [ "${GPU_CHECKS_ONLY:-0}" != 1 ]; then
-    # step1_refused WHAT STATUS PATTERN FLAGS...: step 1, with every GPU hidden, exits with STATUS
-    # (any non-zero for "fail") and prints one line matching PATTERN.
-    step1_refused() {
-        local what=$1 want=$2 pattern=$3 status; shift 3
-        no_gpu day1/1_dist_allreduce_gpu "$@" > "$tmp/step1" 2>&1
-        status=$?
-        if { [ "$want" = fail ] && [ $status -ne 0 ] || [ $status = "$want" ]; } &&
-            [ "$(wc -l < "$tmp/step1")" -eq 1 ] && grep -q -- "$pattern" "$tmp/step1"; then
-            pass "step 1 $what: one line, exit $status: $(cat "$tmp/step1")"
-        else
-            fail "step 1 $what (exit $status): $(head -3 "$tmp/step1")"
-        fi
-    }
-    if [ -x day1/1_dist_allreduce_gpu ]; then
-        step1_refused "without a GPU" fail 'no CUDA device: run step 0, or use a GPU node'
-        step1_refused "--iters without --count (a usage error)" 2 \
-            '^error: --iters times the allreduce of --count N > 1 floats (got --count 1)' --iters 5
-    else
-        grep -q 'HAVE_CUDA=1' build/flags 2> /dev/null &&
-            fail "step 1 is missing from a build with CUDA" ||
-            pass "step 1 is not built without CUDA (CUDA=0 or no nvcc/NCCL), and make says so"
-    fi
-
-    no_gpu mpi 3 day3/12_collectives --device cuda > "$tmp/c12" 2>&1
+# step1_refused WHAT STATUS PATTERN FLAGS...: step 1, with every GPU hidden, exits with STATUS
+# (any non-zero for "fail") and prints one line matching PATTERN.
+step1_refused() {
+    local what=$1 want=$2 pattern=$3 status; shift 3
+    no_gpu day1/1_dist_allreduce_gpu "$@" > "$tmp/step1" 2>&1
     status=$?
-    lines=$(grep -c -- '--device cuda' "$tmp/c12")
-    check "step 12 --device cuda without a GPU on 3 ranks: exit $status, no hang, the reason said once: $(grep -m1 -- '--device cuda' "$tmp/c12")" \
-        test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
-
-    no_gpu day1/2_mnist_training --device cuda --epochs 1 > "$tmp/cuda" 2>&1
-    status=$?
-    if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/cuda")" -eq 1 ] && grep -q -- '--device cuda' "$tmp/cuda"; then
-        pass "--device cuda without a GPU: one line, exit $status: $(cat "$tmp/cuda")"
+    if { [ "$want" = fail ] && [ $status -ne 0 ] || [ $status = "$want" ]; } &&
+        [ "$(wc -l < "$tmp/step1")" -eq 1 ] && grep -q -- "$pattern" "$tmp/step1"; then
+        pass "step 1 $what: one line, exit $status: $(cat "$tmp/step1")"
     else
-        fail "--device cuda without a GPU (exit $status): $(head -3 "$tmp/cuda")"
+        fail "step 1 $what (exit $status): $(head -3 "$tmp/step1")"
     fi
-    no_gpu mpi 4 day1/4_mnist_manual_ddp --device cuda --epochs 1 > "$tmp/cuda4" 2>&1
-    status=$?
-    lines=$(grep -c -- '--device cuda' "$tmp/cuda4")
-    check "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
-        test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
-    no_gpu day1/2_mnist_training --epochs 1 --plot '' > "$tmp/auto" 2>&1
-    check "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
-        grep -q '; cpu, [0-9]* threads\?, ' "$tmp/auto"
+}
+if [ -x day1/1_dist_allreduce_gpu ]; then
+    step1_refused "without a GPU" fail 'no CUDA device: run step 0, or use a GPU node'
+    step1_refused "--iters without --count (a usage error)" 2 \
+        '^error: --iters times the allreduce of --count N > 1 floats (got --count 1)' --iters 5
+else
+    grep -q 'HAVE_CUDA=1' build/flags 2> /dev/null &&
+        fail "step 1 is missing from a build with CUDA" ||
+        pass "step 1 is not built without CUDA (CUDA=0 or no nvcc/NCCL), and make says so"
+fi
 
-    # A CPU-only build (CUDA=0) of a program, in a copy of the tree: no warnings,
-    # --device cuda is a usage error, --device auto trains on the CPU.
-    mkdir -p "$tmp/src/day1" "$tmp/src/day3"
-    cp -r Makefile common "$tmp/src/"
-    cp day1/2_mnist_training.c "$tmp/src/day1/"
-    cp day3/12_collectives.c "$tmp/src/day3/"
-    if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training day3/12_collectives > "$tmp/build0" 2>&1; then
-        # The compiler's warnings (file:line:col: warning:), not make's own (a -j
-        # inherited from a `make -j test` makes the sub-make warn about its jobserver).
-        warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build0")
-        check "a CUDA=0 build compiles without warnings ($warnings) and says 'CUDA=0: CPU only'" \
-            test "$warnings" -eq 0 -a "$(grep -c 'CUDA=0: CPU only' "$tmp/build0")" -eq 1
-        "$tmp/src/day1/2_mnist_training" --device cuda > "$tmp/cuda0" 2>&1
-        status=$?
-        check "CUDA=0 build: --device cuda is a usage error (exit $status): $(cat "$tmp/cuda0")" \
-            test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/cuda0")" -eq 1
-        "$tmp/src/day1/2_mnist_training" --epochs 1 --plot '' > "$tmp/auto0" 2>&1
-        check "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
-            grep -q '; cpu, .*' "$tmp/auto0"
-        "$tmp/src/day3/12_collectives" --device cuda > "$tmp/c12_0" 2>&1
-        status=$?
-        check "CUDA=0 build: step 12 --device cuda is a usage error (exit $status): $(cat "$tmp/c12_0")" \
-            test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/c12_0")" -eq 1
-    else
-        fail "make CUDA=0 day1/2_mnist_training: $(grep -m3 -E 'error|Error' "$tmp/build0")"
-    fi
+no_gpu mpi 3 day3/12_collectives --device cuda > "$tmp/c12" 2>&1
+status=$?
+lines=$(grep -c -- '--device cuda' "$tmp/c12")
+check "step 12 --device cuda without a GPU on 3 ranks: exit $status, no hang, the reason said once: $(grep -m1 -- '--device cuda' "$tmp/c12")" \
+    test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
+
+no_gpu day1/2_mnist_training --device cuda --epochs 1 > "$tmp/cuda" 2>&1
+status=$?
+if [ $status -ne 0 ] && [ "$(wc -l < "$tmp/cuda")" -eq 1 ] && grep -q -- '--device cuda' "$tmp/cuda"; then
+    pass "--device cuda without a GPU: one line, exit $status: $(cat "$tmp/cuda")"
+else
+    fail "--device cuda without a GPU (exit $status): $(head -3 "$tmp/cuda")"
+fi
+no_gpu mpi 4 day1/4_mnist_manual_ddp --device cuda --epochs 1 > "$tmp/cuda4" 2>&1
+status=$?
+lines=$(grep -c -- '--device cuda' "$tmp/cuda4")
+check "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
+    test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
+no_gpu day1/2_mnist_training --epochs 1 --plot '' > "$tmp/auto" 2>&1
+check "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
+    grep -q '; cpu, [0-9]* threads\?, ' "$tmp/auto"
+
+# A CPU-only build (CUDA=0) of a program, in a copy of the tree: no warnings,
+# --device cuda is a usage error, --device auto trains on the CPU.
+mkdir -p "$tmp/src/day1" "$tmp/src/day3"
+cp -r Makefile common "$tmp/src/"
+cp day1/2_mnist_training.c "$tmp/src/day1/"
+cp day3/12_collectives.c "$tmp/src/day3/"
+if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training day3/12_collectives > "$tmp/build0" 2>&1; then
+    # The compiler's warnings (file:line:col: warning:), not make's own (a -j
+    # inherited from a `make -j test` makes the sub-make warn about its jobserver).
+    warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build0")
+    check "a CUDA=0 build compiles without warnings ($warnings) and says 'CUDA=0: CPU only'" \
+        test "$warnings" -eq 0 -a "$(grep -c 'CUDA=0: CPU only' "$tmp/build0")" -eq 1
+    "$tmp/src/day1/2_mnist_training" --device cuda > "$tmp/cuda0" 2>&1
+    status=$?
+    check "CUDA=0 build: --device cuda is a usage error (exit $status): $(cat "$tmp/cuda0")" \
+        test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/cuda0")" -eq 1
+    "$tmp/src/day1/2_mnist_training" --epochs 1 --plot '' > "$tmp/auto0" 2>&1
+    check "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
+        grep -q '; cpu, .*' "$tmp/auto0"
+    "$tmp/src/day3/12_collectives" --device cuda > "$tmp/c12_0" 2>&1
+    status=$?
+    check "CUDA=0 build: step 12 --device cuda is a usage error (exit $status): $(cat "$tmp/c12_0")" \
+        test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/c12_0")" -eq 1
+else
+    fail "make CUDA=0 day1/2_mnist_training: $(grep -m3 -E 'error|Error' "$tmp/build0")"
 fi
 
 # ---------------------------------------------------------------- with a GPU
