@@ -9,6 +9,8 @@
 
 #if HAVE_CUDA
 #include "kernels.h"
+#include "profile.h"
+#include "timer.h"
 
 // ------------------------------------------------------------------ GPU buckets
 
@@ -22,6 +24,7 @@ struct DdpGpu {
     GpuBucket *buckets;                    // [n_buckets], as ddp->buckets
     cudaEvent_t step_start, backward_end;  // NCCL: the GPU timeline's marks, for the statistics
     bool timing_pending;                   // the last step's events are not yet accounted for
+    double step_start_host;                // while a profile records: step_start on the host's clock
 };
 
 DdpGpu *ddp_gpu_new(const Ddp *ddp) {
@@ -95,6 +98,10 @@ void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
     GpuBucket *bucket = &gpu->buckets[b];
     if (b == 0) {  // the step's first bucket: account for the last step, then mark this one's start
         ddp_nccl_account_step(ddp);
+        if (profile_recording()) {  // with the GPU idle, step_start happens when the host records it
+            device_synchronize();
+            gpu->step_start_host = wall_seconds();
+        }
         CHECK_CUDA(cudaEventRecord(gpu->step_start, device_stream()));
     }
     pack_on_gpu(ddp, b);
@@ -136,6 +143,9 @@ void ddp_nccl_account_step(Ddp *ddp) {
         CHECK_CUDA(cudaEventElapsedTime(&from_ms, gpu->step_start, gpu->buckets[b].comm_start));
         CHECK_CUDA(cudaEventElapsedTime(&to_ms, gpu->step_start, gpu->buckets[b].comm_done));
         ddp_account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
+        if (profile_recording() && gpu->step_start_host > 0)  // the trace's communication track, as on CPUs
+            profile_range_record("allreduce", PROFILE_COMM_THREAD, gpu->step_start_host + 1e-3 * from_ms,
+                                 gpu->step_start_host + 1e-3 * to_ms);
         last_done = 1e-3 * to_ms > last_done ? 1e-3 * to_ms : last_done;
     }
     ddp->wait_seconds += last_done > backward_end ? last_done - backward_end : 0;  // the compute stream's wait

@@ -101,6 +101,12 @@ void profile_range_end(ProfileRange *range) {
     if (g.on) record(range->name, range->thread, 0, range->start, wall_seconds());
 }
 
+int profile_recording(void) { return g.on; }
+
+void profile_range_record(const char *name, int thread, double start, double end) {
+    if (g.on) record(name, thread, 0, start, end);
+}
+
 void profile_mark(const char *name) {
     nvtxMarkA(name);
     if (g.on) {

@@ -33,6 +33,11 @@ void profile_pop(void);
 ProfileRange profile_range_start(const char *name, int thread);
 void profile_range_end(ProfileRange *range);
 void profile_mark(const char *name);
+// Whether ranges are being recorded (profile_start has run).
+int profile_recording(void);
+// A range timed by other means, on wall_seconds()'s clock: NCCL's allreduce,
+// placed on the host's clock by CUDA events (ddp_gpu.c). Recorded only.
+void profile_range_record(const char *name, int thread, double start, double end);
 
 // Collective. Rank 0 prints, per range name: calls, total and mean ms (mean
 // over ranks, slowest rank in brackets) and the share of the "step" range,

@@ -194,6 +194,27 @@ day1/2_mnist_training --no-shuffle --epochs 1 --losses "$tmp/one.csv" --plot '' 
 verdict=$(same_losses "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
 check "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
 
+# With a GPU per rank, NCCL's allreduce runs on the communication stream; the
+# trace places each bucket's allreduce there by its CUDA events, as the CPU's
+# communication thread records it: the small last-layer buckets during backward.
+if [ "$gpus" -ge 2 ]; then
+    mpi 2 day1/6_mnist_ddp --epochs 1 --bucket_mb 0 --trace "$tmp/trace6.json" --plot '' > /dev/null 2>&1
+    verdict=$(${PYTHON:-python3} - "$tmp/trace6.json" << 'PY'
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+for rank in (0, 1):
+    allreduce = [e for e in events if e["pid"] == rank and e["name"] == "allreduce" and e["tid"] == 1]
+    backward = [e for e in events if e["pid"] == rank and e["name"] == "backward" and e["tid"] == 0]
+    during = sum(any(b["ts"] <= a["ts"] < b["ts"] + b["dur"] for b in backward) for a in allreduce)
+    if not allreduce or len(allreduce) != 4 * len(backward) or not during or min(a["dur"] for a in allreduce) < 0:
+        print(f"rank {rank}: {len(allreduce)} allreduce ranges for {len(backward)} steps of 4 buckets, {during} during backward")
+        sys.exit(1)
+print(f"{len(allreduce)} allreduce ranges a rank, {during} of them starting during backward")
+PY
+)
+    check "step 6's trace on 2 GPUs (NCCL): the buckets' allreduce on the communication track: $verdict" test $? -eq 0
+fi
+
 # Step 8: lr x W on the GPU lands where it does on the CPU.
 mpi 2 day1/8_mnist_ddp_lr --device cpu --losses "$tmp/c8.csv" --plot '' > /dev/null 2>&1
 mpi 2 day1/8_mnist_ddp_lr --losses "$tmp/g8.csv" --plot '' > /dev/null 2>&1
