@@ -164,8 +164,17 @@ stop_and_resume "SIGTERM to both ranks" term term_to_ranks
 
 # A stop as soon as the ranks exist (in MPI_Init, or loading the data): no rank dies of the
 # signal; they train one step, save it and exit 75.
+# A rank that has not reached main() yet dies of any signal, handler or not:
+# wait until each catches SIGUSR1 (signal 10: bit 9 of SigCgt in /proc), then signal at once.
+catches_usr1() { local mask; mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$1/status" 2> /dev/null); [ -n "$mask" ] && (((0x$mask >> 9) & 1)); }
 step13_background "$tmp/early.out" 2 --snapshot="$tmp/early.h5"
-for ((t = 0; t < 200; t++)); do [ "$(rank_pids | wc -l)" = 2 ] && break; sleep 0.01; done
+for ((t = 0; t < 500; t++)); do
+    pids=$(rank_pids)
+    ready=0
+    for pid in $pids; do catches_usr1 "$pid" && ready=$((ready + 1)); done
+    [ "$ready" = 2 ] && break
+    sleep 0.01
+done
 for pid in $(rank_pids); do kill -USR1 "$pid"; done
 wait "$run_pid"
 status=$?
