@@ -9,6 +9,8 @@
 # catches and what only a real GPU can show (`make test-gpu` on one).
 set -u
 cd "$(dirname "$0")/.."
+# The simulated GPUs are all visible here (FAKE_GPU_COUNT says how many); test_gpu.sh hides them where it means to.
+unset CUDA_VISIBLE_DEVICES
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
 for needed in "$cuda_include/cuda_runtime_api.h" "$cuda_include/cublas_v2.h" "$cuda_include/nccl.h"; do
@@ -37,11 +39,20 @@ warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build")
 if [ "$warnings" -eq 0 ]; then echo "PASS fake-gpu: make CUDA=1 FAKE_GPU=1 builds every program without warnings"
 else echo "FAIL fake-gpu: make CUDA=1 FAKE_GPU=1 warns $warnings times: $(grep -m1 -E ': warning:' "$tmp/build")"; fi
 
-"$src/build/fake_gpu/fake_gpu_checks" | grep -E '^(PASS|FAIL) '
+# run NAME PREFIX COMMAND...: COMMAND's verdict lines, each with PREFIX; a crash (the
+# simulation's own stop, an abort) without a FAIL line of its own is one FAIL.
+run() {
+    local name=$1 prefix=$2 status; shift 2
+    (cd "$src" && "$@") > "$tmp/out" 2>&1
+    status=$?
+    grep -E '^(PASS|FAIL|SKIP) ' "$tmp/out" | sed -E "s/^(PASS|FAIL|SKIP) (gpu: )?/\1 $prefix: /"
+    if [ $status -ne 0 ] && ! grep -q '^FAIL ' "$tmp/out"; then
+        echo "FAIL $prefix: $name exited with status $status: $(grep -v -E '^(PASS|SKIP) ' "$tmp/out" | tail -3 | tr '\n' ' ')"
+    fi
+}
+run fake_gpu_checks "fake GPU" build/fake_gpu/fake_gpu_checks
 # Every GPU operation against the CPU code (tests/unit/test_gpu.c).
-(cd "$src" && build/tests/test_gpu 2>&1) | sed -E "s/^(PASS|FAIL|SKIP) /\1 fake GPU: /"
-
+run test_gpu "fake GPU" build/tests/test_gpu
 for gpus in 1 4; do
-    (cd "$src" && FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh 2>&1) |
-        sed -E "s/^(PASS|FAIL|SKIP) gpu: /\1 fake GPU x$gpus: /"
+    run test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done

@@ -22,6 +22,13 @@
 //    their result lands when their stream runs.
 // It does not model timing, streams running side by side, memory sizes, or
 // the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
+// Nor does it catch, since the threads of a grid run one after the other and
+// the arena is open to a whole kernel: a kernel writing past its block (only
+// the pointers it is given are checked), a race inside a kernel (a missing
+// __syncthreads, one block reading another's output), uninitialised __shared__
+// memory (it keeps the last block's values), a stream overwriting what NCCL
+// has yet to send (NCCL reads when called), or another host thread reading
+// device memory while a window is open. compute-sanitizer on a GPU does.
 // Fibers switch stacks with _longjmp, which glibc's fortified longjmp refuses.
 #undef _FORTIFY_SOURCE
 #include <cblas.h>
@@ -490,7 +497,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     kind = checked_kind(dst, src, bytes, kind, "cudaMemcpyAsync");
     if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, bytes)) {
         // Into pageable memory the call returns when the copy is done.
-        run_all(stream_of(stream));
+        CUstream_st *s = stream_of(stream);
+        if (s == &legacy_stream) run_blocking_streams();
+        else run_all(s);
         copy_now(dst, src, bytes);
     } else if (kind == cudaMemcpyHostToDevice && !is_pinned(src, bytes)) {
         // From pageable memory the source is staged before the call returns.
@@ -533,7 +542,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     run_all(s);  // its queued work still runs
     for (size_t i = 0; i < streams.size(); i++)
         if (streams[i] == s) streams.erase(streams.begin() + (long)i);
-    delete s;
+    // Not deleted: an event recorded on it may outlive it (legal in CUDA; step 11
+    // destroys its copy stream before the events), and the event points here.
     return cudaSuccess;
 }
 
@@ -673,8 +683,10 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
                               int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                               const float *beta, float *C, int ldc) {
     Guard guard(big_lock);
-    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };  // cuBLAS's rule for a leading dimension
+    if (m < 0 || n < 0 || k < 0 || lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) || ldc < at_least(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
     if (k > 0) {
         require_device(A, matrix_bytes(ta ? k : m, ta ? m : k, lda), "cublasSgemm's A");
         require_device(B, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemm's B");
@@ -698,7 +710,8 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
 cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
                               const float *A, int lda, const float *x, int incx, const float *beta, float *y, int incy) {
     Guard guard(big_lock);
-    if (m < 0 || n < 0 || incx <= 0 || incy <= 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m < 0 || n < 0 || incx == 0 || incy == 0 || lda < (m > 1 ? m : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (incx < 0 || incy < 0) fail("cublasSgemv with a negative increment is not simulated");
     bool t = trans != CUBLAS_OP_N;
     int len_x = t ? m : n, len_y = t ? n : m;
     require_device(A, matrix_bytes(m, n, lda), "cublasSgemv's A");

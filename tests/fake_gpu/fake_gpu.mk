@@ -9,12 +9,13 @@ endif
 MPICXX ?= mpicxx
 FAKE_GPU_DIR := $(BUILD)/fake_gpu
 FAKE_GPU_LIB := $(FAKE_GPU_DIR)/libfakegpu.so
-# cublas_loader.c opens cuBLAS by its soname first: the fake's folder comes first on the binaries' run path.
+# cublas_loader.c opens cuBLAS by its soname first: the fake's folder is the binaries' RPATH, which,
+# unlike a RUNPATH, comes before LD_LIBRARY_PATH (often /usr/local/cuda/lib64, the real cuBLAS).
 CUBLAS_SONAME := libcublas.so.$(shell sed -n 's/^\#define CUBLAS_VER_MAJOR \([0-9]*\).*/\1/p' $(CUDA_HOME)/include/cublas_api.h)
 
 comma := ,
 LDLIBS := $(filter-out -L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR) -lnccl -lcudart_static,$(LDLIBS)) \
-          -L$(FAKE_GPU_DIR) -Wl,-rpath,$(abspath $(FAKE_GPU_DIR)) -lfakegpu
+          -L$(FAKE_GPU_DIR) -Wl,-rpath,$(abspath $(FAKE_GPU_DIR)) -Wl,--disable-new-dtags -lfakegpu
 NVCC := tests/fake_gpu/nvcc
 NVCCFLAGS := -isystem $(CUDA_HOME)/include -Icommon
 
