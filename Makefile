@@ -79,7 +79,10 @@ MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(H
 # ---------------------------------------------------------------- flags
 # -fno-math-errno: sqrtf need not set errno, so loops with it vectorise (Adam's
 # update, 3x faster); IEEE square roots either way, so the same bits.
-CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
+# -ffp-contract=off: no a * b + c fused into an FMA where a CPU has one, so the
+# loops compiled for AVX2 or AVX-512 (common/cpu_dispatch.h) round as the
+# baseline's do (C11 mode implies it; said here so that no flag changes it).
+CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -ffp-contract=off $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
           $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
 LDFLAGS = $(OPENMP)
 CFLAGS += $(if $(OPENMP),,-Wno-unknown-pragmas)
@@ -130,11 +133,18 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
 TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
+# Step 2 with common/'s CPU_DISPATCHED loops compiled for one instruction set
+# alone, the x86-64 baseline (SSE2) and x86-64-v3 (AVX2): tests/test_threads.sh
+# checks that each ends with the bits of the build that picks a clone at run time.
+ifeq ($(shell uname -m),x86_64)
+DISPATCHED_SRC := common/mnist.c common/tensor.c common/tensor_ops.c
+ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
+endif
 
 .PHONY: all check-deps data demo test test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS)
+all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -180,6 +190,12 @@ $(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS
 
 $(BUILD)/tools/%: tests/tools/%.c $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tools
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
+# The dispatched files' own sources come first, so the archive's objects for
+# them are never pulled in.
+$(BUILD)/one_isa/%/2_mnist_training: day1/2_mnist_training.c $(DISPATCHED_SRC) $(COMMON_LIB) $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(MPICC) $(CFLAGS) -march=$* -DNO_CPU_DISPATCH $(LDFLAGS) $< $(DISPATCHED_SRC) $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "cpu_dispatch.h"
 #if HAVE_CUDA
 #include "kernels.h"
 #endif
@@ -200,7 +201,7 @@ void mnist_free(MnistSplit *split) {
     *split = (MnistSplit){0};
 }
 
-void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n) {
+CPU_DISPATCHED void mnist_pixels_to_float(const uint8_t *pixels, float *out, size_t n) {
     // float32(p) / float32(255) is one correctly rounded division, as numpy's: vectorised.
     for (size_t k = 0; k < n; k++) out[k] = (float)pixels[k] / 255.0f;
 }

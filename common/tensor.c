@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include "check.h"
+#include "cpu_dispatch.h"
 #if HAVE_CUDA
 #include "kernels.h"
 #endif
@@ -82,7 +83,7 @@ void tensor_from_host(Tensor *t, const float *host) {
     tensor_copy(t, &view);
 }
 
-void tensor_divide(Tensor *t, float divisor) {
+CPU_DISPATCHED void tensor_divide(Tensor *t, float divisor) {
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA
         gpu_divide(t->data, t->data, tensor_numel(t), divisor, device_stream());
@@ -94,7 +95,7 @@ void tensor_divide(Tensor *t, float divisor) {
     for (size_t i = 0; i < n; i++) t->data[i] /= divisor;
 }
 
-void tensor_scale(Tensor *t, float factor) {
+CPU_DISPATCHED void tensor_scale(Tensor *t, float factor) {
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA
         gpu_scale(t->data, tensor_numel(t), factor, device_stream());
@@ -158,7 +159,7 @@ static void sgemm_1(bool transpose_a, bool transpose_b, int m, int n, int k, flo
 static float *g_partials;  // [pieces, m, n] for a GEMM cut along k
 static size_t g_partials_count;
 
-static void cpu_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
+CPU_DISPATCHED static void cpu_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
                      const float *b, int ldb, float beta, float *c, int ldc) {
     // Cut the largest dimension; k only while the partial products take no more
     // memory than the operands (so a square-ish product cuts m or n instead).
@@ -253,7 +254,7 @@ static const float *ones(size_t count) {
 }
 #endif
 
-void add_sum_over_rows(const Tensor *x, Tensor *sums) {
+CPU_DISPATCHED void add_sum_over_rows(const Tensor *x, Tensor *sums) {
     CHECK(sums->rows == 1 && sums->cols == x->cols && sums->device == x->device,
           "sum over the rows of [%d, %d] into [%d, %d]", x->rows, x->cols, sums->rows, sums->cols);
     if (tensor_on_gpu(x)) {

@@ -7,13 +7,14 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_dispatch.h"
 #if HAVE_CUDA
 #include "kernels.h"
 #endif
 
 // ------------------------------------------------------------------ the MLP's operations
 
-void add_column_bias(Tensor *y, const Tensor *bias, bool relu) {
+CPU_DISPATCHED void add_column_bias(Tensor *y, const Tensor *bias, bool relu) {
     CHECK(bias->rows == 1 && bias->cols == y->cols && bias->device == y->device, "column bias [%d, %d] for [%d, %d]",
           bias->rows, bias->cols, y->rows, y->cols);
     if (tensor_on_gpu(y)) {
@@ -32,7 +33,7 @@ void add_column_bias(Tensor *y, const Tensor *bias, bool relu) {
     }
 }
 
-void relu_forward(Tensor *x) {
+CPU_DISPATCHED void relu_forward(Tensor *x) {
     CHECK(!tensor_on_gpu(x), "relu_forward: CPU tensors only (on the GPU, add_column_bias fuses the ReLU)");
     float *v = x->data;
     size_t n = tensor_numel(x);
@@ -40,7 +41,7 @@ void relu_forward(Tensor *x) {
     for (size_t i = 0; i < n; i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
 }
 
-void relu_backward(const Tensor *y, Tensor *grad) {
+CPU_DISPATCHED void relu_backward(const Tensor *y, Tensor *grad) {
     CHECK(tensor_numel(y) == tensor_numel(grad) && y->device == grad->device, "relu_backward: y [%d, %d], grad [%d, %d]",
           y->rows, y->cols, grad->rows, grad->cols);
     if (tensor_on_gpu(grad)) {
@@ -104,7 +105,7 @@ static double read_sum(void) {
 }
 #endif
 
-float softmax_cross_entropy(const Tensor *logits, const int *labels, Tensor *grad_logits) {
+CPU_DISPATCHED float softmax_cross_entropy(const Tensor *logits, const int *labels, Tensor *grad_logits) {
     CHECK(grad_logits->rows == logits->rows && grad_logits->cols == logits->cols &&
           grad_logits->device == logits->device,
           "cross-entropy: logits [%d, %d], gradient [%d, %d]", logits->rows, logits->cols, grad_logits->rows,
@@ -148,7 +149,7 @@ float softmax_cross_entropy(const Tensor *logits, const int *labels, Tensor *gra
     return (float)(total / rows);
 }
 
-float mse_loss(const Tensor *output, const Tensor *target, Tensor *grad) {
+CPU_DISPATCHED float mse_loss(const Tensor *output, const Tensor *target, Tensor *grad) {
     CHECK(output->rows == target->rows && output->cols == target->cols, "mse: output [%d, %d], target [%d, %d]",
           output->rows, output->cols, target->rows, target->cols);
     CHECK(grad->rows == output->rows && grad->cols == output->cols && grad->device == output->device &&
@@ -198,7 +199,7 @@ void argmax_rows(const Tensor *logits, int *predictions) {
     }
 }
 
-void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq, const AdamCoefficients *c) {
+CPU_DISPATCHED void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq, const AdamCoefficients *c) {
     size_t n = tensor_numel(param);
     CHECK(tensor_numel(grad) == n && tensor_numel(exp_avg) == n && tensor_numel(exp_avg_sq) == n,
           "adam: parameter [%d, %d], gradient [%d, %d]", param->rows, param->cols, grad->rows, grad->cols);
@@ -223,7 +224,7 @@ void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp
     }
 }
 
-void sgd_update(Tensor *param, const Tensor *grad, float lr) {
+CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {
     size_t n = tensor_numel(param);
     CHECK(tensor_numel(grad) == n, "sgd: parameter [%d, %d], gradient [%d, %d]", param->rows, param->cols, grad->rows,
           grad->cols);
@@ -290,7 +291,7 @@ static inline void add_floats(float *restrict out, const float *restrict in, int
     for (int i = 0; i < n; i++) out[i] += in[i];
 }
 
-void im2col(const Tensor *x, const ConvGeometry *g, Tensor *columns) {
+CPU_DISPATCHED void im2col(const Tensor *x, const ConvGeometry *g, Tensor *columns) {
     check_geometry(x, g, columns, "im2col");
     if (tensor_on_gpu(x)) {
 #if HAVE_CUDA
@@ -329,7 +330,7 @@ void im2col(const Tensor *x, const ConvGeometry *g, Tensor *columns) {
     }
 }
 
-void col2im(const Tensor *columns, const ConvGeometry *g, Tensor *x) {
+CPU_DISPATCHED void col2im(const Tensor *columns, const ConvGeometry *g, Tensor *x) {
     check_geometry(x, g, columns, "col2im");
     if (tensor_on_gpu(x)) {
 #if HAVE_CUDA
@@ -370,7 +371,7 @@ void col2im(const Tensor *columns, const ConvGeometry *g, Tensor *x) {
 
 // ------------------------------------------------------------------ per-row bias and sums
 
-void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
+CPU_DISPATCHED void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
     CHECK(bias->rows == 1 && bias->cols == y->rows && bias->device == y->device,
           "row bias [%d, %d] for [%d, %d]", bias->rows, bias->cols, y->rows, y->cols);
     if (tensor_on_gpu(y)) {
@@ -396,7 +397,7 @@ void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
     }
 }
 
-void add_sum_of_rows(const Tensor *x, Tensor *sums) {
+CPU_DISPATCHED void add_sum_of_rows(const Tensor *x, Tensor *sums) {
     CHECK(sums->rows == 1 && sums->cols == x->rows && sums->device == x->device,
           "sums of the rows of [%d, %d] into [%d, %d]", x->rows, x->cols, sums->rows, sums->cols);
     if (tensor_on_gpu(x)) {
@@ -449,7 +450,7 @@ static void max_pool_2x2_plane(const float *in, int height, int width, int offse
     }
 }
 
-void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, IntBuffer *argmax) {
+CPU_DISPATCHED void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, IntBuffer *argmax) {
     int out_h = height / size, out_w = width / size;
     CHECK(size > 0 && out_h > 0 && out_w > 0 && x->cols % (height * width) == 0, "max_pool2d(%d) on %dx%d planes",
           size, height, width);
@@ -498,7 +499,7 @@ void max_pool2d(const Tensor *x, int height, int width, int size, Tensor *y, Int
     }
 }
 
-void max_pool2d_backward(const Tensor *grad_y, const IntBuffer *argmax, Tensor *grad_x) {
+CPU_DISPATCHED void max_pool2d_backward(const Tensor *grad_y, const IntBuffer *argmax, Tensor *grad_x) {
     CHECK(argmax->count >= tensor_numel(grad_y) && grad_y->device == grad_x->device,
           "max_pool2d_backward: %zu gradients, %zu indices", tensor_numel(grad_y), argmax->count);
     if (tensor_on_gpu(grad_x)) {
@@ -518,7 +519,7 @@ void max_pool2d_backward(const Tensor *grad_y, const IntBuffer *argmax, Tensor *
 
 // ------------------------------------------------------------------ flatten
 
-void swap_outer_axes(const Tensor *x, int a, int b, int inner, Tensor *y) {
+CPU_DISPATCHED void swap_outer_axes(const Tensor *x, int a, int b, int inner, Tensor *y) {
     size_t n = (size_t)a * b * inner;
     CHECK(tensor_numel(x) == n && tensor_numel(y) == n && x->device == y->device,
           "swap_outer_axes: [%d, %d, %d] from %zu into %zu values", a, b, inner, tensor_numel(x), tensor_numel(y));
