@@ -82,10 +82,11 @@ int main(int argc, char **argv) {
         profile_mark("step");  // prof.step()
         print0("step %d: loss %.4f (rank 0's batch)\n", step + 1, loss);
     }
-    profile_summary();
-
+    // DDP's figures first: with NCCL they come off the GPU's timeline once the
+    // last step has happened, and so does that step's allreduce in the table.
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    profile_summary();
     print0("DDP: %s\n", overlap);
     print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
 

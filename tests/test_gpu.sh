@@ -250,6 +250,13 @@ check "step 11 on 2 GPU ranks: $(accuracy "$tmp/g11_2")%, both ranks end bit-ide
 mpi 2 day1/test_profile --trace "$tmp/trace.json" > "$tmp/tp" 2>&1
 check "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
     test -s "$tmp/trace.json" -a "$(grep -c '^step' "$tmp/tp")" -eq 5
+# With NCCL, a step's allreduce is read off the GPU's timeline at the next
+# step's first bucket, the last step's when DDP's figures are asked for: the
+# table comes after them, so it counts all 5.
+if [ "$gpus" -ge 2 ]; then
+    check "test_profile on 2 GPUs (NCCL): the summary table counts every step's allreduce: $(grep '^allreduce' "$tmp/tp" | tr -s ' ')" \
+        grep -qE '^allreduce \(comm thread\) +5 ' "$tmp/tp"
+fi
 
 # Step 14: the SimpleCNN on the GPU (im2col, col2im and pooling kernels,
 # cuBLAS) takes the CPU's steps from the same --init; DDP on 2 GPU ranks takes
