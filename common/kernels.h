@@ -3,7 +3,11 @@
 // Each function launches one kernel on `stream` and returns at once; errors in
 // the launch end the job (check.h's fatal_at). Pointers are device memory.
 // The arithmetic mirrors the CPU code in tensor_ops.c operation for operation,
-// so the two agree to rounding (and exactly where no transcendental is involved).
+// so the two agree to rounding: bit for bit where each result is one IEEE
+// operation or a copy (the gather's division, bias + ReLU, im2col, col2im,
+// pooling, scaling), to the last bits elsewhere: nvcc fuses a * b + c into one
+// FMA (Adam's and SGD's updates) where the CPU build rounds twice, and expf and
+// logf are CUDA's own. tests/unit/test_gpu.c checks each at its own tolerance.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
