@@ -136,7 +136,8 @@ TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools
 # Step 2 with common/'s CPU_DISPATCHED loops compiled for one instruction set
 # alone, the x86-64 baseline (SSE2) and x86-64-v3 (AVX2): tests/test_threads.sh
 # checks that each ends with the bits of the build that picks a clone at run time.
-ifeq ($(shell uname -m),x86_64)
+# (x86-64 only, with a compiler that knows the levels: gcc 11 or later.)
+ifeq ($(shell uname -m)$(call probe,,-march=x86-64-v3),x86_641)
 DISPATCHED_SRC := common/mnist.c common/tensor.c common/tensor_ops.c
 ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
 endif
