@@ -92,3 +92,7 @@ void check_all_ranks(int ok, const char *message);
 // Allocation that never returns NULL.
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);
+// The same, for the buffers that the training step streams through (the data
+// set, the batch, the activations): from 2 MB up, aligned to 2 MB and asked of
+// the kernel as transparent huge pages. Freed with free().
+void *xmalloc_huge_pages(size_t bytes);

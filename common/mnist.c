@@ -112,7 +112,7 @@ bool idx_read(const char *path, int ndim, IdxArray *out, char *err, size_t err_s
         goto fail;
     }
     out->ndim = ndim;
-    out->data = xmalloc(payload);
+    out->data = xmalloc_huge_pages(payload);  // the gather reads it at random
     memcpy(out->data, raw + header, payload);
     free(raw);
     return true;

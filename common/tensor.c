@@ -23,7 +23,12 @@ Tensor tensor_zeros(int rows, int cols, Device device) {
 #endif
         return t;
     }
-    t.data = xcalloc((size_t)rows * (size_t)cols, sizeof(float));
+    size_t n = tensor_numel(&t);
+    t.data = xmalloc_huge_pages(n * sizeof(float));
+    // Zeroed by the rank's threads: on a node of several sockets, each page
+    // lands in the memory of the socket whose core touches it first.
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) t.data[i] = 0.0f;
     return t;
 }
 
@@ -186,7 +191,7 @@ CPU_DISPATCHED static void cpu_gemm(bool transpose_a, bool transpose_b, int m, i
         size_t count = (size_t)pieces * m * n;
         if (count > g_partials_count) {
             free(g_partials);
-            g_partials = xmalloc(count * sizeof(float));
+            g_partials = xmalloc_huge_pages(count * sizeof(float));
             g_partials_count = count;
         }
         float *partials = g_partials;

@@ -1,9 +1,12 @@
 // test_threads.c: the CPU step on many threads. The GEMM's pieces (cut along
 // rows, columns or the sum) against a double-precision reference, and every
 // result of a training step bit for bit the same at 1, 2, 3 and 4 threads:
-// the GEMMs, the loss, the gradients, Adam's update.
+// the GEMMs, the loss, the gradients, Adam's update. And the step's large
+// buffers on 2 MB pages where the kernel grants them.
 #define TEST_NAME "test_threads"
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,8 +159,52 @@ static void test_thread_count(void) {
     EXPECT(strstr(blas, "OpenBLAS") && strstr(blas, "kernels"), "the BLAS names itself and its kernels: %s", blas);
 }
 
+// The kB of transparent huge pages in the mapping that holds `address`
+// (/proc/self/smaps), or -1 where it cannot be read.
+static long huge_page_kb_at(const void *address) {
+    FILE *smaps = fopen("/proc/self/smaps", "r");
+    if (!smaps) return -1;
+    char line[512];
+    bool inside = false;
+    long kb = -1;
+    while (kb < 0 && fgets(line, sizeof line, smaps)) {
+        unsigned long start, end;
+        if (sscanf(line, "%lx-%lx ", &start, &end) == 2) inside = start <= (uintptr_t)address && (uintptr_t)address < end;
+        else if (inside) sscanf(line, "AnonHugePages: %ld kB", &kb);
+    }
+    fclose(smaps);
+    return kb;
+}
+
+// tensor_zeros: zeros, whatever its size; from 2 MB up on 2 MB boundaries, and
+// on huge pages unless the kernel's transparent huge pages are off.
+static void test_huge_pages(void) {
+    Tensor small = tensor_zeros(3, 5, DEVICE_CPU), batch = tensor_zeros(6400, 784, DEVICE_CPU);
+    bool zeros = true;
+    for (size_t i = 0; i < tensor_numel(&small); i++) zeros &= small.data[i] == 0.0f;
+    for (size_t i = 0; i < tensor_numel(&batch); i++) zeros &= batch.data[i] == 0.0f;
+    EXPECT(zeros, "tensor_zeros of [3, 5] and [6400, 784] hold zeros");
+    EXPECT((uintptr_t)batch.data % (2u << 20) == 0, "a [6400, 784] tensor starts on a 2 MB boundary (%p)",
+           (void *)batch.data);
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        fclose(f);
+    }
+    mode[strcspn(mode, "\n")] = 0;
+    long kb = huge_page_kb_at(batch.data);
+    if (!strstr(mode, "[always]") && !strstr(mode, "[madvise]"))
+        printf("SKIP %s: huge pages (transparent huge pages: \"%s\")\n", TEST_NAME, mode);
+    else
+        EXPECT(kb >= 2048, "the [6400, 784] tensor (20 MB) lies on huge pages: %ld kB of them (THP: %s)", kb, mode);
+    tensor_free(&small);
+    tensor_free(&batch);
+}
+
 int main(void) {
     rng_seed(&data_rng, 1);
+    test_huge_pages();
     test_gemm();
     test_training_step();
     test_sum_over_rows();
