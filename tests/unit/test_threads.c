@@ -187,7 +187,7 @@ static void read_setting(const char *path, char *out, size_t size) {
 }
 
 // tensor_zeros: zeros, whatever its size; from 2 MB up on 2 MB boundaries, and
-// on huge pages unless the kernel's transparent huge pages are off.
+// on huge pages where the kernel makes them when memory is first touched.
 static void test_huge_pages(void) {
     Tensor small = tensor_zeros(3, 5, DEVICE_CPU), batch = tensor_zeros(6400, 784, DEVICE_CPU);
     bool zeros = true;
