@@ -100,3 +100,19 @@ else
 fi
 grep -qE '^\[rank 1\] training loop: [0-9.]+ s' "$tmp/out7" && pass "step 7 times the loop on every rank" ||
     fail "step 7 prints no per-rank time"
+
+# ---------------------------------------------------------------- step 7's script at the world sizes in RANKS
+RANKS="1 2" RESULTS="$tmp/scaling_script.csv" timeout 240 day1/7_scaling.sh --epochs 1 --chart "$tmp/7s.png" > "$tmp/out7s" 2>&1
+if grep -qE '^ +1 +[0-9.]+ +1\.00x +100%' "$tmp/out7s" && grep -qE '^ +2 +[0-9.]+ +[0-9.]+x +[0-9]+%' "$tmp/out7s" &&
+    ! grep -qE '^== 4 rank' "$tmp/out7s" && [ "$(wc -l < "$tmp/scaling_script.csv")" -eq 3 ] && [ -s "$tmp/7s.png" ]; then
+    pass "RANKS=\"1 2\" day1/7_scaling.sh: the table, the CSV and the chart at world sizes 1 and 2 only"
+else
+    fail "RANKS=\"1 2\" day1/7_scaling.sh: $(tail -5 "$tmp/out7s")"
+fi
+RANKS="1 two" day1/7_scaling.sh > "$tmp/out7s" 2>&1
+status=$?
+if [ $status -eq 2 ] && grep -q '^error: RANKS="1 two": expected world sizes' "$tmp/out7s" && ! grep -q '^==' "$tmp/out7s"; then
+    pass "RANKS=\"1 two\" is refused before any run: $(head -1 "$tmp/out7s")"
+else
+    fail "RANKS=\"1 two\": exit $status: $(head -2 "$tmp/out7s")"
+fi
