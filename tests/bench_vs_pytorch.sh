@@ -34,6 +34,14 @@ unset OPENBLAS_NUM_THREADS GOTO_NUM_THREADS OMP_NUM_THREADS
 cores=$(nproc)
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# spread "THEIR SECONDS..." "OUR SECONDS...": how far the ratio of two medians
+# could move within the runs behind them (their fastest over our slowest, to
+# their slowest over our fastest): on a noisy machine, read the ratio with it.
+spread() {
+    awk -v theirs="$1" -v ours="$2" 'function lo(s, v, n, i, m) { n = split(s, v, " "); m = v[1]; for (i = 2; i <= n; i++) if (v[i] < m) m = v[i]; return m }
+        function hi(s, v, n, i, m) { n = split(s, v, " "); m = v[1]; for (i = 2; i <= n; i++) if (v[i] > m) m = v[i]; return m }
+        BEGIN { printf "%.2fx to %.2fx over the runs", lo(theirs) / hi(ours), hi(theirs) / lo(ours) }'
+}
 wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); awk "BEGIN { print $t1 - $t0 }"; }
 json() { "$PYTHON" -c "import json, sys; print(json.loads(open('$out').read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
 loop_s() { sed -n 's/.*Training completed in \([0-9.]*\) s.*/\1/p' "$out"; }
@@ -54,6 +62,7 @@ versus_pytorch() {
     local name=$3 run_ours=$4 our_accuracy=$5 run_theirs=$6 time_key=$7 row=$8
     shift 8
     local configs=("$@") threads i config torch_threads torch_env label our_acc
+    local -A our_runs=() their_runs=()  # every run's seconds, for the ratios' spread
     for threads in "${thread_counts[@]}"; do
         local our_loop=()
         local -A torch_loop=() torch_acc=()
@@ -70,20 +79,27 @@ versus_pytorch() {
             done
         done
         ours_[$threads]=$(printf '%s\n' "${our_loop[@]}" | median)
+        our_runs[$threads]="${our_loop[*]}"
         "$row" "$name$([ "$threads" = 1 ] && echo ", one core")" "$threads" "${ours_[$threads]}" "$our_acc"
         for config in "${configs[@]}"; do
             IFS='|' read -r torch_threads torch_env label <<< "$config"
             [ "$torch_threads" = "$threads" ] || continue
             theirs_[$config]=$(printf '%s\n' ${torch_loop[$config]} | median)
+            their_runs[$config]=${torch_loop[$config]}
             "$row" "$label" "$threads" "${theirs_[$config]}" "${torch_acc[$config]}"
         done
     done
-    local best_theirs best_ours
-    best_theirs=$(printf '%s\n' "${theirs_[@]}" | sort -g | head -1)
-    best_ours=$(printf '%s\n' "${ours_[@]}" | sort -g | head -1)
-    printf '%-52s %8s %7.2fx\n' "  PyTorch's best / our best" "" "$(awk "BEGIN { print $best_theirs / $best_ours }")"
-    printf '%-52s %8s %7.2fx\n' "  on one core: PyTorch / ours" "" \
-        "$(awk "BEGIN { print ${theirs_[${configs[0]}]} / ${ours_[1]} }")"
+    local best_config best_threads
+    best_config=$(for config in "${!theirs_[@]}"; do echo "${theirs_[$config]}#$config"; done | sort -g | head -1)
+    best_config=${best_config#*#}
+    best_threads=$(for threads in "${!ours_[@]}"; do echo "${ours_[$threads]} $threads"; done | sort -g | head -1)
+    best_threads=${best_threads#* }
+    printf '%-52s %8s %7.2fx (%s)\n' "  PyTorch's best / our best" "" \
+        "$(awk "BEGIN { print ${theirs_[$best_config]} / ${ours_[$best_threads]} }")" \
+        "$(spread "${their_runs[$best_config]}" "${our_runs[$best_threads]}")"
+    printf '%-52s %8s %7.2fx (%s)\n' "  on one core: PyTorch / ours" "" \
+        "$(awk "BEGIN { print ${theirs_[${configs[0]}]} / ${ours_[1]} }")" \
+        "$(spread "${their_runs[${configs[0]}]}" "${our_runs[1]}")"
     [ "$cores" -gt 1 ] && printf '%-52s %8s %7.2fx\n' "  our speed-up from 1 to $cores threads" "" \
         "$(awk "BEGIN { print ${ours_[1]} / ${ours_[$cores]} }")"
     return 0
