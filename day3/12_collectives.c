@@ -46,7 +46,7 @@
 // what each link carries (allreduce 2 (W-1)/W; allgather, reduce-scatter,
 // all-to-all, gather and scatter (W-1)/W; broadcast and reduce 1):
 //   collective          size (B)    time (us)  algbw (GB/s)  busbw (GB/s)  factor  wrong
-//   broadcast           40000000      57897.4         0.691         0.691   1.000      0
+//   broadcast           40000000     18680.37         2.141         2.141   1.000      0
 //   ...
 //   every element of every collective verified on every rank
 // A wrong element fails the run (exit 1), with one line naming the
@@ -432,7 +432,7 @@ static long benchmark(Buffers *b, long slice, int iterations, const Plant *plant
         // The slowest rank's mean: a collective is done when its last rank is.
         CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         double algbw = bytes / seconds / 1e9, factor = bus_factor(c, world);
-        print0("%-15s %12.0f %12.1f %13.3f %13.3f %7.3f %6ld\n", ABOUT[c].name, bytes, seconds * 1e6, algbw,
+        print0("%-15s %12.0f %12.2f %13.3f %13.3f %7.3f %6ld\n", ABOUT[c].name, bytes, seconds * 1e6, algbw,
                algbw * factor, factor, wrong_here);
     }
     if (world == 1) print0("(one rank: nothing crosses a link, and the times are those of local copies)\n");
