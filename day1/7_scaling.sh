@@ -11,11 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MPIRUN=${MPIRUN:-mpirun --oversubscribe --bind-to none $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 world_sizes=${RANKS:-1 2 4}
+[ -n "${world_sizes// /}" ] || { echo "error: RANKS is empty: expected world sizes such as \"1 2 4 8\"" >&2; exit 2; }
 for ranks in $world_sizes; do
     [[ $ranks =~ ^[1-9][0-9]*$ ]] ||
         { echo "error: RANKS=\"$world_sizes\": expected world sizes, positive integers such as \"1 2 4 8\"" >&2; exit 2; }
 done
-[ -n "${world_sizes// /}" ] || { echo "error: RANKS is empty: expected world sizes such as \"1 2 4 8\"" >&2; exit 2; }
 results=${RESULTS:-img/7_scaling.csv}
 mkdir -p "$(dirname "$results")"
 rm -f "$results"

@@ -38,9 +38,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # could move within the runs behind them (their fastest over our slowest, to
 # their slowest over our fastest): on a noisy machine, read the ratio with it.
 spread() {
-    awk -v theirs="$1" -v ours="$2" 'function lo(s, v, n, i, m) { n = split(s, v, " "); m = v[1]; for (i = 2; i <= n; i++) if (v[i] < m) m = v[i]; return m }
-        function hi(s, v, n, i, m) { n = split(s, v, " "); m = v[1]; for (i = 2; i <= n; i++) if (v[i] > m) m = v[i]; return m }
-        BEGIN { printf "%.2fx to %.2fx over the runs", lo(theirs) / hi(ours), hi(theirs) / lo(ours) }'
+    local theirs ours
+    theirs=($(printf '%s\n' $1 | sort -g)) ours=($(printf '%s\n' $2 | sort -g))
+    awk "BEGIN { printf \"%.2fx to %.2fx over the runs\", ${theirs[0]} / ${ours[-1]}, ${theirs[-1]} / ${ours[0]} }"
 }
 wall() { local t0 t1; t0=$(date +%s.%N); "$@" > "$out" 2>&1; t1=$(date +%s.%N); awk "BEGIN { print $t1 - $t0 }"; }
 json() { "$PYTHON" -c "import json, sys; print(json.loads(open('$out').read().strip().splitlines()[-1])[sys.argv[1]])" "$1"; }
