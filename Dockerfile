@@ -13,7 +13,7 @@
 #       ddp-workshop:gpu mpirun -np 4 day1/6_mnist_ddp
 #
 # MNIST is not in the image: mount it, as above, or let `make demo` fetch it at run time where the
-# internet is reachable. README.md, "Containers and Kubernetes", shows the expected output;
+# internet is reachable. docs/containers.md shows the expected output;
 # k8s/job.yaml runs the GPU image as a Kubernetes Job; `make test-container` tests all of this.
 ARG BASE=debian:bookworm
 FROM ${BASE} AS deps
@@ -35,6 +35,6 @@ USER 10001:10001
 RUN make -j"$(nproc)"
 
 # mpirun refuses more ranks than the cores it sees, unless told (the Makefile's --oversubscribe):
-# `mpirun -np 4` then runs on any machine, as the README's commands do.
+# `mpirun -np 4` then runs on any machine, as the guides' commands do.
 ENV OMPI_MCA_rmaps_base_oversubscribe=1
 CMD ["make", "demo"]

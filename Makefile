@@ -149,7 +149,7 @@ all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ON
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
-	  echo "missing: $(MISSING). On Debian/Ubuntu run ./setup.sh (or see README.md, Dependencies)." >&2; exit 1; fi
+	  echo "missing: $(MISSING). On Debian/Ubuntu run ./setup.sh (or see docs/dependencies.md)." >&2; exit 1; fi
 
 # Everything depends on the compiler flags too: `make SANITIZE=1` after a
 # plain build rebuilds it all, and so does going back.

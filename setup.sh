@@ -15,7 +15,7 @@
 #   MNIST_MIRROR=DIR ./setup.sh  # offline: copy MNIST from a local folder
 #
 # On a cluster, skip this: `module load` MPI, OpenBLAS, HDF5 (and CUDA) instead,
-# then `make && make data` (README.md, "Dependencies").
+# then `make && make data` (docs/dependencies.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 

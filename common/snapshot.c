@@ -99,7 +99,7 @@ __attribute__((format(printf, 2, 3))) static void fail(SnapshotIo *io, const cha
 // rank/dims. Returns the dataset, or a negative id with io->err set.
 static hid_t open_field(SnapshotIo *io, const char *name, FieldType type, int *rank, hsize_t dims[H5S_MAX_RANK]) {
     if (H5Lexists(io->file, name, H5P_DEFAULT) <= 0) {  // (fails, too, when a group on the way is missing)
-        fail(io, "%s: no '%s': an incomplete snapshot (README.md, Day 3, lists what one holds)", io->path, name);
+        fail(io, "%s: no '%s': an incomplete snapshot (day3/README.md lists what one holds)", io->path, name);
         return H5I_INVALID_HID;
     }
     hid_t dataset = H5Dopen2(io->file, name, H5P_DEFAULT);

@@ -12,7 +12,7 @@
 // resume are different steps), where the sampler stands (else the data order
 // restarts), the generator, and the losses so far (else the log has a hole).
 //
-// The file, as h5py lists it (README.md, Day 3, reads it with h5py and torch):
+// The file, as h5py lists it (day3/README.md reads it with h5py and torch):
 //   fc.0.weight, fc.0.bias, ...        float32   the model, in the layout of h5.h (the state_dict's)
 //   optimizer/step                     int64     Adam's step count
 //   optimizer/exp_avg/<name>           float32   Adam's first moment of each parameter, shaped like it

@@ -13,7 +13,7 @@
 //   day1/2_mnist_training --epochs 1 --losses losses.csv --save weights.h5
 //
 // Expected output (times vary with the machine):
-//   Step 2: MLP 784-128-10, 101770 weights; Adam lr 0.001; batch 6400; 5 epochs; shuffle on (seed 0); cpu, 2 threads, OpenBLAS 0.3.21 (Cooperlake kernels)
+//   Step 2: MLP 784-128-10, 101770 weights; Adam lr 0.001; batch 6400; 5 epochs; shuffle on (seed 0); cpu, 2 threads, OpenBLAS 0.3.21 (SkylakeX kernels)
 //   epoch 1/5: mean loss 1.9859 over 10 steps, 0.11 s, 545760 samples/s
 //   ...
 //   epoch 5/5: mean loss 0.4724 over 10 steps, 0.10 s, 577285 samples/s

@@ -12,12 +12,12 @@
 //   mpirun -np 2 day1/3_mnist_distributed          (add --oversubscribe on fewer cores)
 //
 // Expected output (times vary; every rank prints its own lines):
-//   Step 3: 2 ranks, each training alone: MLP 784-128-10, ...; cpu, 1 thread per rank, OpenBLAS 0.3.21 (Cooperlake kernels)
+//   Step 3: 2 ranks, each training alone: MLP 784-128-10, ...; cpu, 1 thread per rank, OpenBLAS 0.3.21 (SkylakeX kernels)
 //   [rank 1] epoch 1/5: mean loss 1.9859 over 10 steps, 0.32 s, 187147 samples/s
 //   [rank 0] epoch 1/5: mean loss 1.9859 over 10 steps, 0.32 s, 186738 samples/s
 //   ...
-//   [rank 1] Training completed in 1.52 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum e7e19973d8722341
-//   [rank 0] Training completed in 1.53 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum e7e19973d8722341
+//   [rank 1] Training completed in 1.52 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum 9813245f45e0e358
+//   [rank 0] Training completed in 1.53 s. Test accuracy: 89.14% (8914 of 10000). Parameter checksum 9813245f45e0e358
 //   [rank 0] Loss curve: img/3_mnist_distributed_rank0.png
 //   [rank 1] Loss curve: img/3_mnist_distributed_rank1.png
 #include <stdio.h>

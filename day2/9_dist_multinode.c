@@ -20,7 +20,7 @@
 // Node ids that Slurm does not give come from MPI: the nodes are its
 // shared-memory groups, numbered in the order of their lowest rank.
 //
-// Build and run (README.md, Day 2):
+// Build and run (day2/README.md):
 //   make day2/9_dist_multinode
 //   salloc --nodes 2 --ntasks-per-node=4 --time 00:10:00
 //   ./slurm/multinode_setup_and_run.sh day2/9_dist_multinode    # srun -l --mpi=pmix ... for you

@@ -30,7 +30,7 @@
 // of its own; ranks that share a GPU go through MPI on host copies, as the
 // training steps do. Without a GPU, --device cuda says so in one line.
 //
-// Expected output at 4 ranks (README.md, Day 3, shows it whole). Rank r starts
+// Expected output at 4 ranks (day3/README.md shows it whole). Rank r starts
 // with 10 r + i at position i, so every number tells where it came from; the
 // lines come in rank order:
 //   Step 12: the collectives on 4 ranks, cpu, MPI (Open MPI v4.1.4); rank r holds 10 r + i at position i, ...

@@ -16,8 +16,8 @@
 //
 // Build and run:
 //   make day3/14_cnn_ddp
-//   day3/14_cnn_ddp                                  # one process, on every core
 //   mpirun -np 2 day3/14_cnn_ddp                     (add --oversubscribe on fewer cores)
+//   day3/14_cnn_ddp                                  # one process, on every core
 //   day3/14_cnn_ddp --max_steps 100 --plot ''        # a quick look
 //
 // Expected output (2 ranks on 2 cores; times vary):

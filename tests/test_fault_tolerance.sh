@@ -371,7 +371,7 @@ expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--
 # ---------------------------------------------------------------- h5py and torch read the snapshot
 if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
     "$PYTHON" - "$good" "$tmp/ref2_weights.h5" "$tmp/ref2.csv" > "$tmp/torch.out" 2>&1 << 'PY'
-# What README.md, Day 3, shows: the model into torch, Adam's state into torch.optim.Adam.
+# What day3/README.md shows: the model into torch, Adam's state into torch.optim.Adam.
 import sys, h5py, torch, torch.nn as nn
 snapshot, weights, csv = sys.argv[1:4]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The container image (Dockerfile) and the Kubernetes Job (k8s/job.yaml), for real:
 # - job.yaml parses, each of its documents (a PersistentVolumeClaim, the Job) is valid for the
-#   Kubernetes API's own models, and it holds the fields README.md promises (GPUs = ranks, /dev/shm
+#   Kubernetes API's own models, and it holds the fields docs/containers.md promises (GPUs = ranks, /dev/shm
 #   in memory, toleration, node selector, restarts, non-root, step 13's snapshot on the claim);
 # - the image builds from a clean clone of HEAD, holds the committed files and no data or build output,
 #   and runs as a non-root user;

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Run the commands of the guides and of the programs' headers, and check the
+outputs they show.
+
+    tests/check_guides.py [FILE ...]      (default: day*/README.md and day*/*.c)
+
+Guides (Markdown) mark what to run with HTML comments, which do not show:
+    <!-- run: COMMAND -->          run it (it must exit 0); its output is not shown
+    <!-- output of: COMMAND -->    run it, and check the fenced block that follows
+    <!-- output of: COMMAND (exit N) -->   the same, for a command that must exit N
+    <!-- output of: COMMAND (exit N without a GPU) -->   ... where there is no GPU (else not run)
+    <!-- output of (slow): COMMAND -->      run by make test-all only (TEST_LEVEL=all)
+A command whose program is not built here (step 1 without CUDA) is not run: one SKIP line.
+COMMAND must also be a line of one of the guide's ```sh blocks (a trailing
+`# comment` aside), so that what is checked is what the reader types. Commands
+run in document order, in one scratch folder per file that looks like the
+repository root (the programs, data/mnist) but keeps what they write (img/,
+checkpoints/, data/mnist.h5) away from the reader's own.
+
+A program's header comment shows an expected output after a line that starts
+with "Expected output"; its command is the first line of the header that runs
+the program (mpirun ..., or the program's path), with --oversubscribe added to
+mpirun. A header whose output is of several nodes is not run.
+
+How an expected block is compared with what the command printed:
+  - every line of the block must be found among the printed lines, in any order
+    (ranks print in any order), each printed line matching one expected line at most;
+  - "..." stands for anything: a line of "..." for lines left out, "..." inside a
+    line for the rest of it; a note after two spaces, "   (the same on every rank)",
+    is the guide's, not the program's;
+  - what varies from run to run or machine to machine is masked on both sides:
+    times and rates ("0.11 s", "545760 samples/s", "71.3 ms", "GB/s"), shares of
+    time ("(26%)", "100.0%"; accuracies have two decimals and stay), host names,
+    the device and threads at the end of a program's first line, the MPI library's
+    version;
+  - lines that hold only measurements (profile tables, timing tables, the DDP:
+    and Data: reports, peak memory) are not compared;
+  - parameter checksums depend on the BLAS kernels: they are compared when this
+    machine runs the kernels that README.md says the guides show, and otherwise
+    left out, with one SKIP line that says so.
+Losses, accuracies, checksums, sums, counts and tables of results are compared
+exactly. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them); exits 1 on a FAIL.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300  # seconds a command may take (step 14's epoch on a slow machine)
+
+# ------------------------------------------------------------- comparing lines
+UNIT = r'(?:s|ms|us|µs|seconds|samples/s|[KMG]B/s|GFLOP/s)'
+MASKS = [
+    (re.compile(r'\d+(?:\.\d+)?\s?' + UNIT + r'(?![\w/])'), '<time>'),
+    (re.compile(r'(?<![\d.])\d+(?:\.\d)?%'), '<share>'),           # 26%, 100.0%; not 89.14%
+    (re.compile(r'@ [\w.-]+\]'), '@ <host>]'),                     # [rank 0 @ vm]
+    (re.compile(r'ranks? on [\w.-]+\)'), 'ranks on <host>)'),      # (1 node, 2 ranks on vm)
+    (re.compile(r'\bhost [\w.-]+'), 'host <host>'),
+    (re.compile(r'MPI \((?:Open MPI|MPICH|Intel)[^)]*\)'), 'MPI (<mpi>)'),
+    # A program's first line ends with its device: "; cpu, 2 threads, OpenBLAS 0.3.21 (X kernels)".
+    (re.compile(r'; (?:cpu|cuda:\d+)\b.*$'), '; <device>'),
+]
+CHECKSUM = re.compile(r'(checksum) [0-9a-f]{16}')
+UNCOMPARED = [re.compile(p) for p in (
+    r'^Profile on ', r'^range\s+calls', r'^\s*[\w+ -]+?\s+\d+\s+[\d.]+ \[[\d.]+\]',  # step 5's table
+    r'^The ranges inside', r'^Peak memory', r'^Trace: ',
+    r'^world size\s+training', r'^\s*\d+\s+[\d.]+\s+[\d.]+x',                        # step 7's table
+    r'^collective\s+size', r'^[a-z-]+\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+$',  # step 12's
+    r'^DDP: ', r'^Data: ', r'^Snapshots: ', r'training loop: ',
+)]
+KERNELS = re.compile(r'\((\w+) kernels\)')
+
+
+def mask(line, compare_checksums):
+    line = line.rstrip()
+    for pattern, token in MASKS:
+        line = pattern.sub(token, line)
+    if not compare_checksums:
+        line = CHECKSUM.sub(r'\1 <checksum>', line)
+    return line
+
+
+def expected_regex(line):
+    """An expected line (already masked) as a regex: '...' matches anything."""
+    line = re.sub(r'\s{2,}\([^()]*\)$', '', line)  # the guide's note: "   (the same on every rank)"
+    parts = [re.escape(part) for part in line.split('...')]
+    return re.compile('.*'.join(parts).replace(r'\ ', ' ') + r'\s*$')
+
+
+def compare(expected, printed, compare_checksums):
+    """The expected lines not found among the printed ones, and how many were compared."""
+    printed = [mask(line, compare_checksums) for line in printed]
+    used = [False] * len(printed)
+    missing, compared = [], 0
+    for raw in expected:
+        line = mask(raw, compare_checksums)
+        if not line.strip() or line.strip() == '...' or any(p.search(line) for p in UNCOMPARED):
+            continue
+        compared += 1
+        pattern = expected_regex(line)
+        for i, candidate in enumerate(printed):
+            if not used[i] and pattern.match(candidate):
+                used[i] = True
+                break
+        else:
+            missing.append(raw.rstrip())
+    return missing, compared
+
+
+def closest(line, printed):
+    """The printed line that shares the longest start with LINE: a hint for the reader of a FAIL."""
+    def shared(other):
+        n = 0
+        while n < min(len(line), len(other)) and line[n] == other[n]:
+            n += 1
+        return n
+    return max(printed, key=shared, default='(nothing)')
+
+
+# ------------------------------------------------------------- what to run
+MARKER = re.compile(r'^<!-- (run|output of)( \(slow\))?: (.*?)(?: \(exit (\d+)( without a GPU)?\))? -->$')
+MPIRUN = r'(?:mpirun(?:\s+--?[\w-]+(?:\s+\d+)?)*\s+)?'  # "mpirun -np 2 " before a program, or nothing
+ALL = os.environ.get('TEST_LEVEL') == 'all'  # make test-all: the slow checks too
+
+
+SLOW = set()  # the commands the guides mark as slow: make test-all runs them
+
+
+def guide_checks(path):
+    """(command, expected lines or None, exit status) of each marker, in order."""
+    lines = open(path, encoding='utf-8').read().split('\n')
+    shown, fence = set(), None
+    for line in lines:
+        if line.startswith('```'):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence == 'sh':
+            shown.add(re.sub(r'\s+#.*$', '', line).strip())
+    checks = []
+    for i, line in enumerate(lines):
+        m = MARKER.match(line.strip())
+        if not m:
+            continue
+        kind, slow, command, status = m.group(1), bool(m.group(2)), m.group(3), int(m.group(4) or 0)
+        if m.group(5) and has_gpu():
+            checks.append((None, None, status, f'line {i + 1}: shows what happens without a GPU'))
+            continue
+        if command not in shown:
+            checks.append((None, None, status, f'line {i + 1}: "{command}" is in no ```sh block of the guide: '
+                           'the reader would not type it'))
+            continue
+        if slow:
+            SLOW.add(command)
+        expected = None
+        if kind == 'output of':
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith('```'):
+                j += 1
+            k = j + 1
+            while k < len(lines) and not lines[k].startswith('```'):
+                k += 1
+            expected = lines[j + 1:k]
+        checks.append((command, expected, status, f'line {i + 1}'))
+    return checks
+
+
+def header_checks(path):
+    """The header comment's command and expected output, or a reason it is not run."""
+    header = []
+    for line in open(path, encoding='utf-8'):
+        if not line.startswith('//'):
+            break
+        header.append(line[2:].rstrip('\n'))
+    program = os.path.splitext(os.path.relpath(path, ROOT))[0]
+    start = next((i for i, line in enumerate(header) if line.strip().startswith('Expected output')), None)
+    if start is None:
+        return []
+    if re.search(r'\bnodes\b', header[start]):
+        return [(None, None, 0, 'its expected output is of several nodes (run under Slurm)')]
+    # The header's commands up to the first that runs the program: those before it
+    # make what it reads (step 8's img/2_losses.csv, step 11's data/mnist.h5).
+    commands = []
+    for line in header[:start]:
+        text = re.sub(r'^\s*(?:or on one machine:)?\s*', '', line)
+        text = re.sub(r'\s+(?:#.*|\(.*\)|\[.*\])$', '', text).strip()
+        if not re.match(MPIRUN + r'day\d/\w+(?:\s|$)', text):
+            continue
+        if text.startswith('mpirun') and '--oversubscribe' not in text:
+            text = text.replace('mpirun', 'mpirun --oversubscribe', 1)
+        commands.append(text)
+        if re.match(MPIRUN + re.escape(program) + r'(?:\s|$)', text):
+            break
+    else:
+        return [(None, None, 0, 'no line of its header runs it')]
+    # The block: the lines indented under "Expected output", after any prose.
+    block = header[start + 1:]
+    first = next((i for i, line in enumerate(block) if line.startswith('   ')), len(block))
+    expected = []
+    for line in block[first:]:
+        if not line.startswith('   '):
+            break
+        expected.append(line[3:])
+    if any('cuda:' in line for line in expected) and not has_gpu():
+        return [(None, None, 0, 'its expected output is on GPUs, and this machine has none')]
+    checks = [(command, None, 0, 'header') for command in commands[:-1]]
+    command = commands[-1]
+    return checks + [(command, expected, 0, 'header')]
+
+
+def has_gpu():
+    return os.environ.get('CUDA_VISIBLE_DEVICES', None) != '' and shutil.which('nvidia-smi') is not None and \
+        subprocess.run(['nvidia-smi', '-L'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+def scratch_root():
+    """A folder that looks like the repository root to the commands."""
+    where = tempfile.mkdtemp(prefix='guides.')
+    for entry in os.listdir(ROOT):
+        if entry in ('data', 'img', 'checkpoints', 'log', 'log_ddp', '.git'):
+            continue
+        os.symlink(os.path.join(ROOT, entry), os.path.join(where, entry))
+    os.mkdir(os.path.join(where, 'data'))
+    os.symlink(os.path.join(ROOT, 'data', 'mnist'), os.path.join(where, 'data', 'mnist'))
+    return where
+
+
+def run(command, where):
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # what the guides ask a root user to export
+        env.update(OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1')
+    try:
+        done = subprocess.run(['bash', '-c', command], cwd=where, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return None, ['(timed out after %d s)' % TIMEOUT]
+    return done.returncode, done.stdout.decode('utf-8', 'replace').split('\n')
+
+
+def guides_kernel():
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    m = re.search(r'the guides show[\s>]+those of the (\w+) kernels', text)
+    return m.group(1) if m else None
+
+
+def main(files):
+    failed = 0
+    kernel = guides_kernel()
+    if kernel is None:
+        print('FAIL guides: README.md no longer says which kernels the checksums are of '
+              '("the guides show those of the X kernels")')
+        return 1
+    checksums_skipped = None
+    outputs = {}  # a header's command run already by its guide: its output
+    checks_of = {path: guide_checks(path) if path.endswith('.md') else header_checks(path) for path in files}
+    for path in files:
+        rel = os.path.relpath(path, ROOT)
+        checks = checks_of[path]
+        if not checks:
+            continue
+        where = scratch_root()
+        try:
+            for command, expected, status, where_in_file in checks:
+                if command is None and 'without a GPU' in where_in_file:
+                    print(f'SKIP guides: {rel}, {where_in_file}')
+                    continue
+                if command is None and path.endswith('.md'):
+                    print(f'FAIL guides: {rel}, {where_in_file}')
+                    failed += 1
+                    continue
+                if command is None:
+                    print(f'SKIP guides: {rel}: its header is not run: {where_in_file}')
+                    continue
+                program = next((w for w in command.split() if re.match(r'day\d/\w+$', w)), None)
+                if program and not os.access(os.path.join(ROOT, program), os.X_OK):
+                    print(f'SKIP guides: {rel} ({where_in_file}): {command}: {program} is not built on this machine')
+                    continue
+                if command in SLOW and not ALL:
+                    print(f'SKIP guides: {rel} ({where_in_file}): {command}: slow, make test-all runs it')
+                    continue
+                if path.endswith('.c') and command in outputs:
+                    code, printed = outputs[command]
+                else:
+                    code, printed = run(command, where)
+                    outputs[command] = (code, printed)
+                what = f'{rel} ({where_in_file}): {command}'
+                if code != status:
+                    print(f'FAIL guides: {what}: exit status {code}, expected {status}; its last lines:')
+                    for line in printed[-6:]:
+                        print('    ' + line)
+                    failed += 1
+                    continue
+                if expected is None:
+                    print(f'PASS guides: {what}: ran (exit {status})')
+                    continue
+                ran_kernels = {m.group(1) for line in printed for m in KERNELS.finditer(line)}
+                same_kernels = ran_kernels <= {kernel}
+                if not same_kernels and any(CHECKSUM.search(line) for line in expected):
+                    checksums_skipped = ', '.join(sorted(ran_kernels))
+                missing, compared = compare(expected, printed, same_kernels)
+                if compared == 0:
+                    print(f'FAIL guides: {what}: the block after it has no line to compare')
+                    failed += 1
+                elif missing:
+                    print(f'FAIL guides: {what}: {len(missing)} of {compared} expected line{"s" if compared != 1 else ""} not printed:')
+                    for line in missing[:4]:
+                        print(f'    expected: {line}')
+                        print(f'    closest:  {closest(line, printed)}')
+                    failed += 1
+                else:
+                    print(f'PASS guides: {what}: {compared} line{"s" if compared != 1 else ""} as shown')
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+    if checksums_skipped:
+        print(f'SKIP guides: parameter checksums not compared: this machine runs OpenBLAS\'s '
+              f'{checksums_skipped} kernels, the guides show the {kernel} kernels\' (README.md, Before you run)')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    os.chdir(ROOT)
+    files = [os.path.abspath(f) for f in sys.argv[1:]] or \
+        sorted(glob.glob(os.path.join(ROOT, 'day*', 'README.md'))) + \
+        sorted(glob.glob(os.path.join(ROOT, 'day*', '*.c')))
+    sys.exit(main(files))
