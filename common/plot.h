@@ -20,6 +20,7 @@ typedef struct {
     const char *xlabel;
     const char *ylabel;
     int width, height;   // pixels; 0 means the default 640 x 480 (matplotlib's 6.4 x 4.8 in at 100 dpi)
+    int integer_x;       // nonzero: x ticks at whole numbers only (world sizes: no tick at 1.5 ranks)
 } PlotSpec;
 
 // Write the figure to `path` (creating its parent directory if needed).
