@@ -44,6 +44,8 @@ enum {
 };
 static const double LINE_HALF_WIDTH = 1.0;  // 2 px lines, matplotlib's 1.5 pt
 static const double DOT_RADIUS = 2.5;       // a point with no neighbour to join
+static const double BAR_HALF_WIDTH = 0.6;   // min-max bars, thinner than the line
+static const double CAP_HALF_LENGTH = 4.0;  // their caps: 3 pt at 100 dpi
 static const double DATA_MARGIN = 0.05;     // matplotlib's axes.xmargin / ymargin
 
 // ---------------------------------------------------------------- raster
@@ -239,7 +241,8 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     Canvas canvas = {W, H, xmalloc((size_t)3 * W * H)};
     memset(canvas.rgb, 255, (size_t)3 * W * H);
 
-    // Data limits over the finite points only (NaN/Inf are skipped, and break the line).
+    // Data limits over the finite points only (NaN/Inf are skipped, and break
+    // the line), and the finite ends of their bars.
     Axis xa = {.lo = INFINITY, .hi = -INFINITY}, ya = {.lo = INFINITY, .hi = -INFINITY};
     for (int s = 0; s < n_series; s++)
         for (int i = 0; i < series[s].n; i++) {
@@ -247,6 +250,10 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
             if (!isfinite(x) || !isfinite(y)) continue;
             xa.lo = fmin(xa.lo, x), xa.hi = fmax(xa.hi, x);
             ya.lo = fmin(ya.lo, y), ya.hi = fmax(ya.hi, y);
+            for (int end = 0; end < 2; end++) {
+                const float *bar = end ? series[s].y_hi : series[s].y_lo;
+                if (bar && isfinite(bar[i])) ya.lo = fmin(ya.lo, bar[i]), ya.hi = fmax(ya.hi, bar[i]);
+            }
         }
     pad_range(&xa);
     pad_range(&ya);
@@ -291,6 +298,16 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
             if (have_prev) stroke_segment(mask, inner_w, inner_h, prev_x, prev_y, px, py, LINE_HALF_WIDTH);
             else if (!next_joins) stroke_segment(mask, inner_w, inner_h, px, py, px, py, DOT_RADIUS);
             prev_x = px, prev_y = py, have_prev = true;
+            if (series[s].y_lo && series[s].y_hi && isfinite(series[s].y_lo[i]) && isfinite(series[s].y_hi[i])) {
+                double lo_y = bottom - (series[s].y_lo[i] - ya.lo) * y_scale - inner_y;
+                double hi_y = bottom - (series[s].y_hi[i] - ya.lo) * y_scale - inner_y;
+                stroke_segment(mask, inner_w, inner_h, px, lo_y, px, hi_y, BAR_HALF_WIDTH);
+                for (int end = 0; end < 2; end++) {
+                    double cap_y = end ? hi_y : lo_y;
+                    stroke_segment(mask, inner_w, inner_h, px - CAP_HALF_LENGTH, cap_y, px + CAP_HALF_LENGTH, cap_y,
+                                   BAR_HALF_WIDTH);
+                }
+            }
         }
         for (int y = 0; y < inner_h; y++)
             for (int x = 0; x < inner_w; x++) {

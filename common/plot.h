@@ -1,7 +1,8 @@
 // plot.h: line charts as PNG (libpng), readable like matplotlib's defaults.
 //
 // One call draws a complete figure: title, axes with "nice" ticks and tick
-// labels, axis labels, any number of series (distinct colours), and a legend.
+// labels, axis labels, any number of series (distinct colours, optionally with
+// a min-max bar at each point), and a legend.
 //
 //   PlotSeries curve = {.label = "rank 0", .x = steps, .y = losses, .n = n_steps};
 //   PlotSpec spec = {.title = "MNIST training loss", .xlabel = "step", .ylabel = "loss"};
@@ -13,6 +14,9 @@ typedef struct {
     const float *x;      // [n]
     const float *y;      // [n]
     int n;
+    // [n] each, or NULL: a vertical bar from y_lo[i] to y_hi[i] at x[i], with
+    // caps, in the series' colour: the spread of repeated measurements around y.
+    const float *y_lo, *y_hi;
 } PlotSeries;
 
 typedef struct {

@@ -119,6 +119,44 @@ static void check_integer_ticks(const char *dir) {
     printf("PASS test_plot: integer_x puts the x ticks at whole numbers only (x data 1..4, 1..16, 1..2, 1, 1..100)\n");
 }
 
+// Pixels in rows [y0, y1) tinted by the first series' blue, anti-aliased
+// edges included: everything else (white, black, the legend's grey) is grey.
+static int count_blue(const Image *im, int y0, int y1) {
+    int count = 0;
+    for (int y = y0; y < y1; y++)
+        for (int x = 0; x < im->width; x++) {
+            const unsigned char *p = im->rgb + 3 * ((size_t)y * im->width + x);
+            count += p[2] - p[0] > 30;
+        }
+    return count;
+}
+
+// y_lo and y_hi draw a bar at each point, in the series' colour, and widen
+// the y range to hold it: a flat series with bars has its colour far above and
+// below its line; without them, none. A NaN end draws no bar.
+static void check_bars(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/bars.png", dir);
+    float x[3] = {1, 2, 4}, y[3] = {1, 1, 1}, lo[3] = {0.2f, 0.6f, 0.9f}, hi[3] = {1.8f, 1.4f, NAN};
+    PlotSpec spec = {.title = "bars", .xlabel = "world size (ranks)", .ylabel = "speed-up", .integer_x = 1};
+    int above[2], below[2];
+    for (int with_bars = 0; with_bars < 2; with_bars++) {
+        PlotSeries median = {.label = NULL, .x = x, .y = y, .n = 3};  // no legend: its sample is blue too
+        if (with_bars) median.y_lo = lo, median.y_hi = hi;
+        plot_png(path, &spec, &median, 1);
+        Image im = read_png(path);
+        above[with_bars] = count_blue(&im, 0, im.height / 2 - 30);
+        below[with_bars] = count_blue(&im, im.height / 2 + 30, im.height);
+        free(im.rgb);
+    }
+    EXPECT(above[0] == 0 && below[0] == 0, "no bars asked: %d and %d pixels of the series' colour off its line",
+           above[0], below[0]);
+    EXPECT(above[1] > 100 && below[1] > 100, "bars from 0.2 to 1.8 around y = 1: only %d pixels of them above "
+           "and %d below the line", above[1], below[1]);
+    unlink(path);
+    printf("PASS test_plot: y_lo and y_hi draw a min-max bar at each point and widen the y range to hold it\n");
+}
+
 int main(void) {
     char dir[] = "/tmp/test_plot_XXXXXX";
     EXPECT(mkdtemp(dir), "mkdtemp failed");
@@ -189,6 +227,7 @@ int main(void) {
     free(im.rgb);
 
     check_integer_ticks(dir);
+    check_bars(dir);
 
     unlink(path), unlink(path_small), unlink(path_odd);
     char img_dir[256];
