@@ -242,7 +242,8 @@ clean:
 bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
 
-# Step 7's companion: the speed-up table at 1, 2 and 4 ranks (RANKS="1 2 4 8" for others), and img/7_scaling.png.
+# Step 7's companion: the speed-up table at 1, 2 and 4 ranks, 3 runs each, interleaved (RANKS="1 2 4 8" for
+# other world sizes, REPEATS=5 for more runs), and img/7_scaling.png.
 scaling: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	day1/7_scaling.sh

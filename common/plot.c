@@ -44,6 +44,8 @@ enum {
 };
 static const double LINE_HALF_WIDTH = 1.0;  // 2 px lines, matplotlib's 1.5 pt
 static const double DOT_RADIUS = 2.5;       // a point with no neighbour to join
+static const double BAR_HALF_WIDTH = 0.6;   // min-max bars, thinner than the line
+static const double CAP_HALF_LENGTH = 4.0;  // their caps: 3 pt at 100 dpi
 static const double DATA_MARGIN = 0.05;     // matplotlib's axes.xmargin / ymargin
 
 // ---------------------------------------------------------------- raster
@@ -145,16 +147,27 @@ static int decimals_for(double step) {
 }
 
 // Ticks at a "nice" step (1, 2, 2.5 or 5 times a power of ten): the smallest such
-// step that gives at most max_ticks ticks inside [lo, hi]. Then format the labels.
-static void make_ticks(Axis *a, const BitmapFont *font, int max_ticks) {
+// step that gives at most max_ticks ticks inside [lo, hi]. `integer`: only
+// whole steps (1, 2, 5, 10, 20, 25, ...), so every tick is a whole number;
+// below 1 that leaves step 1. Then format the labels.
+static void make_ticks(Axis *a, const BitmapFont *font, int max_ticks, bool integer) {
     static const double MULTIPLES[] = {1, 2, 2.5, 5, 10};
     double span = a->hi - a->lo, magnitude = pow(10, floor(log10(span / max_ticks)));
-    for (int i = 0; i < 5; i++) {
-        a->step = MULTIPLES[i] * magnitude;
+    bool found = false;
+    for (int i = 0; i < 5 && !found; i++) {
+        double step = MULTIPLES[i] * magnitude;
+        if (integer && (step < 1 - 1e-9 || fabs(step - round(step)) > 1e-9 * step)) continue;
+        a->step = integer ? round(step) : step;
         a->first = ceil(a->lo / a->step) * a->step;
         a->n_ticks = (int)floor((a->hi - a->first) / a->step + 1e-9) + 1;
-        if (a->n_ticks <= max_ticks) break;
+        found = a->n_ticks <= max_ticks;
     }
+    if (integer && !found && a->step < 1) {  // a range narrower than max_ticks: every whole number in it
+        a->step = 1;
+        a->first = ceil(a->lo);
+        a->n_ticks = (int)floor(a->hi - a->first + 1e-9) + 1;
+    }
+    if (a->n_ticks < 0) a->n_ticks = 0;
     if (a->n_ticks > MAX_TICKS) a->n_ticks = MAX_TICKS;  // only if max_ticks > MAX_TICKS
 
     double last = a->first + (a->n_ticks - 1) * a->step;
@@ -228,7 +241,8 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     Canvas canvas = {W, H, xmalloc((size_t)3 * W * H)};
     memset(canvas.rgb, 255, (size_t)3 * W * H);
 
-    // Data limits over the finite points only (NaN/Inf are skipped, and break the line).
+    // Data limits over the finite points only (NaN/Inf are skipped, and break
+    // the line), and the finite ends of their bars.
     Axis xa = {.lo = INFINITY, .hi = -INFINITY}, ya = {.lo = INFINITY, .hi = -INFINITY};
     for (int s = 0; s < n_series; s++)
         for (int i = 0; i < series[s].n; i++) {
@@ -236,6 +250,10 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
             if (!isfinite(x) || !isfinite(y)) continue;
             xa.lo = fmin(xa.lo, x), xa.hi = fmax(xa.hi, x);
             ya.lo = fmin(ya.lo, y), ya.hi = fmax(ya.hi, y);
+            for (int end = 0; end < 2; end++) {
+                const float *bar = end ? series[s].y_hi : series[s].y_lo;
+                if (bar && isfinite(bar[i])) ya.lo = fmin(ya.lo, bar[i]), ya.hi = fmax(ya.hi, bar[i]);
+            }
         }
     pad_range(&xa);
     pad_range(&ya);
@@ -250,13 +268,13 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     int below = TICK_LEN + TICK_PAD + font->height + xlabel_h;
     int bottom = H - 1 - max_int((int)(0.11 * H), below + PAD);
     bottom = max_int(bottom, top + 2);
-    make_ticks(&ya, font, clamp_int((bottom - top) / 40, 2, 9));
+    make_ticks(&ya, font, clamp_int((bottom - top) / 40, 2, 9), false);
     int beside = TICK_LEN + TICK_PAD + ya.label_width + ylabel_w;
     int left = max_int((int)(0.125 * W), beside + PAD);
     int right = max_int(W - 1 - max_int((int)(0.1 * W), PAD + 3 * font->width), left + 2);
     // x tick labels are wide: start from one tick per 70 px, thin out until labels do not touch.
     for (int max_ticks = clamp_int((right - left) / 70, 2, 8);; max_ticks--) {
-        make_ticks(&xa, font, max_ticks);
+        make_ticks(&xa, font, max_ticks, spec->integer_x);
         double step_px = xa.step / (xa.hi - xa.lo) * (right - left);
         if (max_ticks == 2 || step_px >= xa.label_width + 2 * font->width) break;
     }
@@ -280,6 +298,16 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
             if (have_prev) stroke_segment(mask, inner_w, inner_h, prev_x, prev_y, px, py, LINE_HALF_WIDTH);
             else if (!next_joins) stroke_segment(mask, inner_w, inner_h, px, py, px, py, DOT_RADIUS);
             prev_x = px, prev_y = py, have_prev = true;
+            if (series[s].y_lo && series[s].y_hi && isfinite(series[s].y_lo[i]) && isfinite(series[s].y_hi[i])) {
+                double lo_y = bottom - (series[s].y_lo[i] - ya.lo) * y_scale - inner_y;
+                double hi_y = bottom - (series[s].y_hi[i] - ya.lo) * y_scale - inner_y;
+                stroke_segment(mask, inner_w, inner_h, px, lo_y, px, hi_y, BAR_HALF_WIDTH);
+                for (int end = 0; end < 2; end++) {
+                    double cap_y = end ? hi_y : lo_y;
+                    stroke_segment(mask, inner_w, inner_h, px - CAP_HALF_LENGTH, cap_y, px + CAP_HALF_LENGTH, cap_y,
+                                   BAR_HALF_WIDTH);
+                }
+            }
         }
         for (int y = 0; y < inner_h; y++)
             for (int x = 0; x < inner_w; x++) {

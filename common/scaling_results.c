@@ -15,8 +15,8 @@
 #include "plot.h"   // the speed-up chart
 
 // The results CSV: a header line world_size,seconds (files written before it
-// had none), then one row per run. Kept as text, so that adding a run writes
-// the old rows back as they were.
+// had none), then one row per run; several rows of one world size are repeats
+// of it. Kept as text, so that adding a run writes the old rows back as they were.
 static const char RESULTS_HEADER[] = "world_size,seconds";
 
 typedef struct {
@@ -105,6 +105,42 @@ static bool results_read(const char *path, Results *r, char *err, size_t err_siz
     return true;
 }
 
+// One world size's runs: how many, their median time, the fastest and the slowest.
+typedef struct {
+    int world, runs;
+    double median, fastest, slowest;
+} WorldTimes;
+
+typedef struct {
+    int world;
+    double seconds;
+} Run;
+
+static int by_world_then_seconds(const void *pa, const void *pb) {
+    const Run *a = pa, *b = pb;
+    if (a->world != b->world) return a->world < b->world ? -1 : 1;
+    return (a->seconds > b->seconds) - (a->seconds < b->seconds);
+}
+
+// Group the runs by world size (rows: r->n at most), smallest first. The
+// median of an even count is the mean of the middle two.
+static int world_times(const Results *r, WorldTimes *rows) {
+    Run *runs = xmalloc((size_t)r->n * sizeof *runs);
+    for (int i = 0; i < r->n; i++) runs[i] = (Run){r->worlds[i], r->seconds[i]};
+    qsort(runs, (size_t)r->n, sizeof *runs, by_world_then_seconds);
+    int n = 0;
+    for (int first = 0, end; first < r->n; first = end) {
+        for (end = first; end < r->n && runs[end].world == runs[first].world; end++) {}
+        int count = end - first;
+        const Run *mid = runs + first + count / 2;
+        rows[n++] = (WorldTimes){.world = runs[first].world, .runs = count,
+                                 .median = count % 2 ? mid->seconds : (mid[-1].seconds + mid->seconds) / 2,
+                                 .fastest = runs[first].seconds, .slowest = runs[end - 1].seconds};
+    }
+    free(runs);
+    return n;
+}
+
 // Before training: a results file that is corrupt, or cannot be read, is
 // refused now, not after the run (and it stays as it is). Rank 0 reads it,
 // since rank 0 writes it; every rank exits.
@@ -120,8 +156,8 @@ void scaling_results_check(const char *path) {
     if (bad) usage_error("%s", err);  // printed once, by rank 0
 }
 
-// Add this run to the results CSV, then print the table of all its runs and
-// draw the speed-up chart. Rank 0 only.
+// Add this run to the results CSV, then print the table of all its runs (the
+// median and spread of each world size) and draw the speed-up chart. Rank 0 only.
 void scaling_results_report(const char *path, int world, double seconds, const char *chart) {
     // Read again: another run may have added its row since the check.
     Results r;
@@ -142,44 +178,62 @@ void scaling_results_report(const char *path, int world, double seconds, const c
     CHECK_ERRNO(replace_commit(file, temp), "--results %s: cannot write", path);
     results_add(&r, world, seconds);
 
-    // Keep the last run of each world size.
-    int *worlds = xmalloc((size_t)r.n * sizeof(int)), n = 0;
-    double *times = xmalloc((size_t)r.n * sizeof(double));
-    for (int i = 0; i < r.n; i++) {
-        int k = 0;
-        while (k < n && worlds[k] != r.worlds[i]) k++;
-        if (k == n) n++;
-        worlds[k] = r.worlds[i], times[k] = r.seconds[i];
-    }
+    // Every run counts: on a shared or busy machine one run can take five
+    // times another of the same world size, so a table of single runs can
+    // show 2 ranks 4.8x faster one day and 0.9x the next. Per world size:
+    // the median time, which one slow run does not move, and the fastest and
+    // slowest runs, which show how far any one run can be trusted.
+    WorldTimes *rows = xmalloc((size_t)r.n * sizeof *rows);
+    int n = world_times(&r, rows);
     results_free(&r);
-    for (int i = 1; i < n; i++)  // by world size
-        for (int k = i; k > 0 && worlds[k] < worlds[k - 1]; k--) {
-            int wi = worlds[k]; worlds[k] = worlds[k - 1]; worlds[k - 1] = wi;
-            double ti = times[k]; times[k] = times[k - 1]; times[k - 1] = ti;
-        }
     int base = 0;
-    while (base < n && worlds[base] != 1) base++;
+    while (base < n && rows[base].world != 1) base++;
+    // The speed-up is the ratio of the medians. Its range pairs the extremes:
+    // from the fastest 1-rank run over the slowest W-rank run to the slowest
+    // over the fastest, so that every pair of single runs lies inside it.
+    // That is what a reader needs to judge the lesson: a range that spans
+    // 1.00x means some run at W ranks was slower than some run at 1 rank, and
+    // these runs cannot say that W ranks are faster; the 1-rank row's own
+    // range is the noise of the machine itself. (Quartiles, or a standard
+    // error, would look tighter, but mean little over 3 runs, and hide the
+    // one run that inverted the lesson.)
     float *x = xmalloc((size_t)n * sizeof(float)), *speedup = xmalloc((size_t)n * sizeof(float)),
+          *speedup_lo = xmalloc((size_t)n * sizeof(float)), *speedup_hi = xmalloc((size_t)n * sizeof(float)),
           *ideal = xmalloc((size_t)n * sizeof(float));
-    printf("\n%10s %12s %9s %11s\n", "world size", "training s", "speed-up", "efficiency");
+    printf("\n%10s %5s %9s %15s %9s %13s %11s\n", "world size", "runs", "median s", "min..max s", "speed-up",
+           "min..max", "efficiency");
     for (int i = 0; i < n; i++) {
-        x[i] = (float)worlds[i];
-        ideal[i] = (float)worlds[i];
-        speedup[i] = base < n ? (float)(times[base] / times[i]) : 0.0f;
-        if (base < n)
-            printf("%10d %12.3f %8.2fx %10.0f%%\n", worlds[i], times[i], speedup[i], 100 * speedup[i] / worlds[i]);
-        else
-            printf("%10d %12.3f %9s %11s\n", worlds[i], times[i], "-", "-");
+        const WorldTimes *w = &rows[i];
+        char times[48], range[48];
+        snprintf(times, sizeof times, "%.3f..%.3f", w->fastest, w->slowest);
+        x[i] = (float)w->world;
+        ideal[i] = (float)w->world;
+        if (base < n) {
+            const WorldTimes *one = &rows[base];
+            speedup[i] = (float)(one->median / w->median);
+            speedup_lo[i] = (float)(one->fastest / w->slowest);
+            speedup_hi[i] = (float)(one->slowest / w->fastest);
+            snprintf(range, sizeof range, "%.2f..%.2fx", speedup_lo[i], speedup_hi[i]);
+            printf("%10d %5d %9.3f %15s %8.2fx %13s %10.0f%%\n", w->world, w->runs, w->median, times, speedup[i],
+                   range, 100 * speedup[i] / w->world);
+        } else {
+            printf("%10d %5d %9.3f %15s %9s %13s %11s\n", w->world, w->runs, w->median, times, "-", "-", "-");
+        }
     }
-    if (base == n) printf("(run it on 1 rank too, for the speed-up)\n");
+    if (base < n)
+        printf("speed-up: median time at 1 rank / median at W; min..max: fastest 1-rank run / slowest W-rank run\n"
+               "to slowest / fastest. Where it spans 1.00x, these runs cannot tell whether W ranks are faster.\n");
+    else
+        printf("(run it on 1 rank too, for the speed-up)\n");
     fflush(stdout);
     if (chart && *chart && base < n) {
-        PlotSeries series[2] = {{.label = "measured", .x = x, .y = speedup, .n = n},
+        PlotSeries series[2] = {{.label = "measured: median, bar min..max", .x = x, .y = speedup, .n = n,
+                                 .y_lo = speedup_lo, .y_hi = speedup_hi},
                                 {.label = "ideal (W x)", .x = x, .y = ideal, .n = n}};
         PlotSpec spec = {.title = "Step 7: DDP training speed-up over one rank", .xlabel = "world size (ranks)",
-                         .ylabel = "speed-up"};
+                         .ylabel = "speed-up", .integer_x = 1};
         plot_png(chart, &spec, series, 2);
         printf("Speed-up chart: %s\n", chart);
     }
-    free(x), free(speedup), free(ideal), free(worlds), free(times);
+    free(x), free(speedup), free(speedup_lo), free(speedup_hi), free(ideal), free(rows);
 }

@@ -3,11 +3,16 @@
 // What it adds over step 6: every rank times its training loop, rank 0
 // reports the slowest (the job is as fast as its slowest rank), and with
 // --results FILE.csv each run appends "world_size,seconds" and prints the
-// table of every world size in the file so far, with the speed-up over one
-// rank, and draws it (--chart). A results file with a malformed row is refused
-// before training, and left as it is. The companion script runs it at 1, 2,
-// 4 ranks:
-//   day1/7_scaling.sh                  (or: make scaling)
+// table of every run in the file so far: per world size, the median time and
+// the fastest..slowest run, and the speed-up over one rank from the medians,
+// with its range from the extremes. It draws the same (--chart). One run per
+// world size is no measurement on a shared machine, where one 1-rank run took
+// 0.64 s and another 3.24 s: repeat each, and trust a speed-up only where its
+// range does not span 1.00x. A results file with a malformed row is refused
+// before training, and left as it is. The companion script runs it 3 times
+// at each of 1, 2 and 4 ranks, interleaved (1, 2, 4, 1, 2, 4, ...) so that
+// the machine's noise hits every world size alike:
+//   day1/7_scaling.sh                  (or: make scaling; REPEATS=5 for more)
 // The batch is per rank, so W ranks take 1/W of the steps per epoch, each of
 // them as expensive as before: ideally the loop is W times faster. On one CPU
 // node it is not: one rank already computes on every core, and W ranks divide
@@ -18,7 +23,7 @@
 //   make day1/7_mnist_ddp_timing
 //   mpirun -np 2 day1/7_mnist_ddp_timing --results scaling.csv   (add --oversubscribe on fewer cores)
 //
-// Expected output (times vary):
+// Expected output (times vary; the table with --results, after 3 runs at 1 rank and 3 at 2):
 //   Step 7: DDP on 2 ranks: MLP 784-128-10, ...
 //   epoch 1/5: mean loss 2.1628 over 5 steps, 0.10 s, 598130 samples/s
 //   ...
@@ -26,10 +31,13 @@
 //   [rank 0] training loop: 0.503 s
 //   World Size: 2. Training completed in 0.50 seconds (slowest rank). Test accuracy: 84.54% (8454 of 10000)
 //   DDP: gradient allreduce 1.56 ms per step in 1 bucket, 0.07 ms (4%) of it hidden behind backward; the step waited 1.52 ms for it
-//   
-//   world size   training s  speed-up  efficiency   (with --results, after runs at 1 and 2 ranks)
-//            1        0.470     1.00x        100%
-//            2        0.503     0.94x         47%
+//
+//   world size  runs  median s      min..max s  speed-up      min..max  efficiency
+//            1     3     0.470    0.455..0.512     1.00x   0.89..1.13x        100%
+//            2     3     0.503    0.490..0.540     0.93x   0.84..1.04x         47%
+//   speed-up: median time at 1 rank / median at W; min..max: fastest 1-rank run / slowest W-rank run
+//   to slowest / fastest. Where it spans 1.00x, these runs cannot tell whether W ranks are faster.
+//   Speed-up chart: img/7_scaling.png
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -56,7 +64,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
-        {"results", ARG_OUTPUT, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file", 0, NULL},
+        {"results", ARG_OUTPUT, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file (median, min..max of repeats)", 0, NULL},
         {"chart", ARG_OUTPUT_OR_NONE, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 7: time DDP training; --results collects a speed-up table across world sizes.");

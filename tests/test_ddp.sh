@@ -89,26 +89,39 @@ expect_usage "$tmp/none.csv" "^error: --compare .*none.csv: cannot open" "with a
 echo "not,a,log" > "$tmp/bad.csv"
 expect_usage "$tmp/bad.csv" "^error: --compare .*expected the header step,epoch,loss" "with a file that is not a loss log"
 
-# ---------------------------------------------------------------- step 7: the scaling table
-rm -f "$tmp/scaling.csv"
-mpi 1 day1/7_mnist_ddp_timing --epochs 1 --results "$tmp/scaling.csv" --chart "$tmp/7.png" --plot '' > /dev/null 2>&1
-mpi 2 day1/7_mnist_ddp_timing --epochs 1 --results "$tmp/scaling.csv" --chart "$tmp/7.png" --plot '' > "$tmp/out7" 2>&1
-if grep -qE '^ +1 +[0-9.]+ +1\.00x +100%' "$tmp/out7" && grep -qE '^ +2 +[0-9.]+ +[0-9.]+x +[0-9]+%' "$tmp/out7" && [ -s "$tmp/7.png" ]; then
-    pass "step 7 --results: a speed-up table for world sizes 1 and 2, and its chart"
+# ---------------------------------------------------------------- step 7: the scaling table, by its script
+# RANKS="1 2" REPEATS=2: four short runs, interleaved (1, 2, 1, 2), one table after the last.
+# A table row: world size, runs, median s, min..max s, speed-up, its min..max, efficiency.
+row7() { echo "^ +$1 +$2 +[0-9.]+ +[0-9.]+\.\.[0-9.]+ +$3x +[0-9.]+\.\.[0-9.]+x +$4%\$"; }
+RANKS="1 2" REPEATS=2 RESULTS="$tmp/scaling.csv" timeout 240 day1/7_scaling.sh --epochs 1 --chart "$tmp/7.png" > "$tmp/out7" 2>&1
+if grep -qE "$(row7 1 2 '1\.00' 100)" "$tmp/out7" && grep -qE "$(row7 2 2 '[0-9.]+' '[0-9]+')" "$tmp/out7" &&
+    grep -q '^speed-up: median time at 1 rank / median at W' "$tmp/out7" && [ -s "$tmp/7.png" ]; then
+    pass "RANKS=\"1 2\" REPEATS=2 day1/7_scaling.sh: a table of 2 runs per world size (median, min..max, speed-up and its range), and the chart"
 else
-    fail "step 7 --results: $(tail -5 "$tmp/out7")"
+    fail "RANKS=\"1 2\" REPEATS=2 day1/7_scaling.sh: $(tail -6 "$tmp/out7")"
 fi
-grep -qE '^\[rank 1\] training loop: [0-9.]+ s' "$tmp/out7" && pass "step 7 times the loop on every rank" ||
-    fail "step 7 prints no per-rank time"
+order=$(grep '^==' "$tmp/out7" | tr '\n' '/')
+csv_order=$(tail -n +2 "$tmp/scaling.csv" 2> /dev/null | cut -d, -f1 | tr '\n' ' ')
+if [ "$order" = "== 1 rank(s), run 1/2/== 2 rank(s), run 1/2/== 1 rank(s), run 2/2/== 2 rank(s), run 2/2/" ] &&
+    [ "$csv_order" = "1 2 1 2 " ] && [ "$(grep -c '^world size' "$tmp/out7")" = 1 ]; then
+    pass "day1/7_scaling.sh interleaves the repeats (world sizes ${csv_order% }), one CSV row each, and prints the table once, after the last"
+else
+    fail "day1/7_scaling.sh runs: $order; CSV world sizes: $csv_order; $(grep -c '^world size' "$tmp/out7") tables"
+fi
+[ "$(grep -cE '^\[rank 1\] training loop: [0-9.]+ s' "$tmp/out7")" = 2 ] && pass "step 7 times the loop on every rank" ||
+    fail "step 7 prints no per-rank time on rank 1 of each 2-rank run: $(grep -c 'training loop' "$tmp/out7") lines"
 
-# ---------------------------------------------------------------- step 7's script at the world sizes in RANKS
-RANKS="1 2" RESULTS="$tmp/scaling_script.csv" timeout 240 day1/7_scaling.sh --epochs 1 --chart "$tmp/7s.png" > "$tmp/out7s" 2>&1
-if grep -qE '^ +1 +[0-9.]+ +1\.00x +100%' "$tmp/out7s" && grep -qE '^ +2 +[0-9.]+ +[0-9.]+x +[0-9]+%' "$tmp/out7s" &&
-    ! grep -qE '^== 4 rank' "$tmp/out7s" && [ "$(wc -l < "$tmp/scaling_script.csv")" -eq 3 ] && [ -s "$tmp/7s.png" ]; then
-    pass "RANKS=\"1 2\" day1/7_scaling.sh: the table, the CSV and the chart at world sizes 1 and 2 only"
-else
-    fail "RANKS=\"1 2\" day1/7_scaling.sh: $(tail -5 "$tmp/out7s")"
-fi
+# ---------------------------------------------------------------- its knobs, refused before any run
+for repeats in 0 -1 three 1.5; do
+    RANKS=1 REPEATS=$repeats RESULTS="$tmp/refused.csv" timeout 60 day1/7_scaling.sh --epochs 1 --chart '' > "$tmp/out7s" 2>&1
+    status=$?
+    if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/out7s")" = 1 ] &&
+        grep -q "^error: REPEATS=\"$repeats\": expected the runs per world size, a positive integer" "$tmp/out7s"; then
+        pass "REPEATS=$repeats is refused before any run: $(head -1 "$tmp/out7s")"
+    else
+        fail "REPEATS=$repeats: exit $status: $(head -2 "$tmp/out7s")"
+    fi
+done
 RANKS="1 two" day1/7_scaling.sh > "$tmp/out7s" 2>&1
 status=$?
 if [ $status -eq 2 ] && grep -q '^error: RANKS="1 two": expected world sizes' "$tmp/out7s" && ! grep -q '^==' "$tmp/out7s"; then

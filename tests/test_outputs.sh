@@ -128,16 +128,26 @@ for row in 'abc,def' '2,1.5,3' '0,1.5' '2,0' '2,nan' '2,1e999'; do
 done
 
 # A good file keeps its rows, byte for byte, and gets this run's; a new one starts with the header.
-printf 'world_size,seconds\n1,2.5' > "$tmp/good.csv"  # no newline at the end: written by hand
+# Its rows are repeats, out of order: the table shows per world size the runs, the median (of an
+# odd and of an even count), the fastest..slowest, the speed-up of the medians, and its range from
+# the fastest 1-rank run over the slowest W-rank run to the slowest over the fastest.
+printf 'world_size,seconds\n1,2.0\n4,6.0\n1,9.0\n8,1.0\n4,1.5\n1,3.0\n8,2.0\n4,1.0' > "$tmp/good.csv"  # no newline at the end: written by hand
 cp "$tmp/good.csv" "$tmp/keep/good.csv"
 mpi 2 "${step7[@]}" --results "$tmp/good.csv" > "$tmp/out7" 2>&1
 status=$?
 if [ $status -eq 0 ] && [ "$(head -c "$(wc -c < "$tmp/keep/good.csv")" "$tmp/good.csv")" = "$(cat "$tmp/keep/good.csv")" ] &&
-   [ "$(wc -l < "$tmp/good.csv")" = 3 ] && tail -1 "$tmp/good.csv" | grep -qE '^2,[0-9]+\.[0-9]{6}$' &&
-   grep -qE '^ +1 +2\.500 +1\.00x +100%' "$tmp/out7" && [ -z "$(temps "$tmp")" ]; then
-    pass "step 7 --results: a good file keeps its rows and gets this run's, and the table reads them all"
+   [ "$(wc -l < "$tmp/good.csv")" = 10 ] && tail -1 "$tmp/good.csv" | grep -qE '^2,[0-9]+\.[0-9]{6}$' && [ -z "$(temps "$tmp")" ]; then
+    pass "step 7 --results: a good file keeps its rows and gets this run's"
 else
     fail "step 7 --results on a good file: exit $status: $(cat "$tmp/good.csv" | tr '\n' ' ') / $(tail -3 "$tmp/out7")"
+fi
+if grep -qE '^ +1 +3 +3\.000 +2\.000\.\.9\.000 +1\.00x +0\.22\.\.4\.50x +100%$' "$tmp/out7" &&
+   grep -qE '^ +2 +1 +[0-9.]+ +[0-9.]+\.\.[0-9.]+ +[0-9.]+x +[0-9.]+\.\.[0-9.]+x +[0-9]+%$' "$tmp/out7" &&
+   grep -qE '^ +4 +3 +1\.500 +1\.000\.\.6\.000 +2\.00x +0\.33\.\.9\.00x +50%$' "$tmp/out7" &&
+   grep -qE '^ +8 +2 +1\.500 +1\.000\.\.2\.000 +2\.00x +1\.00\.\.9\.00x +25%$' "$tmp/out7"; then
+    pass "step 7 --results: repeats make one row per world size, with the median, the min..max, and the speed-up of the medians with its range"
+else
+    fail "step 7 --results with repeats: the table reads $(grep -E '^ +[0-9]+ ' "$tmp/out7" | tr -s ' ' | tr '\n' '/')"
 fi
 mpi 1 "${step7[@]}" --results "$tmp/new.csv" > /dev/null 2>&1
 expect_new=$(head -1 "$tmp/new.csv" 2> /dev/null)
