@@ -154,17 +154,31 @@ H5Mnist h5_mnist_open(const char *path) {
     H5Mnist mnist = {.path = strdup(path), .file = H5I_INVALID_HID};
     CHECK(mnist.path != NULL, "out of memory");
     mnist.train.images = mnist.train.labels = mnist.test.images = mnist.test.labels = H5I_INVALID_HID;
-    char err[1024] = "";
+    char err[8192] = "";  // (room for the paths of the hints below)
     const char *problem;  // what the path names, if not a file (paths.h)
     h5_lock();
     // HDF5 prints its whole error stack on every failed call by default; each
     // call is checked here, and one line of our own says what is wrong.
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    char cwd[1024] = "?", above[1024], root[1024];
     if (access(path, R_OK) != 0) {
         // The one problem with an obvious fix: say which command writes the file.
-        bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0;
-        snprintf(err, sizeof err, "%s: cannot open: %s. Write it with `day2/create_mnist_h5%s%s`", path,
-                 strerror(errno), default_path ? "" : " --out ", default_path ? "" : path);
+        // But a relative path is relative to the working directory, which may
+        // not be the repository root (`./11_multinode_streaming` inside day2/).
+        int why = errno;
+        bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0, relative = *path != '/';
+        bool have_root = relative && program_repository(root, sizeof root);
+        if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+        if (why == ENOENT && find_from_above(path, above, sizeof above))
+            snprintf(err, sizeof err, "%.200s: not found relative to the working directory %s; run from %s%s or pass --h5 %s/%.200s",
+                     path, cwd, have_root && strcmp(root, above) == 0 ? "the repository root " : "", above, above, path);
+        else if (why == ENOENT && default_path && have_root && strcmp(root, cwd) != 0)
+            snprintf(err, sizeof err, "%s: cannot open: %s (working directory %s). Write it with `day2/create_mnist_h5` in the repository root %s and run from there",
+                     path, strerror(why), cwd, root);
+        else
+            snprintf(err, sizeof err, "%.200s: cannot open: %s%s%s%s. Write it with `day2/create_mnist_h5%s%.200s`", path,
+                     strerror(why), relative ? " (working directory " : "", relative ? cwd : "", relative ? ")" : "",
+                     default_path ? "" : " --out ", default_path ? "" : path);
     } else if ((problem = input_file_problem(path))) {
         snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, problem);
     } else if (!is_hdf5(path)) {
