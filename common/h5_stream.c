@@ -2,6 +2,7 @@
 #include "h5_stream.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -533,18 +534,22 @@ void h5_stream_describe_all_ranks(H5Stream *s, double loop_seconds, char *out, s
     // so that the storages compare on the same work.
     const double float_megabytes = MNIST_PIXELS * sizeof(float) / 1e6;
     double megabytes = mean[2] * float_megabytes;
+    // The share of the loop spent waiting, from the seconds as printed, so that
+    // the line agrees with itself ("0.00 s ... (0% of 0.68 s)", never 1%).
+    double wait_shown = round(100 * mean[1]) / 100, loop_shown = round(100 * mean[3]) / 100;
+    double wait_share = loop_shown > 0 ? 100 * wait_shown / loop_shown : 0.0;
     int len = snprintf(out, size,
                        "Data: read %.0f samples (%.1f MB of float32 pixels) from %s chunks, %g worker%s busy %.2f s "
                        "in all: %.0f MB/s per worker; the loop waited %.2f s for data (%.0f%% of %.2f s)%s\n",
                        mean[2], megabytes, s->part->pixels == H5_PIXELS_FLOAT32 ? "float32" : "uint8", mean[4],
                        mean[4] == 1 ? "" : "s", mean[0], megabytes / (mean[0] > 0 ? mean[0] : 1e-9), mean[1],
-                       100 * mean[1] / (mean[3] > 0 ? mean[3] : 1e-9), mean[3], world > 1 ? ", means over ranks" : "");
+                       wait_share, mean[3], world > 1 ? ", means over ranks" : "");
     // The workers have read their whole plan (or stopped): their counters are still.
     for (int i = 0; i < s->n_workers && len < (int)size; i++) {
         const Worker *w = &s->workers[i];
         len += snprintf(out + len, size - len,
-                        "Data: %sworker %d: %ld batches (%ld samples), busy %.2f s, %.2f s of it in HDF5: %.0f MB/s\n",
-                        world > 1 ? "rank 0's " : "", i, w->batches, w->samples, w->busy_seconds,
+                        "Data: %sworker %d: %ld batch%s (%ld samples), busy %.2f s, %.2f s of it in HDF5: %.0f MB/s\n",
+                        world > 1 ? "rank 0's " : "", i, w->batches, w->batches == 1 ? "" : "es", w->samples, w->busy_seconds,
                         w->scratch.hdf5_seconds,
                         (double)w->samples * float_megabytes / (w->busy_seconds > 0 ? w->busy_seconds : 1e-9));
     }

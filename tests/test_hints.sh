@@ -95,3 +95,43 @@ if [ -e "$DATA/train-images-idx3-ubyte.gz" ] || [ -e "$DATA/train-images-idx3-ub
 else
     skip "./2_mnist_training inside day1/ (no MNIST in $DATA: make data)"
 fi
+
+# ---------------------------------------------------------------- one step, one rank
+# Every program's epoch line takes "step%s": the same change in each, so that
+# consecutive steps stay diffable.
+plural=$(grep -n 'over %d steps' day1/*.c day2/*.c day3/*.c)
+expect "no program prints 'over %d steps' whatever the count${plural:+: $plural}" test -z "$plural"
+if [ -e "$DATA/train-images-idx3-ubyte.gz" ] || [ -e "$DATA/train-images-idx3-ubyte" ]; then
+    run day1/2_mnist_training --data "$DATA" --epochs 1 --batch_size 60000 --plot '' > "$tmp/out" 2>&1
+    expect "step 2 with one batch per epoch: 'over 1 step' ($(grep '^epoch' "$tmp/out"))" \
+        grep -q '^epoch 1/1: mean loss [0-9.]* over 1 step, ' "$tmp/out"
+    # Step 13 with nothing left to train: no DDP report of steps it never took.
+    # The snapshot, made on 1 rank, is resumed on 2: "made on 1 rank".
+    snapshot=(--data "$DATA" --total_epochs 1 --batch_size 60000 --plot '' --snapshot "$tmp/snapshot.h5")
+    run day3/13_fault_tolerant_ddp "${snapshot[@]}" > "$tmp/first" 2>&1
+    mpi 2 day3/13_fault_tolerant_ddp "${snapshot[@]}" > "$tmp/out" 2>&1
+    status=$?
+    expect "step 13 resumed with nothing left to train: exit 0, no 'DDP:' line ($(grep -E '^(Nothing|DDP)' "$tmp/out" | tr '\n' ' '))" \
+        test $status = 0 -a -n "$(grep '^Nothing left to train: 1 of --total_epochs 1 done$' "$tmp/out")" \
+        -a -z "$(grep '^DDP:' "$tmp/out")" -a -n "$(grep '^DDP:' "$tmp/first")"
+    expect "step 13 resumed on 2 ranks from a snapshot of 1: 'made on 1 rank,'" \
+        grep -q '^The snapshot was made on 1 rank, this run has 2:' "$tmp/out"
+    # Step 11: one batch, and the share of the time spent waiting for data
+    # computed from the seconds it prints beside it.
+    if run day2/create_mnist_h5 --data "$DATA" --out "$tmp/mnist.h5" > "$tmp/create" 2>&1; then
+        run day2/11_multinode_streaming --h5 "$tmp/mnist.h5" --epochs 1 --batch_size 60000 --plot '' > "$tmp/out" 2>&1
+        expect "step 11 with one batch: 'over 1 step' and 'worker 0: 1 batch (60000 samples)'" \
+            bash -c "grep -q ' over 1 step, ' '$tmp/out' && grep -q 'worker 0: 1 batch (60000 samples)' '$tmp/out'"
+        waited=$(grep -o 'waited [0-9.]* s for data ([0-9]*% of [0-9.]* s)' "$tmp/out")
+        expect "step 11's share of time waited agrees with its seconds ($waited)" \
+            awk -v line="$waited" 'BEGIN { n = split(line, w, /[ (%]+/)  # waited X s for data P of T s
+                                           exit !(n == 9 && w[8] > 0 && w[6] == sprintf("%.0f", 100 * w[2] / w[8])) }'
+    else
+        fail "day2/create_mnist_h5 --out $tmp/mnist.h5: $(tail -1 "$tmp/create")"
+    fi
+else
+    skip "the runs of steps 2, 11 and 13 (no MNIST in $DATA: make data)"
+fi
+run day1/test_profile --steps 1 --trace "$tmp/trace.json" > "$tmp/out" 2>&1
+expect "test_profile --steps 1 on 1 rank: '1 step, 1 rank' ($(head -1 "$tmp/out" | cut -c1-140))" \
+    grep -q ', 1 step, 1 rank;' "$tmp/out"
