@@ -91,7 +91,7 @@ cp day1/2_mnist_training "$tmp/repo/day1/" && cp day2/11_multinode_streaming "$t
 if [ -e "$DATA/train-images-idx3-ubyte.gz" ] || [ -e "$DATA/train-images-idx3-ubyte" ]; then
     (cd day1 && expect_line "./2_mnist_training inside day1/: run from the repository root, no make data" 1 \
         "[rank 0 @ $(hostname)] MNIST not found: no data/mnist/train-images-idx3-ubyte[.gz] relative to the working directory $repo/day1; run from the repository root $repo or pass --data $repo/data/mnist" \
-        mpi 2 ./2_mnist_training)
+        run ./2_mnist_training)
 else
     skip "./2_mnist_training inside day1/ (no MNIST in $DATA: make data)"
 fi
