@@ -137,6 +137,91 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
     check_all_ranks(ok, message);
 }
 
+// Hyphens and underscores in a flag's name are one character: --batch-size is
+// --batch_size, --no_shuffle is --no-shuffle (torchrun takes both spellings).
+static char fold(char c) {
+    if (c == '-') return '_';
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;  // (for the suggestions only: see names_equal)
+}
+
+static bool names_equal(const char *name, const char *given, size_t given_len) {
+    if (strlen(name) != given_len) return false;
+    for (size_t i = 0; i < given_len; i++) {
+        char a = name[i] == '-' ? '_' : name[i], b = given[i] == '-' ? '_' : given[i];
+        if (a != b) return false;
+    }
+    return true;
+}
+
+// Edit distance (optimal string alignment: an insertion, a deletion, a
+// substitution or a swap of two neighbours each count 1), ignoring case and
+// hyphen/underscore. Names longer than 63 characters are never close.
+static int edit_distance(const char *a, size_t la, const char *b, size_t lb) {
+    enum { MAX = 64 };
+    if (la >= MAX || lb >= MAX) return MAX;
+    int d[MAX][MAX];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = fold(a[i - 1]) != fold(b[j - 1]);
+            int best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < best) best = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && fold(a[i - 1]) == fold(b[j - 2]) && fold(a[i - 2]) == fold(b[j - 1]) &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+// Whether the shorter of two names (3 characters or more, and at least half
+// the longer) starts a word of the longer: epochs in total_epochs, workers in
+// num_workers, data in data_dir, batch in batch_size (but not save in
+// save_every: a flag of its own, elsewhere).
+static bool word_inside(const char *a, size_t la, const char *b, size_t lb) {
+    if (la > lb) {
+        const char *t = a; a = b; b = t;
+        size_t n = la; la = lb; lb = n;
+    }
+    if (la < 3 || 2 * la < lb) return false;
+    for (size_t at = 0; at + la <= lb; at++) {
+        if (at > 0 && fold(b[at - 1]) != '_') continue;
+        size_t k = 0;
+        while (k < la && fold(a[k]) == fold(b[at + k])) k++;
+        if (k == la) return true;
+    }
+    return false;
+}
+
+// Names that PyTorch scripts use for a flag of ours: the suggestion for them.
+static const struct {
+    const char *given, *ours;
+} synonyms[] = {
+    {"learning_rate", "lr"},
+    {"epoch", "total_epochs"},  // step 13 (epochs in total_epochs is found by word_inside)
+};
+
+const char *args_suggest(const char *given, size_t given_len, const ArgSpec *flags, int n_flags) {
+    const char *best = NULL;
+    int best_score = INT_MAX;
+    // Close in spelling: at most 1 edit in a name of up to 5 characters, 2 up to 8, 3 beyond.
+    for (int k = 0; k <= n_flags; k++) {
+        const char *name = k < n_flags ? flags[k].name : "help";
+        size_t len = strlen(name), longer = len > given_len ? len : given_len;
+        int limit = longer <= 5 ? 1 : longer <= 8 ? 2 : 3;
+        int distance = edit_distance(given, given_len, name, len);
+        int score = distance <= limit ? distance : word_inside(given, given_len, name, len) ? limit + 1 : INT_MAX;
+        if (score < best_score) best = name, best_score = score;
+    }
+    for (int i = 0; !best && i < ARRAY_LEN(synonyms); i++)
+        if (names_equal(synonyms[i].given, given, given_len))
+            for (int k = 0; k < n_flags && !best; k++)
+                if (strcmp(flags[k].name, synonyms[i].ours) == 0) best = flags[k].name;
+    return best;
+}
+
 // The names of the flags the last args_parse saw (NULL for the others), for
 // args_given. The names, not the table: a table may live in a returned frame.
 static const char **g_given;
@@ -166,8 +251,12 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
 
         const ArgSpec *f = NULL;
         for (int k = 0; k < n_flags && !f; k++)
-            if (strlen(flags[k].name) == name_len && strncmp(flags[k].name, name, name_len) == 0) f = &flags[k];
-        if (!f) usage_error("unknown flag '--%.*s'", (int)name_len, name);
+            if (names_equal(flags[k].name, name, name_len)) f = &flags[k];
+        if (!f) {
+            const char *suggestion = args_suggest(name, name_len, flags, n_flags);
+            if (suggestion) usage_error("unknown flag '--%.*s': did you mean --%s?", (int)name_len, name, suggestion);
+            usage_error("unknown flag '--%.*s'", (int)name_len, name);
+        }
         g_given[f - flags] = f->name;
 
         if (f->type == ARG_SWITCH) {

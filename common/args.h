@@ -6,10 +6,12 @@
 //   };
 //   args_parse(argc, argv, flags, ARRAY_LEN(flags), "0_dist_allreduce: sum, then mean, over ranks");
 //
-// Flags take "--name value" or "--name=value". A bad value, an unknown flag or a
+// Flags take "--name value" or "--name=value"; a hyphen and an underscore in a
+// name are the same character (--batch-size is --batch_size). A bad value, an unknown flag or a
 // stray argument is a usage error: one line on rank 0, exit status 2 on all ranks.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -38,6 +40,13 @@ typedef struct {
 // (output_file_writable in paths.h): a folder it cannot create or write ends
 // the job now, with one line (check_all_ranks), rather than after the training.
 void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const char *about);
+
+// The flag of the table (or "help") closest to an unknown name of `given_len`
+// characters, for "unknown flag '--epoch': did you mean --epochs?"; NULL when
+// none is close. Close: a few edits away (case, and hyphen versus underscore,
+// aside), or a whole word of the other name (epochs, total_epochs), or a
+// PyTorch name for it (learning_rate: lr).
+const char *args_suggest(const char *given, size_t given_len, const ArgSpec *flags, int n_flags);
 
 // Whether the last args_parse saw --name on the command line (a flag that only
 // makes sense beside another: "--iters needs --count").

@@ -2,6 +2,7 @@
 #include "h5_stream.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,17 +155,31 @@ H5Mnist h5_mnist_open(const char *path) {
     H5Mnist mnist = {.path = strdup(path), .file = H5I_INVALID_HID};
     CHECK(mnist.path != NULL, "out of memory");
     mnist.train.images = mnist.train.labels = mnist.test.images = mnist.test.labels = H5I_INVALID_HID;
-    char err[1024] = "";
+    char err[8192] = "";  // (room for the paths of the hints below)
     const char *problem;  // what the path names, if not a file (paths.h)
     h5_lock();
     // HDF5 prints its whole error stack on every failed call by default; each
     // call is checked here, and one line of our own says what is wrong.
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    char cwd[1024] = "?", above[1024], root[1024];
     if (access(path, R_OK) != 0) {
         // The one problem with an obvious fix: say which command writes the file.
-        bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0;
-        snprintf(err, sizeof err, "%s: cannot open: %s. Write it with `day2/create_mnist_h5%s%s`", path,
-                 strerror(errno), default_path ? "" : " --out ", default_path ? "" : path);
+        // But a relative path is relative to the working directory, which may
+        // not be the repository root (`./11_multinode_streaming` inside day2/).
+        int why = errno;
+        bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0, relative = *path != '/';
+        bool have_root = relative && program_repository(root, sizeof root);
+        if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+        if (why == ENOENT && find_from_above(path, above, sizeof above))
+            snprintf(err, sizeof err, "%.200s: not found relative to the working directory %s; run from %s%s or pass --h5 %s/%.200s",
+                     path, cwd, have_root && strcmp(root, above) == 0 ? "the repository root " : "", above, above, path);
+        else if (why == ENOENT && default_path && have_root && strcmp(root, cwd) != 0)
+            snprintf(err, sizeof err, "%s: cannot open: %s (working directory %s). Write it with `day2/create_mnist_h5` in the repository root %s and run from there",
+                     path, strerror(why), cwd, root);
+        else
+            snprintf(err, sizeof err, "%.200s: cannot open: %s%s%s%s. Write it with `day2/create_mnist_h5%s%.200s`", path,
+                     strerror(why), relative ? " (working directory " : "", relative ? cwd : "", relative ? ")" : "",
+                     default_path ? "" : " --out ", default_path ? "" : path);
     } else if ((problem = input_file_problem(path))) {
         snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, problem);
     } else if (!is_hdf5(path)) {
@@ -519,18 +534,22 @@ void h5_stream_describe_all_ranks(H5Stream *s, double loop_seconds, char *out, s
     // so that the storages compare on the same work.
     const double float_megabytes = MNIST_PIXELS * sizeof(float) / 1e6;
     double megabytes = mean[2] * float_megabytes;
+    // The share of the loop spent waiting, from the seconds as printed, so that
+    // the line agrees with itself ("0.00 s ... (0% of 0.68 s)", never 1%).
+    double wait_shown = round(100 * mean[1]) / 100, loop_shown = round(100 * mean[3]) / 100;
+    double wait_share = loop_shown > 0 ? 100 * wait_shown / loop_shown : 0.0;
     int len = snprintf(out, size,
                        "Data: read %.0f samples (%.1f MB of float32 pixels) from %s chunks, %g worker%s busy %.2f s "
                        "in all: %.0f MB/s per worker; the loop waited %.2f s for data (%.0f%% of %.2f s)%s\n",
                        mean[2], megabytes, s->part->pixels == H5_PIXELS_FLOAT32 ? "float32" : "uint8", mean[4],
                        mean[4] == 1 ? "" : "s", mean[0], megabytes / (mean[0] > 0 ? mean[0] : 1e-9), mean[1],
-                       100 * mean[1] / (mean[3] > 0 ? mean[3] : 1e-9), mean[3], world > 1 ? ", means over ranks" : "");
+                       wait_share, mean[3], world > 1 ? ", means over ranks" : "");
     // The workers have read their whole plan (or stopped): their counters are still.
     for (int i = 0; i < s->n_workers && len < (int)size; i++) {
         const Worker *w = &s->workers[i];
         len += snprintf(out + len, size - len,
-                        "Data: %sworker %d: %ld batches (%ld samples), busy %.2f s, %.2f s of it in HDF5: %.0f MB/s\n",
-                        world > 1 ? "rank 0's " : "", i, w->batches, w->samples, w->busy_seconds,
+                        "Data: %sworker %d: %ld batch%s (%ld samples), busy %.2f s, %.2f s of it in HDF5: %.0f MB/s\n",
+                        world > 1 ? "rank 0's " : "", i, w->batches, w->batches == 1 ? "" : "es", w->samples, w->busy_seconds,
                         w->scratch.hdf5_seconds,
                         (double)w->samples * float_megabytes / (w->busy_seconds > 0 ? w->busy_seconds : 1e-9));
     }

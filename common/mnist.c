@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>  // getcwd
 
 #include <zlib.h>
 
@@ -135,7 +136,31 @@ static bool find_file(const char *dir, const char *stem, char *path, size_t size
     if (stat(path, &st) == 0) return true;
     snprintf(path, size, "%s/%s.gz", dir, stem);
     if (stat(path, &st) == 0) return true;
-    snprintf(err, err_size, "MNIST not found: no %s/%s[.gz]. Run `make data` (or pass --data DIR)", dir, stem);
+    if (*dir == '/') {  // the folder that --data named
+        snprintf(err, err_size, "MNIST not found: no %s/%s[.gz]. Run `make data` (or pass --data DIR)", dir, stem);
+        return false;
+    }
+    // A relative folder: relative to the working directory, which may not be
+    // the repository root (`./2_mnist_training` inside day1/). Where the files
+    // are above it, say so; `make data` only where they are nowhere, and
+    // where they are the ones it fetches.
+    char cwd[2048] = "?", above[2048], root[2048];
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+    bool have_root = program_repository(root, sizeof root);
+    char plain[2048];
+    snprintf(plain, sizeof plain, "%s/%s", dir, stem);
+    if (find_from_above(plain, above, sizeof above) || find_from_above(path, above, sizeof above))  // (path: .gz)
+        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s; run from %s%.1000s or pass --data %.1000s/%.500s",
+                 dir, stem, cwd, have_root && strcmp(root, above) == 0 ? "the repository root " : "", above, above, dir);
+    else if (strcmp(dir, "data/mnist") != 0)  // not where `make data` puts them
+        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Pass --data DIR, the folder with the MNIST files",
+                 dir, stem, cwd);
+    else if (!have_root || strcmp(root, cwd) == 0)
+        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Run `make data` (or pass --data DIR)",
+                 dir, stem, cwd);
+    else
+        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Run `make data` in the repository root %.1000s and run from there (or pass --data DIR)",
+                 dir, stem, cwd, root);
     return false;
 }
 
@@ -185,7 +210,7 @@ static bool try_load(const char *dir, const char *prefix, MnistSplit *split, cha
 
 MnistSplit mnist_load(const char *dir, MnistPart part) {
     MnistSplit split = {0};
-    char err[1024] = "";
+    char err[8192] = "";  // (room for the paths of find_file's hint)
     bool ok = try_load(dir, part == MNIST_TRAIN ? "train" : "t10k", &split, err, sizeof err);
     // Every rank reads the same files: let one rank say what is wrong, and all
     // leave together, rather than N copies of the line and N racing MPI_Aborts.

@@ -36,6 +36,47 @@ const char *input_file_problem(const char *path) {
     return S_ISDIR(info.st_mode) ? "is a directory" : "is not a regular file (a FIFO, a socket or a device)";
 }
 
+// The nearest folder at or above `start` (an absolute path) that has `path`.
+static bool search_up(const char *start, const char *path, char *folder, size_t size) {
+    char dir[PATH_MAX], full[PATH_MAX + 256];
+    struct stat info;
+    if (snprintf(dir, sizeof dir, "%s", start) >= (int)sizeof dir) return false;
+    for (;;) {
+        if (snprintf(full, sizeof full, "%s/%s", dir, path) < (int)sizeof full && stat(full, &info) == 0) {
+            snprintf(folder, size, "%s", *dir ? dir : "/");
+            return true;
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash) return false;
+        if (slash == dir && dir[1] == '\0') return false;  // "/" was the last folder to try
+        slash[slash == dir ? 1 : 0] = '\0';                 // "/a" -> "/", "/a/b" -> "/a"
+    }
+}
+
+// The running program's folder (Linux: /proc/self/exe).
+static bool program_folder(char *folder, size_t size) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return false;
+    exe[n] = '\0';
+    snprintf(folder, size, "%s", dirname(exe));
+    return true;
+}
+
+bool find_from_above(const char *path, char *folder, size_t size) {
+    char cwd[PATH_MAX], program[PATH_MAX];
+    *folder = '\0';
+    if (*path == '/' || *path == '\0') return false;
+    return (getcwd(cwd, sizeof cwd) && search_up(cwd, path, folder, size)) ||
+           (program_folder(program, sizeof program) && search_up(program, path, folder, size));
+}
+
+bool program_repository(char *folder, size_t size) {
+    char program[PATH_MAX];
+    *folder = '\0';
+    return program_folder(program, sizeof program) && search_up(program, "Makefile", folder, size);
+}
+
 // Fill `why` and return false: output_file_writable's verdict on a problem.
 __attribute__((format(printf, 3, 4))) static bool refuse(char *why, size_t size, const char *fmt, ...) {
     va_list args;

@@ -15,6 +15,17 @@ void make_parent_dirs(const char *path);
 // not exist is left to the caller's open, whose errno says so.
 const char *input_file_problem(const char *path);
 
+// For a relative `path` that the working directory does not have: the nearest
+// folder above the working directory, or the running program's own folder or
+// one above it, that does (`./2_mnist_training` run inside day1/ looks for
+// data/mnist there; the repository root has it). False, with `folder` "", when
+// none does, or when `path` is absolute.
+bool find_from_above(const char *path, char *folder, size_t size);
+
+// The nearest folder at or above the running program's own that holds a
+// Makefile: the repository root, for day1/2_mnist_training. False if none.
+bool program_repository(char *folder, size_t size);
+
 // Whether writing `path` writes a stream in place rather than replacing a
 // file: this process's stdout or stderr (/dev/stdout, or the very file they
 // are redirected to, as in `--losses run.log > run.log`), or a character device

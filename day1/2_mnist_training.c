@@ -79,8 +79,8 @@ int main(int argc, char **argv) {
             loss_sum += loss;
         }
         double seconds = wall_seconds() - epoch_start;
-        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
-               loss_sum / n_batches, n_batches, seconds, sampler.num_samples / seconds);
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds, sampler.num_samples / seconds);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;

@@ -49,8 +49,9 @@ int main(int argc, char **argv) {
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, device);
     Ddp ddp = ddp_wrap(model.params, model.n_params, 25.0);  // ddp_model = DDP(model)
     print0("test_profile: MLP 1024-2048-1024 (%zu weights), MSE loss, SGD lr %g; %d x 1024 random samples per "
-           "rank, %d steps, %d ranks; %s, %s\n",
-           mlp_num_weights(&model), lr, batch, steps, dist_world_size(), device_name(device), threads_describe());
+           "rank, %d step%s, %d rank%s; %s, %s\n",
+           mlp_num_weights(&model), lr, batch, steps, steps == 1 ? "" : "s", dist_world_size(),
+           dist_world_size() == 1 ? "" : "s", device_name(device), threads_describe());
 
     // Every rank its own random data: torch.randn(64, 1024) per rank.
     rng_seed(&rng, (uint64_t)seed + 1 + (uint64_t)dist_rank());

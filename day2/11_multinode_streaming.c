@@ -162,8 +162,8 @@ int main(int argc, char **argv) {
             }
         }
         double seconds = wall_seconds() - epoch_start;
-        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
-               loss_sum / n_steps, n_steps, seconds, (double)rank_samples * world / seconds);
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+               loss_sum / n_steps, n_steps, n_steps == 1 ? "" : "s", seconds, (double)rank_samples * world / seconds);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;

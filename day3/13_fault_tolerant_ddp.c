@@ -133,9 +133,9 @@ int main(int argc, char **argv) {
             print0("Resuming training from snapshot at Epoch %d, %ld of epoch %d's %d samples done\n",
                    progress.epochs_done, progress.samples_done, progress.epochs_done + 1, train.n);
         if (saved.world_size != world)
-            print0("The snapshot was made on %d ranks, this run has %d: the data order now differs from an "
+            print0("The snapshot was made on %d rank%s, this run has %d: the data order now differs from an "
                    "uninterrupted run (each epoch's samples are the same, their global batches are not)\n",
-                   saved.world_size, world);
+                   saved.world_size, saved.world_size == 1 ? "" : "s", world);
         if (opt.init) print0("--init %s is not used: the snapshot's weights are the run's\n", opt.init);
         if (progress.epochs_done >= opt.epochs)
             print0("Nothing left to train: %d of --total_epochs %d done\n", progress.epochs_done, opt.epochs);
@@ -195,8 +195,8 @@ int main(int argc, char **argv) {
         if (epoch_done) {
             double seconds = wall_seconds() - epoch_start;
             epochs_run++;
-            print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
-                   loss_sum / epoch_steps, epoch_steps, seconds, (double)sampler.num_samples * world / seconds);
+            print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
+                   loss_sum / epoch_steps, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, (double)sampler.num_samples * world / seconds);
         }
         // The tutorial's _save_snapshot, from rank 0, every save_every epochs; also after the last, and on a stop.
         if (stopped_by || (epoch + 1) % save_every == 0 || epoch + 1 == opt.epochs) {
@@ -215,9 +215,9 @@ int main(int argc, char **argv) {
 
     int status = 0;
     if (stopped_by && progress.epochs_done < opt.epochs) {
-        print0("Stopped by %s after %d of %d epochs and %ld samples: exiting with status %d; the same command "
-               "resumes from %s\n", stopped_by == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
-               progress.epochs_done, opt.epochs, progress.samples_done, EXIT_STOPPED, snapshot_path);
+        print0("Stopped by %s after %d of %d epoch%s and %ld samples: exiting with status %d; the same command "
+               "resumes from %s\n", stopped_by == SIGUSR1 ? "SIGUSR1" : "SIGTERM", progress.epochs_done,
+               opt.epochs, opt.epochs == 1 ? "" : "s", progress.samples_done, EXIT_STOPPED, snapshot_path);
         status = EXIT_STOPPED;
     } else {
         Tensor test_images = mnist_images(&test, device);  // [10000, 784]
@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
                    snapshot_megabytes, 1e3 * snapshot_seconds / snapshots, 100 * snapshot_seconds / snapshots / epoch_seconds,
                    epoch_seconds);
         }
-        print0("DDP: %s\n", overlap);
+        if (epochs_run > 0) print0("DDP: %s\n", overlap);  // (none after "Nothing left to train")
         print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
 
         if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);

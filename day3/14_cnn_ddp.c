@@ -122,8 +122,8 @@ int main(int argc, char **argv) {
             steps++;
         }
         double seconds = wall_seconds() - epoch_start;
-        print0("epoch %d/%d: mean loss %.4f over %d steps, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
-               epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, seconds, samples / seconds);
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
+               epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, samples / seconds);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -142,8 +142,8 @@ int main(int argc, char **argv) {
     CHECK_MPI(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : confusion.counts, confusion.counts, MNIST_CLASSES * MNIST_CLASSES,
                          MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD));
     long correct = confusion_correct(&confusion);
-    print0("World Size: %d. Training completed in %.2f seconds (%d steps). Test loss %.4f, accuracy %.2f%% (%ld of %d)\n",
-           world, train_seconds, steps, test_loss / test.n, 100.0 * correct / test.n, correct, test.n);
+    print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test loss %.4f, accuracy %.2f%% (%ld of %d)\n",
+           world, train_seconds, steps, steps == 1 ? "" : "s", test_loss / test.n, 100.0 * correct / test.n, correct, test.n);
     if (rank == 0) {
         char table[2048];
         classification_report(&confusion, table, sizeof table);

@@ -29,8 +29,13 @@ if [ "$1" = -h ] || [ "$1" = --help ]; then
     exit 0
 fi
 if [ -z "${SLURM_JOB_ID:-}" ]; then
+    # The same run on this one machine, as typed (Open MPI wants to be told to run as root).
+    printf -v here '%q ' "$@"
+    root_flag=""
+    [ "$(id -u)" = 0 ] && [ -z "${OMPI_ALLOW_RUN_AS_ROOT:-}" ] && root_flag="--allow-run-as-root "
     echo "error: not inside a Slurm allocation (no SLURM_JOB_ID); get nodes first, e.g." \
-         "salloc --nodes 2 --ntasks-per-node=4 --time 00:30:00" >&2
+         "salloc --nodes 2 --ntasks-per-node=4 --time 00:30:00, or run it on this one machine:" \
+         "mpirun --oversubscribe ${root_flag}-np 4 ${here% }" >&2
     exit 2
 fi
 

@@ -11,6 +11,13 @@
 # restart only helps a program that resumes: step 13 continues from its last
 # snapshot, so the restarted job ends as if nothing had happened.
 #
+# Two statuses are final, as they say that running the same command again cannot
+# help: 2, a usage error (bad flags: every program of the workshop exits 2 for
+# them, and would again), and 75, step 13's "stopped by a signal, snapshot
+# saved" (whatever stopped it brings it back: see below). For them there is no
+# restart, and one line says so:
+#   run_with_restarts: mpirun -np 2 day3/13_fault_tolerant_ddp --epochs 3 exited with status 2 (a usage error): not restarting
+#
 # Signals: SIGUSR1 and SIGTERM are passed on to COMMAND as SIGUSR1, which mpirun
 # and srun pass on to every rank: step 13 then saves a snapshot at the end of a
 # step and exits with status 75. (mpirun takes a SIGTERM as an order to end the
@@ -61,6 +68,15 @@ describe() {
     fi
 }
 
+# The statuses that a restart cannot help (see the top), and what they mean.
+final_status() {
+    case $1 in
+        2) echo "a usage error" ;;
+        75) echo "stopped by a signal, snapshot saved" ;;
+        *) return 1 ;;
+    esac
+}
+
 # COMMAND runs in the background: bash runs a trap only between commands, and
 # `wait` is a command that a trapped signal interrupts.
 child="" stop_signal=""
@@ -92,6 +108,10 @@ for ((attempt = 1; ; attempt++)); do
     fi
     if [ -n "$stop_signal" ]; then
         say "attempt $attempt ended with $(describe "$status") after SIG$stop_signal: no restart, the job is being stopped"
+        exit "$status"
+    fi
+    if why=$(final_status "$status"); then
+        say "${command_line% } exited with status $status ($why): not restarting"
         exit "$status"
     fi
     if [ "$attempt" -ge "$attempts" ]; then

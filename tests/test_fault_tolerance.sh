@@ -198,6 +198,20 @@ status=$?
 expect "run_with_restarts.sh: a command that always dies runs 2 times, then exits with its status (exit $status)" \
     test $status = 137 -a "$(grep -c 'attempt [12] of 2:' "$tmp/out")" = 2 \
     -a -n "$(grep 'attempt 2 ended with status 137 (SIGKILL): no restarts left (--max-restarts 1)' "$tmp/out")"
+# The final statuses: a usage error (2) and "stopped by a signal, snapshot saved" (75) are not restarted.
+timeout 60 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --epochs 3 > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh: step 13's usage error (--epochs) runs once, exit 2 ($(grep 'not restarting' "$tmp/out"))" \
+    test $status = 2 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 1 \
+    -a -n "$(grep -E '^run_with_restarts: .*day3/13_fault_tolerant_ddp --epochs 3 exited with status 2 \(a usage error\): not restarting$' "$tmp/out")"
+timeout 60 "${restarts[@]}" sh -c 'exit 75' > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh: status 75 (stopped, snapshot saved) runs once, exit 75 ($(grep 'not restarting' "$tmp/out"))" \
+    test $status = 75 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 1 \
+    -a -n "$(grep -xF 'run_with_restarts: sh -c exit\ 75 exited with status 75 (stopped by a signal, snapshot saved): not restarting' "$tmp/out")"
+timeout 60 "${restarts[@]}" sh -c 'exit 3' > "$tmp/out" 2>&1
+expect "run_with_restarts.sh: any other status (3) is still restarted" \
+    test $? = 3 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 3
 timeout 60 slurm/run_with_restarts.sh --max-restarts 3 -- true > "$tmp/out" 2>&1
 expect "run_with_restarts.sh: a command that succeeds runs once" \
     test $? = 0 -a "$(grep -c 'attempt' "$tmp/out")" = 2
@@ -366,7 +380,7 @@ expect_usage "--fail_rank=2 on 2 ranks" "^error: --fail_rank 2: the ranks are 0 
 expect_usage "--fail_at_epoch=1 with --save_every=1" "^error: --fail_at_epoch 1 strikes before the first snapshot" 1 --fail_at_epoch=1
 expect_usage "--fail_at_epoch past --total_epochs" "^error: --fail_at_epoch 4 is past --total_epochs 3" 1 --fail_at_epoch=4
 expect_usage "--save_every=0" "^error: --save_every expects an integer from 1" 1 --save_every=0
-expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--epochs'" 1 --epochs=2
+expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--epochs': did you mean --total_epochs\? \(see --help\)$" 1 --epochs=2
 
 # ---------------------------------------------------------------- h5py and torch read the snapshot
 if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then

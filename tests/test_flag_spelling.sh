@@ -6,6 +6,10 @@
 # --name=DEFAULT (a switch as --name) before a --help, which exits 0 only if
 # every flag before it parsed; then one numeric flag as --name=x, which must be a
 # usage error naming that flag (so the value after '=' is read, not dropped).
+# Hyphens and underscores in a name are interchangeable (--batch-size is
+# --batch_size, as torchrun takes both): all the flags again with every '_' of
+# their names a '-' and every '-' a '_', before a --help, which must exit 0 and
+# print the same help (the table's own spelling, the same values) as before.
 # tests/unit/test_args.c checks the parser itself, value by value.
 # One PASS/FAIL line per program (tests/run.sh counts them).
 set -u
@@ -56,6 +60,23 @@ for source in day1/*.c day2/*.c day3/*.c; do
         continue
     fi
     verdict="$program takes all ${#flags[@]} of its flags as --name=value (${flags[*]})"
+    cp "$tmp/out" "$tmp/help_after_flags"  # (its defaults are the values just given)
+    swapped=() renamed=0
+    for flag in "${flags[@]}"; do
+        name=${flag%%=*} value=${flag#"$name"}
+        other=--$(echo "${name#--}" | tr '_-' '-_')
+        [ "$other" != "$name" ] && renamed=$((renamed + 1))
+        swapped+=("$other$value")
+    done
+    if [ $renamed -gt 0 ]; then
+        timeout 30 "$program" "${swapped[@]}" --help > "$tmp/out" 2>&1
+        status=$?
+        if [ $status != 0 ] || ! cmp -s "$tmp/out" "$tmp/help_after_flags"; then
+            fail "$program ${swapped[*]} --help: expected exit 0 and the same --help (got exit $status: $(grep -v '^ ' "$tmp/out" | head -2))"
+            continue
+        fi
+        verdict="$verdict; and with '-' and '_' swapped in $renamed of their names (${swapped[*]})"
+    fi
     if [ -n "$numeric" ]; then
         timeout 30 "$program" "$numeric=x" > "$tmp/out" 2>&1
         status=$?

@@ -121,6 +121,20 @@ int main(void) {
     f = parse_line("--lr 0.001");
     EXPECT(args_given("lr") && !args_given("epochs"),
            "args_given: a flag given at its default value counts as given; the last parse's flags only");
+    // A hyphen and an underscore in a name are one character, in either spelling
+    // of the value; the table's spelling is the one errors and args_given use.
+    f = parse_line("--batch-size 100 --no_shuffle --fail-rank=0 --bucket-mb 0");
+    EXPECT(f.batch_size == 100 && f.no_shuffle == 1 && f.fail_rank == 0 && f.bucket_mb == 0,
+           "--batch-size, --no_shuffle, --fail-rank=, --bucket-mb are --batch_size, --no-shuffle, --fail_rank, "
+           "--bucket_mb (got %d, %d, %d, %g)", f.batch_size, f.no_shuffle, f.fail_rank, f.bucket_mb);
+    EXPECT(args_given("batch_size") && args_given("no-shuffle") && !args_given("batch-size"),
+           "args_given takes the table's spelling whatever the command line's");
+    f = parse_line("--batch_size 7 --batch-size=9");
+    EXPECT(f.batch_size == 9, "--batch_size then --batch-size: one flag, the last wins (got %d)", f.batch_size);
+    expect_error("--batch-size=0", "--batch_size expects an integer from 1 to 1048576, got '0'");
+    expect_error("--no_shuffle=1", "--no-shuffle takes no value");
+    expect_error("--Batch_size 8", "unknown flag '--Batch_size': did you mean --batch_size?");  // case counts
+
     f = parse_line("");
     Flags d = defaults();
     EXPECT(f.epochs == d.epochs && f.lr == d.lr && strcmp(f.data, d.data) == 0 && f.no_shuffle == 0,
@@ -139,9 +153,12 @@ int main(void) {
     expect_error("--device=tpu", "--device expects one of cpu|cuda|auto, got 'tpu'");
     expect_error("--device tpu", "--device expects one of cpu|cuda|auto, got 'tpu'");
     expect_error("--no-shuffle=1", "--no-shuffle takes no value");
-    expect_error("--epoch=3", "unknown flag '--epoch'");
+    expect_error("--epoch=3", "unknown flag '--epoch': did you mean --epochs? (see --help)");
     expect_error("--epochs_x=3", "unknown flag '--epochs_x'");
-    expect_error("--=3", "unknown flag '--'");
+    expect_error("--=3", "unknown flag '--' (see --help)");
+    expect_error("--bogus 1", "unknown flag '--bogus' (see --help)");  // nothing close: no suggestion
+    expect_error("--batchsize 8", "unknown flag '--batchsize': did you mean --batch_size?");
+    expect_error("--learning-rate 0.1", "unknown flag '--learning-rate': did you mean --lr?");
     expect_error("--epochs", "--epochs expects a value (N)");
     // A few names are bounded above in every program: a typo must not become
     // a crash (libgomp at 100000 threads), an OOM kill or an int overflow.
@@ -154,5 +171,56 @@ int main(void) {
     expect_error("--init=", "--init expects a FILE.h5, got ''");
     expect_error("epochs=3", "unexpected argument 'epochs=3'");
     expect_error("-epochs=3", "unexpected argument '-epochs=3'");
+
+    // args_suggest: the closest flag of the table, or NULL when none is close.
+    int n = 0;
+    double x = 0;
+    const char *path = NULL;
+    ArgSpec table[] = {
+        {"data", ARG_PATH, &path, "DIR", "data", 0, NULL},
+        {"total_epochs", ARG_INT, &n, "N", "passes", 1, NULL},
+        {"batch_size", ARG_INT, &n, "N", "samples", 1, NULL},
+        {"lr", ARG_FLOAT, &x, "X", "learning rate", 0, NULL},
+        {"save_every", ARG_INT, &n, "N", "epochs between snapshots", 1, NULL},
+        {"workers", ARG_INT, &n, "N", "readers", 0, NULL},
+        {"no-shuffle", ARG_SWITCH, &n, NULL, "file order", 0, NULL},
+    };
+    static const struct {
+        const char *given, *expected;  // expected NULL: no suggestion
+    } cases[] = {
+        {"epochs", "total_epochs"},    // a whole word of the flag (step 13's --total_epochs)
+        {"epoch", "total_epochs"},     // the tutorial's name, by the synonym table
+        {"total-epoch", "total_epochs"},
+        {"batch-siez", "batch_size"},  // a swap of two letters is one edit
+        {"batch", "batch_size"},
+        {"bacth_size", "batch_size"},
+        {"LR", "lr"},
+        {"lrr", "lr"},
+        {"learning_rate", "lr"},
+        {"num_workers", "workers"},    // DataLoader's name
+        {"worker", "workers"},
+        {"data_dir", "data"},
+        {"noshuffle", "no-shuffle"},
+        {"hepl", "help"},
+        {"save_every_n", "save_every"},
+        {"bogus", NULL},
+        {"x", NULL},
+        {"", NULL},
+        {"seed", NULL},                // nothing like it
+        {"save", NULL},                // a short word of a longer flag is not enough
+        {"device", NULL},
+        {"shuffle_buffer_size_of_the_loader", NULL},
+    };
+    for (int i = 0; i < ARRAY_LEN(cases); i++) {
+        const char *got = args_suggest(cases[i].given, strlen(cases[i].given), table, ARRAY_LEN(table));
+        const char *want = cases[i].expected;
+        EXPECT(want ? got && strcmp(got, want) == 0 : got == NULL, "args_suggest('%s') is %s (got %s)",
+               cases[i].given, want ? want : "none", got ? got : "none");
+    }
+    // Only the first given_len characters count: the name before an '='.
+    const char *name_and_value = "epochs=3";
+    const char *got = args_suggest(name_and_value, 6, table, ARRAY_LEN(table));
+    EXPECT(got && strcmp(got, "total_epochs") == 0, "args_suggest reads only the name of 'epochs=3' (got %s)",
+           got ? got : "none");
     return test_summary();
 }

@@ -10,6 +10,7 @@
 // wrong group, or a group out of order, cannot pass. Error paths exit (through
 // check_all_ranks) and are left to tests/test_h5_stream.sh.
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,15 @@ static void check_plan(const char *path, const char *kind, int workers, int pref
     char *end = strchr(report, '\n');
     if (end) *end = '\0';
     EXPECT(strstr(report, "read 1200 samples") != NULL, "%s file: the workers count what they read: %s", kind, report);
+    // The share of the loop spent waiting agrees with the seconds printed beside
+    // it, however short the loop ("0.00 s for data (0% of 0.01 s)", not 40%).
+    h5_stream_describe_all_ranks(stream, 0.01, report, sizeof report);
+    if ((end = strchr(report, '\n'))) *end = '\0';
+    const char *waited = strstr(report, "waited ");
+    double wait_s = -1, share = -1, loop_s = -1;
+    bool parsed = waited && sscanf(waited, "waited %lf s for data (%lf%% of %lf s)", &wait_s, &share, &loop_s) == 3;
+    EXPECT(parsed && loop_s > 0 && fabs(share - round(100 * wait_s / loop_s)) < 0.5,
+           "%s file: the share of time waited agrees with the seconds printed: %s", kind, waited ? waited : report);
     h5_stream_stop(stream);
 
     // Stop mid-plan, with the reader blocked on two full buffers: no hang, no leak.
