@@ -20,23 +20,24 @@
 //   day3/14_cnn_ddp                                  # one process, on every core
 //   day3/14_cnn_ddp --max_steps 100 --plot ''        # a quick look
 //
-// Expected output (2 ranks on 2 cores; times vary):
+// Expected output (2 ranks on 2 cores, OpenBLAS's SkylakeX kernels: after a whole epoch
+// the losses and the metrics depend on the kernels too; times vary):
 //   Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: [network.9.bias .. network.0.weight, 1647.0 KB]; Adam lr 0.001; batch 64 per rank; 1 epoch; shuffle on (seed 0); cpu, 1 thread per rank, ...
 //   epoch 1/1: mean loss 0.2207 over 469 steps, 21.30 s, 2818 samples/s
-//   World Size: 2. Training completed in 21.30 seconds (469 steps). Test loss 0.0591, accuracy 98.15% (9815 of 10000)
+//   World Size: 2. Training completed in 21.30 seconds (469 steps). Test loss 0.0601, accuracy 98.01% (9801 of 10000)
 //          class  precision     recall   f1-score  support
-//              0     0.9878     0.9898     0.9888      980
+//              0     0.9857     0.9878     0.9867      980
 //   ...
-//       accuracy                           0.9815    10000
-//      macro avg     0.9814     0.9815     0.9814    10000
-//   weighted avg     0.9817     0.9815     0.9815    10000
+//       accuracy                           0.9801    10000
+//      macro avg     0.9800     0.9801     0.9799    10000
+//   weighted avg     0.9803     0.9801     0.9801    10000
 //   Confusion matrix (rows: the true class, columns: the predicted one):
 //    true \ pred     0     1     2     3     4     5     6     7     8     9
-//              0   970     0     2     0     0     3     3     1     1     0
+//              0   968     0     3     0     0     3     4     1     1     0
 //   ...
 //   DDP: gradient allreduce 2.13 ms per step in 1 bucket, 0.26 ms (12%) of it hidden behind backward; the step waited 1.89 ms for it
-//   [rank 0] parameter checksum 6e54dc4d267c93dd
-//   [rank 1] parameter checksum 6e54dc4d267c93dd
+//   [rank 0] parameter checksum 6d7934d850dfa7d4
+//   [rank 1] parameter checksum 6d7934d850dfa7d4
 //   Loss curve: img/14_cnn_ddp.png
 #include <stdio.h>
 #include <stdlib.h>

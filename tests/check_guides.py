@@ -10,6 +10,9 @@ Guides (Markdown) mark what to run with HTML comments, which do not show:
     <!-- output of: COMMAND (exit N) -->   the same, for a command that must exit N
     <!-- output of: COMMAND (exit N without a GPU) -->   ... where there is no GPU (else not run)
     <!-- output of (slow): COMMAND -->      run by make test-all only (TEST_LEVEL=all)
+    <!-- output of (kernels): COMMAND -->   every result depends on the BLAS kernels (a CNN's
+                                             whole epoch): compared only under the guides' kernels
+A header whose command a guide runs with options takes the same options.
 A command whose program is not built here (step 1 without CUDA) is not run: one SKIP line.
 COMMAND must also be a line of one of the guide's ```sh blocks (a trailing
 `# comment` aside), so that what is checked is what the reader types. Commands
@@ -122,12 +125,13 @@ def closest(line, printed):
 
 
 # ------------------------------------------------------------- what to run
-MARKER = re.compile(r'^<!-- (run|output of)( \(slow\))?: (.*?)(?: \(exit (\d+)( without a GPU)?\))? -->$')
+MARKER = re.compile(r'^<!-- (run|output of)(?: \(([a-z, ]+)\))?: (.*?)(?: \(exit (\d+)( without a GPU)?\))? -->$')
 MPIRUN = r'(?:mpirun(?:\s+--?[\w-]+(?:\s+\d+)?)*\s+)?'  # "mpirun -np 2 " before a program, or nothing
 ALL = os.environ.get('TEST_LEVEL') == 'all'  # make test-all: the slow checks too
 
 
-SLOW = set()  # the commands the guides mark as slow: make test-all runs them
+SLOW = set()          # the commands the guides mark as slow: make test-all runs them
+KERNEL_BOUND = set()  # those whose every result depends on the BLAS kernels, not only the checksums
 
 
 def guide_checks(path):
@@ -144,7 +148,11 @@ def guide_checks(path):
         m = MARKER.match(line.strip())
         if not m:
             continue
-        kind, slow, command, status = m.group(1), bool(m.group(2)), m.group(3), int(m.group(4) or 0)
+        kind, command, status = m.group(1), m.group(3), int(m.group(4) or 0)
+        options = {option.strip() for option in (m.group(2) or '').split(',') if option.strip()}
+        if options - {'slow', 'kernels'}:
+            checks.append((None, None, status, f'line {i + 1}: unknown option(s) {sorted(options)}: slow, kernels'))
+            continue
         if m.group(5) and has_gpu():
             checks.append((None, None, status, f'line {i + 1}: shows what happens without a GPU'))
             continue
@@ -152,8 +160,10 @@ def guide_checks(path):
             checks.append((None, None, status, f'line {i + 1}: "{command}" is in no ```sh block of the guide: '
                            'the reader would not type it'))
             continue
-        if slow:
+        if 'slow' in options:
             SLOW.add(command)
+        if 'kernels' in options:
+            KERNEL_BOUND.add(command)
         expected = None
         if kind == 'output of':
             j = i + 1
@@ -297,6 +307,10 @@ def main(files):
                     continue
                 ran_kernels = {m.group(1) for line in printed for m in KERNELS.finditer(line)}
                 same_kernels = ran_kernels <= {kernel}
+                if command in KERNEL_BOUND and not same_kernels:
+                    print(f'SKIP guides: {what}: its results depend on the BLAS kernels: this machine runs '
+                          f'OpenBLAS\'s {", ".join(sorted(ran_kernels))} kernels, the guide shows the {kernel} kernels\'')
+                    continue
                 if not same_kernels and any(CHECKSUM.search(line) for line in expected):
                     checksums_skipped = ', '.join(sorted(ran_kernels))
                 missing, compared = compare(expected, printed, same_kernels)
