@@ -20,12 +20,15 @@ esac
 # The slow suites, minutes each on 2 cores: the simulated GPU (a second build of
 # the tree), the two-node Slurm cluster, and the container image.
 SLOW_SUITES="tests/test_fake_gpu.sh tests/test_slurm.sh tests/container/test_container.sh"
-# When a rank exits non-zero, Open MPI's mpirun waits about 2 s before it
-# SIGKILLs the job's ranks, even ones already gone; the quick level runs some
-# 100 expected failures (bad input), so there it kills at once. The thorough
-# level keeps mpirun's default, as attendees run it.
+# Open MPI at the quick level, which starts some 300 MPI processes: when a rank
+# exits non-zero, mpirun waits about 2 s before it SIGKILLs the job's ranks, even
+# ones already gone (some 100 expected failures: bad input), so there it kills
+# at once; and each process spends 0.2 s probing for a fabric (the cm PML's
+# MTLs) before it takes ob1 (shared memory, TCP), so there it takes ob1 at once.
+# The thorough level keeps Open MPI's defaults, as attendees run it.
 if [ "$TEST_LEVEL" = quick ]; then
     export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-0}
+    export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 fi
 
 log=$(mktemp)
