@@ -18,8 +18,9 @@ case $TEST_LEVEL in
     *) echo "error: TEST_LEVEL=$TEST_LEVEL: expected quick (make test) or all (make test-all)" >&2; exit 2 ;;
 esac
 # The slow suites, minutes each on 2 cores: the simulated GPU (a second build of
-# the tree), the two-node Slurm cluster, and the container image.
-SLOW_SUITES="tests/test_fake_gpu.sh tests/test_slurm.sh tests/container/test_container.sh"
+# the tree) and the container image. (tests/test_slurm.sh runs at both levels: its
+# two-node cluster at the all level only.)
+SLOW_SUITES="tests/test_fake_gpu.sh tests/container/test_container.sh"
 # Open MPI at the quick level, which starts some 300 MPI processes: when a rank
 # exits non-zero, mpirun waits about 2 s before it SIGKILLs the job's ranks, even
 # ones already gone (some 100 expected failures: bad input), so there it kills
