@@ -3,13 +3,13 @@
 #   make            build every program this machine can build
 #   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
-#   make test       unit + integration tests, their essential checks (a few minutes on 2
+#   make test       unit + integration tests, their essential checks (about 2.5 minutes on 2
 #                   cores): every program end to end, PyTorch parity, bad input, the DDP
 #                   equivalences; ends with "N passed, N failed[, N skipped]" (GPU tests
 #                   included: on a machine without a GPU they say "skipped: no GPU")
-#   make test-all   every check (TEST_LEVEL=all), then the slow suites: the simulated GPU,
-#                   the Slurm test cluster, the container image (what CI runs; about half
-#                   an hour on 2 cores); one "N passed, N failed[, N skipped]" line at the end
+#   make test-all   every check (TEST_LEVEL=all), and the slow suites: the simulated GPU,
+#                   the Slurm test cluster, the container image (what CI runs; about 17
+#                   minutes on 2 cores); one "N passed, N failed[, N skipped]" line at the end
 #   make test-gpu   the GPU tests alone, every check; fails where there is no GPU
 #   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
 #                   k8s/job.yaml's commands in it (podman or docker; SKIP without them)
