@@ -3,9 +3,14 @@
 #   make            build every program this machine can build
 #   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
-#   make test       unit + integration tests; ends with "N passed, N failed"
-#                   (GPU tests included: on a machine without a GPU they say "skipped: no GPU")
-#   make test-gpu   the GPU tests alone; fails where there is no GPU
+#   make test       unit + integration tests, their essential checks (about 2.5 minutes on 2
+#                   cores): every program end to end, PyTorch parity, bad input, the DDP
+#                   equivalences; ends with "N passed, N failed[, N skipped]" (GPU tests
+#                   included: on a machine without a GPU they say "skipped: no GPU")
+#   make test-all   every check (TEST_LEVEL=all), and the slow suites: the simulated GPU,
+#                   the Slurm test cluster, the container image (what CI runs; about 17
+#                   minutes on 2 cores); one "N passed, N failed[, N skipped]" line at the end
+#   make test-gpu   the GPU tests alone, every check; fails where there is no GPU
 #   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
 #                   k8s/job.yaml's commands in it (podman or docker; SKIP without them)
 #   make clean
@@ -142,7 +147,7 @@ DISPATCHED_SRC := common/mnist.c common/tensor.c common/tensor_ops.c
 ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
 endif
 
-.PHONY: all check-deps data demo test test-gpu test-container bench scaling clean FORCE
+.PHONY: all check-deps data demo test test-all test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
@@ -217,21 +222,27 @@ demo: all
 	$(MPIRUN) -np 2 day1/4_mnist_manual_ddp
 	@echo "demo done: loss curves in img/ (2_mnist_training.png, 3_mnist_distributed_rank*.png, 4_mnist_manual_ddp.png)"
 
+# tests/run.sh: TEST_LEVEL=quick, each script's essential checks (tests/lib.sh,
+# `thorough`), without the slow suites; TEST_LEVEL=all, everything (CI).
 test: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
-	@MPIRUN="$(MPIRUN)" tests/run.sh
+	@MPIRUN="$(MPIRUN)" TEST_LEVEL=quick tests/run.sh
+
+test-all: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh
 
 # The GPU tests alone: step 1, CPU-vs-GPU losses, steps 2, 4, 6 and 8 on the
 # GPU, compute-sanitizer. Unlike `make test`, no GPU here is a failure.
 test-gpu: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
-	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 tests/run.sh build/tests/test_gpu tests/test_gpu.sh
+	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 TEST_LEVEL=all tests/run.sh build/tests/test_gpu tests/test_gpu.sh
 
 # The container image and the Kubernetes Job (tests/container/test_container.sh says
-# what it checks). Not in `make test`: it takes a few minutes; CI runs it after.
+# what it checks). Not in `make test`: it takes a few minutes; `make test-all` runs it last.
 test-container: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
-	@MPIRUN="$(MPIRUN)" tests/run.sh tests/container/test_container.sh
+	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh tests/container/test_container.sh
 
 clean:
 	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) day1/1_dist_allreduce_gpu

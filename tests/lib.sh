@@ -17,3 +17,13 @@ same_weights() {
     verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
     if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
 }
+
+# thorough: true under `make test-all` (TEST_LEVEL=all), false under `make test`
+# (TEST_LEVEL unset or quick). A script runs its essential checks at every level
+# (each program end to end, the equivalences, bad input) and wraps the slower,
+# more thorough ones in `if thorough; then ... fi`, so that `make test` stays
+# within a few minutes on 2 cores and `make test-all` runs every check.
+thorough() { [ "${TEST_LEVEL:-quick}" = all ]; }
+# if_thorough WORDS...: the words under `make test-all`, nothing under `make test`:
+# `for np in 2 $(if_thorough 4)` runs at 2 ranks, and at 4 too in make test-all.
+if_thorough() { if thorough; then echo "$@"; fi; }

@@ -4,8 +4,33 @@
 # count their "PASS ..." / "FAIL ..." / "SKIP ..." lines, and end with the one line
 #   N passed, N failed[, N skipped]
 # A test program that exits non-zero without printing a FAIL (a crash) counts as a failure.
+#
+# TEST_LEVEL picks how much (exported to the scripts, which read it through
+# tests/lib.sh's `thorough`):
+#   quick (or unset; make test): each script's essential checks, and not the slow
+#         suites below;
+#   all   (make test-all): every check of every script, then the slow suites.
 set -u
 cd "$(dirname "$0")/.."
+export TEST_LEVEL=${TEST_LEVEL:-quick}
+case $TEST_LEVEL in
+    quick | all) ;;
+    *) echo "error: TEST_LEVEL=$TEST_LEVEL: expected quick (make test) or all (make test-all)" >&2; exit 2 ;;
+esac
+# The slow suites, minutes each on 2 cores: the simulated GPU (a second build of
+# the tree) and the container image. (tests/test_slurm.sh runs at both levels: its
+# two-node cluster at the all level only.)
+SLOW_SUITES="tests/test_fake_gpu.sh tests/container/test_container.sh"
+# Open MPI at the quick level, which starts some 300 MPI processes: when a rank
+# exits non-zero, mpirun waits about 2 s before it SIGKILLs the job's ranks, even
+# ones already gone (some 100 expected failures: bad input), so there it kills
+# at once; and each process spends 0.2 s probing for a fabric (the cm PML's
+# MTLs) before it takes ob1 (shared memory, TCP), so there it takes ob1 at once.
+# The thorough level keeps Open MPI's defaults, as attendees run it.
+if [ "$TEST_LEVEL" = quick ]; then
+    export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-0}
+    export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
+fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -42,14 +67,23 @@ else
         [ -x "$test" ] && run "$(basename "$test")" "$test"
     done
     for script in tests/test_*.sh; do
+        case " $SLOW_SUITES " in *" $script "*) continue ;; esac
         run "$(basename "$script")" bash "$script"
     done
+    if [ "$TEST_LEVEL" = all ]; then
+        for script in $SLOW_SUITES; do
+            run "$(basename "$script")" bash "$script"
+        done
+    fi
 fi
 
 passed=$(grep -c '^PASS ' "$log")
 failed=$(( $(grep -c '^FAIL ' "$log") + crashed ))
 skipped=$(grep -c '^SKIP ' "$log")
 echo
+if [ $# -eq 0 ] && [ "$TEST_LEVEL" = quick ]; then
+    echo "(the essential checks: make test-all runs every check, and the slow suites $SLOW_SUITES)"
+fi
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]

@@ -3,6 +3,8 @@
 # takes the steps of one process with the 2x batch, the same bits at any
 # thread count, the evaluation tables, checkpoints, the loss curve, and bad
 # input. Prints one PASS/FAIL line per check (tests/run.sh counts them).
+# make test (TEST_LEVEL=quick) leaves the thread counts and the 200 steps that learn to
+# make test-all (TEST_LEVEL=all).
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -64,6 +66,7 @@ same_cnn_weights "--init FILE --max_steps 0 --save: the same weights" "$tmp/agai
 # ---------------------------------------------------------------- threads
 # The same bits at any thread count: 1 rank at 1, 2 and 3 threads (shuffled,
 # batches of 100: GEMMs cut unevenly), 2 ranks at 1 and 2 threads each.
+if thorough; then  # make test-all: 2 ranks x 2 threads on 2 cores take half a minute
 for threads in 1 2 3; do
     run day3/14_cnn_ddp --max_steps 8 --batch_size 100 --threads $threads --losses "$tmp/t$threads.csv" --save "$tmp/t$threads.h5" --plot '' > /dev/null 2>&1
 done
@@ -85,6 +88,7 @@ expect "200 steps on 2 ranks: test accuracy ${accuracy:-?}% (>= 95%), loss ${fir
 blue=$(build/tools/png_colors "$tmp/learn.png" 1f77b4 2>&1 | awk '$1 == "1f77b4" { print $2 }')
 expect "--plot draws the loss curve (${blue:-0} blue pixels) and says where" \
     test "${blue:-0}" -gt 300 -a "$(grep -c "^Loss curve: $tmp/learn.png" "$tmp/learn.out")" -eq 1
+fi  # thorough
 
 # ---------------------------------------------------------------- bad input
 run day1/2_mnist_training --epochs 1 --save "$tmp/mlp.h5" --plot '' > /dev/null 2>&1

@@ -2,6 +2,8 @@
 # Steps 6, 7 and 8 and the DDP library, end to end, on real MNIST (and
 # --accum_steps in steps 10 and 11 too).
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
+# make test (TEST_LEVEL=quick) runs steps 6 and 4 at 2 ranks and --accum_steps in step 6; make
+# test-all (TEST_LEVEL=all) also at 4 ranks, and --accum_steps in steps 7, 8, 10 and 11.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -16,7 +18,7 @@ final_loss() { tail -1 "$1" | cut -d, -f3; }
 
 # ---------------------------------------------------------------- 6 == 4
 # Step 4 scales lr by W, step 6 does not: give both the same effective lr.
-for np in 2 4; do
+for np in 2 $(if_thorough 4); do
     mpi $np day1/4_mnist_manual_ddp --epochs 2 --lr "$(awk "BEGIN { print 0.001 / $np }")" --save "$tmp/w4.h5" --plot '' > /dev/null 2>&1
     mpi $np day1/6_mnist_ddp --epochs 2 --save "$tmp/w6_$np.h5" --plot '' > "$tmp/out6" 2>&1
     same_weights "step 6 (DDP library) ends where step 4 (manual allreduce) does, on $np ranks" "$tmp/w6_$np.h5" "$tmp/w4.h5" 1e-6
@@ -26,13 +28,13 @@ if grep -qE '^DDP: gradient allreduce [0-9.]+ ms per step in 1 bucket, [0-9.]+ m
 else
     fail "step 6 prints no overlap report: $(tail -2 "$tmp/out6")"
 fi
-grep -qE '^World Size: 4\. Training completed in [0-9.]+ seconds\.' "$tmp/out6" &&
-    pass "step 6 prints 'World Size: 4. Training completed in T seconds.' like the original" ||
+grep -qE "^World Size: $np\. Training completed in [0-9.]+ seconds\." "$tmp/out6" &&
+    pass "step 6 prints 'World Size: $np. Training completed in T seconds.' like the original" ||
     fail "step 6's final line: $(grep World "$tmp/out6")"
 
 # ---------------------------------------------------------------- bucket sizes
 # One bucket, one per tensor, and a cap that splits the model in between.
-for np in 2 4; do
+for np in 2 $(if_thorough 4); do
     for mb in 0 0.003; do
         mpi $np day1/6_mnist_ddp --epochs 2 --bucket_mb $mb --save "$tmp/w6_$mb.h5" --plot '' > "$tmp/out_$mb" 2>&1
         buckets=$(sed -n 's/.*weights in \([0-9]*\) buckets\{0,1\}.*/\1/p' "$tmp/out_$mb")
@@ -47,8 +49,10 @@ verdict=$(same_losses "$tmp/accum.csv" "$tmp/big.csv" 1e-5)
 if [ $? -eq 0 ]; then pass "--accum_steps 4 x batch 1600 == batch 6400 on 2 ranks: $verdict"; else fail "--accum_steps 4 x batch 1600 vs batch 6400: $verdict"; fi
 same_weights "--accum_steps 4 x batch 1600 ends with the weights of batch 6400" "$tmp/accum.h5" "$tmp/big.h5" 1e-5
 # Every other step with --accum_steps (its loop is step 6's: tests/test_training_loops.sh), one epoch each.
+steps_with_accum=(day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day2/10_mnist_ddp_multinode "day2/11_multinode_streaming --h5 $tmp/mnist.h5")
 day2/create_mnist_h5 --out "$tmp/mnist.h5" > /dev/null 2>&1 || fail "create_mnist_h5 for step 11's --accum_steps check"
-for step in day1/7_mnist_ddp_timing day1/8_mnist_ddp_lr day2/10_mnist_ddp_multinode "day2/11_multinode_streaming --h5 $tmp/mnist.h5"; do
+thorough || steps_with_accum=()  # make test-all
+for step in "${steps_with_accum[@]}"; do
     name=${step%% *}
     mpi 2 $step --no-shuffle --epochs 1 --batch_size 1600 --accum_steps 4 --losses "$tmp/accum.csv" --save "$tmp/accum.h5" --plot '' > /dev/null 2>&1
     mpi 2 $step --no-shuffle --epochs 1 --batch_size 6400 --losses "$tmp/big.csv" --save "$tmp/big.h5" --plot '' > /dev/null 2>&1

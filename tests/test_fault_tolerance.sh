@@ -17,8 +17,13 @@
 #   - another world size resumes, and says the data order differs;
 #   - h5py and torch read the snapshot as the README shows; resuming takes no
 #     more memory than a fresh start.
+# make test (TEST_LEVEL=quick) runs the references, the kill by --fail_at_epoch on 2 ranks and
+# its exact resume, the bad snapshots and usage errors; make test-all (TEST_LEVEL=all) also the
+# kill on 1 rank, the kills from outside, the stop signals, run_with_restarts.sh around them,
+# rank 0 killed mid-write, torch reading the snapshot, and the memory check.
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -97,7 +102,7 @@ expect "step 13 on 1 rank exits 0 with $EPOCHS snapshots" \
 
 # ---------------------------------------------------------------- a kill, then the same command again
 # --fail_at_epoch 2: the last rank dies by SIGKILL in the middle of epoch 2, after the snapshot of epoch 1.
-for np in 1 2; do
+for np in $(if_thorough 1) 2; do
     flags=(--snapshot="$tmp/fail$np.h5" --losses="$tmp/fail$np.csv" --fail_at_epoch=2)
     step13 $np "${flags[@]}" > "$tmp/fail$np.out" 2>&1
     status=$?
@@ -112,6 +117,7 @@ for np in 1 2; do
     expect_exact "killed in epoch 2 and resumed, $np rank(s)" "$tmp/fail$np.resumed.out" "$tmp/fail$np.csv" "$tmp/ref$np.out" "$tmp/ref$np.csv"
 done
 
+if thorough; then  # make test-all: the kills from outside and the stop signals
 # A kill from outside, as a node's death: SIGKILL to one rank's process while it trains epoch 2.
 step13_background "$tmp/kill.out" 2 --snapshot="$tmp/kill.h5" --losses="$tmp/kill.csv"
 if wait_for '^Epoch 1 | Training snapshot saved' "$tmp/kill.out" 60 && victim=$(rank_pids | tail -1) && [ -n "$victim" ]; then
@@ -192,6 +198,7 @@ expect "run_with_restarts.sh --max-restarts=2: attempt 1 dies (SIGKILL), attempt
     -a "$(grep -c 'dies now' "$tmp/restart.out")" = 1 -a -n "$(grep -x 'Resuming training from snapshot at Epoch 1' "$tmp/restart.out")"
 sed -n '/attempt 2 of 3:/,$p' "$tmp/restart.out" > "$tmp/restart.last.out"
 expect_exact "the injected failure under run_with_restarts.sh" "$tmp/restart.last.out" "$tmp/restart.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+fi  # thorough
 
 timeout 60 slurm/run_with_restarts.sh --max-restarts 1 -- sh -c 'kill -KILL $$' > "$tmp/out" 2>&1
 status=$?
@@ -222,6 +229,7 @@ expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$
 # SIGUSR1 or SIGTERM (scancel, the time limit) to the script: passed on to mpirun as SIGUSR1, which
 # mpirun forwards to the ranks (a SIGTERM would make mpirun end the job, exit 1); the ranks save and
 # exit 75; no restart after it.
+if thorough; then  # make test-all: the stop signals through run_with_restarts.sh, rank 0 killed mid-write
 for signal in USR1 TERM; do
     out=$tmp/restart_$signal.out
     timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
@@ -278,6 +286,7 @@ SH
         fail "rank 0 under strace: never caught in its second snapshot write: $(tail -3 "$tmp/torn.out")"
     fi
 fi
+fi  # thorough
 
 # ---------------------------------------------------------------- bad snapshots: one line, exit 1, every rank, no hang
 expect_refused() {  # what, message pattern, snapshot, extra flags...
@@ -383,7 +392,8 @@ expect_usage "--save_every=0" "^error: --save_every expects an integer from 1" 1
 expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--epochs': did you mean --total_epochs\? \(see --help\)$" 1 --epochs=2
 
 # ---------------------------------------------------------------- h5py and torch read the snapshot
-if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
+if ! thorough; then :  # make test-all
+elif "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
     "$PYTHON" - "$good" "$tmp/ref2_weights.h5" "$tmp/ref2.csv" > "$tmp/torch.out" 2>&1 << 'PY'
 # What day3/README.md shows: the model into torch, Adam's state into torch.optim.Adam.
 import sys, h5py, torch, torch.nn as nn
@@ -428,7 +438,8 @@ fi
 # The peak RSS of one process training one epoch: from scratch, and resumed
 # from a snapshot (epoch 1 of 2). Medians of 3; a second copy of the model and
 # Adam's state (1.2 MB) would show.
-if nm day3/13_fault_tolerant_ddp 2> /dev/null | grep -q __asan_init; then
+if ! thorough; then :  # make test-all
+elif nm day3/13_fault_tolerant_ddp 2> /dev/null | grep -q __asan_init; then
     skip "peak memory of a resumed run (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
 elif [ -x /usr/bin/time ]; then
     peak_kb() { timeout 120 /usr/bin/time -f '%M' -o "$tmp/rss" day3/13_fault_tolerant_ddp --data="$DATA" --plot= "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }

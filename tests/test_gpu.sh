@@ -7,7 +7,8 @@
 # losses on the CPU and the GPU; steps 2, 4, 6, 8 and 11 on the GPU, several
 # ranks sharing it through the MPI fallback; step 12's collectives on GPU
 # buffers at 1-4 ranks (NCCL, or MPI on host copies); step 13's snapshots of
-# GPU tensors; step 14; compute-sanitizer on short runs.
+# GPU tensors; step 14; compute-sanitizer on short runs (TEST_LEVEL=all only:
+# make test-all, make test-gpu).
 # Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
 # under REQUIRE_GPU=1 (make test-gpu).
 set -u
@@ -309,7 +310,8 @@ check "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exit
 
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
-if grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
+if ! thorough; then :  # make test-all and make test-gpu (TEST_LEVEL=all): minutes under memcheck
+elif grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
     echo "SKIP gpu: compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
 elif [ -n "$sanitizer" ]; then
     "$sanitizer" --error-exitcode 9 day1/2_mnist_training --epochs 1 --plot '' > "$tmp/cs" 2>&1

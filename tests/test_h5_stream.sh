@@ -12,6 +12,8 @@
 #   - on 2 ranks: the loss falls, parameters agree, each rank reads only its groups;
 #   - bad files and flags: one clear line, non-zero exit, no hang;
 #   - memory: step 11 holds workers x prefetch batches, not the data set.
+# make test leaves the float32 and gzip files' training, the workers, the file written by
+# h5py and the memory checks to make test-all (TEST_LEVEL=all).
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -139,6 +141,7 @@ run "${step11[@]}" --h5 "$tmp/ours.h5" --no-shuffle --epochs 2 --losses "$tmp/s1
 expect_same_losses "step 11 (1 rank, --no-shuffle) takes step 10's steps, per-step losses within 1e-5" \
     "$tmp/s10.csv" "$tmp/s11.csv" 1e-5
 
+if thorough; then  # make test-all: the other storages, the workers, a file written by h5py
 # uint8 storage: the reader divides by 255 as create_mnist_h5 --float32 does: the same batches.
 run "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 2 --losses "$tmp/uint8.csv" > /dev/null 2>&1
 run "${step11[@]}" --h5 "$tmp/ours_float32.h5" --epochs 2 --losses "$tmp/float32.csv" > /dev/null 2>&1
@@ -193,6 +196,7 @@ EOF
 else
     no_h5py "step 11 from a file written by h5py in the original's layout"
 fi
+fi  # thorough
 
 # ---------------------------------------------------------------- 2 ranks
 mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --epochs 3 --losses "$tmp/r2.csv" --save "$tmp/w2.h5" --plot "$tmp/img/11.png" \
@@ -344,7 +348,8 @@ fi
 # share (libraries, the threads' BLAS buffers, the model) grows with the
 # cores, so compare the difference, not the ratio: step 11 must save at least
 # the 47040 kB of training pixels that it never loads.
-if nm day2/11_multinode_streaming 2> /dev/null | grep -q __asan_init; then
+if ! thorough; then :  # make test-all
+elif nm day2/11_multinode_streaming 2> /dev/null | grep -q __asan_init; then
     skip "peak memory of step 11 vs step 10 (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
 elif [ -x /usr/bin/time ]; then
     peak_kb() { /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Integration tests: the real programs under mpirun, on real MNIST.
 # Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+# make test (TEST_LEVEL=quick) runs step 4 on 2 ranks; make test-all (TEST_LEVEL=all) on 4 too.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -52,7 +53,7 @@ expect "step 3 at 2 ranks: two identical, independent models" \
     test "$(sed -n 's/.*Parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out3" | sort -u | wc -l)" = 1
 
 # ---------------------------------------------------------------- step 4
-for np in 2 4; do
+for np in 2 $(if_thorough 4); do
     mpi $np day1/4_mnist_manual_ddp --epochs 2 --plot "$tmp/4.png" > "$tmp/out4" 2>&1
     checksums=$(sed -n 's/.*parameter checksum \([0-9a-f]*\)/\1/p' "$tmp/out4")
     expect "step 4 at $np ranks ends with identical parameters on all ranks" \
@@ -60,7 +61,7 @@ for np in 2 4; do
 done
 
 # DDP on W ranks with batch B == one process with batch W*B (no shuffle, same lr).
-for np in 2 4; do
+for np in 2 $(if_thorough 4); do
     batch=$((6400 / np))
     mpi $np day1/4_mnist_manual_ddp --no-shuffle --epochs 2 --batch_size $batch --lr 0.001 --losses "$tmp/ddp$np.csv" --plot '' > /dev/null 2>&1
     run day1/2_mnist_training --no-shuffle --epochs 2 --batch_size 6400 --lr "0.00$np" --losses "$tmp/single$np.csv" --plot '' > /dev/null 2>&1

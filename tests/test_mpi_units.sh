@@ -4,8 +4,11 @@
 # non-zero without a FAIL line (a crash, an MPI_Abort, a hang killed by the
 # timeout) gets one of its own:
 #   FAIL test_mpi_units: build/tests_mpi/test_ddp at 4 ranks exited with status 124
+# make test (TEST_LEVEL=quick) runs them on 1 and 2 ranks: 4 ranks, each with its DDP
+# communication thread, take half a minute on 2 cores; make test-all (TEST_LEVEL=all) adds them.
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -15,7 +18,7 @@ found=0
 for test in build/tests_mpi/*; do
     [ -f "$test" ] && [ -x "$test" ] || continue
     found=1
-    for np in 1 2 4; do
+    for np in 1 2 $(if_thorough 4); do
         # Every run is bounded: a hang is a failure, not a stuck CI job.
         timeout 120 $MPIRUN -np "$np" "$test" > "$out" 2>&1
         status=$?

@@ -4,8 +4,12 @@
 # behind; a write that succeeds leaves no temporary file either. Also step 7's
 # --results, which a malformed file is refused by, and create_mnist_h5's
 # writes. Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
+# make test (TEST_LEVEL=quick) leaves to make test-all (TEST_LEVEL=all) the failed writes of
+# --losses, --plot and step 7's --results, the full disk, and the writes that succeed over an
+# old file, through a link, or into a new --results file: each one more training run.
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 DATA=${DATA:-data/mnist}
 tmp=$(mktemp -d)
@@ -68,17 +72,20 @@ cp "$tmp/out/"* "$tmp/keep/"
 limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --save "$tmp/out/w.h5" > "$tmp/err" 2>&1
 status=$?
 expect_kept "--save" "$tmp/out/w.h5" 'w\.h5: cannot write .*: File too large$'
+if thorough; then  # make test-all: --losses and --plot, each one more run of step 14
 limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --losses "$tmp/out/l.csv" > "$tmp/err" 2>&1
 status=$?
 expect_kept "--losses" "$tmp/out/l.csv" '--losses .*l\.csv: cannot write: File too large$'
 limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot "$tmp/out/p.png" > "$tmp/err" 2>&1
 status=$?
 expect_kept "--plot" "$tmp/out/p.png" 'cannot write .*p\.png: .*File too large$'
+fi  # thorough
 limited 1 day1/test_profile --trace "$tmp/out/t.json" > "$tmp/err" 2>&1
 status=$?
 expect_kept "--trace" "$tmp/out/t.json" '--trace .*t\.json: cannot write: File too large$'
 
 # A write that succeeds replaces the file, and leaves no temp.
+if thorough; then  # make test-all: a write over an old file, and on a full disk
 run day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --losses "$tmp/out/l.csv" > /dev/null 2>&1
 status=$?
 if [ $status -eq 0 ] && ! cmp -s "$tmp/out/l.csv" "$tmp/keep/l.csv" && [ "$(wc -l < "$tmp/out/l.csv")" = 101 ] &&
@@ -101,6 +108,7 @@ if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=2m tmpfs "$tmp/full" 2> /dev/nul
 else
     skip "--save on a full disk (skipped: cannot mount a small tmpfs here; the file size limit above stands in for it)"
 fi
+fi  # thorough
 
 # ---------------------------------------------------------------- step 7 --results
 step7=(day1/7_mnist_ddp_timing --data "$DATA" --epochs 1 --plot '' --chart '')
@@ -149,6 +157,7 @@ if grep -qE '^ +1 +3 +3\.000 +2\.000\.\.9\.000 +1\.00x +0\.22\.\.4\.50x +100%$' 
 else
     fail "step 7 --results with repeats: the table reads $(grep -E '^ +[0-9]+ ' "$tmp/out7" | tr -s ' ' | tr '\n' '/')"
 fi
+if thorough; then  # make test-all: a new --results file, and a failed write of one
 mpi 1 "${step7[@]}" --results "$tmp/new.csv" > /dev/null 2>&1
 expect_new=$(head -1 "$tmp/new.csv" 2> /dev/null)
 if [ "$expect_new" = "world_size,seconds" ] && [ "$(wc -l < "$tmp/new.csv")" = 2 ]; then
@@ -162,6 +171,7 @@ cp "$tmp/out/runs.csv" "$tmp/keep/runs.csv"
 limited 1 "${step7[@]}" --results "$tmp/out/runs.csv" > "$tmp/err" 2>&1
 status=$?
 expect_kept "step 7 --results" "$tmp/out/runs.csv" '--results .*runs\.csv: cannot write: File too large$'
+fi  # thorough
 
 mpi 1 "${step7[@]}" --chart "$tmp/lonely.png" > "$tmp/err" 2>&1
 status=$?
@@ -245,6 +255,7 @@ else
     fail "step 13 --snapshot '': exit $status: $(head -2 "$tmp/err")"
 fi
 
+if thorough; then  # make test-all: a write through a link
 # A link stays a link: the file it points to is replaced, and keeps its permission bits.
 echo old > "$tmp/out/real.csv"
 chmod 640 "$tmp/out/real.csv"
@@ -257,6 +268,7 @@ if [ $status -eq 0 ] && [ -L "$tmp/out/link.csv" ] && [ "$(wc -l < "$tmp/out/rea
 else
     fail "--losses through a link: exit $status, link $( [ -L "$tmp/out/link.csv" ] && echo kept || echo REPLACED), mode $(stat -c %a "$tmp/out/real.csv"), $(wc -l < "$tmp/out/real.csv") lines"
 fi
+fi  # thorough
 
 # A stream is written in place: --losses /dev/stdout, with stdout redirected to a file, adds the
 # CSV to what the program prints, and replaces nothing (a rename would take the file from under it).

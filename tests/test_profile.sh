@@ -2,8 +2,11 @@
 # Profiling: step 5's and test_profile's ranges, summary table and Chrome
 # trace; step 6's buckets overlapping backward in the trace; builds with and
 # without NVTX. One PASS/FAIL/SKIP line per check.
+# The builds with and without NVTX (two compilations of common/) run in make test-all
+# (TEST_LEVEL=all), not in make test.
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
 MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 PYTHON=${PYTHON:-python3}
 tmp=$(mktemp -d)
@@ -107,6 +110,7 @@ mpi 2 day1/6_mnist_ddp --epochs 1 --bucket_mb 0 --trace "$tmp/trace6.json" --plo
 check_trace "$tmp/trace6.json" 2 forward,backward,allreduce,"allreduce wait",optimizer overlap
 
 # ---------------------------------------------------------------- with and without NVTX
+if thorough; then  # make test-all
 cuda=${CUDA_HOME:-/usr/local/cuda}
 flags="-std=c11 -D_GNU_SOURCE -O1 -Icommon $(pkg-config --cflags hdf5 libpng 2> /dev/null)"
 libs="-lopenblas $(pkg-config --libs hdf5 libpng zlib 2> /dev/null) -lpthread -lm"
@@ -133,6 +137,7 @@ if [ -f "$cuda/include/nvtx3/nvToolsExt.h" ]; then
 else
     echo "SKIP profile: the NVTX build (no $cuda/include/nvtx3: set CUDA_HOME)"
 fi
+fi  # thorough
 
 # ---------------------------------------------------------------- nsys
 if command -v nsys > /dev/null; then

@@ -14,8 +14,13 @@
 # Everything it starts is stopped, by pid, and everything it changes is put
 # back, on every exit (a failed check, a timeout, Ctrl-C): run it twice in a
 # row and the second run starts from the same clean machine.
+#
+# make test (TEST_LEVEL=quick) runs only the checks that need no cluster (step 9
+# against Slurm's variables, multinode_setup_and_run.sh outside an allocation);
+# make test-all (TEST_LEVEL=all) the cluster too.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+source tests/lib.sh
 repo=$(pwd)
 # Knobs of the scripts under test: theirs to read, not the caller's.
 unset LAUNCHER MASTER_ADDR MASTER_PORT PROGRAM
@@ -57,6 +62,7 @@ if [ -x day2/9_dist_multinode ]; then
 fi
 
 # ---------------------------------------------------------------- the cluster
+thorough || exit $((failures > 0))  # make test: the checks above; make test-all (TEST_LEVEL=all): the cluster too
 source tests/slurm/cluster.sh
 if ! reason=$(cluster_check); then
     skip "the two-node cluster: $reason"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Threads per rank: results never depend on how many there are, --threads
 # overrides the default, and the first line says what computes.
+# make test (TEST_LEVEL=quick) checks step 2's thread counts; make test-all (TEST_LEVEL=all)
+# also step 6's (DDP on 2 ranks) and step 11's (streaming).
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -52,6 +54,7 @@ fi
 
 # DDP (step 6: buckets, the communication thread) on 2 ranks at 1 and 2
 # threads per rank, and step 11 (streaming from HDF5) at 1 and 3.
+if thorough; then  # make test-all
 for threads in 1 2; do
     mpi 2 day1/6_mnist_ddp --epochs 1 --threads $threads --losses "$tmp/ddp$threads.csv" \
         --save "$tmp/ddp$threads.h5" --plot '' > "$tmp/ddp_out$threads" 2>&1
@@ -71,6 +74,7 @@ if run day2/create_mnist_h5 --data "$DATA" --out "$tmp/mnist.h5" > /dev/null 2>&
 else
     fail "day2/create_mnist_h5 could not write $tmp/mnist.h5"
 fi
+fi  # thorough
 
 # The default: the node's cores shared among its ranks, within the binding.
 cores=$(nproc)

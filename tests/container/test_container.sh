@@ -346,5 +346,5 @@ if [ -s "$tmp/train.cmd" ] && [ -s "$tmp/init.cmd" ] && [ -s "$tmp/snapshot" ]; 
     same_as_straight() { grep -q checksum "$tmp/results_restarted" && cmp -s "$tmp/results_restarted" "$tmp/results_straight"; }
     expect "the restarted run ends as the run that never failed: the same losses of epochs $((resume_at + 1)) on, accuracy and checksums ($(grep -m1 -o 'checksum [0-9a-f]*' "$tmp/restarted"))" same_as_straight
 else
-    skip "the Job's commands in the image: job.yaml was not read (see above)"
+    skip "the Job's commands in the image: job.yaml was not read (needs python3-yaml: ./setup.sh --with-containers; and a job.yaml that parses: see above)"
 fi

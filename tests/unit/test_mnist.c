@@ -151,7 +151,7 @@ static int python_ints(const char *script, int *out, int capacity) {
 
 static void test_torch_parity(void) {
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-        printf("SKIP %s: torch parity (python3 torch not installed)\n", TEST_NAME);
+        printf("SKIP %s: torch parity (needs /usr/bin/python3 with torch: ./setup.sh --with-reference)\n", TEST_NAME);
         return;
     }
     enum { PERM_N = 20, CAP = 15000 };

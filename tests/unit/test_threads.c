@@ -204,9 +204,11 @@ static void test_huge_pages(void) {
     read_setting("/sys/kernel/mm/transparent_hugepage/defrag", defrag, sizeof defrag);
     long kb = huge_page_kb_at(batch.data);
     if (!strstr(mode, "[always]") && !strstr(mode, "[madvise]"))
-        printf("SKIP %s: huge pages (transparent huge pages: \"%s\")\n", TEST_NAME, mode);
+        printf("SKIP %s: huge pages (needs transparent huge pages at [always] or [madvise]; here: \"%s\")\n",
+               TEST_NAME, mode);
     else if (!strstr(defrag, "[always]") && !strstr(defrag, "madvise]"))
-        printf("SKIP %s: huge pages (their defrag: \"%s\")\n", TEST_NAME, defrag);
+        printf("SKIP %s: huge pages (needs their defrag at [always], [defer+madvise] or [madvise]; here: \"%s\")\n",
+               TEST_NAME, defrag);
     else
         EXPECT(kb >= 2048, "the [6400, 784] tensor (20 MB) lies on huge pages: %ld kB of them (THP: %s)", kb, mode);
     tensor_free(&small);
