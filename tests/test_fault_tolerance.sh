@@ -117,6 +117,7 @@ for np in $(if_thorough 1) 2; do
     expect_exact "killed in epoch 2 and resumed, $np rank(s)" "$tmp/fail$np.resumed.out" "$tmp/fail$np.csv" "$tmp/ref$np.out" "$tmp/ref$np.csv"
 done
 
+restarts=(slurm/run_with_restarts.sh --max-restarts=2 --)
 if thorough; then  # make test-all: the kills from outside and the stop signals
 # A kill from outside, as a node's death: SIGKILL to one rank's process while it trains epoch 2.
 step13_background "$tmp/kill.out" 2 --snapshot="$tmp/kill.h5" --losses="$tmp/kill.csv"
@@ -188,7 +189,6 @@ expect "SIGUSR1 as the ranks start: exit 75 after the first step, not death by t
     test $status = 75 -a -n "$(grep 'Stopped by SIGUSR1 after 0 of [0-9]* epochs and 12800 samples' "$tmp/early.out")"
 
 # ---------------------------------------------------------------- slurm/run_with_restarts.sh
-restarts=(slurm/run_with_restarts.sh --max-restarts=2 --)
 timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
     --snapshot="$tmp/restart.h5" --losses="$tmp/restart.csv" --fail_at_epoch=2 > "$tmp/restart.out" 2>&1
 status=$?
