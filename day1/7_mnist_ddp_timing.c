@@ -33,8 +33,8 @@
 //   DDP: gradient allreduce 1.56 ms per step in 1 bucket, 0.07 ms (4%) of it hidden behind backward; the step waited 1.52 ms for it
 //
 //   world size  runs  median s      min..max s  speed-up      min..max  efficiency
-//            1     3     0.470    0.455..0.512     1.00x   0.89..1.13x        100%
-//            2     3     0.503    0.490..0.540     0.93x   0.84..1.04x         47%
+//            1     3     0.606    0.602..0.633     1.00x   0.95..1.05x        100%
+//            2     3     0.711    0.709..0.719     0.85x   0.84..0.89x         43%
 //   speed-up: median time at 1 rank / median at W; min..max: fastest 1-rank run / slowest W-rank run
 //   to slowest / fastest. Where it spans 1.00x, these runs cannot tell whether W ranks are faster.
 //   Speed-up chart: img/7_scaling.png

@@ -24,9 +24,9 @@
 #   == 4 rank(s), run 3/3
 #   ...
 #   world size  runs  median s      min..max s  speed-up      min..max  efficiency
-#            1     3     0.470    0.455..0.512     1.00x   0.89..1.13x        100%
-#            2     3     0.503    0.490..0.540     0.93x   0.84..1.04x         47%
-#            4     3     0.561    0.530..0.622     0.84x   0.73..0.97x         21%
+#            1     3     0.606    0.602..0.633     1.00x   0.95..1.05x        100%
+#            2     3     0.711    0.709..0.719     0.85x   0.84..0.89x         43%
+#            4     3     0.767    0.761..0.769     0.79x   0.78..0.83x         20%
 #   speed-up: median time at 1 rank / median at W; min..max: fastest 1-rank run / slowest W-rank run
 #   to slowest / fastest. Where it spans 1.00x, these runs cannot tell whether W ranks are faster.
 #   Speed-up chart: img/7_scaling.png

@@ -71,7 +71,7 @@ CHECKSUM = re.compile(r'(checksum) [0-9a-f]{16}')
 UNCOMPARED = [re.compile(p) for p in (
     r'^Profile on ', r'^range\s+calls', r'^\s*[\w+ -]+?\s+\d+\s+[\d.]+ \[[\d.]+\]',  # step 5's table
     r'^The ranges inside', r'^Peak memory', r'^Trace: ',
-    r'^world size\s+training', r'^\s*\d+\s+[\d.]+\s+[\d.]+x',                        # step 7's table
+    r'^world size\s+runs\s+median', r'^\s*\d+\s+\d+\s+[\d.]+\s+[\d.]+\.\.[\d.]+\s+[\d.]+x',  # step 7's table
     r'^collective\s+size', r'^[a-z-]+\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+$',  # step 12's
     r'^DDP: ', r'^Data: ', r'^Snapshots: ', r'training loop: ',
 )]
