@@ -3,7 +3,7 @@
 #   make            build every program this machine can build
 #   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
-#   make test       unit + integration tests, their essential checks (about 2.5 minutes on 2
+#   make test       unit + integration tests, their essential checks (about 3 minutes on 2
 #                   cores): every program end to end, PyTorch parity, bad input, the DDP
 #                   equivalences; ends with "N passed, N failed[, N skipped]" (GPU tests
 #                   included: on a machine without a GPU they say "skipped: no GPU")
