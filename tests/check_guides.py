@@ -44,6 +44,8 @@ How an expected block is compared with what the command printed:
 Losses, accuracies, checksums, sums, counts and tables of results are compared
 exactly. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them); exits 1 on a FAIL.
 """
+import collections
+import functools
 import glob
 import os
 import re
@@ -130,12 +132,15 @@ MPIRUN = r'(?:mpirun(?:\s+--?[\w-]+(?:\s+\d+)?)*\s+)?'  # "mpirun -np 2 " before
 ALL = os.environ.get('TEST_LEVEL') == 'all'  # make test-all: the slow checks too
 
 
-SLOW = set()          # the commands the guides mark as slow: make test-all runs them
-KERNEL_BOUND = set()  # those whose every result depends on the BLAS kernels, not only the checksums
+# One command to run: its expected lines (None: it must only exit with `status`),
+# where the file says so, the marker's options (slow, kernels), and, for a check
+# that cannot run, why: ('SKIP' or 'FAIL', the reason), with `command` None.
+Check = collections.namedtuple('Check', 'command expected status where options problem',
+                               defaults=(None, None, 0, '', frozenset(), None))
 
 
 def guide_checks(path):
-    """(command, expected lines or None, exit status) of each marker, in order."""
+    """A Check for each marker of a guide, in order."""
     lines = open(path, encoding='utf-8').read().split('\n')
     shown, fence = set(), None
     for line in lines:
@@ -149,21 +154,18 @@ def guide_checks(path):
         if not m:
             continue
         kind, command, status = m.group(1), m.group(3), int(m.group(4) or 0)
-        options = {option.strip() for option in (m.group(2) or '').split(',') if option.strip()}
+        where = f'line {i + 1}'
+        options = frozenset(option.strip() for option in (m.group(2) or '').split(',') if option.strip())
         if options - {'slow', 'kernels'}:
-            checks.append((None, None, status, f'line {i + 1}: unknown option(s) {sorted(options)}: slow, kernels'))
+            checks.append(Check(where=where, problem=('FAIL', f'unknown option(s) {sorted(options)}: slow, kernels')))
             continue
         if m.group(5) and has_gpu():
-            checks.append((None, None, status, f'line {i + 1}: shows what happens without a GPU'))
+            checks.append(Check(where=where, problem=('SKIP', 'shows what happens without a GPU')))
             continue
         if command not in shown:
-            checks.append((None, None, status, f'line {i + 1}: "{command}" is in no ```sh block of the guide: '
-                           'the reader would not type it'))
+            checks.append(Check(where=where, problem=('FAIL', f'"{command}" is in no ```sh block of the guide: '
+                                                      'the reader would not type it')))
             continue
-        if 'slow' in options:
-            SLOW.add(command)
-        if 'kernels' in options:
-            KERNEL_BOUND.add(command)
         expected = None
         if kind == 'output of':
             j = i + 1
@@ -173,12 +175,12 @@ def guide_checks(path):
             while k < len(lines) and not lines[k].startswith('```'):
                 k += 1
             expected = lines[j + 1:k]
-        checks.append((command, expected, status, f'line {i + 1}'))
+        checks.append(Check(command, expected, status, where, options))
     return checks
 
 
 def header_checks(path):
-    """The header comment's command and expected output, or a reason it is not run."""
+    """The Checks of a program's header comment: its commands, the last with its expected output."""
     header = []
     for line in open(path, encoding='utf-8'):
         if not line.startswith('//'):
@@ -189,7 +191,7 @@ def header_checks(path):
     if start is None:
         return []
     if re.search(r'\bnodes\b', header[start]):
-        return [(None, None, 0, 'its expected output is of several nodes (run under Slurm)')]
+        return [Check(where='header', problem=('SKIP', 'its expected output is of several nodes (run under Slurm)'))]
     # The header's commands up to the first that runs the program: those before it
     # make what it reads (step 8's img/2_losses.csv, step 11's data/mnist.h5).
     commands = []
@@ -204,7 +206,7 @@ def header_checks(path):
         if re.match(MPIRUN + re.escape(program) + r'(?:\s|$)', text):
             break
     else:
-        return [(None, None, 0, 'no line of its header runs it')]
+        return [Check(where='header', problem=('SKIP', 'no line of its header runs it'))]
     # The block: the lines indented under "Expected output", after any prose.
     block = header[start + 1:]
     first = next((i for i, line in enumerate(block) if line.startswith('   ')), len(block))
@@ -214,12 +216,11 @@ def header_checks(path):
             break
         expected.append(line[3:])
     if any('cuda:' in line for line in expected) and not has_gpu():
-        return [(None, None, 0, 'its expected output is on GPUs, and this machine has none')]
-    checks = [(command, None, 0, 'header') for command in commands[:-1]]
-    command = commands[-1]
-    return checks + [(command, expected, 0, 'header')]
+        return [Check(where='header', problem=('SKIP', 'its expected output is on GPUs, and this machine has none'))]
+    return [Check(command, where='header') for command in commands[:-1]] + [Check(commands[-1], expected, 0, 'header')]
 
 
+@functools.lru_cache(maxsize=None)
 def has_gpu():
     return os.environ.get('CUDA_VISIBLE_DEVICES', None) != '' and shutil.which('nvidia-smi') is not None and \
         subprocess.run(['nvidia-smi', '-L'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
@@ -265,6 +266,8 @@ def main(files):
     checksums_skipped = None
     outputs = {}  # a header's command run already by its guide: its output
     checks_of = {path: guide_checks(path) if path.endswith('.md') else header_checks(path) for path in files}
+    # A header's command that a guide runs takes the guide's options.
+    options_of = {check.command: check.options for checks in checks_of.values() for check in checks if check.options}
     for path in files:
         rel = os.path.relpath(path, ROOT)
         checks = checks_of[path]
@@ -272,22 +275,18 @@ def main(files):
             continue
         where = scratch_root()
         try:
-            for command, expected, status, where_in_file in checks:
-                if command is None and 'without a GPU' in where_in_file:
-                    print(f'SKIP guides: {rel}, {where_in_file}')
+            for command, expected, status, where_in_file, _, problem in checks:
+                if problem:
+                    verdict, reason = problem
+                    print(f'{verdict} guides: {rel} ({where_in_file}): {reason}')
+                    failed += verdict == 'FAIL'
                     continue
-                if command is None and path.endswith('.md'):
-                    print(f'FAIL guides: {rel}, {where_in_file}')
-                    failed += 1
-                    continue
-                if command is None:
-                    print(f'SKIP guides: {rel}: its header is not run: {where_in_file}')
-                    continue
+                options = options_of.get(command, frozenset())
                 program = next((w for w in command.split() if re.match(r'day\d/\w+$', w)), None)
                 if program and not os.access(os.path.join(ROOT, program), os.X_OK):
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: {program} is not built on this machine')
                     continue
-                if command in SLOW and not ALL:
+                if 'slow' in options and not ALL:
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: slow, make test-all runs it')
                     continue
                 if path.endswith('.c') and command in outputs:
@@ -307,7 +306,7 @@ def main(files):
                     continue
                 ran_kernels = {m.group(1) for line in printed for m in KERNELS.finditer(line)}
                 same_kernels = ran_kernels <= {kernel}
-                if command in KERNEL_BOUND and not same_kernels:
+                if 'kernels' in options and not same_kernels:
                     print(f'SKIP guides: {what}: its results depend on the BLAS kernels: this machine runs '
                           f'OpenBLAS\'s {", ".join(sorted(ran_kernels))} kernels, the guide shows the {kernel} kernels\'')
                     continue

@@ -28,20 +28,19 @@ ${fence}
 [rank 1] after allreduce: sum 11, mean 2.5
 ${fence}
 GUIDE
-if python3 tests/check_guides.py "$tmp/wrong.md" > "$tmp/out" 2>&1; then
-    echo "FAIL guides: a guide that shows 'sum 11' where the program prints 'sum 10' passes"
-elif grep -q "expected: \[rank 1\] after allreduce: sum 11" "$tmp/out"; then
-    echo "PASS guides: a guide with one wrong number fails, naming the line"
-else
-    echo "FAIL guides: a guide with one wrong number fails without naming the line: $(head -3 "$tmp/out")"
-fi
+# expect_refused WHAT GUIDE PATTERN: the checker fails on GUIDE, with a line matching PATTERN.
+expect_refused() {
+    if python3 tests/check_guides.py "$2" > "$tmp/out" 2>&1; then
+        echo "FAIL guides: $1: passes"
+    elif grep -q -- "$3" "$tmp/out"; then
+        echo "PASS guides: $1: fails, saying so"
+    else
+        echo "FAIL guides: $1: fails for another reason: $(head -3 "$tmp/out")"
+    fi
+}
+expect_refused "a guide with one wrong number ('sum 11' where the program prints 'sum 10')" "$tmp/wrong.md" \
+    'expected: \[rank 1\] after allreduce: sum 11'
 sed 's/^mpirun --oversubscribe -np 4 day1\/0_dist_allreduce$/mpirun -np 4 day1\/0_dist_allreduce/' "$tmp/wrong.md" > "$tmp/hidden.md"
-if python3 tests/check_guides.py "$tmp/hidden.md" > "$tmp/out" 2>&1; then
-    echo "FAIL guides: a marker whose command is in no sh block passes"
-elif grep -q 'is in no ```sh block' "$tmp/out"; then
-    echo "PASS guides: a marker whose command the reader does not see fails"
-else
-    echo "FAIL guides: a hidden marker command fails for another reason: $(head -3 "$tmp/out")"
-fi
+expect_refused "a marker whose command the reader does not see (in no sh block)" "$tmp/hidden.md" 'is in no ```sh block'
 
 python3 tests/check_guides.py "$@"
