@@ -139,17 +139,18 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
 
 // Hyphens and underscores in a flag's name are one character: --batch-size is
 // --batch_size, --no_shuffle is --no-shuffle (torchrun takes both spellings).
+static char hyphen_as_underscore(char c) { return c == '-' ? '_' : c; }
+
+// For the suggestions only, case aside too (a flag itself is case-sensitive).
 static char fold(char c) {
-    if (c == '-') return '_';
-    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;  // (for the suggestions only: see names_equal)
+    c = hyphen_as_underscore(c);
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
 }
 
 static bool names_equal(const char *name, const char *given, size_t given_len) {
     if (strlen(name) != given_len) return false;
-    for (size_t i = 0; i < given_len; i++) {
-        char a = name[i] == '-' ? '_' : name[i], b = given[i] == '-' ? '_' : given[i];
-        if (a != b) return false;
-    }
+    for (size_t i = 0; i < given_len; i++)
+        if (hyphen_as_underscore(name[i]) != hyphen_as_underscore(given[i])) return false;
     return true;
 }
 

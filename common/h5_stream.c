@@ -170,16 +170,18 @@ H5Mnist h5_mnist_open(const char *path) {
         bool default_path = strcmp(path, H5_DEFAULT_FILE) == 0, relative = *path != '/';
         bool have_root = relative && program_repository(root, sizeof root);
         if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
-        if (why == ENOENT && find_from_above(path, above, sizeof above))
-            snprintf(err, sizeof err, "%.200s: not found relative to the working directory %s; run from %s%s or pass --h5 %s/%.200s",
-                     path, cwd, have_root && strcmp(root, above) == 0 ? "the repository root " : "", above, above, path);
-        else if (why == ENOENT && default_path && have_root && strcmp(root, cwd) != 0)
+        if (why == ENOENT && find_from_above(path, above, sizeof above)) {
+            char hint[6144];
+            run_from_hint(above, "--h5", path, hint, sizeof hint);
+            snprintf(err, sizeof err, "%.200s: not found %s", path, hint);
+        } else if (why == ENOENT && default_path && have_root && strcmp(root, cwd) != 0) {
             snprintf(err, sizeof err, "%s: cannot open: %s (working directory %s). Write it with `day2/create_mnist_h5` in the repository root %s and run from there",
                      path, strerror(why), cwd, root);
-        else
+        } else {
             snprintf(err, sizeof err, "%.200s: cannot open: %s%s%s%s. Write it with `day2/create_mnist_h5%s%.200s`", path,
                      strerror(why), relative ? " (working directory " : "", relative ? cwd : "", relative ? ")" : "",
                      default_path ? "" : " --out ", default_path ? "" : path);
+        }
     } else if ((problem = input_file_problem(path))) {
         snprintf(err, sizeof err, "%s: %s, not an HDF5 file", path, problem);
     } else if (!is_hdf5(path)) {

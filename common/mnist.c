@@ -144,23 +144,24 @@ static bool find_file(const char *dir, const char *stem, char *path, size_t size
     // the repository root (`./2_mnist_training` inside day1/). Where the files
     // are above it, say so; `make data` only where they are nowhere, and
     // where they are the ones it fetches.
-    char cwd[2048] = "?", above[2048], root[2048];
+    char cwd[2048] = "?", above[2048], root[2048], hint[6144];
     if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
     bool have_root = program_repository(root, sizeof root);
     char plain[2048];
     snprintf(plain, sizeof plain, "%s/%s", dir, stem);
-    if (find_from_above(plain, above, sizeof above) || find_from_above(path, above, sizeof above))  // (path: .gz)
-        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s; run from %s%.1000s or pass --data %.1000s/%.500s",
-                 dir, stem, cwd, have_root && strcmp(root, above) == 0 ? "the repository root " : "", above, above, dir);
-    else if (strcmp(dir, "data/mnist") != 0)  // not where `make data` puts them
+    if (find_from_above(plain, above, sizeof above) || find_from_above(path, above, sizeof above)) {  // (path: .gz)
+        run_from_hint(above, "--data", dir, hint, sizeof hint);
+        snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] %s", dir, stem, hint);
+    } else if (strcmp(dir, "data/mnist") != 0) {  // not where `make data` puts them
         snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Pass --data DIR, the folder with the MNIST files",
                  dir, stem, cwd);
-    else if (!have_root || strcmp(root, cwd) == 0)
+    } else if (!have_root || strcmp(root, cwd) == 0) {
         snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Run `make data` (or pass --data DIR)",
                  dir, stem, cwd);
-    else
+    } else {
         snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] relative to the working directory %.1000s. Run `make data` in the repository root %.1000s and run from there (or pass --data DIR)",
                  dir, stem, cwd, root);
+    }
     return false;
 }
 

@@ -77,6 +77,14 @@ bool program_repository(char *folder, size_t size) {
     return program_folder(program, sizeof program) && search_up(program, "Makefile", folder, size);
 }
 
+void run_from_hint(const char *folder, const char *flag, const char *value, char *hint, size_t size) {
+    char cwd[PATH_MAX] = "?", root[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+    bool at_root = program_repository(root, sizeof root) && strcmp(root, folder) == 0;
+    snprintf(hint, size, "relative to the working directory %s; run from %s%s or pass %s %s/%s", cwd,
+             at_root ? "the repository root " : "", folder, flag, folder, value);
+}
+
 // Fill `why` and return false: output_file_writable's verdict on a problem.
 __attribute__((format(printf, 3, 4))) static bool refuse(char *why, size_t size, const char *fmt, ...) {
     va_list args;

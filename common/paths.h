@@ -26,6 +26,11 @@ bool find_from_above(const char *path, char *folder, size_t size);
 // Makefile: the repository root, for day1/2_mnist_training. False if none.
 bool program_repository(char *folder, size_t size);
 
+// Where to run from, for a relative input that find_from_above found in
+// `folder`: "relative to the working directory CWD; run from [the repository
+// root ]FOLDER or pass FLAG FOLDER/VALUE" (FLAG VALUE: the flag that names it).
+void run_from_hint(const char *folder, const char *flag, const char *value, char *hint, size_t size);
+
 // Whether writing `path` writes a stream in place rather than replacing a
 // file: this process's stdout or stderr (/dev/stdout, or the very file they
 // are redirected to, as in `--losses run.log > run.log`), or a character device
