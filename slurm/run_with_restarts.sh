@@ -96,11 +96,13 @@ for ((attempt = 1; ; attempt++)); do
     child=$!
     # A signal that came while no command ran (between two attempts) is passed on now.
     case $stop_signal in USR1 | TERM) kill -s USR1 "$child" 2> /dev/null ;; esac
-    while :; do  # until COMMAND itself has ended: a signal ends `wait` early
+    while kill -0 "$child" 2> /dev/null; do  # until COMMAND itself has ended: a signal ends `wait` early
         wait "$child" 2> /dev/null  # (bash's own "Killed" notice: we say how it ended below)
-        status=$?
-        kill -0 "$child" 2> /dev/null || break
     done
+    # Its own status: bash keeps it for this wait too, also when a trap cut the last wait short
+    # (that wait's status was 128 + the trap's signal, not COMMAND's).
+    wait "$child" 2> /dev/null
+    status=$?
     child=""
     if [ "$status" = 0 ]; then
         say "attempt $attempt of $attempts succeeded"
