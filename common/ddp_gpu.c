@@ -135,11 +135,11 @@ void ddp_nccl_account_step(Ddp *ddp) {
     if (!gpu->timing_pending) return;
     gpu->timing_pending = false;
     float backward_end_ms = 0, from_ms = 0, to_ms = 0;
-    device_wait_event(gpu->backward_end);
+    device_wait_event(gpu->backward_end, "the end of backward");
     CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, gpu->step_start, gpu->backward_end));
     double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
     for (int b = 0; b < ddp->n_buckets; b++) {
-        device_wait_event(gpu->buckets[b].comm_done);
+        device_wait_event(gpu->buckets[b].comm_done, "DDP's allreduce of a bucket");
         CHECK_CUDA(cudaEventElapsedTime(&from_ms, gpu->step_start, gpu->buckets[b].comm_start));
         CHECK_CUDA(cudaEventElapsedTime(&to_ms, gpu->step_start, gpu->buckets[b].comm_done));
         ddp_account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
@@ -164,7 +164,7 @@ void ddp_shared_gpu_pack(Ddp *ddp, int b) {
 }
 
 // Called by whichever thread starts the bucket's MPI allreduce.
-void ddp_shared_gpu_wait_packed(Ddp *ddp, int b) { device_wait_event(ddp->gpu->buckets[b].packed); }
+void ddp_shared_gpu_wait_packed(Ddp *ddp, int b) { device_wait_event(ddp->gpu->buckets[b].packed, "a bucket's copy to the host"); }
 
 void ddp_shared_gpu_unpack(Ddp *ddp, int b) {
     CHECK_CUDA(cudaMemcpyAsync(ddp->gpu->buckets[b].device_buffer, ddp->buckets[b].buffer,

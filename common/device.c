@@ -19,9 +19,6 @@ static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, i
 static cublasHandle_t g_cublas;
 static ncclComm_t g_nccl;         // NULL: GPU collectives go through MPI on host copies
 static cudaStream_t g_comm_stream;  // NCCL's, beside the compute stream
-// How long a host wait on the GPU may last (see check_wait_timeout): read
-// once, when the GPU is taken (use_gpu), before any thread that waits exists.
-static double g_wait_timeout = 600.0;
 
 cudaStream_t device_stream(void) { return g_stream; }
 cublasHandle_t device_cublas(void) { return g_cublas; }
@@ -82,8 +79,6 @@ bool device_gpus_shared(int gpu) {
 
 #if HAVE_CUDA
 static void use_gpu(void) {
-    const char *timeout = getenv("GPU_WAIT_TIMEOUT");
-    if (timeout && atof(timeout) > 0.0) g_wait_timeout = atof(timeout);
     g_gpu = device_local_gpu();
     CHECK_CUDA(cudaSetDevice(g_gpu));
     // A blocking stream: should anything use the legacy default stream (a
@@ -156,17 +151,17 @@ const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g
 #if HAVE_CUDA
 // A failed communicator (a peer died, the network broke) ends the job now:
 // the GPU's NCCL kernels would otherwise wait for the peer forever.
-static void check_nccl_async_error(const char *waiting_for) {
-    ncclComm_t comm = g_nccl;
+static void check_nccl_async_error(ncclComm_t *comm_variable, const char *waiting_for) {
+    ncclComm_t comm = *comm_variable;
     if (!comm) return;
     ncclResult_t async = ncclSuccess;
     CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
     if (async == ncclSuccess || async == ncclInProgress) return;
     char detail[256];
     snprintf(detail, sizeof detail, "%s", ncclGetLastError(comm));  // before the abort frees the communicator
-    g_nccl = NULL;
+    *comm_variable = NULL;
     ncclCommAbort(comm);  // stops the GPU's waiting kernels; its own result no longer matters
-    FATAL("NCCL failed while the host waited for %s: %s (%s); a peer rank died or the network failed: "
+    FATAL("NCCL failed while the host waited for %s on the GPU: %s (%s); a peer rank died or the network failed: "
           "aborting the job", waiting_for, ncclGetErrorString(async), detail);
 }
 
@@ -175,39 +170,62 @@ static void check_nccl_async_error(const char *waiting_for) {
 // just waits. So a wait has a limit, as init_process_group's timeout (10
 // minutes) in PyTorch; GPU_WAIT_TIMEOUT=SECONDS sets it. No wait of ours
 // is anywhere near it: the host is never more than a step ahead of the GPU.
-static void check_wait_timeout(double started, const char *waiting_for) {
+static double wait_limit(void) {
+    const char *seconds = getenv("GPU_WAIT_TIMEOUT");
+    return seconds && atof(seconds) > 0.0 ? atof(seconds) : 600.0;
+}
+
+static void check_wait_timeout(double started, double limit, ncclComm_t *comm_variable, const char *waiting_for) {
     double waited = wall_seconds() - started;
-    if (waited < g_wait_timeout) return;
-    ncclComm_t comm = g_nccl;
-    g_nccl = NULL;
+    if (waited < limit) return;
+    ncclComm_t comm = *comm_variable;
+    *comm_variable = NULL;
     if (comm) ncclCommAbort(comm);  // stops the GPU's waiting kernels
     FATAL("the host waited %.0f s for %s on the GPU: a peer rank died or hangs (NCCL does not see a dead peer "
           "on the same node); aborting the job (GPU_WAIT_TIMEOUT=SECONDS sets the limit)", waited, waiting_for);
 }
 
 // Query until done; a query's own error (not "not ready") is fatal as usual.
-#define POLL(query, what)                                                        \
-    for (double started_ = wall_seconds();;) {                                   \
+#define POLL(query, comm_variable, what)                                         \
+    for (double started_ = wall_seconds(), limit_ = wait_limit();;) {            \
         cudaError_t status_ = (query);                                           \
         if (status_ == cudaSuccess) break;                                       \
         if (status_ != cudaErrorNotReady) CHECK_CUDA(status_);                   \
-        check_nccl_async_error(what);                                            \
-        check_wait_timeout(started_, what);                                      \
+        check_nccl_async_error(comm_variable, what);                             \
+        check_wait_timeout(started_, limit_, comm_variable, what);               \
         sched_yield();                                                           \
     }
 
-void device_wait_stream(cudaStream_t stream) { POLL(cudaStreamQuery(stream), "a stream"); }
-void device_wait_event(cudaEvent_t event) { POLL(cudaEventQuery(event), "an event"); }
+void device_wait_stream(cudaStream_t stream, const char *what) { POLL(cudaStreamQuery(stream), &g_nccl, what); }
+void device_wait_event(cudaEvent_t event, const char *what) { POLL(cudaEventQuery(event), &g_nccl, what); }
+void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *what) {
+    POLL(cudaStreamQuery(stream), comm, what);
+}
+
+void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what) {
+    // Into pageable memory the copy returns only when the stream gets there,
+    // inside the driver: so first the polled wait, after which it has nothing
+    // to wait for. Into page-locked memory it is queued: the second wait.
+    device_wait_stream(g_stream, what);
+    CHECK_CUDA(cudaMemcpyAsync(host, device_memory, bytes, cudaMemcpyDeviceToHost, g_stream));
+    device_wait_stream(g_stream, what);
+}
+#endif
+
+#if HAVE_CUDA
+// Our two streams, polled (NCCL's work is on the communication stream); then
+// the device as a whole, which has nothing left that NCCL could hold up.
+static void synchronize_polled(const char *what) {
+    if (g_device != DEVICE_CUDA) return;
+    device_wait_stream(g_stream, what);
+    if (g_nccl) device_wait_stream(g_comm_stream, what);
+    CHECK_CUDA(cudaDeviceSynchronize());
+}
 #endif
 
 void device_synchronize(void) {
 #if HAVE_CUDA
-    if (g_device != DEVICE_CUDA) return;
-    // Our two streams, polled (NCCL's work is on the communication stream);
-    // then the device as a whole, which has nothing left that NCCL could hold up.
-    device_wait_stream(g_stream);
-    if (g_nccl) device_wait_stream(g_comm_stream);
-    CHECK_CUDA(cudaDeviceSynchronize());
+    synchronize_polled("the queued work");
 #endif
 }
 
@@ -239,6 +257,7 @@ void device_release(void) {
 void *device_alloc(size_t bytes) {
 #if HAVE_CUDA
     if (bytes == 0) return NULL;
+    synchronize_polled("the queued work, before a cudaMalloc");  // which may wait for it inside the driver
     void *pointer = NULL;
     cudaError_t status = cudaMalloc(&pointer, bytes);
     CHECK(status == cudaSuccess, "cannot allocate %.1f MB on %s: %s", bytes / 1e6, g_name, cudaGetErrorString(status));
@@ -251,7 +270,9 @@ void *device_alloc(size_t bytes) {
 
 void device_free(void *pointer) {
 #if HAVE_CUDA
-    if (pointer) CHECK_CUDA(cudaFree(pointer));
+    if (!pointer) return;
+    synchronize_polled("the queued work, before a cudaFree");  // which waits for it inside the driver
+    CHECK_CUDA(cudaFree(pointer));
 #else
     (void)pointer;
 #endif
@@ -271,7 +292,9 @@ void *device_host_alloc(size_t bytes) {
 void device_host_free(void *pointer) {
 #if HAVE_CUDA
     if (g_pinned_host) {
-        if (pointer) CHECK_CUDA(cudaFreeHost(pointer));
+        if (!pointer) return;
+        synchronize_polled("the queued work, before a cudaFreeHost");  // which waits for it, as cudaFree
+        CHECK_CUDA(cudaFreeHost(pointer));
         return;
     }
 #endif

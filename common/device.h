@@ -70,11 +70,23 @@ bool device_nccl(void);
 // NCCL collective whose peer has died never finishes, and neither would a
 // plain cudaStreamSynchronize. So these poll, as nccl-tests does: query the
 // stream or event, and between queries ask NCCL for the communicator's
-// asynchronous error (ncclCommGetAsyncError). On an error: ncclCommAbort, one
-// line naming it, and MPI_Abort, which ends the job. (Without NCCL they just
-// poll.) Any thread may call them.
-void device_wait_stream(cudaStream_t stream);
-void device_wait_event(cudaEvent_t event);
+// asynchronous error (ncclCommGetAsyncError). On an error, or past the time
+// limit (GPU_WAIT_TIMEOUT): ncclCommAbort, one line naming `what` the host
+// waited for ("the loss"), and MPI_Abort, which ends the job. (Without NCCL
+// they just poll.) Any thread may call them.
+//
+// No other host wait may come first: a copy into pageable host memory, a
+// cudaMalloc or a cudaFree waits for the GPU inside the driver, where nothing
+// polls. So device_read_to_host waits (polled) before it copies, and
+// device_alloc and device_free synchronize (polled) before they call CUDA.
+void device_wait_stream(cudaStream_t stream, const char *what);
+void device_wait_event(cudaEvent_t event, const char *what);
+// The same for a stream whose NCCL communicator is the caller's own (step 12
+// opens one beside device.c's); *comm is NULL after an abort.
+void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *what);
+// `bytes` from the GPU to host memory, pageable or not, once the compute
+// stream has done what is queued before (the copy included): `what` names it.
+void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what);
 
 cudaStream_t device_stream(void);      // the compute stream
 cublasHandle_t device_cublas(void);    // bound to the compute stream

@@ -454,7 +454,7 @@ Tensor h5_stream_next(H5Stream *s, int epoch, int batch, int *labels) {
         // Everything of batch k - 1 is queued: its staging buffer is free after that.
         CHECK_CUDA(cudaEventRecord(s->consumed[(k - 1) % 2], device_stream()));
         // Its host slot may be refilled once its copy is done (long done, as a rule).
-        device_wait_event(s->copied[(k - 1) % 2]);
+        device_wait_event(s->copied[(k - 1) % 2], "a batch's copy to the GPU");
     }
 #endif
     Slot *slot = &s->slots[k % s->n_slots];
@@ -502,7 +502,7 @@ void h5_stream_stop(H5Stream *s) {
 #if HAVE_CUDA
     if (s->to_gpu) {
         // The last copies may still run from the page-locked slots.
-        device_wait_stream(s->copy_stream);
+        device_wait_stream(s->copy_stream, "the copy stream");
         CHECK_CUDA(cudaStreamDestroy(s->copy_stream));
         for (int i = 0; i < 2; i++) {
             device_free(s->staging[i]);

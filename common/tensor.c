@@ -68,10 +68,14 @@ void tensor_copy(Tensor *dst, const Tensor *src) {
     size_t bytes = tensor_numel(src) * sizeof(float);
     if (tensor_on_gpu(dst) || tensor_on_gpu(src)) {
 #if HAVE_CUDA
+        if (!tensor_on_gpu(dst)) {  // polled, before and after: see device_read_to_host
+            device_read_to_host(dst->data, src->data, bytes, "a tensor's copy to the host");
+            return;
+        }
         // cudaMemcpyDefault: the runtime knows where each pointer lives.
         CHECK_CUDA(cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDefault, device_stream()));
-        // A host side must be safe to read (dst) or reuse (src) on return.
-        if (!tensor_on_gpu(dst) || !tensor_on_gpu(src)) device_wait_stream(device_stream());
+        // A host source must be safe to reuse on return.
+        if (!tensor_on_gpu(src)) device_wait_stream(device_stream(), "a tensor's copy from the host");
 #endif
         return;
     }

@@ -99,8 +99,7 @@ static float *scratch_terms(size_t count) {
 // waits for the GPU to get there.
 static double read_sum(void) {
     double sum = 0.0;
-    CHECK_CUDA(cudaMemcpyAsync(&sum, g_sum, sizeof sum, cudaMemcpyDeviceToHost, device_stream()));
-    device_wait_stream(device_stream());
+    device_read_to_host(&sum, g_sum, sizeof sum, "the loss");
     return sum;
 }
 #endif
@@ -184,9 +183,7 @@ void argmax_rows(const Tensor *logits, int *predictions) {
         // argmax on the GPU; only the predictions travel.
         int *device_predictions = scratch_indices((size_t)logits->rows);
         gpu_argmax(logits->data, logits->rows, logits->cols, device_predictions, device_stream());
-        CHECK_CUDA(cudaMemcpyAsync(predictions, device_predictions, (size_t)logits->rows * sizeof(int),
-                                   cudaMemcpyDeviceToHost, device_stream()));
-        device_wait_stream(device_stream());
+        device_read_to_host(predictions, device_predictions, (size_t)logits->rows * sizeof(int), "the predictions");
 #endif
         return;
     }

@@ -240,21 +240,11 @@ typedef struct {
 // Wait for the work queued on the GPU (nothing to wait for on the CPU),
 // looking at NCCL's error state meanwhile, as nccl-tests does: when a peer
 // dies, NCCL keeps waiting for it, and so would cudaStreamSynchronize. An
-// error ends the job with one line instead.
+// error, or a wait past GPU_WAIT_TIMEOUT (a dead peer on the same node, which
+// NCCL never reports), ends the job with one line instead (common/device.h).
 static void wait_for_gpu(Buffers *b) {
 #if HAVE_CUDA
-    while (b->gpu) {
-        cudaError_t status = cudaStreamQuery(b->stream);
-        if (status == cudaSuccess) return;
-        if (status != cudaErrorNotReady) CHECK_CUDA(status);
-        if (!b->nccl) continue;
-        ncclResult_t nccl_status = ncclSuccess;
-        CHECK_NCCL(ncclCommGetAsyncError(b->nccl, &nccl_status));
-        if (nccl_status != ncclSuccess && nccl_status != ncclInProgress) {  // in progress: not an error
-            ncclCommAbort(b->nccl);
-            FATAL("NCCL failed while this rank waited for its GPU: %s", ncclGetErrorString(nccl_status));
-        }
-    }
+    if (b->gpu) device_wait_stream_nccl(b->stream, &b->nccl, "the collectives");
 #else
     (void)b;
 #endif
