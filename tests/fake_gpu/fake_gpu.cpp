@@ -17,9 +17,14 @@
 //    not the zeros a GPU often hands out: a read before a write shows.
 //  - A stream's work runs only when something waits for it (the stream, an
 //    event, a synchronous copy, cudaFree, another stream through
-//    cudaStreamWaitEvent): a missing wait reads stale data. NCCL's collectives
-//    communicate when called (as on a GPU, other ranks may wait on them), and
-//    their result lands when their stream runs.
+//    cudaStreamWaitEvent): a missing wait reads stale data.
+//  - NCCL's operations are nonblocking MPI calls on their stream: posted at
+//    the call (or, where the stream still waits for earlier work, when it
+//    gets there), done once every peer has posted its part. So a peer that
+//    never joins one (a dead rank: tests/lost_peer.c makes one) leaves it
+//    waiting for good, and everything behind it on the GPU: a blocking copy,
+//    a cudaFree, a synchronize block the host, as on a GPU, while queries
+//    (cudaStreamQuery, cudaEventQuery) answer "not ready".
 // It does not model timing, streams running side by side, memory sizes, or
 // the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
 // Nor does it catch, since the threads of a grid run one after the other and
@@ -27,7 +32,7 @@
 // the pointers it is given are checked), a race inside a kernel (a missing
 // __syncthreads, one block reading another's output), uninitialised __shared__
 // memory (it keeps the last block's values), a stream overwriting what NCCL
-// has yet to send (NCCL reads when called), or another host thread reading
+// has yet to send (NCCL reads when posted), or another host thread reading
 // device memory while a window is open. compute-sanitizer on a GPU does.
 // Fibers switch stacks with _longjmp, which glibc's fortified longjmp refuses.
 #undef _FORTIFY_SOURCE
@@ -35,6 +40,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <mpi.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <nccl.h>
 #include <stdarg.h>
@@ -146,8 +152,12 @@ void poison(void *p, size_t bytes) {
 
 }  // namespace
 
+// A stream's operation: true once done; false while it cannot be yet (an NCCL
+// operation whose peers have not all posted theirs), to be tried again.
+using Operation = std::function<bool()>;
+
 struct CUstream_st {
-    std::deque<std::function<void()>> pending;
+    std::deque<Operation> pending;
     unsigned long long queued = 0, done = 0;  // operations ever queued, and run
     bool blocking = true;                     // synchronises with the legacy default stream
 };
@@ -168,14 +178,33 @@ CUstream_st *stream_of(cudaStream_t s) {
     return s;
 }
 
-void run_until(CUstream_st *s, unsigned long long position) {
-    if (s->done >= position) return;
+// Runs s's operations up to `position` as far as they can go now, and says
+// whether it got there: what a GPU does meanwhile, the host not waiting.
+bool advance(CUstream_st *s, unsigned long long position) {
+    if (s->done >= position) return true;
     Window open;  // once for the lot: each mprotect of the arena costs up to a millisecond
     while (s->done < position) {
-        std::function<void()> op = std::move(s->pending.front());
+        if (!s->pending.front()()) return false;  // it waits for a peer (and everything behind it)
         s->pending.pop_front();
         s->done++;
-        op();
+    }
+    return true;
+}
+
+// The host blocks until s has run up to `position`, as in a blocking CUDA call.
+// Behind an NCCL operation that a lost peer never joins, that is for good, as
+// on a GPU: only the polling waits of common/device.c get out (by their limit).
+void run_until(CUstream_st *s, unsigned long long position) {
+    double started = 0;
+    bool said = false;
+    while (!advance(s, position)) {
+        if (started == 0) started = now_seconds();
+        if (!said && now_seconds() - started > 30) {
+            fprintf(stderr, "fake GPU: a blocking CUDA call has waited 30 s for an NCCL operation that a peer never "
+                            "joined: on a GPU it would wait for good\n");
+            said = true;
+        }
+        sched_yield();
     }
 }
 
@@ -191,15 +220,23 @@ void run_every_stream() {
 }
 
 // Queues op on s; on the legacy default stream it runs now, after the blocking streams.
-void enqueue(cudaStream_t stream, std::function<void()> op) {
+void enqueue_operation(cudaStream_t stream, Operation op) {
     CUstream_st *s = stream_of(stream);
     if (s == &legacy_stream) {
         run_blocking_streams();
-        op();
+        while (!op()) sched_yield();
         return;
     }
     s->pending.push_back(std::move(op));
     s->queued++;
+}
+
+// The same for an operation that is done once run (a kernel, a copy, a GEMM).
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+    enqueue_operation(stream, [work = std::move(work)] {
+        work();
+        return true;
+    });
 }
 
 bool event_complete(const CUevent_st *e) { return !e->stream || e->stream->done >= e->position; }
@@ -560,7 +597,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
     if (s->done == s->queued) return cudaSuccess;
-    run_all(s);
+    advance(s, s->queued);
     return cudaErrorNotReady;
 }
 
@@ -599,7 +636,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     Guard guard(big_lock);
     if (event_complete(event)) return cudaSuccess;
-    run_until(event->stream, event->position);
+    advance(event->stream, event->position);
     return cudaErrorNotReady;
 }
 
@@ -623,7 +660,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     if (event_complete(event)) return cudaSuccess;
     CUstream_st *other = event->stream;
     unsigned long long position = event->position;
-    enqueue(stream, [other, position] { run_until(other, position); });
+    enqueue_operation(stream, [other, position] { return advance(other, position); });
     return cudaSuccess;
 }
 
@@ -733,6 +770,7 @@ cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, in
 struct ncclComm {
     MPI_Comm mpi;
     int rank, size;
+    bool aborted = false;  // ncclCommAbort: what it had queued is dropped
 };
 
 namespace {
@@ -778,53 +816,78 @@ void check_mpi(int code, const char *call) {
     if (code != MPI_SUCCESS) fail("%s failed (MPI error %d)", call, code);
 }
 
-// One call's communication: run when the call is made (its stream's earlier
-// work first, so it sends what the stream computed), its result held in a
-// host buffer that a copy on the stream puts in place when the stream runs.
+// One NCCL operation, as two operations of its stream. The first posts it:
+// its input is read from device memory then (what the stream computed before
+// it) and a nonblocking MPI call starts. The second completes it once every
+// peer has posted its part (MPI_Test), and puts the result in place. Posting
+// is tried at the call; where the stream still waits for earlier work, it
+// happens when the stream gets there, as on a GPU. A peer that never posts
+// (tests/lost_peer.c) leaves the operation, and all behind it, waiting.
 struct Transfer {
     enum Kind { COLLECTIVE, SEND, RECV } kind;
     cudaStream_t stream;
-    std::function<void(std::vector<char> &result)> collective;  // COLLECTIVE: fills result
-    const void *send_buffer;
-    void *recv_buffer;
-    size_t bytes;
-    int peer;
     ncclComm_t comm;
+    const void *send_buffer;  // device memory, or nullptr
+    size_t send_bytes;
+    void *recv_buffer;        // device memory, or nullptr: nothing lands on this rank
+    size_t recv_bytes;
+    int peer;                                                                    // SEND, RECV
+    std::function<int(const void *input, void *result, MPI_Request *)> start;  // COLLECTIVE: MPI_I...
+    std::function<void(void *result)> finish;                                   // ncclAvg's division, or none
+};
+
+struct InFlight {
+    std::vector<char> input, result;
+    MPI_Request request = MPI_REQUEST_NULL;
 };
 
 int group_depth;
 std::vector<Transfer> group;
 
-void deliver(cudaStream_t stream, void *destination, std::shared_ptr<std::vector<char>> result) {
-    if (!destination || result->empty()) return;
-    enqueue(stream, [destination, result] { copy_now(destination, result->data(), result->size()); });
+bool post(const Transfer &t, InFlight &f) {
+    if (t.comm->aborted) return true;
+    if (t.send_buffer) {
+        Window open;
+        f.input.assign((const char *)t.send_buffer, (const char *)t.send_buffer + t.send_bytes);
+    }
+    f.result.resize(t.recv_bytes);
+    if (t.kind == Transfer::SEND)
+        check_mpi(MPI_Isend(f.input.data(), (int)t.send_bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &f.request),
+                  "ncclSend (MPI_Isend)");
+    else if (t.kind == Transfer::RECV)
+        check_mpi(MPI_Irecv(f.result.data(), (int)t.recv_bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &f.request),
+                  "ncclRecv (MPI_Irecv)");
+    else
+        check_mpi(t.start(f.input.data(), f.result.data(), &f.request), "an NCCL collective (its nonblocking MPI twin)");
+    return true;
 }
 
-void run_transfers(std::vector<Transfer> &transfers) {
-    for (Transfer &t : transfers) run_all(stream_of(t.stream));
-    std::vector<MPI_Request> requests;
-    std::vector<std::shared_ptr<std::vector<char>>> results(transfers.size());
-    Window open;
-    for (size_t i = 0; i < transfers.size(); i++) {
-        Transfer &t = transfers[i];
-        results[i] = std::make_shared<std::vector<char>>();
-        if (t.kind == Transfer::SEND) {
-            results[i]->assign((const char *)t.send_buffer, (const char *)t.send_buffer + t.bytes);
-            requests.emplace_back();
-            check_mpi(MPI_Isend(results[i]->data(), (int)t.bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &requests.back()),
-                      "ncclSend (MPI_Isend)");
-        } else if (t.kind == Transfer::RECV) {
-            results[i]->resize(t.bytes);
-            requests.emplace_back();
-            check_mpi(MPI_Irecv(results[i]->data(), (int)t.bytes, MPI_BYTE, t.peer, 77, t.comm->mpi, &requests.back()),
-                      "ncclRecv (MPI_Irecv)");
-        }
+bool complete(const Transfer &t, InFlight &f) {
+    if (t.comm->aborted) return true;
+    int done = 0;
+    check_mpi(MPI_Test(&f.request, &done, MPI_STATUS_IGNORE), "an NCCL operation (MPI_Test)");
+    if (!done) return false;
+    if (t.finish) t.finish(f.result.data());
+    if (t.recv_buffer && !f.result.empty()) copy_now(t.recv_buffer, f.result.data(), f.result.size());
+    f = InFlight();
+    return true;
+}
+
+// A group's operations: every post before any completion (a send may complete
+// only once its peer's receive is posted), then as far as each stream goes now.
+void queue_transfers(std::vector<Transfer> &transfers) {
+    std::vector<std::shared_ptr<InFlight>> flights;
+    for (Transfer &t : transfers) {
+        auto f = std::make_shared<InFlight>();
+        flights.push_back(f);
+        enqueue_operation(t.stream, [t, f] { return post(t, *f); });
     }
-    for (size_t i = 0; i < transfers.size(); i++)
-        if (transfers[i].kind == Transfer::COLLECTIVE) transfers[i].collective(*results[i]);
-    check_mpi(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE), "ncclGroupEnd (MPI_Waitall)");
-    for (size_t i = 0; i < transfers.size(); i++)
-        if (transfers[i].kind != Transfer::SEND) deliver(transfers[i].stream, transfers[i].recv_buffer, results[i]);
+    for (size_t i = 0; i < transfers.size(); i++) {
+        Transfer t = transfers[i];
+        auto f = flights[i];
+        enqueue_operation(t.stream, [t, f] { return complete(t, *f); });
+    }
+    for (Transfer &t : transfers) advance(stream_of(t.stream), stream_of(t.stream)->queued);
 }
 
 ncclResult_t submit(Transfer t) {
@@ -833,13 +896,26 @@ ncclResult_t submit(Transfer t) {
     if (group_depth == 0) {
         std::vector<Transfer> now;
         now.swap(group);
-        run_transfers(now);
+        queue_transfers(now);
     }
     return ncclSuccess;
 }
 
 void require_buffer(const void *p, size_t bytes, const char *what) {
     if (bytes) require_device(p, bytes, what);
+}
+
+// A collective: its MPI twin, nonblocking, from the staged input to the result.
+Transfer collective(cudaStream_t stream, ncclComm_t comm, const void *send, size_t send_bytes, void *recv,
+                    size_t recv_bytes, std::function<int(const void *, void *, MPI_Request *)> start,
+                    std::function<void(void *)> finish = {}) {
+    return Transfer{Transfer::COLLECTIVE, stream, comm, send, send_bytes, recv, recv_bytes, 0, std::move(start),
+                    std::move(finish)};
+}
+
+std::function<void(void *)> average(ncclRedOp_t op, size_t count, ncclDataType_t type, int size) {
+    if (op != ncclAvg) return {};
+    return [=](void *result) { divide(result, count, type, size); };
 }
 
 }  // namespace
@@ -856,6 +932,10 @@ const char *ncclGetErrorString(ncclResult_t result) {
     case ncclSuccess: return "no error";
     case ncclInvalidArgument: return "invalid argument";
     case ncclInvalidUsage: return "invalid usage";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
     default: return "fake GPU: an NCCL error";
     }
 }
@@ -905,8 +985,17 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// What it had queued is dropped, as NCCL's abort stops the GPU's waiting
+// kernels. (The communicator is kept: those operations still point to it;
+// and MPI_Comm_free with MPI requests in flight is not ours to try.)
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    Guard guard(big_lock);
+    comm->aborted = true;
+    return ncclSuccess;
+}
 
+// Never an error, as NCCL on one node, which does not see a dead peer: the
+// errors that NCCL reports across nodes are tests/lost_peer.c's to simulate.
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
     (void)comm;
     *error = ncclSuccess;
@@ -925,7 +1014,7 @@ ncclResult_t ncclGroupEnd(void) {
     if (--group_depth == 0) {
         std::vector<Transfer> now;
         now.swap(group);
-        run_transfers(now);
+        queue_transfers(now);
     }
     return ncclSuccess;
 }
@@ -933,85 +1022,80 @@ ncclResult_t ncclGroupEnd(void) {
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
     Datatype d = datatype_of(type);
-    require_buffer(send, count * d.bytes, "ncclAllReduce's send buffer");
-    require_buffer(recv, count * d.bytes, "ncclAllReduce's receive buffer");
-    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
-    t.collective = [=](std::vector<char> &result) {
-        result.resize(count * d.bytes);
-        check_mpi(MPI_Allreduce(send, result.data(), (int)count, d.mpi, op_of(op), comm->mpi), "ncclAllReduce (MPI_Allreduce)");
-        if (op == ncclAvg) divide(result.data(), count, type, comm->size);
-    };
-    return submit(std::move(t));
+    size_t bytes = count * d.bytes;
+    require_buffer(send, bytes, "ncclAllReduce's send buffer");
+    require_buffer(recv, bytes, "ncclAllReduce's receive buffer");
+    return submit(collective(stream, comm, send, bytes, recv, bytes,
+                             [=](const void *in, void *out, MPI_Request *r) {
+                                 return MPI_Iallreduce(in, out, (int)count, d.mpi, op_of(op), comm->mpi, r);
+                             },
+                             average(op, count, type, comm->size)));
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                            cudaStream_t stream) {
     Datatype d = datatype_of(type);
-    if (comm->rank == root) require_buffer(send, count * d.bytes, "ncclBroadcast's send buffer");
-    require_buffer(recv, count * d.bytes, "ncclBroadcast's receive buffer");
-    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
-    t.collective = [=](std::vector<char> &result) {
-        result.resize(count * d.bytes);
-        if (comm->rank == root) memcpy(result.data(), send, result.size());
-        check_mpi(MPI_Bcast(result.data(), (int)count, d.mpi, root, comm->mpi), "ncclBroadcast (MPI_Bcast)");
-    };
-    return submit(std::move(t));
+    size_t bytes = count * d.bytes;
+    bool is_root = comm->rank == root;
+    if (is_root) require_buffer(send, bytes, "ncclBroadcast's send buffer");
+    require_buffer(recv, bytes, "ncclBroadcast's receive buffer");
+    return submit(collective(stream, comm, is_root ? send : nullptr, is_root ? bytes : 0, recv, bytes,
+                             [=](const void *in, void *out, MPI_Request *r) {
+                                 if (is_root) memcpy(out, in, bytes);
+                                 return MPI_Ibcast(out, (int)count, d.mpi, root, comm->mpi, r);
+                             }));
 }
 
 ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
                         ncclComm_t comm, cudaStream_t stream) {
     Datatype d = datatype_of(type);
-    require_buffer(send, count * d.bytes, "ncclReduce's send buffer");
-    if (comm->rank == root) require_buffer(recv, count * d.bytes, "ncclReduce's receive buffer");
-    Transfer t{Transfer::COLLECTIVE, stream, {}, send, comm->rank == root ? recv : nullptr, count * d.bytes, 0, comm};
-    t.collective = [=](std::vector<char> &result) {
-        result.resize(count * d.bytes);
-        check_mpi(MPI_Reduce(send, result.data(), (int)count, d.mpi, op_of(op), root, comm->mpi), "ncclReduce (MPI_Reduce)");
-        if (op == ncclAvg && comm->rank == root) divide(result.data(), count, type, comm->size);
-    };
-    return submit(std::move(t));
+    size_t bytes = count * d.bytes;
+    bool is_root = comm->rank == root;
+    require_buffer(send, bytes, "ncclReduce's send buffer");
+    if (is_root) require_buffer(recv, bytes, "ncclReduce's receive buffer");
+    return submit(collective(stream, comm, send, bytes, is_root ? recv : nullptr, bytes,
+                             [=](const void *in, void *out, MPI_Request *r) {
+                                 return MPI_Ireduce(in, out, (int)count, d.mpi, op_of(op), root, comm->mpi, r);
+                             },
+                             is_root ? average(op, count, type, comm->size) : std::function<void(void *)>{}));
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                            cudaStream_t stream) {
     Datatype d = datatype_of(type);
-    require_buffer(send, count * d.bytes, "ncclAllGather's send buffer");
-    require_buffer(recv, count * d.bytes * comm->size, "ncclAllGather's receive buffer");
-    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes * comm->size, 0, comm};
-    t.collective = [=](std::vector<char> &result) {
-        result.resize(count * d.bytes * comm->size);
-        check_mpi(MPI_Allgather(send, (int)count, d.mpi, result.data(), (int)count, d.mpi, comm->mpi),
-                  "ncclAllGather (MPI_Allgather)");
-    };
-    return submit(std::move(t));
+    size_t bytes = count * d.bytes;
+    require_buffer(send, bytes, "ncclAllGather's send buffer");
+    require_buffer(recv, bytes * comm->size, "ncclAllGather's receive buffer");
+    return submit(collective(stream, comm, send, bytes, recv, bytes * comm->size,
+                             [=](const void *in, void *out, MPI_Request *r) {
+                                 return MPI_Iallgather(in, (int)count, d.mpi, out, (int)count, d.mpi, comm->mpi, r);
+                             }));
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t stream) {
     Datatype d = datatype_of(type);
-    require_buffer(send, count * d.bytes * comm->size, "ncclReduceScatter's send buffer");
-    require_buffer(recv, count * d.bytes, "ncclReduceScatter's receive buffer");
-    Transfer t{Transfer::COLLECTIVE, stream, {}, send, recv, count * d.bytes, 0, comm};
-    t.collective = [=](std::vector<char> &result) {
-        result.resize(count * d.bytes);
-        check_mpi(MPI_Reduce_scatter_block(send, result.data(), (int)count, d.mpi, op_of(op), comm->mpi),
-                  "ncclReduceScatter (MPI_Reduce_scatter_block)");
-        if (op == ncclAvg) divide(result.data(), count, type, comm->size);
-    };
-    return submit(std::move(t));
+    size_t bytes = count * d.bytes;
+    require_buffer(send, bytes * comm->size, "ncclReduceScatter's send buffer");
+    require_buffer(recv, bytes, "ncclReduceScatter's receive buffer");
+    return submit(collective(stream, comm, send, bytes * comm->size, recv, bytes,
+                             [=](const void *in, void *out, MPI_Request *r) {
+                                 return MPI_Ireduce_scatter_block(in, out, (int)count, d.mpi, op_of(op), comm->mpi, r);
+                             },
+                             average(op, count, type, comm->size)));
 }
 
 ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
     Datatype d = datatype_of(type);
     require_buffer(send, count * d.bytes, "ncclSend's buffer");
-    return submit(Transfer{Transfer::SEND, stream, {}, send, nullptr, count * d.bytes, peer, comm});
+    return submit(Transfer{Transfer::SEND, stream, comm, send, count * d.bytes, nullptr, 0, peer, {}, {}});
 }
 
 ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
     Datatype d = datatype_of(type);
     require_buffer(recv, count * d.bytes, "ncclRecv's buffer");
-    return submit(Transfer{Transfer::RECV, stream, {}, nullptr, recv, count * d.bytes, peer, comm});
+    return submit(Transfer{Transfer::RECV, stream, comm, nullptr, 0, recv, count * d.bytes, peer, {}, {}});
 }
 
 }  // extern "C"
