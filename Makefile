@@ -203,6 +203,15 @@ $(BUILD)/one_isa/%/2_mnist_training: day1/2_mnist_training.c $(DISPATCHED_SRC) $
 	@mkdir -p $(@D)
 	$(MPICC) $(CFLAGS) -march=$* -DNO_CPU_DISPATCH $(LDFLAGS) $< $(DISPATCHED_SRC) $(COMMON_LIB) -o $@ $(LDLIBS)
 
+# A rank that stops taking part in NCCL, preloaded into the ranks by
+# tests/test_gpu.sh to show what a dead peer does to the others.
+ifeq ($(CUDA),1)
+LOST_PEER := $(BUILD)/tests/liblost_peer.so
+$(LOST_PEER): tests/lost_peer.c $(FLAGS_STAMP) | $(BUILD)/tests
+	$(MPICC) $(CFLAGS) -fPIC -shared $< -o $@ -ldl
+all: $(LOST_PEER)
+endif
+
 $(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@
 

@@ -112,7 +112,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 13 on the GPU: a kill and a restart end as the run without one"
-    "NCCL between ranks (DDP, step 12): needs 2 GPUs or more" "compute-sanitizer")
+    "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more" "compute-sanitizer")
 if [ "$gpus" -eq 0 ]; then
     for what in "${gpu_checks[@]}"; do
         if [ "${REQUIRE_GPU:-0}" = 1 ]; then fail "$what: REQUIRE_GPU=1, but no GPU"
@@ -303,10 +303,64 @@ check "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exit
           [ -n "$(s13_sum "$tmp/s13_ref")" ] && [ "$(s13_sum "$tmp/s13_resumed")" = "$(s13_sum "$tmp/s13_ref")" ] &&
           cmp -s "$tmp/s13_ref.csv" "$tmp/s13.csv"'
 
+# A lost peer. Rank 1 stops taking part in NCCL in the middle of training
+# (tests/lost_peer.c, preloaded into the ranks): to the others it is a rank
+# that died inside a collective, which then never completes on their GPUs;
+# but mpirun, which ends a job whose rank dies, does not see it. So only the
+# other ranks' polling waits (common/device.h) can end the job: at the time
+# limit where NCCL says nothing (a dead peer on the same node), or at NCCL's
+# asynchronous error where it says one (across nodes, after its network
+# timeout: LOST_PEER_ERROR_AFTER). Either way each waiting rank prints one
+# line that names what it waited for, and no rank is left running. (A host
+# wait that skips the polling, such as a copy into pageable memory queued
+# behind the collective, would hang here until the `timeout` below.)
+lost_peer() {  # PLACE NP AT PROGRAM FLAGS...: PLACE is node or nodes
+    local place=$1 np=$2 at=$3 program=$4 out status start seconds expected settings; shift 3
+    out=$tmp/lost_${program##*/}_${np}_$place
+    if [ "$place" = node ]; then
+        settings=(GPU_WAIT_TIMEOUT=3)
+        expected='the host waited [0-9]+ s for .+ on the GPU: a peer rank died or hangs'
+    else
+        rm -f "$out.mark"
+        settings=(GPU_WAIT_TIMEOUT=600 LOST_PEER_ERROR_AFTER=1 "LOST_PEER_FILE=$out.mark")
+        expected='NCCL failed while the host waited for .+ on the GPU: remote process exited or there was a network error \(lost_peer: rank 1 stopped answering'
+    fi
+    start=$(date +%s.%N)
+    env LOST_PEER_RANK=1 LOST_PEER_AT="$at" "${settings[@]}" \
+        timeout 120 $MPIRUN -np "$np" -x LD_PRELOAD="$PWD/build/tests/liblost_peer.so" "$@" > "$out" 2>&1
+    status=$?
+    seconds=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
+    local named others left t
+    named=$(grep -cE "^\[rank [0-9]+ @ [^]]*\] .*$expected" "$out")
+    others=$(grep -E '^\[rank [0-9]+ @ ' "$out" | grep -cvE "$expected")
+    for ((t = 0; t < 50; t++)); do left=$(pgrep -f "$program" | wc -l); [ "$left" = 0 ] && break; sleep 0.1; done
+    local what="a lost peer, ${program##*/} on $np GPUs, $([ "$place" = node ] && echo "one node (NCCL silent, GPU_WAIT_TIMEOUT=3)" || echo "across nodes (NCCL's error after 1 s)")"
+    if [ $status -ne 0 ] && [ $status -ne 124 ] && grep -q "^lost_peer: rank 1 makes no NCCL operation from number $at " "$out" &&
+        [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "$left" -eq 0 ]; then
+        pass "$what: exit $status after $seconds s, $named rank(s) each one line: $(grep -m1 -oE "waited( [0-9]+ s)? for .+ on the GPU" "$out")"
+    else
+        fail "$what: exit $status after $seconds s ($([ $status = 124 ] && echo 'it hung'), $named line(s) naming the wait, $others other error line(s), $left process(es) left): $(grep -vE '^(Step|epoch|World|DDP|Data|\[rank [0-9]+\] parameter)' "$out" | head -4 | tr '\n' ' ')"
+        pkill -9 -f "$program" 2> /dev/null
+    fi
+}
+if [ "$gpus" -ge 2 ]; then
+    for np in 2 $(if_thorough 4); do
+        [ "$np" -le "$gpus" ] || continue
+        for place in node nodes; do
+            # AT: an operation of the second training step (the first ones broadcast the weights).
+            lost_peer $place $np 6 day1/6_mnist_ddp --epochs 1 --plot ''
+            lost_peer $place $np 6 day2/10_mnist_ddp_multinode --epochs 1 --plot ''
+            lost_peer $place $np 6 day3/13_fault_tolerant_ddp --total_epochs=1 --snapshot="$tmp/lost13_${np}_$place.h5" --plot=
+            lost_peer $place $np 10 day3/14_cnn_ddp --max_steps 5 --plot ''
+            lost_peer $place $np 3 day3/12_collectives --device cuda  # its third collective, allreduce
+        done
+    done
+fi
+
 # NCCL between ranks needs a GPU per rank: on one GPU, DDP and step 12 took
 # the MPI fallback above, and NCCL's own paths (strategy 3 of ddp_gpu.c, the
-# NCCL branches of collectives.c) did not run.
-[ "$gpus" -lt 2 ] && echo "SKIP gpu: NCCL between ranks (DDP, step 12): needs 2 GPUs or more, this machine has $gpus"
+# NCCL branches of collectives.c) did not run, nor did the lost peer's checks.
+[ "$gpus" -lt 2 ] && echo "SKIP gpu: NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
 
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
