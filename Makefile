@@ -131,9 +131,10 @@ DAY1 := day1/0_dist_allreduce day1/2_mnist_training day1/3_mnist_distributed day
 ifeq ($(CUDA),1)
 DAY1 += day1/1_dist_allreduce_gpu
 endif
-# Days 2 and 3: every day2/*.c and day3/*.c is a program.
+# Days 2 to 4: every day2/*.c, day3/*.c and day4/*.c is a program.
 DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
 DAY3 := $(patsubst %.c,%,$(wildcard day3/*.c))
+DAY4 := $(patsubst %.c,%,$(wildcard day4/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
@@ -150,7 +151,7 @@ endif
 .PHONY: all check-deps data demo test test-all test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(DAY2) $(DAY3) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
+all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -188,6 +189,9 @@ day2/%: day2/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 day3/%: day3/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
+day4/%: day4/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
@@ -206,8 +210,10 @@ $(BUILD)/one_isa/%/2_mnist_training: day1/2_mnist_training.c $(DISPATCHED_SRC) $
 # A rank that stops taking part in NCCL, preloaded into the ranks by
 # tests/test_gpu.sh to show what a dead peer does to the others.
 ifeq ($(CUDA),1)
-LOST_PEER := $(BUILD)/tests/liblost_peer.so
-$(LOST_PEER): tests/lost_peer.c $(FLAGS_STAMP) | $(BUILD)/tests
+LOST_PEER := $(BUILD)/lib/liblost_peer.so
+# (In build/lib, not build/tests: tests/run.sh runs every file there.)
+$(LOST_PEER): tests/lost_peer.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
 	$(MPICC) $(CFLAGS) -fPIC -shared $< -o $@ -ldl
 all: $(LOST_PEER)
 endif
@@ -254,7 +260,7 @@ test-container: all
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh tests/container/test_container.sh
 
 clean:
-	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) day1/1_dist_allreduce_gpu
+	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) day1/1_dist_allreduce_gpu
 
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
 # with the sgemm peak and step 5's profile at 1 and all threads (needs

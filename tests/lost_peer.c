@@ -3,7 +3,7 @@
 // on a real GPU and on tests/fake_gpu alike. Preloaded into the ranks:
 //
 //   export LOST_PEER_RANK=1 LOST_PEER_AT=10 GPU_WAIT_TIMEOUT=5
-//   mpirun -np 2 -x LD_PRELOAD=build/tests/liblost_peer.so day1/6_mnist_ddp
+//   mpirun -np 2 -x LD_PRELOAD=build/lib/liblost_peer.so day1/6_mnist_ddp
 //
 // From its LOST_PEER_AT-th NCCL operation on (a collective, a send or a
 // receive, counted from 1) rank LOST_PEER_RANK of MPI_COMM_WORLD makes none:

@@ -327,7 +327,7 @@ lost_peer() {  # PLACE NP AT PROGRAM FLAGS...: PLACE is node or nodes
     fi
     start=$(date +%s.%N)
     env LOST_PEER_RANK=1 LOST_PEER_AT="$at" "${settings[@]}" \
-        timeout 120 $MPIRUN -np "$np" -x LD_PRELOAD="$PWD/build/tests/liblost_peer.so" "$@" > "$out" 2>&1
+        timeout 120 $MPIRUN -np "$np" -x LD_PRELOAD="$PWD/build/lib/liblost_peer.so" "$@" > "$out" 2>&1
     status=$?
     seconds=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
     local named others left t
