@@ -42,11 +42,13 @@ static Tensor on_gpu(const Tensor *t) {
 }
 
 // max |a - b| / (max |b| + tiny): relative to the tensor's scale, which is
-// what a GEMM's rounding error is proportional to.
+// what a GEMM's rounding error is proportional to. A NaN on one side only is
+// an infinite error (fmax alone would pass over it).
 static double relative_error(const Tensor *gpu, const Tensor *cpu) {
     Tensor a = on_cpu(gpu);
     double worst = 0, scale = 1e-30;
     for (size_t i = 0; i < tensor_numel(cpu); i++) {
+        if (isnan(a.data[i]) != isnan(cpu->data[i])) worst = INFINITY;
         worst = fmax(worst, fabs((double)a.data[i] - cpu->data[i]));
         scale = fmax(scale, fabs(cpu->data[i]));
     }
