@@ -2,7 +2,9 @@
 //
 // Plain CUDA, no libraries: one thread per element (grid-stride loops) for
 // the elementwise work, one thread per row where a row is a unit (softmax over
-// 10 classes), one block for the reductions so that they sum in a fixed order.
+// 10 classes), and for the reductions blocks that each sum a fixed range in a
+// fixed tree (one block, or a block per chunk of a row and then a pass over the
+// chunks' sums in order): no atomics, so every sum adds in the same order.
 #include "kernels.h"
 
 // check.h's, declared here so that this file needs no MPI headers.
@@ -182,20 +184,44 @@ __global__ void add_row_bias_kernel(float *y, const float *bias, size_t n, int c
     }
 }
 
+// The sums of rows (a convolution's bias gradient: 32 or 64 rows of B x 784
+// or B x 196 values) in two passes, so that a few long rows still fill the
+// GPU: a block per row alone would be 32 or 64 blocks on 132 SMs. Pass 1 cuts
+// each row into chunks and gives each chunk a block, which sums it in double
+// in a fixed tree; pass 2 adds each row's chunk sums in chunk order. The
+// chunks come from the row length alone, never from the GPU or a timing, so
+// every run (and every GPU) adds the same numbers in the same order: the same
+// bits, and no atomics. A row of one chunk takes pass 1 alone, straight into
+// sums: one launch, as small rows need.
 static const int ROW_SUM_THREADS = 256;
+static const int ROW_SUM_CHUNK = 2048;     // values per chunk at least: 8 per thread, enough to be worth a block
+static const int ROW_SUM_MAX_CHUNKS = 64;  // longer rows get longer chunks: pass 2 stays short
 
-__global__ void add_sum_of_rows_kernel(const float *x, int cols, float *sums) {
+__global__ void row_chunk_sums_kernel(const float *x, int cols, int chunk_length, float *sums, double *partials) {
     __shared__ double partial[ROW_SUM_THREADS];
-    const float *row = x + (size_t)blockIdx.x * cols;
+    int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    int begin = chunk * chunk_length;  // < cols: no chunk is empty (gpu_row_sum_chunks)
+    int count = cols - begin < chunk_length ? cols - begin : chunk_length;  // the last chunk may be shorter
+    const float *values = x + (size_t)row * cols + begin;
     double total = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) total += row[c];
+    for (int c = threadIdx.x; c < count; c += blockDim.x) total += values[c];
     partial[threadIdx.x] = total;
     __syncthreads();
     for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
         if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) sums[blockIdx.x] = (float)((double)sums[blockIdx.x] + partial[0]);
+    if (threadIdx.x != 0) return;
+    if (chunks == 1) sums[row] = (float)((double)sums[row] + partial[0]);  // the whole row: done in one pass
+    else partials[(size_t)chunk * gridDim.x + row] = partial[0];  // [chunks, rows]: pass 2's threads read side by side
+}
+
+__global__ void add_chunk_sums_kernel(const double *partials, int rows, int chunks, float *sums) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    double total = 0.0;
+    for (int chunk = 0; chunk < chunks; chunk++) total += partials[(size_t)chunk * rows + row];  // in chunk order
+    sums[row] = (float)((double)sums[row] + total);
 }
 
 __global__ void max_pool2d_kernel(const float *x, int planes, int height, int width, int size, float *y,
@@ -348,10 +374,31 @@ void gpu_add_row_bias(float *y, const float *bias, int rows, int cols, int relu,
     CHECK_LAUNCH("add_row_bias_kernel");
 }
 
-void gpu_add_sum_of_rows(const float *x, int rows, int cols, float *sums, cudaStream_t stream) {
+// A row's chunks: ROW_SUM_CHUNK values each, or, for a row of more than
+// ROW_SUM_MAX_CHUNKS of those, ROW_SUM_MAX_CHUNKS longer ones. The length comes
+// first and the count is rounded up, so only the last chunk may be shorter,
+// and none is empty.
+static int row_sum_chunk_length(int cols) {
+    int longer = (int)(((long long)cols + ROW_SUM_MAX_CHUNKS - 1) / ROW_SUM_MAX_CHUNKS);
+    return longer > ROW_SUM_CHUNK ? longer : ROW_SUM_CHUNK;
+}
+
+int gpu_row_sum_chunks(int cols) {
+    int length = row_sum_chunk_length(cols);
+    int chunks = (int)(((long long)cols + length - 1) / length);
+    return chunks < 1 ? 1 : chunks;  // cols = 0: one empty chunk, sums unchanged
+}
+
+void gpu_add_sum_of_rows(const float *x, int rows, int cols, double *partials, float *sums, cudaStream_t stream) {
     if (rows == 0) return;
-    add_sum_of_rows_kernel<<<rows, ROW_SUM_THREADS, 0, stream>>>(x, cols, sums);
-    CHECK_LAUNCH("add_sum_of_rows_kernel");
+    int chunks = gpu_row_sum_chunks(cols), chunk_length = row_sum_chunk_length(cols);
+    if (chunks > 1 && !partials) fatal_at(__FILE__, __LINE__, 1, "gpu_add_sum_of_rows: %d chunks, no partials", chunks);
+    row_chunk_sums_kernel<<<dim3((unsigned)rows, (unsigned)chunks), ROW_SUM_THREADS, 0, stream>>>(x, cols, chunk_length,
+                                                                                                   sums, partials);
+    CHECK_LAUNCH("row_chunk_sums_kernel");
+    if (chunks == 1) return;
+    add_chunk_sums_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(partials, rows, chunks, sums);
+    CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
 void gpu_max_pool2d(const float *x, int planes, int height, int width, int size, float *y, int *argmax,
