@@ -19,6 +19,10 @@
 extern "C" {
 #endif
 
+// For tests: force != 0 makes each grid-stride kernel index in 64 bits, which
+// otherwise only tensors of over 4 G elements take (32 bits are faster).
+void gpu_force_64_bit_indices(int force);
+
 void gpu_fill(float *x, size_t n, float value, cudaStream_t stream);
 void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream);          // x *= factor
 void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream);  // dst = src / divisor

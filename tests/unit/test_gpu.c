@@ -9,7 +9,10 @@
 //
 // Without a GPU it prints one "SKIP ... (skipped: no GPU)" line and passes;
 // REQUIRE_GPU=1 (make test-gpu) turns that into a failure.
-#define TEST_NAME "test_gpu"
+
+// The checks' name: "test_gpu", then "test_gpu (64-bit indices)" in main's second round.
+static const char *test_name = "test_gpu";
+#define TEST_NAME test_name
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -425,6 +428,19 @@ int main(int argc, char **argv) {
     test_sum_of_rows();
 #endif
     test_cnn_model();
+#if HAVE_CUDA
+    // The grid-stride kernels index in 32 bits where a tensor allows
+    // (kernels.cu): their 64-bit versions, which only tensors of over 4 G
+    // elements take, run here on the same checks.
+    gpu_force_64_bit_indices(1);
+    test_name = "test_gpu (64-bit indices)";
+    test_copies_and_elementwise();
+    test_mlp_cross_entropy_adam();
+    test_mlp_mse_sgd();
+    test_cnn_ops();
+    test_cnn_model();
+    gpu_force_64_bit_indices(0);
+#endif
     dist_finalize();
     return test_summary();
 }
