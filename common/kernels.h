@@ -1,7 +1,8 @@
 // kernels.h: the CUDA kernels behind tensor, tensor_ops, ddp and mnist, callable from C.
 //
-// Each function launches one kernel on `stream` and returns at once; errors in
-// the launch end the job (check.h's fatal_at). Pointers are device memory.
+// Each function launches its kernel (two for long rows' sums) on `stream` and
+// returns at once; errors in the launch end the job (check.h's fatal_at).
+// Pointers are device memory.
 // The arithmetic mirrors the CPU code in tensor_ops.c operation for operation,
 // so the two agree to rounding: bit for bit where each result is one IEEE
 // operation or a copy (the gather's division, bias + ReLU, im2col, col2im,
@@ -17,6 +18,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// For tests: force != 0 makes each grid-stride kernel index in 64 bits, which
+// otherwise only tensors of over 4 G elements take (32 bits are faster).
+void gpu_force_64_bit_indices(int force);
 
 void gpu_fill(float *x, size_t n, float value, cudaStream_t stream);
 void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream);          // x *= factor
@@ -70,9 +75,14 @@ void gpu_col2im(const float *columns, int channels, int batch, int height, int w
                 float *x, cudaStream_t stream);
 // y[r, c] += bias[r], then y = max(y, 0) when relu.
 void gpu_add_row_bias(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream);
-// sums[r] += the sum of row r of x [rows, cols]: a block per row, in double, in
-// a fixed tree.
-void gpu_add_sum_of_rows(const float *x, int rows, int cols, float *sums, cudaStream_t stream);
+// sums[r] += the sum of row r of x [rows, cols], in double, the same bits every
+// run. Each row is cut into gpu_row_sum_chunks(cols) chunks, chosen from cols
+// alone: a block sums each chunk in a fixed tree into `partials` (device
+// scratch of rows x chunks doubles, the caller's), then a thread per row adds
+// its chunks' sums in order (a second kernel). A row of one chunk goes straight
+// into sums: one kernel, and partials may be NULL.
+int gpu_row_sum_chunks(int cols);
+void gpu_add_sum_of_rows(const float *x, int rows, int cols, double *partials, float *sums, cudaStream_t stream);
 // Max pooling over planes of height x width, windows size x size with stride
 // size: y and argmax (the index in x) per output, aten's rule on ties and NaNs.
 void gpu_max_pool2d(const float *x, int planes, int height, int width, int size, float *y, int *argmax,

@@ -394,12 +394,30 @@ CPU_DISPATCHED void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
     }
 }
 
+#if HAVE_CUDA
+// The GPU's sums of long rows leave a sum per chunk of each row here between
+// their two kernels (kernels.h): grown to the largest call, as scratch_terms.
+static double *g_row_partials;
+static size_t g_row_partials_count;
+
+static double *scratch_row_partials(size_t count) {
+    if (count > g_row_partials_count) {
+        device_free(g_row_partials);
+        g_row_partials = device_alloc(count * sizeof(double));
+        g_row_partials_count = count;
+    }
+    return g_row_partials;
+}
+#endif
+
 CPU_DISPATCHED void add_sum_of_rows(const Tensor *x, Tensor *sums) {
     CHECK(sums->rows == 1 && sums->cols == x->rows && sums->device == x->device,
           "sums of the rows of [%d, %d] into [%d, %d]", x->rows, x->cols, sums->rows, sums->cols);
     if (tensor_on_gpu(x)) {
 #if HAVE_CUDA
-        gpu_add_sum_of_rows(x->data, x->rows, x->cols, sums->data, device_stream());
+        int chunks = gpu_row_sum_chunks(x->cols);
+        double *partials = chunks > 1 ? scratch_row_partials((size_t)x->rows * chunks) : NULL;
+        gpu_add_sum_of_rows(x->data, x->rows, x->cols, partials, sums->data, device_stream());
 #endif
         return;
     }

@@ -2,11 +2,11 @@
 //
 // Each operation makes the CPU/GPU choice once, inside: OpenMP loops on the
 // rank's threads (results independent of the thread count: no shared sums,
-// every reduction in a fixed order) or one CUDA kernel (kernels.cu) on the
-// compute stream. The layers above (nn.c, conv.c) are then plain math over
-// these and tensor.h's gemm, with no #if HAVE_CUDA. Any scratch memory an
-// operation needs on the GPU is its own (grown to the largest call), not its
-// caller's.
+// every reduction in a fixed order) or one CUDA kernel (kernels.cu; two for
+// the sums of long rows) on the compute stream. The layers above (nn.c,
+// conv.c) are then plain math over these and tensor.h's gemm, with no #if
+// HAVE_CUDA. Any scratch memory an operation needs on the GPU is its own
+// (grown to the largest call), not its caller's.
 //
 // Layers: above tensor (and device), below nn and conv.
 #pragma once

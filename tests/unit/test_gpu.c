@@ -9,7 +9,10 @@
 //
 // Without a GPU it prints one "SKIP ... (skipped: no GPU)" line and passes;
 // REQUIRE_GPU=1 (make test-gpu) turns that into a failure.
-#define TEST_NAME "test_gpu"
+
+// The checks' name: "test_gpu", then "test_gpu (64-bit indices)" in main's second round.
+static const char *test_name = "test_gpu";
+#define TEST_NAME test_name
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -22,6 +25,9 @@
 #include "mnist.h"
 #include "nn.h"
 #include "test.h"
+#if HAVE_CUDA
+#include "kernels.h"  // gpu_row_sum_chunks: how add_sum_of_rows cuts a row on the GPU
+#endif
 
 static Rng data_rng;
 
@@ -42,11 +48,13 @@ static Tensor on_gpu(const Tensor *t) {
 }
 
 // max |a - b| / (max |b| + tiny): relative to the tensor's scale, which is
-// what a GEMM's rounding error is proportional to.
+// what a GEMM's rounding error is proportional to. A NaN on one side only is
+// an infinite error (fmax alone would pass over it).
 static double relative_error(const Tensor *gpu, const Tensor *cpu) {
     Tensor a = on_cpu(gpu);
     double worst = 0, scale = 1e-30;
     for (size_t i = 0; i < tensor_numel(cpu); i++) {
+        if (isnan(a.data[i]) != isnan(cpu->data[i])) worst = INFINITY;
         worst = fmax(worst, fabs((double)a.data[i] - cpu->data[i]));
         scale = fmax(scale, fabs(cpu->data[i]));
     }
@@ -310,6 +318,41 @@ static void test_cnn_ops(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
 }
 
+#if HAVE_CUDA
+// add_sum_of_rows, a conv's bias gradient, on the GPU: each row cut into
+// chunks (kernels.h), a block per chunk, then each row's chunk sums in order.
+// Shapes that take one chunk (rows of 1 value, of a full chunk), several (the
+// last one shorter, of 1 value, or full), the most chunks (rows past it get
+// longer chunks), step 14's two layers (32 rows of 64 x 784, 64 of 64 x 196),
+// and a single row. Each against the CPU, and twice on the GPU from the same
+// sums: the same bits (no atomics; a real GPU would show a race here).
+static void test_sum_of_rows(void) {
+    static const int shapes[][2] = {{1, 1},      {300, 1},   {7, 2048},  {27, 910},   {3, 4096},   {1, 2049},
+                                    {5, 6149},   {32, 50176}, {64, 12544}, {1, 131072}, {1, 131073}, {2, 200003}};
+    bool one_chunk = false, several = false, most = false;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1], chunks = gpu_row_sum_chunks(cols);
+        one_chunk |= chunks == 1, several |= chunks > 1;
+        most |= chunks > 1 && gpu_row_sum_chunks(2 * cols) == chunks;  // doubling the row adds no chunk
+        Tensor x = tensor_zeros(rows, cols, DEVICE_CPU), sums = tensor_zeros(1, rows, DEVICE_CPU);
+        fill_uniform(&x, -1, 1), fill_uniform(&sums, -1, 1);
+        Tensor gx = on_gpu(&x), gsums = on_gpu(&sums), gsums_again = on_gpu(&sums);
+        add_sum_of_rows(&x, &sums);
+        add_sum_of_rows(&gx, &gsums), add_sum_of_rows(&gx, &gsums_again);
+        double err = relative_error(&gsums, &sums);
+        Tensor again = on_cpu(&gsums_again);
+        size_t differ = bits_differ(&gsums, &again);
+        EXPECT(err < 1e-6 && differ == 0,
+               "add_sum_of_rows of [%d, %d] on the GPU (%d chunk%s): rel err %.1e; run twice, %zu sums differ", rows,
+               cols, chunks, chunks == 1 ? "" : "s", err, differ);
+        Tensor *all[] = {&x, &sums, &gx, &gsums, &gsums_again, &again};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+    }
+    EXPECT(one_chunk && several && most, "add_sum_of_rows's shapes take one chunk (%s), several (%s) and the most (%s)",
+           one_chunk ? "yes" : "no", several ? "yes" : "no", most ? "yes" : "no");
+}
+#endif
+
 // SimpleCNN on both devices from the same seed: logits, loss, every gradient,
 // then Adam from the CPU's gradients (see test_mlp_cross_entropy_adam), and
 // the evaluation's predictions.
@@ -381,7 +424,23 @@ int main(int argc, char **argv) {
     test_mlp_mse_sgd();
     test_gather();
     test_cnn_ops();
+#if HAVE_CUDA
+    test_sum_of_rows();
+#endif
     test_cnn_model();
+#if HAVE_CUDA
+    // The grid-stride kernels index in 32 bits where a tensor allows
+    // (kernels.cu): their 64-bit versions, which only tensors of over 4 G
+    // elements take, run here on the same checks.
+    gpu_force_64_bit_indices(1);
+    test_name = "test_gpu (64-bit indices)";
+    test_copies_and_elementwise();
+    test_mlp_cross_entropy_adam();
+    test_mlp_mse_sgd();
+    test_cnn_ops();
+    test_cnn_model();
+    gpu_force_64_bit_indices(0);
+#endif
     dist_finalize();
     return test_summary();
 }
