@@ -1,11 +1,13 @@
-// plot.c: line charts as PNG, drawn pixel by pixel into an RGB buffer. See plot.h.
+// plot.c: line charts and pipeline timelines as PNG, drawn pixel by pixel into
+// an RGB buffer. See plot.h.
 //
 // Nothing here needs a graphics library beyond libpng: text uses embedded
 // public-domain bitmap fonts (font.h), lines are anti-aliased by the distance
 // of each pixel centre to the segment, and the layout follows matplotlib's
 // defaults: axes at 12.5%..90% x 11%..88% of the figure (wider where labels
 // need it), ticks outside, 5% data margins, tab10 colours, legend in the
-// emptiest corner.
+// emptiest corner. A timeline shares the fonts, ticks, frame and legend: 24 px
+// per stage, its time axis padded 2%, the legend beside the title.
 #include "plot.h"
 #include "paths.h"
 
@@ -442,6 +444,188 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     }
     free(entries);
     free(ink);
+
+    write_png(path, &canvas);
+    free(canvas.rgb);
+}
+
+// ---------------------------------------------------------------- the timeline
+
+// Forward and backward blocks in tab10's first two colours, each labelled in
+// the text colour of higher contrast with it (WCAG's ratio: white on the blue
+// 4.8:1, black on the orange 8.3:1, where white would give 2.5:1).
+static const struct { const char *name; Rgb fill, text; } BLOCK_STYLE[2] = {
+    [PLOT_FORWARD] = {"forward", {0x1f, 0x77, 0xb4}, {255, 255, 255}},
+    [PLOT_BACKWARD] = {"backward", {0xff, 0x7f, 0x0e}, {0, 0, 0}},
+};
+
+enum {
+    TIMELINE_WIDTH = 1000,
+    ROW_HEIGHT = 24,      // one stage: a block 18 px high (a label's 13 and room around it), 3 px each side
+    BLOCK_INSET = 3,
+    LABEL_PAD = 1,        // a label keeps this far from its block's ends, or is left out
+    PANEL_TITLE_GAP = 4,  // a panel's title to its frame
+    PANEL_GAP = 12,       // a panel's tick marks to the next panel's title
+};
+// Less than a line chart's 5%: the first block starts near the frame, as time starts at the left edge.
+static const double TIME_MARGIN = 0.02;
+
+static int panel_title_height(const PlotTimelinePanel *panel, const BitmapFont *font) {
+    return has_text(panel->title) ? font->height + PANEL_TITLE_GAP : 0;
+}
+
+// The frame's rows: its two lines and the stages between them.
+static int panel_frame_height(const PlotTimelinePanel *panel) { return panel->n_rows * ROW_HEIGHT + 2; }
+
+static void row_name(const PlotTimelinePanel *panel, int row, char *name, size_t size) {
+    if (panel->row_names) snprintf(name, size, "%s", panel->row_names[row] ? panel->row_names[row] : "");
+    else snprintf(name, size, "stage %d", row);
+}
+
+// A block's columns, clipped to the frame's inside (left+1..right-1): those
+// whose centres lie in [start, end), at least one, so that no work vanishes at
+// any scale. Blocks 3 px wide or more leave their last column white, so that
+// back-to-back blocks of one colour still read as two.
+static void block_columns(const PlotBlock *block, const Axis *xa, int left, int right, int *x0, int *x1) {
+    double x_scale = (right - left) / (xa->hi - xa->lo);
+    double start = fmin(block->start, block->end), end = fmax(block->start, block->end);
+    // Clamp in double before converting: a time far outside must not overflow int.
+    *x0 = (int)lround(fmin(right - 1, fmax(left + 1, left + (start - xa->lo) * x_scale)));
+    *x1 = (int)lround(fmin(right, fmax(left + 1, left + (end - xa->lo) * x_scale))) - 1;
+    if (*x1 < *x0) *x1 = *x0;
+    if (*x1 - *x0 + 1 >= 3) (*x1)--;
+}
+
+// The block's label, and whether it fits in `font`: with LABEL_PAD to spare in
+// the block's width, from its duration rounded down, less its white column.
+// (Not from its columns: blocks of one duration then all have a label, or none,
+// where rounding their ends would make them 6 px wide here and 7 px there.)
+static bool block_label(const PlotBlock *block, const BitmapFont *font, double x_scale, char *label, size_t size) {
+    if (block->label < 0) return false;
+    snprintf(label, size, "%d", block->label);
+    double width = floor(fabs(block->end - block->start) * x_scale);
+    if (width >= 3) width--;
+    return text_width(font, label) + 2 * LABEL_PAD <= width;
+}
+
+// A block on the row whose top pixel row is `row_top`, and its label centred in it where it fits.
+static void draw_block(Canvas *c, const PlotBlock *block, const Axis *xa, int left, int right, int row_top,
+                       const BitmapFont *font) {
+    int x0, x1, y0 = row_top + BLOCK_INSET, y1 = row_top + ROW_HEIGHT - 1 - BLOCK_INSET;
+    block_columns(block, xa, left, right, &x0, &x1);
+    fill_rect(c, x0, y0, x1, y1, BLOCK_STYLE[block->kind].fill);
+    char label[16];
+    if (!block_label(block, font, (right - left) / (xa->hi - xa->lo), label, sizeof label)) return;
+    draw_text(c, font, label, x0 + (x1 - x0 + 1 - text_width(font, label)) / 2, y0 + (y1 - y0 + 1 - font->height) / 2,
+              false, BLOCK_STYLE[block->kind].text);
+}
+
+void plot_timeline_png(const char *path, const char *title, const char *xlabel,
+                       const PlotTimelinePanel *panels, int n_panels) {
+    const BitmapFont *font = &FONT_BODY, *title_font = &FONT_TITLE;
+    CHECK(n_panels >= 1, "plot_timeline_png(%s): %d panels, want at least 1", path, n_panels);
+    for (int p = 0; p < n_panels; p++) {
+        CHECK(panels[p].n_rows >= 1, "plot_timeline_png(%s): panel %d has %d rows, want at least 1", path, p,
+              panels[p].n_rows);
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            const PlotBlock *block = &panels[p].blocks[b];
+            CHECK(block->row >= 0 && block->row < panels[p].n_rows,
+                  "plot_timeline_png(%s): panel %d, block %d on row %d, outside rows 0..%d", path, p, b, block->row,
+                  panels[p].n_rows - 1);
+            CHECK(block->kind == PLOT_FORWARD || block->kind == PLOT_BACKWARD,
+                  "plot_timeline_png(%s): panel %d, block %d of kind %d, want PLOT_FORWARD or PLOT_BACKWARD", path,
+                  p, b, (int)block->kind);
+        }
+    }
+
+    // The time axis spans every panel's blocks (finite times only).
+    Axis xa = {.lo = INFINITY, .hi = -INFINITY};
+    for (int p = 0; p < n_panels; p++)
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            const PlotBlock *block = &panels[p].blocks[b];
+            if (!isfinite(block->start) || !isfinite(block->end)) continue;
+            xa.lo = fmin(xa.lo, fmin(block->start, block->end));
+            xa.hi = fmax(xa.hi, fmax(block->start, block->end));
+        }
+    pad_range(&xa, TIME_MARGIN);
+
+    // Columns: the row names right-aligned against their tick marks, left of the frame.
+    int name_width = 0;
+    char name[128];
+    for (int p = 0; p < n_panels; p++)
+        for (int r = 0; r < panels[p].n_rows; r++) {
+            row_name(&panels[p], r, name, sizeof name);
+            name_width = max_int(name_width, text_width(font, name));
+        }
+    const int W = TIMELINE_WIDTH;
+    int left = max_int((int)(0.06 * W), PAD + name_width + TICK_PAD + TICK_LEN);
+    int right = max_int(W - 1 - max_int((int)(0.03 * W), PAD + 3 * font->width), left + 2);
+    fit_x_ticks(&xa, font, left, right, false);
+
+    // Labels in the body font, unless the small one fits more of them (many
+    // micro-batches: "10" and up in narrow blocks): one size for all, as a
+    // figure whose labels change size midway reads as two kinds of block.
+    int fit_body = 0, fit_small = 0;
+    const double x_scale = (right - left) / (xa.hi - xa.lo);
+    for (int p = 0; p < n_panels; p++)
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            char label[16];
+            fit_body += block_label(&panels[p].blocks[b], font, x_scale, label, sizeof label);
+            fit_small += block_label(&panels[p].blocks[b], &FONT_SMALL, x_scale, label, sizeof label);
+        }
+    const BitmapFont *label_font = fit_small > fit_body ? &FONT_SMALL : font;
+
+    // Rows, top to bottom: the title, with the legend at its right where they
+    // both fit in the line (else on a line of its own); then each panel: its
+    // title, its frame, its tick marks; the last's tick labels and the x label.
+    const LegendEntry entries[2] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
+                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill}};
+    const Legend legend = {.entries = entries, .n = 2, .side_by_side = true, .patches = true};
+    int legend_w, legend_h;
+    legend_size(&legend, font, &legend_w, &legend_h);
+    int centre_x = (left + right) / 2;
+    int title_w = has_text(title) ? text_width(title_font, title) : 0;
+    bool legend_beside_title = centre_x + (title_w + 1) / 2 + LEGEND_COLUMN_GAP <= right + 1 - legend_w;
+    int head_h = legend_beside_title ? max_int(has_text(title) ? title_font->height : 0, legend_h)
+                                     : title_font->height + TITLE_GAP + legend_h;
+    int height = PAD + head_h + TITLE_GAP;
+    for (int p = 0; p < n_panels; p++)
+        height += panel_title_height(&panels[p], font) + panel_frame_height(&panels[p]) + TICK_LEN +
+                  (p + 1 < n_panels ? PANEL_GAP : 0);
+    height += TICK_PAD + font->height + (has_text(xlabel) ? LABEL_GAP + font->height : 0) + PAD;
+    Canvas canvas = canvas_new(W, height);
+
+    int y = PAD;
+    if (has_text(title))  // centred on the head's line(s): on the legend's middle when beside it
+        draw_text(&canvas, title_font, title, centre_x - title_w / 2,
+                  legend_beside_title ? y + (head_h - title_font->height) / 2 : y, false, BLACK);
+    draw_legend(&canvas, &legend, font, right + 1 - legend_w, y + head_h - legend_h);
+    y += head_h + TITLE_GAP;
+
+    for (int p = 0; p < n_panels; p++) {
+        const PlotTimelinePanel *panel = &panels[p];
+        if (has_text(panel->title)) draw_text(&canvas, font, panel->title, left, y, false, BLACK);
+        int top = y + panel_title_height(panel, font), bottom = top + panel_frame_height(panel) - 1;
+        for (int b = 0; b < panel->n_blocks; b++) {
+            const PlotBlock *block = &panel->blocks[b];
+            if (!isfinite(block->start) || !isfinite(block->end)) continue;
+            draw_block(&canvas, block, &xa, left, right, top + 1 + block->row * ROW_HEIGHT, label_font);
+        }
+        frame_rect(&canvas, left, top, right, bottom, BLACK);
+        for (int r = 0; r < panel->n_rows; r++) {  // a tick and a name at each row's middle
+            int row_middle = top + 1 + r * ROW_HEIGHT + ROW_HEIGHT / 2;
+            fill_rect(&canvas, left - TICK_LEN, row_middle, left - 1, row_middle, BLACK);
+            row_name(panel, r, name, sizeof name);
+            draw_text(&canvas, font, name, left - TICK_LEN - TICK_PAD - text_width(font, name),
+                      row_middle - font->height / 2, false, BLACK);
+        }
+        bool last = p + 1 == n_panels;
+        draw_x_ticks(&canvas, &xa, font, left, right, bottom, last);
+        y = bottom + 1 + TICK_LEN + (last ? 0 : PANEL_GAP);
+    }
+    if (has_text(xlabel))
+        draw_text(&canvas, font, xlabel, centre_x - text_width(font, xlabel) / 2,
+                  y + TICK_PAD + font->height + LABEL_GAP, false, BLACK);
 
     write_png(path, &canvas);
     free(canvas.rgb);
