@@ -10,6 +10,8 @@ no font library and draws the same pixels on every machine:
 
     7x13    -Misc-Fixed-Medium-R-Normal--13-120-75-75-C-70-ISO10646-1  (body text)
     9x15B   -Misc-Fixed-Bold-R-Normal--15-140-75-75-C-90-ISO10646-1    (titles)
+    5x8     -Misc-Fixed-Medium-R-Normal--8-80-75-75-C-50-ISO10646-1    (labels in tight places:
+                                                                        a timeline's blocks)
 
 The PCF reader below handles what these files use (uncompressed or compressed
 metrics, any glyph padding, either byte/bit order); it is not a general one.
@@ -20,7 +22,7 @@ import struct
 import sys
 
 FONT_DIR = "/usr/share/fonts/X11/misc"
-FONTS = [("FONT_BODY", "7x13"), ("FONT_TITLE", "9x15B")]
+FONTS = [("FONT_BODY", "7x13"), ("FONT_TITLE", "9x15B"), ("FONT_SMALL", "5x8")]
 FIRST, LAST = 32, 126
 
 PCF_PROPERTIES, PCF_ACCELERATORS, PCF_METRICS, PCF_BITMAPS, PCF_BDF_ENCODINGS = (

@@ -1,11 +1,13 @@
-// plot.c: line charts as PNG, drawn pixel by pixel into an RGB buffer. See plot.h.
+// plot.c: line charts and pipeline timelines as PNG, drawn pixel by pixel into
+// an RGB buffer. See plot.h.
 //
 // Nothing here needs a graphics library beyond libpng: text uses embedded
 // public-domain bitmap fonts (font.h), lines are anti-aliased by the distance
 // of each pixel centre to the segment, and the layout follows matplotlib's
 // defaults: axes at 12.5%..90% x 11%..88% of the figure (wider where labels
 // need it), ticks outside, 5% data margins, tab10 colours, legend in the
-// emptiest corner.
+// emptiest corner. A timeline shares the fonts, ticks, frame and legend: 24 px
+// per stage, its time axis padded 2%, the legend beside the title.
 #include "plot.h"
 #include "paths.h"
 
@@ -40,6 +42,8 @@ enum {
     LABEL_GAP = 6,           // tick labels to axis label
     TITLE_GAP = 8,           // title to axes frame
     LEGEND_INSET = 8, LEGEND_PAD = 6, LEGEND_ROW_GAP = 4, SAMPLE_LEN = 24, SAMPLE_GAP = 8,
+    LEGEND_COLUMN_GAP = 20,  // between entries side by side: matplotlib's columnspacing, 2 em
+    PATCH_INSET = 2,         // a filled sample's top and bottom inside the text's rows
     MAX_TICKS = 12,
 };
 static const double LINE_HALF_WIDTH = 1.0;  // 2 px lines, matplotlib's 1.5 pt
@@ -51,6 +55,12 @@ static const double DATA_MARGIN = 0.05;     // matplotlib's axes.xmargin / ymarg
 // ---------------------------------------------------------------- raster
 
 typedef struct { int width, height; uint8_t *rgb; } Canvas;
+
+static Canvas canvas_new(int width, int height) {
+    Canvas c = {width, height, xmalloc((size_t)3 * width * height)};
+    memset(c.rgb, 255, (size_t)3 * width * height);  // white
+    return c;
+}
 
 // Mix `color` into pixel (x, y) with weight `coverage`; pixels off the canvas are clipped.
 static void blend(Canvas *c, int x, int y, Rgb color, double coverage) {
@@ -75,10 +85,11 @@ static void frame_rect(Canvas *c, int x0, int y0, int x1, int y1, Rgb color) {
 
 static int text_width(const BitmapFont *font, const char *s) { return font->width * (int)strlen(s); }
 
-// Draw `s` with the top-left corner of its bounding box at (x, y). Vertical text
-// is turned 90 degrees counter-clockwise (read bottom to top, like matplotlib's
-// y-axis label), so its box is font->height wide and text_width() tall.
-static void draw_text(Canvas *c, const BitmapFont *font, const char *s, int x, int y, bool vertical) {
+// Draw `s` in `color` with the top-left corner of its bounding box at (x, y).
+// Vertical text is turned 90 degrees counter-clockwise (read bottom to top, like
+// matplotlib's y-axis label), so its box is font->height wide and text_width() tall.
+static void draw_text(Canvas *c, const BitmapFont *font, const char *s, int x, int y, bool vertical,
+                      Rgb color) {
     int length = text_width(font, s);
     for (int i = 0; s[i]; i++) {
         unsigned char ch = (unsigned char)s[i];
@@ -88,8 +99,8 @@ static void draw_text(Canvas *c, const BitmapFont *font, const char *s, int x, i
             for (int u = 0; u < font->width; u++) {
                 if (!(rows[v] >> (font->width - 1 - u) & 1)) continue;
                 int along = i * font->width + u;  // position along the reading direction
-                if (vertical) blend(c, x + v, y + length - 1 - along, BLACK, 1);
-                else blend(c, x + along, y + v, BLACK, 1);
+                if (vertical) blend(c, x + v, y + length - 1 - along, color, 1);
+                else blend(c, x + along, y + v, color, 1);
             }
     }
 }
@@ -125,15 +136,16 @@ typedef struct {
 } Axis;
 
 // Widen [lo, hi] like matplotlib: open up a flat range (one point, constant loss)
-// around its value, then add a 5% margin on each side. No data at all: [0, 1].
-static void pad_range(Axis *a) {
+// around its value, then add `margin` (a fraction of the range) on each side.
+// No data at all: [0, 1].
+static void pad_range(Axis *a, double margin_fraction) {
     if (!(a->lo <= a->hi)) { a->lo = 0; a->hi = 1; return; }
     if (a->hi - a->lo <= 1e-12 * fmax(1, fabs(a->lo))) {
         double half = a->lo != 0 ? 0.1 * fabs(a->lo) : 1;
         a->lo -= half;
         a->hi += half;
     }
-    double margin = DATA_MARGIN * (a->hi - a->lo);
+    double margin = margin_fraction * (a->hi - a->lo);
     a->lo -= margin;
     a->hi += margin;
 }
@@ -189,6 +201,78 @@ static int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi :
 static int max_int(int a, int b) { return a > b ? a : b; }
 static bool has_text(const char *s) { return s && *s; }
 
+// Ticks for an x axis drawn from column `left` to `right`. Its labels are wide:
+// start from one tick per 70 px, thin out until labels do not touch.
+static void fit_x_ticks(Axis *xa, const BitmapFont *font, int left, int right, bool integer) {
+    for (int max_ticks = clamp_int((right - left) / 70, 2, 8);; max_ticks--) {
+        make_ticks(xa, font, max_ticks, integer);
+        double step_px = xa->step / (xa->hi - xa->lo) * (right - left);
+        if (max_ticks == 2 || step_px >= xa->label_width + 2 * font->width) break;
+    }
+}
+
+// Tick marks under the frame's bottom row, pointing out; their labels below
+// them when `with_labels` (panels stacked on one axis label only the lowest).
+static void draw_x_ticks(Canvas *c, const Axis *xa, const BitmapFont *font, int left, int right, int bottom,
+                         bool with_labels) {
+    double x_scale = (right - left) / (xa->hi - xa->lo);
+    for (int i = 0; i < xa->n_ticks; i++) {
+        int px = (int)lround(left + (xa->first + i * xa->step - xa->lo) * x_scale);
+        fill_rect(c, px, bottom + 1, px, bottom + TICK_LEN, BLACK);
+        if (with_labels)
+            draw_text(c, font, xa->labels[i], px - text_width(font, xa->labels[i]) / 2,
+                      bottom + TICK_LEN + TICK_PAD, false, BLACK);
+    }
+}
+
+// ---------------------------------------------------------------- legend
+
+typedef struct { const char *label; Rgb color; } LegendEntry;
+
+typedef struct {
+    const LegendEntry *entries;
+    int n;
+    bool side_by_side;  // one row of entries (above a timeline), not one entry per row
+    bool patches;       // each entry's sample a filled box (blocks), not a line (series)
+} Legend;
+
+// The legend's box in pixels: padding around the entries, each a sample and its label.
+static void legend_size(const Legend *legend, const BitmapFont *font, int *width, int *height) {
+    int widest = 0, total = 0;
+    for (int i = 0; i < legend->n; i++) {
+        int entry_w = SAMPLE_LEN + SAMPLE_GAP + text_width(font, legend->entries[i].label);
+        widest = max_int(widest, entry_w);
+        total += entry_w + (i > 0 ? LEGEND_COLUMN_GAP : 0);
+    }
+    int row_h = font->height + LEGEND_ROW_GAP;
+    *width = 2 * LEGEND_PAD + (legend->side_by_side ? total : widest);
+    *height = 2 * LEGEND_PAD + (legend->side_by_side ? font->height : legend->n * row_h - LEGEND_ROW_GAP);
+}
+
+// Draw the legend with its box's top-left corner at (x, y): white, framed in light grey.
+static void draw_legend(Canvas *c, const Legend *legend, const BitmapFont *font, int x, int y) {
+    int box_w, box_h;
+    legend_size(legend, font, &box_w, &box_h);
+    fill_rect(c, x, y, x + box_w - 1, y + box_h - 1, WHITE);
+    frame_rect(c, x, y, x + box_w - 1, y + box_h - 1, LEGEND_EDGE);
+    int entry_x = x + LEGEND_PAD, entry_y = y + LEGEND_PAD;
+    for (int i = 0; i < legend->n; i++) {
+        const LegendEntry *entry = &legend->entries[i];
+        if (legend->patches) {  // as tall as a digit: from the text's top row of ink to its baseline
+            fill_rect(c, entry_x, entry_y + PATCH_INSET, entry_x + SAMPLE_LEN - 1,
+                      entry_y + font->height - 1 - PATCH_INSET, entry->color);
+        } else {  // a 2 px line through the text's middle
+            int sample_y = entry_y + font->height / 2;
+            fill_rect(c, entry_x, sample_y - 1, entry_x + SAMPLE_LEN - 1, sample_y, entry->color);
+        }
+        draw_text(c, font, entry->label, entry_x + SAMPLE_LEN + SAMPLE_GAP, entry_y, false, BLACK);
+        if (legend->side_by_side)
+            entry_x += SAMPLE_LEN + SAMPLE_GAP + text_width(font, entry->label) + LEGEND_COLUMN_GAP;
+        else
+            entry_y += font->height + LEGEND_ROW_GAP;
+    }
+}
+
 // ---------------------------------------------------------------- PNG output
 
 // libpng's errors, kept for our one line instead of printed by libpng; a
@@ -238,8 +322,7 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     const BitmapFont *font = &FONT_BODY, *title_font = &FONT_TITLE;
     const int W = spec->width > 0 ? spec->width : DEFAULT_WIDTH;
     const int H = spec->height > 0 ? spec->height : DEFAULT_HEIGHT;
-    Canvas canvas = {W, H, xmalloc((size_t)3 * W * H)};
-    memset(canvas.rgb, 255, (size_t)3 * W * H);
+    Canvas canvas = canvas_new(W, H);
 
     // Data limits over the finite points only (NaN/Inf are skipped, and break
     // the line), and the finite ends of their bars.
@@ -255,8 +338,8 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
                 if (bar && isfinite(bar[i])) ya.lo = fmin(ya.lo, bar[i]), ya.hi = fmax(ya.hi, bar[i]);
             }
         }
-    pad_range(&xa);
-    pad_range(&ya);
+    pad_range(&xa, DATA_MARGIN);
+    pad_range(&ya, DATA_MARGIN);
 
     // Axes frame: rows top..bottom, columns left..right. Top and bottom come
     // first: they fix the y axis length, hence its ticks, hence the width of the
@@ -272,12 +355,7 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     int beside = TICK_LEN + TICK_PAD + ya.label_width + ylabel_w;
     int left = max_int((int)(0.125 * W), beside + PAD);
     int right = max_int(W - 1 - max_int((int)(0.1 * W), PAD + 3 * font->width), left + 2);
-    // x tick labels are wide: start from one tick per 70 px, thin out until labels do not touch.
-    for (int max_ticks = clamp_int((right - left) / 70, 2, 8);; max_ticks--) {
-        make_ticks(&xa, font, max_ticks, spec->integer_x);
-        double step_px = xa.step / (xa.hi - xa.lo) * (right - left);
-        if (max_ticks == 2 || step_px >= xa.label_width + 2 * font->width) break;
-    }
+    fit_x_ticks(&xa, font, left, right, spec->integer_x);
     double x_scale = (right - left) / (xa.hi - xa.lo), y_scale = (bottom - top) / (ya.hi - ya.lo);
 
     // Series, clipped to the inside of the frame. Each is stroked into a coverage
@@ -321,42 +399,35 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
 
     // Frame, ticks and tick labels (drawn over the lines, as matplotlib's spines).
     frame_rect(&canvas, left, top, right, bottom, BLACK);
-    for (int i = 0; i < xa.n_ticks; i++) {
-        int px = (int)lround(left + (xa.first + i * xa.step - xa.lo) * x_scale);
-        fill_rect(&canvas, px, bottom + 1, px, bottom + TICK_LEN, BLACK);
-        draw_text(&canvas, font, xa.labels[i], px - text_width(font, xa.labels[i]) / 2,
-                  bottom + TICK_LEN + TICK_PAD, false);
-    }
+    draw_x_ticks(&canvas, &xa, font, left, right, bottom, true);
     for (int i = 0; i < ya.n_ticks; i++) {
         int py = (int)lround(bottom - (ya.first + i * ya.step - ya.lo) * y_scale);
         fill_rect(&canvas, left - TICK_LEN, py, left - 1, py, BLACK);
         draw_text(&canvas, font, ya.labels[i], left - TICK_LEN - TICK_PAD - text_width(font, ya.labels[i]),
-                  py - font->height / 2, false);
+                  py - font->height / 2, false, BLACK);
     }
 
     // Title and axis labels, centred on the axes.
     int centre_x = (left + right) / 2, centre_y = (top + bottom) / 2;
     if (has_text(spec->title))
         draw_text(&canvas, title_font, spec->title, centre_x - text_width(title_font, spec->title) / 2,
-                  top - TITLE_GAP - title_font->height, false);
+                  top - TITLE_GAP - title_font->height, false, BLACK);
     if (has_text(spec->xlabel))
         draw_text(&canvas, font, spec->xlabel, centre_x - text_width(font, spec->xlabel) / 2,
-                  bottom + TICK_LEN + TICK_PAD + font->height + LABEL_GAP, false);
+                  bottom + TICK_LEN + TICK_PAD + font->height + LABEL_GAP, false, BLACK);
     if (has_text(spec->ylabel))
         draw_text(&canvas, font, spec->ylabel, left - beside, centre_y - text_width(font, spec->ylabel) / 2,
-                  true);
+                  true, BLACK);
 
     // Legend: matplotlib's loc="best" among the four corners, i.e. the one that
     // hides the least ink, preferring upper right, upper left, lower left, lower right.
-    int entries = 0, label_width = 0;
-    for (int s = 0; s < n_series; s++) {
-        if (!has_text(series[s].label)) continue;
-        entries++;
-        label_width = max_int(label_width, text_width(font, series[s].label));
-    }
-    if (entries > 0) {
-        int box_w = 2 * LEGEND_PAD + SAMPLE_LEN + SAMPLE_GAP + label_width;
-        int row_h = font->height + LEGEND_ROW_GAP, box_h = 2 * LEGEND_PAD + entries * row_h - LEGEND_ROW_GAP;
+    LegendEntry *entries = xmalloc((size_t)n_series * sizeof *entries);
+    Legend legend = {.entries = entries};
+    for (int s = 0; s < n_series; s++)
+        if (has_text(series[s].label)) entries[legend.n++] = (LegendEntry){series[s].label, TAB10[s % 10]};
+    if (legend.n > 0) {
+        int box_w, box_h;
+        legend_size(&legend, font, &box_w, &box_h);
         const int far_x = inner_w - LEGEND_INSET - box_w, far_y = inner_h - LEGEND_INSET - box_h;
         const int corner_x[4] = {far_x, LEGEND_INSET, LEGEND_INSET, far_x};
         const int corner_y[4] = {LEGEND_INSET, LEGEND_INSET, far_y, far_y};
@@ -369,21 +440,192 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
                     hidden += ink[(size_t)y * inner_w + x];
             if (hidden < best_ink) best_ink = hidden, best = k;
         }
-        int bx = inner_x + corner_x[best], by = inner_y + corner_y[best];
-        fill_rect(&canvas, bx, by, bx + box_w - 1, by + box_h - 1, WHITE);
-        frame_rect(&canvas, bx, by, bx + box_w - 1, by + box_h - 1, LEGEND_EDGE);
-        int row_y = by + LEGEND_PAD;
-        for (int s = 0; s < n_series; s++) {
-            if (!has_text(series[s].label)) continue;
-            int sample_y = row_y + font->height / 2;  // a 2 px line through the text's middle
-            fill_rect(&canvas, bx + LEGEND_PAD, sample_y - 1, bx + LEGEND_PAD + SAMPLE_LEN - 1, sample_y,
-                      TAB10[s % 10]);
-            int text_x = bx + LEGEND_PAD + SAMPLE_LEN + SAMPLE_GAP;
-            draw_text(&canvas, font, series[s].label, text_x, row_y, false);
-            row_y += row_h;
+        draw_legend(&canvas, &legend, font, inner_x + corner_x[best], inner_y + corner_y[best]);
+    }
+    free(entries);
+    free(ink);
+
+    write_png(path, &canvas);
+    free(canvas.rgb);
+}
+
+// ---------------------------------------------------------------- the timeline
+
+// Forward and backward blocks in tab10's first two colours, each labelled in
+// the text colour of higher contrast with it (WCAG's ratio: white on the blue
+// 4.8:1, black on the orange 8.3:1, where white would give 2.5:1).
+static const struct { const char *name; Rgb fill, text; } BLOCK_STYLE[2] = {
+    [PLOT_FORWARD] = {"forward", {0x1f, 0x77, 0xb4}, {255, 255, 255}},
+    [PLOT_BACKWARD] = {"backward", {0xff, 0x7f, 0x0e}, {0, 0, 0}},
+};
+
+enum {
+    TIMELINE_WIDTH = 1000,
+    ROW_HEIGHT = 24,      // one stage: a block 18 px high (a label's 13 and room around it), 3 px each side
+    BLOCK_INSET = 3,
+    LABEL_PAD = 1,        // a label keeps this far from its block's ends, or is left out
+    PANEL_TITLE_GAP = 4,  // a panel's title to its frame
+    PANEL_GAP = 12,       // a panel's tick marks to the next panel's title
+};
+// Less than a line chart's 5%: the first block starts near the frame, as time starts at the left edge.
+static const double TIME_MARGIN = 0.02;
+
+static int panel_title_height(const PlotTimelinePanel *panel, const BitmapFont *font) {
+    return has_text(panel->title) ? font->height + PANEL_TITLE_GAP : 0;
+}
+
+// The frame's rows: its two lines and the stages between them.
+static int panel_frame_height(const PlotTimelinePanel *panel) { return panel->n_rows * ROW_HEIGHT + 2; }
+
+static void row_name(const PlotTimelinePanel *panel, int row, char *name, size_t size) {
+    if (panel->row_names) snprintf(name, size, "%s", panel->row_names[row] ? panel->row_names[row] : "");
+    else snprintf(name, size, "stage %d", row);
+}
+
+// A block's columns, clipped to the frame's inside (left+1..right-1): those
+// whose centres lie in [start, end), at least one, so that no work vanishes at
+// any scale. Blocks 3 px wide or more leave their last column white, so that
+// back-to-back blocks of one colour still read as two.
+static void block_columns(const PlotBlock *block, const Axis *xa, int left, int right, int *x0, int *x1) {
+    double x_scale = (right - left) / (xa->hi - xa->lo);
+    double start = fmin(block->start, block->end), end = fmax(block->start, block->end);
+    // Clamp in double before converting: a time far outside must not overflow int.
+    *x0 = (int)lround(fmin(right - 1, fmax(left + 1, left + (start - xa->lo) * x_scale)));
+    *x1 = (int)lround(fmin(right, fmax(left + 1, left + (end - xa->lo) * x_scale))) - 1;
+    if (*x1 < *x0) *x1 = *x0;
+    if (*x1 - *x0 + 1 >= 3) (*x1)--;
+}
+
+// The block's label, and whether it fits in `font`: with LABEL_PAD to spare in
+// the block's width, from its duration rounded down, less its white column.
+// (Not from its columns: blocks of one duration then all have a label, or none,
+// where rounding their ends would make them 6 px wide here and 7 px there.)
+static bool block_label(const PlotBlock *block, const BitmapFont *font, double x_scale, char *label, size_t size) {
+    if (block->label < 0) return false;
+    snprintf(label, size, "%d", block->label);
+    double width = floor(fabs(block->end - block->start) * x_scale);
+    if (width >= 3) width--;
+    return text_width(font, label) + 2 * LABEL_PAD <= width;
+}
+
+// A block on the row whose top pixel row is `row_top`, and its label centred in it where it fits.
+static void draw_block(Canvas *c, const PlotBlock *block, const Axis *xa, int left, int right, int row_top,
+                       const BitmapFont *font) {
+    int x0, x1, y0 = row_top + BLOCK_INSET, y1 = row_top + ROW_HEIGHT - 1 - BLOCK_INSET;
+    block_columns(block, xa, left, right, &x0, &x1);
+    fill_rect(c, x0, y0, x1, y1, BLOCK_STYLE[block->kind].fill);
+    char label[16];
+    if (!block_label(block, font, (right - left) / (xa->hi - xa->lo), label, sizeof label)) return;
+    draw_text(c, font, label, x0 + (x1 - x0 + 1 - text_width(font, label)) / 2, y0 + (y1 - y0 + 1 - font->height) / 2,
+              false, BLOCK_STYLE[block->kind].text);
+}
+
+void plot_timeline_png(const char *path, const char *title, const char *xlabel,
+                       const PlotTimelinePanel *panels, int n_panels) {
+    const BitmapFont *font = &FONT_BODY, *title_font = &FONT_TITLE;
+    CHECK(n_panels >= 1, "plot_timeline_png(%s): %d panels, want at least 1", path, n_panels);
+    for (int p = 0; p < n_panels; p++) {
+        CHECK(panels[p].n_rows >= 1, "plot_timeline_png(%s): panel %d has %d rows, want at least 1", path, p,
+              panels[p].n_rows);
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            const PlotBlock *block = &panels[p].blocks[b];
+            CHECK(block->row >= 0 && block->row < panels[p].n_rows,
+                  "plot_timeline_png(%s): panel %d, block %d on row %d, outside rows 0..%d", path, p, b, block->row,
+                  panels[p].n_rows - 1);
+            CHECK(block->kind == PLOT_FORWARD || block->kind == PLOT_BACKWARD,
+                  "plot_timeline_png(%s): panel %d, block %d of kind %d, want PLOT_FORWARD or PLOT_BACKWARD", path,
+                  p, b, (int)block->kind);
         }
     }
-    free(ink);
+
+    // The time axis spans every panel's blocks (finite times only).
+    Axis xa = {.lo = INFINITY, .hi = -INFINITY};
+    for (int p = 0; p < n_panels; p++)
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            const PlotBlock *block = &panels[p].blocks[b];
+            if (!isfinite(block->start) || !isfinite(block->end)) continue;
+            xa.lo = fmin(xa.lo, fmin(block->start, block->end));
+            xa.hi = fmax(xa.hi, fmax(block->start, block->end));
+        }
+    pad_range(&xa, TIME_MARGIN);
+
+    // Columns: the row names right-aligned against their tick marks, left of the frame.
+    int name_width = 0;
+    char name[128];
+    for (int p = 0; p < n_panels; p++)
+        for (int r = 0; r < panels[p].n_rows; r++) {
+            row_name(&panels[p], r, name, sizeof name);
+            name_width = max_int(name_width, text_width(font, name));
+        }
+    const int W = TIMELINE_WIDTH;
+    int left = max_int((int)(0.06 * W), PAD + name_width + TICK_PAD + TICK_LEN);
+    int right = max_int(W - 1 - max_int((int)(0.03 * W), PAD + 3 * font->width), left + 2);
+    fit_x_ticks(&xa, font, left, right, false);
+
+    // Labels in the body font, unless the small one fits more of them (many
+    // micro-batches: "10" and up in narrow blocks): one size for all, as a
+    // figure whose labels change size midway reads as two kinds of block.
+    int fit_body = 0, fit_small = 0;
+    const double x_scale = (right - left) / (xa.hi - xa.lo);
+    for (int p = 0; p < n_panels; p++)
+        for (int b = 0; b < panels[p].n_blocks; b++) {
+            char label[16];
+            fit_body += block_label(&panels[p].blocks[b], font, x_scale, label, sizeof label);
+            fit_small += block_label(&panels[p].blocks[b], &FONT_SMALL, x_scale, label, sizeof label);
+        }
+    const BitmapFont *label_font = fit_small > fit_body ? &FONT_SMALL : font;
+
+    // Rows, top to bottom: the title, with the legend at its right where they
+    // both fit in the line (else on a line of its own); then each panel: its
+    // title, its frame, its tick marks; the last's tick labels and the x label.
+    const LegendEntry entries[2] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
+                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill}};
+    const Legend legend = {.entries = entries, .n = 2, .side_by_side = true, .patches = true};
+    int legend_w, legend_h;
+    legend_size(&legend, font, &legend_w, &legend_h);
+    int centre_x = (left + right) / 2;
+    int title_w = has_text(title) ? text_width(title_font, title) : 0;
+    bool legend_beside_title = centre_x + (title_w + 1) / 2 + LEGEND_COLUMN_GAP <= right + 1 - legend_w;
+    int head_h = legend_beside_title ? max_int(has_text(title) ? title_font->height : 0, legend_h)
+                                     : title_font->height + TITLE_GAP + legend_h;
+    int height = PAD + head_h + TITLE_GAP;
+    for (int p = 0; p < n_panels; p++)
+        height += panel_title_height(&panels[p], font) + panel_frame_height(&panels[p]) + TICK_LEN +
+                  (p + 1 < n_panels ? PANEL_GAP : 0);
+    height += TICK_PAD + font->height + (has_text(xlabel) ? LABEL_GAP + font->height : 0) + PAD;
+    Canvas canvas = canvas_new(W, height);
+
+    int y = PAD;
+    if (has_text(title))  // centred on the head's line(s): on the legend's middle when beside it
+        draw_text(&canvas, title_font, title, centre_x - title_w / 2,
+                  legend_beside_title ? y + (head_h - title_font->height) / 2 : y, false, BLACK);
+    draw_legend(&canvas, &legend, font, right + 1 - legend_w, y + head_h - legend_h);
+    y += head_h + TITLE_GAP;
+
+    for (int p = 0; p < n_panels; p++) {
+        const PlotTimelinePanel *panel = &panels[p];
+        if (has_text(panel->title)) draw_text(&canvas, font, panel->title, left, y, false, BLACK);
+        int top = y + panel_title_height(panel, font), bottom = top + panel_frame_height(panel) - 1;
+        for (int b = 0; b < panel->n_blocks; b++) {
+            const PlotBlock *block = &panel->blocks[b];
+            if (!isfinite(block->start) || !isfinite(block->end)) continue;
+            draw_block(&canvas, block, &xa, left, right, top + 1 + block->row * ROW_HEIGHT, label_font);
+        }
+        frame_rect(&canvas, left, top, right, bottom, BLACK);
+        for (int r = 0; r < panel->n_rows; r++) {  // a tick and a name at each row's middle
+            int row_middle = top + 1 + r * ROW_HEIGHT + ROW_HEIGHT / 2;
+            fill_rect(&canvas, left - TICK_LEN, row_middle, left - 1, row_middle, BLACK);
+            row_name(panel, r, name, sizeof name);
+            draw_text(&canvas, font, name, left - TICK_LEN - TICK_PAD - text_width(font, name),
+                      row_middle - font->height / 2, false, BLACK);
+        }
+        bool last = p + 1 == n_panels;
+        draw_x_ticks(&canvas, &xa, font, left, right, bottom, last);
+        y = bottom + 1 + TICK_LEN + (last ? 0 : PANEL_GAP);
+    }
+    if (has_text(xlabel))
+        draw_text(&canvas, font, xlabel, centre_x - text_width(font, xlabel) / 2,
+                  y + TICK_PAD + font->height + LABEL_GAP, false, BLACK);
 
     write_png(path, &canvas);
     free(canvas.rgb);

@@ -1,5 +1,8 @@
 // test_plot.c: plot_png writes a readable PNG of the requested size, with each
 // series in its own colour, text and a legend, and survives degenerate input.
+// plot_timeline_png draws each block where its times say, in its kind's colour,
+// labels only inside their blocks, no block too short to see, and grows with the
+// rows. Both end in one line naming the file when it cannot be written.
 //
 // The figure is read back with libpng and checked by pixel statistics, not
 // against a reference image, so layout tweaks do not break the test.
@@ -9,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "plot.h"
@@ -157,6 +161,305 @@ static void check_bars(const char *dir) {
     printf("PASS test_plot: y_lo and y_hi draw a min-max bar at each point and widen the y range to hold it\n");
 }
 
+// ---------------------------------------------------------------- timelines
+
+enum { FORWARD = 0x1f77b4, BACKWARD = 0xff7f0e, WHITE = 0xffffff };  // the blocks' colours, the background
+
+static unsigned pixel(const Image *im, int x, int y) {
+    const unsigned char *p = im->rgb + 3 * ((size_t)y * im->width + x);
+    return (unsigned)p[0] << 16 | (unsigned)p[1] << 8 | p[2];
+}
+
+// Where a timeline's panels are, found from the pixels: each panel's frame is
+// a pair of rows mostly black (top, bottom), over the same columns (left,
+// right). Its n_rows stages share the rows between, top first. Times map to
+// columns as plot.c maps them: the blocks' [t_min, t_max] padded by 2% each
+// side, onto the frame's columns.
+typedef struct {
+    int left, right, n_frames, tops[8], bottoms[8];
+    double lo, hi;
+} TimelineAxes;
+
+static TimelineAxes find_timeline_axes(const Image *im, double t_min, double t_max) {
+    TimelineAxes axes = {.left = -1, .right = -1};
+    int lines = 0, line_rows[16];
+    for (int y = 0; y < im->height && lines < 16; y++) {
+        int n = 0;
+        for (int x = 0; x < im->width; x++) n += is_black(im, x, y);
+        if (n > im->width / 2) line_rows[lines++] = y;
+    }
+    EXPECT(lines >= 2 && lines % 2 == 0, "timeline: %d frame lines, want a top and a bottom per panel", lines);
+    axes.n_frames = lines / 2;
+    for (int i = 0; i < axes.n_frames; i++) axes.tops[i] = line_rows[2 * i], axes.bottoms[i] = line_rows[2 * i + 1];
+    for (int x = 0; x < im->width; x++)
+        if (is_black(im, x, axes.tops[0])) axes.right = x, axes.left = axes.left < 0 ? x : axes.left;
+    double margin = 0.02 * (t_max - t_min);
+    axes.lo = t_min - margin, axes.hi = t_max + margin;
+    return axes;
+}
+
+static int time_to_x(const TimelineAxes *axes, double t) {
+    return (int)lround(axes->left + (t - axes->lo) / (axes->hi - axes->lo) * (axes->right - axes->left));
+}
+
+// The middle pixel row of stage `row` (of n_rows) in panel `panel`.
+static int row_middle(const TimelineAxes *axes, int panel, int row, int n_rows) {
+    double row_height = (axes->bottoms[panel] - axes->tops[panel] - 1) / (double)n_rows;
+    return axes->tops[panel] + 1 + (int)((row + 0.5) * row_height);
+}
+
+// Pixels of colour `rgb` in columns [x0, x1] of pixel row y.
+static int count_in_row(const Image *im, unsigned rgb, int x0, int x1, int y) {
+    int n = 0;
+    for (int x = x0; x <= x1; x++) n += pixel(im, x, y) == rgb;
+    return n;
+}
+
+// Two panels of a hand-made 2-stage schedule, the second shifted right: each
+// block is where its times say, in its kind's colour and labelled in it; idle
+// time is white; the last block ends inside the frame; a block far shorter than
+// a pixel still shows.
+static void check_timeline_blocks(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/timeline.png", dir);
+    const PlotBlock first[] = {
+        {.row = 0, .start = 0, .end = 2, .label = 0, .kind = PLOT_FORWARD},
+        {.row = 1, .start = 2, .end = 4, .label = 0, .kind = PLOT_FORWARD},
+        {.row = 1, .start = 4, .end = 8, .label = 0, .kind = PLOT_BACKWARD},
+        {.row = 0, .start = 8, .end = 12, .label = 0, .kind = PLOT_BACKWARD},
+        {.row = 1, .start = 10, .end = 10.0001, .label = 1, .kind = PLOT_FORWARD},  // 0.007 px
+    };
+    const PlotBlock second[] = {
+        {.row = 0, .start = 1, .end = 3, .label = 7, .kind = PLOT_FORWARD},
+        {.row = 0, .start = 9, .end = 13, .label = 7, .kind = PLOT_BACKWARD},  // the last time of all
+    };
+    const char *const names[] = {"stage 0", "stage 1"};
+    const PlotTimelinePanel panels[2] = {
+        {.title = "GPipe, measured", .n_rows = 2, .row_names = names, .blocks = first, .n_blocks = 5},
+        {.title = "1F1B, predicted", .n_rows = 1, .blocks = second, .n_blocks = 2},
+    };
+    plot_timeline_png(path, "2 stages", "time (ms)", panels, 2);
+    Image im = read_png(path);
+    EXPECT(im.width == 1000, "timeline width %d, want 1000", im.width);
+    TimelineAxes axes = find_timeline_axes(&im, 0, 13);
+    EXPECT(axes.n_frames == 2, "timeline of 2 panels: %d frames", axes.n_frames);
+
+    // Each block's colour a quarter of the way in (its label is in the middle), on its row's middle.
+    for (int p = 0; p < 2; p++) {
+        const PlotTimelinePanel *panel = &panels[p];
+        for (int b = 0; b < panel->n_blocks; b++) {
+            const PlotBlock *block = &panel->blocks[b];
+            if (block->end - block->start < 1) continue;
+            int y = row_middle(&axes, p, block->row, panel->n_rows);
+            int x = time_to_x(&axes, block->start + 0.25 * (block->end - block->start));
+            unsigned want = block->kind == PLOT_FORWARD ? FORWARD : BACKWARD, got = pixel(&im, x, y);
+            EXPECT(got == want, "panel %d, block %d (row %d, %g..%g ms): #%06x at its pixel (%d, %d), want #%06x",
+                   p, b, block->row, block->start, block->end, got, x, y, want);
+            // Its label: white on the blue, black on the orange, in the middle of the block.
+            int x0 = time_to_x(&axes, block->start) + 2, x1 = time_to_x(&axes, block->end) - 3, ink = 0;
+            unsigned label_colour = block->kind == PLOT_FORWARD ? WHITE : 0x000000;
+            for (int dy = -4; dy <= 4; dy++) ink += count_in_row(&im, label_colour, x0, x1, y + dy);
+            EXPECT(ink >= 5, "panel %d, block %d: %d pixels of its label (#%06x) in it", p, b, ink, label_colour);
+        }
+    }
+    // Back to back, forward then backward at 4 ms on stage 1: a white column parts them.
+    int y = row_middle(&axes, 0, 1, 2), join_x = time_to_x(&axes, 4);
+    EXPECT(count_in_row(&im, WHITE, join_x - 2, join_x, y) >= 1,
+           "stage 1's blocks meeting at 4 ms: no white column between them (columns %d..%d)", join_x - 2, join_x);
+    // Idle: stage 0 between its forward (ends at 2) and its backward (starts at 8), in both panels.
+    for (int p = 0; p < 2; p++) {
+        int idle_y = row_middle(&axes, p, 0, panels[p].n_rows), idle_x = time_to_x(&axes, 5.5);
+        EXPECT(pixel(&im, idle_x, idle_y) == WHITE, "panel %d: #%06x at 5.5 ms on stage 0, idle there, want white",
+               p, pixel(&im, idle_x, idle_y));
+    }
+    // The block that ends last (13 ms) is whole, not cut by the frame: its colour
+    // reaches to 2 px before its end's column, and the frame's right edge lies
+    // beyond that column.
+    y = row_middle(&axes, 1, 0, 1);
+    int end_x = time_to_x(&axes, 13);
+    EXPECT(end_x < axes.right && pixel(&im, end_x - 2, y) == BACKWARD && is_black(&im, axes.right, y),
+           "the last block (9..13 ms) ends at column %d: #%06x just before it; frame at %d", end_x,
+           pixel(&im, end_x - 2, y), axes.right);
+    // A block of 0.0001 ms, far less than a pixel, is still there: 1 px of blue.
+    y = row_middle(&axes, 0, 1, 2);
+    int tiny_x = time_to_x(&axes, 10);
+    EXPECT(count_in_row(&im, FORWARD, tiny_x - 1, tiny_x + 1, y) >= 1,
+           "a block of 0.0001 ms at 10 ms on stage 1: no blue pixel there, it vanished");
+    // And its neighbours are idle: it did not grow.
+    EXPECT(count_in_row(&im, FORWARD, tiny_x - 6, tiny_x + 6, y) <= 2,
+           "a block of 0.0001 ms: %d blue pixels around 10 ms, want 1 (2 at a rounding)",
+           count_in_row(&im, FORWARD, tiny_x - 6, tiny_x + 6, y));
+    // The legend: both colours above the first panel.
+    EXPECT(count_near(&im, FORWARD, 0, 0, axes.tops[0]) > 50 && count_near(&im, BACKWARD, 0, 0, axes.tops[0]) > 50,
+           "no legend (forward, backward) above the panels");
+    free(im.rgb);
+    unlink(path);
+    printf("PASS test_plot: a timeline's blocks are where their times say, in their kind's colour, labelled; idle "
+           "is white; the last ends inside the frame; a 0.0001 ms block shows as 1 px\n");
+}
+
+// GPipe's schedule: stage s runs forward i at (s + i), 1 unit long, then the
+// backwards (2 units) from the last stage up. Returns the number of blocks.
+static int gpipe_blocks(int stages, int micro_batches, PlotBlock *blocks) {
+    int n = 0, backward_start = stages + micro_batches - 1;
+    for (int s = 0; s < stages; s++)
+        for (int i = 0; i < micro_batches; i++) {
+            blocks[n++] = (PlotBlock){.row = s, .start = s + i, .end = s + i + 1, .label = i, .kind = PLOT_FORWARD};
+            double start = backward_start + 2 * (stages - 1 - s) + 2 * i;
+            blocks[n++] = (PlotBlock){.row = s, .start = start, .end = start + 2, .label = i, .kind = PLOT_BACKWARD};
+        }
+    return n;
+}
+
+// A dense timeline (GPipe, `n_panels` times): every backward block carries its
+// label (black on the orange), and no label ink is outside a block: each run of
+// black on a stage's row has orange on both sides.
+static void check_dense_labels(const Image *im, const PlotBlock *blocks, int n_blocks, int stages, int n_panels) {
+    double t_max = 0;
+    for (int b = 0; b < n_blocks; b++) t_max = fmax(t_max, blocks[b].end);
+    TimelineAxes axes = find_timeline_axes(im, 0, t_max);
+    int labelled = 0, backwards = 0, stray = 0;
+    for (int p = 0; p < n_panels; p++) {
+        for (int b = 0; b < n_blocks; b++) {
+            if (blocks[b].kind != PLOT_BACKWARD) continue;
+            backwards++;
+            int y = row_middle(&axes, p, blocks[b].row, stages), ink = 0;
+            int x0 = time_to_x(&axes, blocks[b].start) + 1, x1 = time_to_x(&axes, blocks[b].end) - 2;
+            for (int dy = -6; dy <= 6; dy++) ink += count_in_row(im, 0x000000, x0, x1, y + dy);
+            labelled += ink > 0;
+        }
+        for (int y = axes.tops[p] + 1; y < axes.bottoms[p]; y++)
+            for (int x = axes.left + 1; x < axes.right; x++) {
+                bool run_starts = is_black(im, x, y) && (x == axes.left + 1 || !is_black(im, x - 1, y));
+                if (!run_starts) continue;  // (a run at the frame's left edge has the frame's black beside it)
+                int end = x;
+                while (end + 1 < axes.right && is_black(im, end + 1, y)) end++;
+                stray += pixel(im, x - 1, y) != BACKWARD || pixel(im, end + 1, y) != BACKWARD;
+            }
+    }
+    EXPECT(labelled == backwards, "%d stages, %d blocks: %d of the %d backward blocks labelled", stages, n_blocks,
+           labelled, backwards);
+    EXPECT(stray == 0, "%d stages, %d blocks: %d runs of label ink not inside an orange block", stages, n_blocks,
+           stray);
+}
+
+// The height grows with the rows and the panels: the same step for each row,
+// whichever panel it is in; the width stays. At 8 stages x 32 micro-batches,
+// every backward block is labelled, and labels are inside their blocks only.
+static void check_timeline_sizes(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/timeline_sizes.png", dir);
+    static PlotBlock blocks[2][2 * 8 * 32];
+    // Stages of the first panel and of the second (0: one panel only), micro-batches.
+    const struct { int stages[2], micro_batches; } cases[] = {
+        {{1, 0}, 1}, {{2, 0}, 1}, {{8, 0}, 1}, {{8, 1}, 1}, {{8, 8}, 1}, {{8, 8}, 32},
+    };
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    int heights[N_CASES];
+    for (int c = 0; c < N_CASES; c++) {
+        PlotTimelinePanel panels[2];
+        int n_panels = cases[c].stages[1] > 0 ? 2 : 1;
+        for (int p = 0; p < n_panels; p++) {
+            int n = gpipe_blocks(cases[c].stages[p], cases[c].micro_batches, blocks[p]);
+            panels[p] = (PlotTimelinePanel){.title = "GPipe", .n_rows = cases[c].stages[p], .blocks = blocks[p],
+                                            .n_blocks = n};
+        }
+        plot_timeline_png(path, "GPipe", "time (ms)", panels, n_panels);
+        Image im = read_png(path);
+        EXPECT(im.width == 1000, "stages %d and %d, %d micro-batches: width %d, want 1000", cases[c].stages[0],
+               cases[c].stages[1], cases[c].micro_batches, im.width);
+        heights[c] = im.height;
+        if (cases[c].micro_batches == 32) check_dense_labels(&im, panels[0].blocks, panels[0].n_blocks, 8, 2);
+        free(im.rgb);
+    }
+    int step = heights[1] - heights[0];
+    EXPECT(step > 0 && heights[2] - heights[0] == 7 * step,
+           "one panel of 1, 2, 8 stages: %d, %d, %d px high, not the same step for each row", heights[0], heights[1],
+           heights[2]);
+    EXPECT(heights[3] > heights[2] && heights[4] - heights[3] == 7 * step,
+           "8 stages, then a second panel of 1 and of 8: %d, %d, %d px high, want each of its rows a step of %d",
+           heights[2], heights[3], heights[4], step);
+    EXPECT(heights[5] == heights[4], "2 panels of 8 stages: %d px high with 1 micro-batch, %d with 32: the blocks "
+           "changed the height", heights[4], heights[5]);
+    unlink(path);
+    printf("PASS test_plot: a timeline grows by one step per stage, in any panel, at 1000 px wide; at 8 stages x 32 "
+           "micro-batches every backward block is labelled, and labels are inside their blocks only\n");
+}
+
+// Run `draw` in a child, its stderr into `message` (the whole of it); return its exit status.
+static int fatal_in_child(void (*draw)(const char *), const char *path, char *message, size_t size) {
+    int pipe_fds[2];
+    EXPECT(pipe(pipe_fds) == 0, "pipe failed");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pipe_fds[1], STDERR_FILENO);
+        close(pipe_fds[0]);
+        draw(path);
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    size_t used = 0;
+    for (ssize_t got; used < size - 1 && (got = read(pipe_fds[0], message + used, size - 1 - used)) > 0;)
+        used += (size_t)got;
+    message[used] = '\0';
+    close(pipe_fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static const PlotBlock ONE_BLOCK = {.row = 0, .start = 0, .end = 1, .label = 0, .kind = PLOT_FORWARD};
+
+static void draw_timeline(const char *path) {
+    PlotTimelinePanel panel = {.title = "GPipe", .n_rows = 1, .blocks = &ONE_BLOCK, .n_blocks = 1};
+    plot_timeline_png(path, "title", "time (ms)", &panel, 1);
+}
+
+static void draw_line_chart(const char *path) {
+    float x[2] = {0, 1}, y[2] = {1, 0};
+    PlotSeries series = {.label = "loss", .x = x, .y = y, .n = 2};
+    PlotSpec spec = {.title = "loss"};
+    plot_png(path, &spec, &series, 1);
+}
+
+static void draw_timeline_bad_row(const char *path) {
+    PlotBlock block = ONE_BLOCK;
+    block.row = 4;
+    PlotTimelinePanel panel = {.title = "GPipe", .n_rows = 4, .blocks = &block, .n_blocks = 1};
+    plot_timeline_png(path, "title", "time (ms)", &panel, 1);
+}
+
+// Both kinds of figure, where the file cannot be written (under a plain file),
+// end the program with status 1 and one line that names the file; a block on
+// a row the panel does not have ends it with one line that says so.
+static void check_fatal_errors(const char *dir) {
+    char plain[256], path[300], message[2048];
+    snprintf(plain, sizeof plain, "%s/plain", dir);
+    FILE *file = fopen(plain, "w");
+    EXPECT(file && fclose(file) == 0, "cannot create %s", plain);
+    snprintf(path, sizeof path, "%s/figure.png", plain);
+    void (*const draws[2])(const char *) = {draw_timeline, draw_line_chart};
+    const char *const names[2] = {"plot_timeline_png", "plot_png"};
+    for (int k = 0; k < 2; k++) {
+        int status = fatal_in_child(draws[k], path, message, sizeof message);
+        char *newline = strchr(message, '\n');
+        EXPECT(status == 1 && newline && newline[1] == '\0' && strstr(message, "plain/figure.png"),
+               "%s to %s: exit %d, want 1 and one line naming the file; stderr: \"%s\"", names[k], path, status,
+               message);
+    }
+    snprintf(path, sizeof path, "%s/bad_row.png", dir);
+    int status = fatal_in_child(draw_timeline_bad_row, path, message, sizeof message);
+    char *newline = strchr(message, '\n');
+    EXPECT(status == 1 && newline && newline[1] == '\0' && strstr(message, "row 4") &&
+           strstr(message, "bad_row.png") && access(path, F_OK) != 0,
+           "a block on row 4 of 4 rows: exit %d, want 1 and one line naming it, no file; stderr: \"%s\"", status,
+           message);
+    unlink(plain);
+    printf("PASS test_plot: an unwritable file is one line naming it and exit 1, from plot_png and "
+           "plot_timeline_png; so is a block on a row its panel does not have\n");
+}
+
 int main(void) {
     char dir[] = "/tmp/test_plot_XXXXXX";
     EXPECT(mkdtemp(dir), "mkdtemp failed");
@@ -228,6 +531,9 @@ int main(void) {
 
     check_integer_ticks(dir);
     check_bars(dir);
+    check_timeline_blocks(dir);
+    check_timeline_sizes(dir);
+    check_fatal_errors(dir);
 
     unlink(path), unlink(path_small), unlink(path_odd);
     char img_dir[256];
