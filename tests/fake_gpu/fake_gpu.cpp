@@ -152,9 +152,13 @@ void poison(void *p, size_t bytes) {
 
 }  // namespace
 
-// A stream's operation: true once done; false while it cannot be yet (an NCCL
-// operation whose peers have not all posted theirs), to be tried again.
-using Operation = std::function<bool()>;
+// A stream's operation: `run`, once `ready` says it can (always, where it is
+// empty). Not ready: an NCCL operation whose peers have not all joined it, or
+// a wait for another stream; asked again at the next query or wait.
+struct Operation {
+    std::function<bool()> ready;
+    std::function<void()> run;
+};
 
 struct CUstream_st {
     std::deque<Operation> pending;
@@ -181,10 +185,13 @@ CUstream_st *stream_of(cudaStream_t s) {
 // Runs s's operations up to `position` as far as they can go now, and says
 // whether it got there: what a GPU does meanwhile, the host not waiting.
 bool advance(CUstream_st *s, unsigned long long position) {
-    if (s->done >= position) return true;
-    Window open;  // once for the lot: each mprotect of the arena costs up to a millisecond
+    std::unique_ptr<Window> open;  // once for the lot, and only if something runs: each mprotect
+                                   // of the arena costs up to a millisecond, and polls come often
     while (s->done < position) {
-        if (!s->pending.front()()) return false;  // it waits for a peer (and everything behind it)
+        Operation &op = s->pending.front();
+        if (op.ready && !op.ready()) return false;  // it waits (and everything behind it)
+        if (!open) open = std::make_unique<Window>();
+        if (op.run) op.run();
         s->pending.pop_front();
         s->done++;
     }
@@ -224,20 +231,16 @@ void enqueue_operation(cudaStream_t stream, Operation op) {
     CUstream_st *s = stream_of(stream);
     if (s == &legacy_stream) {
         run_blocking_streams();
-        while (!op()) sched_yield();
+        while (op.ready && !op.ready()) sched_yield();
+        if (op.run) op.run();
         return;
     }
     s->pending.push_back(std::move(op));
     s->queued++;
 }
 
-// The same for an operation that is done once run (a kernel, a copy, a GEMM).
-void enqueue(cudaStream_t stream, std::function<void()> work) {
-    enqueue_operation(stream, [work = std::move(work)] {
-        work();
-        return true;
-    });
-}
+// The same for an operation that is always ready (a kernel, a copy, a GEMM).
+void enqueue(cudaStream_t stream, std::function<void()> work) { enqueue_operation(stream, Operation{{}, std::move(work)}); }
 
 bool event_complete(const CUevent_st *e) { return !e->stream || e->stream->done >= e->position; }
 
@@ -660,7 +663,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     if (event_complete(event)) return cudaSuccess;
     CUstream_st *other = event->stream;
     unsigned long long position = event->position;
-    enqueue_operation(stream, [other, position] { return advance(other, position); });
+    enqueue_operation(stream, Operation{[other, position] { return advance(other, position); }, {}});
     return cudaSuccess;
 }
 
@@ -844,8 +847,8 @@ struct InFlight {
 int group_depth;
 std::vector<Transfer> group;
 
-bool post(const Transfer &t, InFlight &f) {
-    if (t.comm->aborted) return true;
+void post(const Transfer &t, InFlight &f) {
+    if (t.comm->aborted) return;
     if (t.send_buffer) {
         Window open;
         f.input.assign((const char *)t.send_buffer, (const char *)t.send_buffer + t.send_bytes);
@@ -859,18 +862,21 @@ bool post(const Transfer &t, InFlight &f) {
                   "ncclRecv (MPI_Irecv)");
     else
         check_mpi(t.start(f.input.data(), f.result.data(), &f.request), "an NCCL collective (its nonblocking MPI twin)");
-    return true;
 }
 
-bool complete(const Transfer &t, InFlight &f) {
+// Every peer has joined: the MPI call is done (MPI_Test drives it on).
+bool joined(const Transfer &t, InFlight &f) {
     if (t.comm->aborted) return true;
     int done = 0;
     check_mpi(MPI_Test(&f.request, &done, MPI_STATUS_IGNORE), "an NCCL operation (MPI_Test)");
-    if (!done) return false;
+    return done;
+}
+
+void complete(const Transfer &t, InFlight &f) {
+    if (t.comm->aborted) return;
     if (t.finish) t.finish(f.result.data());
     if (t.recv_buffer && !f.result.empty()) copy_now(t.recv_buffer, f.result.data(), f.result.size());
     f = InFlight();
-    return true;
 }
 
 // A group's operations: every post before any completion (a send may complete
@@ -880,12 +886,12 @@ void queue_transfers(std::vector<Transfer> &transfers) {
     for (Transfer &t : transfers) {
         auto f = std::make_shared<InFlight>();
         flights.push_back(f);
-        enqueue_operation(t.stream, [t, f] { return post(t, *f); });
+        enqueue_operation(t.stream, Operation{{}, [t, f] { post(t, *f); }});
     }
     for (size_t i = 0; i < transfers.size(); i++) {
         Transfer t = transfers[i];
         auto f = flights[i];
-        enqueue_operation(t.stream, [t, f] { return complete(t, *f); });
+        enqueue_operation(t.stream, Operation{[t, f] { return joined(t, *f); }, [t, f] { complete(t, *f); }});
     }
     for (Transfer &t : transfers) advance(stream_of(t.stream), stream_of(t.stream)->queued);
 }
@@ -975,6 +981,23 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     c->rank = rank;
     c->size = nranks;
     *comm = c;
+    return ncclSuccess;
+}
+
+// The ranks of `comm` that pass the same color, ordered by key: MPI_Comm_split.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
+    Guard guard(big_lock);
+    (void)config;
+    MPI_Comm split = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &split),
+              "ncclCommSplit (MPI_Comm_split)");
+    *newcomm = nullptr;
+    if (split == MPI_COMM_NULL) return ncclSuccess;
+    ncclComm *c = new ncclComm;
+    c->mpi = split;
+    MPI_Comm_rank(split, &c->rank);
+    MPI_Comm_size(split, &c->size);
+    *newcomm = c;
     return ncclSuccess;
 }
 
