@@ -9,9 +9,32 @@
 // compute stream's queued work, which waits for it in turn: the host does not
 // wait. Where ranks share a GPU: MPI on a page-locked host copy.
 //
-// Layers: above dist (MPI), device (streams, NCCL) and tensor; below nn and ddp.
+// Each works over a process group (group.h): the dist_ ones over the world,
+// the group_ ones over the group they are given.
+//
+// Layers: above dist (MPI), device (streams, NCCL), group and tensor; below nn and ddp.
 #pragma once
+#include "group.h"
 #include "tensor.h"
 
 void dist_all_reduce(Tensor *t);  // sum over ranks, in place
 void dist_broadcast_tensor(Tensor *t, int root);
+void group_all_reduce(const Group *group, Tensor *t);
+void group_broadcast_tensor(const Group *group, Tensor *t, int root);  // root: a rank of the group
+
+// Point-to-point within a group, as torch.distributed.batch_isend_irecv:
+// every send and receive of one exchange starts at once, and the exchange is
+// over when all have completed, so two ranks that send to each other do not
+// wait for each other. On GPUs with NCCL: one NCCL group on the compute
+// stream, which the next kernels wait for (the host does not); where ranks
+// share a GPU, MPI on host copies.
+typedef struct {
+    const Tensor *tensor;  // all of it goes
+    int peer;              // to this rank of the group
+} P2pSend;
+typedef struct {
+    Tensor *tensor;  // all of it is filled
+    int peer;        // from this rank of the group
+} P2pReceive;
+void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const P2pReceive *receives,
+                    int n_receives);

@@ -10,12 +10,19 @@
 // ------------------------------------------------------------------ wrap
 
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
-    Ddp ddp = {.params = params, .n_params = n_params, .world_size = dist_world_size(), .sync = true};
-    ddp.on_gpu = n_params > 0 && tensor_on_gpu(params[0].grad);
-    ddp.nccl = ddp.on_gpu && device_nccl();
+    return ddp_wrap_group(params, n_params, bucket_mb, group_world());
+}
 
-    // 1. Every rank starts from rank 0's weights, whatever its seed.
-    for (int i = 0; i < n_params; i++) dist_broadcast_tensor(params[i].value, 0);
+Ddp ddp_wrap_group(Param *params, int n_params, double bucket_mb, const Group *group) {
+    Ddp ddp = {.params = params, .n_params = n_params, .group = group, .world_size = group->size, .sync = true};
+    ddp.on_gpu = n_params > 0 && tensor_on_gpu(params[0].grad);
+#if HAVE_CUDA
+    ddp.nccl = ddp.on_gpu && group->nccl;
+#endif
+
+    // 1. Every rank starts from rank 0's weights, whatever its seed (the
+    //    group's rank 0, over a group).
+    for (int i = 0; i < n_params; i++) group_broadcast_tensor(group, params[i].value, 0);
 
     // 2. Buckets, filled in reverse parameter order: the last layer's gradients
     //    come out of backward first. A bucket closes once it holds bucket_mb.
@@ -40,8 +47,8 @@ Ddp ddp_wrap(Param *params, int n_params, double bucket_mb) {
 
     // 3. The communication thread, if MPI lets two threads call it (NCCL
     //    needs none: the GPU runs its streams side by side).
-    ddp.use_thread = dist_world_size() > 1 && dist_thread_multiple() && !ddp.nccl;
-    if (dist_world_size() > 1 && !ddp.nccl && !dist_thread_multiple())
+    ddp.use_thread = group->size > 1 && dist_thread_multiple() && !ddp.nccl;
+    if (group->size > 1 && !ddp.nccl && !dist_thread_multiple())
         print0("ddp: this MPI has no MPI_THREAD_MULTIPLE: buckets progress between layers only\n");
     return ddp;
 }

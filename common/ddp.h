@@ -41,6 +41,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "group.h"
 #include "nn.h"
 #include "profile.h"
 
@@ -60,7 +61,9 @@ typedef struct DdpGpu DdpGpu;
 
 typedef struct {
     Param *params;
-    int n_params, world_size;
+    int n_params;
+    const Group *group;        // the ranks it averages over (the world, unless ddp_wrap_group)
+    int world_size;            // the group's size
     int n_buckets;
     DdpBucket *buckets;        // buckets[0] holds the last parameters: it is ready first
     int *bucket_of_param;      // [n_params]
@@ -88,6 +91,10 @@ typedef struct {
 // Broadcast rank 0's parameters and build the buckets (bucket_mb <= 0: one
 // bucket per tensor). Collective.
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb);
+// The same over a group (group.h), as DDP(model, process_group=group): the
+// group's rank 0 broadcasts, and gradients are averaged over the group's
+// ranks. Collective over the group; the group must outlive the Ddp.
+Ddp ddp_wrap_group(Param *params, int n_params, double bucket_mb, const Group *group);
 void ddp_free(Ddp *ddp);
 
 // The GradReadyHook for mlp_backward: parameter `index` has its final gradient.

@@ -111,7 +111,7 @@ void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
     CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, ddp->buckets[b].count, ncclFloat, ncclSum,
-                             device_nccl_comm(), comm));
+                             ddp->group->nccl, comm));
     CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
 }
 

@@ -17,7 +17,7 @@ static void start_bucket(Ddp *ddp, int b, int thread) {
     bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
     CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket->buffer, (int)bucket->count, MPI_FLOAT, MPI_SUM,
-                             MPI_COMM_WORLD, &bucket->request));
+                             ddp->group->mpi, &bucket->request));
     bucket->started = true;
 }
 

@@ -18,6 +18,10 @@ static int g_gpu = -1;            // the CUDA device index of this rank
 static cudaStream_t g_stream;     // every kernel, copy and GEMM of this rank, in order
 static cublasHandle_t g_cublas;
 static ncclComm_t g_nccl;         // NULL: GPU collectives go through MPI on host copies
+// The groups' communicators, split from g_nccl (group.h): polled and aborted with it.
+enum { MAX_SPLIT_COMMS = 16 };
+static ncclComm_t g_split[MAX_SPLIT_COMMS];
+static int g_n_split;
 static cudaStream_t g_comm_stream;  // NCCL's, beside the compute stream
 
 cudaStream_t device_stream(void) { return g_stream; }
@@ -149,20 +153,39 @@ Device device_from_flag(const char *flag) {
 const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
 
 #if HAVE_CUDA
+// Every communicator of ours stops: NCCL's abort ends the GPU kernels that
+// wait for a peer, so the job can end. `own` is the caller's own, or NULL.
+static void abort_communicators(ncclComm_t *own) {
+    if (own && *own) ncclCommAbort(*own);  // the abort's own result no longer matters
+    if (own) *own = NULL;
+    if (g_nccl) ncclCommAbort(g_nccl);
+    g_nccl = NULL;
+    for (int i = 0; i < g_n_split; i++) ncclCommAbort(g_split[i]);
+    g_n_split = 0;
+}
+
 // A failed communicator (a peer died, the network broke) ends the job now:
-// the GPU's NCCL kernels would otherwise wait for the peer forever.
-static void check_nccl_async_error(ncclComm_t *comm_variable, const char *waiting_for) {
-    ncclComm_t comm = *comm_variable;
-    if (!comm) return;
-    ncclResult_t async = ncclSuccess;
-    CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
-    if (async == ncclSuccess || async == ncclInProgress) return;
-    char detail[256];
-    snprintf(detail, sizeof detail, "%s", ncclGetLastError(comm));  // before the abort frees the communicator
-    *comm_variable = NULL;
-    ncclCommAbort(comm);  // stops the GPU's waiting kernels; its own result no longer matters
-    FATAL("NCCL failed while the host waited for %s on the GPU: %s (%s); a peer rank died or the network failed: "
-          "aborting the job", waiting_for, ncclGetErrorString(async), detail);
+// the GPU's NCCL kernels would otherwise wait for the peer forever. `own`
+// (step 12's) or, when NULL, device.c's: the world's and the groups'.
+static void check_nccl_async_error(ncclComm_t *own, const char *waiting_for) {
+    ncclComm_t comms[MAX_SPLIT_COMMS + 1];
+    int n = 0;
+    if (own) {
+        if (*own) comms[n++] = *own;
+    } else {
+        if (g_nccl) comms[n++] = g_nccl;
+        for (int i = 0; i < g_n_split; i++) comms[n++] = g_split[i];
+    }
+    for (int i = 0; i < n; i++) {
+        ncclResult_t async = ncclSuccess;
+        CHECK_NCCL(ncclCommGetAsyncError(comms[i], &async));
+        if (async == ncclSuccess || async == ncclInProgress) continue;
+        char detail[256];
+        snprintf(detail, sizeof detail, "%s", ncclGetLastError(comms[i]));  // before the abort frees it
+        abort_communicators(own);
+        FATAL("NCCL failed while the host waited for %s on the GPU: %s (%s); a peer rank died or the network "
+              "failed: aborting the job", waiting_for, ncclGetErrorString(async), detail);
+    }
 }
 
 // NCCL reports a peer that died on another node only after its own network
@@ -175,31 +198,47 @@ static double wait_limit(void) {
     return seconds && atof(seconds) > 0.0 ? atof(seconds) : 600.0;
 }
 
-static void check_wait_timeout(double started, double limit, ncclComm_t *comm_variable, const char *waiting_for) {
+static void check_wait_timeout(double started, double limit, ncclComm_t *own, const char *waiting_for) {
     double waited = wall_seconds() - started;
     if (waited < limit) return;
-    ncclComm_t comm = *comm_variable;
-    *comm_variable = NULL;
-    if (comm) ncclCommAbort(comm);  // stops the GPU's waiting kernels
+    abort_communicators(own);
     FATAL("the host waited %.0f s for %s on the GPU: a peer rank died or hangs (NCCL does not see a dead peer "
           "on the same node); aborting the job (GPU_WAIT_TIMEOUT=SECONDS sets the limit)", waited, waiting_for);
 }
 
 // Query until done; a query's own error (not "not ready") is fatal as usual.
-#define POLL(query, comm_variable, what)                                         \
+#define POLL(query, own, what)                                                   \
     for (double started_ = wall_seconds(), limit_ = wait_limit();;) {            \
         cudaError_t status_ = (query);                                           \
         if (status_ == cudaSuccess) break;                                       \
         if (status_ != cudaErrorNotReady) CHECK_CUDA(status_);                   \
-        check_nccl_async_error(comm_variable, what);                             \
-        check_wait_timeout(started_, limit_, comm_variable, what);               \
+        check_nccl_async_error(own, what);                                       \
+        check_wait_timeout(started_, limit_, own, what);                         \
         sched_yield();                                                           \
     }
 
-void device_wait_stream(cudaStream_t stream, const char *what) { POLL(cudaStreamQuery(stream), &g_nccl, what); }
-void device_wait_event(cudaEvent_t event, const char *what) { POLL(cudaEventQuery(event), &g_nccl, what); }
+void device_wait_stream(cudaStream_t stream, const char *what) { POLL(cudaStreamQuery(stream), NULL, what); }
+void device_wait_event(cudaEvent_t event, const char *what) { POLL(cudaEventQuery(event), NULL, what); }
 void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *what) {
     POLL(cudaStreamQuery(stream), comm, what);
+}
+
+ncclComm_t device_nccl_split(int color, int key) {
+    CHECK(g_nccl, "device_nccl_split: no NCCL communicator to split (device_nccl() is false)");
+    CHECK(g_n_split < MAX_SPLIT_COMMS, "device_nccl_split: more than %d groups", MAX_SPLIT_COMMS);
+    ncclComm_t comm = NULL;
+    CHECK_NCCL(ncclCommSplit(g_nccl, color, key, &comm, NULL));
+    g_split[g_n_split++] = comm;
+    return comm;
+}
+
+void device_nccl_free(ncclComm_t comm) {
+    for (int i = 0; i < g_n_split; i++)
+        if (g_split[i] == comm) {
+            g_split[i] = g_split[--g_n_split];
+            CHECK_NCCL(ncclCommDestroy(comm));
+            return;
+        }
 }
 
 void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what) {
@@ -239,6 +278,7 @@ void device_release(void) {
 #if HAVE_CUDA
     if (g_device != DEVICE_CUDA || !g_cublas) return;
     device_synchronize();
+    while (g_n_split > 0) device_nccl_free(g_split[0]);  // a group not freed by its program
     if (g_nccl) {
         CHECK_NCCL(ncclCommDestroy(g_nccl));
         CHECK_CUDA(cudaStreamDestroy(g_comm_stream));

@@ -88,6 +88,12 @@ void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *
 // stream has done what is queued before (the copy included): `what` names it.
 void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what);
 
+// A communicator for the group of ranks that pass the same color, ordered by
+// key (ncclCommSplit of the world's; collective over the world). Its waits
+// are polled and its errors end the job as the world's (group.h uses it).
+ncclComm_t device_nccl_split(int color, int key);
+void device_nccl_free(ncclComm_t comm);
+
 cudaStream_t device_stream(void);      // the compute stream
 cublasHandle_t device_cublas(void);    // bound to the compute stream
 ncclComm_t device_nccl_comm(void);     // NULL without NCCL

@@ -62,21 +62,28 @@ const char *dist_hostname(void) { return g_host; }
 // MPI counts are int; gradients of big models are not. Send in slices.
 #define MPI_SLICE ((size_t)1 << 30)
 
-void dist_allreduce_sum(float *buf, size_t count) {
-    if (g_world == 1) return;
+void dist_allreduce_sum_over(MPI_Comm comm, float *buf, size_t count) {
+    int size = 1;
+    CHECK_MPI(MPI_Comm_size(comm, &size));
+    if (size == 1) return;
     for (size_t off = 0; off < count; off += MPI_SLICE) {
         int n = (int)(count - off < MPI_SLICE ? count - off : MPI_SLICE);
-        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, comm));
     }
 }
 
-void dist_broadcast(float *buf, size_t count, int root) {
-    if (g_world == 1) return;
+void dist_broadcast_over(MPI_Comm comm, float *buf, size_t count, int root) {
+    int size = 1;
+    CHECK_MPI(MPI_Comm_size(comm, &size));
+    if (size == 1) return;
     for (size_t off = 0; off < count; off += MPI_SLICE) {
         int n = (int)(count - off < MPI_SLICE ? count - off : MPI_SLICE);
-        CHECK_MPI(MPI_Bcast(buf + off, n, MPI_FLOAT, root, MPI_COMM_WORLD));
+        CHECK_MPI(MPI_Bcast(buf + off, n, MPI_FLOAT, root, comm));
     }
 }
+
+void dist_allreduce_sum(float *buf, size_t count) { dist_allreduce_sum_over(MPI_COMM_WORLD, buf, count); }
+void dist_broadcast(float *buf, size_t count, int root) { dist_broadcast_over(MPI_COMM_WORLD, buf, count, root); }
 
 void dist_barrier(void) { CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
 

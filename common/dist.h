@@ -17,6 +17,7 @@
 // (the GPU's streams and NCCL communicator, the profiler's trace) register it
 // with dist_at_finalize, so that dist never calls up.
 #pragma once
+#include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -44,6 +45,9 @@ void dist_require_memory(double bytes_per_rank, const char *what);
 
 void dist_allreduce_sum(float *buf, size_t count);
 void dist_broadcast(float *buf, size_t count, int root);
+// The same over a communicator of some of the ranks (a group's: group.h).
+void dist_allreduce_sum_over(MPI_Comm comm, float *buf, size_t count);
+void dist_broadcast_over(MPI_Comm comm, float *buf, size_t count, int root);
 void dist_barrier(void);
 
 __attribute__((format(printf, 1, 2))) void print0(const char *fmt, ...);
