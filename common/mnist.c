@@ -336,6 +336,15 @@ int sampler_num_batches(const DistributedSampler *s, int batch_size) {
     return (int)(((long)s->num_samples + batch_size - 1) / batch_size);
 }
 
+int mnist_batch_labels(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+                       int *labels) {
+    int start = batch * batch_size;
+    int rows = sampler->num_samples - start < batch_size ? sampler->num_samples - start : batch_size;
+    CHECK(rows > 0, "batch %d is past the end of this rank's %d samples", batch, sampler->num_samples);
+    for (int r = 0; r < rows; r++) labels[r] = split->labels[sampler->indices[start + r]];
+    return rows;
+}
+
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels) {
     int start = batch * batch_size;

@@ -94,3 +94,7 @@ int sampler_num_batches(const DistributedSampler *sampler, int batch_size);
 // return the view of the rows filled: batch_size of them, fewer in the last batch.
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels);
+// The labels of the same batch, without its images (a pipeline's last stage
+// needs them, not the pixels); returns its rows.
+int mnist_batch_labels(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+                       int *labels);

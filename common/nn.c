@@ -168,8 +168,11 @@ size_t mlp_num_weights(const Mlp *model) {
 }
 
 unsigned long long params_checksum(const Param *params, int n_params) {
-    unsigned long long hash = 1469598103934665603ULL;  // FNV-1a, over the raw float bits
-    for (int i = 0; i < n_params; i++) {
+    return params_checksum_continue(PARAMS_CHECKSUM_START, params, n_params);
+}
+
+unsigned long long params_checksum_continue(unsigned long long hash, const Param *params, int n_params) {
+    for (int i = 0; i < n_params; i++) {  // FNV-1a, over the raw float bits
         float *values = xmalloc(tensor_numel(params[i].value) * sizeof(float));
         tensor_to_host(params[i].value, values);
         const unsigned char *bytes = (const unsigned char *)values;

@@ -86,6 +86,11 @@ size_t mlp_num_weights(const Mlp *model);
 // A 64-bit hash of every parameter's bits: equal on two ranks iff (almost
 // surely) their models are bit-identical.
 unsigned long long params_checksum(const Param *params, int n_params);
+// The same hash, continued over more parameters: a model split across ranks
+// (Day 4) hashes its parts in order, each rank going on from the last one's
+// hash, and ends with the whole model's params_checksum.
+#define PARAMS_CHECKSUM_START 1469598103934665603ULL  // FNV-1a's offset basis
+unsigned long long params_checksum_continue(unsigned long long hash, const Param *params, int n_params);
 
 // torch.optim.Adam (betas 0.9, 0.999, eps 1e-8, no weight decay), the same
 // operations in the same order as PyTorch's single-tensor implementation.
