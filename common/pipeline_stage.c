@@ -34,17 +34,14 @@ Stage stage_new(const int *sizes, int n_sizes, int first_layer, int end_layer, i
         *b = (Param){.value = &stage.layers[l].bias, .grad = &stage.layers[l].grad_bias};
         snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * g);  // the whole model's names
         snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * g);
-        stage.slot_bytes += (size_t)rows * sizes[g + 1] * sizeof(float);
     }
-    if (!stage.is_first) {
-        stage.grad_input = tensor_zeros(rows, stage.in_features, device);
-        stage.slot_bytes += (size_t)rows * stage.in_features * sizeof(float);  // the received input
-    }
+    if (!stage.is_first) stage.grad_input = tensor_zeros(rows, stage.in_features, device);
     return stage;
 }
 
 static void free_slot_tensors(Stage *stage, StageSlot *slot) {
     tensor_free(&slot->input);
+    tensor_free(&slot->grad_logits);
     for (int l = 0; l < stage->n_layers; l++) tensor_free(&slot->outputs[l]);
     free(slot->outputs);
 }
@@ -88,6 +85,7 @@ static StageSlot *take_slot(Stage *stage, int micro_batch, int rows) {
         slot->outputs = xcalloc((size_t)stage->n_layers, sizeof(Tensor));
         for (int l = 0; l < stage->n_layers; l++)
             slot->outputs[l] = tensor_zeros(capacity, stage->layers[l].weight.rows, stage->device);
+        if (stage->is_last) slot->grad_logits = tensor_zeros(capacity, stage->out_features, stage->device);
     }
     slot->micro_batch = micro_batch;
     slot->forwarded = false;
@@ -106,6 +104,7 @@ size_t stage_peak_activation_bytes(const Stage *stage) {
         const StageSlot *slot = &stage->slots[s];
         size_t floats = stage->is_first ? 0 : (size_t)slot->capacity * stage->in_features;
         for (int l = 0; l < stage->n_layers; l++) floats += (size_t)slot->capacity * slot->outputs[l].cols;
+        if (stage->is_last) floats += (size_t)slot->capacity * stage->out_features;
         bytes += floats * sizeof(float);  // its capacity: a last, smaller batch uses fewer of its rows
     }
     return bytes;
@@ -144,7 +143,7 @@ float stage_loss(Stage *stage, int micro_batch, const int *labels, float weight)
     CHECK(slot && slot->forwarded, "stage_loss: micro-batch %d has not been forwarded", micro_batch);
     profile_push("loss");
     const Tensor *logits = &slot->outputs[stage->n_layers - 1];
-    Tensor *grad_logits = &stage->grad_scratch[stage->n_layers - 1];  // where backward starts
+    Tensor *grad_logits = &slot->grad_logits;  // where its backward starts, maybe M forwards later (GPipe)
     grad_logits->rows = logits->rows;
     float loss = softmax_cross_entropy(logits, labels, grad_logits);
     tensor_scale(grad_logits, weight);  // (loss * weight).backward()
@@ -164,7 +163,8 @@ const Tensor *stage_backward(Stage *stage, int micro_batch, GradReadyHook hook, 
     CHECK(slot && slot->forwarded, "stage_backward: micro-batch %d has not been forwarded", micro_batch);
     profile_push("backward");
     int rows = slot->x.rows;
-    const Tensor *grad_y = &stage->grad_scratch[stage->n_layers - 1];  // from the loss or the next stage
+    // From the forward's loss (last stage), or what the next stage sent.
+    const Tensor *grad_y = stage->is_last ? &slot->grad_logits : &stage->grad_scratch[stage->n_layers - 1];
     for (int l = stage->n_layers - 1; l >= 0; l--) {
         const Tensor *input = l > 0 ? &slot->outputs[l - 1] : &slot->x;
         Tensor *grad_x = l > 0 ? &stage->grad_scratch[l - 1] : stage->is_first ? NULL : &stage->grad_input;

@@ -17,8 +17,9 @@
 // micro-batch per batch, computes the whole model's bits.
 //
 // Memory: a micro-batch's activations (its input, unless it is the data, and
-// every layer's output) live in a slot from its forward to the end of its
-// backward. Slots are allocated when none is free and reused after, so the
+// every layer's output; on the last stage, the loss's gradient too, which
+// GPipe computes M forwards before its backward) live in a slot from its
+// forward to the end of its backward. Slots are allocated when none is free and reused after, so the
 // bytes allocated are the most the schedule ever held at once: measured, as
 // torch.cuda.max_memory_allocated measures, not computed from the schedule.
 //
@@ -36,6 +37,7 @@ typedef struct {
     Tensor x;         // the forward's input (a view: `input`, or the data's rows on the first stage)
     bool forwarded;
     Tensor *outputs;  // [n_layers] of [capacity, out_l]: kept for backward
+    Tensor grad_logits;  // last stage: [capacity, classes], d loss / d logits from the forward's loss
 } StageSlot;
 
 typedef struct {
@@ -51,7 +53,6 @@ typedef struct {
     int n_slots, live, peak_live;
     Tensor *grad_scratch;       // [n_layers]: d loss / d output of each layer, one backward at a time
     Tensor grad_input;          // [rows, in]: d loss / d input, for the previous stage
-    size_t slot_bytes;          // a slot's activations, in bytes
 } Stage;
 
 // Layers [first_layer, end_layer) of the MLP of `sizes` (sizes = {784, 512, 512, 10}:

@@ -31,6 +31,7 @@ How an expected block is compared with what the command printed:
   - "..." stands for anything: a line of "..." for lines left out, "..." inside a
     line for the rest of it; a note after two spaces, "   (the same on every rank)",
     is the guide's, not the program's;
+  - runs of spaces count as one (a table's columns widen with their numbers);
   - what varies from run to run or machine to machine is masked on both sides:
     times and rates ("0.11 s", "545760 samples/s", "71.3 ms", "GB/s"), shares of
     time ("(26%)", "100.0%"; accuracies have two decimals and stay), host names,
@@ -89,16 +90,21 @@ def mask(line, compare_checksums):
     return line
 
 
+def spaced(line):
+    """Runs of spaces as one: a table's columns widen with their numbers ("9.97 ms", "10.30 ms")."""
+    return re.sub(r' {2,}', ' ', line)
+
+
 def expected_regex(line):
     """An expected line (already masked) as a regex: '...' matches anything."""
     line = re.sub(r'\s{2,}\([^()]*\)$', '', line)  # the guide's note: "   (the same on every rank)"
-    parts = [re.escape(part) for part in line.split('...')]
+    parts = [re.escape(part) for part in spaced(line).split('...')]
     return re.compile('.*'.join(parts).replace(r'\ ', ' ') + r'\s*$')
 
 
 def compare(expected, printed, compare_checksums):
     """The expected lines not found among the printed ones, and how many were compared."""
-    printed = [mask(line, compare_checksums) for line in printed]
+    printed = [spaced(mask(line, compare_checksums)) for line in printed]
     used = [False] * len(printed)
     missing, compared = [], 0
     for raw in expected:

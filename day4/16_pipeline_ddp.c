@@ -1,0 +1,540 @@
+// Step 16: the model split across ranks, pipelined, under DDP.
+//                        PyTorch twin: torch.distributed.pipelining (PipelineStage, ScheduleGPipe,
+//                        Schedule1F1B) with each stage wrapped in DDP over its data-parallel group
+//
+// What it changes from step 6 (diff the two files): no rank holds the whole
+// model. The MLP's Linear layers are cut into --pp P stages, each on its own
+// rank: stage 0 takes the images, the last stage computes the loss, and in
+// between the activations go forward and their gradients come back, rank to
+// rank. A batch is cut into --micro_batches M micro-batches, so that stage 1
+// works on micro-batch 0 while stage 0 goes on with micro-batch 1; the
+// --schedule says in which order each stage runs its forwards and backwards:
+//   gpipe: every forward, then every backward (all M micro-batches' activations held);
+//   1f1b:  after a warm-up of P - s - 1 forwards, one forward, one backward (at most P held).
+// Either way a stage waits at the start and the end of each step (the bubble):
+// (P - 1) / (M + P - 1) of the time for equal stages. Gradients accumulate over
+// the micro-batches, each weighted by its share of the batch, so the step is
+// the same for every M and schedule. The world is P stages x D = world / P
+// replicas of the whole pipeline; each stage is wrapped in DDP over its D
+// replicas (a process group per stage, common/group.h), which average that
+// stage's gradients during the last micro-batch's backward.
+//
+// With the same seed and flags, P stages x D replicas take the steps of step 6
+// on D ranks (with M = 1, bit for bit: the same operations in the same order).
+//
+// Build and run:
+//   make day4/16_pipeline_ddp
+//   mpirun -np 2 day4/16_pipeline_ddp --pp 2                     (add --oversubscribe on fewer cores)
+//   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --schedule gpipe
+//   mpirun -np 4 day4/16_pipeline_ddp --pp 4 --hidden 512,512,512 --micro_batches 8 --print_schedule
+//   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 8 --timeline img/16_timeline.png
+//
+// Expected output (2 ranks on 2 cores; times and idle shares vary):
+//   Step 16: 2 pipeline stages x 1 replica: MLP 784-128-10, 101770 weights; 1f1b schedule, 1 micro-batch of 6400 rows; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
+//   rank 0: stage 0 of 2 (fc.0), replica 0 of 1
+//   rank 1: stage 1 of 2 (fc.2), replica 0 of 1
+//   epoch 1/5: mean loss 1.9859 over 10 steps, 0.28 s, 211557 samples/s; idle: stage 0 10%, stage 1 91%
+//   ...
+//   epoch 5/5: mean loss 0.4724 over 10 steps, 0.24 s, 246214 samples/s; idle: stage 0 11%, stage 1 93%
+//   World Size: 2. Training completed in 1.25 seconds. Test accuracy: 89.14% (8914 of 10000)
+//   Pipeline: 1f1b, 1 micro-batch; the bubble of equal stages: (P - 1) / (M + P - 1) = 50%
+//   stage  layers           work   forward  backward   idle  predicted  activations held at most
+//       0  fc.0            98.7%   9.97 ms  10.17 ms    11%         8%  1 micro-batch, 3.28 MB
+//       1  fc.2             1.3%   0.84 ms   0.86 ms    93%        92%  1 micro-batch, 3.79 MB
+//   [rank 1] parameter checksum 9813245f45e0e358 (the whole model: stages 0 to 1 of replica 0)
+//   Loss curve: img/16_pipeline_ddp.png
+// (Step 2's losses, accuracy and weights: the checksum is step 2's and step 6's on one rank.)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"            // args_parse: the flags and --help
+#include "check.h"           // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "collectives.h"     // group_exchange: activations and gradients, stage to stage
+#include "ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
+#include "dist.h"            // dist_init, dist_rank, print0: the world
+#include "group.h"           // group_split: the pipeline and data-parallel groups
+#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"        // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
+#include "pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
+#include "plot.h"            // plot_timeline_png: the schedule, stage by stage
+#include "profile.h"         // profile_start, profile_push: named time ranges (--trace)
+#include "schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
+#include "threads.h"         // threads_init: this rank's CPU threads
+#include "timer.h"           // wall_seconds
+
+enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
+
+// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
+static int model_sizes(const char *hidden, int *sizes) {
+    int n = 0;
+    sizes[n++] = MNIST_PIXELS;
+    for (const char *p = hidden; *p;) {
+        char *end = NULL;
+        long width = strtol(p, &end, 10);
+        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
+            n == MAX_SIZES - 1)
+            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
+                        hidden, MAX_SIZES - 2, 1 << 20);
+        sizes[n++] = (int)width;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
+    sizes[n++] = MNIST_CLASSES;
+    return n;
+}
+
+// "784-512-512-10"
+static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
+    size_t used = 0;
+    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
+}
+
+// Stage s of P takes layers [first, end): an even share of the Linears, as
+// torch.distributed.pipelining's split points at equal layer counts would.
+static int stage_first_layer(int stage, int stages, int layers) { return stage * layers / stages; }
+
+// "fc.0" or "fc.2 to fc.6": a stage's layers by their state_dict names.
+static void describe_layers(int first, int end, char *out, size_t size) {
+    if (end - first == 1) snprintf(out, size, "fc.%d", 2 * first);
+    else snprintf(out, size, "fc.%d to fc.%d", 2 * first, 2 * (end - 1));
+}
+
+// A batch of `rows` rows in M micro-batches: the first rows % M take one row more.
+static int micro_rows(int rows, int micro_batches, int i) { return rows / micro_batches + (i < rows % micro_batches); }
+static int micro_offset(int rows, int micro_batches, int i) {
+    int offset = 0;
+    for (int j = 0; j < i; j++) offset += micro_rows(rows, micro_batches, j);
+    return offset;
+}
+
+// What one step measured on this stage: the compute of each action (from
+// the step's start), and the time spent in exchanges and waits.
+typedef struct {
+    double step_start;                    // the step's start (wall_seconds: one clock on a node)
+    double *start, *end;                  // [2M], aligned with the schedule's actions, from step_start
+    double forward, backward, idle, all;  // seconds, summed over the steps of an epoch
+} StepTimes;
+
+// The last full step's timeline (a last, smaller batch would show less): --timeline's.
+typedef struct {
+    double step_start, *start, *end;
+} StepTimeline;
+
+// One optimizer step's forwards and backwards on this stage, in the order the
+// schedule gives them (torch's schedule.step(x) / step(target=y, losses=...)).
+// Before each action, one exchange with the neighbouring stages: what the
+// last action produced goes out, what this one needs comes in. Returns the
+// batch's loss on the last stage (0 on the others).
+static float pipeline_step(Stage *stage, const Schedule *schedule, int stage_index, const Group *pipeline,
+                           const Tensor *images, const int *labels, int rows, Ddp *ddp, StepTimes *times) {
+    int m = schedule->micro_batches;
+    const Action *actions = schedule_actions(schedule, stage_index);
+    P2pSend send = {0};
+    int n_send = 0;
+    float loss = 0.0f;
+    double step_start = times->step_start = wall_seconds();
+    for (int k = 0; k < 2 * m; k++) {
+        int i = actions[k].micro_batch, rows_i = micro_rows(rows, m, i), offset = micro_offset(rows, m, i);
+        bool forward = actions[k].kind == ACTION_FORWARD;
+        // Receive: activations from the stage before, or gradients from the stage after.
+        P2pReceive receive = {0};
+        int n_receive = 0;
+        if (forward && !stage->is_first) receive = (P2pReceive){stage_input(stage, i, rows_i), stage_index - 1}, n_receive = 1;
+        if (!forward && !stage->is_last) receive = (P2pReceive){stage_grad_output(stage, rows_i), stage_index + 1}, n_receive = 1;
+        double wait_start = wall_seconds();
+        profile_push("exchange");
+        group_exchange(pipeline, &send, n_send, &receive, n_receive);
+        device_synchronize();  // on a GPU, what was received is there: the wait is idle time, not compute
+        profile_pop();
+        n_send = 0;
+        double compute_start = wall_seconds();
+        times->idle += compute_start - wait_start;
+
+        if (forward) {
+            // The first stage's input is micro-batch i's rows of the batch; the others', what came in.
+            Tensor rows_of_batch = {0};
+            if (stage->is_first)
+                rows_of_batch = (Tensor){.data = images->data + (size_t)offset * images->cols, .rows = rows_i,
+                                         .cols = images->cols, .device = images->device};
+            const Tensor *out = stage_forward(stage, i, stage->is_first ? &rows_of_batch : receive.tensor);
+            if (stage->is_last) {
+                float weight = (float)rows_i / (float)rows;  // its share of the batch
+                loss += weight * stage_loss(stage, i, labels + offset, weight);  // criterion(output, target)
+            } else {
+                send = (P2pSend){out, stage_index + 1}, n_send = 1;
+            }
+        } else {
+            // DDP averages this stage's gradients over its replicas during the
+            // last micro-batch's backward (model.no_sync() for the others).
+            ddp_set_sync(ddp, i == m - 1);
+            const Tensor *grad_input = stage_backward(stage, i, ddp_grad_ready, ddp);
+            if (!stage->is_first) send = (P2pSend){grad_input, stage_index - 1}, n_send = 1;
+        }
+        device_synchronize();  // on a GPU, the compute is done: its time is busy time
+        double compute_end = wall_seconds();
+        (forward ? &times->forward : &times->backward)[0] += compute_end - compute_start;
+        times->start[k] = compute_start - step_start;
+        times->end[k] = compute_end - step_start;
+    }
+    double wait_start = wall_seconds();
+    group_exchange(pipeline, &send, n_send, NULL, 0);  // the last action's output
+    times->idle += wall_seconds() - wait_start;
+    times->all += wall_seconds() - step_start;
+    return loss;
+}
+
+// The test set through the pipeline, forward only, in chunks of `chunk` rows:
+// the last stage counts the correct predictions; every stage returns the count.
+static long pipeline_correct(Stage *stage, int stage_index, const Group *pipeline, const Tensor *images,
+                             const int *labels, int n, int chunk) {
+    long correct = 0;
+    int *predictions = xmalloc((size_t)chunk * sizeof(int));
+    for (int start = 0, c = 0; start < n; start += chunk, c++) {
+        int rows = n - start < chunk ? n - start : chunk;
+        Tensor rows_of_set = {0};
+        const Tensor *x = &rows_of_set;
+        if (stage->is_first)
+            rows_of_set = (Tensor){.data = images->data + (size_t)start * images->cols, .rows = rows,
+                                   .cols = images->cols, .device = images->device};
+        else {
+            P2pReceive receive = {stage_input(stage, c, rows), stage_index - 1};
+            group_exchange(pipeline, NULL, 0, &receive, 1);
+            x = receive.tensor;
+        }
+        const Tensor *out = stage_forward(stage, c, x);
+        if (stage->is_last) {
+            argmax_rows(out, predictions);
+            for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
+        } else {
+            P2pSend send = {out, stage_index + 1};
+            group_exchange(pipeline, &send, 1, NULL, 0);
+        }
+        stage_release(stage, c);
+    }
+    free(predictions);
+    float count = (float)correct;  // exact: at most 10000
+    dist_broadcast_over(pipeline->mpi, &count, 1, pipeline->size - 1);
+    return (long)count;
+}
+
+// The whole model's parameter checksum: each stage goes on from the hash of
+// the stages before it (params_checksum_continue), so the last stage ends with
+// what step 6's params_checksum gives for the same weights.
+static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline) {
+    unsigned long long hash = PARAMS_CHECKSUM_START;
+    if (stage_index > 0)
+        CHECK_MPI(MPI_Recv(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index - 1, 1, pipeline->mpi, MPI_STATUS_IGNORE));
+    hash = params_checksum_continue(hash, stage->params, stage->n_params);
+    if (stage_index < pipeline->size - 1)
+        CHECK_MPI(MPI_Send(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index + 1, 1, pipeline->mpi));
+    return hash;
+}
+
+// --save: the whole model in one state_dict file, written by rank 0 (stage 0
+// of replica 0), the other stages' weights sent to it: the layout of step 6's
+// files, so that weights go freely between the two programs.
+static void save_whole_model(const char *path, const Stage *stage, int stage_index, int replica, const Group *pipeline,
+                             const int *sizes, int n_sizes) {
+    if (replica != 0) return;
+    int layers = n_sizes - 1, stages = pipeline->size;
+    if (stage_index > 0) {
+        for (int p = 0; p < stage->n_params; p++) {
+            float *values = xmalloc(tensor_numel(stage->params[p].value) * sizeof(float));
+            tensor_to_host(stage->params[p].value, values);
+            CHECK_MPI(MPI_Send(values, (int)tensor_numel(stage->params[p].value), MPI_FLOAT, 0, 2, pipeline->mpi));
+            free(values);
+        }
+        return;
+    }
+    Param *all = xcalloc((size_t)(2 * layers), sizeof(Param));
+    Tensor *received = xcalloc((size_t)(2 * layers), sizeof(Tensor));
+    for (int p = 0; p < stage->n_params; p++) all[p] = stage->params[p];
+    for (int s = 1; s < stages; s++)
+        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++)
+            for (int bias = 0; bias < 2; bias++) {
+                int p = 2 * l + bias;
+                received[p] = tensor_zeros(bias ? 1 : sizes[l + 1], bias ? sizes[l + 1] : sizes[l], DEVICE_CPU);
+                CHECK_MPI(MPI_Recv(received[p].data, (int)tensor_numel(&received[p]), MPI_FLOAT, s, 2, pipeline->mpi,
+                                   MPI_STATUS_IGNORE));
+                all[p] = (Param){.value = &received[p]};
+                snprintf(all[p].name, sizeof all[p].name, "fc.%d.%s", 2 * l, bias ? "bias" : "weight");
+            }
+    h5_save_params(path, all, 2 * layers);
+    for (int p = 0; p < 2 * layers; p++) tensor_free(&received[p]);
+    free(received);
+    free(all);
+}
+
+// --timeline: the last step of every stage of replica 0, as measured, above
+// both schedules replayed with the stages' measured times per micro-batch
+// (schedule_replay): where the bubble is, and what 1F1B changes.
+static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
+                          int replica, const double *forward_of, const double *backward_of) {
+    if (replica != 0) return;
+    int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
+    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double)), *all = xmalloc((size_t)p * (2 * n + 1) * sizeof(double));
+    mine[0] = times->step_start;
+    for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
+    CHECK_MPI(MPI_Gather(mine, 2 * n + 1, MPI_DOUBLE, all, 2 * n + 1, MPI_DOUBLE, 0, pipeline->mpi));
+    if (pipeline->rank == 0) {
+        double first_start = all[0];
+        for (int s = 1; s < p; s++) first_start = all[s * (2 * n + 1)] < first_start ? all[s * (2 * n + 1)] : first_start;
+        PlotBlock *blocks = xmalloc((size_t)3 * p * n * sizeof(PlotBlock));
+        PlotTimelinePanel panels[3];
+        char titles[3][96];
+        snprintf(titles[0], sizeof titles[0], "%s, measured: the last full step", schedule_kind_name(schedule->kind));
+        for (int s = 0; s < p; s++) {
+            const double *row = &all[s * (2 * n + 1)], shift = row[0] - first_start;
+            const Action *actions = schedule_actions(schedule, s);
+            for (int k = 0; k < n; k++)
+                blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * (shift + row[1 + k]),
+                                                .end = 1e3 * (shift + row[1 + n + k]), .label = actions[k].micro_batch,
+                                                .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD : PLOT_BACKWARD};
+        }
+        panels[0] = (PlotTimelinePanel){.title = titles[0], .n_rows = p, .blocks = blocks, .n_blocks = p * n};
+        ScheduleKind kinds[2] = {SCHEDULE_GPIPE, SCHEDULE_1F1B};
+        for (int j = 0; j < 2; j++) {
+            Schedule other = schedule_new(kinds[j], p, m);
+            Replay replay;
+            char why[256];
+            CHECK(schedule_replay(&other, forward_of, backward_of, &replay, why, sizeof why), "replay: %s", why);
+            PlotBlock *panel_blocks = blocks + (size_t)(1 + j) * p * n;
+            for (int s = 0; s < p; s++) {
+                const Action *actions = schedule_actions(&other, s);
+                for (int k = 0; k < n; k++)
+                    panel_blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * replay.intervals[s * n + k].start,
+                                                          .end = 1e3 * replay.intervals[s * n + k].end,
+                                                          .label = actions[k].micro_batch,
+                                                          .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD
+                                                                                                    : PLOT_BACKWARD};
+            }
+            snprintf(titles[1 + j], sizeof titles[1 + j], "%s, replayed with these stages' times: idle %.0f%% on stage 0",
+                     schedule_kind_name(kinds[j]), 100 * replay.idle_share[0]);
+            panels[1 + j] = (PlotTimelinePanel){.title = titles[1 + j], .n_rows = p, .blocks = panel_blocks,
+                                                .n_blocks = p * n};
+            replay_free(&replay);
+            schedule_free(&other);
+        }
+        char title[128];
+        snprintf(title, sizeof title, "Step 16: %d stages, %d micro-batch%s", p, m, m == 1 ? "" : "es");
+        plot_timeline_png(path, title, "time in the step (ms)", panels, 3);
+        print0("Timeline: %s\n", path);
+        free(blocks);
+    }
+    free(mine);
+    free(all);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/16_pipeline_ddp.png");
+    int pp = 1, micro_batches = 1, print_schedule = 0;
+    const char *hidden = "128", *schedule_flag = "1f1b", *trace = NULL, *timeline = NULL;
+    double bucket_mb = 25.0;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"pp", ARG_INT, &pp, "P", "pipeline stages (the world is P stages x world / P replicas)", 1, NULL},
+        {"micro_batches", ARG_INT, &micro_batches, "M", "micro-batches a batch is cut into", 1, NULL},
+        {"schedule", ARG_STRING, &schedule_flag, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
+        {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths (512,512,512: four Linears)", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size of each stage's DDP; 0: one bucket per tensor", 0, NULL},
+        {"print_schedule", ARG_SWITCH, &print_schedule, NULL, "print each stage's actions", 0, NULL},
+        {"timeline", ARG_OUTPUT_OR_NONE, &timeline, "FILE.png", "the last step's timeline, and both schedules' replayed", 0, NULL},
+        {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 16: the MLP split into pipeline stages across ranks (GPipe, 1F1B), each stage under DDP.");
+    int rank = dist_rank(), world = dist_world_size();
+    int sizes[MAX_SIZES];
+    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    char model_name[128];
+    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    size_t weights = 0;  // the whole model's, though no rank holds them all
+    for (int l = 0; l < n_layers; l++) weights += (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];
+    ScheduleKind kind;
+    if (!schedule_kind_from_name(schedule_flag, &kind)) usage_error("--schedule %s: expected gpipe or 1f1b", schedule_flag);
+    if (world % pp != 0)
+        usage_error("--pp %d: the world size %d is not a multiple of it (the world is P stages x D replicas)", pp, world);
+    if (pp > n_layers)
+        usage_error("--pp %d: the MLP %s has %d Linear layer%s, so at most %d stage%s (--hidden 512,512,512 makes 4)", pp,
+                    model_name, n_layers, n_layers == 1 ? "" : "s", n_layers, n_layers == 1 ? "" : "s");
+    if (micro_batches > opt.batch_size || opt.batch_size % micro_batches != 0)
+        usage_error("--micro_batches %d: expected a divisor of --batch_size %d", micro_batches, opt.batch_size);
+    Device device = device_from_flag(opt.device);
+    threads_init(opt.threads);
+
+    // The grid: rank = replica x P + stage. A replica's stages are neighbours,
+    // so on a node its activations go through shared memory (or NVLink).
+    int stage_index = rank % pp, replica = rank / pp, replicas = world / pp;
+    Group pipeline = group_split(replica, stage_index);       // my replica's stages, in order
+    Group data_parallel = group_split(stage_index, replica);  // my stage's replicas
+
+    // Data: replica d takes positions d, d + D, ... (a sampler over D, not the world);
+    // every stage of a replica walks the same batches.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    DistributedSampler sampler = sampler_new(train.n, replicas, replica, !opt.no_shuffle, (uint64_t)opt.seed);
+    int last_rows = sampler.num_samples - (sampler_num_batches(&sampler, opt.batch_size) - 1) * opt.batch_size;
+    if (last_rows < micro_batches)
+        usage_error("--micro_batches %d: each replica's last batch has %d rows (%d samples in batches of %d), fewer "
+                    "than the micro-batches", micro_batches, last_rows, sampler.num_samples, opt.batch_size);
+
+    // Model: this rank's stage, layers [first, end) of the MLP, initialised as
+    // the whole model would be (every rank draws every layer's weights in order).
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    int first = stage_first_layer(stage_index, pp, n_layers), end = stage_first_layer(stage_index + 1, pp, n_layers);
+    Stage stage = stage_new(sizes, n_sizes, first, end, opt.batch_size / micro_batches, &rng, device);
+    if (opt.init) h5_load_params(opt.init, stage.params, stage.n_params);  // its own layers, by name
+    Ddp ddp = ddp_wrap_group(stage.params, stage.n_params, bucket_mb, &data_parallel);  // DDP(stage, process_group)
+    Adam optimizer = adam_new(stage.params, stage.n_params, opt.lr);
+    Schedule schedule = schedule_new(kind, pp, micro_batches);
+
+    print0("Step 16: %d pipeline stage%s x %d replica%s: MLP %s, %zu weights; %s schedule, %d micro-batch%s of %d "
+           "rows; Adam lr %g; batch %d per replica; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           pp, pp == 1 ? "" : "s", replicas, replicas == 1 ? "" : "s", model_name, weights, schedule_kind_name(kind),
+           micro_batches, micro_batches == 1 ? "" : "es", opt.batch_size / micro_batches, opt.lr, opt.batch_size,
+           opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed, device_name(device),
+           threads_describe());
+    for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
+        char layers[64];
+        int s = r % pp;
+        describe_layers(stage_first_layer(s, pp, n_layers), stage_first_layer(s + 1, pp, n_layers), layers, sizeof layers);
+        print0("rank %d: stage %d of %d (%s), replica %d of %d\n", r, s, pp, layers, r / pp, replicas);
+    }
+    if (print_schedule) {
+        char text[8192];
+        schedule_format(&schedule, text, sizeof text);
+        print0("%s", text);
+    }
+
+    Tensor batch_images = tensor_zeros(stage.is_first ? opt.batch_size : 0, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));                               // [B]
+    StepTimes times = {.start = xcalloc((size_t)(2 * micro_batches), sizeof(double)),
+                       .end = xcalloc((size_t)(2 * micro_batches), sizeof(double))};
+    StepTimeline shown = {.start = xcalloc((size_t)(2 * micro_batches), sizeof(double)),
+                          .end = xcalloc((size_t)(2 * micro_batches), sizeof(double))};
+    double total_forward = 0, total_backward = 0, total_idle = 0, total_all = 0;
+    long total_steps = 0;
+    LossLog losses = {0};
+
+    if (trace) profile_start(trace);
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
+        double loss_sum = 0.0;
+        times.forward = times.backward = times.idle = times.all = 0;
+        for (int b = 0; b < n_batches; b++) {
+            Tensor x = {0};
+            int rows = stage.is_first ? (x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels)).rows
+                                      : mnist_batch_labels(&train, &sampler, b, opt.batch_size, batch_labels);
+            stage_zero_grad(&stage);  // optimizer.zero_grad()
+            float loss = pipeline_step(&stage, &schedule, stage_index, &pipeline, &x, batch_labels, rows, &ddp, &times);
+            if (rows == opt.batch_size) {
+                shown.step_start = times.step_start;
+                memcpy(shown.start, times.start, (size_t)(2 * micro_batches) * sizeof(double));
+                memcpy(shown.end, times.end, (size_t)(2 * micro_batches) * sizeof(double));
+            }
+            ddp_finish(&ddp);         // this stage's gradients averaged over its replicas
+            adam_step(&optimizer);    // optimizer.step(): each stage steps its own layers
+            // For the log: the last stage's loss, averaged over the replicas, then told to every stage.
+            if (stage.is_last) {
+                dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);
+                loss /= (float)replicas;
+            }
+            dist_broadcast_over(pipeline.mpi, &loss, 1, pp - 1);
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        // Each stage's idle share this epoch: the bubble, measured.
+        double idle = times.idle / times.all, *idle_of = xmalloc((size_t)pp * sizeof(double));
+        CHECK_MPI(MPI_Gather(&idle, 1, MPI_DOUBLE, idle_of, 1, MPI_DOUBLE, 0, pipeline.mpi));
+        char shares[256] = "";
+        for (int s = 0, used = 0; s < pp && used < (int)sizeof shares; s++)
+            used += snprintf(shares + used, sizeof shares - used, "%sstage %d %.0f%%", s ? ", " : "", s, 100 * idle_of[s]);
+        free(idle_of);
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, opt.epochs,
+               loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds,
+               (double)sampler.num_samples * replicas / seconds, shares);
+        total_forward += times.forward, total_backward += times.backward, total_idle += times.idle, total_all += times.all;
+        total_steps += n_batches;
+    }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
+    double train_seconds = wall_seconds() - train_start;
+    size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
+
+    Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]
+    long correct = pipeline_correct(&stage, stage_index, &pipeline, &test_images, test.labels, test.n, opt.batch_size);
+    print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%ld of %d)\n", world,
+           train_seconds, 100.0 * correct / test.n, correct, test.n);
+
+    // Per stage: its share of the work, its times per micro-batch, and its idle
+    // share measured beside the replay's prediction and the textbook's.
+    double per_micro = 1.0 / ((double)total_steps * micro_batches);
+    enum { FIGURES = 6 };
+    double mine[FIGURES] = {stage_flops_per_sample(&stage), total_forward * per_micro, total_backward * per_micro,
+                            total_idle / total_all, stage.peak_live, (double)peak_activations};
+    double *all = xmalloc((size_t)(FIGURES * pp) * sizeof(double));
+    CHECK_MPI(MPI_Allgather(mine, FIGURES, MPI_DOUBLE, all, FIGURES, MPI_DOUBLE, pipeline.mpi));
+    double *forward_of = xmalloc((size_t)pp * sizeof(double)), *backward_of = xmalloc((size_t)pp * sizeof(double));
+    double flops = 0;
+    for (int s = 0; s < pp; s++)
+        forward_of[s] = all[FIGURES * s + 1], backward_of[s] = all[FIGURES * s + 2], flops += all[FIGURES * s];
+    Replay replay;
+    char why[256];
+    CHECK(schedule_replay(&schedule, forward_of, backward_of, &replay, why, sizeof why), "schedule replay: %s", why);
+    print0("Pipeline: %s, %d micro-batch%s; the bubble of equal stages: (P - 1) / (M + P - 1) = %.0f%%\n",
+           schedule_kind_name(kind), micro_batches, micro_batches == 1 ? "" : "es",
+           100 * schedule_bubble(pp, micro_batches));
+    // Per micro-batch: forward and backward times; idle: measured, and the
+    // replay of this schedule with those times; the activations' peak, measured.
+    print0("stage  layers           work   forward  backward   idle  predicted  activations held at most\n");
+    for (int s = 0; s < pp; s++) {
+        char layers[64];
+        const double *f = &all[FIGURES * s];
+        describe_layers(stage_first_layer(s, pp, n_layers), stage_first_layer(s + 1, pp, n_layers), layers, sizeof layers);
+        print0("%5d  %-14s %5.1f%%  %5.2f ms  %5.2f ms  %4.0f%%  %8.0f%%  %.0f micro-batch%s, %.2f MB\n", s, layers,
+               100 * f[0] / flops, 1e3 * f[1], 1e3 * f[2], 100 * f[3], 100 * replay.idle_share[s], f[4],
+               f[4] == 1 ? "" : "es", f[5] / 1e6);
+    }
+    if (timeline && *timeline) draw_timeline(timeline, &schedule, &shown, &pipeline, replica, forward_of, backward_of);
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    if (replicas > 1) print0("DDP (stage 0's): %s\n", overlap);
+    unsigned long long checksum = whole_model_checksum(&stage, stage_index, &pipeline);
+    if (stage.is_last)
+        print_rank("parameter checksum %016llx (the whole model: stages 0 to %d of replica %d)\n", checksum, pp - 1,
+                   replica);
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (opt.save) save_whole_model(opt.save, &stage, stage_index, replica, &pipeline, sizes, n_sizes);
+    if (rank == 0 && opt.plot && *opt.plot) {
+        char title[96];
+        snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stages x %d replicas", pp, replicas);
+        loss_log_plot(&losses, opt.plot, title, "mean loss");
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    replay_free(&replay);
+    free(all), free(forward_of), free(backward_of);
+    free(times.start), free(times.end), free(shown.start), free(shown.end);
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    schedule_free(&schedule);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    stage_free(&stage);
+    group_free(&data_parallel);
+    group_free(&pipeline);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
