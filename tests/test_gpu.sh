@@ -112,6 +112,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 13 on the GPU: a kill and a restart end as the run without one"
+    "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses"
     "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more" "compute-sanitizer")
 if [ "$gpus" -eq 0 ]; then
     for what in "${gpu_checks[@]}"; do
@@ -194,6 +195,19 @@ mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/
 day1/2_mnist_training --no-shuffle --epochs 1 --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
 verdict=$(same_losses "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
 check "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
+
+# Step 16 on the GPU: 2 stages (activations and gradients by NCCL send/receive with a GPU per rank,
+# MPI on host copies where ranks share one), 4 micro-batches, take step 2's GPU steps; with 4 GPUs,
+# 2 stages x 2 replicas (DDP over split NCCL communicators) take step 6's on 2.
+mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --no-shuffle --epochs 1 --losses "$tmp/pp2.csv" --plot '' > "$tmp/g16" 2>&1
+verdict=$(same_losses "$tmp/one.csv" "$tmp/pp2.csv" 1e-5)
+check "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses within 1e-5: $verdict" test $? -eq 0
+if [ "$gpus" -ge 4 ]; then
+    mpi 4 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --schedule gpipe --no-shuffle --epochs 1 --batch_size 3200 \
+        --losses "$tmp/pp2dp2.csv" --plot '' > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/ddp2.csv" "$tmp/pp2dp2.csv" 1e-5)
+    check "step 16 on 4 GPUs, 2 stages x 2 replicas (split NCCL communicators), GPipe: step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
+fi
 
 # With a GPU per rank, NCCL's allreduce runs on the communication stream; the
 # trace places each bucket's allreduce there by its CUDA events, as the CPU's
@@ -353,6 +367,7 @@ if [ "$gpus" -ge 2 ]; then
             lost_peer $place $np 6 day3/13_fault_tolerant_ddp --total_epochs=1 --snapshot="$tmp/lost13_${np}_$place.h5" --plot=
             lost_peer $place $np 10 day3/14_cnn_ddp --max_steps 5 --plot ''
             lost_peer $place $np 3 day3/12_collectives --device cuda  # its third collective, allreduce
+            lost_peer $place $np 6 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --epochs 1 --plot ''  # a send or receive
         done
     done
 fi

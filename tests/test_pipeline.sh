@@ -141,3 +141,20 @@ refused 2 "--micro_batches larger than the batch" '--micro_batches 128: expected
 refused 2 "--micro_batches above the last batch's rows (60000 = 8571 x 7 + 3)" "each replica's last batch has 3 rows" --pp 2 --batch_size 7 --micro_batches 7
 refused 2 "--hidden that does not parse" "--hidden 512,,512: expected" --pp 2 --hidden 512,,512
 refused 2 "--schedule unknown" "--schedule expects one of gpipe|1f1b, got 'interleaved'" --pp 2 --schedule interleaved
+
+# ---------------------------------------------------------------- a rank killed mid-pipeline
+# Its neighbour waits for activations or gradients that never come; mpirun ends the job (on GPUs,
+# the polled waits do where nothing else would: tests/test_gpu.sh's lost peer).
+: > "$tmp/killed.out"  # there before the job's own redirection, which the loop below may outrun
+timeout 120 $MPIRUN -np 2 day4/16_pipeline_ddp --pp 2 --data "$DATA" --epochs 50 --plot '' > "$tmp/killed.out" 2>&1 &
+job=$!
+for ((t = 0; t < 300; t++)); do grep -q '^epoch 1/' "$tmp/killed.out" && break; sleep 0.1; done
+launcher=$(pgrep -P "$job" | head -1)
+victim=$(pgrep -P "${launcher:-0}" | tail -1)
+start=$(date +%s)
+[ -n "$victim" ] && kill -KILL "$victim"
+wait "$job"
+status=$?
+seconds=$(($(date +%s) - start))
+check "a stage killed mid-pipeline (SIGKILL, pid ${victim:-none}) ends the job: exit $status after $seconds s, not the test's timeout" \
+    test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a $seconds -lt 60
