@@ -210,6 +210,9 @@ static long pipeline_correct(Stage *stage, int stage_index, const Group *pipelin
         } else {
             P2pSend send = {out, stage_index + 1};
             group_exchange(pipeline, &send, 1, NULL, 0);
+            // As in training, the exchange is waited for before the host goes on (to an MPI call
+            // below): a GPU sends by itself, but tests/fake_gpu runs a stream only when waited for.
+            device_synchronize();
         }
         stage_release(stage, c);
     }
