@@ -2,15 +2,16 @@
 //                        PyTorch twin: torch.distributed.pipelining (PipelineStage, ScheduleGPipe,
 //                        Schedule1F1B) with each stage wrapped in DDP over its data-parallel group
 //
-// What it changes from step 6 (diff the two files): no rank holds the whole
-// model. The MLP's Linear layers are cut into --pp P stages, each on its own
+// What it changes from step 6: no rank holds the whole model (step 6's
+// forward, loss and backward become pipeline_step, which every stage runs on
+// its own layers). The MLP's Linear layers are cut into --pp P stages, each on its own
 // rank: stage 0 takes the images, the last stage computes the loss, and in
 // between the activations go forward and their gradients come back, rank to
 // rank. A batch is cut into --micro_batches M micro-batches, so that stage 1
 // works on micro-batch 0 while stage 0 goes on with micro-batch 1; the
 // --schedule says in which order each stage runs its forwards and backwards:
 //   gpipe: every forward, then every backward (all M micro-batches' activations held);
-//   1f1b:  after a warm-up of P - s - 1 forwards, one forward, one backward (at most P held).
+//   1f1b:  after a warm-up of P - s - 1 forwards, one forward, one backward (at most P - s held).
 // Either way a stage waits at the start and the end of each step (the bubble):
 // (P - 1) / (M + P - 1) of the time for equal stages. Gradients accumulate over
 // the micro-batches, each weighted by its share of the batch, so the step is
@@ -27,7 +28,7 @@
 //   mpirun -np 2 day4/16_pipeline_ddp --pp 2                     (add --oversubscribe on fewer cores)
 //   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --schedule gpipe
 //   mpirun -np 4 day4/16_pipeline_ddp --pp 4 --hidden 512,512,512 --micro_batches 8 --print_schedule
-//   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 8 --timeline img/16_timeline.png
+//   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --hidden 1024,1024,1024 --micro_batches 4 --timeline img/16_timeline.png
 //
 // Expected output (2 ranks on 2 cores; times and idle shares vary):
 //   Step 16: 2 pipeline stages x 1 replica: MLP 784-128-10, 101770 weights; 1f1b schedule, 1 micro-batch of 6400 rows; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
@@ -38,7 +39,7 @@
 //   epoch 5/5: mean loss 0.4724 over 10 steps, 0.24 s, 246214 samples/s; idle: stage 0 11%, stage 1 93%
 //   World Size: 2. Training completed in 1.25 seconds. Test accuracy: 89.14% (8914 of 10000)
 //   Pipeline: 1f1b, 1 micro-batch; the bubble of equal stages: (P - 1) / (M + P - 1) = 50%
-//   stage  layers           work   forward  backward   idle  predicted  activations held at most
+//   stage  layers           work    forward   backward   idle  predicted  activations held at most
 //       0  fc.0            98.7%   9.97 ms  10.17 ms    11%         8%  1 micro-batch, 3.28 MB
 //       1  fc.2             1.3%   0.84 ms   0.86 ms    93%        92%  1 micro-batch, 3.79 MB
 //   [rank 1] parameter checksum 9813245f45e0e358 (the whole model: stages 0 to 1 of replica 0)
@@ -222,113 +223,13 @@ static long pipeline_correct(Stage *stage, int stage_index, const Group *pipelin
     return (long)count;
 }
 
-// The whole model's parameter checksum: each stage goes on from the hash of
-// the stages before it (params_checksum_continue), so the last stage ends with
-// what step 6's params_checksum gives for the same weights.
-static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline) {
-    unsigned long long hash = PARAMS_CHECKSUM_START;
-    if (stage_index > 0)
-        CHECK_MPI(MPI_Recv(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index - 1, 1, pipeline->mpi, MPI_STATUS_IGNORE));
-    hash = params_checksum_continue(hash, stage->params, stage->n_params);
-    if (stage_index < pipeline->size - 1)
-        CHECK_MPI(MPI_Send(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index + 1, 1, pipeline->mpi));
-    return hash;
-}
-
-// --save: the whole model in one state_dict file, written by rank 0 (stage 0
-// of replica 0), the other stages' weights sent to it: the layout of step 6's
-// files, so that weights go freely between the two programs.
+// The reports, after main: the whole model's checksum (hashed stage after stage),
+// --save (rank 0 writes every stage's layers) and --timeline.
+static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline);
 static void save_whole_model(const char *path, const Stage *stage, int stage_index, int replica, const Group *pipeline,
-                             const int *sizes, int n_sizes) {
-    if (replica != 0) return;
-    int layers = n_sizes - 1, stages = pipeline->size;
-    if (stage_index > 0) {
-        for (int p = 0; p < stage->n_params; p++) {
-            float *values = xmalloc(tensor_numel(stage->params[p].value) * sizeof(float));
-            tensor_to_host(stage->params[p].value, values);
-            CHECK_MPI(MPI_Send(values, (int)tensor_numel(stage->params[p].value), MPI_FLOAT, 0, 2, pipeline->mpi));
-            free(values);
-        }
-        return;
-    }
-    Param *all = xcalloc((size_t)(2 * layers), sizeof(Param));
-    Tensor *received = xcalloc((size_t)(2 * layers), sizeof(Tensor));
-    for (int p = 0; p < stage->n_params; p++) all[p] = stage->params[p];
-    for (int s = 1; s < stages; s++)
-        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++)
-            for (int bias = 0; bias < 2; bias++) {
-                int p = 2 * l + bias;
-                received[p] = tensor_zeros(bias ? 1 : sizes[l + 1], bias ? sizes[l + 1] : sizes[l], DEVICE_CPU);
-                CHECK_MPI(MPI_Recv(received[p].data, (int)tensor_numel(&received[p]), MPI_FLOAT, s, 2, pipeline->mpi,
-                                   MPI_STATUS_IGNORE));
-                all[p] = (Param){.value = &received[p]};
-                snprintf(all[p].name, sizeof all[p].name, "fc.%d.%s", 2 * l, bias ? "bias" : "weight");
-            }
-    h5_save_params(path, all, 2 * layers);
-    for (int p = 0; p < 2 * layers; p++) tensor_free(&received[p]);
-    free(received);
-    free(all);
-}
-
-// --timeline: the last step of every stage of replica 0, as measured, above
-// both schedules replayed with the stages' measured times per micro-batch
-// (schedule_replay): where the bubble is, and what 1F1B changes.
+                             const int *sizes, int n_sizes);
 static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
-                          int replica, const double *forward_of, const double *backward_of) {
-    if (replica != 0) return;
-    int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
-    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double)), *all = xmalloc((size_t)p * (2 * n + 1) * sizeof(double));
-    mine[0] = times->step_start;
-    for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
-    CHECK_MPI(MPI_Gather(mine, 2 * n + 1, MPI_DOUBLE, all, 2 * n + 1, MPI_DOUBLE, 0, pipeline->mpi));
-    if (pipeline->rank == 0) {
-        double first_start = all[0];
-        for (int s = 1; s < p; s++) first_start = all[s * (2 * n + 1)] < first_start ? all[s * (2 * n + 1)] : first_start;
-        PlotBlock *blocks = xmalloc((size_t)3 * p * n * sizeof(PlotBlock));
-        PlotTimelinePanel panels[3];
-        char titles[3][96];
-        snprintf(titles[0], sizeof titles[0], "%s, measured: the last full step", schedule_kind_name(schedule->kind));
-        for (int s = 0; s < p; s++) {
-            const double *row = &all[s * (2 * n + 1)], shift = row[0] - first_start;
-            const Action *actions = schedule_actions(schedule, s);
-            for (int k = 0; k < n; k++)
-                blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * (shift + row[1 + k]),
-                                                .end = 1e3 * (shift + row[1 + n + k]), .label = actions[k].micro_batch,
-                                                .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD : PLOT_BACKWARD};
-        }
-        panels[0] = (PlotTimelinePanel){.title = titles[0], .n_rows = p, .blocks = blocks, .n_blocks = p * n};
-        ScheduleKind kinds[2] = {SCHEDULE_GPIPE, SCHEDULE_1F1B};
-        for (int j = 0; j < 2; j++) {
-            Schedule other = schedule_new(kinds[j], p, m);
-            Replay replay;
-            char why[256];
-            CHECK(schedule_replay(&other, forward_of, backward_of, &replay, why, sizeof why), "replay: %s", why);
-            PlotBlock *panel_blocks = blocks + (size_t)(1 + j) * p * n;
-            for (int s = 0; s < p; s++) {
-                const Action *actions = schedule_actions(&other, s);
-                for (int k = 0; k < n; k++)
-                    panel_blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * replay.intervals[s * n + k].start,
-                                                          .end = 1e3 * replay.intervals[s * n + k].end,
-                                                          .label = actions[k].micro_batch,
-                                                          .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD
-                                                                                                    : PLOT_BACKWARD};
-            }
-            snprintf(titles[1 + j], sizeof titles[1 + j], "%s, replayed with these stages' times: idle %.0f%% on stage 0",
-                     schedule_kind_name(kinds[j]), 100 * replay.idle_share[0]);
-            panels[1 + j] = (PlotTimelinePanel){.title = titles[1 + j], .n_rows = p, .blocks = panel_blocks,
-                                                .n_blocks = p * n};
-            replay_free(&replay);
-            schedule_free(&other);
-        }
-        char title[128];
-        snprintf(title, sizeof title, "Step 16: %d stages, %d micro-batch%s", p, m, m == 1 ? "" : "es");
-        plot_timeline_png(path, title, "time in the step (ms)", panels, 3);
-        print0("Timeline: %s\n", path);
-        free(blocks);
-    }
-    free(mine);
-    free(all);
-}
+                          int replica, const double *forward_of, const double *backward_of);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -339,12 +240,12 @@ int main(int argc, char **argv) {
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"pp", ARG_INT, &pp, "P", "pipeline stages (the world is P stages x world / P replicas)", 1, NULL},
-        {"micro_batches", ARG_INT, &micro_batches, "M", "micro-batches a batch is cut into", 1, NULL},
+        {"micro_batches", ARG_INT, &micro_batches, "M", "micro-batches a batch is cut into (a divisor of --batch_size)", 1, NULL},
         {"schedule", ARG_STRING, &schedule_flag, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths (512,512,512: four Linears)", 0, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size of each stage's DDP; 0: one bucket per tensor", 0, NULL},
         {"print_schedule", ARG_SWITCH, &print_schedule, NULL, "print each stage's actions", 0, NULL},
-        {"timeline", ARG_OUTPUT_OR_NONE, &timeline, "FILE.png", "the last step's timeline, and both schedules' replayed", 0, NULL},
+        {"timeline", ARG_OUTPUT_OR_NONE, &timeline, "FILE.png", "the last full step's timeline, and both schedules replayed", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 16: the MLP split into pipeline stages across ranks (GPipe, 1F1B), each stage under DDP.");
@@ -495,14 +396,15 @@ int main(int argc, char **argv) {
            100 * schedule_bubble(pp, micro_batches));
     // Per micro-batch: forward and backward times; idle: measured, and the
     // replay of this schedule with those times; the activations' peak, measured.
-    print0("stage  layers           work   forward  backward   idle  predicted  activations held at most\n");
+    print0("stage  layers           work    forward   backward   idle  predicted  activations held at most\n");
     for (int s = 0; s < pp; s++) {
         char layers[64];
         const double *f = &all[FIGURES * s];
         describe_layers(stage_first_layer(s, pp, n_layers), stage_first_layer(s + 1, pp, n_layers), layers, sizeof layers);
-        print0("%5d  %-14s %5.1f%%  %5.2f ms  %5.2f ms  %4.0f%%  %8.0f%%  %.0f micro-batch%s, %.2f MB\n", s, layers,
-               100 * f[0] / flops, 1e3 * f[1], 1e3 * f[2], 100 * f[3], 100 * replay.idle_share[s], f[4],
-               f[4] == 1 ? "" : "es", f[5] / 1e6);
+        double predicted = replay.idle_share[s] > 0 ? replay.idle_share[s] : 0;  // not "-0%" from rounding
+        print0("%5d  %-14s %5.1f%%  %6.2f ms  %6.2f ms  %4.0f%%  %8.0f%%  %.0f micro-batch%s, %.2f MB\n", s, layers,
+               100 * f[0] / flops, 1e3 * f[1], 1e3 * f[2], 100 * f[3], 100 * predicted, f[4], f[4] == 1 ? "" : "es",
+               f[5] / 1e6);
     }
     if (timeline && *timeline) draw_timeline(timeline, &schedule, &shown, &pipeline, replica, forward_of, backward_of);
     char overlap[256];
@@ -540,4 +442,114 @@ int main(int argc, char **argv) {
     mnist_free(&test);
     dist_finalize();
     return 0;
+}
+
+// ------------------------------------------------------------------ the reports
+
+// The whole model's parameter checksum: each stage goes on from the hash of
+// the stages before it (params_checksum_continue), so the last stage ends with
+// what step 6's params_checksum gives for the same weights.
+static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline) {
+    unsigned long long hash = PARAMS_CHECKSUM_START;
+    if (stage_index > 0)
+        CHECK_MPI(MPI_Recv(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index - 1, 1, pipeline->mpi, MPI_STATUS_IGNORE));
+    hash = params_checksum_continue(hash, stage->params, stage->n_params);
+    if (stage_index < pipeline->size - 1)
+        CHECK_MPI(MPI_Send(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index + 1, 1, pipeline->mpi));
+    return hash;
+}
+
+// --save: the whole model in one state_dict file, written by rank 0 (stage 0
+// of replica 0), the other stages' weights sent to it: the layout of step 6's
+// files, so that weights go freely between the two programs.
+static void save_whole_model(const char *path, const Stage *stage, int stage_index, int replica, const Group *pipeline,
+                             const int *sizes, int n_sizes) {
+    if (replica != 0) return;
+    int layers = n_sizes - 1, stages = pipeline->size;
+    if (stage_index > 0) {
+        for (int p = 0; p < stage->n_params; p++) {
+            float *values = xmalloc(tensor_numel(stage->params[p].value) * sizeof(float));
+            tensor_to_host(stage->params[p].value, values);
+            CHECK_MPI(MPI_Send(values, (int)tensor_numel(stage->params[p].value), MPI_FLOAT, 0, 2, pipeline->mpi));
+            free(values);
+        }
+        return;
+    }
+    Param *all = xcalloc((size_t)(2 * layers), sizeof(Param));
+    Tensor *received = xcalloc((size_t)(2 * layers), sizeof(Tensor));
+    for (int p = 0; p < stage->n_params; p++) all[p] = stage->params[p];
+    for (int s = 1; s < stages; s++)
+        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++)
+            for (int bias = 0; bias < 2; bias++) {
+                int p = 2 * l + bias;
+                received[p] = tensor_zeros(bias ? 1 : sizes[l + 1], bias ? sizes[l + 1] : sizes[l], DEVICE_CPU);
+                CHECK_MPI(MPI_Recv(received[p].data, (int)tensor_numel(&received[p]), MPI_FLOAT, s, 2, pipeline->mpi,
+                                   MPI_STATUS_IGNORE));
+                all[p] = (Param){.value = &received[p]};
+                snprintf(all[p].name, sizeof all[p].name, "fc.%d.%s", 2 * l, bias ? "bias" : "weight");
+            }
+    h5_save_params(path, all, 2 * layers);
+    for (int p = 0; p < 2 * layers; p++) tensor_free(&received[p]);
+    free(received);
+    free(all);
+}
+
+// --timeline: the last step of every stage of replica 0, as measured, above
+// both schedules replayed with the stages' measured times per micro-batch
+// (schedule_replay): where the bubble is, and what 1F1B changes.
+static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
+                          int replica, const double *forward_of, const double *backward_of) {
+    if (replica != 0) return;
+    int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
+    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double)), *all = xmalloc((size_t)p * (2 * n + 1) * sizeof(double));
+    mine[0] = times->step_start;
+    for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
+    CHECK_MPI(MPI_Gather(mine, 2 * n + 1, MPI_DOUBLE, all, 2 * n + 1, MPI_DOUBLE, 0, pipeline->mpi));
+    if (pipeline->rank == 0) {
+        double first_start = all[0];
+        for (int s = 1; s < p; s++) first_start = all[s * (2 * n + 1)] < first_start ? all[s * (2 * n + 1)] : first_start;
+        PlotBlock *blocks = xmalloc((size_t)3 * p * n * sizeof(PlotBlock));
+        PlotTimelinePanel panels[3];
+        char titles[3][96];
+        snprintf(titles[0], sizeof titles[0], "%s, measured: the last full step", schedule_kind_name(schedule->kind));
+        for (int s = 0; s < p; s++) {
+            const double *row = &all[s * (2 * n + 1)], shift = row[0] - first_start;
+            const Action *actions = schedule_actions(schedule, s);
+            for (int k = 0; k < n; k++)
+                blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * (shift + row[1 + k]),
+                                                .end = 1e3 * (shift + row[1 + n + k]), .label = actions[k].micro_batch,
+                                                .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD : PLOT_BACKWARD};
+        }
+        panels[0] = (PlotTimelinePanel){.title = titles[0], .n_rows = p, .blocks = blocks, .n_blocks = p * n};
+        ScheduleKind kinds[2] = {SCHEDULE_GPIPE, SCHEDULE_1F1B};
+        for (int j = 0; j < 2; j++) {
+            Schedule other = schedule_new(kinds[j], p, m);
+            Replay replay;
+            char why[256];
+            CHECK(schedule_replay(&other, forward_of, backward_of, &replay, why, sizeof why), "replay: %s", why);
+            PlotBlock *panel_blocks = blocks + (size_t)(1 + j) * p * n;
+            for (int s = 0; s < p; s++) {
+                const Action *actions = schedule_actions(&other, s);
+                for (int k = 0; k < n; k++)
+                    panel_blocks[s * n + k] = (PlotBlock){.row = s, .start = 1e3 * replay.intervals[s * n + k].start,
+                                                          .end = 1e3 * replay.intervals[s * n + k].end,
+                                                          .label = actions[k].micro_batch,
+                                                          .kind = actions[k].kind == ACTION_FORWARD ? PLOT_FORWARD
+                                                                                                    : PLOT_BACKWARD};
+            }
+            snprintf(titles[1 + j], sizeof titles[1 + j], "%s, replayed with these stages' times: idle %.0f%% on stage 0",
+                     schedule_kind_name(kinds[j]), 100 * replay.idle_share[0]);
+            panels[1 + j] = (PlotTimelinePanel){.title = titles[1 + j], .n_rows = p, .blocks = panel_blocks,
+                                                .n_blocks = p * n};
+            replay_free(&replay);
+            schedule_free(&other);
+        }
+        char title[128];
+        snprintf(title, sizeof title, "Step 16: %d stages, %d micro-batch%s", p, m, m == 1 ? "" : "es");
+        plot_timeline_png(path, title, "time in the step (ms)", panels, 3);
+        print0("Timeline: %s\n", path);
+        free(blocks);
+    }
+    free(mine);
+    free(all);
 }
