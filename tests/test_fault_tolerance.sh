@@ -439,7 +439,8 @@ fi
 # ---------------------------------------------------------------- memory
 # The peak RSS of one process training one epoch: from scratch, and resumed
 # from a snapshot (epoch 1 of 2). Medians of 3; a second copy of the model and
-# Adam's state (1.2 MB) would show.
+# Adam's state (1.2 MB) would show. The allowance, 800 kB, is two thirds of it:
+# the medians of equal runs have differed by 408 kB (malloc's arenas, pages).
 if ! thorough; then :  # make test-all
 elif nm day3/13_fault_tolerant_ddp 2> /dev/null | grep -q __asan_init; then
     skip "peak memory of a resumed run (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
@@ -452,8 +453,8 @@ elif [ -x /usr/bin/time ]; then
     done
     median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
     fresh_kb=$(median "${fresh[@]}") resumed_kb=$(median "${resumed[@]}")
-    expect "resuming takes no more memory than a fresh start: peak ${resumed_kb:-?} kB against ${fresh_kb:-?} kB (medians of 3; within 400 kB)" \
-        test -n "$fresh_kb" -a -n "$resumed_kb" -a "${resumed_kb:-0}" -le $((${fresh_kb:-0} + 400))
+    expect "resuming takes no more memory than a fresh start: peak ${resumed_kb:-?} kB against ${fresh_kb:-?} kB (medians of 3; within 800 kB)" \
+        test -n "$fresh_kb" -a -n "$resumed_kb" -a "${resumed_kb:-0}" -le $((${fresh_kb:-0} + 800))
 else
     skip "peak memory of a resumed run (needs /usr/bin/time: apt-get install time)"
 fi
