@@ -49,6 +49,13 @@ HAVE_BLAS := $(call probe,#include <cblas.h>,$(BLAS_CFLAGS) $(BLAS_LIBS))
 HAVE_ZLIB := $(call probe,#include <zlib.h>,$(ZLIB_LIBS))
 HAVE_PNG  := $(call probe,#include <png.h>,$(PNG_CFLAGS) $(PNG_LIBS))
 HAVE_HDF5 := $(call probe,#include <hdf5.h>,$(HDF5_CFLAGS) $(HDF5_LIBS))
+# MLflow's REST API (--mlflow http://...): libcurl and cJSON. Without them the
+# programs still log to an mlruns folder, and say so for a server.
+CURL_CFLAGS  := $(call pkg,--cflags,libcurl)
+CURL_LIBS    := $(or $(call pkg,--libs,libcurl),-lcurl)
+CJSON_CFLAGS := $(call pkg,--cflags,libcjson)
+CJSON_LIBS   := $(or $(call pkg,--libs,libcjson),-lcjson)
+HAVE_MLFLOW_HTTP := $(call probe,#include <curl/curl.h>\n#include <cjson/cJSON.h>,$(CURL_CFLAGS) $(CJSON_CFLAGS) $(CURL_LIBS) $(CJSON_LIBS))
 endif
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
@@ -76,7 +83,7 @@ NVTX ?= $(if $(HAVE_NVTX),1,0)
 
 mark = $(if $(filter 1,$(1)),✓,✗)
 ifneq ($(filter-out clean data,$(or $(MAKECMDGOALS),all)),)
-$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  cublas $(call mark,$(HAVE_CUBLAS))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA)$(if $(filter 1,$(CUDA)), (sm_$(subst $(eval) ,/sm_,$(strip $(CUDA_ARCH)))),: CPU only)  NVTX=$(NVTX))
+$(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  libcurl+cjson $(call mark,$(HAVE_MLFLOW_HTTP))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  cublas $(call mark,$(HAVE_CUBLAS))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA)$(if $(filter 1,$(CUDA)), (sm_$(subst $(eval) ,/sm_,$(strip $(CUDA_ARCH)))),: CPU only)  NVTX=$(NVTX))
 endif
 MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
                    $(if $(HAVE_PNG),,libpng) $(if $(HAVE_HDF5),,hdf5))
@@ -92,6 +99,10 @@ CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -ffp-contract=off $(OPEN
 LDFLAGS = $(OPENMP)
 CFLAGS += $(if $(OPENMP),,-Wno-unknown-pragmas)
 LDLIBS  = $(BLAS_LIBS) $(HDF5_LIBS) $(PNG_LIBS) $(ZLIB_LIBS) -lpthread -lm
+ifeq ($(HAVE_MLFLOW_HTTP),1)
+CFLAGS  += -DHAVE_MLFLOW_HTTP=1 $(CURL_CFLAGS) $(CJSON_CFLAGS)
+LDLIBS  += $(CURL_LIBS) $(CJSON_LIBS)
+endif
 ifeq ($(NVTX),1)
 CFLAGS  += -DHAVE_NVTX -isystem $(CUDA_HOME)/include
 LDLIBS  += -ldl

@@ -36,12 +36,14 @@ packages=(make gcc pkg-config curl ca-certificates python3
           openmpi-bin libopenmpi-dev       # MPI: mpicc, mpirun
           libopenblas-dev                  # CBLAS (sgemm)
           zlib1g-dev libpng-dev            # gzip'd MNIST, loss-curve PNGs
-          libhdf5-dev)                     # checkpoints (and Day 2's data set)
+          libhdf5-dev                      # checkpoints (and Day 2's data set)
+          libcurl4-openssl-dev libcjson-dev)  # MLflow tracking servers (--mlflow http://...)
 # The GPU code, where CUDA is installed (the Makefile's CUDA_HOME): nvcc compiles its host side with g++.
 [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && packages+=(g++)
 [ "$reference" = 1 ] && packages+=(python3 python3-numpy python3-torch python3-h5py
                                    strace   # tests/test_fault_tolerance.sh: rank 0 held in its rename
-                                   time)    # /usr/bin/time: the tests' peak-memory checks
+                                   time     # /usr/bin/time: the tests' peak-memory checks
+                                   python3-yaml)  # tests/check_mlruns.py reads MLflow's meta.yaml as MLflow does
 # slurmctld + slurmd + srun/salloc (with the PMIx plugin, which loads
 # libpmix.so from libpmix-dev), munge for their authentication, iproute2 for
 # the test cluster's network namespaces.

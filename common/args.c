@@ -223,6 +223,51 @@ const char *args_suggest(const char *given, size_t given_len, const ArgSpec *fla
     return best;
 }
 
+// Every flag's value as text, as Python's str() of the argparse attribute writes it (None, True,
+// 0.001), for mlflow.log_params(vars(args)): the shortest decimal that reads back to the same double.
+static void value_as_text(const ArgSpec *f, char *out, size_t size) {
+    switch (f->type) {
+    case ARG_INT:    snprintf(out, size, "%d", *(int *)f->value); break;
+    case ARG_FLOAT:
+    case ARG_FLOAT_GE: {
+        double v = *(double *)f->value;
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(out, size, "%.*g", digits, v);
+            if (strtod(out, NULL) == v) break;
+        }
+    } break;
+    case ARG_SWITCH: snprintf(out, size, "%s", *(int *)f->value ? "True" : "False"); break;
+    case ARG_PATH:
+    case ARG_OUTPUT:
+    case ARG_OUTPUT_OR_NONE:
+    case ARG_STRING: {
+        const char *s = *(const char **)f->value;
+        snprintf(out, size, "%s", s ? s : "None");
+    } break;
+    }
+}
+
+static char **g_names, **g_values;
+static int g_n_values;
+
+int args_count(void) { return g_n_values; }
+const char *args_flag_name(int i) { return i >= 0 && i < g_n_values ? g_names[i] : NULL; }
+const char *args_flag_value(int i) { return i >= 0 && i < g_n_values ? g_values[i] : NULL; }
+
+static void remember_values(const ArgSpec *flags, int n_flags) {
+    for (int i = 0; i < g_n_values; i++) free(g_names[i]), free(g_values[i]);
+    free(g_names), free(g_values);
+    g_n_values = n_flags;
+    g_names = xcalloc(n_flags > 0 ? (size_t)n_flags : 1, sizeof *g_names);
+    g_values = xcalloc(n_flags > 0 ? (size_t)n_flags : 1, sizeof *g_values);
+    for (int i = 0; i < n_flags; i++) {
+        char text[4096];
+        value_as_text(&flags[i], text, sizeof text);
+        g_names[i] = xstrdup(flags[i].name);
+        g_values[i] = xstrdup(text);
+    }
+}
+
 // The names of the flags the last args_parse saw (NULL for the others), for
 // args_given. The names, not the table: a table may live in a returned frame.
 static const char **g_given;
@@ -272,4 +317,5 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
         }
     }
     check_outputs(flags, n_flags);
+    remember_values(flags, n_flags);
 }

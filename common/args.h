@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "tracking.h"  // TrackingOptions, TRACKING_FLAGS: --mlflow, --experiment, --run_name
+
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef enum {
@@ -52,6 +54,13 @@ const char *args_suggest(const char *given, size_t given_len, const ArgSpec *fla
 // makes sense beside another: "--iters needs --count").
 bool args_given(const char *name);
 
+// Every flag of the last args_parse and its value as text (defaults included), as Python's str()
+// writes an argparse attribute: "0.001", "None" (unset), "True"/"False" (switches). For
+// mlflow.log_params(vars(args)) (tracking.c).
+int args_count(void);
+const char *args_flag_name(int i);
+const char *args_flag_value(int i);
+
 // The flags every MNIST training program takes (issue: "Flags shared by the MNIST programs").
 typedef struct {
     const char *data;    // folder with the four MNIST IDX files (plain or .gz)
@@ -66,6 +75,7 @@ typedef struct {
     const char *plot;    // loss-curve PNG
     const char *device;  // cpu | cuda | auto
     int threads;         // CPU threads of this rank; 0: its share of the node's cores
+    TrackingOptions tracking;  // --mlflow, --experiment, --run_name: where rank 0 logs the run
 } TrainOptions;
 
 // The workshop's defaults: MLP trained with Adam (lr 1e-3), batch 6400, 5 epochs.
@@ -88,4 +98,5 @@ typedef struct {
     {"losses", ARG_OUTPUT, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
     {"plot", ARG_OUTPUT_OR_NONE, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
     {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
-    {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}
+    {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}, \
+    TRACKING_FLAGS((o).tracking)

@@ -38,6 +38,11 @@ void usage_error(const char *fmt, ...);
 // Must be called by all ranks, like any collective.
 void check_all_ranks(int ok, const char *message);
 
+// One function that fatal_at() calls after its line and before the abort, from the failing thread:
+// tracking.c marks the MLflow run FAILED there. It must not call fatal_at itself (a second fatal
+// error inside it skips it) and should be quick (it delays the abort). NULL removes it.
+void check_set_fatal_hook(void (*hook)(void));
+
 #define FATAL(...) fatal_at(__FILE__, __LINE__, 1, __VA_ARGS__)
 
 // CHECK(cond, "what went wrong %s", arg): abort when a condition does not hold.
@@ -92,6 +97,8 @@ void check_all_ranks(int ok, const char *message);
 // Allocation that never returns NULL.
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t bytes);
+char *xstrdup(const char *text);
 // The same, for the buffers that the training step streams through (the data
 // set, the batch, the activations): from 2 MB up, aligned to 2 MB and asked of
 // the kernel as transparent huge pages. Freed with free().

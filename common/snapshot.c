@@ -404,6 +404,16 @@ static void write_snapshot(SnapshotIo *io, const SnapshotSettings *run, const Sn
         H5Sclose(scalar);
         if (!ok) fail(io, "%s: cannot write the attributes into %s", io->path, temp);
     }
+    if (!io->err[0] && progress->mlflow_run_id[0]) {  // the MLflow run a resume logs into (not training state)
+        hid_t scalar = H5Screate(H5S_SCALAR), text = H5Tcopy(H5T_C_S1);
+        H5Tset_size(text, sizeof progress->mlflow_run_id);
+        hid_t id = H5Acreate2(io->file, "mlflow_run_id", text, scalar, H5P_DEFAULT, H5P_DEFAULT);
+        bool ok = id >= 0 && H5Awrite(id, text, progress->mlflow_run_id) >= 0;
+        if (id >= 0) H5Aclose(id);
+        H5Tclose(text);
+        H5Sclose(scalar);
+        if (!ok) fail(io, "%s: cannot write the attributes into %s", io->path, temp);
+    }
     if (H5Fclose(io->file) < 0 && !io->err[0]) fail(io, "%s: cannot finish writing %s (disk full?)", io->path, temp);
     if (!io->err[0] && !sync_path(temp, false))
         fail(io, "%s: cannot flush %s to disk: %s", io->path, temp, strerror(errno));
@@ -480,6 +490,17 @@ static void read_file(SnapshotIo *io, const SnapshotSettings *run, SnapshotSetti
 
     *saved = *run;
     visit_snapshot(io, run, saved, progress, adam, losses, generator);
+    progress->mlflow_run_id[0] = '\0';
+    if (!io->err[0] && H5Aexists(io->file, "mlflow_run_id") > 0) {  // a snapshot of a run tracked in MLflow
+        hid_t attribute = H5Aopen(io->file, "mlflow_run_id", H5P_DEFAULT), type = H5Aget_type(attribute);
+        hid_t text = H5Tcopy(H5T_C_S1);
+        H5Tset_size(text, sizeof progress->mlflow_run_id);
+        bool ok = H5Tget_class(type) == H5T_STRING && H5Tget_size(type) <= sizeof progress->mlflow_run_id &&
+                  H5Aread(attribute, text, progress->mlflow_run_id) >= 0;
+        H5Tclose(text), H5Tclose(type), H5Aclose(attribute);
+        progress->mlflow_run_id[sizeof progress->mlflow_run_id - 1] = '\0';
+        if (!ok) fail(io, "%s: its mlflow_run_id attribute is not a run id", io->path);
+    }
     H5Fclose(io->file);
     H5garbage_collect();
     if (!io->err[0] && io->checksum != stored_checksum)

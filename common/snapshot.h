@@ -27,7 +27,8 @@
 //   settings/lr                        float64   --lr, before the scaling by the world size
 //   settings/model_sizes               int64 [layers + 1]: 784, 128, 10
 //   attributes of the root: format (a string naming this layout and its version) and
-//   checksum (uint64: a hash of every value above, so that a corrupt file is refused)
+//   checksum (uint64: a hash of every value above, so that a corrupt file is refused); and
+//   mlflow_run_id (a string) for a run tracked in MLflow
 //
 // Saving: rank 0 writes FILE.tmp beside FILE, fsyncs it, renames it over FILE
 // and fsyncs the folder. A crash at any moment leaves FILE as it was (the old
@@ -64,6 +65,9 @@ typedef struct {
 typedef struct {
     int epochs_done;    // complete epochs
     long samples_done;  // of epoch epochs_done: positions of its sampler order already trained on
+    // The MLflow run the training logs to ("" for none), so that a resume logs into it: the root's
+    // attribute mlflow_run_id, outside the checksum (it is not training state; a snapshot without it loads).
+    char mlflow_run_id[33];
 } SnapshotProgress;
 
 typedef struct {

@@ -31,6 +31,7 @@
 #include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every step shares one skeleton
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 2: train the MLP on MNIST in one process.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day1/2_mnist_training.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
     MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
@@ -76,11 +78,14 @@ int main(int argc, char **argv) {
             mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
             adam_step(&optimizer);                         // optimizer.step()
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds, sampler.num_samples / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_batches, epoch);
+        tracking_log_metric(run, "samples_per_second", sampler.num_samples / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -89,6 +94,7 @@ int main(int argc, char **argv) {
     double accuracy = mlp_accuracy(&model, &test_images, test.labels);
     print0("Training completed in %.2f s. Test accuracy: %.2f%% (%.0f of %d)\n", train_seconds, 100 * accuracy,
            accuracy * test.n, test.n);
+    tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
 
     if (opt.losses) loss_log_write_csv(&losses, opt.losses);
     if (opt.save) h5_save_params(opt.save, model.params, model.n_params);
@@ -96,6 +102,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, "Step 2: MNIST training loss, one process", "1 process");
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     tensor_free(&test_images);
     tensor_free(&batch_images);

@@ -33,6 +33,7 @@
 #include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 3: every rank trains its own copy on all the data (--plot gets a _rank<r> suffix).");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day1/3_mnist_distributed.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -79,6 +81,7 @@ int main(int argc, char **argv) {
             mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
             adam_step(&optimizer);                         // optimizer.step()
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
         }
         double seconds = wall_seconds() - epoch_start;
@@ -92,6 +95,7 @@ int main(int argc, char **argv) {
     double accuracy = mlp_accuracy(&model, &test_images, test.labels);
     print_rank("Training completed in %.2f s. Test accuracy: %.2f%% (%.0f of %d). Parameter checksum %016llx\n",
                train_seconds, 100 * accuracy, accuracy * test.n, test.n, params_checksum(model.params, model.n_params));
+    tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
     if (rank == 0 && opt.save) h5_save_params(opt.save, model.params, model.n_params);
@@ -106,6 +110,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, path, title, label);
         print_rank("Loss curve: %s\n", path);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     tensor_free(&test_images);
     tensor_free(&batch_images);

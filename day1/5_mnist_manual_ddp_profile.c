@@ -46,6 +46,7 @@
 #include "profile.h"   // profile_start, profile_push: named time ranges (--trace, Nsight)
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -59,6 +60,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 5: step 4 with profiling ranges, a summary table and a Chrome trace.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day1/5_mnist_manual_ddp_profile.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -112,11 +114,14 @@ int main(int argc, char **argv) {
             dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
             loss /= (float)world;
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds, (double)sampler.num_samples * world / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_batches, epoch);
+        tracking_log_metric(run, "samples_per_second", (double)sampler.num_samples * world / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -126,6 +131,7 @@ int main(int argc, char **argv) {
     double accuracy = mlp_accuracy(&model, &test_images, test.labels);
     print0("Training completed in %.2f s. Test accuracy: %.2f%% (%.0f of %d)\n", train_seconds, 100 * accuracy,
            accuracy * test.n, test.n);
+    tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
     print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
@@ -137,6 +143,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     tensor_free(&test_images);
     tensor_free(&batch_images);

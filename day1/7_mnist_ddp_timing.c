@@ -53,6 +53,7 @@
 #include "scaling_results.h"  // --results: the speed-up table over world sizes, and its chart
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -72,6 +73,7 @@ int main(int argc, char **argv) {
     if (results) scaling_results_check(results);  // a corrupt file is refused before the run, not after it
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day1/7_mnist_ddp_timing.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -127,12 +129,15 @@ int main(int argc, char **argv) {
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
                 loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
             }
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_steps, n_steps, n_steps == 1 ? "" : "s", seconds, (double)sampler.num_samples * world / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_steps, epoch);
+        tracking_log_metric(run, "samples_per_second", (double)sampler.num_samples * world / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -146,6 +151,7 @@ int main(int argc, char **argv) {
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     print0("World Size: %d. Training completed in %.2f seconds (slowest rank). Test accuracy: %.2f%% (%.0f of %d)\n",
            world, slowest, 100 * accuracy, accuracy * test.n, test.n);
+    tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
     print0("DDP: %s\n", overlap);
     dist_barrier();  // let every rank's lines out before rank 0's table
 
@@ -158,6 +164,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     if (rank == 0 && results) scaling_results_report(results, world, slowest, chart);
 

@@ -56,6 +56,7 @@
 #include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 // Accuracy on the test groups, streamed in batches like the training data
 // (every rank reads all of them: the test set is not sharded, as in step 10).
@@ -95,6 +96,7 @@ int main(int argc, char **argv) {
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day2/11_multinode_streaming.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     if (workers == 0) workers = h5_stream_default_workers(device);
     int rank = dist_rank(), world = dist_world_size();
 
@@ -158,12 +160,15 @@ int main(int argc, char **argv) {
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
                 loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
             }
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                loss_sum / n_steps, n_steps, n_steps == 1 ? "" : "s", seconds, (double)rank_samples * world / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_steps, epoch);
+        tracking_log_metric(run, "samples_per_second", (double)rank_samples * world / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -177,6 +182,7 @@ int main(int argc, char **argv) {
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
            train_seconds, 100 * accuracy, accuracy * test_n, test_n);
+    tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
     print0("DDP: %s\n", overlap);
     print0("%s", reading);
     print_rank("parameter checksum %016llx\n", params_checksum(model.params, model.n_params));
@@ -190,6 +196,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     free(batch_labels);
     loss_log_free(&losses);

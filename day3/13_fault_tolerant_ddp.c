@@ -52,6 +52,7 @@
 #include "stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
 // message to the other ranks, no cleanup (SIGKILL cannot be caught). The
@@ -142,6 +143,10 @@ int main(int argc, char **argv) {
     } else {
         print0("No snapshot at %s: training from the start\n", snapshot_path);
     }
+    // The MLflow run: a resume logs into the snapshot's, its metrics continuing at the snapshot's step.
+    Tracking *run = tracking_start(&opt.tracking, "day3/13_fault_tolerant_ddp.c", device_name(device),
+                                   progress.mlflow_run_id);  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+    snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", tracking_run_id(run));
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
@@ -180,6 +185,7 @@ int main(int argc, char **argv) {
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
                 loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
                 epoch_steps++;
                 // SIGUSR1/SIGTERM on any rank: all ranks stop after this same step, with the samples it took.
@@ -191,12 +197,14 @@ int main(int argc, char **argv) {
             }
         }
         bool epoch_done = !stopped_by || progress.samples_done >= train.n;
-        progress = epoch_done ? (SnapshotProgress){epoch + 1, 0} : (SnapshotProgress){epoch, progress.samples_done};
+        if (epoch_done) progress.epochs_done = epoch + 1, progress.samples_done = 0;
         if (epoch_done) {
             double seconds = wall_seconds() - epoch_start;
             epochs_run++;
             print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
                    loss_sum / epoch_steps, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, (double)sampler.num_samples * world / seconds);
+            tracking_log_metric(run, "epoch_mean_loss", loss_sum / epoch_steps, epoch);
+            tracking_log_metric(run, "samples_per_second", (double)sampler.num_samples * world / seconds, epoch);
         }
         // The tutorial's _save_snapshot, from rank 0, every save_every epochs; also after the last, and on a stop.
         if (stopped_by || (epoch + 1) % save_every == 0 || epoch + 1 == opt.epochs) {
@@ -226,6 +234,7 @@ int main(int argc, char **argv) {
         ddp_describe_overlap(&ddp, overlap, sizeof overlap);
         print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
                train_seconds, 100 * accuracy, accuracy * test.n, test.n);
+        tracking_log_metric(run, "test_accuracy", accuracy, opt.epochs);
         if (snapshots > 0 && epochs_run > 0) {
             double epoch_seconds = (train_seconds - snapshot_seconds) / epochs_run;
             print0("Snapshots: %d written, %.2f MB each, %.1f ms on average: %.1f%% of an epoch (%.2f s)\n", snapshots,
@@ -244,8 +253,13 @@ int main(int argc, char **argv) {
             loss_log_plot(&losses, opt.plot, title, label);
             print0("Loss curve: %s\n", opt.plot);
         }
+        tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+        tracking_log_artifact(run, opt.save);
+        tracking_log_artifact(run, opt.plot);
         tensor_free(&test_images);
     }
+    tracking_log_artifact(run, snapshot_path);
+    tracking_end(run, status == EXIT_STOPPED ? TRACKING_KILLED : TRACKING_FINISHED);  // mlflow.end_run(status)
 
     tensor_free(&batch_images);
     free(batch_labels);

@@ -53,6 +53,7 @@
 #include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
 #include "threads.h"   // threads_init: this rank's CPU threads
 #include "timer.h"     // wall_seconds
+#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -69,6 +70,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day3/14_cnn_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -117,6 +119,7 @@ int main(int argc, char **argv) {
             dist_allreduce_sum(&loss, 1);                 // for the log: the loss of the global batch
             loss /= (float)world;
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
             samples += (long)x.rows * world;
             epoch_steps++;
@@ -125,6 +128,8 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, samples / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
+        tracking_log_metric(run, "samples_per_second", samples / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -145,6 +150,8 @@ int main(int argc, char **argv) {
     long correct = confusion_correct(&confusion);
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test loss %.4f, accuracy %.2f%% (%ld of %d)\n",
            world, train_seconds, steps, steps == 1 ? "" : "s", test_loss / test.n, 100.0 * correct / test.n, correct, test.n);
+    tracking_log_metric(run, "test_loss", test_loss / test.n, epochs);  // rank 0's sums are the world's
+    tracking_log_metric(run, "test_accuracy", (double)correct / test.n, epochs);
     if (rank == 0) {
         char table[2048];
         classification_report(&confusion, table, sizeof table);
@@ -166,6 +173,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     confusion_free(&confusion);
     free(predictions);

@@ -64,6 +64,7 @@
 #include "schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
 #include "threads.h"         // threads_init: this rank's CPU threads
 #include "timer.h"           // wall_seconds
+#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -267,6 +268,7 @@ int main(int argc, char **argv) {
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", micro_batches, opt.batch_size);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid: rank = replica x P + stage. A replica's stages are neighbours,
     // so on a node its activations go through shared memory (or NVLink).
@@ -351,6 +353,7 @@ int main(int argc, char **argv) {
             }
             dist_broadcast_over(pipeline.mpi, &loss, 1, pp - 1);
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
         }
         double seconds = wall_seconds() - epoch_start;
@@ -364,6 +367,8 @@ int main(int argc, char **argv) {
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, opt.epochs,
                loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds,
                (double)sampler.num_samples * replicas / seconds, shares);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_batches, epoch);
+        tracking_log_metric(run, "samples_per_second", (double)sampler.num_samples * replicas / seconds, epoch);
         total_forward += times.forward, total_backward += times.backward, total_idle += times.idle, total_all += times.all;
         total_steps += n_batches;
     }
@@ -375,6 +380,7 @@ int main(int argc, char **argv) {
     long correct = pipeline_correct(&stage, stage_index, &pipeline, &test_images, test.labels, test.n, opt.batch_size);
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, 100.0 * correct / test.n, correct, test.n);
+    tracking_log_metric(run, "test_accuracy", (double)correct / test.n, opt.epochs);
 
     // Per stage: its share of the work, its times per micro-batch, and its idle
     // share measured beside the replay's prediction and the textbook's.
@@ -423,6 +429,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     replay_free(&replay);
     free(all), free(forward_of), free(backward_of);

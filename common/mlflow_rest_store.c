@@ -1,0 +1,403 @@
+// mlflow_rest_store.c: a run on an MLflow tracking server, through its REST API (version 2.0, the
+// contract every MLflow server keeps; the server owns the database behind it). libcurl moves the
+// bytes, cJSON writes and reads the JSON.
+//
+//   GET  /api/2.0/mlflow/experiments/get-by-name?experiment_name=N   the experiment's id, or 404
+//   POST /api/2.0/mlflow/experiments/create      {name}               ... created if missing
+//   POST /api/2.0/mlflow/runs/create             {experiment_id, run_name, start_time, tags}
+//   GET  /api/2.0/mlflow/runs/get?run_id=R                            a resumed run's latest metrics
+//   POST /api/2.0/mlflow/runs/log-batch          {run_id, metrics, params, tags}  (1000 in all: tracking.c
+//                                                                     cuts the batches to the limits)
+//   POST /api/2.0/mlflow/runs/update             {run_id, status, end_time}
+//   PUT  /api/2.0/mlflow-artifacts/artifacts/<experiment>/<run>/artifacts/<name>   the file's bytes,
+//        through the server's artifact proxy (a run's artifact_uri is then mlflow-artifacts:/...)
+//
+// Authentication and TLS as MLflow's Python client reads them: MLFLOW_TRACKING_TOKEN (a bearer token),
+// or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (basic); certificates verified, unless
+// MLFLOW_TRACKING_INSECURE_TLS=true; MLFLOW_TRACKING_SERVER_CERT_PATH names a CA bundle. One request
+// waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (MLflow's variable; 10 here, where MLflow waits 120,
+// since the end of a training waits for the last one).
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mlflow_store.h"
+
+#if HAVE_MLFLOW_HTTP
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+typedef struct {
+    MlflowStore base;
+    CURL *curl;
+    char url[1024];                  // the server, without a trailing slash
+    struct curl_slist *headers, *upload_headers;  // JSON requests; artifact uploads (bytes)
+    char artifact_root[PATH_MAX];    // "<experiment>/<run>/artifacts" under the artifact proxy, or ""
+    char artifact_uri[PATH_MAX];     // the run's, as the server gave it
+} RestStore;
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buffer;
+
+static size_t collect(char *data, size_t size, size_t count, void *user) {
+    Buffer *b = user;
+    size_t n = size * count;
+    if (b->len + n + 1 > b->cap) {
+        b->cap = 2 * (b->len + n + 1);
+        b->data = xrealloc(b->data, b->cap);
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return n;
+}
+
+static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(error, size, fmt, args);
+    va_end(args);
+    return result;
+}
+
+// One request. `body` (JSON) for POST, `upload` (a file) for PUT, neither for GET. On a 2xx answer
+// returns STORE_OK and the parsed answer in *reply (NULL for an empty one; the caller frees it).
+// Otherwise the error names the endpoint and the reason: MLflow's error_code and message for a 4xx
+// (refused: sending it again changes nothing, except 429, too many requests), libcurl's for no answer
+// and the status for a 5xx (both worth a retry).
+static StoreResult request(RestStore *s, const char *method, const char *endpoint, const cJSON *body,
+                           FILE *upload, long upload_size, cJSON **reply, long *http_status, char *error,
+                           size_t size) {
+    char url[2048];
+    snprintf(url, sizeof url, "%s%s", s->url, endpoint);
+    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
+    Buffer answer = {0};
+    curl_easy_reset(s->curl);
+    curl_easy_setopt(s->curl, CURLOPT_URL, url);
+    curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);  // a thread of its own: no SIGALRM for timeouts
+    curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &answer);
+    const char *timeout = getenv("MLFLOW_HTTP_REQUEST_TIMEOUT");
+    double seconds = timeout && atof(timeout) > 0 ? atof(timeout) : 10.0;
+    curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)(seconds * 1000));
+    const char *insecure = getenv("MLFLOW_TRACKING_INSECURE_TLS");
+    if (insecure && strcasecmp(insecure, "true") == 0) {
+        curl_easy_setopt(s->curl, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(s->curl, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    const char *ca = getenv("MLFLOW_TRACKING_SERVER_CERT_PATH");
+    if (ca && *ca) curl_easy_setopt(s->curl, CURLOPT_CAINFO, ca);
+    const char *user = getenv("MLFLOW_TRACKING_USERNAME"), *password = getenv("MLFLOW_TRACKING_PASSWORD");
+    if (user && *user) {
+        curl_easy_setopt(s->curl, CURLOPT_USERNAME, user);
+        curl_easy_setopt(s->curl, CURLOPT_PASSWORD, password ? password : "");
+    }
+    curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, s->headers);
+    if (text) {
+        curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS, text);
+    } else if (upload) {
+        curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, s->upload_headers);
+        curl_easy_setopt(s->curl, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(s->curl, CURLOPT_READDATA, upload);
+        curl_easy_setopt(s->curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)upload_size);
+    }
+    (void)method;
+    CURLcode code = curl_easy_perform(s->curl);
+    free(text);
+    long status = 0;
+    curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (http_status) *http_status = status;
+    StoreResult result = STORE_OK;
+    if (code != CURLE_OK) {
+        result = failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
+    } else if (status < 200 || status > 299) {
+        cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
+        const cJSON *error_code = cJSON_GetObjectItemCaseSensitive(json, "error_code");
+        const cJSON *message = cJSON_GetObjectItemCaseSensitive(json, "message");
+        bool retry = status >= 500 || status == 429;
+        if (cJSON_IsString(error_code) && cJSON_IsString(message))
+            result = failed(retry ? STORE_RETRY : STORE_REFUSED, error, size, "%s: HTTP %ld, %s: %s", endpoint, status,
+                            error_code->valuestring, message->valuestring);
+        else
+            result = failed(retry ? STORE_RETRY : STORE_REFUSED, error, size, "%s: HTTP %ld%s%.200s", endpoint, status,
+                            answer.len ? ", " : "", answer.len ? answer.data : "");
+        cJSON_Delete(json);
+    } else if (reply) {
+        *reply = answer.len ? cJSON_Parse(answer.data) : NULL;
+        if (answer.len && !*reply)
+            result = failed(STORE_REFUSED, error, size, "%s: the answer is not JSON: %.200s (is %s an MLflow server?)",
+                            endpoint, answer.data, s->url);
+    }
+    free(answer.data);
+    return result;
+}
+
+static const char *json_string(const cJSON *object, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
+    return cJSON_IsString(item) ? item->valuestring : NULL;
+}
+
+static cJSON *key_values(const TrackingRecord *records, int n, RecordKind kind) {
+    cJSON *array = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        if (records[i].kind != kind) continue;
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddStringToObject(item, "key", records[i].key);
+        cJSON_AddStringToObject(item, "value", records[i].value);
+        cJSON_AddItemToArray(array, item);
+    }
+    return array;
+}
+
+// The experiment's id by name, created if missing (two runs creating it at once: the loser finds it).
+static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_t id_size, char *error, size_t size) {
+    for (int attempt = 0; attempt < 2; attempt++) {
+        char *escaped = curl_easy_escape(s->curl, name, 0);
+        char endpoint[1024];
+        snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=%s", escaped);
+        curl_free(escaped);
+        cJSON *reply = NULL;
+        long status = 0;
+        StoreResult result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, &status, error, size);
+        if (result == STORE_OK) {
+            const cJSON *experiment = cJSON_GetObjectItemCaseSensitive(reply, "experiment");
+            const char *found = json_string(experiment, "experiment_id");
+            const char *stage = json_string(experiment, "lifecycle_stage");
+            if (found && stage && strcmp(stage, "active") != 0)
+                result = failed(STORE_REFUSED, error, size, "experiment '%s' (id %s) is deleted on %s: restore it, or "
+                                "choose another --experiment", name, found, s->url);
+            else if (found) snprintf(id, id_size, "%s", found);
+            else result = failed(STORE_REFUSED, error, size, "%s: no experiment_id in the answer", endpoint);
+            cJSON_Delete(reply);
+            return result;
+        }
+        if (status != 404) return result;  // 404 is RESOURCE_DOES_NOT_EXIST: create it
+        cJSON *body = cJSON_CreateObject();
+        cJSON_AddStringToObject(body, "name", name);
+        result = request(s, "POST", "/api/2.0/mlflow/experiments/create", body, NULL, 0, &reply, &status, error, size);
+        cJSON_Delete(body);
+        if (result == STORE_OK) {
+            const char *created = json_string(reply, "experiment_id");
+            if (created) snprintf(id, id_size, "%s", created);
+            else result = failed(STORE_REFUSED, error, size, "experiments/create: no experiment_id in the answer");
+            cJSON_Delete(reply);
+            return result;
+        }
+        if (!strstr(error, "RESOURCE_ALREADY_EXISTS")) return result;
+    }
+    return STORE_REFUSED;
+}
+
+// Where the artifact proxy keeps the run's files: the path of "mlflow-artifacts:/1/<run>/artifacts" (or
+// of "mlflow-artifacts://host:port/1/<run>/artifacts"); "" for any other artifact URI, which only the
+// server itself can reach.
+static void remember_artifact_uri(RestStore *s, const cJSON *info) {
+    const char *uri = json_string(info, "artifact_uri");
+    snprintf(s->artifact_uri, sizeof s->artifact_uri, "%s", uri ? uri : "");
+    s->artifact_root[0] = '\0';
+    const char *scheme = "mlflow-artifacts:";
+    if (!uri || strncmp(uri, scheme, strlen(scheme)) != 0) return;
+    const char *path = uri + strlen(scheme);
+    if (strncmp(path, "//", 2) == 0) {  // an authority: skip to its path
+        path = strchr(path + 2, '/');
+        if (!path) return;
+    }
+    while (*path == '/') path++;
+    snprintf(s->artifact_root, sizeof s->artifact_root, "%s", path);
+}
+
+static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+                                  char *error, size_t size);
+
+static StoreResult rest_create_run(MlflowStore *store, const char *experiment, const char *run_name,
+                                   long long start_ms, const TrackingRecord *tags, int n_tags, char run_id[33],
+                                   char *error, size_t size) {
+    RestStore *s = (RestStore *)store;
+    char id[64];
+    StoreResult result = experiment_id(s, experiment, id, sizeof id, error, size);
+    if (result != STORE_OK) return result;
+    cJSON *body = cJSON_CreateObject(), *reply = NULL;
+    cJSON_AddStringToObject(body, "experiment_id", id);
+    cJSON_AddStringToObject(body, "run_name", run_name);
+    cJSON_AddNumberToObject(body, "start_time", (double)start_ms);
+    const char *user = getenv("USER");
+    if (user && *user) cJSON_AddStringToObject(body, "user_id", user);
+    cJSON_AddItemToObject(body, "tags", key_values(tags, n_tags, RECORD_TAG));
+    result = request(s, "POST", "/api/2.0/mlflow/runs/create", body, NULL, 0, &reply, NULL, error, size);
+    cJSON_Delete(body);
+    if (result != STORE_OK) return result;
+    const cJSON *info = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(reply, "run"), "info");
+    const char *created = json_string(info, "run_id");
+    if (!created) created = json_string(info, "run_uuid");
+    if (created && strlen(created) < 33) {
+        snprintf(run_id, 33, "%s", created);
+        remember_artifact_uri(s, info);
+    } else {
+        result = failed(STORE_REFUSED, error, size, "runs/create: no run_id in the answer");
+    }
+    cJSON_Delete(reply);
+    // Tags beyond the run's own (params too, should a caller pass them) go in a batch.
+    if (result == STORE_OK) {
+        for (int i = 0; i < n_tags && result == STORE_OK; i++)
+            if (tags[i].kind != RECORD_TAG) result = rest_log_batch(store, run_id, tags + i, 1, error, size);
+    }
+    return result;
+}
+
+static StoreResult rest_set_status(MlflowStore *store, const char *run_id, RunStatus status, long long end_ms,
+                                   char *error, size_t size) {
+    RestStore *s = (RestStore *)store;
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddStringToObject(body, "run_id", run_id);
+    cJSON_AddStringToObject(body, "status", run_status_name(status));
+    if (end_ms) cJSON_AddNumberToObject(body, "end_time", (double)end_ms);
+    cJSON *reply = NULL;
+    StoreResult result = request(s, "POST", "/api/2.0/mlflow/runs/update", body, NULL, 0, &reply, NULL, error, size);
+    cJSON_Delete(body);
+    cJSON_Delete(reply);
+    return result;
+}
+
+static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
+                                   int *n_ends, char *error, size_t size) {
+    RestStore *s = (RestStore *)store;
+    *found = false, *ends = NULL, *n_ends = 0;
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/runs/get?run_id=%s", run_id);
+    cJSON *reply = NULL;
+    long status = 0;
+    StoreResult result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, &status, error, size);
+    if (result != STORE_OK) return status == 404 ? STORE_OK : result;  // 404: RESOURCE_DOES_NOT_EXIST
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(reply, "run");
+    remember_artifact_uri(s, cJSON_GetObjectItemCaseSensitive(run, "info"));
+    // data.metrics holds each metric's latest value, the one with the highest step.
+    const cJSON *metric;
+    cJSON_ArrayForEach(metric, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(run, "data"), "metrics")) {
+        const char *key = json_string(metric, "key");
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(metric, "step");
+        if (!key) continue;
+        *ends = xrealloc(*ends, (size_t)(*n_ends + 1) * sizeof **ends);
+        (*ends)[(*n_ends)++] = (MetricEnd){xstrdup(key), cJSON_IsNumber(step) ? (long)step->valuedouble
+                                           : cJSON_IsString(step) ? atol(step->valuestring) : 0};
+    }
+    cJSON_Delete(reply);
+    *found = true;
+    return rest_set_status(store, run_id, RUN_RUNNING, 0, error, size);
+}
+
+static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+                                  char *error, size_t size) {
+    RestStore *s = (RestStore *)store;
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddStringToObject(body, "run_id", run_id);
+    cJSON *metrics = cJSON_AddArrayToObject(body, "metrics");
+    for (int i = 0; i < n; i++) {
+        if (records[i].kind != RECORD_METRIC) continue;
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddStringToObject(item, "key", records[i].key);
+        double v = records[i].number;
+        // JSON has no NaN or infinity; the API's protobuf JSON takes them as strings.
+        if (isfinite(v)) cJSON_AddNumberToObject(item, "value", v);
+        else cJSON_AddStringToObject(item, "value", isnan(v) ? "NaN" : v > 0 ? "Infinity" : "-Infinity");
+        cJSON_AddNumberToObject(item, "timestamp", (double)records[i].timestamp_ms);
+        cJSON_AddNumberToObject(item, "step", (double)records[i].step);
+        cJSON_AddItemToArray(metrics, item);
+    }
+    cJSON_AddItemToObject(body, "params", key_values(records, n, RECORD_PARAM));
+    cJSON_AddItemToObject(body, "tags", key_values(records, n, RECORD_TAG));
+    cJSON *reply = NULL;
+    StoreResult result = request(s, "POST", "/api/2.0/mlflow/runs/log-batch", body, NULL, 0, &reply, NULL, error, size);
+    cJSON_Delete(body);
+    cJSON_Delete(reply);
+    return result;
+}
+
+static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, const char *path, char *error,
+                                     size_t size) {
+    RestStore *s = (RestStore *)store;
+    (void)run_id;
+    if (!s->artifact_root[0])
+        return failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which only it can "
+                      "reach: start it with its artifact proxy (mlflow server --serve-artifacts, the default) to "
+                      "log files through it", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)");
+    FILE *file = fopen(path, "rb");
+    if (!file) return failed(STORE_REFUSED, error, size, "cannot read artifact %s", path);
+    fseek(file, 0, SEEK_END);
+    long bytes = ftell(file);
+    rewind(file);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char *escaped = curl_easy_escape(s->curl, base, 0);
+    char endpoint[PATH_MAX + 512];
+    snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow-artifacts/artifacts/%s/%s", s->artifact_root, escaped);
+    curl_free(escaped);
+    StoreResult result = request(s, "PUT", endpoint, NULL, file, bytes, NULL, NULL, error, size);
+    fclose(file);
+    return result;
+}
+
+static void rest_close(MlflowStore *store) {
+    RestStore *s = (RestStore *)store;
+    curl_slist_free_all(s->headers);
+    curl_slist_free_all(s->upload_headers);
+    curl_easy_cleanup(s->curl);
+    free(s);
+}
+
+// MLflow's limits per log-batch call (mlflow/utils/validation.py): 1000 metrics, 100 params, 100 tags,
+// 1000 in all.
+static const MlflowStoreOps rest_ops = {
+    .create_run = rest_create_run,
+    .resume_run = rest_resume_run,
+    .log_batch = rest_log_batch,
+    .log_artifact = rest_log_artifact,
+    .set_status = rest_set_status,
+    .close = rest_close,
+    .max_batch = 1000, .max_params = 100, .max_tags = 100,
+};
+
+MlflowStore *mlflow_rest_store_open(const char *url, char *error, size_t size) {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        snprintf(error, size, "libcurl did not start");
+        return NULL;
+    }
+    RestStore *s = xcalloc(1, sizeof *s);
+    s->base.ops = &rest_ops;
+    s->curl = curl_easy_init();
+    snprintf(s->url, sizeof s->url, "%s", url);
+    for (size_t n = strlen(s->url); n > 0 && s->url[n - 1] == '/'; n--) s->url[n - 1] = '\0';
+    s->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    s->upload_headers = curl_slist_append(NULL, "Content-Type: application/octet-stream");
+    const char *token = getenv("MLFLOW_TRACKING_TOKEN");
+    if (token && *token) {
+        char header[4096];
+        snprintf(header, sizeof header, "Authorization: Bearer %s", token);
+        s->headers = curl_slist_append(s->headers, header);
+        s->upload_headers = curl_slist_append(s->upload_headers, header);
+    }
+    if (!s->curl || !s->headers || !s->upload_headers) {
+        snprintf(error, size, "libcurl did not start");
+        rest_close(&s->base);
+        return NULL;
+    }
+    return &s->base;
+}
+
+#else  // built without libcurl and cJSON
+
+MlflowStore *mlflow_rest_store_open(const char *url, char *error, size_t size) {
+    snprintf(error, size, "this build has no HTTP client for %s: install libcurl and cJSON (Debian: "
+             "libcurl4-openssl-dev libcjson-dev; ./setup.sh does) and run make again, or log to a folder "
+             "(--mlflow ./mlruns)", url);
+    return NULL;
+}
+
+#endif

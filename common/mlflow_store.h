@@ -1,0 +1,68 @@
+// mlflow_store.h: where tracking.c puts a run, behind one interface: an `mlruns` folder
+// (mlflow_file_store.c) or a tracking server's REST API (mlflow_rest_store.c).
+//
+// A store only moves records; it never retries, waits or prints. tracking.c owns the policy: which
+// call is retried and how often, what is said once, what is given up.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum { RECORD_METRIC, RECORD_PARAM, RECORD_TAG } RecordKind;
+
+typedef struct {
+    RecordKind kind;
+    char *key;
+    char *value;              // params and tags
+    double number;            // metrics
+    long step;                // metrics
+    long long timestamp_ms;   // metrics: when logged
+} TrackingRecord;
+
+// The last step of a metric that a run already holds (for a resumed run).
+typedef struct {
+    char *key;
+    long step;
+} MetricEnd;
+
+typedef enum {
+    STORE_OK,
+    STORE_RETRY,    // might work later: no connection, a timeout, a 5xx or 429 answer, a full disk
+    STORE_REFUSED,  // will not work again: a 4xx answer, a name the store rejects
+} StoreResult;
+
+// MLflow's run statuses, with the names its REST API and FileStore use.
+typedef enum { RUN_RUNNING = 1, RUN_FINISHED = 3, RUN_FAILED = 4, RUN_KILLED = 5 } RunStatus;
+const char *run_status_name(RunStatus status);  // "RUNNING", "FINISHED", ...
+
+typedef struct MlflowStore MlflowStore;
+typedef struct {
+    // Finds the experiment by name (creating it if missing) and creates a run in it, RUNNING, with
+    // its name and the tags among `tags`; fills run_id (32 hex digits and a NUL).
+    StoreResult (*create_run)(MlflowStore *store, const char *experiment, const char *run_name,
+                              long long start_ms, const TrackingRecord *tags, int n_tags, char run_id[33],
+                              char *error, size_t size);
+    // Sets an existing run RUNNING again and lists the last step of each of its metrics (the caller
+    // frees each key and the array). *found is false for a run the store does not know.
+    StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
+                              int *n_ends, char *error, size_t size);
+    StoreResult (*log_batch)(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+                             char *error, size_t size);
+    StoreResult (*log_artifact)(MlflowStore *store, const char *run_id, const char *path, char *error,
+                                size_t size);
+    // end_ms 0: no end time (RUNNING).
+    StoreResult (*set_status)(MlflowStore *store, const char *run_id, RunStatus status, long long end_ms,
+                              char *error, size_t size);
+    void (*close)(MlflowStore *store);
+    // How many records log_batch takes at most, in all and of each kind (the REST API's limits).
+    int max_batch, max_params, max_tags;
+} MlflowStoreOps;
+
+struct MlflowStore {
+    const MlflowStoreOps *ops;
+};
+
+// A folder in MLflow's FileStore layout (made if missing). NULL with a message if it cannot be.
+MlflowStore *mlflow_file_store_open(const char *folder, char *error, size_t size);
+// A tracking server, http:// or https://. Returns NULL with a message where this build has no HTTP
+// client (libcurl and cJSON); answers nothing yet: create_run is the first request.
+MlflowStore *mlflow_rest_store_open(const char *url, char *error, size_t size);

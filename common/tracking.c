@@ -1,0 +1,528 @@
+// tracking.c: the run's record in MLflow, kept by rank 0 off the training's critical path. See tracking.h.
+//
+// The training thread only appends to a queue under a lock. A sender thread wakes when 500 records
+// wait, or a second after the first of them, takes the whole queue and hands it to the store in batches
+// within the store's limits. Every store call goes through send(), which owns the policy:
+//   - a call that may work later (no answer, a timeout, a 5xx) is tried again after 0.5, 1, 2 s
+//     (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 3; MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, default 0.5);
+//     when those are spent, one warning line, and from then on each call gets one try, so that a
+//     dead server costs the end of the run one timeout per call, not a retry series; the first call
+//     that succeeds again says so;
+//   - a call the store refuses (a 4xx answer: MLflow's error_code and message) is said once and dropped.
+// Nothing here ends the run or changes it, except at the start (tracking_start), where a URI that does
+// not work is one line and exit 2 on every rank.
+#include "tracking.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "check.h"
+#include "dist.h"
+#include "mlflow_store.h"
+#include "paths.h"
+#include "threads.h"
+
+enum { BATCH_WAKE = 500 };  // records that wake the sender before its second is up
+
+struct Tracking {
+    MlflowStore *store;
+    char run_id[33];
+    char where[PATH_MAX];          // the URI, for messages
+    pthread_mutex_t store_lock;    // one store call at a time: the sender, the end, the fatal hook
+    pthread_mutex_t queue_lock;
+    sem_t wake;                    // posted by producers, tracking_end and the signal handler
+    pthread_t sender;
+    TrackingRecord *queue;
+    int n_queued, capacity;
+    bool closing;                  // under queue_lock
+    char **artifacts;
+    int n_artifacts;
+    MetricEnd *ends;               // a resumed run's last step per metric: steps up to it are not sent again
+    int n_ends;
+    // send()'s state: the sender thread and, after it ended, tracking_end.
+    int max_retries;
+    double backoff;
+    bool degraded;                 // retries spent (or no time for them): one try per call from now on
+    bool warned;                   // the failure's one warning line is out
+    long dropped;                  // records lost while degraded or refused
+    int lost_artifacts;
+    bool lost_status;
+    bool said_refused;
+    atomic_bool status_set;        // a final status went out (the fatal hook or the signal, then the end)
+};
+
+static Tracking *g_run;  // the fatal hook's and the signal handler's run (rank 0's one)
+static volatile sig_atomic_t g_signal;
+static struct sigaction g_previous[2];
+static const int g_signals[2] = {SIGTERM, SIGINT};
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static double env_number(const char *name, double fallback) {
+    const char *text = getenv(name);
+    char *end;
+    double v = text ? strtod(text, &end) : 0;
+    return text && *text && !*end && v >= 0 && isfinite(v) ? v : fallback;
+}
+
+static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn(const char *fmt, ...) {
+    char line[1200];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(line, sizeof line, fmt, args);
+    va_end(args);
+    fprintf(stderr, "warning: MLflow: %s\n", line);
+    fflush(stderr);
+}
+
+// ------------------------------------------------------------------ one store call, with the policy
+
+typedef enum { SEND_BATCH, SEND_ARTIFACT, SEND_STATUS } SendKind;
+typedef struct {
+    SendKind kind;
+    const TrackingRecord *records;
+    int n;
+    const char *path;
+    RunStatus status;
+    long long end_ms;
+} Send;
+
+static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t size) {
+    const MlflowStoreOps *ops = t->store->ops;
+    pthread_mutex_lock(&t->store_lock);
+    StoreResult result =
+        s->kind == SEND_BATCH ? ops->log_batch(t->store, t->run_id, s->records, s->n, error, size)
+        : s->kind == SEND_ARTIFACT ? ops->log_artifact(t->store, t->run_id, s->path, error, size)
+                                   : ops->set_status(t->store, t->run_id, s->status, s->end_ms, error, size);
+    pthread_mutex_unlock(&t->store_lock);
+    return result;
+}
+
+// "12 records, 1 artifact and the run's status": what did not reach the store.
+static const char *describe_lost(Tracking *t) {
+    static char text[160];
+    int n = snprintf(text, sizeof text, "%ld record%s", t->dropped, t->dropped == 1 ? "" : "s");
+    if (t->lost_artifacts)
+        n += snprintf(text + n, sizeof text - (size_t)n, ", %d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
+    if (t->lost_status) snprintf(text + n, sizeof text - (size_t)n, " and the run's status");
+    return text;
+}
+
+static bool send(Tracking *t, const Send *s) {
+    char error[1024] = "";
+    int tries = t->degraded ? 1 : 1 + t->max_retries;
+    StoreResult result = STORE_RETRY;
+    for (int attempt = 0; attempt < tries; attempt++) {
+        if (attempt > 0) {
+            double pause = t->backoff * (double)(1L << (attempt - 1));
+            struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+        result = call_store(t, s, error, sizeof error);
+        if (result != STORE_RETRY) break;
+    }
+    if (result == STORE_OK) {
+        if (t->degraded && t->warned) {
+            warn("%s answers again (%s lost meanwhile)", t->where, describe_lost(t));
+            t->degraded = false;
+        }
+        return true;
+    }
+    if (s->kind == SEND_BATCH) t->dropped += s->n;
+    if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
+    if (s->kind == SEND_STATUS) t->lost_status = true;
+    if (result == STORE_REFUSED) {
+        if (!t->said_refused)
+            warn("%s refused %s: %s (said once; the training goes on)", t->where,
+                 s->kind == SEND_BATCH ? "a batch of records" : s->kind == SEND_ARTIFACT ? s->path : "the run's status",
+                 error);
+        t->said_refused = true;
+    } else if (!t->degraded) {
+        warn("%s failed %d tr%s (%s): the training goes on; from now on each request gets one try, and what "
+             "fails is dropped", t->where, tries, tries == 1 ? "y" : "ies", error);
+        t->degraded = t->warned = true;
+    }
+    return false;
+}
+
+// Hand `records` to the store in batches within its limits: max_batch in all, max_params params and
+// max_tags tags each. The order of each metric's values is kept.
+static void send_records(Tracking *t, const TrackingRecord *records, int n) {
+    const MlflowStoreOps *ops = t->store->ops;
+    TrackingRecord *batch = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *batch);
+    bool *sent = xcalloc((size_t)(n > 0 ? n : 1), sizeof *sent);
+    for (int left = n; left > 0;) {
+        int count = 0, params = 0, tags = 0;
+        for (int i = 0; i < n && count < ops->max_batch; i++) {
+            if (sent[i]) continue;
+            if (records[i].kind == RECORD_PARAM && params == ops->max_params) continue;
+            if (records[i].kind == RECORD_TAG && tags == ops->max_tags) continue;
+            params += records[i].kind == RECORD_PARAM;
+            tags += records[i].kind == RECORD_TAG;
+            batch[count++] = records[i];
+            sent[i] = true;
+        }
+        send(t, &(Send){SEND_BATCH, batch, count, NULL, 0, 0});
+        left -= count;
+    }
+    free(sent);
+    free(batch);
+}
+
+static void free_records(TrackingRecord *records, int n) {
+    for (int i = 0; i < n; i++) free(records[i].key), free(records[i].value);
+    free(records);
+}
+
+// ------------------------------------------------------------------ the sender thread
+
+static void set_final_status(Tracking *t, RunStatus status) {
+    if (atomic_exchange(&t->status_set, true) && status != RUN_FINISHED) return;
+    send(t, &(Send){SEND_STATUS, NULL, 0, NULL, status, now_ms()});
+}
+
+// SIGTERM or SIGINT: remembered here, acted on by the sender (a handler may not send anything). A
+// handler that was there before (step 13's stop_signal) still runs; with none, the signal takes effect
+// once the sender has marked the run KILLED.
+static void on_signal(int sig) {
+    g_signal = sig;
+    if (g_run) sem_post(&g_run->wake);
+    for (int i = 0; i < 2; i++) {
+        if (g_signals[i] != sig) continue;
+        if (g_previous[i].sa_flags & SA_SIGINFO) {
+            if (g_previous[i].sa_sigaction) g_previous[i].sa_sigaction(sig, NULL, NULL);
+        } else if (g_previous[i].sa_handler != SIG_DFL && g_previous[i].sa_handler != SIG_IGN) {
+            g_previous[i].sa_handler(sig);
+        }
+    }
+}
+
+static bool send_queue(Tracking *t);
+
+// What was logged goes first (one try each, as the signal's grace is short), then the status.
+static void after_signal(Tracking *t, int sig) {
+    t->degraded = true;
+    send_queue(t);
+    set_final_status(t, RUN_KILLED);
+    for (int i = 0; i < 2; i++)
+        if (g_signals[i] == sig && !(g_previous[i].sa_flags & SA_SIGINFO) && g_previous[i].sa_handler == SIG_DFL) {
+            signal(sig, SIG_DFL);  // as if we had never been there
+            kill(getpid(), sig);
+        }
+}
+
+// Everything queued so far, to the store. Returns whether tracking_end has asked the sender to stop
+// (then the queue it sent was the last).
+static bool send_queue(Tracking *t) {
+    pthread_mutex_lock(&t->queue_lock);
+    TrackingRecord *records = t->queue;
+    int n = t->n_queued;
+    bool closing = t->closing;
+    t->queue = NULL, t->n_queued = t->capacity = 0;
+    pthread_mutex_unlock(&t->queue_lock);
+    if (n) send_records(t, records, n);
+    free_records(records, n);
+    return closing;
+}
+
+static void *sender_main(void *arg) {
+    Tracking *t = arg;
+    int handled_signal = 0;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        while (sem_timedwait(&t->wake, &until) != 0 && errno == EINTR) {}
+        if (g_signal && !handled_signal) after_signal(t, handled_signal = g_signal);
+        if (send_queue(t)) return NULL;
+    }
+}
+
+static void enqueue(Tracking *t, TrackingRecord record) {
+    pthread_mutex_lock(&t->queue_lock);
+    if (t->n_queued == t->capacity) {
+        t->capacity = t->capacity ? 2 * t->capacity : 1024;
+        t->queue = xrealloc(t->queue, (size_t)t->capacity * sizeof *t->queue);
+    }
+    t->queue[t->n_queued++] = record;
+    bool wake = t->n_queued == BATCH_WAKE;
+    pthread_mutex_unlock(&t->queue_lock);
+    if (wake) sem_post(&t->wake);
+}
+
+// A fatal error on rank 0 (check.h): the run is FAILED, told now, with one try.
+static void on_fatal(void) {
+    Tracking *t = g_run;
+    if (!t) return;
+    t->degraded = true;
+    set_final_status(t, RUN_FAILED);
+}
+
+// ------------------------------------------------------------------ the API
+
+static void add(TrackingRecord **list, int *n, RecordKind kind, const char *key, const char *value) {
+    *list = xrealloc(*list, (size_t)(*n + 1) * sizeof **list);
+    (*list)[(*n)++] = (TrackingRecord){kind, xstrdup(key), xstrdup(value), 0, 0, 0};
+}
+
+// The commit of the checkout the program was built in: .git/HEAD, and the branch's ref (loose, or in
+// packed-refs). "" where it is not a checkout.
+static void git_commit(char *out, size_t size) {
+    char root[PATH_MAX], path[PATH_MAX + 64], line[256] = "";
+    *out = '\0';
+    if (!program_repository(root, sizeof root)) return;
+    snprintf(path, sizeof path, "%s/.git/HEAD", root);
+    FILE *file = fopen(path, "r");
+    if (!file) return;
+    bool got = fgets(line, sizeof line, file) != NULL;
+    fclose(file);
+    if (!got) return;
+    line[strcspn(line, "\r\n")] = '\0';
+    if (strncmp(line, "ref: ", 5) != 0) {
+        if (strlen(line) == 40) snprintf(out, size, "%s", line);
+        return;
+    }
+    char ref[200];
+    if (snprintf(ref, sizeof ref, "%s", line + 5) >= (int)sizeof ref ||
+        snprintf(path, sizeof path, "%s/.git/%s", root, ref) >= (int)sizeof path)
+        return;
+    if ((file = fopen(path, "r"))) {
+        if (fgets(line, sizeof line, file) && strlen(line) >= 40) snprintf(out, size, "%.40s", line);
+        fclose(file);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/.git/packed-refs", root);
+    if ((file = fopen(path, "r"))) {
+        while (fgets(line, sizeof line, file)) {
+            line[strcspn(line, "\r\n")] = '\0';
+            if (strlen(line) > 41 && strcmp(line + 41, ref) == 0) { snprintf(out, size, "%.40s", line); break; }
+        }
+        fclose(file);
+    }
+}
+
+// Who runs it, as MLflow's client finds it: $USER, else the account's name.
+static const char *user_name(void) {
+    const char *user = getenv("USER");
+    if (user && *user) return user;
+    struct passwd *account = getpwuid(geteuid());
+    return account && account->pw_name ? account->pw_name : "unknown";
+}
+
+// Rank 0's part of tracking_start: the store, the run, its params and tags. false with a message.
+static bool open_run(Tracking *t, const char *uri, const char *experiment, const char *run_name,
+                     const char *program, const char *device, const char *resume_run_id, char *error, size_t size) {
+    char message[1024] = "";
+    snprintf(t->where, sizeof t->where, "%s", uri);
+    if (strncmp(uri, "http://", 7) == 0 || strncmp(uri, "https://", 8) == 0) {
+        t->store = mlflow_rest_store_open(uri, message, sizeof message);
+    } else if (strstr(uri, "://") && strncmp(uri, "file://", 7) != 0) {
+        snprintf(error, size, "--mlflow %s: expected a tracking server (http://HOST:PORT, https://...) or a folder "
+                 "(file:PATH, or a path); for a database, run `mlflow server --backend-store-uri URI` and give its "
+                 "address", uri);
+        return false;
+    } else {
+        const char *folder = strncmp(uri, "file://", 7) == 0 ? uri + 7 : strncmp(uri, "file:", 5) == 0 ? uri + 5 : uri;
+        t->store = mlflow_file_store_open(folder, message, sizeof message);
+    }
+    if (!t->store) {
+        snprintf(error, size, "--mlflow %s: %s", uri, message);
+        return false;
+    }
+    const MlflowStoreOps *ops = t->store->ops;
+    char text[PATH_MAX];
+
+    // The tags: who ran what, where (mlflow.* are the names MLflow's UI shows in its columns).
+    TrackingRecord *tags = NULL;
+    int n_tags = 0;
+    const char *base = strrchr(program, '/') ? strrchr(program, '/') + 1 : program;
+    char name[256];
+    if (run_name) snprintf(name, sizeof name, "%s", run_name);
+    else snprintf(name, sizeof name, "%.*s, %d rank%s", (int)strcspn(base, "."), base, dist_world_size(),
+                  dist_world_size() == 1 ? "" : "s");
+    add(&tags, &n_tags, RECORD_TAG, "mlflow.runName", name);
+    add(&tags, &n_tags, RECORD_TAG, "mlflow.source.name", program);
+    add(&tags, &n_tags, RECORD_TAG, "mlflow.source.type", "LOCAL");
+    add(&tags, &n_tags, RECORD_TAG, "mlflow.user", user_name());
+    git_commit(text, sizeof text);
+    if (*text) add(&tags, &n_tags, RECORD_TAG, "mlflow.source.git.commit", text);
+    add(&tags, &n_tags, RECORD_TAG, "host", dist_hostname());
+    snprintf(text, sizeof text, "%d", dist_world_size());
+    add(&tags, &n_tags, RECORD_TAG, "world_size", text);
+    snprintf(text, sizeof text, "%d", dist_num_nodes());
+    add(&tags, &n_tags, RECORD_TAG, "nodes", text);
+    add(&tags, &n_tags, RECORD_TAG, "device", device);
+    add(&tags, &n_tags, RECORD_TAG, "blas", threads_blas_name());
+
+    StoreResult result = STORE_OK;
+    bool resumed = false;
+    if (resume_run_id && *resume_run_id) {
+        result = ops->resume_run(t->store, resume_run_id, &resumed, &t->ends, &t->n_ends, message, sizeof message);
+        if (result == STORE_OK && resumed) {
+            snprintf(t->run_id, sizeof t->run_id, "%s", resume_run_id);
+            printf("MLflow: resuming run %s at %s\n", t->run_id, uri);
+        } else if (result == STORE_OK) {
+            printf("MLflow: the snapshot's run %s is not at %s: starting a new run\n", resume_run_id, uri);
+        }
+    }
+    if (result == STORE_OK && !resumed) {
+        result = ops->create_run(t->store, experiment, name, now_ms(), tags, n_tags, t->run_id, message, sizeof message);
+        if (result == STORE_OK) printf("MLflow: run %s (%s) in experiment '%s' at %s\n", t->run_id, name, experiment, uri);
+    }
+    if (result != STORE_OK) {
+        snprintf(error, size, "--mlflow %s: %s", uri, message);
+        free_records(tags, n_tags);
+        return false;
+    }
+    fflush(stdout);
+    // The run's params are its first start's: a resumed run keeps them (MLflow refuses to change a
+    // param), and its tags say where it runs now.
+    if (resumed) for (int i = 0; i < n_tags; i++) enqueue(t, tags[i]);
+    else for (int i = 0; i < n_tags; i++) free(tags[i].key), free(tags[i].value);
+    free(tags);
+    if (!resumed) {
+        // mlflow.log_params(vars(args)): every flag but the three that say where the run goes.
+        for (int i = 0; i < args_count(); i++) {
+            const char *flag = args_flag_name(i);
+            if (strcmp(flag, "mlflow") == 0 || strcmp(flag, "experiment") == 0 || strcmp(flag, "run_name") == 0) continue;
+            char key[128];  // argparse's attribute names: --no-shuffle is args.no_shuffle
+            snprintf(key, sizeof key, "%s", flag);
+            for (char *c = key; *c; c++) if (*c == '-') *c = '_';
+            tracking_log_param(t, key, args_flag_value(i));
+        }
+        snprintf(text, sizeof text, "%d", dist_world_size());
+        tracking_log_param(t, "world_size", text);
+    }
+    return true;
+}
+
+static void stop_program(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void stop_program(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    fflush(stderr);
+    MPI_Finalize();
+    exit(EXIT_USAGE);
+}
+
+Tracking *tracking_start(const TrackingOptions *options, const char *program, const char *device,
+                         const char *resume_run_id) {
+    const char *uri = options->uri ? options->uri : getenv("MLFLOW_TRACKING_URI");
+    if (!uri || !*uri) return NULL;  // every rank sees the same flags, and mpirun gives them one environment
+    const char *experiment = options->experiment ? options->experiment : getenv("MLFLOW_EXPERIMENT_NAME");
+    if (!experiment || !*experiment) experiment = "Default";
+
+    Tracking *t = NULL;
+    char error[1536] = "";
+    int ok = 1;
+    if (dist_rank() == 0) {
+        t = xcalloc(1, sizeof *t);
+        pthread_mutex_init(&t->store_lock, NULL);
+        pthread_mutex_init(&t->queue_lock, NULL);
+        sem_init(&t->wake, 0, 0);
+        t->max_retries = (int)env_number("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 3);
+        t->backoff = env_number("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", 0.5);
+        ok = open_run(t, uri, experiment, options->run_name, program, device, resume_run_id, error, sizeof error);
+    }
+    // Every rank learns the verdict: a run that cannot be tracked stops before any training.
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+        if (dist_rank() == 0) stop_program("%s", error);
+        MPI_Finalize();
+        exit(EXIT_USAGE);
+    }
+    if (!t) return NULL;
+
+    // The sender, with SIGTERM and SIGINT blocked (they go to the training's threads, whose handler
+    // posts `wake`), then the handlers and the fatal hook.
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (int i = 0; i < 2; i++) sigaddset(&block, g_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    int created = pthread_create(&t->sender, NULL, sender_main, t);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    CHECK(created == 0, "cannot start MLflow's sender thread: %s", strerror(created));
+    g_run = t;
+    struct sigaction action = {0};
+    action.sa_handler = on_signal;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < 2; i++) sigaction(g_signals[i], &action, &g_previous[i]);
+    check_set_fatal_hook(on_fatal);
+    return t;
+}
+
+const char *tracking_run_id(const Tracking *run) { return run ? run->run_id : ""; }
+
+void tracking_log_param(Tracking *run, const char *key, const char *value) {
+    if (run) enqueue(run, (TrackingRecord){RECORD_PARAM, xstrdup(key), xstrdup(value), 0, 0, 0});
+}
+
+void tracking_set_tag(Tracking *run, const char *key, const char *value) {
+    if (run) enqueue(run, (TrackingRecord){RECORD_TAG, xstrdup(key), xstrdup(value), 0, 0, 0});
+}
+
+void tracking_log_metric(Tracking *run, const char *key, double value, long step) {
+    if (!run) return;
+    // A resumed run replays the steps after its snapshot; those the store holds are the same steps.
+    for (int i = 0; i < run->n_ends; i++)
+        if (strcmp(run->ends[i].key, key) == 0 && step <= run->ends[i].step) return;
+    enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, now_ms()});
+}
+
+void tracking_log_artifact(Tracking *run, const char *path) {
+    if (!run || !path || !*path) return;
+    run->artifacts = xrealloc(run->artifacts, (size_t)(run->n_artifacts + 1) * sizeof *run->artifacts);
+    run->artifacts[run->n_artifacts++] = xstrdup(path);
+}
+
+void tracking_end(Tracking *run, TrackingStatus status) {
+    if (!run) return;
+    pthread_mutex_lock(&run->queue_lock);
+    run->closing = true;
+    pthread_mutex_unlock(&run->queue_lock);
+    sem_post(&run->wake);
+    pthread_join(run->sender, NULL);
+    check_set_fatal_hook(NULL);
+    for (int i = 0; i < run->n_artifacts; i++) {
+        send(run, &(Send){SEND_ARTIFACT, NULL, 0, run->artifacts[i], 0, 0});
+        free(run->artifacts[i]);
+    }
+    RunStatus final = status == TRACKING_FAILED ? RUN_FAILED : status == TRACKING_KILLED ? RUN_KILLED : RUN_FINISHED;
+    atomic_store(&run->status_set, false);
+    set_final_status(run, final);
+    // The failure's warning said what happens next; a refusal's did not say what was lost in all.
+    if (run->said_refused && !run->warned) warn("%s did not reach %s", describe_lost(run), run->where);
+    for (int i = 0; i < 2; i++) sigaction(g_signals[i], &g_previous[i], NULL);
+    g_run = NULL;
+    run->store->ops->close(run->store);
+    for (int i = 0; i < run->n_ends; i++) free(run->ends[i].key);
+    free(run->ends);
+    free(run->artifacts);
+    sem_destroy(&run->wake);
+    pthread_mutex_destroy(&run->queue_lock);
+    pthread_mutex_destroy(&run->store_lock);
+    free(run);
+}

@@ -1,0 +1,74 @@
+// tracking.h: the run's record in MLflow, kept by rank 0, as mlflow's Python client keeps it.
+//
+//   TrainOptions opt = ...;                                   // TRAIN_FLAGS has --mlflow, --experiment, --run_name
+//   args_parse(...);
+//   Tracking *run = tracking_start(&opt.tracking, "day1/6_mnist_ddp.c", device_name(device), NULL);
+//                                                             // mlflow.start_run(); mlflow.log_params(vars(args))
+//   tracking_log_metric(run, "loss", loss, step);             // mlflow.log_metric("loss", loss, step=step)
+//   tracking_log_artifact(run, opt.plot);                     // mlflow.log_artifact(path)
+//   tracking_end(run, TRACKING_FINISHED);                     // mlflow.end_run()
+//
+// Where the run goes, as MLflow's clients decide (flag first, then the environment):
+//   --mlflow URI or $MLFLOW_TRACKING_URI    http(s)://host:port: a tracking server, through its REST API
+//                                           (mlflow_rest_store.c); file:PATH or a plain path: an `mlruns`
+//                                           folder that `mlflow ui --backend-store-uri PATH` reads
+//                                           (mlflow_file_store.c); unset: no tracking, and no cost
+//   --experiment NAME or $MLFLOW_EXPERIMENT_NAME   created if missing ("Default" otherwise)
+//   --run_name NAME                         MLflow's mlflow.runName tag (the program and world size otherwise)
+//
+// What it costs the training: nothing on the other ranks, and on rank 0 a lock and a copy per call. A
+// thread of its own sends what was logged in batches, a second apart; a server that fails mid-run gets
+// bounded retries with backoff ($MLFLOW_HTTP_REQUEST_MAX_RETRIES, _BACKOFF_FACTOR, _TIMEOUT: MLflow's
+// own variables), then one warning line, and the training goes on to the same result: tracking never
+// changes a result or ends a run. Only at the start is it allowed to stop the job: a bad URI or a server
+// that does not answer is one line and exit 2 on every rank, before any training.
+//
+// How a run ends: tracking_end's status (FINISHED, or KILLED after a stop signal). A fatal error on rank
+// 0 marks it FAILED (check.h's fatal hook), and SIGTERM or SIGINT marks it KILLED before the signal
+// takes effect (mpirun sends SIGTERM when another rank dies; Slurm at the time limit). A restart that
+// resumes the run (step 13 keeps the run id in its snapshot) sets it RUNNING again, and its metrics
+// continue where the store's end: a step already recorded is not sent twice (the replayed steps of an
+// exact resume are the same steps).
+#pragma once
+#include <stdbool.h>
+
+typedef struct {
+    const char *uri;         // --mlflow; NULL: $MLFLOW_TRACKING_URI, and if unset no tracking
+    const char *experiment;  // --experiment; NULL: $MLFLOW_EXPERIMENT_NAME, else "Default"
+    const char *run_name;    // --run_name; NULL: the program's name and world size
+} TrackingOptions;
+
+// The three flags, for a program's ArgSpec table (TRAIN_FLAGS has them).
+#define TRACKING_FLAGS(t)                                                                                        \
+    {"mlflow", ARG_STRING, &(t).uri, "URI", "log the run to MLflow: http(s)://server:port, or an mlruns folder ($MLFLOW_TRACKING_URI)", 0, NULL}, \
+    {"experiment", ARG_STRING, &(t).experiment, "NAME", "MLflow experiment, created if missing ($MLFLOW_EXPERIMENT_NAME)", 0, NULL}, \
+    {"run_name", ARG_STRING, &(t).run_name, "NAME", "MLflow run name (default: the program and its world size)", 0, NULL}
+
+typedef enum { TRACKING_FINISHED, TRACKING_FAILED, TRACKING_KILLED } TrackingStatus;
+
+typedef struct Tracking Tracking;  // NULL or not, every call below takes it; NULL does nothing
+
+// Collective. With a tracking URI, rank 0 creates the run (or, given `resume_run_id`, sets that run
+// RUNNING again and learns which steps it already holds), logs every flag of the last args_parse as a
+// param and the run's tags (host, world size, nodes, device, BLAS, mlflow.source.name = `program`, the
+// git commit), and starts its sender thread; the other ranks get NULL. Without one, every rank gets NULL.
+// A URI that is not one, or a server that refuses or does not answer: one line naming it, exit 2 on every
+// rank. A resume_run_id the store does not know starts a new run and says so.
+Tracking *tracking_start(const TrackingOptions *options, const char *program, const char *device,
+                         const char *resume_run_id);
+
+// The run's id (32 hex digits), for a snapshot; "" for NULL.
+const char *tracking_run_id(const Tracking *run);
+
+// mlflow.log_param: a name and its value as text. mlflow.set_tag: the same for a tag.
+void tracking_log_param(Tracking *run, const char *key, const char *value);
+void tracking_set_tag(Tracking *run, const char *key, const char *value);
+// mlflow.log_metric(key, value, step): stamped now, sent within a second or so.
+void tracking_log_metric(Tracking *run, const char *key, double value, long step);
+// mlflow.log_artifact(path): the file as it is when sent (before tracking_end returns), under the run's
+// artifacts with its own name. NULL or "" path: nothing.
+void tracking_log_artifact(Tracking *run, const char *path);
+
+// mlflow.end_run(status): sends what is left (within the retry bounds), sets the status and end time,
+// stops the thread and frees the run.
+void tracking_end(Tracking *run, TrackingStatus status);

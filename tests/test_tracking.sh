@@ -1,0 +1,341 @@
+#!/usr/bin/env bash
+# Tracking runs in MLflow (--mlflow, docs/tracking.md), read back by readers that share nothing with
+# common/tracking.c and its stores:
+#   - an mlruns folder, read by tests/check_mlruns.py as MLflow's FileStore reads it: every flag a param,
+#     the loss of every step equal to the --losses CSV, the epoch metrics, the accuracy printed, the
+#     tags, the artifacts byte for byte, FINISHED; two runs in one experiment; MLFLOW_TRACKING_URI and
+#     MLFLOW_EXPERIMENT_NAME; only rank 0 logs; the same checksum with and without tracking;
+#   - a tracking server, tests/mlflow_test_server.py: the REST calls in order, within MLflow's limits per
+#     batch, authenticated; and when it fails mid-run (500s, a hang, a refusal) the training ends with its
+#     normal checksum, one warning line, in bounded time;
+#   - a bad URI, a folder that cannot be written, a server that is down or refuses the token: one line,
+#     exit 2 on every rank, before any training;
+#   - a run killed by SIGTERM shows KILLED with what it logged, a fatal error on rank 0 FAILED; step 13 killed and restarted
+#     logs into the same run, its loss at every step exactly once, and ends FINISHED;
+#   - a real MLflow when one is installed (python3 -c 'import mlflow'): `mlflow server` with SQLite, the
+#     runs read back through mlflow.search_runs and MlflowClient.get_metric_history; SKIP otherwise.
+# make test runs them all but four server checks, which make test-all adds: 1875 steps within MLflow's
+# limits per batch, a server that hangs, a refused batch, a server that fails and comes back.
+set -u
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+PYTHON=${PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d)
+servers=()
+trap 'for pid in "${servers[@]}"; do kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
+pass() { echo "PASS tracking: $*"; }
+fail() { echo "FAIL tracking: $*"; }
+skip() { echo "SKIP tracking: $*"; }
+# expect WHAT COMMAND...: PASS, or FAIL with the command's output (tracked_run.py says what missed).
+expect() {
+    local what=$1 out; shift
+    if out=$("$@" 2>&1); then pass "$what"; else fail "$what: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
+}
+# The environment must not pick a tracking URI of the user's.
+unset MLFLOW_TRACKING_URI MLFLOW_EXPERIMENT_NAME MLFLOW_TRACKING_TOKEN MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD
+
+if [ ! -x day1/6_mnist_ddp ]; then fail "the programs are not built (make)"; exit 1; fi
+if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
+    skip "no MNIST in $DATA (make data)"; exit 0
+fi
+if ! "$PYTHON" -c 'import yaml' 2> /dev/null; then
+    skip "the mlruns checks need PyYAML in $PYTHON (apt-get install python3-yaml)"
+    have_yaml=0
+else
+    have_yaml=1
+fi
+
+checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u | awk '{ print $3 }' | tr '\n' ' ' | sed 's/ $//'; }
+accuracy() { sed -n 's/.*[Aa]ccuracy:\{0,1\} \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
+# train NAME NP PROGRAM FLAGS...: one epoch, outputs kept as $tmp/NAME.{out,csv,h5,png}; returns the status.
+train() {
+    local name=$1 np=$2; shift 2
+    timeout 300 $MPIRUN -np "$np" "$@" --data "$DATA" --epochs 1 --losses "$tmp/$name.csv" --save "$tmp/$name.h5" \
+        --plot "$tmp/$name.png" > "$tmp/$name.out" 2> "$tmp/$name.err"
+}
+mlruns() { "$PYTHON" tests/check_mlruns.py "$1" --json "$2"; }
+
+# ---------------------------------------------------------------- an mlruns folder
+train plain 2 day1/6_mnist_ddp
+train folder 2 day1/6_mnist_ddp --mlflow "$tmp/mlruns" --experiment ddp
+status=$?
+if [ $status -ne 0 ]; then
+    fail "step 6 with --mlflow FOLDER: exit $status: $(head -3 "$tmp/folder.err" | tr '\n' ' ')"
+else
+    [ "$(checksum "$tmp/folder.out")" = "$(checksum "$tmp/plain.out")" ] && cmp -s "$tmp/folder.csv" "$tmp/plain.csv" \
+        && pass "step 6 on 2 ranks logging to a folder takes the same steps as without (checksum $(checksum "$tmp/plain.out"), the same losses)" \
+        || fail "step 6 logging to a folder: checksum $(checksum "$tmp/folder.out"), without $(checksum "$tmp/plain.out")"
+    grep -q "^MLflow: run [0-9a-f]\{32\} (6_mnist_ddp, 2 ranks) in experiment 'ddp' at $tmp/mlruns$" "$tmp/folder.out" \
+        && pass "step 6 says where its run is: $(grep '^MLflow' "$tmp/folder.out" | sed "s|$tmp|TMP|")" \
+        || fail "no 'MLflow: run ID (6_mnist_ddp, 2 ranks) in experiment 'ddp' at ...' line: $(grep -i mlflow "$tmp/folder.out" | head -2)"
+    if [ $have_yaml = 1 ]; then
+        if mlruns "$tmp/mlruns" "$tmp/folder.json" 2> "$tmp/check.err"; then
+            pass "the mlruns folder reads as MLflow's FileStore reads it (tests/check_mlruns.py: no problem)"
+            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params, the tags, the artifacts" \
+                "$PYTHON" tests/tracked_run.py "$tmp/folder.json" --experiment ddp --runs 1 --status FINISHED \
+                --losses "$tmp/folder.csv" --epochs 1 --accuracy "$(accuracy "$tmp/folder.out")" \
+                --param lr=0.001 --param batch_size=6400 --param epochs=1 --param world_size=2 --param seed=0 \
+                --param no_shuffle=False --param init=None --param bucket_mb=25 --param "data=$DATA" \
+                --tag world_size=2 --tag nodes=1 --tag mlflow.source.name=day1/6_mnist_ddp.c \
+                --tag "mlflow.runName=6_mnist_ddp, 2 ranks" --tag device=cpu \
+                --artifact "$tmp/folder.csv" --artifact "$tmp/folder.h5" --artifact "$tmp/folder.png"
+            run_dir=$(dirname "$(ls -d "$tmp"/mlruns/*/*/artifacts | head -1)")
+            same=1
+            for f in folder.csv folder.h5 folder.png; do cmp -s "$tmp/$f" "$run_dir/artifacts/$f" || same=0; done
+            [ $same = 1 ] && pass "the artifacts are the files written, byte for byte" || fail "an artifact differs from its file"
+            if git rev-parse HEAD > /dev/null 2>&1; then
+                [ "$(cat "$run_dir/tags/mlflow.source.git.commit")" = "$(git rev-parse HEAD)" ] \
+                    && pass "tag mlflow.source.git.commit is the checkout's HEAD" \
+                    || fail "tag mlflow.source.git.commit is '$(cat "$run_dir/tags/mlflow.source.git.commit" 2>&1)', HEAD is $(git rev-parse HEAD)"
+            fi
+        else
+            fail "tests/check_mlruns.py refuses the folder: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+        fi
+    fi
+fi
+
+# A second run lands in the same experiment; the environment names the store and the experiment.
+MLFLOW_TRACKING_URI="file:$tmp/mlruns" MLFLOW_EXPERIMENT_NAME=ddp train second 1 day1/2_mnist_training --run_name second
+status=$?
+if [ $status -ne 0 ]; then
+    fail "step 2 with MLFLOW_TRACKING_URI=file:DIR: exit $status: $(head -3 "$tmp/second.err" | tr '\n' ' ')"
+elif [ $have_yaml = 1 ] && mlruns "$tmp/mlruns" "$tmp/second.json" 2> "$tmp/check.err"; then
+    expect "MLFLOW_TRACKING_URI=file:DIR and MLFLOW_EXPERIMENT_NAME: a second run in the same experiment, named by --run_name" \
+        "$PYTHON" tests/tracked_run.py "$tmp/second.json" --experiment ddp --runs 2 --run -1 --status FINISHED \
+        --losses "$tmp/second.csv" --tag mlflow.runName=second --param world_size=1
+elif [ $have_yaml = 1 ]; then
+    fail "tests/check_mlruns.py refuses the folder after a second run: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+fi
+
+# Only rank 0 logs: one run for 2 ranks (checked above); and nothing at all without a URI.
+train untracked 2 day1/6_mnist_ddp
+[ ! -e mlruns ] && ! grep -q MLflow "$tmp/untracked.out" \
+    && pass "without --mlflow or MLFLOW_TRACKING_URI nothing is tracked (no mlruns folder, no MLflow line)" \
+    || fail "an untracked run wrote ./mlruns or printed an MLflow line"
+
+# ---------------------------------------------------------------- refused at the start
+# refused NAME WANT FLAGS...: step 6 on 2 ranks exits 2 with one error line naming WANT, and trains nothing.
+refused() {
+    local name=$1 want=$2; shift 2
+    train "$name" 2 day1/6_mnist_ddp "$@"
+    local status=$? errors
+    errors=$(grep -c '^error: ' "$tmp/$name.err")
+    if [ $status -eq 2 ] && [ "$errors" -eq 1 ] && grep -q -- "$want" "$tmp/$name.err" && ! grep -q '^epoch' "$tmp/$name.out"; then
+        pass "$name: exit 2, one line, before any training: $(grep '^error: ' "$tmp/$name.err" | sed "s|$tmp|TMP|g" | cut -c1-160)"
+    else
+        fail "$name: exit $status, $errors error lines, expected 2 and 1 naming '$want': $(head -2 "$tmp/$name.err" | tr '\n' ' ')"
+    fi
+}
+refused "a database URI" "sqlite:///x.db: expected a tracking server" --mlflow sqlite:///x.db
+touch "$tmp/a_file"
+refused "a folder inside a file" "cannot create" --mlflow "$tmp/a_file/mlruns"
+# A port nobody listens on: take one from the kernel and close it.
+closed_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+refused "a server that is not there" "127.0.0.1:$closed_port" --mlflow "http://127.0.0.1:$closed_port"
+
+# ---------------------------------------------------------------- a tracking server (the test double)
+# serve NAME OPTIONS...: start tests/mlflow_test_server.py, its log and dump as $tmp/NAME.{log,dump}; sets $port.
+serve() {
+    local name=$1; shift
+    rm -f "$tmp/$name.port"
+    "$PYTHON" tests/mlflow_test_server.py --port-file "$tmp/$name.port" --log "$tmp/$name.log" --dump "$tmp/$name.dump" "$@" &
+    servers+=($!)
+    server_pid=$!
+    for _ in $(seq 100); do [ -s "$tmp/$name.port" ] && break; sleep 0.1; done
+    port=$(cat "$tmp/$name.port" 2> /dev/null)
+}
+stop_server() { kill "$server_pid" 2> /dev/null; wait "$server_pid" 2> /dev/null; }
+# The endpoints of the server's log, in order, one per line ("POST runs/log-batch 200").
+calls() { "$PYTHON" -c '
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    print(e["method"], e["path"].replace("/api/2.0/mlflow/", "").replace("/api/2.0/mlflow-artifacts/artifacts/", "artifact "), e["status"])
+' "$1"; }
+
+serve rest
+train rest 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --experiment ddp --batch_size 1000 --no-shuffle
+status=$?
+stop_server
+if [ $status -ne 0 ]; then
+    fail "step 6 with --mlflow http://...: exit $status: $(head -3 "$tmp/rest.err" | tr '\n' ' ')"
+else
+    expect "a server's run: FINISHED, each of the 30 steps' loss once = the CSV, epoch metrics, test accuracy, params, tags, artifacts" \
+        "$PYTHON" tests/tracked_run.py "$tmp/rest.dump" --experiment ddp --runs 1 --status FINISHED \
+        --losses "$tmp/rest.csv" --epochs 1 --accuracy "$(accuracy "$tmp/rest.out")" \
+        --param lr=0.001 --param batch_size=1000 --param no_shuffle=True --param world_size=2 \
+        --tag world_size=2 --tag mlflow.source.name=day1/6_mnist_ddp.c \
+        --artifact "$tmp/rest.csv" --artifact "$tmp/rest.h5" --artifact "$tmp/rest.png"
+    calls "$tmp/rest.log" > "$tmp/rest.calls"
+    order=$(awk '{ print $1, $2 }' "$tmp/rest.calls" | sed 's/^PUT artifact .*/PUT artifact/' | uniq | tr '\n' ',')
+    want="GET experiments/get-by-name,POST experiments/create,POST runs/create,POST runs/log-batch,PUT artifact,POST runs/update,"
+    [ "$order" = "$want" ] \
+        && pass "the REST calls, in order: experiment looked up (404) and created, run created, $(grep -c log-batch "$tmp/rest.calls") log-batch, $(grep -c 'PUT artifact' "$tmp/rest.calls") artifacts, status" \
+        || fail "the REST calls: $order expected $want"
+    ! grep -qv ' 200$\| 404$' "$tmp/rest.calls" && pass "every call answered 200 (the lookup of the new experiment 404)" \
+        || fail "calls answered otherwise: $(grep -v ' 200$' "$tmp/rest.calls" | head -3 | tr '\n' ' ')"
+    [ "$(checksum "$tmp/rest.out")" = "$(train restplain 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle; checksum "$tmp/restplain.out")" ] \
+        && pass "logging to a server takes the same steps (checksum $(checksum "$tmp/rest.out"))" \
+        || fail "logging to a server: checksum $(checksum "$tmp/rest.out"), without $(checksum "$tmp/restplain.out")"
+fi
+
+# MLflow's limits per log-batch: many steps at once (batch 32: 1875 steps) reach the server within them.
+if thorough; then
+serve many
+train many 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port" --batch_size 32
+status=$?
+stop_server
+if [ $status -eq 0 ]; then
+    expect "1875 steps in $(grep -c log-batch "$tmp/many.log") batches within MLflow's limits (the server refuses more than 1000 values or 100 params), each step once" \
+        "$PYTHON" tests/tracked_run.py "$tmp/many.dump" --experiment Default --runs 1 --status FINISHED --losses "$tmp/many.csv"
+else
+    fail "1875 steps to a server: exit $status: $(head -2 "$tmp/many.err" | tr '\n' ' ')"
+fi
+fi
+
+# Authentication: a bearer token, basic; a wrong token is refused at the start.
+serve token --require-token s3cret
+MLFLOW_TRACKING_TOKEN=s3cret train token 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+cp "$tmp/token.log" "$tmp/token_only.log"  # the wrong token's requests go in the same log
+MLFLOW_TRACKING_TOKEN=wrong train badtoken 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+bad_status=$?
+stop_server
+[ $status -eq 0 ] && ! grep -q '"status": 401' "$tmp/token_only.log" && grep -q 'Bearer s3cret' "$tmp/token_only.log" \
+    && pass "MLFLOW_TRACKING_TOKEN: every request carries 'Authorization: Bearer ...' ($(wc -l < "$tmp/token_only.log") requests)" \
+    || fail "MLFLOW_TRACKING_TOKEN: exit $status, $(grep -c '"status": 401' "$tmp/token_only.log") requests refused"
+[ $bad_status -eq 2 ] && grep -q "UNAUTHENTICATED" "$tmp/badtoken.err" && ! grep -q '^epoch' "$tmp/badtoken.out" \
+    && pass "a wrong token: exit 2 before training: $(grep '^error' "$tmp/badtoken.err" | cut -c1-140)" \
+    || fail "a wrong token: exit $bad_status: $(head -2 "$tmp/badtoken.err" | tr '\n' ' ')"
+serve basic --require-basic ada:lovelace
+MLFLOW_TRACKING_USERNAME=ada MLFLOW_TRACKING_PASSWORD=lovelace train basic 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+stop_server
+[ $status -eq 0 ] && ! grep -q '"status": 401' "$tmp/basic.log" \
+    && pass "MLFLOW_TRACKING_USERNAME/PASSWORD: basic authentication accepted on every request" \
+    || fail "basic authentication: exit $status, $(grep -c '"status": 401' "$tmp/basic.log") requests refused"
+
+# ---------------------------------------------------------------- a server that fails mid-run
+# faulty NAME WARNING OPTIONS...: step 6 on 2 ranks against a failing server ends with the checksum of
+# the run without tracking, exit 0, and the warning once, in bounded time.
+train reference 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle
+faulty() {
+    local name=$1 warning=$2; shift 2
+    serve "$name" "$@"
+    local start=$SECONDS
+    MLFLOW_HTTP_REQUEST_TIMEOUT=1 MLFLOW_HTTP_REQUEST_MAX_RETRIES=2 MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 \
+        train "$name" 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --batch_size 1000 --no-shuffle
+    local status=$? took=$((SECONDS - start)) warnings
+    stop_server
+    warnings=$(grep -c "$warning" "$tmp/$name.err")
+    if [ $status -eq 0 ] && [ "$(checksum "$tmp/$name.out")" = "$(checksum "$tmp/reference.out")" ] && [ "$warnings" -eq 1 ] && [ $took -lt 60 ]; then
+        pass "$name: the training ends with its checksum in ${took} s, one warning: $(grep "$warning" "$tmp/$name.err" | cut -c1-150)"
+    else
+        fail "$name: exit $status in ${took} s, checksum $(checksum "$tmp/$name.out") (expected $(checksum "$tmp/reference.out")), $warnings warnings '$warning': $(head -3 "$tmp/$name.err" | tr '\n' ' ')"
+    fi
+}
+faulty "500s from the 5th request on" "failed 3 tries" --fail-from 5
+if thorough; then
+    faulty "a server that hangs from the 5th request on" "failed 3 tries" --hang-from 5
+    faulty "one batch refused (400)" "INVALID_PARAMETER_VALUE: injected refusal" --fault-path log-batch --refuse-from 1 --refuse-count 1
+    faulty "500s for one batch, then answers" "answers again" --fault-path log-batch --fail-from 1 --fail-count 3
+fi
+
+# ---------------------------------------------------------------- how runs end
+if [ $have_yaml = 1 ]; then
+    # SIGTERM mid-training: KILLED (the signal still ends the program, as without tracking).
+    day1/2_mnist_training --data "$DATA" --epochs 50 --plot '' --mlflow "$tmp/ends" --experiment sigterm > "$tmp/term.out" 2> "$tmp/term.err" &
+    pid=$!
+    for _ in $(seq 300); do grep -q '^epoch 1/' "$tmp/term.out" && break; sleep 0.1; done
+    kill -TERM $pid
+    wait $pid
+    status=$?
+    mlruns "$tmp/ends" "$tmp/ends.json" 2> "$tmp/check.err"
+    expect "SIGTERM after epoch 1: exit $status (143: the signal, as without tracking), the run KILLED, with the loss of epoch 1's 10 steps at least (what was queued is sent before the status)" \
+        bash -c "[ $status -eq 143 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment sigterm --runs 1 --status KILLED --min_steps 10"
+    # A fatal error on rank 0 (its --save target became a folder): FAILED.
+    mkdir -p "$tmp/fatal"
+    day1/2_mnist_training --data "$DATA" --epochs 3 --plot '' --save "$tmp/fatal/w.h5" --mlflow "$tmp/ends" --experiment fatal > "$tmp/fatal.out" 2> "$tmp/fatal.err" &
+    pid=$!
+    for _ in $(seq 300); do grep -q '^epoch 1/' "$tmp/fatal.out" && break; sleep 0.1; done
+    rm -f "$tmp/fatal/w.h5"; mkdir "$tmp/fatal/w.h5"
+    wait $pid
+    status=$?
+    mlruns "$tmp/ends" "$tmp/ends.json" 2> "$tmp/check.err"
+    expect "a fatal error on rank 0 (exit $status: $(grep -m1 -o 'cannot.*' "$tmp/fatal.err" | cut -c1-60)...): the run FAILED" \
+        bash -c "[ $status -ne 0 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment fatal --runs 1 --status FAILED"
+
+    # Step 13: rank 1 dies in epoch 3 (SIGKILL); mpirun's SIGTERM to rank 0 marks the run KILLED; the same
+    # command resumes into the same run, and the run holds every step's loss once, as an uninterrupted run's.
+    ft() { OMPI_MCA_odls_base_sigkill_timeout=3 timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
+              --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
+    ft ft_plain
+    ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
+    first=$?
+    mlruns "$tmp/ft" "$tmp/ft1.json" 2> "$tmp/check.err"
+    expect "step 13, rank 1 killed in epoch 3 (exit $first): the run KILLED until the restart" \
+        "$PYTHON" tests/tracked_run.py "$tmp/ft1.json" --experiment Default --runs 1 --status KILLED
+    ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
+    second=$?
+    mlruns "$tmp/ft" "$tmp/ft2.json" 2> "$tmp/check.err"
+    grep -q "^MLflow: resuming run [0-9a-f]\{32\} at $tmp/ft$" "$tmp/ft_tracked.out" \
+        && pass "step 13 restarted: 'MLflow: resuming run ID at ...' (the id from its snapshot)" \
+        || fail "step 13 restarted: no 'MLflow: resuming run' line: $(grep -i mlflow "$tmp/ft_tracked.out")"
+    expect "step 13 restarted (exit $second): the same run, FINISHED, each step's loss once and equal to an uninterrupted run's, the snapshot an artifact" \
+        "$PYTHON" tests/tracked_run.py "$tmp/ft2.json" --experiment Default --runs 1 --status FINISHED \
+        --losses "$tmp/ft_plain.csv" --epochs 4 --artifact "$tmp/ft_tracked.h5"
+fi
+
+# ---------------------------------------------------------------- a real MLflow
+if ! "$PYTHON" -c 'import mlflow' 2> /dev/null; then
+    skip "a real MLflow server: $PYTHON has no mlflow (pip install mlflow; or PYTHONPATH to a checkout)"
+    exit 0
+fi
+real_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$tmp/real"
+# A process group of its own: `mlflow server` runs uvicorn as a child, which the group's kill takes too.
+setsid "$PYTHON" -m mlflow server --host 127.0.0.1 --port "$real_port" --workers 1 \
+    --backend-store-uri "sqlite:///$tmp/real/mlflow.db" --artifacts-destination "$tmp/real/artifacts" > "$tmp/real/server.log" 2>&1 &
+servers+=(-$!)
+for _ in $(seq 600); do curl -sf "http://127.0.0.1:$real_port/health" > /dev/null 2>&1 && break; sleep 0.2; done
+if ! curl -sf "http://127.0.0.1:$real_port/health" > /dev/null 2>&1; then
+    fail "a real MLflow server did not start in 120 s: $(tail -3 "$tmp/real/server.log" | tr '\n' ' ')"
+    exit 1
+fi
+train real 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$real_port" --experiment real-ddp
+status=$?
+mlruns_check=$("$PYTHON" - "http://127.0.0.1:$real_port" "$tmp/real.csv" "$(accuracy "$tmp/real.out")" "$tmp/mlruns" 2>&1 <<'EOF'
+import csv, sys
+import mlflow
+from mlflow.tracking import MlflowClient
+uri, losses, accuracy, folder = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+mlflow.set_tracking_uri(uri)
+runs = mlflow.search_runs(experiment_names=["real-ddp"])
+assert len(runs) == 1, f"{len(runs)} runs"
+run = runs.iloc[0]
+assert run["status"] == "FINISHED", run["status"]
+assert run["params.lr"] == "0.001" and run["params.world_size"] == "2", (run["params.lr"], run["params.world_size"])
+assert abs(100 * run["metrics.test_accuracy"] - accuracy) < 0.006, run["metrics.test_accuracy"]
+history = MlflowClient().get_metric_history(run["run_id"], "loss", max_results=100000) \
+    if "max_results" in MlflowClient.get_metric_history.__code__.co_varnames else MlflowClient().get_metric_history(run["run_id"], "loss")
+rows = [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(open(losses))]
+got = sorted((m.step, m.value) for m in history)
+assert [s for s, _ in got] == [s for s, _ in rows], f"steps {[s for s, _ in got]}"
+assert max(abs(v - w) / abs(w) for (_, v), (_, w) in zip(got, rows)) < 5e-6
+artifacts = sorted(a.path for a in MlflowClient().list_artifacts(run["run_id"]))
+assert artifacts == ["real.csv", "real.h5", "real.png"], artifacts
+# The folder written above, read by MLflow's own FileStore.
+mlflow.set_tracking_uri("file:" + folder)
+folder_runs = mlflow.search_runs(experiment_names=["ddp"])
+assert len(folder_runs) == 2 and set(folder_runs["status"]) == {"FINISHED"}, folder_runs[["status"]]
+print(f"{len(got)} steps, test_accuracy {run['metrics.test_accuracy']}, artifacts {artifacts}; the mlruns folder: {len(folder_runs)} runs")
+EOF
+)
+read_back=$?
+if [ $status -eq 0 ] && [ $read_back -eq 0 ]; then
+    pass "a real MLflow $("$PYTHON" -c 'import mlflow; print(mlflow.__version__)') (server on SQLite): search_runs and get_metric_history read the run back: $(echo "$mlruns_check" | tail -1)"
+else
+    fail "a real MLflow: exit $status: $(echo "$mlruns_check" | tail -3 | tr '\n' ' ') $(head -2 "$tmp/real.err" | tr '\n' ' ')"
+fi
