@@ -62,6 +62,7 @@ struct Tracking {
     bool lost_status;
     bool said_refused;
     atomic_bool status_set;        // a final status went out (the fatal hook or the signal, then the end)
+    atomic_bool fatal;             // a fatal error: the hook's store call may not wait for the store
 };
 
 static Tracking *g_run;  // the fatal hook's and the signal handler's run (rank 0's one)
@@ -107,7 +108,19 @@ typedef struct {
 
 static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t size) {
     const MlflowStoreOps *ops = t->store->ops;
-    pthread_mutex_lock(&t->store_lock);
+    if (atomic_load(&t->fatal)) {
+        // From the fatal hook, maybe on the sender's own thread inside a store call: wait a little for
+        // the store, never forever.
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 2;
+        if (pthread_mutex_timedlock(&t->store_lock, &until) != 0) {
+            snprintf(error, size, "the store is busy");
+            return STORE_REFUSED;
+        }
+    } else {
+        pthread_mutex_lock(&t->store_lock);
+    }
     StoreResult result =
         s->kind == SEND_BATCH ? ops->log_batch(t->store, t->run_id, s->records, s->n, error, size)
         : s->kind == SEND_ARTIFACT ? ops->log_artifact(t->store, t->run_id, s->path, error, size)
@@ -272,6 +285,7 @@ static void enqueue(Tracking *t, TrackingRecord record) {
 static void on_fatal(void) {
     Tracking *t = g_run;
     if (!t) return;
+    atomic_store(&t->fatal, true);
     t->degraded = true;
     set_final_status(t, RUN_FAILED);
 }
@@ -517,6 +531,11 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     if (run->said_refused && !run->warned) warn("%s did not reach %s", describe_lost(run), run->where);
     for (int i = 0; i < 2; i++) sigaction(g_signals[i], &g_previous[i], NULL);
     g_run = NULL;
+    // A signal that came while the end was sending, into a program that had no handler for it: it
+    // takes effect now, as it would have without tracking (the run, whose training ended, FINISHED).
+    for (int i = 0; i < 2; i++)
+        if (g_signal == g_signals[i] && !(g_previous[i].sa_flags & SA_SIGINFO) && g_previous[i].sa_handler == SIG_DFL)
+            kill(getpid(), g_signal);
     run->store->ops->close(run->store);
     for (int i = 0; i < run->n_ends; i++) free(run->ends[i].key);
     free(run->ends);
