@@ -39,11 +39,22 @@
 //   Step 17: 2 tensor-parallel ranks x 1 replica: MLP 784-128-10, 101770 weights; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
 //   rank 0: tensor-parallel rank 0 of 2, replica 0 of 1: fc.0 rows 0-63, fc.2 columns 0-63
 //   rank 1: tensor-parallel rank 1 of 2, replica 0 of 1: fc.0 rows 64-127, fc.2 columns 64-127
-//   epoch 1/5: mean loss 1.9859 over 10 steps, ...
+//   epoch 1/5: mean loss 1.9859 over 10 steps, 0.42 s, 142342 samples/s
 //   ...
-//   World Size: 2. Training completed in ... seconds. Test accuracy: 89.14% (8914 of 10000)
-//   (then each rank's memory, each collective's bytes per step beside the theory, and the
-//   whole model's checksum: step 2's)
+//   epoch 5/5: mean loss 0.4724 over 10 steps, 0.37 s, 162546 samples/s
+//   World Size: 2. Training completed in 1.91 seconds (50 steps). Test accuracy: 89.14% (8914 of 10000)
+//   Memory per rank (MB): the model's state held, its theory 16 B x (101760 / T + 10) weights, DDP's 16 B x 101770
+//   rank  parameters  gradients  Adam's moments    total   theory    DDP's  peak resident
+//      0        0.20       0.20            0.41     0.81     0.81     1.63  ...
+//      1        0.20       0.20            0.41     0.81     0.81     1.63  ...
+//   Communication per step of 6400 rows, per rank (MB; a ring allreduce of S sends 2 (n - 1) / n x S):
+//   collective                                  calls  allreduced   theory  a ring sends
+//   g: forward, the row-parallel outputs            1        0.26     0.26          0.26
+//   f: backward, the column-parallel inputs         0        0.00     0.00          0.00
+//   DDP: the gradients, over 1 replica              0        0.00     0.00          0.00
+//   [rank 0] parameter checksum 888e5337267cbace (the whole model, from tensor-parallel ranks 0 to 1 of replica 0)
+//   Loss curve: img/17_tensor_parallel.png
+// (Step 2's losses and accuracy; its weights in all but their last bits, so another checksum: at T = 1, step 2's.)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
