@@ -209,6 +209,24 @@ if [ "$gpus" -ge 4 ]; then
     check "step 16 on 4 GPUs, 2 stages x 2 replicas (split NCCL communicators), GPipe: step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
 fi
 
+# Step 17 on the GPU: 2 tensor-parallel ranks (g's allreduce of the partial logits by NCCL with a
+# GPU per rank, MPI on host copies where ranks share one) take step 2's GPU steps; a deeper MLP
+# (784-64-64-64-10: f's allreduce in backward too) at T = 2 takes step 16's steps at P = 1; with 4
+# GPUs, 2 x 2 replicas (DDP over split NCCL communicators) take step 6's on 2.
+mpi 2 day4/17_tensor_parallel --tp 2 --no-shuffle --epochs 1 --losses "$tmp/tp2.csv" --plot '' > "$tmp/g17" 2>&1
+verdict=$(same_losses "$tmp/one.csv" "$tmp/tp2.csv" 1e-5)
+check "step 17 on the GPU, 2 tensor-parallel ranks: step 2's losses within 1e-5: $verdict" test $? -eq 0
+deep17=(--hidden 64,64,64 --batch_size 3200 --no-shuffle --epochs 1 --plot '')
+day4/16_pipeline_ddp --pp 1 "${deep17[@]}" --losses "$tmp/deep_pp1.csv" > /dev/null 2>&1
+mpi 2 day4/17_tensor_parallel --tp 2 "${deep17[@]}" --losses "$tmp/deep_tp2.csv" > /dev/null 2>&1
+verdict=$(same_losses "$tmp/deep_pp1.csv" "$tmp/deep_tp2.csv" 1e-5)
+check "step 17 on the GPU, 784-64-64-64-10 at T = 2 (g and f): step 16's losses at P = 1 within 1e-5: $verdict" test $? -eq 0
+if [ "$gpus" -ge 4 ]; then
+    mpi 4 day4/17_tensor_parallel --tp 2 --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/tp2dp2.csv" --plot '' > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/ddp2.csv" "$tmp/tp2dp2.csv" 1e-5)
+    check "step 17 on 4 GPUs, 2 tensor-parallel ranks x 2 replicas (split NCCL communicators): step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
+fi
+
 # With a GPU per rank, NCCL's allreduce runs on the communication stream; the
 # trace places each bucket's allreduce there by its CUDA events, as the CPU's
 # communication thread records it: the small last-layer buckets during backward.
@@ -368,6 +386,7 @@ if [ "$gpus" -ge 2 ]; then
             lost_peer $place $np 10 day3/14_cnn_ddp --max_steps 5 --plot ''
             lost_peer $place $np 3 day3/12_collectives --device cuda  # its third collective, allreduce
             lost_peer $place $np 6 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --epochs 1 --plot ''  # a send or receive
+            lost_peer $place $np 6 day4/17_tensor_parallel --tp 2 --epochs 1 --plot ''  # an allreduce of g (or of DDP)
         done
     done
 fi

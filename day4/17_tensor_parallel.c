@@ -1,0 +1,597 @@
+// Step 17: every Linear split across ranks (Megatron's tensor parallelism), under DDP.
+//                        PyTorch twin: Megatron-LM's ColumnParallelLinear and RowParallelLinear
+//                        (picotron's tensor_parallel.py), each shard wrapped in DDP over its
+//                        data-parallel group
+//
+// What it changes from step 16: step 16 gave each rank whole layers; here each
+// rank holds 1/T of every layer, and all T ranks compute every layer together.
+// The MLP's Linears go in pairs, as Megatron splits a transformer's MLP:
+//   the first of a pair is column-parallel: rank t holds rows [t w/T, (t+1) w/T) of
+//     its weight and bias (1/T of the hidden units), computes them from the whole
+//     input, and applies the ReLU to them (elementwise: no communication);
+//   the second is row-parallel: rank t holds the matching columns of its weight,
+//     multiplies its 1/T of the hidden units, and the T partial products are summed
+//     by an allreduce; its bias, whole on every rank, is added once, after the sum.
+// Megatron calls the two communication points f and g:
+//   f, at a column-parallel layer's input: identity in forward, allreduce in backward
+//     (each rank's input gradient covers only its hidden units);
+//   g, at a row-parallel layer's output: allreduce in forward, identity in backward.
+// So a pair costs one allreduce of [B, pair's output width] in forward and one of
+// [B, pair's input width] in backward, and none for the first pair's f: its input
+// is the data, which needs no gradient. A deeper --hidden alternates column and
+// row (784-512-512-512-10: two pairs); an odd last Linear (the one to the 10
+// classes) is kept whole on every rank. Every rank of a tensor-parallel group
+// reads the same batch. The world is T tensor-parallel ranks x D = world / T
+// replicas; each shard's gradients are averaged over its D replicas by DDP
+// over its data-parallel group, as in step 16.
+//
+// With the same seed and flags, T x D ranks take the steps of step 6 on D ranks:
+// bit for bit at T = 1; within 1e-5 at T > 1, where the row-parallel layer adds
+// its T partial sums in another order than one GEMM does.
+//
+// Build and run:
+//   make day4/17_tensor_parallel
+//   mpirun -np 2 day4/17_tensor_parallel --tp 2                       (add --oversubscribe on fewer cores)
+//   mpirun -np 4 day4/17_tensor_parallel --tp 2                       (2 x 2: step 6's steps on 2 ranks)
+//   mpirun -np 2 day4/17_tensor_parallel --tp 2 --hidden 4096,4096,4096,4096 --max_steps 5 --plot ''
+//
+// Expected output (2 ranks on 2 cores; times vary):
+//   Step 17: 2 tensor-parallel ranks x 1 replica: MLP 784-128-10, 101770 weights; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
+//   rank 0: tensor-parallel rank 0 of 2, replica 0 of 1: fc.0 rows 0-63, fc.2 columns 0-63
+//   rank 1: tensor-parallel rank 1 of 2, replica 0 of 1: fc.0 rows 64-127, fc.2 columns 64-127
+//   epoch 1/5: mean loss 1.9859 over 10 steps, 0.42 s, 142342 samples/s
+//   ...
+//   epoch 5/5: mean loss 0.4724 over 10 steps, 0.37 s, 162546 samples/s
+//   World Size: 2. Training completed in 1.91 seconds (50 steps). Test accuracy: 89.14% (8914 of 10000)
+//   Memory per rank (MB): the model's state held, its theory 16 B x (101760 / T + 10) weights, DDP's 16 B x 101770
+//   rank  parameters  gradients  Adam's moments    total   theory    DDP's  peak resident
+//      0        0.20       0.20            0.41     0.81     0.81     1.63  ...
+//      1        0.20       0.20            0.41     0.81     0.81     1.63  ...
+//   Communication per step of 6400 rows, per rank (MB; a ring allreduce of S sends 2 (n - 1) / n x S):
+//   collective                                  calls  allreduced   theory  a ring sends
+//   g: forward, the row-parallel outputs            1        0.26     0.26          0.26
+//   f: backward, the column-parallel inputs         0        0.00     0.00          0.00
+//   DDP: the gradients, over 1 replica              0        0.00     0.00          0.00
+//   [rank 0] parameter checksum 888e5337267cbace (the whole model, from tensor-parallel ranks 0 to 1 of replica 0)
+//   Loss curve: img/17_tensor_parallel.png
+// (Step 2's losses and accuracy; its weights in all but their last bits, so another checksum: at T = 1, step 2's.)
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "args.h"         // args_parse: the flags and --help
+#include "check.h"        // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "collectives.h"  // group_all_reduce: Megatron's f and g
+#include "ddp.h"          // ddp_wrap_group: DistributedDataParallel over a process group
+#include "dist.h"         // dist_init, dist_rank, print0: the world
+#include "group.h"        // group_split: the tensor-parallel and data-parallel groups
+#include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
+#include "nn.h"           // Linear, linear_forward, linear_backward, Adam
+#include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
+#include "threads.h"      // threads_init: this rank's CPU threads
+#include "timer.h"        // wall_seconds
+
+enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
+
+// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
+static int model_sizes(const char *hidden, int *sizes) {
+    int n = 0;
+    sizes[n++] = MNIST_PIXELS;
+    for (const char *p = hidden; *p;) {
+        char *end = NULL;
+        long width = strtol(p, &end, 10);
+        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
+            n == MAX_SIZES - 1)
+            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
+                        hidden, MAX_SIZES - 2, 1 << 20);
+        sizes[n++] = (int)width;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
+    sizes[n++] = MNIST_CLASSES;
+    return n;
+}
+
+// "784-512-512-10"
+static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
+    size_t used = 0;
+    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
+}
+
+// ------------------------------------------------------------------ the tensor-parallel MLP
+
+typedef enum { COLUMN_PARALLEL, ROW_PARALLEL, WHOLE } SplitKind;
+
+// Layer l of n: pairs of column- then row-parallel layers; an odd last one whole.
+static SplitKind split_kind(int layer, int n_layers) {
+    if (n_layers % 2 == 1 && layer == n_layers - 1) return WHOLE;
+    return layer % 2 == 0 ? COLUMN_PARALLEL : ROW_PARALLEL;
+}
+
+// What a rank sends per step, counted where it calls the collective.
+typedef struct {
+    long calls;
+    double bytes;  // handed to the allreduce
+} CommCount;
+
+// One Linear of the MLP: this rank's part of it.
+typedef struct {
+    SplitKind kind;
+    int in, out;         // the whole layer's
+    int first, count;    // column-parallel: its rows [first, first + count) of the weight and bias;
+                         // row-parallel: its columns of the weight (the bias is whole)
+    Linear part;         // column: weight [out/T, in], bias [1, out/T]; row: weight [out, in/T], bias [1, out]
+    Tensor output;       // [B, out/T] (column) or [B, out]: kept for backward
+    Tensor grad_output;  // its shape
+} TpLayer;
+
+typedef struct {
+    int n_layers;
+    TpLayer *layers;
+    int n_params;
+    Param *params;        // fc.<2l>.weight, fc.<2l>.bias: this rank's parts, in model.parameters() order
+    int max_batch;
+    const Group *tp;      // the ranks that hold the other parts
+    CommCount f, g;       // this step's allreduces at f (backward) and g (forward)
+} TpMlp;
+
+// The whole model's initialisation, nn.Linear's, drawn in order from rng on every
+// rank (so that every T makes the same model); each rank keeps its part.
+static TpMlp tp_mlp_new(const int *sizes, int n_sizes, int max_batch, const Group *tp, Rng *rng, Device device) {
+    int t = tp->rank, T = tp->size;
+    TpMlp model = {.n_layers = n_sizes - 1, .max_batch = max_batch, .tp = tp};
+    model.layers = xcalloc((size_t)model.n_layers, sizeof(TpLayer));
+    model.n_params = 2 * model.n_layers;
+    model.params = xcalloc((size_t)model.n_params, sizeof(Param));
+    for (int l = 0; l < model.n_layers; l++) {
+        TpLayer *layer = &model.layers[l];
+        int in = sizes[l], out = sizes[l + 1];
+        SplitKind kind = split_kind(l, model.n_layers);
+        int split = kind == COLUMN_PARALLEL ? out : kind == ROW_PARALLEL ? in : 0;  // the width split T ways
+        *layer = (TpLayer){.kind = kind, .in = in, .out = out, .first = split ? t * (split / T) : 0,
+                           .count = split ? split / T : 0};
+        int rows = kind == COLUMN_PARALLEL ? layer->count : out, cols = kind == ROW_PARALLEL ? layer->count : in;
+        layer->part.weight = tensor_zeros(rows, cols, device);
+        layer->part.bias = tensor_zeros(1, rows, device);
+        layer->part.grad_weight = tensor_zeros(rows, cols, device);
+        layer->part.grad_bias = tensor_zeros(1, rows, device);
+        layer->output = tensor_zeros(max_batch, rows, device);
+        layer->grad_output = tensor_zeros(max_batch, rows, device);
+        // As linear_init: U(-1/sqrt(in), 1/sqrt(in)), the weight [out, in] row by row, then the bias.
+        float bound = (float)(1.0 / sqrt((double)in));
+        float *weight = xmalloc(tensor_numel(&layer->part.weight) * sizeof(float)), *bias = xmalloc((size_t)out * sizeof(float));
+        size_t kept = 0;
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c++) {
+                float value = rng_uniform(rng, -bound, bound);
+                bool mine = kind == COLUMN_PARALLEL ? r >= layer->first && r < layer->first + layer->count
+                          : kind == ROW_PARALLEL    ? c >= layer->first && c < layer->first + layer->count
+                                                    : true;
+                if (mine) weight[kept++] = value;
+            }
+        kept = 0;
+        for (int r = 0; r < out; r++) {
+            float value = rng_uniform(rng, -bound, bound);
+            if (kind != COLUMN_PARALLEL || (r >= layer->first && r < layer->first + layer->count)) bias[kept++] = value;
+        }
+        tensor_from_host(&layer->part.weight, weight);
+        tensor_from_host(&layer->part.bias, bias);
+        free(weight), free(bias);
+        Param *w = &model.params[2 * l], *b = &model.params[2 * l + 1];
+        *w = (Param){.value = &layer->part.weight, .grad = &layer->part.grad_weight};
+        *b = (Param){.value = &layer->part.bias, .grad = &layer->part.grad_bias};
+        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * l);
+        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * l);
+    }
+    return model;
+}
+
+static void tp_mlp_free(TpMlp *model) {
+    for (int l = 0; l < model->n_layers; l++) {
+        linear_free(&model->layers[l].part);
+        tensor_free(&model->layers[l].output);
+        tensor_free(&model->layers[l].grad_output);
+    }
+    free(model->layers);
+    free(model->params);
+}
+
+// An allreduce over the tensor-parallel group, counted (what a step sends, below).
+static void tp_all_reduce(TpMlp *model, Tensor *t, CommCount *count, const char *range) {
+    if (model->tp->size == 1) return;
+    profile_push(range);
+    group_all_reduce(model->tp, t);
+    profile_pop();
+    count->calls++;
+    count->bytes += (double)tensor_numel(t) * sizeof(float);
+}
+
+// model(x): the logits [B, classes], whole on every rank of the group.
+static const Tensor *tp_forward(TpMlp *model, const Tensor *x) {
+    CHECK(x->rows <= model->max_batch, "batch of %d rows, model built for %d", x->rows, model->max_batch);
+    profile_push("forward");
+    const Tensor *input = x;
+    for (int l = 0; l < model->n_layers; l++) {
+        TpLayer *layer = &model->layers[l];
+        layer->output.rows = x->rows;
+        bool relu = l + 1 < model->n_layers;
+        if (layer->kind == ROW_PARALLEL) {
+            // [B, in/T] @ [in/T, out]: this rank's share of every output, summed over its hidden units only.
+            gemm(false, true, 1.0f, input, &layer->part.weight, 0.0f, &layer->output);
+            tp_all_reduce(model, &layer->output, &model->g, "g: allreduce");  // g: allreduce in forward
+            add_column_bias(&layer->output, &layer->part.bias, relu);  // the bias once, after the sum (not T times)
+        } else {
+            // Column-parallel (f: identity in forward, every rank holds the whole input): [B, in] @ [in, out/T],
+            // its hidden units, and their ReLU; or the whole last layer.
+            linear_forward(&layer->part, input, &layer->output, relu);
+        }
+        input = &layer->output;
+    }
+    profile_pop();
+    return input;
+}
+
+// criterion(output, target): every rank of the group computes it on the same logits.
+static float tp_loss(TpMlp *model, const int *labels) {
+    TpLayer *last = &model->layers[model->n_layers - 1];
+    last->grad_output.rows = last->output.rows;
+    return softmax_cross_entropy(&last->output, labels, &last->grad_output);
+}
+
+// loss.backward(): from the last layer to the first, each layer's gradients
+// final as soon as it is done (the hook starts DDP's bucket).
+static void tp_backward(TpMlp *model, const Tensor *x, GradReadyHook hook, void *context) {
+    profile_push("backward");
+    for (int l = model->n_layers - 1; l >= 0; l--) {
+        TpLayer *layer = &model->layers[l];
+        const Tensor *input = l > 0 ? &model->layers[l - 1].output : x;
+        Tensor *grad_x = NULL;  // the first layer's input is the data: no gradient, so no f allreduce either
+        if (l > 0) {
+            grad_x = &model->layers[l - 1].grad_output;
+            grad_x->rows = x->rows;
+        }
+        // Row-parallel (g: identity in backward): d loss / d output is whole on every rank, and
+        // its input gradient is d loss / d (its hidden units), all this rank needs.
+        linear_backward(&layer->part, input, &layer->grad_output, grad_x);
+        if (hook) {
+            hook(context, 2 * l + 1);  // fc.<2l>.bias
+            hook(context, 2 * l);      // fc.<2l>.weight
+        }
+        if (layer->kind == COLUMN_PARALLEL && grad_x)
+            tp_all_reduce(model, grad_x, &model->f, "f: allreduce");  // f: allreduce in backward (its units' share)
+        if (grad_x) relu_backward(input, grad_x);
+    }
+    profile_pop();
+}
+
+static void tp_zero_grad(TpMlp *model) {
+    for (int i = 0; i < model->n_params; i++) tensor_fill(model->params[i].grad, 0.0f);
+}
+
+// Correct predictions on x (no gradients), in chunks of max_batch rows: every rank of the group takes part.
+static long tp_correct(TpMlp *model, const Tensor *x, const int *labels) {
+    long correct = 0;
+    int *predictions = xmalloc((size_t)model->max_batch * sizeof(int));
+    for (int start = 0; start < x->rows; start += model->max_batch) {
+        int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
+        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
+        argmax_rows(tp_forward(model, &chunk), predictions);
+        for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
+    }
+    free(predictions);
+    return correct;
+}
+
+// The whole parameter p ([out, in], or the bias [1, out]) on the group's rank 0, from every rank's part
+// (a collective over the group; NULL on the other ranks).
+static float *gather_whole(const TpMlp *model, int p) {
+    const TpLayer *layer = &model->layers[p / 2];
+    const Tensor *part = model->params[p].value;
+    bool bias = p % 2 == 1, split = layer->kind == COLUMN_PARALLEL || (layer->kind == ROW_PARALLEL && !bias);
+    int T = model->tp->size, root = model->tp->rank == 0;
+    size_t n = tensor_numel(part), whole_n = (size_t)(bias ? 1 : layer->out) * (bias ? layer->out : layer->in);
+    CHECK(n <= 1u << 30, "%s: %zu floats in one message", model->params[p].name, n);
+    float *mine = xmalloc(n * sizeof(float)), *parts = root ? xmalloc(whole_n * sizeof(float)) : NULL;
+    tensor_to_host(part, mine);
+    if (!split) {  // whole on every rank
+        if (root) memcpy(parts, mine, n * sizeof(float));
+        free(mine);
+        return parts;
+    }
+    CHECK_MPI(MPI_Gather(mine, (int)n, MPI_FLOAT, parts, (int)n, MPI_FLOAT, 0, model->tp->mpi));
+    free(mine);
+    if (!root || layer->kind == COLUMN_PARALLEL) return parts;  // rows: the parts follow each other
+    // Row-parallel weight: rank t's part is columns [t in/T, (t+1) in/T) of every row.
+    float *whole = xmalloc(whole_n * sizeof(float));
+    int cols = layer->in / T;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < layer->out; r++)
+            memcpy(&whole[(size_t)r * layer->in + (size_t)t * cols], &parts[((size_t)t * layer->out + r) * cols],
+                   (size_t)cols * sizeof(float));
+    free(parts);
+    return whole;
+}
+
+// --init: each layer read whole from a state_dict file, every rank keeping its part.
+static void load_parts(const char *path, TpMlp *model) {
+    for (int l = 0; l < model->n_layers; l++) {
+        TpLayer *layer = &model->layers[l];
+        Tensor weight = tensor_zeros(layer->out, layer->in, DEVICE_CPU), bias = tensor_zeros(1, layer->out, DEVICE_CPU);
+        Param whole[2] = {{.value = &weight}, {.value = &bias}};
+        snprintf(whole[0].name, sizeof whole[0].name, "fc.%d.weight", 2 * l);
+        snprintf(whole[1].name, sizeof whole[1].name, "fc.%d.bias", 2 * l);
+        h5_load_params(path, whole, 2);
+        float *part = xmalloc(tensor_numel(&layer->part.weight) * sizeof(float));
+        size_t kept = 0;
+        for (int r = 0; r < layer->out; r++)
+            for (int c = 0; c < layer->in; c++)
+                if (layer->kind == WHOLE || (layer->kind == COLUMN_PARALLEL && r >= layer->first && r < layer->first + layer->count) ||
+                    (layer->kind == ROW_PARALLEL && c >= layer->first && c < layer->first + layer->count))
+                    part[kept++] = weight.data[(size_t)r * layer->in + c];
+        tensor_from_host(&layer->part.weight, part);
+        tensor_from_host(&layer->part.bias, bias.data + (layer->kind == COLUMN_PARALLEL ? layer->first : 0));
+        free(part);
+        tensor_free(&weight), tensor_free(&bias);
+    }
+}
+
+// The reports, after main: the whole model's checksum and --save, both from the
+// parts gathered on the group's rank 0.
+static unsigned long long whole_model_checksum(const TpMlp *model);
+static void save_whole_model(const char *path, const TpMlp *model);
+
+static size_t params_bytes(const Param *params, int n) {
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += tensor_numel(params[i].value) * sizeof(float);
+    return bytes;
+}
+
+static double peak_resident_bytes(void) {
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/17_tensor_parallel.png");
+    int tp = 1, max_steps = -1;
+    const char *hidden = "128", *trace = NULL;
+    double bucket_mb = 25.0;
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"tp", ARG_INT, &tp, "T", "tensor-parallel ranks (the world is T x world / T replicas)", 1, NULL},
+        {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths, each a multiple of T", 0, NULL},
+        {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size of each shard's DDP; 0: one bucket per tensor", 0, NULL},
+        {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");
+    int rank = dist_rank(), world = dist_world_size();
+    int sizes[MAX_SIZES];
+    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    char model_name[128];
+    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    size_t weights = 0, split_weights = 0;  // the whole model's, and of those the ones split T ways
+    for (int l = 0; l < n_layers; l++) {
+        size_t layer = (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];
+        weights += layer;
+        split_weights += split_kind(l, n_layers) == COLUMN_PARALLEL ? layer
+                       : split_kind(l, n_layers) == ROW_PARALLEL    ? layer - sizes[l + 1]
+                                                                    : 0;
+    }
+    if (world % tp != 0)
+        usage_error("--tp %d: the world size %d is not a multiple of it (the world is T tensor-parallel ranks x D replicas)",
+                    tp, world);
+    for (int l = 0; l < n_layers; l++)
+        if (split_kind(l, n_layers) == COLUMN_PARALLEL && sizes[l + 1] % tp != 0)
+            usage_error("--tp %d: the hidden width %d (fc.%d's outputs, split across the tensor-parallel ranks) is not a "
+                        "multiple of it", tp, sizes[l + 1], 2 * l);
+    Device device = device_from_flag(opt.device);
+    threads_init(opt.threads);
+
+    // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
+    // so that a group's ranks, which talk at every layer, are neighbours (one node, NVLink).
+    int tp_rank = rank % tp, replica = rank / tp, replicas = world / tp;
+    Group tensor_parallel = group_split(replica, tp_rank);  // my replica's T ranks
+    Group data_parallel = group_split(tp_rank, replica);    // the ranks that hold my part, one per replica
+
+    // Data: replica d takes positions d, d + D, ... (a sampler over D, not the world);
+    // every rank of a replica reads the same batches.
+    MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
+    MnistSplit test = mnist_load(opt.data, MNIST_TEST);
+    DistributedSampler sampler = sampler_new(train.n, replicas, replica, !opt.no_shuffle, (uint64_t)opt.seed);
+    int steps_per_epoch = sampler_num_batches(&sampler, opt.batch_size);
+    int epochs = max_steps < 0 ? opt.epochs : (max_steps + steps_per_epoch - 1) / steps_per_epoch;
+
+    // Model: this rank's part of every layer, initialised as the whole model would be.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
+    TpMlp model = tp_mlp_new(sizes, n_sizes, opt.batch_size, &tensor_parallel, &rng, device);
+    if (opt.init) load_parts(opt.init, &model);
+    Ddp ddp = ddp_wrap_group(model.params, model.n_params, bucket_mb, &data_parallel);  // DDP(model, process_group)
+    Adam optimizer = adam_new(model.params, model.n_params, opt.lr);
+
+    char steps_text[64] = "";
+    if (max_steps >= 0) snprintf(steps_text, sizeof steps_text, " (--max_steps %d)", max_steps);
+    print0("Step 17: %d tensor-parallel rank%s x %d replica%s: MLP %s, %zu weights; Adam lr %g; batch %d per replica; "
+           "%d epoch%s%s; shuffle %s (seed %d); %s, %s\n",
+           tp, tp == 1 ? "" : "s", replicas, replicas == 1 ? "" : "s", model_name, weights, opt.lr, opt.batch_size,
+           epochs, epochs == 1 ? "" : "s", steps_text, opt.no_shuffle ? "off" : "on", opt.seed, device_name(device),
+           threads_describe());
+    for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
+        char parts[512];
+        int used = 0, t = r % tp;
+        for (int l = 0; l < n_layers && used < (int)sizeof parts; l++) {
+            SplitKind kind = split_kind(l, n_layers);
+            int width = kind == COLUMN_PARALLEL ? sizes[l + 1] : sizes[l];
+            if (kind == WHOLE) used += snprintf(parts + used, sizeof parts - used, ", fc.%d whole", 2 * l);
+            else used += snprintf(parts + used, sizeof parts - used, ", fc.%d %s %d-%d", 2 * l,
+                                  kind == COLUMN_PARALLEL ? "rows" : "columns", t * (width / tp), (t + 1) * (width / tp) - 1);
+        }
+        print0("rank %d: tensor-parallel rank %d of %d, replica %d of %d: %s\n", r, t, tp, r / tp, replicas, parts + 2);
+    }
+
+    Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
+    int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    CommCount shown_f = {0}, shown_g = {0};  // the last full step's
+    LossLog losses = {0};
+
+    if (trace) profile_start(trace);
+    int steps = 0;
+    double train_start = wall_seconds();
+    for (int epoch = 0; epoch < epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        sampler_set_epoch(&sampler, epoch);
+        int epoch_steps = 0;
+        long samples = 0;
+        double loss_sum = 0.0;
+        for (int b = 0; b < steps_per_epoch && steps != max_steps; b++) {
+            Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
+            model.f = model.g = (CommCount){0};
+            tp_zero_grad(&model);                         // optimizer.zero_grad()
+            tp_forward(&model, &x);                       // output = model(data)
+            float loss = tp_loss(&model, batch_labels);   // loss = criterion(output, target)
+            tp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): DDP's buckets start here
+            ddp_finish(&ddp);                             // each part's gradients averaged over its replicas
+            adam_step(&optimizer);                        // optimizer.step(): each rank steps its parts
+            if (x.rows == opt.batch_size) shown_f = model.f, shown_g = model.g;
+            dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
+            loss /= (float)replicas;
+            loss_log_add(&losses, epoch, loss);
+            loss_sum += loss;
+            samples += (long)x.rows * replicas;
+            epoch_steps++;
+            steps++;
+        }
+        double seconds = wall_seconds() - epoch_start;
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
+               epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds,
+               samples / seconds);
+    }
+    device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
+    double train_seconds = wall_seconds() - train_start;
+
+    Tensor test_images = mnist_images(&test, device);  // [10000, 784]: every rank of a replica takes part
+    long correct = tp_correct(&model, &test_images, test.labels);
+    print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test accuracy: %.2f%% (%ld of %d)\n", world,
+           train_seconds, steps, steps == 1 ? "" : "s", 100.0 * correct / test.n, correct, test.n);
+
+    // Memory, per rank: what it holds of the model's state, beside the theory
+    // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
+    // layers' weights divided by T) and DDP's whole copy, and the peak resident set.
+    double split_share = (double)split_weights / tp + (double)(weights - split_weights);
+    double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, peak_resident_bytes()};
+    mine[1] = mine[0];  // a gradient per parameter, its shape
+    for (int i = 0; i < optimizer.n_params; i++)
+        mine[2] += (double)(tensor_numel(&optimizer.exp_avg[i]) + tensor_numel(&optimizer.exp_avg_sq[i])) * sizeof(float);
+    double *all = xmalloc((size_t)(4 * world) * sizeof(double));
+    CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    print0("Memory per rank (MB): the model's state held, its theory 16 B x (%zu / T + %zu) weights, DDP's 16 B x %zu\n",
+           split_weights, weights - split_weights, weights);
+    print0("rank  parameters  gradients  Adam's moments    total   theory    DDP's  peak resident\n");
+    for (int r = 0; r < world && rank == 0; r++) {
+        const double *f = &all[4 * r];
+        print0("%4d  %10.2f  %9.2f  %14.2f  %7.2f  %7.2f  %7.2f  %13.0f\n", r, f[0] / 1e6, f[1] / 1e6, f[2] / 1e6,
+               (f[0] + f[1] + f[2]) / 1e6, 16 * split_share / 1e6, 16.0 * weights / 1e6, f[3] / 1e6);
+    }
+    free(all);
+
+    // Communication per step (a full batch of B rows), per rank, counted at the
+    // call beside the theory: g, one [B, out] per row-parallel layer; f, one
+    // [B, in] per column-parallel layer but the first; DDP, every gradient of
+    // the rank's parts. An allreduce of S bytes on a ring of n sends 2 (n - 1) / n x S.
+    double g_theory = 0, f_theory = 0, B = opt.batch_size;
+    for (int l = 0; l < n_layers; l++) {
+        if (split_kind(l, n_layers) == ROW_PARALLEL) g_theory += B * sizes[l + 1] * sizeof(float);
+        if (split_kind(l, n_layers) == COLUMN_PARALLEL && l > 0) f_theory += B * sizes[l] * sizeof(float);
+    }
+    if (tp == 1) g_theory = f_theory = 0;
+    double ddp_bytes = replicas > 1 ? (double)params_bytes(model.params, model.n_params) : 0;
+    double ddp_theory = replicas > 1 ? sizeof(float) * split_share : 0;  // every weight of its parts
+    double ring_tp = tp > 1 ? 2.0 * (tp - 1) / tp : 0, ring_dp = replicas > 1 ? 2.0 * (replicas - 1) / replicas : 0;
+    print0("Communication per step of %d rows, per rank (MB; a ring allreduce of S sends 2 (n - 1) / n x S):\n", opt.batch_size);
+    char ddp_name[64];
+    snprintf(ddp_name, sizeof ddp_name, "DDP: the gradients, over %d replica%s", replicas, replicas == 1 ? "" : "s");
+    print0("collective                                  calls  allreduced   theory  a ring sends\n");
+    print0("%-42s  %5ld  %10.2f  %7.2f  %12.2f\n", "g: forward, the row-parallel outputs", shown_g.calls,
+           shown_g.bytes / 1e6, g_theory / 1e6, ring_tp * shown_g.bytes / 1e6);
+    print0("%-42s  %5ld  %10.2f  %7.2f  %12.2f\n", "f: backward, the column-parallel inputs", shown_f.calls,
+           shown_f.bytes / 1e6, f_theory / 1e6, ring_tp * shown_f.bytes / 1e6);
+    print0("%-42s  %5d  %10.2f  %7.2f  %12.2f\n", ddp_name, ddp.n_buckets * (replicas > 1), ddp_bytes / 1e6,
+           ddp_theory / 1e6, ring_dp * ddp_bytes / 1e6);
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    if (replicas > 1) print0("DDP (rank 0's): %s\n", overlap);
+    unsigned long long checksum = whole_model_checksum(&model);
+    if (tp_rank == 0)
+        print_rank("parameter checksum %016llx (the whole model, from tensor-parallel ranks 0 to %d of replica %d)\n",
+                   checksum, tp - 1, replica);
+
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (opt.save && replica == 0) save_whole_model(opt.save, &model);
+    if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
+        char title[96];
+        snprintf(title, sizeof title, "Step 17: MNIST training loss, %d tensor-parallel x %d replicas", tp, replicas);
+        loss_log_plot(&losses, opt.plot, title, "mean loss");
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    tensor_free(&test_images);
+    tensor_free(&batch_images);
+    free(batch_labels);
+    loss_log_free(&losses);
+    adam_free(&optimizer);
+    ddp_free(&ddp);
+    tp_mlp_free(&model);
+    group_free(&data_parallel);
+    group_free(&tensor_parallel);
+    sampler_free(&sampler);
+    mnist_free(&train);
+    mnist_free(&test);
+    dist_finalize();
+    return 0;
+}
+
+// ------------------------------------------------------------------ the reports
+
+// The whole model's parameter checksum: every parameter gathered whole on the
+// group's rank 0 and hashed in state_dict order, as step 6's params_checksum.
+static unsigned long long whole_model_checksum(const TpMlp *model) {
+    unsigned long long hash = PARAMS_CHECKSUM_START;
+    for (int p = 0; p < model->n_params; p++) {
+        float *whole = gather_whole(model, p);
+        if (!whole) continue;
+        const TpLayer *layer = &model->layers[p / 2];
+        Tensor t = {.data = whole, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
+                    .device = DEVICE_CPU};
+        Param one = {.value = &t};
+        hash = params_checksum_continue(hash, &one, 1);
+        free(whole);
+    }
+    return hash;
+}
+
+// --save: the whole model in one state_dict file, written by rank 0 from its
+// replica's parts: the layout of step 6's files, so weights go freely between
+// steps 6, 16 and 17. Collective over the replica's group.
+static void save_whole_model(const char *path, const TpMlp *model) {
+    Param *whole = xcalloc((size_t)model->n_params, sizeof(Param));
+    Tensor *values = xcalloc((size_t)model->n_params, sizeof(Tensor));
+    for (int p = 0; p < model->n_params; p++) {
+        float *data = gather_whole(model, p);
+        const TpLayer *layer = &model->layers[p / 2];
+        values[p] = (Tensor){.data = data, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
+                             .device = DEVICE_CPU};
+        whole[p] = (Param){.value = &values[p]};
+        memcpy(whole[p].name, model->params[p].name, sizeof whole[p].name);
+    }
+    if (model->tp->rank == 0) h5_save_params(path, whole, model->n_params);
+    for (int p = 0; p < model->n_params; p++) free(values[p].data);
+    free(values);
+    free(whole);
+}
