@@ -74,6 +74,7 @@
 #include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
 #include "threads.h"      // threads_init: this rank's CPU threads
 #include "timer.h"        // wall_seconds
+#include "tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -393,6 +394,7 @@ int main(int argc, char **argv) {
                         "multiple of it", tp, sizes[l + 1], 2 * l);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
     // so that a group's ranks, which talk at every layer, are neighbours (one node, NVLink).
@@ -463,6 +465,7 @@ int main(int argc, char **argv) {
             dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
             loss /= (float)replicas;
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
             samples += (long)x.rows * replicas;
             epoch_steps++;
@@ -472,6 +475,8 @@ int main(int argc, char **argv) {
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds,
                samples / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
+        tracking_log_metric(run, "samples_per_second", samples / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
@@ -480,6 +485,7 @@ int main(int argc, char **argv) {
     long correct = tp_correct(&model, &test_images, test.labels);
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, steps, steps == 1 ? "" : "s", 100.0 * correct / test.n, correct, test.n);
+    tracking_log_metric(run, "test_accuracy", (double)correct / test.n, epochs);
 
     // Memory, per rank: what it holds of the model's state, beside the theory
     // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
@@ -540,6 +546,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     tensor_free(&test_images);
     tensor_free(&batch_images);
