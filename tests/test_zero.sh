@@ -64,6 +64,11 @@ check "--zero 3 --prefetch on 3 ranks reaches step 6's accuracy ($(accuracy "$tm
     test -n "$(accuracy "$tmp/ref6_3.out")" -a "$(accuracy "$tmp/z3p_3.out")" = "$(accuracy "$tmp/ref6_3.out")"
 check "the padding is shown: 2 flat units padded to 101772 (a block of 33924 per rank)" \
     grep -q '2 flat units padded to 101772 (a block of 33924 per rank)' "$tmp/z3p_3.out"
+# The test set is shared out: 3333, 3333 and 3334 images in chunks of 1111, so ranks 0 and 1 take
+# part in a fourth chunk's gathers with no image of their own.
+run 3 ref6_3_1111 day1/6_mnist_ddp --batch_size 1111
+run 3 z3_3_1111 day4/18_zero_sharding --zero 3 --batch_size 1111
+same_run "--zero 3 on 3 ranks, batch 1111 (an empty last chunk of the test set on 2 ranks)" "$tmp/z3_3_1111.out" "$tmp/ref6_3_1111.out"
 # A deeper MLP: 5 units, gathered one by one, with and without --prefetch, as DDP.
 deep=(--hidden 64,48,32,16 --batch_size 3200)
 run 2 deep_z0 day4/18_zero_sharding --zero 0 "${deep[@]}"
