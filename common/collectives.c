@@ -13,6 +13,11 @@
 static cudaEvent_t g_compute_done, g_comm_done;  // the ordering between the two streams
 static float *g_staging;                         // host copies for MPI (page-locked)
 static size_t g_staging_count;
+// The ends of the collectives started and not yet waited for (group_wait): events made once and
+// reused, as destroying one waits for it on some drivers and on tests/fake_gpu.
+enum { MAX_IN_FLIGHT = 64 };
+static cudaEvent_t g_ends[MAX_IN_FLIGHT];
+static bool g_end_busy[MAX_IN_FLIGHT];
 
 static void collectives_release(void) {
     if (g_compute_done) {
@@ -23,6 +28,10 @@ static void collectives_release(void) {
     device_host_free(g_staging);
     g_staging = NULL;
     g_staging_count = 0;
+    for (int i = 0; i < MAX_IN_FLIGHT; i++) {
+        if (g_ends[i]) CHECK_CUDA(cudaEventDestroy(g_ends[i]));
+        g_ends[i] = NULL, g_end_busy[i] = false;
+    }
 }
 
 // The communication stream waits for the compute stream's queued work (the
@@ -165,10 +174,13 @@ static size_t block_count(const Group *group, const Tensor *big, const Tensor *s
 // NCCL on the communication stream, after the compute stream's queued work; the
 // request's event marks its end, for group_wait.
 static GroupRequest nccl_started(void) {
-    cudaEvent_t done;
-    CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CHECK_CUDA(cudaEventRecord(done, device_comm_stream()));
-    return (GroupRequest){.request = MPI_REQUEST_NULL, .done = done};
+    int i = 0;
+    while (i < MAX_IN_FLIGHT && g_end_busy[i]) i++;
+    CHECK(i < MAX_IN_FLIGHT, "more than %d reduce-scatters and all-gathers started and not waited for", MAX_IN_FLIGHT);
+    if (!g_ends[i]) CHECK_CUDA(cudaEventCreateWithFlags(&g_ends[i], cudaEventDisableTiming));  // (released with the rest)
+    CHECK_CUDA(cudaEventRecord(g_ends[i], device_comm_stream()));
+    g_end_busy[i] = true;
+    return (GroupRequest){.request = MPI_REQUEST_NULL, .done = &g_end_busy[i]};
 }
 #endif
 
@@ -237,8 +249,9 @@ void group_wait(GroupRequest *request) {
     if (request->move_from) memmove(request->move_to, request->move_from, request->count * sizeof(float));
 #if HAVE_CUDA
     if (request->done) {  // the compute stream's next work waits for the collective; the host goes on
-        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), (cudaEvent_t)request->done, 0));
-        CHECK_CUDA(cudaEventDestroy((cudaEvent_t)request->done));
+        bool *busy = request->done;
+        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), g_ends[busy - g_end_busy], 0));
+        *busy = false;  // recorded again by a later collective: this wait keeps the state it has now
     }
 #endif
     *request = (GroupRequest){.request = MPI_REQUEST_NULL};

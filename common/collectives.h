@@ -62,7 +62,7 @@ typedef struct {
     MPI_Request request;  // CPU tensors: the non-blocking MPI collective
     float *move_from, *move_to;  // an in-place reduce-scatter on MPI: where MPI put the block, where it goes
     size_t count;
-    void *done;           // GPU tensors with NCCL: the event the compute stream waits for
+    void *done;           // GPU tensors with NCCL: the slot of the event that marks its end
 } GroupRequest;
 GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output);
 GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Tensor *output);
