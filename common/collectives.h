@@ -38,3 +38,34 @@ typedef struct {
 } P2pReceive;
 void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const P2pReceive *receives,
                     int n_receives);
+
+// The collectives of sharded data parallelism (ZeRO, FSDP), on float tensors
+// seen as flat buffers, as dist.reduce_scatter_tensor and
+// dist.all_gather_into_tensor:
+//   reduce-scatter: input [size * count] on every rank; output [count] gets the
+//                   sum over the ranks of the input's block `rank` (elements
+//                   rank * count .. rank * count + count - 1);
+//   all-gather:     output [size * count] gets every rank's input [count], block
+//                   r from rank r.
+// In place, as NCCL's: the reduce-scatter's output may be the input's own
+// block `rank` (the rest of the input is then left undefined), and the
+// all-gather's input may be the output's block `rank`. On CPUs: MPI
+// (MPI_Reduce_scatter_block, MPI_Allgather); on GPUs: NCCL on the
+// communication stream, or MPI on host copies where ranks share a GPU.
+//
+// _start starts one and returns at once; group_wait makes its result ready:
+// on CPUs, MPI's non-blocking collective (MPI_Wait); on GPUs, the compute
+// stream waits for it (the host does not), so that what the compute stream
+// queues between the two overlaps with the collective (FSDP's prefetch). Only
+// what was queued on the compute stream before _start goes into it.
+typedef struct {
+    MPI_Request request;  // CPU tensors: the non-blocking MPI collective
+    float *move_from, *move_to;  // an in-place reduce-scatter on MPI: where MPI put the block, where it goes
+    size_t count;
+    void *done;           // GPU tensors with NCCL: the slot of the event that marks its end
+} GroupRequest;
+GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output);
+GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Tensor *output);
+void group_wait(GroupRequest *request);
+void group_reduce_scatter(const Group *group, const Tensor *input, Tensor *output);
+void group_all_gather(const Group *group, const Tensor *input, Tensor *output);

@@ -226,6 +226,25 @@ if [ "$gpus" -ge 4 ]; then
     verdict=$(same_losses "$tmp/ddp2.csv" "$tmp/tp2dp2.csv" 1e-5)
     check "step 17 on 4 GPUs, 2 tensor-parallel ranks x 2 replicas (split NCCL communicators): step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
 fi
+# Step 18 on the GPU: reduce-scatter and all-gather of GPU buffers (NCCL on the communication stream
+# with a GPU per rank, MPI on host copies where ranks share one), exact, in place or not; then every
+# ZeRO stage takes step 6's steps on the same world (2 ranks; 4 with 4 GPUs, the units padded).
+for np in 2 $([ "$gpus" -ge 4 ] && echo 4); do
+    mpi $np build/tests_mpi/test_collectives cuda > "$tmp/coll18_$np" 2>&1
+    status=$?
+    check "group_reduce_scatter and group_all_gather of GPU tensors on $np ranks: $(grep -c '^PASS' "$tmp/coll18_$np") checks passed, exit $status $(grep -m1 '^FAIL' "$tmp/coll18_$np")" \
+        test $status -eq 0 -a "$(grep -c '^PASS' "$tmp/coll18_$np")" -ge 20 -a "$(grep -c '^FAIL' "$tmp/coll18_$np")" -eq 0
+    mpi $np day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/z6_$np.csv" --plot '' > "$tmp/z6_$np" 2>&1
+    for zero in 1 2 3; do
+        flags=(--zero $zero); [ $zero = 3 ] && flags+=(--prefetch)
+        mpi $np day4/18_zero_sharding "${flags[@]}" --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/z${zero}_$np.csv" \
+            --plot '' > "$tmp/z${zero}_$np" 2>&1
+        verdict=$(same_losses "$tmp/z6_$np.csv" "$tmp/z${zero}_$np.csv" 1e-5)
+        same=$?
+        check "step 18 ${flags[*]} on $np GPU ranks: step 6's losses within 1e-5 ($verdict), accuracy $(accuracy "$tmp/z${zero}_$np")% (step 6: $(accuracy "$tmp/z6_$np")%)" \
+            eval '[ $same -eq 0 ] && [ -n "$(accuracy "$tmp/z6_$np")" ] && [ "$(accuracy "$tmp/z${zero}_$np")" = "$(accuracy "$tmp/z6_$np")" ]'
+    done
+done
 
 # With a GPU per rank, NCCL's allreduce runs on the communication stream; the
 # trace places each bucket's allreduce there by its CUDA events, as the CPU's
@@ -387,11 +406,12 @@ if [ "$gpus" -ge 2 ]; then
             lost_peer $place $np 3 day3/12_collectives --device cuda  # its third collective, allreduce
             lost_peer $place $np 6 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --epochs 1 --plot ''  # a send or receive
             lost_peer $place $np 6 day4/17_tensor_parallel --tp 2 --epochs 1 --plot ''  # an allreduce of g (or of DDP)
+            lost_peer $place $np 8 day4/18_zero_sharding --zero 3 --prefetch --epochs 1 --plot ''  # the second step's first all-gather
         done
     done
 fi
 
-# NCCL between ranks needs a GPU per rank: on one GPU, DDP and step 12 took
+# NCCL between ranks needs a GPU per rank: on one GPU, DDP, step 12 and step 18 took
 # the MPI fallback above, and NCCL's own paths (strategy 3 of ddp_gpu.c, the
 # NCCL branches of collectives.c) did not run, nor did the lost peer's checks.
 [ "$gpus" -lt 2 ] && echo "SKIP gpu: NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
