@@ -78,12 +78,12 @@ static void yaml_quote(const char *text, char *out, size_t size) {
     out[n] = '\0';
 }
 
-// `contents` to `dir/name`, through a temporary file in `dir` renamed over it.
-static StoreResult write_file_in(FileStore *s, const char *dir, const char *name, const char *contents,
-                                 char *error, size_t size) {
-    char temp[PATH_MAX + 64], target[PATH_MAX + 300];
-    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", dir, (long)getpid(), s->temp_counter++);
-    snprintf(target, sizeof target, "%s/%s", dir, name);
+// `contents` to `target`, through a temporary file in `temp_dir` (the same filesystem, and a folder the
+// reader does not list records from) renamed over it.
+static StoreResult write_file_via(FileStore *s, const char *temp_dir, const char *target, const char *contents,
+                                  char *error, size_t size) {
+    char temp[PATH_MAX + 64];
+    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", temp_dir, (long)getpid(), s->temp_counter++);
     FILE *file = fopen(temp, "wb");
     if (!file) return failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
     bool ok = fputs(contents, file) >= 0;
@@ -95,6 +95,14 @@ static StoreResult write_file_in(FileStore *s, const char *dir, const char *name
         return failed(result, error, size, "cannot write %s: %s", target, strerror(saved));
     }
     return STORE_OK;
+}
+
+// `contents` to `dir/name`, through a temporary file in `dir`.
+static StoreResult write_file_in(FileStore *s, const char *dir, const char *name, const char *contents,
+                                 char *error, size_t size) {
+    char target[PATH_MAX + 300];
+    snprintf(target, sizeof target, "%s/%s", dir, name);
+    return write_file_via(s, dir, target, contents, error, size);
 }
 
 static bool make_dir(const char *path) { return mkdir(path, 0777) == 0 || errno == EEXIST; }
@@ -149,42 +157,65 @@ static StoreResult write_experiment_meta(FileStore *s, const char *dir, const ch
     return write_file_in(s, dir, "meta.yaml", meta, error, size);
 }
 
-// The experiment's id: the folder whose meta.yaml has this name, or a new folder (the next free
-// number; "0" for MLflow's "Default").
-static StoreResult find_or_create_experiment(FileStore *s, const char *name, char *error, size_t size) {
+// The lowest-numbered experiment folder whose meta.yaml has this name (*lowest -1: none), and the next
+// free number. A deleted experiment of that name is refused.
+static StoreResult scan_experiments(FileStore *s, const char *name, long *lowest, long *next, char *error,
+                                    size_t size) {
     DIR *root = opendir(s->root);
     if (!root) return failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
-    long next = 1;
+    *lowest = -1, *next = 1;
     struct dirent *entry;
-    bool found = false;
-    while (!found && (entry = readdir(root))) {
+    StoreResult result = STORE_OK;
+    while (result == STORE_OK && (entry = readdir(root))) {
         char *end;
         long id = strtol(entry->d_name, &end, 10);
-        if (*end || end == entry->d_name) continue;  // not an experiment: .trash, models, ...
-        char meta[PATH_MAX + 300], found_name[512];
+        if (*end || end == entry->d_name || id < 0) continue;  // not an experiment: .trash, models, ...
+        if (id >= *next) *next = id + 1;
+        char meta[PATH_MAX + 300], found_name[512], stage[64] = "active";
         snprintf(meta, sizeof meta, "%s/%s/meta.yaml", s->root, entry->d_name);
-        if (read_yaml_field(meta, "name", found_name, sizeof found_name) && strcmp(found_name, name) == 0) {
-            char stage[64] = "active";
-            read_yaml_field(meta, "lifecycle_stage", stage, sizeof stage);
-            if (strcmp(stage, "active") != 0) {
-                closedir(root);
-                return failed(STORE_REFUSED, error, size, "experiment '%s' (%s/%s) is deleted: restore it, or "
-                              "choose another --experiment", name, s->root, entry->d_name);
-            }
-            found = snprintf(s->experiment_id, sizeof s->experiment_id, "%s", entry->d_name) < (int)sizeof s->experiment_id;
-        }
-        if (id >= next) next = id + 1;
+        if (!read_yaml_field(meta, "name", found_name, sizeof found_name) || strcmp(found_name, name) != 0) continue;
+        read_yaml_field(meta, "lifecycle_stage", stage, sizeof stage);
+        if (strcmp(stage, "active") != 0)
+            result = failed(STORE_REFUSED, error, size, "experiment '%s' (%s/%s) is deleted: restore it, or choose "
+                            "another --experiment", name, s->root, entry->d_name);
+        else if (*lowest < 0 || id < *lowest)
+            *lowest = id;
     }
     closedir(root);
-    if (found) return STORE_OK;
-    // mkdir is the claim: two runs creating experiments at once take different numbers.
+    return result;
+}
+
+// The experiment's id: the folder whose meta.yaml has this name, or a new folder (the next free number;
+// "0" for MLflow's "Default"). mkdir is the claim on a number. Two runs that create one new experiment
+// at once (a job array) each make a folder; both then look again and take the lower-numbered one, and
+// the other's maker removes its own: one experiment, whoever was first.
+static StoreResult find_or_create_experiment(FileStore *s, const char *name, char *error, size_t size) {
+    long lowest, next;
+    StoreResult result = scan_experiments(s, name, &lowest, &next, error, size);
+    if (result != STORE_OK) return result;
+    if (lowest >= 0) {
+        snprintf(s->experiment_id, sizeof s->experiment_id, "%ld", lowest);
+        return STORE_OK;
+    }
     for (long id = strcmp(name, "Default") == 0 ? 0 : next;; id++) {
         char dir[PATH_MAX + 32];
         snprintf(s->experiment_id, sizeof s->experiment_id, "%ld", id);
         snprintf(dir, sizeof dir, "%s/%ld", s->root, id);
-        if (mkdir(dir, 0777) == 0) return write_experiment_meta(s, dir, s->experiment_id, name, error, size);
-        if (errno != EEXIST) return failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
-        if (id == 0) id = next - 1;  // "0" is taken by something else: go on from the free numbers
+        if (mkdir(dir, 0777) != 0) {
+            if (errno != EEXIST) return failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
+            if (id == 0) id = next - 1;  // "0" is taken by something else: go on from the free numbers
+            continue;
+        }
+        result = write_experiment_meta(s, dir, s->experiment_id, name, error, size);
+        if (result == STORE_OK) result = scan_experiments(s, name, &lowest, &next, error, size);
+        if (result == STORE_OK && lowest >= 0 && lowest < id) {  // another run made it first
+            char meta[PATH_MAX + 48];
+            snprintf(meta, sizeof meta, "%s/meta.yaml", dir);
+            unlink(meta);
+            rmdir(dir);
+            snprintf(s->experiment_id, sizeof s->experiment_id, "%ld", lowest);
+        }
+        return result;
     }
 }
 
@@ -330,16 +361,10 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
         }
         if (r->kind != RECORD_METRIC) {
             // The temporary file goes in the run's folder, not in params/ or tags/, where the reader
-            // would take it for a record; then renamed in.
-            char temp_name[64], target[PATH_MAX + 300], temp[PATH_MAX + 64];
-            snprintf(temp_name, sizeof temp_name, ".tmp.%ld.%u", (long)getpid(), s->temp_counter);
-            result = write_file_in(s, s->run_dir, temp_name, r->value, error, size);
-            snprintf(temp, sizeof temp, "%s/%s", s->run_dir, temp_name);
+            // would take it for a record.
+            char target[PATH_MAX + 300];
             snprintf(target, sizeof target, "%s/%s", dir, r->key);
-            if (result == STORE_OK && rename(temp, target) != 0) {
-                result = failed(errno_result(), error, size, "cannot write %s: %s", target, strerror(errno));
-                unlink(temp);
-            }
+            result = write_file_via(s, s->run_dir, target, r->value, error, size);
             done[i] = true;
             continue;
         }

@@ -17,6 +17,7 @@
 // MLFLOW_TRACKING_INSECURE_TLS=true; MLFLOW_TRACKING_SERVER_CERT_PATH names a CA bundle. One request
 // waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (MLflow's variable; 10 here, where MLflow waits 120,
 // since the end of a training waits for the last one).
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -58,6 +59,13 @@ static size_t collect(char *data, size_t size, size_t count, void *user) {
     return n;
 }
 
+// libcurl asks between its reads and writes: a request under way ends when tracking.c cancels it.
+static int cancelled(void *user, curl_off_t down_total, curl_off_t down_now, curl_off_t up_total, curl_off_t up_now) {
+    const RestStore *s = user;
+    (void)down_total, (void)down_now, (void)up_total, (void)up_now;
+    return s->base.cancel && *s->base.cancel;
+}
+
 static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...) {
@@ -86,8 +94,11 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &answer);
     const char *timeout = getenv("MLFLOW_HTTP_REQUEST_TIMEOUT");
-    double seconds = timeout && atof(timeout) > 0 ? atof(timeout) : 10.0;
+    double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : timeout && atof(timeout) > 0 ? atof(timeout) : 10.0;
     curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)(seconds * 1000));
+    curl_easy_setopt(s->curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(s->curl, CURLOPT_XFERINFOFUNCTION, cancelled);
+    curl_easy_setopt(s->curl, CURLOPT_XFERINFODATA, s);
     const char *insecure = getenv("MLFLOW_TRACKING_INSECURE_TLS");
     if (insecure && strcasecmp(insecure, "true") == 0) {
         curl_easy_setopt(s->curl, CURLOPT_SSL_VERIFYPEER, 0L);
@@ -122,13 +133,16 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
         cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
         const cJSON *error_code = cJSON_GetObjectItemCaseSensitive(json, "error_code");
         const cJSON *message = cJSON_GetObjectItemCaseSensitive(json, "message");
-        bool retry = status >= 500 || status == 429;
+        StoreResult kind = status >= 500 || status == 429 ? STORE_RETRY : STORE_REFUSED;
+        const char *hint = status == 401 || status == 403
+            ? " (the credentials: MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)" : "";
         if (cJSON_IsString(error_code) && cJSON_IsString(message))
-            result = failed(retry ? STORE_RETRY : STORE_REFUSED, error, size, "%s: HTTP %ld, %s: %s", endpoint, status,
-                            error_code->valuestring, message->valuestring);
-        else
-            result = failed(retry ? STORE_RETRY : STORE_REFUSED, error, size, "%s: HTTP %ld%s%.200s", endpoint, status,
-                            answer.len ? ", " : "", answer.len ? answer.data : "");
+            result = failed(kind, error, size, "%s: HTTP %ld, %s: %s%s", endpoint, status, error_code->valuestring,
+                            message->valuestring, hint);
+        else  // a proxy's page, a web server's: not MLflow's JSON, and not worth a screen of HTML
+            result = failed(kind, error, size, "%s: HTTP %ld, and not an MLflow answer (is %s an MLflow tracking server, "
+                            "at its root address?)%s", endpoint, status, s->url, hint);
+        if (http_status && !cJSON_IsString(error_code)) *http_status = -status;  // not MLflow's own 404
         cJSON_Delete(json);
     } else if (reply) {
         *reply = answer.len ? cJSON_Parse(answer.data) : NULL;
@@ -179,7 +193,7 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
             cJSON_Delete(reply);
             return result;
         }
-        if (status != 404) return result;  // 404 is RESOURCE_DOES_NOT_EXIST: create it
+        if (status != 404) return result;  // MLflow's 404 is RESOURCE_DOES_NOT_EXIST: create it
         cJSON *body = cJSON_CreateObject();
         cJSON_AddStringToObject(body, "name", name);
         result = request(s, "POST", "/api/2.0/mlflow/experiments/create", body, NULL, 0, &reply, &status, error, size);
@@ -275,7 +289,7 @@ static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool 
     cJSON *reply = NULL;
     long status = 0;
     StoreResult result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, &status, error, size);
-    if (result != STORE_OK) return status == 404 ? STORE_OK : result;  // 404: RESOURCE_DOES_NOT_EXIST
+    if (result != STORE_OK) return status == 404 ? STORE_OK : result;  // MLflow's 404: RESOURCE_DOES_NOT_EXIST
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(reply, "run");
     remember_artifact_uri(s, cJSON_GetObjectItemCaseSensitive(run, "info"));
     // data.metrics holds each metric's latest value, the one with the highest step.
@@ -329,7 +343,7 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
                       "reach: start it with its artifact proxy (mlflow server --serve-artifacts, the default) to "
                       "log files through it", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)");
     FILE *file = fopen(path, "rb");
-    if (!file) return failed(STORE_REFUSED, error, size, "cannot read artifact %s", path);
+    if (!file) return failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     fseek(file, 0, SEEK_END);
     long bytes = ftell(file);
     rewind(file);
@@ -350,6 +364,7 @@ static void rest_close(MlflowStore *store) {
     curl_slist_free_all(s->upload_headers);
     curl_easy_cleanup(s->curl);
     free(s);
+    curl_global_cleanup();  // one store at a time, and no other user of libcurl in the program
 }
 
 // MLflow's limits per log-batch call (mlflow/utils/validation.py): 1000 metrics, 100 params, 100 tags,

@@ -59,6 +59,11 @@ typedef struct {
 
 struct MlflowStore {
     const MlflowStoreOps *ops;
+    // Set by tracking.c, read by a server's store: the longest one request may take (0: the store's
+    // default), and a flag that, once non-zero, ends a request under way (a signal came: its grace is
+    // short). A folder's store does neither: its calls do not wait on anyone.
+    double timeout_s;
+    const volatile int *cancel;
 };
 
 // A folder in MLflow's FileStore layout (made if missing). NULL with a message if it cannot be.

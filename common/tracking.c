@@ -66,7 +66,7 @@ struct Tracking {
 };
 
 static Tracking *g_run;  // the fatal hook's and the signal handler's run (rank 0's one)
-static volatile sig_atomic_t g_signal;
+static volatile int g_signal;  // (a plain int: the stores' cancel flag points at it)
 static struct sigaction g_previous[2];
 static const int g_signals[2] = {SIGTERM, SIGINT};
 
@@ -129,17 +129,22 @@ static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t si
     return result;
 }
 
-// "12 records, 1 artifact and the run's status": what did not reach the store.
+// "12 values, 1 artifact and the run's status": what did not reach the store (values: metrics, params, tags).
 static const char *describe_lost(Tracking *t) {
     static char text[160];
-    int n = snprintf(text, sizeof text, "%ld record%s", t->dropped, t->dropped == 1 ? "" : "s");
+    int n = snprintf(text, sizeof text, "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
     if (t->lost_artifacts)
         n += snprintf(text + n, sizeof text - (size_t)n, ", %d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
     if (t->lost_status) snprintf(text + n, sizeof text - (size_t)n, " and the run's status");
     return text;
 }
 
-static bool send(Tracking *t, const Send *s) {
+typedef enum { SENT, DROPPED, CANCELLED } SendResult;
+
+// A signal while the store's cancel flag points at it: the request under way ended, and no retry waits.
+static bool cancelled_by_signal(const Tracking *t) { return g_signal && t->store->cancel; }
+
+static SendResult send(Tracking *t, const Send *s) {
     char error[1024] = "";
     int tries = t->degraded ? 1 : 1 + t->max_retries;
     StoreResult result = STORE_RETRY;
@@ -149,6 +154,7 @@ static bool send(Tracking *t, const Send *s) {
             struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
             nanosleep(&ts, NULL);
         }
+        if (cancelled_by_signal(t)) return CANCELLED;  // after_signal sends it, with the status
         result = call_store(t, s, error, sizeof error);
         if (result != STORE_RETRY) break;
     }
@@ -157,15 +163,16 @@ static bool send(Tracking *t, const Send *s) {
             warn("%s answers again (%s lost meanwhile)", t->where, describe_lost(t));
             t->degraded = false;
         }
-        return true;
+        return SENT;
     }
+    if (result == STORE_RETRY && cancelled_by_signal(t)) return CANCELLED;
     if (s->kind == SEND_BATCH) t->dropped += s->n;
     if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
     if (s->kind == SEND_STATUS) t->lost_status = true;
     if (result == STORE_REFUSED) {
         if (!t->said_refused)
             warn("%s refused %s: %s (said once; the training goes on)", t->where,
-                 s->kind == SEND_BATCH ? "a batch of records" : s->kind == SEND_ARTIFACT ? s->path : "the run's status",
+                 s->kind == SEND_BATCH ? "a batch of values" : s->kind == SEND_ARTIFACT ? s->path : "the run's status",
                  error);
         t->said_refused = true;
     } else if (!t->degraded) {
@@ -173,36 +180,54 @@ static bool send(Tracking *t, const Send *s) {
              "fails is dropped", t->where, tries, tries == 1 ? "y" : "ies", error);
         t->degraded = t->warned = true;
     }
-    return false;
-}
-
-// Hand `records` to the store in batches within its limits: max_batch in all, max_params params and
-// max_tags tags each. The order of each metric's values is kept.
-static void send_records(Tracking *t, const TrackingRecord *records, int n) {
-    const MlflowStoreOps *ops = t->store->ops;
-    TrackingRecord *batch = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *batch);
-    bool *sent = xcalloc((size_t)(n > 0 ? n : 1), sizeof *sent);
-    for (int left = n; left > 0;) {
-        int count = 0, params = 0, tags = 0;
-        for (int i = 0; i < n && count < ops->max_batch; i++) {
-            if (sent[i]) continue;
-            if (records[i].kind == RECORD_PARAM && params == ops->max_params) continue;
-            if (records[i].kind == RECORD_TAG && tags == ops->max_tags) continue;
-            params += records[i].kind == RECORD_PARAM;
-            tags += records[i].kind == RECORD_TAG;
-            batch[count++] = records[i];
-            sent[i] = true;
-        }
-        send(t, &(Send){SEND_BATCH, batch, count, NULL, 0, 0});
-        left -= count;
-    }
-    free(sent);
-    free(batch);
+    return DROPPED;
 }
 
 static void free_records(TrackingRecord *records, int n) {
     for (int i = 0; i < n; i++) free(records[i].key), free(records[i].value);
     free(records);
+}
+
+// Hand `records` (owned: freed here) to the store in batches within its limits: max_batch in all,
+// max_params params and max_tags tags each, each metric's values in their order. A signal that cancels
+// a batch puts it and the rest back at the front of the queue, for after_signal.
+static void send_records(Tracking *t, TrackingRecord *records, int n) {
+    const MlflowStoreOps *ops = t->store->ops;
+    TrackingRecord *batch = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *batch);
+    int *taken = xcalloc((size_t)(n > 0 ? n : 1), sizeof *taken);  // 0: waiting, 1: sent or dropped
+    bool cancelled = false;
+    for (int left = n; left > 0 && !cancelled;) {
+        int count = 0, params = 0, tags = 0, chosen[1000];
+        for (int i = 0; i < n && count < ops->max_batch && count < 1000; i++) {
+            if (taken[i]) continue;
+            if (records[i].kind == RECORD_PARAM && params == ops->max_params) continue;
+            if (records[i].kind == RECORD_TAG && tags == ops->max_tags) continue;
+            params += records[i].kind == RECORD_PARAM;
+            tags += records[i].kind == RECORD_TAG;
+            chosen[count] = i;
+            batch[count++] = records[i];
+        }
+        cancelled = send(t, &(Send){SEND_BATCH, batch, count, NULL, 0, 0}) == CANCELLED;
+        if (!cancelled) for (int k = 0; k < count; k++) taken[chosen[k]] = 1;
+        left -= count;
+    }
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (taken[i]) free(records[i].key), free(records[i].value);
+        else records[kept++] = records[i];
+    }
+    if (kept) {  // back to the front of the queue, before whatever came meanwhile
+        pthread_mutex_lock(&t->queue_lock);
+        records = xrealloc(records, (size_t)(kept + t->n_queued) * sizeof *records);
+        if (t->n_queued) memcpy(records + kept, t->queue, (size_t)t->n_queued * sizeof *records);
+        free(t->queue);
+        t->queue = records, t->n_queued += kept, t->capacity = t->n_queued;
+        pthread_mutex_unlock(&t->queue_lock);
+    } else {
+        free(records);
+    }
+    free(taken);
+    free(batch);
 }
 
 // ------------------------------------------------------------------ the sender thread
@@ -230,8 +255,11 @@ static void on_signal(int sig) {
 
 static bool send_queue(Tracking *t);
 
-// What was logged goes first (one try each, as the signal's grace is short), then the status.
+// What was logged goes first, then the status: one try each, of 2 s at most, as the signal's grace is
+// short (Slurm's KillWait is 30 s, mpirun's a few).
 static void after_signal(Tracking *t, int sig) {
+    t->store->cancel = NULL;
+    t->store->timeout_s = 2;
     t->degraded = true;
     send_queue(t);
     set_final_status(t, RUN_KILLED);
@@ -252,7 +280,7 @@ static bool send_queue(Tracking *t) {
     t->queue = NULL, t->n_queued = t->capacity = 0;
     pthread_mutex_unlock(&t->queue_lock);
     if (n) send_records(t, records, n);
-    free_records(records, n);
+    else free(records);
     return closing;
 }
 
@@ -265,7 +293,8 @@ static void *sender_main(void *arg) {
         until.tv_sec += 1;
         while (sem_timedwait(&t->wake, &until) != 0 && errno == EINTR) {}
         if (g_signal && !handled_signal) after_signal(t, handled_signal = g_signal);
-        if (send_queue(t)) return NULL;
+        bool closing = send_queue(t);
+        if (closing && !(g_signal && !handled_signal)) return NULL;  // (a signal meanwhile: once more, for it)
     }
 }
 
@@ -281,12 +310,25 @@ static void enqueue(Tracking *t, TrackingRecord record) {
     if (wake) sem_post(&t->wake);
 }
 
-// A fatal error on rank 0 (check.h): the run is FAILED, told now, with one try.
+// A fatal error on rank 0 (check.h): what was logged, then FAILED, one try each of 2 s at most. From the
+// failing thread, which may be the sender's (then the queue or the store may be its own, locked: the
+// queue is taken only if free, the store waited for 2 s). The send() state it shares with the sender
+// is not locked: at a fatal error, a count off by one is the worst of it.
 static void on_fatal(void) {
     Tracking *t = g_run;
     if (!t) return;
     atomic_store(&t->fatal, true);
+    t->store->cancel = NULL;
+    t->store->timeout_s = 2;
     t->degraded = true;
+    if (pthread_mutex_trylock(&t->queue_lock) == 0) {
+        TrackingRecord *records = t->queue;
+        int n = t->n_queued;
+        t->queue = NULL, t->n_queued = t->capacity = 0;
+        pthread_mutex_unlock(&t->queue_lock);
+        if (n) send_records(t, records, n);
+        else free(records);
+    }
     set_final_status(t, RUN_FAILED);
 }
 
@@ -345,9 +387,19 @@ static const char *user_name(void) {
 static bool open_run(Tracking *t, const char *uri, const char *experiment, const char *run_name,
                      const char *program, const char *device, const char *resume_run_id, char *error, size_t size) {
     char message[1024] = "";
-    snprintf(t->where, sizeof t->where, "%s", uri);
+    // Messages name the URI without a password in it (https://user:secret@host: https://***@host).
+    const char *scheme_end = strstr(uri, "://"), *at = scheme_end ? strchr(scheme_end + 3, '@') : NULL;
+    const char *path = scheme_end ? strchr(scheme_end + 3, '/') : NULL;
+    if (at && (!path || at < path))
+        snprintf(t->where, sizeof t->where, "%.*s***%s", (int)(scheme_end + 3 - uri), uri, at);
+    else
+        snprintf(t->where, sizeof t->where, "%s", uri);
     if (strncmp(uri, "http://", 7) == 0 || strncmp(uri, "https://", 8) == 0) {
         t->store = mlflow_rest_store_open(uri, message, sizeof message);
+    } else if (strncmp(uri, "file://", 7) == 0 && uri[7] != '/') {
+        snprintf(error, size, "--mlflow %s: a file URI names a folder of this machine: file:///absolute/path, or "
+                 "file:relative/path", uri);
+        return false;
     } else if (strstr(uri, "://") && strncmp(uri, "file://", 7) != 0) {
         snprintf(error, size, "--mlflow %s: expected a tracking server (http://HOST:PORT, https://...) or a folder "
                  "(file:PATH, or a path); for a database, run `mlflow server --backend-store-uri URI` and give its "
@@ -358,9 +410,10 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
         t->store = mlflow_file_store_open(folder, message, sizeof message);
     }
     if (!t->store) {
-        snprintf(error, size, "--mlflow %s: %s", uri, message);
+        snprintf(error, size, "--mlflow %.400s: %.1000s", t->where, message);
         return false;
     }
+    t->store->cancel = &g_signal;
     const MlflowStoreOps *ops = t->store->ops;
     char text[PATH_MAX];
 
@@ -392,17 +445,17 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
         result = ops->resume_run(t->store, resume_run_id, &resumed, &t->ends, &t->n_ends, message, sizeof message);
         if (result == STORE_OK && resumed) {
             snprintf(t->run_id, sizeof t->run_id, "%s", resume_run_id);
-            printf("MLflow: resuming run %s at %s\n", t->run_id, uri);
+            printf("MLflow: resuming run %s at %s (it keeps the params of its first start)\n", t->run_id, t->where);
         } else if (result == STORE_OK) {
-            printf("MLflow: the snapshot's run %s is not at %s: starting a new run\n", resume_run_id, uri);
+            printf("MLflow: the snapshot's run %s is not at %s: starting a new run\n", resume_run_id, t->where);
         }
     }
     if (result == STORE_OK && !resumed) {
         result = ops->create_run(t->store, experiment, name, now_ms(), tags, n_tags, t->run_id, message, sizeof message);
-        if (result == STORE_OK) printf("MLflow: run %s (%s) in experiment '%s' at %s\n", t->run_id, name, experiment, uri);
+        if (result == STORE_OK) printf("MLflow: run %s (%s) in experiment '%s' at %s\n", t->run_id, name, experiment, t->where);
     }
     if (result != STORE_OK) {
-        snprintf(error, size, "--mlflow %s: %s", uri, message);
+        snprintf(error, size, "--mlflow %.400s: %.1000s", t->where, message);
         free_records(tags, n_tags);
         return false;
     }
@@ -483,7 +536,12 @@ Tracking *tracking_start(const TrackingOptions *options, const char *program, co
     action.sa_handler = on_signal;
     action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
-    for (int i = 0; i < 2; i++) sigaction(g_signals[i], &action, &g_previous[i]);
+    // Not over SIG_IGN: a signal the program ignores (a background job's SIGINT) stays ignored.
+    for (int i = 0; i < 2; i++) {
+        sigaction(g_signals[i], NULL, &g_previous[i]);
+        if ((g_previous[i].sa_flags & SA_SIGINFO) || g_previous[i].sa_handler != SIG_IGN)
+            sigaction(g_signals[i], &action, NULL);
+    }
     check_set_fatal_hook(on_fatal);
     return t;
 }
@@ -520,6 +578,11 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     sem_post(&run->wake);
     pthread_join(run->sender, NULL);
     check_set_fatal_hook(NULL);
+    if (g_signal) {  // a signal: what is left gets one short try each, as after_signal's
+        run->store->cancel = NULL;
+        run->store->timeout_s = 2;
+        run->degraded = true;
+    }
     for (int i = 0; i < run->n_artifacts; i++) {
         send(run, &(Send){SEND_ARTIFACT, NULL, 0, run->artifacts[i], 0, 0});
         free(run->artifacts[i]);
@@ -527,8 +590,11 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     RunStatus final = status == TRACKING_FAILED ? RUN_FAILED : status == TRACKING_KILLED ? RUN_KILLED : RUN_FINISHED;
     atomic_store(&run->status_set, false);
     set_final_status(run, final);
-    // The failure's warning said what happens next; a refusal's did not say what was lost in all.
-    if (run->said_refused && !run->warned) warn("%s did not reach %s", describe_lost(run), run->where);
+    // The failure's warning said what happens next; at the end, what was lost in all, if the server did
+    // not come back (or only refused): the status among it means the run stays RUNNING there.
+    if ((run->degraded && run->warned) || (run->said_refused && !run->warned))
+        warn("%s did not reach %s%s", describe_lost(run), run->where,
+             run->lost_status ? ": the run stays RUNNING there" : "");
     for (int i = 0; i < 2; i++) sigaction(g_signals[i], &g_previous[i], NULL);
     g_run = NULL;
     // A signal that came while the end was sending, into a program that had no handler for it: it

@@ -40,9 +40,9 @@ typedef struct {
 
 // The three flags, for a program's ArgSpec table (TRAIN_FLAGS has them).
 #define TRACKING_FLAGS(t)                                                                                        \
-    {"mlflow", ARG_STRING, &(t).uri, "URI", "log the run to MLflow: http(s)://server:port, or an mlruns folder ($MLFLOW_TRACKING_URI)", 0, NULL}, \
-    {"experiment", ARG_STRING, &(t).experiment, "NAME", "MLflow experiment, created if missing ($MLFLOW_EXPERIMENT_NAME)", 0, NULL}, \
-    {"run_name", ARG_STRING, &(t).run_name, "NAME", "MLflow run name (default: the program and its world size)", 0, NULL}
+    {"mlflow", ARG_STRING, &(t).uri, "URI", "log the run to MLflow: http(s)://server:port, or an mlruns folder; without it $MLFLOW_TRACKING_URI, if set", 0, NULL}, \
+    {"experiment", ARG_STRING, &(t).experiment, "NAME", "MLflow experiment, created if missing; without it $MLFLOW_EXPERIMENT_NAME, else Default", 0, NULL}, \
+    {"run_name", ARG_STRING, &(t).run_name, "NAME", "MLflow run name; without it, the program and its world size", 0, NULL}
 
 typedef enum { TRACKING_FINISHED, TRACKING_FAILED, TRACKING_KILLED } TrackingStatus;
 

@@ -241,6 +241,20 @@ if thorough; then
     faulty "a server that hangs from the 5th request on" "failed 3 tries" --hang-from 5
     faulty "one batch refused (400)" "INVALID_PARAMETER_VALUE: injected refusal" --fault-path log-batch --refuse-from 1 --refuse-count 1
     faulty "500s for one batch, then answers" "answers again" --fault-path log-batch --fail-from 1 --fail-count 3
+    # SIGTERM while a request hangs (MLflow's default 10 s per request, 3 retries): the request is
+    # cancelled, the queue and the status get one try of 2 s each, and the signal takes effect.
+    serve hung --hang-from 4
+    day1/2_mnist_training --data "$DATA" --epochs 30 --plot '' --mlflow "http://127.0.0.1:$port" > "$tmp/hung.out" 2> "$tmp/hung.err" &
+    pid=$!
+    for _ in $(seq 300); do grep -q '^epoch 2/' "$tmp/hung.out" && break; sleep 0.1; done
+    start=$SECONDS
+    kill -TERM $pid
+    wait $pid
+    status=$? took=$((SECONDS - start))
+    stop_server
+    [ $status -eq 143 ] && [ $took -le 8 ] \
+        && pass "SIGTERM while a request to the server hangs: the program ends in ${took} s (exit 143), not after the request's 10 s and its retries" \
+        || fail "SIGTERM while a request hangs: exit $status after ${took} s (expected 143 within 8 s): $(head -2 "$tmp/hung.err" | tr '\n' ' ')"
 fi
 
 # ---------------------------------------------------------------- how runs end
@@ -264,8 +278,8 @@ if [ $have_yaml = 1 ]; then
     wait $pid
     status=$?
     mlruns "$tmp/ends" "$tmp/ends.json" 2> "$tmp/check.err"
-    expect "a fatal error on rank 0 (exit $status: $(grep -m1 -o 'cannot.*' "$tmp/fatal.err" | cut -c1-60)...): the run FAILED" \
-        bash -c "[ $status -ne 0 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment fatal --runs 1 --status FAILED"
+    expect "a fatal error on rank 0 (exit $status: $(grep -m1 -o 'cannot.*' "$tmp/fatal.err" | cut -c1-60)...): the run FAILED, with what it logged before (epoch 1's 10 steps at least)" \
+        bash -c "[ $status -ne 0 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment fatal --runs 1 --status FAILED --min_steps 10"
 
     # Step 13: rank 1 dies in epoch 3 (SIGKILL); mpirun's SIGTERM to rank 0 marks the run KILLED; the same
     # command resumes into the same run, and the run holds every step's loss once, as an uninterrupted run's.
@@ -280,7 +294,7 @@ if [ $have_yaml = 1 ]; then
     ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
     second=$?
     mlruns "$tmp/ft" "$tmp/ft2.json" 2> "$tmp/check.err"
-    grep -q "^MLflow: resuming run [0-9a-f]\{32\} at $tmp/ft$" "$tmp/ft_tracked.out" \
+    grep -q "^MLflow: resuming run [0-9a-f]\{32\} at $tmp/ft (it keeps the params of its first start)$" "$tmp/ft_tracked.out" \
         && pass "step 13 restarted: 'MLflow: resuming run ID at ...' (the id from its snapshot)" \
         || fail "step 13 restarted: no 'MLflow: resuming run' line: $(grep -i mlflow "$tmp/ft_tracked.out")"
     expect "step 13 restarted (exit $second): the same run, FINISHED, each step's loss once and equal to an uninterrupted run's, the snapshot an artifact" \
