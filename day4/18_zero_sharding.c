@@ -66,6 +66,7 @@
 #include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
 #include "threads.h"      // threads_init: this rank's CPU threads
 #include "timer.h"        // wall_seconds
+#include "tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -434,6 +435,7 @@ int main(int argc, char **argv) {
     describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -499,6 +501,7 @@ int main(int argc, char **argv) {
             dist_allreduce_sum(&loss, 1);                   // for the log: the loss of the global batch
             loss /= (float)world;
             loss_log_add(&losses, epoch, loss);
+            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
             samples += (long)x.rows * world;
             epoch_steps++;
@@ -507,6 +510,8 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, samples / seconds);
+        tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
+        tracking_log_metric(run, "samples_per_second", samples / seconds, epoch);
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     model.counting = false;
@@ -516,6 +521,7 @@ int main(int argc, char **argv) {
     double accuracy = sharded_accuracy(&model, &test_images, test.labels, opt.batch_size);
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
            train_seconds, 100 * accuracy, accuracy * test.n, test.n);
+    tracking_log_metric(run, "test_accuracy", accuracy, epochs);
     if (steps > 1)
         print0("Step time: %.1f ms (the mean after the first step, which took %.1f ms)\n",
                1e3 * (train_seconds - first_step_seconds) / (double)(steps - 1), 1e3 * first_step_seconds);
@@ -540,6 +546,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     tensor_free(&test_images);
     tensor_free(&batch_images);
