@@ -28,6 +28,17 @@
 //   day3/15_recommender_ddp                                        # one process, 20 epochs
 //   mpirun -np 2 day3/15_recommender_ddp --embeddings sharded --recommend 1   (add --oversubscribe on fewer cores)
 //   day3/15_recommender_ddp --synthetic 25000000 --data data/ml-synthetic     # a ratings.csv the size of ml-25m
+//
+// Expected output (one process; times vary):
+//   Step 15: DDP on 1 rank: matrix factorisation, dim 32, 610 users x 9724 movies; sparse embeddings; SparseAdam lr 0.003, L2 0.1 on the batch's rows; batch 1024 per rank; 20 epochs; 90714 training and 10122 test ratings (seed 0); cpu, 2 threads, OpenBLAS 0.3.21 (SkylakeX kernels)
+//   [rank 0] read bytes 0..2382886 of data/movielens/ratings.csv (100836 ratings) in ...
+//   baselines on the test set: global mean RMSE 1.0392; user and movie biases RMSE 0.8734
+//   epoch  1/20: train loss 1.0270, test RMSE 0.9768, 0.04 s
+//   ...
+//   epoch 20/20: train loss 0.5262, test RMSE 0.8342, 0.03 s
+//   sparse embeddings: 0.0 KB sent per step by each rank, 0.037 ms per step communicating; embedding memory 3.90 MB per rank
+//   World Size: 1. Training completed in 0.98 seconds (1780 steps). Test RMSE 0.8342
+//   Loss curve: img/15_recommender_ddp.png
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,7 +180,7 @@ int main(int argc, char **argv) {
         mf_scatter_full(model);
     }
 
-    print0("Step 15: DDP on %d rank%s: matrix factorisation, dim %d, %d users x %d movies; %s embeddings; SparseAdam lr %g, L2 %g on the batch's rows; batch %d per rank; %d epoch%s; %ld training and %ld test ratings (seed %d); %s\n",
+    print0("Step 15: DDP on %d rank%s: matrix factorisation, dim %d, %d users x %d movies; %s embeddings; SparseAdam lr %g, L2 %g on the batch's rows; batch %d per rank; %d epoch%s; %ld training and %ld test ratings (seed %d); cpu, %s\n",
            world, world == 1 ? "" : "s", dim, ratings.n_users, ratings.n_items, embeddings_mode_name(mode), opt.lr, weight_decay,
            opt.batch_size, epochs, epochs == 1 ? "" : "s", n_train_total, n_test_total, opt.seed, threads_describe());
     print_rank("read bytes %ld..%ld of %s (%ld ratings) in %.2f s; peak memory %.0f MB\n", ratings.byte_start,

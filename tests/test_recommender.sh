@@ -152,7 +152,7 @@ expect "--synthetic 30000: $(($(wc -l < "$tmp/synthetic/ratings.csv") - 1)) rati
     test "$header" = "userId,movieId,rating,timestamp" -a "$(($(wc -l < "$tmp/synthetic/ratings.csv") - 1))" -eq 30000 -a \
     -z "$(echo "$stars" | tr ' ' '\n' | grep -vxE '[0-4]\.[05]|5\.0|^$')" -a -z "$(cmp "$tmp/synthetic/ratings.csv" "$tmp/synthetic.first" 2>&1)"
 for mode in sparse sharded; do
-    mpi 2 $PROGRAM --data "$tmp/synthetic" --epochs 3 --batch_size 256 --embeddings $mode --recommend 1 --losses "$tmp/syn_$mode.csv" --plot '' > "$tmp/syn_$mode.out" 2>&1
+    mpi 2 $PROGRAM --data "$tmp/synthetic" --epochs 3 --batch_size 256 --embeddings $mode --recommend 190 --losses "$tmp/syn_$mode.csv" --plot '' > "$tmp/syn_$mode.out" 2>&1
 done
 syn_rmse=$(field 'Test RMSE' "$tmp/syn_sparse.out") syn_mean=$(sed -n 's/.*global mean RMSE \([0-9.]*\);.*/\1/p' "$tmp/syn_sparse.out")
 expect "training on it (2 ranks, 3 epochs): test RMSE ${syn_rmse:-?} below the global mean's ${syn_mean:-?}, sharded the same bits as sparse, titles with commas read back" \
