@@ -382,7 +382,10 @@ void mf_adam_step(Mf *model) {
 
 // ------------------------------------------------------------------ predictions
 void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) {
+    // The evaluation's lookups are no training step's: the counts stay the steps'.
+    double bytes_sent = model->bytes_sent, comm_seconds = model->comm_seconds;
     mf_lookup(model, user, item, n);
+    model->bytes_sent = bytes_sent, model->comm_seconds = comm_seconds;
     EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
     for (int s = 0; s < n; s++) {
         const float *p = P->looked_up + (size_t)P->sample_slot[s] * model->dim, *q = Q->looked_up + (size_t)Q->sample_slot[s] * model->dim;

@@ -115,6 +115,7 @@ void mf_exchange_gradients(Mf *model);
 void mf_adam_step(Mf *model);
 
 // Predictions for n (user, item) pairs. Collective: every rank calls it, n may differ.
+// (Sharded, its lookups travel too; they are not counted in bytes_sent and comm_seconds.)
 void mf_predict(Mf *model, const int *user, const int *item, int n, float *out);
 
 // The whole tables into model->full on rank 0 (sharded: gathered from their
