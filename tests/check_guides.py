@@ -17,7 +17,7 @@ A command whose program is not built here (step 1 without CUDA) is not run: one 
 COMMAND must also be a line of one of the guide's ```sh blocks (a trailing
 `# comment` aside), so that what is checked is what the reader types. Commands
 run in document order, in one scratch folder per file that looks like the
-repository root (the programs, data/mnist) but keeps what they write (img/,
+repository root (the programs, data/mnist, data/movielens) but keeps what they write (img/,
 checkpoints/, data/mnist.h5) away from the reader's own.
 
 A program's header comment shows an expected output after a line that starts
@@ -241,6 +241,8 @@ def scratch_root():
         os.symlink(os.path.join(ROOT, entry), os.path.join(where, entry))
     os.mkdir(os.path.join(where, 'data'))
     os.symlink(os.path.join(ROOT, 'data', 'mnist'), os.path.join(where, 'data', 'mnist'))
+    if os.path.isdir(os.path.join(ROOT, 'data', 'movielens')):  # step 15's (make movielens)
+        os.symlink(os.path.join(ROOT, 'data', 'movielens'), os.path.join(where, 'data', 'movielens'))
     return where
 
 
@@ -291,6 +293,10 @@ def main(files):
                 program = next((w for w in command.split() if re.match(r'day\d/\w+$', w)), None)
                 if program and not os.access(os.path.join(ROOT, program), os.X_OK):
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: {program} is not built on this machine')
+                    continue
+                if program == 'day3/15_recommender_ddp' and '--synthetic' not in command and \
+                        not os.path.isfile(os.path.join(ROOT, 'data', 'movielens', 'ratings.csv')):
+                    print(f'SKIP guides: {rel} ({where_in_file}): {command}: no MovieLens in data/movielens (make movielens)')
                     continue
                 if 'slow' in options and not ALL:
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: slow, make test-all runs it')

@@ -1,0 +1,279 @@
+// Step 15: a MovieLens recommender under DDP, with dense, sparse and sharded embeddings.
+//                                               PyTorch twin: tests/torch_recommender.py
+//
+// What it changes from step 14: the model and the data, and what travels.
+// Matrix factorisation with biases (common/mf.h): a rating is predicted as
+//   global mean + user_bias[u] + item_bias[i] + user_embedding[u] . item_embedding[i]
+// with tables of --dim 32 columns, one row per user and per movie; MSE loss,
+// an L2 term on the batch's rows (--weight_decay), torch.optim.SparseAdam.
+// The test set is a seeded random 10% of the ratings (a hash of --seed and the
+// rating's line: the same ratings on any number of ranks).
+//
+// A batch touches a few hundred of the tables' rows, so plain DDP, which
+// allreduces whole gradient tables, sends mostly zeros. --embeddings picks:
+//   dense    the whole gradient tables allreduced (what a plain DDP port does);
+//   sparse   only the rows the batch touched: allgather of their ids and gradients
+//            (DDP with nn.Embedding(sparse=True));
+//   sharded  rank r owns the rows with id % W == r; the batch's rows come from
+//            their owners and their gradients go back by all-to-all (step 12's
+//            collective: DLRM's and TorchRec's model-parallel embeddings).
+// The three take the same steps (mf.h says how the sums are ordered for it).
+//
+// The data: each rank reads only its byte range of ratings.csv
+// (common/movielens.h), so no rank holds the whole file; every epoch the
+// ratings are dealt to the ranks that train on them (common/rating_sampler.h).
+//
+// Build and run:
+//   make day3/15_recommender_ddp && make movielens
+//   day3/15_recommender_ddp                                        # one process, 20 epochs
+//   mpirun -np 2 day3/15_recommender_ddp --embeddings sharded --recommend 1   (add --oversubscribe on fewer cores)
+//   day3/15_recommender_ddp --synthetic 25000000 --data data/ml-synthetic     # a ratings.csv the size of ml-25m
+//
+// Expected output (one process; times vary):
+//   Step 15: DDP on 1 rank: matrix factorisation, dim 32, 610 users x 9724 movies; sparse embeddings; SparseAdam lr 0.003, L2 0.1 on the batch's rows; batch 1024 per rank; 20 epochs; 90714 training and 10122 test ratings (seed 0); cpu, 2 threads, OpenBLAS 0.3.21 (SkylakeX kernels)
+//   [rank 0] read bytes 0..2382886 of data/movielens/ratings.csv (100836 ratings) in ...
+//   baselines on the test set: global mean RMSE 1.0392; user and movie biases RMSE 0.8734
+//   epoch  1/20: train loss 1.0270, test RMSE 0.9768, 0.04 s
+//   ...
+//   epoch 20/20: train loss 0.5262, test RMSE 0.8342, 0.03 s
+//   sparse embeddings: 0.0 KB sent per step by each rank, 0.037 ms per step communicating; embedding memory 3.90 MB per rank
+//   World Size: 1. Training completed in 0.98 seconds (1780 steps). Test RMSE 0.8342
+//   Loss curve: img/15_recommender_ddp.png
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"            // args_parse: the flags and --help
+#include "check.h"           // check_all_ranks, xmalloc
+#include "dist.h"            // dist_init, dist_rank, print0: the process group
+#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"        // the loss of every step, CSV and PNG
+#include "mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
+#include "movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
+#include "rating_sampler.h"  // the global batches of a shuffle, each rank its slice
+#include "threads.h"         // threads_init
+#include "timer.h"           // wall_seconds
+
+// This process's peak resident memory (VmHWM), in MB.
+static double peak_memory_mb(void) {
+    FILE *status = fopen("/proc/self/status", "r");
+    double kb = 0;
+    char line[256];
+    while (status && fgets(line, sizeof line, status))
+        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+    if (status) fclose(status);
+    return kb / 1024.0;
+}
+
+// Test RMSE of the model: every rank its test ratings (collective).
+static double test_rmse(Mf *model, const int *user, const int *item, const float *rating, int n, long n_total) {
+    float *prediction = xmalloc(((size_t)n + 1) * sizeof(float));
+    mf_predict(model, user, item, n, prediction);
+    double squared = 0.0;
+    for (int k = 0; k < n; k++) squared += ((double)prediction[k] - rating[k]) * ((double)prediction[k] - rating[k]);
+    free(prediction);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squared, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    return sqrt(squared / (double)n_total);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    TrainOptions opt = {.data = "data/movielens", .epochs = 20, .batch_size = 1024, .lr = 3e-3, .seed = 0,
+                        .plot = "img/15_recommender_ddp.png", .device = "auto"};
+    int dim = 32, recommend = 0, synthetic = 0, max_steps = -1;
+    double weight_decay = 0.1;
+    const char *embeddings = "sparse";
+    ArgSpec flags[] = {
+        {"data", ARG_PATH, &opt.data, "DIR", "folder with MovieLens's ratings.csv and movies.csv (make movielens)", 0, NULL},
+        {"epochs", ARG_INT, &opt.epochs, "N", "passes over the training ratings", 1, NULL},
+        {"batch_size", ARG_INT, &opt.batch_size, "N", "ratings per step, per rank", 1, NULL},
+        {"lr", ARG_FLOAT, &opt.lr, "X", "SparseAdam learning rate", 0, NULL},
+        {"seed", ARG_INT, &opt.seed, "N", "seeds the weights, the shuffle and the 90/10 split", 0, NULL},
+        {"no-shuffle", ARG_SWITCH, &opt.no_shuffle, NULL, "keep the training ratings in file order", 0, NULL},
+        {"init", ARG_PATH, &opt.init, "FILE.h5", "start from these weights (state_dict names)", 0, NULL},
+        {"save", ARG_OUTPUT, &opt.save, "FILE.h5", "write the final weights", 0, NULL},
+        {"losses", ARG_OUTPUT, &opt.losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL},
+        {"plot", ARG_OUTPUT_OR_NONE, &opt.plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},
+        {"device", ARG_STRING, &opt.device, "DEV", "where to compute (this step runs on the CPU)", 0, "cpu|cuda|auto"},
+        {"threads", ARG_INT, &opt.threads, "N", "CPU threads per rank (0: the node's cores / its ranks)", 0, NULL},
+        {"embeddings", ARG_STRING, &embeddings, "MODE", "how the tables live on the ranks and their gradients travel", 0, "dense|sparse|sharded"},
+        {"dim", ARG_INT, &dim, "N", "columns of the user and movie embeddings", 1, NULL},
+        {"weight_decay", ARG_FLOAT_GE, &weight_decay, "X", "L2 on the batch's embedding rows", 0, NULL},
+        {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
+        {"recommend", ARG_INT, &recommend, "USER", "at the end, the top 10 unseen movies for this userId (0: none)", 0, NULL},
+        {"synthetic", ARG_INT, &synthetic, "N", "write a MovieLens-shaped ratings.csv of N ratings into --data, and stop", 0, NULL},
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 15: a MovieLens recommender (matrix factorisation) under DDP, with dense, sparse or sharded embeddings.");
+    if (strcmp(opt.device, "cuda") == 0) usage_error("--device cuda: step 15 runs on the CPU only (its GPU kernels are not written yet)");
+    EmbeddingsMode mode = strcmp(embeddings, "dense") == 0 ? EMBEDDINGS_DENSE
+                        : strcmp(embeddings, "sparse") == 0 ? EMBEDDINGS_SPARSE : EMBEDDINGS_SHARDED;
+    threads_init(opt.threads);
+    int rank = dist_rank(), world = dist_world_size();
+
+    if (synthetic > 0) {  // --synthetic N: write the files, and stop
+        if (rank == 0) movielens_write_synthetic(opt.data, synthetic, (uint64_t)opt.seed);
+        dist_barrier();
+        print0("wrote %s/ratings.csv (%d ratings) and %s/movies.csv\n", opt.data, synthetic, opt.data);
+        dist_finalize();
+        return 0;
+    }
+
+    // Data: each rank parses its byte range of ratings.csv.
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ratings.csv", opt.data);
+    double load_start = wall_seconds();
+    Ratings ratings = movielens_read_ratings(path);
+    double load_seconds = wall_seconds() - load_start, load_peak_mb = peak_memory_mb();
+    int recommend_index = recommend ? ratings_user_index(&ratings, recommend) : -1;
+    if (recommend && recommend_index < 0) usage_error("--recommend %d: no user of that id in %s", recommend, path);
+
+    // The seeded 90/10 split, and the two baselines the model must beat.
+    int n_train = 0, n_test = 0;
+    int *train_user = xmalloc(((size_t)ratings.n + 1) * sizeof(int)), *train_item = xmalloc(((size_t)ratings.n + 1) * sizeof(int));
+    int *test_user = xmalloc(((size_t)ratings.n + 1) * sizeof(int)), *test_item = xmalloc(((size_t)ratings.n + 1) * sizeof(int));
+    float *train_rating = xmalloc(((size_t)ratings.n + 1) * sizeof(float)), *test_rating = xmalloc(((size_t)ratings.n + 1) * sizeof(float));
+    for (long k = 0; k < ratings.n; k++) {
+        if (movielens_is_test((uint64_t)opt.seed, ratings.first + k)) {
+            test_user[n_test] = ratings.user[k], test_item[n_test] = ratings.item[k], test_rating[n_test++] = ratings.rating[k];
+        } else {
+            train_user[n_train] = ratings.user[k], train_item[n_train] = ratings.item[k], train_rating[n_train++] = ratings.rating[k];
+        }
+    }
+    double sums[3] = {0.0, (double)n_train, (double)n_test};  // sum of training ratings, counts
+    for (int k = 0; k < n_train; k++) sums[0] += train_rating[k];
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    long n_train_total = (long)sums[1], n_test_total = (long)sums[2];
+    check_all_ranks(n_train_total > 0 && n_test_total > 0, "too few ratings for a 90/10 split");
+    float global_mean = (float)(sums[0] / sums[1]);
+    // Baseline 2: biases alone, as Koren's: b_i = sum(r - mean) / (25 + n_i), then
+    // b_u = sum(r - mean - b_i) / (10 + n_u), over the training ratings.
+    double *item_sum = xcalloc((size_t)ratings.n_items * 2, sizeof(double)), *user_sum = xcalloc((size_t)ratings.n_users * 2, sizeof(double));
+    for (int k = 0; k < n_train; k++) item_sum[2 * train_item[k]] += train_rating[k] - global_mean, item_sum[2 * train_item[k] + 1] += 1;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, item_sum, 2 * ratings.n_items, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    for (int i = 0; i < ratings.n_items; i++) item_sum[2 * i] /= 25.0 + item_sum[2 * i + 1];
+    for (int k = 0; k < n_train; k++)
+        user_sum[2 * train_user[k]] += train_rating[k] - global_mean - item_sum[2 * train_item[k]], user_sum[2 * train_user[k] + 1] += 1;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, user_sum, 2 * ratings.n_users, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    for (int u = 0; u < ratings.n_users; u++) user_sum[2 * u] /= 10.0 + user_sum[2 * u + 1];
+    double baseline[2] = {0.0, 0.0};  // squared errors: the global mean; the biases
+    for (int k = 0; k < n_test; k++) {
+        double mean_error = test_rating[k] - global_mean;
+        double bias_error = mean_error - item_sum[2 * test_item[k]] - user_sum[2 * test_user[k]];
+        baseline[0] += mean_error * mean_error, baseline[1] += bias_error * bias_error;
+    }
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, baseline, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    free(item_sum);
+    free(user_sum);
+
+    // Batches: global batch b is positions [bG, (b + 1)G) of a shuffle of all the training ratings.
+    RatingSampler sampler = rating_sampler_new(n_train, train_user, train_item, train_rating, opt.batch_size,
+                                               !opt.no_shuffle, (uint64_t)opt.seed);
+    int epochs = max_steps < 0 ? opt.epochs : (max_steps + sampler.n_batches - 1) / sampler.n_batches;
+
+    // Model and optimizer.
+    Rng rng;
+    rng_seed(&rng, (uint64_t)opt.seed);
+    Mf *model = mf_new(mode, ratings.n_users, ratings.n_items, dim, global_mean, opt.lr, weight_decay, &rng);
+    if (opt.init) {
+        h5_load_params(opt.init, mf_full_params(model), 5);
+        mf_scatter_full(model);
+    }
+
+    print0("Step 15: DDP on %d rank%s: matrix factorisation, dim %d, %d users x %d movies; %s embeddings; SparseAdam lr %g, L2 %g on the batch's rows; batch %d per rank; %d epoch%s; %ld training and %ld test ratings (seed %d); cpu, %s\n",
+           world, world == 1 ? "" : "s", dim, ratings.n_users, ratings.n_items, embeddings_mode_name(mode), opt.lr, weight_decay,
+           opt.batch_size, epochs, epochs == 1 ? "" : "s", n_train_total, n_test_total, opt.seed, threads_describe());
+    print_rank("read bytes %ld..%ld of %s (%ld ratings) in %.2f s; peak memory %.0f MB\n", ratings.byte_start,
+               ratings.byte_end, path, ratings.n, load_seconds, load_peak_mb);
+    print0("baselines on the test set: global mean RMSE %.4f; user and movie biases RMSE %.4f\n",
+           sqrt(baseline[0] / n_test_total), sqrt(baseline[1] / n_test_total));
+
+    LossLog losses = {0};
+    int steps = 0;
+    double train_start = wall_seconds(), rmse = 0.0;
+    for (int epoch = 0; epoch < epochs; epoch++) {
+        double epoch_start = wall_seconds();
+        rating_sampler_set_epoch(&sampler, epoch);  // the ratings move to the ranks that train on them
+        double loss_sum = 0.0;
+        int epoch_steps = 0;
+        for (int b = 0; b < sampler.n_batches && steps != max_steps; b++) {
+            RatingBatch batch = rating_sampler_batch(&sampler, b);
+            mf_lookup(model, batch.user, batch.item, batch.n);          // embedding(user), embedding(item)
+            double mse_sum;
+            double loss = mf_forward_backward(model, batch.rating, batch.n, batch.global_n, &mse_sum);  // loss.backward()
+            mf_exchange_gradients(model);                               // DDP: the global batch's gradients
+            mf_adam_step(model);                                        // optimizer.step()
+            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // for the log
+            loss_log_add(&losses, epoch, (float)loss);
+            loss_sum += loss;
+            epoch_steps++;
+            steps++;
+        }
+        double train_seconds = wall_seconds() - epoch_start;
+        rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
+        print0("epoch %2d/%d: train loss %.4f, test RMSE %.4f, %.2f s\n", epoch + 1, epochs,
+               epoch_steps ? loss_sum / epoch_steps : 0.0, rmse, train_seconds);
+    }
+    double seconds = wall_seconds() - train_start;
+    if (epochs == 0) rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);  // --max_steps 0
+    print0("%s embeddings: %.1f KB sent per step by each rank, %.3f ms per step communicating; embedding memory %.2f MB per rank\n",
+           embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1024.0 : 0.0,
+           steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1048576.0);
+    print0("World Size: %d. Training completed in %.2f seconds (%d steps). Test RMSE %.4f\n", world, seconds, steps, rmse);
+
+    if (opt.save || recommend) mf_gather_full(model);  // rank 0 gets the whole tables
+    if (recommend) {
+        // The movies this user rated anywhere in the file: no recommendation of those.
+        unsigned char *seen = xcalloc((size_t)ratings.n_items, 1);
+        for (long k = 0; k < ratings.n; k++)
+            if (ratings.user[k] == recommend_index) seen[ratings.item[k]] = 1;
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, seen, ratings.n_items, MPI_UNSIGNED_CHAR, MPI_MAX, MPI_COMM_WORLD));
+        char **titles = NULL, error[1024] = "";
+        snprintf(path, sizeof path, "%s/movies.csv", opt.data);
+        bool ok = rank != 0 || movielens_read_titles(path, &ratings, &titles, error, sizeof error);
+        check_all_ranks(ok, error);
+        if (rank == 0) {
+            const float *p = model->full[0].data + (size_t)recommend_index * dim, *user_bias = model->full[2].data;
+            float *score = xmalloc((size_t)ratings.n_items * sizeof(float));
+            int n_seen = 0;
+            for (int i = 0; i < ratings.n_items; i++) {
+                const float *q = model->full[1].data + (size_t)i * dim;
+                float dot = 0.0f;
+                for (int d = 0; d < dim; d++) dot += p[d] * q[d];
+                score[i] = dot + user_bias[recommend_index] + model->full[3].data[i] + global_mean;
+                n_seen += seen[i];
+            }
+            printf("Top 10 movies for user %d, who rated %d (predicted rating, title):\n", recommend, n_seen);
+            for (int top = 0; top < 10; top++) {
+                int best = -1;
+                for (int i = 0; i < ratings.n_items; i++)
+                    if (!seen[i] && (best < 0 || score[i] > score[best])) best = i;
+                if (best < 0) break;
+                seen[best] = 1;
+                printf("  %2d. %.2f  %s\n", top + 1, score[best], titles[best]);
+            }
+            fflush(stdout);
+            free(score);
+            for (int i = 0; i < ratings.n_items; i++) free(titles[i]);
+            free(titles);
+        }
+        free(seen);
+    }
+    if (rank == 0 && opt.save) h5_save_params(opt.save, model->params, 5);
+    if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
+    if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
+        char title[96], label[48];
+        snprintf(title, sizeof title, "Step 15: MovieLens matrix factorisation, %s embeddings", embeddings_mode_name(mode));
+        snprintf(label, sizeof label, "%d rank%s (loss of the global batch)", world, world == 1 ? "" : "s");
+        loss_log_plot(&losses, opt.plot, title, label);
+        print0("Loss curve: %s\n", opt.plot);
+    }
+
+    loss_log_free(&losses);
+    mf_free(model);
+    rating_sampler_free(&sampler);
+    free(train_user), free(train_item), free(train_rating), free(test_user), free(test_item), free(test_rating);
+    ratings_free(&ratings);
+    dist_finalize();
+    return 0;
+}
