@@ -54,6 +54,7 @@
 #include "rating_sampler.h"  // the global batches of a shuffle, each rank its slice
 #include "threads.h"         // threads_init
 #include "timer.h"           // wall_seconds
+#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
 // This process's peak resident memory (VmHWM), in MB.
 static double peak_memory_mb(void) {
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"recommend", ARG_INT, &recommend, "USER", "at the end, the top 10 unseen movies for this userId (0: none)", 0, NULL},
         {"synthetic", ARG_INT, &synthetic, "N", "write a MovieLens-shaped ratings.csv of N ratings into --data, and stop", 0, NULL},
+        TRACKING_FLAGS(opt.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 15: a MovieLens recommender (matrix factorisation) under DDP, with dense, sparse or sharded embeddings.");
     if (strcmp(opt.device, "cuda") == 0) usage_error("--device cuda: step 15 runs on the CPU only (its GPU kernels are not written yet)");
@@ -187,6 +189,9 @@ int main(int argc, char **argv) {
                ratings.byte_end, path, ratings.n, load_seconds, load_peak_mb);
     print0("baselines on the test set: global mean RMSE %.4f; user and movie biases RMSE %.4f\n",
            sqrt(baseline[0] / n_test_total), sqrt(baseline[1] / n_test_total));
+    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", "cpu", NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    tracking_log_metric(run, "baseline_global_mean_rmse", sqrt(baseline[0] / n_test_total), 0);
+    tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 
     LossLog losses = {0};
     int steps = 0;
@@ -194,7 +199,7 @@ int main(int argc, char **argv) {
     for (int epoch = 0; epoch < epochs; epoch++) {
         double epoch_start = wall_seconds();
         rating_sampler_set_epoch(&sampler, epoch);  // the ratings move to the ranks that train on them
-        double loss_sum = 0.0;
+        double loss_sum = 0.0, epoch_samples = 0.0;
         int epoch_steps = 0;
         for (int b = 0; b < sampler.n_batches && steps != max_steps; b++) {
             RatingBatch batch = rating_sampler_batch(&sampler, b);
@@ -205,7 +210,9 @@ int main(int argc, char **argv) {
             mf_adam_step(model);                                        // optimizer.step()
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // for the log
             loss_log_add(&losses, epoch, (float)loss);
+            tracking_log_metric(run, "loss", (float)loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
+            epoch_samples += (double)batch.global_n;
             epoch_steps++;
             steps++;
         }
@@ -213,6 +220,9 @@ int main(int argc, char **argv) {
         rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
         print0("epoch %2d/%d: train loss %.4f, test RMSE %.4f, %.2f s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, rmse, train_seconds);
+        tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
+        tracking_log_metric(run, "test_rmse", rmse, epoch);
+        tracking_log_metric(run, "samples_per_second", epoch_samples / train_seconds, epoch);
     }
     double seconds = wall_seconds() - train_start;
     if (epochs == 0) rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);  // --max_steps 0
@@ -268,6 +278,10 @@ int main(int argc, char **argv) {
         loss_log_plot(&losses, opt.plot, title, label);
         print0("Loss curve: %s\n", opt.plot);
     }
+    tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
+    tracking_log_artifact(run, opt.save);
+    tracking_log_artifact(run, opt.plot);
+    tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     loss_log_free(&losses);
     mf_free(model);
