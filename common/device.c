@@ -1,6 +1,7 @@
 // device.c: the device choice and the CUDA context. See device.h.
 #include "device.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,6 +295,20 @@ void device_release(void) {
 #endif
 }
 
+// The live allocations, for device_peak_bytes: a few dozen at most (a model's tensors, their
+// gradients and Adam's moments, the activations), so a list searched from its end, where the
+// short-lived ones (a gathered layer) are.
+#if HAVE_CUDA
+static struct { void *pointer; size_t bytes; } *g_live;
+static int g_n_live, g_live_capacity;
+static size_t g_live_bytes, g_peak_bytes;
+static pthread_mutex_t g_live_lock = PTHREAD_MUTEX_INITIALIZER;  // step 11's reader threads allocate too
+
+size_t device_peak_bytes(void) { return g_peak_bytes; }
+#else
+size_t device_peak_bytes(void) { return 0; }
+#endif
+
 void *device_alloc(size_t bytes) {
 #if HAVE_CUDA
     if (bytes == 0) return NULL;
@@ -301,6 +316,15 @@ void *device_alloc(size_t bytes) {
     void *pointer = NULL;
     cudaError_t status = cudaMalloc(&pointer, bytes);
     CHECK(status == cudaSuccess, "cannot allocate %.1f MB on %s: %s", bytes / 1e6, g_name, cudaGetErrorString(status));
+    pthread_mutex_lock(&g_live_lock);
+    if (g_n_live == g_live_capacity) {
+        g_live_capacity = g_live_capacity ? 2 * g_live_capacity : 64;
+        g_live = xrealloc(g_live, (size_t)g_live_capacity * sizeof *g_live);
+    }
+    g_live[g_n_live].pointer = pointer, g_live[g_n_live++].bytes = bytes;
+    g_live_bytes += bytes;
+    if (g_live_bytes > g_peak_bytes) g_peak_bytes = g_live_bytes;
+    pthread_mutex_unlock(&g_live_lock);
     return pointer;
 #else
     (void)bytes;
@@ -313,6 +337,14 @@ void device_free(void *pointer) {
     if (!pointer) return;
     synchronize_polled("the queued work, before a cudaFree");  // which waits for it inside the driver
     CHECK_CUDA(cudaFree(pointer));
+    pthread_mutex_lock(&g_live_lock);
+    for (int i = g_n_live - 1; i >= 0; i--)
+        if (g_live[i].pointer == pointer) {
+            g_live_bytes -= g_live[i].bytes;
+            g_live[i] = g_live[--g_n_live];
+            break;
+        }
+    pthread_mutex_unlock(&g_live_lock);
 #else
     (void)pointer;
 #endif

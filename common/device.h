@@ -57,6 +57,10 @@ void device_release(void);
 // the GPU copies fastest (page-locked on a GPU rank, plain malloc otherwise).
 void *device_alloc(size_t bytes);
 void device_free(void *pointer);
+// The most bytes device_alloc held at once on this rank's GPU, as torch.cuda.max_memory_allocated()
+// counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
+// CUDA context, cuBLAS and NCCL keep for themselves.
+size_t device_peak_bytes(void);
 void *device_host_alloc(size_t bytes);
 void device_host_free(void *pointer);
 

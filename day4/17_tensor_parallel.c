@@ -351,7 +351,10 @@ static size_t params_bytes(const Param *params, int n) {
     return bytes;
 }
 
-static double peak_resident_bytes(void) {
+// The peak of the memory that holds the model: the resident set on a CPU rank; on a GPU rank, the most
+// that the GPU's allocations held at once (torch.cuda.max_memory_allocated).
+static double peak_resident_bytes(Device device) {
+    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
@@ -491,7 +494,7 @@ int main(int argc, char **argv) {
     // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
     // layers' weights divided by T) and DDP's whole copy, and the peak resident set.
     double split_share = (double)split_weights / tp + (double)(weights - split_weights);
-    double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, peak_resident_bytes()};
+    double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, peak_resident_bytes(device)};
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)
         mine[2] += (double)(tensor_numel(&optimizer.exp_avg[i]) + tensor_numel(&optimizer.exp_avg_sq[i])) * sizeof(float);
@@ -499,7 +502,8 @@ int main(int argc, char **argv) {
     CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     print0("Memory per rank (MB): the model's state held, its theory 16 B x (%zu / T + %zu) weights, DDP's 16 B x %zu\n",
            split_weights, weights - split_weights, weights);
-    print0("rank  parameters  gradients  Adam's moments    total   theory    DDP's  peak resident\n");
+    print0("rank  parameters  gradients  Adam's moments    total   theory    DDP's  %s\n",
+           device == DEVICE_CUDA ? "     GPU peak" : "peak resident");
     for (int r = 0; r < world && rank == 0; r++) {
         const double *f = &all[4 * r];
         print0("%4d  %10.2f  %9.2f  %14.2f  %7.2f  %7.2f  %7.2f  %13.0f\n", r, f[0] / 1e6, f[1] / 1e6, f[2] / 1e6,

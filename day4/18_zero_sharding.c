@@ -404,7 +404,7 @@ static double sharded_accuracy(Sharded *s, const Tensor *images, const int *labe
 // The reports, after main.
 typedef void (*LayerUse)(Sharded *s, int layer, Param *pair, const Tensor *whole, void *context);
 static void each_layer_whole(Sharded *s, LayerUse use, void *context);
-static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights);
+static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device);
 static void report_traffic(const Sharded *s, long steps, size_t weights, const Ddp *ddp);
 static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path);
 static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *all);
@@ -525,7 +525,7 @@ int main(int argc, char **argv) {
     if (steps > 1)
         print0("Step time: %.1f ms (the mean after the first step, which took %.1f ms)\n",
                1e3 * (train_seconds - first_step_seconds) / (double)(steps - 1), 1e3 * first_step_seconds);
-    report_memory(&model, zero == 0 ? &ddp : NULL, weights);
+    report_memory(&model, zero == 0 ? &ddp : NULL, weights, device);
     report_traffic(&model, steps, weights, zero == 0 ? &ddp : NULL);
     unsigned long long checksum = PARAMS_CHECKSUM_START;
     each_layer_whole(&model, hash_whole, &checksum);
@@ -612,15 +612,18 @@ static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, 
     *h = params_checksum_continue(*h, pair, 2);
 }
 
-static double peak_rss_bytes(void) {
+// The peak of the memory that holds the model: the resident set on a CPU rank; on a GPU rank, the most
+// that the GPU's allocations held at once (torch.cuda.max_memory_allocated).
+static double peak_bytes(Device device) {
+    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
 }
 
 // Per rank: the bytes of parameters, gradients and Adam's moments it holds,
-// beside the stage's theory; the working buffers; the peak resident set.
-static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights) {
+// beside the stage's theory; the working buffers; the peak resident set (on a GPU, the allocator's peak).
+static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device) {
     double params = 0, grads = 0, adam = 0, working = 0, n = s->world;
     for (int i = 0; i < s->n_units; i++) {
         const Unit *u = &s->units[i];
@@ -637,14 +640,15 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights) {
     const char *working_is[] = {"DDP's buckets: a copy of the gradients", "none", "2 layers' whole gradients",
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
                                             : "1 layer gathered, 2 layers' whole gradients"};
-    double mine[5] = {params, grads, adam, working, peak_rss_bytes()};
+    double mine[5] = {params, grads, adam, working, peak_bytes(device)};
     double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
     CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     double theory = per_param[s->zero] * (double)weights;
     print0("Memory per rank (MB): parameters + gradients + Adam = model state, beside the theory %s B/param x %zu "
            "(N = %d); working buffers (%s); peak resident set\n", formula[s->zero], weights, s->world,
            working_is[s->zero]);
-    print0("rank  parameters  gradients     Adam  model state   theory         working   peak RSS\n");
+    print0("rank  parameters  gradients     Adam  model state   theory         working   %s\n",
+           device == DEVICE_CUDA ? "GPU peak" : "peak RSS");
     for (int r = 0; r < s->world && s->rank == 0; r++) {
         const double *f = &all[5 * r];
         double state = f[0] + f[1] + f[2];

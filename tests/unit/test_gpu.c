@@ -95,6 +95,26 @@ static void test_copies_and_elementwise(void) {
     tensor_free(&gpu);
 }
 
+// device_peak_bytes: the most that device_alloc held at once, allocations freed counted out.
+static void test_peak_bytes(void) {
+    size_t before = device_peak_bytes();
+    size_t mb = 1 << 20, base = before;
+    // Far above whatever the earlier tests held, so that the peak is this test's.
+    void *a = device_alloc(64 * mb + base), *b = device_alloc(32 * mb + base);
+    size_t two = device_peak_bytes();
+    device_free(a);
+    void *c = device_alloc(16 * mb);
+    size_t after_c = device_peak_bytes();
+    device_free(b), device_free(c);
+    void *d = device_alloc(100 * mb + 3 * base);
+    size_t last = device_peak_bytes();
+    device_free(d);
+    EXPECT(two >= 96 * mb + 2 * base && after_c == two && last - two == 4 * mb + base,
+           "device_peak_bytes: 64 + 32 MB live peak at %.1f MB; with 64 MB freed, 16 MB more leave it there (%.1f MB); "
+           "a 100 MB block alone raises it by exactly what it holds beyond them, to %.1f MB",
+           (double)two / mb, (double)after_c / mb, (double)last / mb);
+}
+
 static void test_gemm(void) {
     const int m = 37, k = 53, n = 29;
     for (int ta = 0; ta < 2; ta++)
@@ -419,6 +439,7 @@ int main(int argc, char **argv) {
     printf("(%s)\n", device_name(device));
     rng_seed(&data_rng, 2024);
     test_copies_and_elementwise();
+    test_peak_bytes();
     test_gemm();
     test_mlp_cross_entropy_adam();
     test_mlp_mse_sgd();
