@@ -304,7 +304,7 @@ fi
 
 # ---------------------------------------------------------------- a real MLflow
 if ! "$PYTHON" -c 'import mlflow' 2> /dev/null; then
-    skip "a real MLflow server: $PYTHON has no mlflow (pip install mlflow; or PYTHONPATH to a checkout)"
+    skip "a real MLflow server: $PYTHON has no mlflow (python3 -m venv --system-site-packages ENV && ENV/bin/pip install mlflow, then PYTHON=ENV/bin/python3; or PYTHONPATH to a checkout of MLflow)"
     exit 0
 fi
 real_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
