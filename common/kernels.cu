@@ -509,3 +509,130 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 }
 
 }  // extern "C"
+
+// ------------------------------------------------------------------ step 15's embeddings (mf.c)
+// The arithmetic of mf.c's CPU loops, operation for operation, with __fmul_rn
+// and __fadd_rn where nvcc would fuse a * b + c into one FMA (the CPU build
+// rounds twice: -ffp-contract=off): the same bits as the CPU. Every sum adds
+// in a fixed order (a thread per output element, its terms in turn): no atomics.
+
+__global__ void gather_rows_kernel(const float *table, const int *index, int n, int dim, float *out) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = table[(size_t)index[i / dim] * dim + i % dim];
+}
+
+__global__ void scatter_rows_kernel(const float *rows, const int *index, int n, int dim, float *table) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        table[(size_t)index[i / dim] * dim + i % dim] = rows[i];
+}
+
+__global__ void sum_rows_kernel(const float *rows, const int *start, const int *source, int n_out, int dim, float *out) {
+    size_t total = (size_t)n_out * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = i / dim, d = i % dim;
+        float sum = 0.0f;
+        for (int k = start[j]; k < start[j + 1]; k++) sum = __fadd_rn(sum, rows[(size_t)source[k] * dim + d]);
+        out[i] = sum;
+    }
+}
+
+__global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
+                                  const float *user_bias, const int *user_slot, const float *item_bias,
+                                  const int *item_slot, const float *rating, int n, int dim, float mean, float *out) {
+    for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+        const float *p = p_rows + (size_t)p_slot[s] * dim, *q = q_rows + (size_t)q_slot[s] * dim;
+        float dot = 0.0f, p_norm = 0.0f, q_norm = 0.0f;
+        for (int d = 0; d < dim; d++) {
+            dot = __fadd_rn(dot, __fmul_rn(p[d], q[d]));
+            p_norm = __fadd_rn(p_norm, __fmul_rn(p[d], p[d]));
+            q_norm = __fadd_rn(q_norm, __fmul_rn(q[d], q[d]));
+        }
+        float prediction = __fadd_rn(__fadd_rn(__fadd_rn(dot, user_bias[user_slot[s]]), item_bias[item_slot[s]]), mean);
+        out[4 * (size_t)s] = prediction;
+        out[4 * (size_t)s + 1] = rating ? prediction - rating[s] : 0.0f;
+        out[4 * (size_t)s + 2] = p_norm;
+        out[4 * (size_t)s + 3] = q_norm;
+    }
+}
+
+__global__ void embedding_backward_kernel(const float *forward, float scale, const int *start, const int *sample,
+                                          int n_rows, int dim, const float *self, const float *other,
+                                          const int *other_slot, float decay, float *grad) {
+    size_t total = (size_t)n_rows * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = i / dim, d = i % dim;
+        float sum = 0.0f;
+        for (int k = start[j]; k < start[j + 1]; k++) {
+            int s = sample[k];
+            float g = __fmul_rn(scale, forward[4 * (size_t)s + 1]);
+            if (self)
+                sum = __fadd_rn(sum, __fadd_rn(__fmul_rn(g, other[(size_t)other_slot[s] * dim + d]), __fmul_rn(decay, self[i])));
+            else
+                sum = __fadd_rn(sum, g);
+        }
+        grad[i] = sum;
+    }
+}
+
+__global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad,
+                                   int n, int dim, float minus_step_size, float one_minus_beta1, float one_minus_beta2,
+                                   float eps) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t at = (size_t)rows[i / dim] * dim + i % dim;
+        float g = grad[i], m_old = exp_avg[at], v_old = exp_avg_sq[at];
+        float m_update = __fmul_rn(g - m_old, one_minus_beta1);
+        exp_avg[at] = m_old + m_update;
+        float v_update = __fmul_rn(__fmul_rn(g, g) - v_old, one_minus_beta2);
+        exp_avg_sq[at] = v_old + v_update;
+        float numerator = m_update + m_old, denominator = __fadd_rn(__fsqrt_rn(v_update + v_old), eps);
+        weight[at] = __fadd_rn(weight[at], __fmul_rn(minus_step_size, __fdiv_rn(numerator, denominator)));
+    }
+}
+
+void gpu_gather_rows(const float *table, const int *index, int n, int dim, float *out, cudaStream_t stream) {
+    if (n <= 0) return;
+    gather_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(table, index, n, dim, out);
+    CHECK_LAUNCH("gather_rows_kernel");
+}
+
+void gpu_scatter_rows(const float *rows, const int *index, int n, int dim, float *table, cudaStream_t stream) {
+    if (n <= 0) return;
+    scatter_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(rows, index, n, dim, table);
+    CHECK_LAUNCH("scatter_rows_kernel");
+}
+
+void gpu_sum_rows(const float *rows, const int *start, const int *source, int n_out, int dim, float *out,
+                  cudaStream_t stream) {
+    if (n_out <= 0) return;
+    sum_rows_kernel<<<blocks_for((size_t)n_out * dim), THREADS, 0, stream>>>(rows, start, source, n_out, dim, out);
+    CHECK_LAUNCH("sum_rows_kernel");
+}
+
+void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
+                    const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
+                    const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream) {
+    if (n <= 0) return;
+    mf_forward_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(p_rows, p_slot, q_rows, q_slot, user_bias, user_slot,
+                                                                     item_bias, item_slot, rating, n, dim, mean, out);
+    CHECK_LAUNCH("mf_forward_kernel");
+}
+
+void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, int n_rows, int dim,
+                            const float *self, const float *other, const int *other_slot, float decay, float *grad,
+                            cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    embedding_backward_kernel<<<blocks_for((size_t)n_rows * dim), THREADS, 0, stream>>>(
+        forward, scale, start, sample, n_rows, dim, self, other, other_slot, decay, grad);
+    CHECK_LAUNCH("embedding_backward_kernel");
+}
+
+void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
+                     float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
+    if (n <= 0) return;
+    sparse_adam_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(
+        weight, exp_avg, exp_avg_sq, rows, grad, n, dim, minus_step_size, one_minus_beta1, one_minus_beta2, eps);
+    CHECK_LAUNCH("sparse_adam_kernel");
+}

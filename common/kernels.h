@@ -92,6 +92,30 @@ void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, f
 // y [b, a, inner] = x [a, b, inner] with the outer two axes swapped.
 void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream);
 
+// ------------------------------------------------------------------ step 15's embeddings (mf.c)
+// mf.c's loops on the GPU, the same bits as the CPU's (no FMA contraction: __fmul_rn,
+// __fadd_rn), each sum in a fixed order. Rows are [*, dim], row-major.
+// out[j] = table[index[j]], and table[index[j]] = rows[j], for j < n.
+void gpu_gather_rows(const float *table, const int *index, int n, int dim, float *out, cudaStream_t stream);
+void gpu_scatter_rows(const float *rows, const int *index, int n, int dim, float *table, cudaStream_t stream);
+// out[j] = 0 + rows[source[start[j]]] + rows[source[start[j] + 1]] + ... up to start[j + 1], in that order.
+void gpu_sum_rows(const float *rows, const int *start, const int *source, int n_out, int dim, float *out,
+                  cudaStream_t stream);
+// Per sample s < n, a thread: out[4s..4s+3] = the prediction (dot + user bias + item bias + mean),
+// its error (prediction - rating[s]; 0 when rating is NULL), |p|^2 and |q|^2.
+void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
+                    const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
+                    const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream);
+// A table's gradient rows, a thread per element: row j sums, over its samples
+// sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
+// with g = scale * the sample's error (forward's out); a bias table (self NULL) sums g.
+void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, int n_rows, int dim,
+                            const float *self, const float *other, const int *other_slot, float decay, float *grad,
+                            cudaStream_t stream);
+// torch.optim.SparseAdam on rows[j] of weight and its moments with gradient row grad[j] (mf.c's arithmetic).
+void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
+                     float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

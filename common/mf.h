@@ -37,13 +37,32 @@
 // sum of two is commutative), within a rounding at 4. Across W the partial
 // sums differ (more ranks, shorter slices): within 1e-7 relative per step.
 //
-// CPU only for now (MPI on host buffers).
+// On a GPU rank (mf_new's device) the tables, Adam's moments, the looked-up
+// rows and every gradient row live in device memory, and kernels
+// (common/kernels.h) do the gathers, the forward and backward, the per-row
+// sums and SparseAdam's update, in the CPU's order and arithmetic (no fused
+// multiply-adds): the same bits as the CPU. The host keeps the bookkeeping
+// of ids (which rows a batch touched, who asks whom for what), as the CPU
+// does, and sends it to the GPU with each step. The rows travel by NCCL:
+// dense allreduces the gradient tables; sparse all-gathers the touched rows
+// (each rank's padded to the most any rank touched: NCCL's all-gather takes
+// equal blocks); sharded exchanges rows and gradients by grouped
+// ncclSend/ncclRecv (collectives.h's group_exchange). Ids and counts go by
+// MPI on the host. Where ranks share a GPU, the rows go by MPI on host
+// copies, as collectives.h does. dense's NCCL allreduce adds in NCCL's order:
+// the same bits as MPI's at 1 and 2 ranks, within a rounding at 4.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "nn.h"
 #include "rng.h"
+
+// Device memory that grows as needed (step 15's per-step rows and ids).
+typedef struct {
+    void *data;
+    size_t bytes;
+} DeviceBuffer;
 
 typedef enum { EMBEDDINGS_DENSE, EMBEDDINGS_SPARSE, EMBEDDINGS_SHARDED } EmbeddingsMode;
 
@@ -74,10 +93,18 @@ typedef struct {
     int exchange_capacity;
     float *dense_grad;    // dense: [rows, dim]
     unsigned char *dense_touched;  // dense: [rows]
+    // On a GPU rank: the tables (weight above is then the host copy that
+    // mf_new, --init and --save use), and the device twins of the arrays above.
+    float *gpu_weight, *gpu_exp_avg, *gpu_exp_avg_sq, *gpu_dense_grad;
+    DeviceBuffer gpu_looked_up, gpu_grad, gpu_update_grad, gpu_exchange;
+    DeviceBuffer gpu_touched, gpu_sample_slot, gpu_ask_order, gpu_asked;
+    DeviceBuffer gpu_sample_start, gpu_sample;                   // the backward's samples of each touched row
+    DeviceBuffer gpu_update, gpu_update_start, gpu_update_source;  // the exchange's sums
 } EmbeddingTable;
 
 typedef struct {
     EmbeddingsMode mode;
+    Device device;                   // where the tables live and the steps run
     int dim;
     double lr, weight_decay;
     long step;                       // Adam's step count
@@ -90,12 +117,16 @@ typedef struct {
     // For h5 (--save, --init): the whole tables in state_dict order.
     Tensor full[4];
     Param params[5];
+    DeviceBuffer gpu_rating, gpu_forward;  // GPU: the batch's ratings; per sample prediction, error, |p|^2, |q|^2
+    float *forward;                        // the host's copy of gpu_forward
+    int forward_capacity;
 } Mf;
 
 const char *embeddings_mode_name(EmbeddingsMode mode);
 // Collective. Embeddings ~ U(-0.05, 0.05) drawn row after row over the whole
-// tables (user table, then item table: each rank keeps its rows), biases 0.
-Mf *mf_new(EmbeddingsMode mode, int n_users, int n_items, int dim, float global_mean, double lr, double weight_decay,
+// tables (user table, then item table: each rank keeps its rows), biases 0,
+// on `device` (device_from_flag's).
+Mf *mf_new(EmbeddingsMode mode, Device device, int n_users, int n_items, int dim, float global_mean, double lr, double weight_decay,
            Rng *rng);
 void mf_free(Mf *model);
 // Bytes of the tables and Adam's moments held by this rank (and, dense, the

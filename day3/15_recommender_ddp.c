@@ -17,7 +17,9 @@
 //   sharded  rank r owns the rows with id % W == r; the batch's rows come from
 //            their owners and their gradients go back by all-to-all (step 12's
 //            collective: DLRM's and TorchRec's model-parallel embeddings).
-// The three take the same steps (mf.h says how the sums are ordered for it).
+// The three take the same steps (mf.h says how the sums are ordered for it),
+// on CPUs or GPUs (--device: the tables on the GPU, the gathers, scatters and
+// SparseAdam in kernels, the rows by NCCL).
 //
 // The data: each rank reads only its byte range of ratings.csv
 // (common/movielens.h), so no rank holds the whole file; every epoch the
@@ -96,7 +98,7 @@ int main(int argc, char **argv) {
         {"save", ARG_OUTPUT, &opt.save, "FILE.h5", "write the final weights", 0, NULL},
         {"losses", ARG_OUTPUT, &opt.losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL},
         {"plot", ARG_OUTPUT_OR_NONE, &opt.plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},
-        {"device", ARG_STRING, &opt.device, "DEV", "where to compute (this step runs on the CPU)", 0, "cpu|cuda|auto"},
+        {"device", ARG_STRING, &opt.device, "DEV", "where to compute", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &opt.threads, "N", "CPU threads per rank (0: the node's cores / its ranks)", 0, NULL},
         {"embeddings", ARG_STRING, &embeddings, "MODE", "how the tables live on the ranks and their gradients travel", 0, "dense|sparse|sharded"},
         {"dim", ARG_INT, &dim, "N", "columns of the user and movie embeddings", 1, NULL},
@@ -107,10 +109,10 @@ int main(int argc, char **argv) {
         TRACKING_FLAGS(opt.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 15: a MovieLens recommender (matrix factorisation) under DDP, with dense, sparse or sharded embeddings.");
-    if (strcmp(opt.device, "cuda") == 0) usage_error("--device cuda: step 15 runs on the CPU only (its GPU kernels are not written yet)");
     EmbeddingsMode mode = strcmp(embeddings, "dense") == 0 ? EMBEDDINGS_DENSE
                         : strcmp(embeddings, "sparse") == 0 ? EMBEDDINGS_SPARSE : EMBEDDINGS_SHARDED;
     threads_init(opt.threads);
+    Device device = device_from_flag(opt.device);  // the tables, lookups and updates on this rank's GPU, if any
     int rank = dist_rank(), world = dist_world_size();
 
     if (synthetic > 0) {  // --synthetic N: write the files, and stop
@@ -176,20 +178,20 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);
-    Mf *model = mf_new(mode, ratings.n_users, ratings.n_items, dim, global_mean, opt.lr, weight_decay, &rng);
+    Mf *model = mf_new(mode, device, ratings.n_users, ratings.n_items, dim, global_mean, opt.lr, weight_decay, &rng);
     if (opt.init) {
         h5_load_params(opt.init, mf_full_params(model), 5);
         mf_scatter_full(model);
     }
 
-    print0("Step 15: DDP on %d rank%s: matrix factorisation, dim %d, %d users x %d movies; %s embeddings; SparseAdam lr %g, L2 %g on the batch's rows; batch %d per rank; %d epoch%s; %ld training and %ld test ratings (seed %d); cpu, %s\n",
+    print0("Step 15: DDP on %d rank%s: matrix factorisation, dim %d, %d users x %d movies; %s embeddings; SparseAdam lr %g, L2 %g on the batch's rows; batch %d per rank; %d epoch%s; %ld training and %ld test ratings (seed %d); %s, %s\n",
            world, world == 1 ? "" : "s", dim, ratings.n_users, ratings.n_items, embeddings_mode_name(mode), opt.lr, weight_decay,
-           opt.batch_size, epochs, epochs == 1 ? "" : "s", n_train_total, n_test_total, opt.seed, threads_describe());
+           opt.batch_size, epochs, epochs == 1 ? "" : "s", n_train_total, n_test_total, opt.seed, device_name(device), threads_describe());
     print_rank("read bytes %ld..%ld of %s (%ld ratings) in %.2f s; peak memory %.0f MB\n", ratings.byte_start,
                ratings.byte_end, path, ratings.n, load_seconds, load_peak_mb);
     print0("baselines on the test set: global mean RMSE %.4f; user and movie biases RMSE %.4f\n",
            sqrt(baseline[0] / n_test_total), sqrt(baseline[1] / n_test_total));
-    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", "cpu", NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     tracking_log_metric(run, "baseline_global_mean_rmse", sqrt(baseline[0] / n_test_total), 0);
     tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 

@@ -7,7 +7,7 @@
 # losses on the CPU and the GPU; steps 2, 4, 6, 8 and 11 on the GPU, several
 # ranks sharing it through the MPI fallback; step 12's collectives on GPU
 # buffers at 1-4 ranks (NCCL, or MPI on host copies); step 13's snapshots of
-# GPU tensors; step 14; compute-sanitizer on short runs (TEST_LEVEL=all only:
+# GPU tensors; step 14; step 15's three kinds of embeddings; compute-sanitizer on short runs (TEST_LEVEL=all only:
 # make test-all, make test-gpu).
 # Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
 # under REQUIRE_GPU=1 (make test-gpu).
@@ -111,6 +111,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 12 --device cuda: a wrong element fails the run, named"
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
+    "step 15 on the GPU: dense, sparse and sharded embeddings take the CPU's steps at 1 and 2 ranks"
     "step 13 on the GPU: a kill and a restart end as the run without one"
     "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses"
     "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more" "compute-sanitizer")
@@ -338,6 +339,34 @@ status=$?
 check "step 14 on the GPU refuses a batch past its int pooling indexes, exit $status: $(grep -m1 -- '--batch_size' "$tmp/cnn_big")" \
     test $status -eq 1 -a "$(grep -c -- '--batch_size 85599: the SimpleCNN takes at most 85598' "$tmp/cnn_big")" -eq 1
 
+# Step 15 on the GPU: the tables, the lookups, the forward and backward, the
+# per-row sums and SparseAdam in kernels (common/kernels.h), the rows by NCCL
+# (dense: allreduce; sparse: all-gather; sharded: grouped send/receive) or by
+# MPI on host copies where ranks share a GPU. Each mode takes the CPU's
+# per-step losses over an epoch of ml-latest-small, and ends at its test RMSE.
+# (The kernels keep the CPU's order and roundings: on the simulated GPU, and
+# with NCCL's rank-ordered sums, the losses are the same bits; the verdict
+# says whether they were.)
+rmse15() { grep -o 'Test RMSE [0-9.]*' "$1" | tail -1; }
+if [ ! -f data/movielens/ratings.csv ]; then
+    echo "SKIP gpu: step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
+else
+    for np in 1 2 $([ "$gpus" -ge 4 ] && echo 4); do
+        for mode in dense sparse sharded; do
+            s15=(day3/15_recommender_ddp --embeddings $mode --epochs 1 --plot '')
+            mpi $np "${s15[@]}" --device cpu --losses "$tmp/r15c_${mode}_$np.csv" > "$tmp/r15c_${mode}_$np" 2>&1
+            mpi $np "${s15[@]}" --device cuda --losses "$tmp/r15g_${mode}_$np.csv" > "$tmp/r15g_${mode}_$np" 2>&1
+            status=$?
+            verdict=$(same_losses "$tmp/r15c_${mode}_$np.csv" "$tmp/r15g_${mode}_$np.csv" 1e-5)
+            same=$?
+            bits=$(cmp -s "$tmp/r15c_${mode}_$np.csv" "$tmp/r15g_${mode}_$np.csv" && echo "the same bits" || echo "not bit for bit")
+            check "step 15 on the GPU, $mode embeddings, $np rank(s), an epoch: the CPU's losses within 1e-5 ($verdict, $bits), $(rmse15 "$tmp/r15g_${mode}_$np") (CPU: $(rmse15 "$tmp/r15c_${mode}_$np"))" \
+                eval '[ $status -eq 0 ] && [ $same -eq 0 ] && grep -q "; cuda:" "$tmp/r15g_${mode}_$np" &&
+                      [ -n "$(rmse15 "$tmp/r15c_${mode}_$np")" ] && [ "$(rmse15 "$tmp/r15g_${mode}_$np")" = "$(rmse15 "$tmp/r15c_${mode}_$np")" ]'
+        done
+    done
+fi
+
 # Step 13 on the GPU: the snapshot holds GPU tensors (the weights, Adam's
 # moments), copied to the host to be written and back when loaded. A run
 # killed in epoch 2 (--fail_at_epoch), then started again, resumes from its
@@ -407,6 +436,10 @@ if [ "$gpus" -ge 2 ]; then
             lost_peer $place $np 6 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --epochs 1 --plot ''  # a send or receive
             lost_peer $place $np 6 day4/17_tensor_parallel --tp 2 --epochs 1 --plot ''  # an allreduce of g (or of DDP)
             lost_peer $place $np 8 day4/18_zero_sharding --zero 3 --prefetch --epochs 1 --plot ''  # the second step's first all-gather
+            if [ -f data/movielens/ratings.csv ]; then
+                lost_peer $place $np 6 day3/15_recommender_ddp --embeddings dense --max_steps 5 --plot ''  # the second step's first allreduce
+                lost_peer $place $np 12 day3/15_recommender_ddp --embeddings sharded --max_steps 5 --plot ''  # a send or receive of the second step
+            fi
         done
     done
 fi
@@ -437,6 +470,13 @@ elif [ -n "$sanitizer" ]; then
     status=$?
     check "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs14"
+    # Step 15's kernels: the row gathers and scatters, the per-row sums, SparseAdam; sharded's own rows copied on the GPU.
+    if [ -f data/movielens/ratings.csv ]; then
+        "$sanitizer" --error-exitcode 9 day3/15_recommender_ddp --embeddings sharded --max_steps 20 --plot '' > "$tmp/cs15" 2>&1
+        status=$?
+        check "compute-sanitizer on step 15 (sharded, 20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs15")" \
+            grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs15"
+    fi
 else
     echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
 fi

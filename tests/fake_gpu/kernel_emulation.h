@@ -22,6 +22,13 @@
 extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 
+// The rounding intrinsics: one IEEE operation each, never fused (the host
+// compiler fuses nothing without -mfma: fake_gpu's g++ gets no -march).
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+
 namespace fake_gpu {
 
 // Stops the run, naming the kernel, unless p is NULL, device memory or page-locked host memory.

@@ -22,6 +22,7 @@ static const char *test_name = "test_gpu";
 #include "device.h"
 #include "dist.h"
 #include "h5.h"
+#include "mf.h"
 #include "mnist.h"
 #include "nn.h"
 #include "test.h"
@@ -419,6 +420,55 @@ static void test_cnn_model(void) {
     tensor_free(&x), tensor_free(&gx);
 }
 
+// Step 15's model (mf.c) in each --embeddings mode: the GPU takes the CPU's
+// steps bit for bit (the kernels keep the CPU's order and roundings), from
+// batches that touch rows many times, and one empty slice (a rank past the
+// data's end); then the predictions and the whole tables are the CPU's.
+static void test_mf(void) {
+    enum { USERS = 37, ITEMS = 53, DIM = 8, BATCH = 96, STEPS = 6 };
+    int user[BATCH], item[BATCH];
+    float rating[BATCH], predicted_cpu[BATCH], predicted_gpu[BATCH];
+    for (int m = EMBEDDINGS_DENSE; m <= EMBEDDINGS_SHARDED; m++) {
+        EmbeddingsMode mode = (EmbeddingsMode)m;
+        Rng init_cpu, init_gpu, batches;
+        rng_seed(&init_cpu, 7), rng_seed(&init_gpu, 7), rng_seed(&batches, 11);
+        Mf *cpu = mf_new(mode, DEVICE_CPU, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_cpu);
+        Mf *gpu = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_gpu);
+        int losses_differ = 0, n = BATCH;
+        for (int step = 0; step < STEPS; step++) {
+            n = step == 3 ? 0 : BATCH;
+            for (int s = 0; s < n; s++) {
+                float u = rng_uniform(&batches, 0, 1), i = rng_uniform(&batches, 0, 1);
+                user[s] = (int)(u * u * USERS) % USERS;  // skewed: popular rows recur in a batch
+                item[s] = (int)(i * i * ITEMS) % ITEMS;
+                rating[s] = 0.5f * (float)(1 + (int)(rng_uniform(&batches, 0, 10)) % 10);
+            }
+            double mse_cpu, mse_gpu;
+            mf_lookup(cpu, user, item, n);
+            double loss_cpu = mf_forward_backward(cpu, rating, n, BATCH, &mse_cpu);
+            mf_exchange_gradients(cpu);
+            mf_adam_step(cpu);
+            mf_lookup(gpu, user, item, n);
+            double loss_gpu = mf_forward_backward(gpu, rating, n, BATCH, &mse_gpu);
+            mf_exchange_gradients(gpu);
+            mf_adam_step(gpu);
+            losses_differ += loss_cpu != loss_gpu || mse_cpu != mse_gpu;
+        }
+        mf_predict(cpu, user, item, n, predicted_cpu);
+        mf_predict(gpu, user, item, n, predicted_gpu);
+        size_t differ = (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
+        mf_gather_full(cpu);
+        mf_gather_full(gpu);
+        for (int t = 0; t < 4; t++) differ += bits_differ(&gpu->full[t], &cpu->full[t]);
+        EXPECT(losses_differ == 0 && differ == 0,
+               "step 15's model, %s embeddings, on the GPU: %d steps (one of an empty slice) take the CPU's losses "
+               "(%d differ), its predictions and tables bit for bit (%zu values differ)",
+               embeddings_mode_name(mode), STEPS, losses_differ, differ);
+        mf_free(cpu);
+        mf_free(gpu);
+    }
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
 #if HAVE_CUDA
@@ -449,6 +499,7 @@ int main(int argc, char **argv) {
     test_sum_of_rows();
 #endif
     test_cnn_model();
+    test_mf();
 #if HAVE_CUDA
     // The grid-stride kernels index in 32 bits where a tensor allows
     // (kernels.cu): their 64-bit versions, which only tensors of over 4 G
