@@ -339,40 +339,53 @@ static void add(TrackingRecord **list, int *n, RecordKind kind, const char *key,
     (*list)[(*n)++] = (TrackingRecord){kind, xstrdup(key), xstrdup(value), 0, 0, 0};
 }
 
-// The commit of the checkout the program was built in: .git/HEAD, and the branch's ref (loose, or in
-// packed-refs). "" where it is not a checkout.
+// The first line of `path`, without its line ending; false if there is none.
+static bool first_line(const char *path, char *line, size_t size) {
+    FILE *file = fopen(path, "r");
+    if (!file) return false;
+    bool got = fgets(line, (int)size, file) != NULL;
+    fclose(file);
+    if (got) line[strcspn(line, "\r\n")] = '\0';
+    return got;
+}
+
+// The commit of the checkout the program was built in: HEAD, and the branch's ref (loose, or in
+// packed-refs). In a git worktree, .git is a file naming the worktree's git folder ("gitdir: ..."),
+// whose HEAD is its own and whose refs are the main repository's (its "commondir"). "" where the
+// program's folder is not a checkout.
 static void git_commit(char *out, size_t size) {
-    char root[PATH_MAX], path[PATH_MAX + 64], line[256] = "";
+    char root[PATH_MAX], git[PATH_MAX + 16], common[2 * PATH_MAX + 32], path[3 * PATH_MAX], line[PATH_MAX + 16];
     *out = '\0';
     if (!program_repository(root, sizeof root)) return;
-    snprintf(path, sizeof path, "%s/.git/HEAD", root);
-    FILE *file = fopen(path, "r");
-    if (!file) return;
-    bool got = fgets(line, sizeof line, file) != NULL;
-    fclose(file);
-    if (!got) return;
-    line[strcspn(line, "\r\n")] = '\0';
+    snprintf(git, sizeof git, "%s/.git", root);
+    if (first_line(git, line, sizeof line) && strncmp(line, "gitdir: ", 8) == 0 &&  // a worktree's .git file
+        snprintf(git, sizeof git, "%s%s%s", line[8] == '/' ? "" : root, line[8] == '/' ? "" : "/", line + 8) >= (int)sizeof git)
+        return;
+    snprintf(common, sizeof common, "%s", git);
+    snprintf(path, sizeof path, "%s/commondir", git);
+    if (first_line(path, line, sizeof line))
+        snprintf(common, sizeof common, "%s%s%s", line[0] == '/' ? "" : git, line[0] == '/' ? "" : "/", line);
+    snprintf(path, sizeof path, "%s/HEAD", git);
+    if (!first_line(path, line, sizeof line)) return;
     if (strncmp(line, "ref: ", 5) != 0) {
         if (strlen(line) == 40) snprintf(out, size, "%s", line);
         return;
     }
-    char ref[200];
-    if (snprintf(ref, sizeof ref, "%s", line + 5) >= (int)sizeof ref ||
-        snprintf(path, sizeof path, "%s/.git/%s", root, ref) >= (int)sizeof path)
-        return;
-    if ((file = fopen(path, "r"))) {
-        if (fgets(line, sizeof line, file) && strlen(line) >= 40) snprintf(out, size, "%.40s", line);
-        fclose(file);
+    char ref[256];
+    snprintf(ref, sizeof ref, "%.255s", line + 5);
+    snprintf(path, sizeof path, "%s/%s", common, ref);
+    if (first_line(path, line, sizeof line)) {
+        if (strlen(line) >= 40) snprintf(out, size, "%.40s", line);
         return;
     }
-    snprintf(path, sizeof path, "%s/.git/packed-refs", root);
-    if ((file = fopen(path, "r"))) {
-        while (fgets(line, sizeof line, file)) {
-            line[strcspn(line, "\r\n")] = '\0';
-            if (strlen(line) > 41 && strcmp(line + 41, ref) == 0) { snprintf(out, size, "%.40s", line); break; }
-        }
-        fclose(file);
+    snprintf(path, sizeof path, "%s/packed-refs", common);
+    FILE *file = fopen(path, "r");
+    if (!file) return;
+    while (fgets(line, sizeof line, file)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (strlen(line) > 41 && strcmp(line + 41, ref) == 0) { snprintf(out, size, "%.40s", line); break; }
     }
+    fclose(file);
 }
 
 // Who runs it, as MLflow's client finds it: $USER, else the account's name.
