@@ -28,6 +28,7 @@
 
 #include "check.h"
 #include "mlflow_store.h"
+#include "timer.h"
 
 typedef struct {
     MlflowStore base;
@@ -39,9 +40,7 @@ typedef struct {
     unsigned temp_counter;
 } FileStore;
 
-static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...) {
+StoreResult store_failed(StoreResult result, char *error, size_t size, const char *fmt, ...) {
     va_list args;
     va_start(args, fmt);
     vsnprintf(error, size, fmt, args);
@@ -85,14 +84,14 @@ static StoreResult write_file_via(FileStore *s, const char *temp_dir, const char
     char temp[PATH_MAX + 64];
     snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", temp_dir, (long)getpid(), s->temp_counter++);
     FILE *file = fopen(temp, "wb");
-    if (!file) return failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
+    if (!file) return store_failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
     bool ok = fputs(contents, file) >= 0;
     ok = (fclose(file) == 0) && ok;
     if (!ok || rename(temp, target) != 0) {
         StoreResult result = errno_result();
         int saved = errno;
         unlink(temp);
-        return failed(result, error, size, "cannot write %s: %s", target, strerror(saved));
+        return store_failed(result, error, size, "cannot write %s: %s", target, strerror(saved));
     }
     return STORE_OK;
 }
@@ -137,12 +136,6 @@ static bool read_yaml_field(const char *path, const char *field, char *value, si
     return found;
 }
 
-static long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 static StoreResult write_experiment_meta(FileStore *s, const char *dir, const char *id, const char *name,
                                          char *error, size_t size) {
     // Every string quoted: a folder named "a: b" or "x #y", or a name like "null", stays a string.
@@ -150,7 +143,7 @@ static StoreResult write_experiment_meta(FileStore *s, const char *dir, const ch
     yaml_quote(name, quoted, sizeof quoted);
     snprintf(where, sizeof where, "file://%s", dir);
     yaml_quote(where, location, sizeof location);
-    long long now = now_ms();
+    long long now = epoch_milliseconds();
     snprintf(meta, sizeof meta,
              "artifact_location: %s\ncreation_time: %lld\nexperiment_id: '%s'\nlast_update_time: %lld\n"
              "lifecycle_stage: active\nname: %s\n", location, now, id, now, quoted);
@@ -162,7 +155,7 @@ static StoreResult write_experiment_meta(FileStore *s, const char *dir, const ch
 static StoreResult scan_experiments(FileStore *s, const char *name, long *lowest, long *next, char *error,
                                     size_t size) {
     DIR *root = opendir(s->root);
-    if (!root) return failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
+    if (!root) return store_failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
     *lowest = -1, *next = 1;
     struct dirent *entry;
     StoreResult result = STORE_OK;
@@ -176,7 +169,7 @@ static StoreResult scan_experiments(FileStore *s, const char *name, long *lowest
         if (!read_yaml_field(meta, "name", found_name, sizeof found_name) || strcmp(found_name, name) != 0) continue;
         read_yaml_field(meta, "lifecycle_stage", stage, sizeof stage);
         if (strcmp(stage, "active") != 0)
-            result = failed(STORE_REFUSED, error, size, "experiment '%s' (%s/%s) is deleted: restore it, or choose "
+            result = store_failed(STORE_REFUSED, error, size, "experiment '%s' (%s/%s) is deleted: restore it, or choose "
                             "another --experiment", name, s->root, entry->d_name);
         else if (*lowest < 0 || id < *lowest)
             *lowest = id;
@@ -202,7 +195,7 @@ static StoreResult find_or_create_experiment(FileStore *s, const char *name, cha
         snprintf(s->experiment_id, sizeof s->experiment_id, "%ld", id);
         snprintf(dir, sizeof dir, "%s/%ld", s->root, id);
         if (mkdir(dir, 0777) != 0) {
-            if (errno != EEXIST) return failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
+            if (errno != EEXIST) return store_failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
             if (id == 0) id = next - 1;  // "0" is taken by something else: go on from the free numbers
             continue;
         }
@@ -250,10 +243,10 @@ static StoreResult file_create_run(MlflowStore *store, const char *experiment, c
     if (result != STORE_OK) return result;
     unsigned char bytes[16];
     if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
-        return failed(STORE_RETRY, error, size, "no random bytes for a run id: %s", strerror(errno));
+        return store_failed(STORE_RETRY, error, size, "no random bytes for a run id: %s", strerror(errno));
     for (int i = 0; i < 16; i++) snprintf(run_id + 2 * i, 3, "%02x", bytes[i]);
     if (snprintf(s->run_dir, sizeof s->run_dir, "%s/%s/%s", s->root, s->experiment_id, run_id) >= (int)sizeof s->run_dir)
-        return failed(STORE_REFUSED, error, size, "the folder %s is too deep for a run", s->root);
+        return store_failed(STORE_REFUSED, error, size, "the folder %s is too deep for a run", s->root);
     snprintf(s->run_name, sizeof s->run_name, "%s", run_name);
     s->start_ms = start_ms;
     // meta.yaml last: until it is there, the reader sees no run at all, not half of one.
@@ -261,7 +254,7 @@ static StoreResult file_create_run(MlflowStore *store, const char *experiment, c
     for (int i = 0; i < 5; i++) {
         char dir[PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s%s", s->run_dir, folders[i]);
-        if (!make_dir(dir)) return failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
+        if (!make_dir(dir)) return store_failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
     }
     result = file_log_batch(store, run_id, tags, n_tags, error, size);
     if (result != STORE_OK) return result;
@@ -292,7 +285,7 @@ static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool 
     FileStore *s = (FileStore *)store;
     *found = false, *ends = NULL, *n_ends = 0;
     DIR *root = opendir(s->root);
-    if (!root) return failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
+    if (!root) return store_failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
     struct dirent *entry;
     while (!*found && (entry = readdir(root))) {
         if (entry->d_name[0] == '.') continue;
@@ -334,7 +327,7 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
     (void)run_id;
     for (int i = 0; i < n; i++)
         if (!key_is_file_name(records[i].key))
-            return failed(STORE_REFUSED, error, size, "'%s' is not a key for a file store (letters, digits, _ - . "
+            return store_failed(STORE_REFUSED, error, size, "'%s' is not a key for a file store (letters, digits, _ - . "
                           "and space)", records[i].key);
     // Params and tags: a file each. Metrics: all of one key's lines in one write().
     bool *done = xcalloc(n > 0 ? (size_t)n : 1, sizeof *done);
@@ -354,7 +347,7 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
                 old[got] = '\0';
                 done[i] = true;
                 if (strcmp(old, r->value) == 0) continue;
-                result = failed(STORE_REFUSED, error, size, "INVALID_PARAMETER_VALUE: param '%s' is '%s', not '%s': "
+                result = store_failed(STORE_REFUSED, error, size, "INVALID_PARAMETER_VALUE: param '%s' is '%s', not '%s': "
                                 "a param cannot change", r->key, old, r->value);
                 continue;
             }
@@ -392,7 +385,7 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
                 if (end == 0) unlink(path);
             }
             errno = saved;
-            result = failed(errno_result(), error, size, "cannot append to %s: %s", path, strerror(errno));
+            result = store_failed(errno_result(), error, size, "cannot append to %s: %s", path, strerror(errno));
         }
         if (fd >= 0) close(fd);
         free(lines);
@@ -406,7 +399,7 @@ static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, con
     FileStore *s = (FileStore *)store;
     (void)run_id;
     FILE *in = fopen(path, "rb");
-    if (!in) return failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
+    if (!in) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     char dir[PATH_MAX + 16], temp[PATH_MAX + 64], target[PATH_MAX + 300];
@@ -416,7 +409,7 @@ static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, con
     FILE *out = fopen(temp, "wb");
     if (!out) {
         fclose(in);
-        return failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
+        return store_failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
     }
     char buffer[1 << 16];
     size_t got;
@@ -429,7 +422,7 @@ static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, con
         StoreResult result = errno_result();
         int saved = errno;
         unlink(temp);
-        return failed(result, error, size, "cannot copy %s to %s: %s", path, target, strerror(saved));
+        return store_failed(result, error, size, "cannot copy %s to %s: %s", path, target, strerror(saved));
     }
     return STORE_OK;
 }

@@ -66,15 +66,6 @@ static int cancelled(void *user, curl_off_t down_total, curl_off_t down_now, cur
     return s->base.cancel && *s->base.cancel;
 }
 
-static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static StoreResult failed(StoreResult result, char *error, size_t size, const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(error, size, fmt, args);
-    va_end(args);
-    return result;
-}
 
 // One request. `body` (JSON) for POST, `upload` (a file) for PUT, neither for GET. On a 2xx answer
 // returns STORE_OK and the parsed answer in *reply (NULL for an empty one; the caller frees it).
@@ -128,7 +119,7 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     if (http_status) *http_status = status;
     StoreResult result = STORE_OK;
     if (code != CURLE_OK) {
-        result = failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
+        result = store_failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
     } else if (status < 200 || status > 299) {
         cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
         const cJSON *error_code = cJSON_GetObjectItemCaseSensitive(json, "error_code");
@@ -137,17 +128,17 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
         const char *hint = status == 401 || status == 403
             ? " (the credentials: MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)" : "";
         if (cJSON_IsString(error_code) && cJSON_IsString(message))
-            result = failed(kind, error, size, "%s: HTTP %ld, %s: %s%s", endpoint, status, error_code->valuestring,
+            result = store_failed(kind, error, size, "%s: HTTP %ld, %s: %s%s", endpoint, status, error_code->valuestring,
                             message->valuestring, hint);
         else  // a proxy's page, a web server's: not MLflow's JSON, and not worth a screen of HTML
-            result = failed(kind, error, size, "%s: HTTP %ld, and not an MLflow answer (is %s an MLflow tracking server, "
+            result = store_failed(kind, error, size, "%s: HTTP %ld, and not an MLflow answer (is %s an MLflow tracking server, "
                             "at its root address?)%s", endpoint, status, s->url, hint);
         if (http_status && !cJSON_IsString(error_code)) *http_status = -status;  // not MLflow's own 404
         cJSON_Delete(json);
     } else if (reply) {
         *reply = answer.len ? cJSON_Parse(answer.data) : NULL;
         if (answer.len && !*reply)
-            result = failed(STORE_REFUSED, error, size, "%s: the answer is not JSON: %.200s (is %s an MLflow server?)",
+            result = store_failed(STORE_REFUSED, error, size, "%s: the answer is not JSON: %.200s (is %s an MLflow server?)",
                             endpoint, answer.data, s->url);
     }
     free(answer.data);
@@ -186,10 +177,10 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
             const char *found = json_string(experiment, "experiment_id");
             const char *stage = json_string(experiment, "lifecycle_stage");
             if (found && stage && strcmp(stage, "active") != 0)
-                result = failed(STORE_REFUSED, error, size, "experiment '%s' (id %s) is deleted on %s: restore it, or "
+                result = store_failed(STORE_REFUSED, error, size, "experiment '%s' (id %s) is deleted on %s: restore it, or "
                                 "choose another --experiment", name, found, s->url);
             else if (found) snprintf(id, id_size, "%s", found);
-            else result = failed(STORE_REFUSED, error, size, "%s: no experiment_id in the answer", endpoint);
+            else result = store_failed(STORE_REFUSED, error, size, "%s: no experiment_id in the answer", endpoint);
             cJSON_Delete(reply);
             return result;
         }
@@ -201,7 +192,7 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
         if (result == STORE_OK) {
             const char *created = json_string(reply, "experiment_id");
             if (created) snprintf(id, id_size, "%s", created);
-            else result = failed(STORE_REFUSED, error, size, "experiments/create: no experiment_id in the answer");
+            else result = store_failed(STORE_REFUSED, error, size, "experiments/create: no experiment_id in the answer");
             cJSON_Delete(reply);
             return result;
         }
@@ -255,7 +246,7 @@ static StoreResult rest_create_run(MlflowStore *store, const char *experiment, c
         snprintf(run_id, 33, "%s", created);
         remember_artifact_uri(s, info);
     } else {
-        result = failed(STORE_REFUSED, error, size, "runs/create: no run_id in the answer");
+        result = store_failed(STORE_REFUSED, error, size, "runs/create: no run_id in the answer");
     }
     cJSON_Delete(reply);
     // Tags beyond the run's own (params too, should a caller pass them) go in a batch.
@@ -339,11 +330,11 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
     RestStore *s = (RestStore *)store;
     (void)run_id;
     if (!s->artifact_root[0])
-        return failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which only it can "
+        return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which only it can "
                       "reach: start it with its artifact proxy (mlflow server --serve-artifacts, the default) to "
                       "log files through it", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)");
     FILE *file = fopen(path, "rb");
-    if (!file) return failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
+    if (!file) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     fseek(file, 0, SEEK_END);
     long bytes = ftell(file);
     rewind(file);

@@ -34,6 +34,10 @@ typedef enum {
 typedef enum { RUN_RUNNING = 1, RUN_FINISHED = 3, RUN_FAILED = 4, RUN_KILLED = 5 } RunStatus;
 const char *run_status_name(RunStatus status);  // "RUNNING", "FINISHED", ...
 
+// Both stores' way of failing: `fmt` into `error`, and `result` returned.
+StoreResult store_failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 typedef struct MlflowStore MlflowStore;
 typedef struct {
     // Finds the experiment by name (creating it if missing) and creates a run in it, RUNNING, with

@@ -34,6 +34,7 @@
 #include "mlflow_store.h"
 #include "paths.h"
 #include "threads.h"
+#include "timer.h"
 
 enum { BATCH_WAKE = 500 };  // records that wake the sender before its second is up
 
@@ -69,12 +70,6 @@ static Tracking *g_run;  // the fatal hook's and the signal handler's run (rank 
 static volatile int g_signal;  // (a plain int: the stores' cancel flag points at it)
 static struct sigaction g_previous[2];
 static const int g_signals[2] = {SIGTERM, SIGINT};
-
-static long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 static double env_number(const char *name, double fallback) {
     const char *text = getenv(name);
@@ -234,7 +229,7 @@ static void send_records(Tracking *t, TrackingRecord *records, int n) {
 
 static void set_final_status(Tracking *t, RunStatus status) {
     if (atomic_exchange(&t->status_set, true) && status != RUN_FINISHED) return;
-    send(t, &(Send){SEND_STATUS, NULL, 0, NULL, status, now_ms()});
+    send(t, &(Send){SEND_STATUS, NULL, 0, NULL, status, epoch_milliseconds()});
 }
 
 // SIGTERM or SIGINT: remembered here, acted on by the sender (a handler may not send anything). A
@@ -272,8 +267,15 @@ static void after_signal(Tracking *t, int sig) {
 
 // Everything queued so far, to the store. Returns whether tracking_end has asked the sender to stop
 // (then the queue it sent was the last).
+static bool send_queue_locked(Tracking *t);
+
 static bool send_queue(Tracking *t) {
     pthread_mutex_lock(&t->queue_lock);
+    return send_queue_locked(t);
+}
+
+// send_queue, with queue_lock already taken (released here).
+static bool send_queue_locked(Tracking *t) {
     TrackingRecord *records = t->queue;
     int n = t->n_queued;
     bool closing = t->closing;
@@ -321,14 +323,7 @@ static void on_fatal(void) {
     t->store->cancel = NULL;
     t->store->timeout_s = 2;
     t->degraded = true;
-    if (pthread_mutex_trylock(&t->queue_lock) == 0) {
-        TrackingRecord *records = t->queue;
-        int n = t->n_queued;
-        t->queue = NULL, t->n_queued = t->capacity = 0;
-        pthread_mutex_unlock(&t->queue_lock);
-        if (n) send_records(t, records, n);
-        else free(records);
-    }
+    if (pthread_mutex_trylock(&t->queue_lock) == 0) send_queue_locked(t);
     set_final_status(t, RUN_FAILED);
 }
 
@@ -464,7 +459,7 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
         }
     }
     if (result == STORE_OK && !resumed) {
-        result = ops->create_run(t->store, experiment, name, now_ms(), tags, n_tags, t->run_id, message, sizeof message);
+        result = ops->create_run(t->store, experiment, name, epoch_milliseconds(), tags, n_tags, t->run_id, message, sizeof message);
         if (result == STORE_OK) printf("MLflow: run %s (%s) in experiment '%s' at %s\n", t->run_id, name, experiment, t->where);
     }
     if (result != STORE_OK) {
@@ -574,7 +569,7 @@ void tracking_log_metric(Tracking *run, const char *key, double value, long step
     // A resumed run replays the steps after its snapshot; those the store holds are the same steps.
     for (int i = 0; i < run->n_ends; i++)
         if (strcmp(run->ends[i].key, key) == 0 && step <= run->ends[i].step) return;
-    enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, now_ms()});
+    enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, epoch_milliseconds()});
 }
 
 void tracking_log_artifact(Tracking *run, const char *path) {
