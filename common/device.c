@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,6 +309,13 @@ size_t device_peak_bytes(void) { return g_peak_bytes; }
 #else
 size_t device_peak_bytes(void) { return 0; }
 #endif
+
+double device_peak_memory_bytes(Device device) {
+    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
+}
 
 void *device_alloc(size_t bytes) {
 #if HAVE_CUDA

@@ -61,6 +61,9 @@ void device_free(void *pointer);
 // counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
 // CUDA context, cuBLAS and NCCL keep for themselves.
 size_t device_peak_bytes(void);
+// The peak of the memory that holds this rank's model: on a GPU rank device_peak_bytes(); on a CPU rank
+// the process's peak resident set (getrusage), the data and the libraries included.
+double device_peak_memory_bytes(Device device);
 void *device_host_alloc(size_t bytes);
 void device_host_free(void *pointer);
 

@@ -59,7 +59,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "args.h"         // args_parse: the flags and --help
 #include "check.h"        // CHECK, xmalloc, usage_error: fail fast, on every rank
@@ -351,15 +350,6 @@ static size_t params_bytes(const Param *params, int n) {
     return bytes;
 }
 
-// The peak of the memory that holds the model: the resident set on a CPU rank; on a GPU rank, the most
-// that the GPU's allocations held at once (torch.cuda.max_memory_allocated).
-static double peak_resident_bytes(Device device) {
-    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
-}
-
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/17_tensor_parallel.png");
@@ -494,7 +484,7 @@ int main(int argc, char **argv) {
     // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
     // layers' weights divided by T) and DDP's whole copy, and the peak resident set.
     double split_share = (double)split_weights / tp + (double)(weights - split_weights);
-    double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, peak_resident_bytes(device)};
+    double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, device_peak_memory_bytes(device)};
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)
         mine[2] += (double)(tensor_numel(&optimizer.exp_avg[i]) + tensor_numel(&optimizer.exp_avg_sq[i])) * sizeof(float);

@@ -52,7 +52,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "args.h"         // args_parse: the flags and --help
 #include "check.h"        // CHECK, xmalloc, usage_error: fail fast, on every rank
@@ -612,15 +611,6 @@ static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, 
     *h = params_checksum_continue(*h, pair, 2);
 }
 
-// The peak of the memory that holds the model: the resident set on a CPU rank; on a GPU rank, the most
-// that the GPU's allocations held at once (torch.cuda.max_memory_allocated).
-static double peak_bytes(Device device) {
-    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
-}
-
 // Per rank: the bytes of parameters, gradients and Adam's moments it holds,
 // beside the stage's theory; the working buffers; the peak resident set (on a GPU, the allocator's peak).
 static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device) {
@@ -640,7 +630,7 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
     const char *working_is[] = {"DDP's buckets: a copy of the gradients", "none", "2 layers' whole gradients",
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
                                             : "1 layer gathered, 2 layers' whole gradients"};
-    double mine[5] = {params, grads, adam, working, peak_bytes(device)};
+    double mine[5] = {params, grads, adam, working, device_peak_memory_bytes(device)};
     double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
     CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     double theory = per_param[s->zero] * (double)weights;
