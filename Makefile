@@ -5,12 +5,12 @@
 #   make movielens  fetch MovieLens ml-latest-small into data/movielens, for step 15
 #                   (MOVIELENS_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
-#   make test       unit + integration tests, their essential checks (about 3 minutes on 2
+#   make test       unit + integration tests, their essential checks (about 4 minutes on 2
 #                   cores): every program end to end, PyTorch parity, bad input, the DDP
 #                   equivalences; ends with "N passed, N failed[, N skipped]" (GPU tests
 #                   included: on a machine without a GPU they say "skipped: no GPU")
 #   make test-all   every check (TEST_LEVEL=all), and the slow suites: the simulated GPU,
-#                   the Slurm test cluster, the container image (what CI runs; about 17
+#                   the Slurm test cluster, the container image (what CI runs; about 25
 #                   minutes on 2 cores); one "N passed, N failed[, N skipped]" line at the end
 #   make test-gpu   the GPU tests alone, every check; fails where there is no GPU
 #   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
