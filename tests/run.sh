@@ -55,6 +55,34 @@ run() {
     rm -f "$out"
 }
 
+# The second kernels (make test-all): the suites that compare what the guides show (their
+# checksums, accuracies, losses) run again under OpenBLAS kernels other than those that ran
+# above, forced by OPENBLAS_CORETYPE: Haswell's (any x86-64 with AVX2) where the SkylakeX kernels
+# ran, the guides' own; SkylakeX's on any other CPU with AVX-512, so that somewhere the guides'
+# numbers are compared exactly; a SKIP where neither can run. Verdicts carry the kernels' name.
+KERNEL_SUITES="tests/test_guides.sh"
+second_kernels() {
+    local here second script
+    here=$(build/tools/blas_kernels 2> /dev/null)
+    case $here in
+        OpenBLAS*"(SkylakeX kernels)") second=Haswell ;;
+        OpenBLAS*) second=SkylakeX ;;
+        *) echo "SKIP second kernels: the programs link ${here:-no BLAS that build/tools/blas_kernels names}, not OpenBLAS"
+           return ;;
+    esac
+    # The CPU's flags first: a kernel forced onto a CPU without its instructions would crash.
+    if ! grep -qw "$( [ $second = Haswell ] && echo avx2 || echo avx512f )" /proc/cpuinfo 2> /dev/null ||
+            [ "$(OPENBLAS_CORETYPE=$second build/tools/blas_kernels)" != "${here% (*} ($second kernels)" ]; then
+        echo "SKIP second kernels: this CPU cannot run OpenBLAS's $second kernels ($here here)"
+        return
+    fi
+    for script in $KERNEL_SUITES; do
+        run "$(basename "$script") ($second kernels)" env OPENBLAS_CORETYPE=$second bash -c \
+            'bash "$1" | sed -u -E "s/^(PASS|FAIL|SKIP) ([^:]*):/\1 \2 ($2 kernels):/"; exit "${PIPESTATUS[0]}"' \
+            _ "$script" "$second"
+    done
+}
+
 if [ $# -gt 0 ]; then  # just these (make test-gpu)
     for test in "$@"; do
         case $test in
@@ -74,6 +102,7 @@ else
         for script in $SLOW_SUITES; do
             run "$(basename "$script")" bash "$script"
         done
+        second_kernels
     fi
 fi
 
