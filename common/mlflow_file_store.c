@@ -48,6 +48,65 @@ StoreResult store_failed(StoreResult result, char *error, size_t size, const cha
     return result;
 }
 
+// ------------------------------------------------------------------ what a resumed run holds (both stores)
+
+static HeldMetric *held_metric(const RunHoldings *held, const char *key) {
+    for (int i = 0; i < held->n_metrics; i++)
+        if (strcmp(held->metrics[i].key, key) == 0) return &held->metrics[i];
+    return NULL;
+}
+
+void run_holdings_add_step(RunHoldings *held, const char *key, long step) {
+    HeldMetric *m = held_metric(held, key);
+    if (!m) {
+        held->metrics = xrealloc(held->metrics, (size_t)(held->n_metrics + 1) * sizeof *held->metrics);
+        m = &held->metrics[held->n_metrics++];
+        *m = (HeldMetric){xstrdup(key), NULL, 0};
+    }
+    // Insertion in order: the steps come in their order (a metric file, a history page), so this is
+    // an append but for the duplicates that a store may hold (a value sent twice).
+    int at = m->n_steps;
+    while (at > 0 && m->steps[at - 1] > step) at--;
+    if (at > 0 && m->steps[at - 1] == step) return;
+    m->steps = xrealloc(m->steps, (size_t)(m->n_steps + 1) * sizeof *m->steps);
+    memmove(m->steps + at + 1, m->steps + at, (size_t)(m->n_steps - at) * sizeof *m->steps);
+    m->steps[at] = step;
+    m->n_steps++;
+}
+
+void run_holdings_add_param(RunHoldings *held, const char *key) {
+    if (run_holdings_has_param(held, key)) return;
+    held->params = xrealloc(held->params, (size_t)(held->n_params + 1) * sizeof *held->params);
+    held->params[held->n_params++] = xstrdup(key);
+}
+
+bool run_holdings_has_step(const RunHoldings *held, const char *key, long step) {
+    const HeldMetric *m = held_metric(held, key);
+    for (int lo = 0, hi = m ? m->n_steps : 0; lo < hi;) {
+        int mid = lo + (hi - lo) / 2;
+        if (m->steps[mid] == step) return true;
+        if (m->steps[mid] < step) lo = mid + 1;
+        else hi = mid;
+    }
+    return false;
+}
+
+bool run_holdings_has_param(const RunHoldings *held, const char *key) {
+    for (int i = 0; i < held->n_params; i++)
+        if (strcmp(held->params[i], key) == 0) return true;
+    return false;
+}
+
+void run_holdings_free(RunHoldings *held) {
+    for (int i = 0; i < held->n_metrics; i++) free(held->metrics[i].key), free(held->metrics[i].steps);
+    for (int i = 0; i < held->n_params; i++) free(held->params[i]);
+    free(held->metrics);
+    free(held->params);
+    *held = (RunHoldings){0};
+}
+
+// ------------------------------------------------------------------ the folder
+
 // A full disk or a quota may pass; a folder we may not write will not.
 static StoreResult errno_result(void) {
     return errno == ENOSPC || errno == EDQUOT || errno == EINTR || errno == EAGAIN ? STORE_RETRY : STORE_REFUSED;
@@ -261,29 +320,25 @@ static StoreResult file_create_run(MlflowStore *store, const char *experiment, c
     return write_run_meta(s, run_id, RUN_RUNNING, 0, error, size);
 }
 
-// The last step in a metric file: its last whole line's third field.
-static bool last_step_of(const char *path, long *step) {
+// Every step in a metric file (its whole lines' third fields) into `held`, under `key`.
+static void read_steps(const char *path, const char *key, RunHoldings *held) {
     FILE *file = fopen(path, "r");
-    if (!file) return false;
+    if (!file) return;
     char line[256];
-    bool any = false;
     while (fgets(line, sizeof line, file)) {
         long long timestamp;
         double value;
-        long s;
-        if (strchr(line, '\n') && sscanf(line, "%lld %lf %ld", &timestamp, &value, &s) == 3) {
-            if (!any || s > *step) *step = s;
-            any = true;
-        }
+        long step;
+        if (strchr(line, '\n') && sscanf(line, "%lld %lf %ld", &timestamp, &value, &step) == 3)
+            run_holdings_add_step(held, key, step);
     }
     fclose(file);
-    return any;
 }
 
-static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                                   int *n_ends, char *error, size_t size) {
+static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                                   char *error, size_t size) {
     FileStore *s = (FileStore *)store;
-    *found = false, *ends = NULL, *n_ends = 0;
+    *found = false;
     DIR *root = opendir(s->root);
     if (!root) return store_failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
     struct dirent *entry;
@@ -303,18 +358,20 @@ static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool 
     }
     closedir(root);
     if (!*found) return STORE_OK;
-    char metrics[PATH_MAX + 16];
-    snprintf(metrics, sizeof metrics, "%s/metrics", s->run_dir);
-    DIR *dir = opendir(metrics);
-    if (dir) {
+    // Each metric file's steps, and the params' file names (a temporary file is in the run's folder,
+    // never in these two).
+    const char *kinds[] = {"metrics", "params"};
+    for (int k = 0; k < 2; k++) {
+        char folder[PATH_MAX + 16];
+        snprintf(folder, sizeof folder, "%s/%s", s->run_dir, kinds[k]);
+        DIR *dir = opendir(folder);
+        if (!dir) continue;
         while ((entry = readdir(dir))) {
             if (entry->d_name[0] == '.') continue;
             char path[PATH_MAX + 300];
-            snprintf(path, sizeof path, "%s/%s", metrics, entry->d_name);
-            long step;
-            if (!last_step_of(path, &step)) continue;
-            *ends = xrealloc(*ends, (size_t)(*n_ends + 1) * sizeof **ends);
-            (*ends)[(*n_ends)++] = (MetricEnd){xstrdup(entry->d_name), step};
+            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
+            if (k == 0) read_steps(path, entry->d_name, held);
+            else run_holdings_add_param(held, entry->d_name);
         }
         closedir(dir);
     }

@@ -5,7 +5,8 @@
 //   GET  /api/2.0/mlflow/experiments/get-by-name?experiment_name=N   the experiment's id, or 404
 //   POST /api/2.0/mlflow/experiments/create      {name}               ... created if missing
 //   POST /api/2.0/mlflow/runs/create             {experiment_id, run_name, start_time, tags}
-//   GET  /api/2.0/mlflow/runs/get?run_id=R                            a resumed run's latest metrics
+//   GET  /api/2.0/mlflow/runs/get?run_id=R                            a resumed run's params and metrics,
+//   GET  /api/2.0/mlflow/metrics/get-history?run_id=R&metric_key=K    ... and each metric's steps
 //   POST /api/2.0/mlflow/runs/log-batch          {run_id, metrics, params, tags}  (1000 in all: tracking.c
 //                                                                     cuts the batches to the limits)
 //   POST /api/2.0/mlflow/runs/update             {run_id, status, end_time}
@@ -271,10 +272,39 @@ static StoreResult rest_set_status(MlflowStore *store, const char *run_id, RunSt
     return result;
 }
 
-static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                                   int *n_ends, char *error, size_t size) {
+// Every step the run holds of `key`, page by page (MLflow answers 25000 values a page at most).
+static StoreResult metric_steps(RestStore *s, const char *run_id, const char *key, RunHoldings *held, char *error,
+                                size_t size) {
+    char *escaped = curl_easy_escape(s->curl, key, 0);
+    char token[256] = "";
+    StoreResult result = STORE_OK;
+    do {
+        char endpoint[1024];
+        snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/metrics/get-history?run_id=%s&metric_key=%s&max_results=25000%s%s",
+                 run_id, escaped, *token ? "&page_token=" : "", token);
+        cJSON *reply = NULL;
+        result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, NULL, error, size);
+        if (result != STORE_OK) break;
+        const cJSON *metric;
+        cJSON_ArrayForEach(metric, cJSON_GetObjectItemCaseSensitive(reply, "metrics")) {
+            const cJSON *step = cJSON_GetObjectItemCaseSensitive(metric, "step");  // int64: a number, or text
+            run_holdings_add_step(held, key, cJSON_IsNumber(step) ? (long)step->valuedouble
+                                             : cJSON_IsString(step) ? atol(step->valuestring) : 0);
+        }
+        const char *next = json_string(reply, "next_page_token");
+        char *next_escaped = next && *next ? curl_easy_escape(s->curl, next, 0) : NULL;
+        snprintf(token, sizeof token, "%s", next_escaped ? next_escaped : "");
+        curl_free(next_escaped);
+        cJSON_Delete(reply);
+    } while (*token);
+    curl_free(escaped);
+    return result;
+}
+
+static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                                   char *error, size_t size) {
     RestStore *s = (RestStore *)store;
-    *found = false, *ends = NULL, *n_ends = 0;
+    *found = false;
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/runs/get?run_id=%s", run_id);
     cJSON *reply = NULL;
@@ -282,18 +312,20 @@ static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool 
     StoreResult result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, &status, error, size);
     if (result != STORE_OK) return status == 404 ? STORE_OK : result;  // MLflow's 404: RESOURCE_DOES_NOT_EXIST
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(reply, "run");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(run, "data");
     remember_artifact_uri(s, cJSON_GetObjectItemCaseSensitive(run, "info"));
-    // data.metrics holds each metric's latest value, the one with the highest step.
-    const cJSON *metric;
-    cJSON_ArrayForEach(metric, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(run, "data"), "metrics")) {
-        const char *key = json_string(metric, "key");
-        const cJSON *step = cJSON_GetObjectItemCaseSensitive(metric, "step");
-        if (!key) continue;
-        *ends = xrealloc(*ends, (size_t)(*n_ends + 1) * sizeof **ends);
-        (*ends)[(*n_ends)++] = (MetricEnd){xstrdup(key), cJSON_IsNumber(step) ? (long)step->valuedouble
-                                           : cJSON_IsString(step) ? atol(step->valuestring) : 0};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(data, "params")) {
+        const char *key = json_string(item, "key");
+        if (key) run_holdings_add_param(held, key);
+    }
+    // data.metrics holds each metric's latest value only: its history says which steps are there.
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(data, "metrics")) {
+        const char *key = json_string(item, "key");
+        if (key && result == STORE_OK) result = metric_steps(s, run_id, key, held, error, size);
     }
     cJSON_Delete(reply);
+    if (result != STORE_OK) return result;
     *found = true;
     return rest_set_status(store, run_id, RUN_RUNNING, 0, error, size);
 }

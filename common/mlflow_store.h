@@ -18,11 +18,30 @@ typedef struct {
     long long timestamp_ms;   // metrics: when logged
 } TrackingRecord;
 
-// The last step of a metric that a run already holds (for a resumed run).
+// What a run already holds, for a resumed run: the steps of each of its metrics and the keys of its
+// params. A resume sends only what the store lacks (MLflow keeps a value sent twice twice, and refuses a
+// param sent again with another value), and the store may lack anything: a process killed by SIGKILL
+// loses what it had queued, before or after its last snapshot.
 typedef struct {
     char *key;
-    long step;
-} MetricEnd;
+    long *steps;  // ascending, each once
+    int n_steps;
+} HeldMetric;
+
+typedef struct {
+    HeldMetric *metrics;
+    int n_metrics;
+    char **params;
+    int n_params;
+} RunHoldings;
+
+// Adds `step` to `key`'s steps (a store's resume_run fills the holdings with it); the steps stay sorted
+// and each once, whatever order they come in.
+void run_holdings_add_step(RunHoldings *held, const char *key, long step);
+void run_holdings_add_param(RunHoldings *held, const char *key);
+bool run_holdings_has_step(const RunHoldings *held, const char *key, long step);
+bool run_holdings_has_param(const RunHoldings *held, const char *key);
+void run_holdings_free(RunHoldings *held);
 
 typedef enum {
     STORE_OK,
@@ -45,10 +64,11 @@ typedef struct {
     StoreResult (*create_run)(MlflowStore *store, const char *experiment, const char *run_name,
                               long long start_ms, const TrackingRecord *tags, int n_tags, char run_id[33],
                               char *error, size_t size);
-    // Sets an existing run RUNNING again and lists the last step of each of its metrics (the caller
-    // frees each key and the array). *found is false for a run the store does not know.
-    StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                              int *n_ends, char *error, size_t size);
+    // Sets an existing run RUNNING again and fills `held` (empty on entry; the caller frees it) with
+    // every step of each of its metrics and its params' keys. *found is false for a run the store does
+    // not know.
+    StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                              char *error, size_t size);
     StoreResult (*log_batch)(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
                              char *error, size_t size);
     StoreResult (*log_artifact)(MlflowStore *store, const char *run_id, const char *path, char *error,

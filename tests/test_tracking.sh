@@ -258,6 +258,48 @@ if thorough; then
 fi
 
 # ---------------------------------------------------------------- how runs end
+# ft NAME FLAGS...: step 13 on 2 ranks for 4 epochs, its snapshot, CSV and output as $tmp/NAME.*.
+ft() { OMPI_MCA_odls_base_sigkill_timeout=3 timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
+          --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
+ft ft_plain
+# killed0 NAME URI: step 13 logging to URI with rank 0 killed (SIGKILL, as `kill -9`) mid-epoch 3, after
+# epoch 2's snapshot: what it had queued for the store dies with it (every value, when the kill comes
+# before the sender's first second; steps 7-9 in another try). The same command resumes into the same
+# run, which ends FINISHED holding what the snapshot holds, each step once: every step's loss (= an
+# uninterrupted run's), each epoch's mean loss, the params. An epoch's samples per second, a timing no
+# snapshot keeps, may be missing: then the run's last line names it (tracked_run.py --lacking).
+killed0() {
+    local name=$1 uri=$2 first second
+    ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
+    first=$?
+    mv "$tmp/$name.out" "$tmp/$name.first.out"
+    ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
+    second=$?
+    if [ $first -eq 0 ] || ! grep -q '^\[rank 0\] --fail_at_epoch 3: this rank dies now' "$tmp/$name.first.out" || [ $second -ne 0 ]; then
+        fail "step 13 with rank 0 killed, to $3: the first run exit $first, the resumed run exit $second: $(tail -2 "$tmp/$name.err" | tr '\n' ' ')"
+        return 1
+    fi
+}
+# killed0_expect NAME STORE.json WHERE: the resumed run, complete.
+killed0_expect() {
+    expect "step 13 with rank 0 killed (SIGKILL) after a snapshot, then resumed, to $3: FINISHED, each step's loss once (= an uninterrupted run's), each epoch's mean, the params$(grep -q ' lacks ' "$tmp/$1.err" && echo "; the last line names what no snapshot keeps: $(tail -1 "$tmp/$1.err" | sed 's/.* lacks \(.*\): .*/\1/')")" \
+        "$PYTHON" tests/tracked_run.py "$2" --experiment Default --runs 1 --status FINISHED --losses "$tmp/ft_plain.csv" \
+        --epochs 4 --lacking "$tmp/$1.err" --param total_epochs=4 --param fail_rank=0 --param world_size=2 \
+        --param "snapshot=$tmp/$1.h5" --artifact "$tmp/$1.h5"
+}
+serve killed
+killed0 killed "http://127.0.0.1:$port" "a server"
+status=$?
+stop_server
+[ $status = 0 ] && killed0_expect killed "$tmp/killed.dump" "a server"
+if [ $have_yaml = 1 ] && killed0 killed_folder "$tmp/killed_folder" "a folder"; then
+    if mlruns "$tmp/killed_folder" "$tmp/killed_folder.json" 2> "$tmp/check.err"; then
+        killed0_expect killed_folder "$tmp/killed_folder.json" "a folder"
+    else
+        fail "step 13 with rank 0 killed, then resumed: tests/check_mlruns.py refuses the folder: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+    fi
+fi
+
 if [ $have_yaml = 1 ]; then
     # SIGTERM mid-training: KILLED (the signal still ends the program, as without tracking).
     day1/2_mnist_training --data "$DATA" --epochs 50 --plot '' --mlflow "$tmp/ends" --experiment sigterm > "$tmp/term.out" 2> "$tmp/term.err" &
@@ -283,9 +325,6 @@ if [ $have_yaml = 1 ]; then
 
     # Step 13: rank 1 dies in epoch 3 (SIGKILL); mpirun's SIGTERM to rank 0 marks the run KILLED; the same
     # command resumes into the same run, and the run holds every step's loss once, as an uninterrupted run's.
-    ft() { OMPI_MCA_odls_base_sigkill_timeout=3 timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
-              --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
-    ft ft_plain
     ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
     first=$?
     mlruns "$tmp/ft" "$tmp/ft1.json" 2> "$tmp/check.err"
