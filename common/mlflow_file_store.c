@@ -165,6 +165,20 @@ static StoreResult write_file_in(FileStore *s, const char *dir, const char *name
 
 static bool make_dir(const char *path) { return mkdir(path, 0777) == 0 || errno == EEXIST; }
 
+// mkdir -p: `path` and every folder above it that is missing. false (errno set) if one cannot be made.
+static bool make_dirs(const char *path) {
+    char partial[PATH_MAX];
+    if (snprintf(partial, sizeof partial, "%s", path) >= (int)sizeof partial) return errno = ENAMETOOLONG, false;
+    for (char *c = partial + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        bool ok = make_dir(partial);
+        *c = '/';
+        if (!ok) return false;
+    }
+    return make_dir(partial);
+}
+
 // The value of `field: value` in a meta.yaml, unquoted; false if the field is not there.
 static bool read_yaml_field(const char *path, const char *field, char *value, size_t size) {
     FILE *file = fopen(path, "r");
@@ -451,22 +465,21 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
     return result;
 }
 
-static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, const char *path, char *error,
-                                     size_t size) {
-    FileStore *s = (FileStore *)store;
-    (void)run_id;
+StoreResult store_copy_artifact(const char *path, const char *temp_dir, const char *folder, char *error, size_t size) {
+    static unsigned counter;  // one store call at a time (tracking.c's store lock)
     FILE *in = fopen(path, "rb");
     if (!in) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    char dir[PATH_MAX + 16], temp[PATH_MAX + 64], target[PATH_MAX + 300];
-    snprintf(dir, sizeof dir, "%s/artifacts", s->run_dir);
-    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", s->run_dir, (long)getpid(), s->temp_counter++);
-    snprintf(target, sizeof target, "%s/%s", dir, base);
-    FILE *out = fopen(temp, "wb");
+    char temp[PATH_MAX + 64], target[2 * PATH_MAX];
+    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", temp_dir, (long)getpid(), counter++);
+    snprintf(target, sizeof target, "%s/%s", folder, base);
+    FILE *out = make_dirs(folder) ? fopen(temp, "wb") : NULL;
     if (!out) {
+        int saved = errno;
         fclose(in);
-        return store_failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
+        errno = saved;
+        return store_failed(errno_result(), error, size, "cannot write in %s: %s", folder, strerror(saved));
     }
     char buffer[1 << 16];
     size_t got;
@@ -482,6 +495,16 @@ static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, con
         return store_failed(result, error, size, "cannot copy %s to %s: %s", path, target, strerror(saved));
     }
     return STORE_OK;
+}
+
+// The temporary file goes in the run's folder, which MLflow does not list as artifacts.
+static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, const char *path, char *error,
+                                     size_t size) {
+    FileStore *s = (FileStore *)store;
+    (void)run_id;
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/artifacts", s->run_dir);
+    return store_copy_artifact(path, s->run_dir, dir, error, size);
 }
 
 static StoreResult file_set_status(MlflowStore *store, const char *run_id, RunStatus status, long long end_ms,
@@ -505,14 +528,7 @@ MlflowStore *mlflow_file_store_open(const char *folder, char *error, size_t size
     // mkdir -p, then the absolute path: artifact_location and artifact_uri are file:// URIs.
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s", folder);
-    for (char *c = path + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        bool ok = make_dir(path);
-        *c = '/';
-        if (!ok) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
-    }
-    if (!make_dir(path)) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
+    if (!make_dirs(path)) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
     FileStore *s = xcalloc(1, sizeof *s);
     s->base.ops = &file_ops;
     if (!realpath(path, s->root) || access(s->root, W_OK) != 0) {

@@ -16,8 +16,9 @@
 // Authentication and TLS as MLflow's Python client reads them: MLFLOW_TRACKING_TOKEN (a bearer token),
 // or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (basic); certificates verified, unless
 // MLFLOW_TRACKING_INSECURE_TLS=true; MLFLOW_TRACKING_SERVER_CERT_PATH names a CA bundle. One request
-// waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (MLflow's variable; 10 here, where MLflow waits 120,
-// since the end of a training waits for the last one).
+// waits at most the store's timeout_s (tracking.c reads MLflow's MLFLOW_HTTP_REQUEST_TIMEOUT: 10 s
+// there, where MLflow waits 120, since the end of a training waits for the last one), and not past its
+// deadline.
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -25,9 +26,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "check.h"
 #include "mlflow_store.h"
+#include "timer.h"
 
 #if HAVE_MLFLOW_HTTP
 #include <cjson/cJSON.h>
@@ -39,6 +42,7 @@ typedef struct {
     char url[1024];                  // the server, without a trailing slash
     struct curl_slist *headers, *upload_headers;  // JSON requests; artifact uploads (bytes)
     char artifact_root[PATH_MAX];    // "<experiment>/<run>/artifacts" under the artifact proxy, or ""
+    char artifact_dir[PATH_MAX];     // the run's artifact folder where its URI is a path (file: or plain), or ""
     char artifact_uri[PATH_MAX];     // the run's, as the server gave it
 } RestStore;
 
@@ -60,11 +64,13 @@ static size_t collect(char *data, size_t size, size_t count, void *user) {
     return n;
 }
 
-// libcurl asks between its reads and writes: a request under way ends when tracking.c cancels it.
+// libcurl asks between its reads and writes, and about once a second while it waits for an answer: a
+// request under way ends when tracking.c cancels it, or at the deadline.
 static int cancelled(void *user, curl_off_t down_total, curl_off_t down_now, curl_off_t up_total, curl_off_t up_now) {
-    const RestStore *s = user;
+    RestStore *s = user;
     (void)down_total, (void)down_now, (void)up_total, (void)up_now;
-    return s->base.cancel && *s->base.cancel;
+    double deadline = s->base.deadline;
+    return (s->base.cancel && *s->base.cancel) || (deadline > 0 && wall_seconds() >= deadline);
 }
 
 
@@ -78,6 +84,9 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
                            size_t size) {
     char url[2048];
     snprintf(url, sizeof url, "%s%s", s->url, endpoint);
+    double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : 10.0, deadline = s->base.deadline;
+    if (deadline > 0 && deadline - wall_seconds() < seconds) seconds = deadline - wall_seconds();
+    if (seconds < 0.001) return store_failed(STORE_RETRY, error, size, "%s: no time left to send it", endpoint);
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     Buffer answer = {0};
     curl_easy_reset(s->curl);
@@ -85,8 +94,6 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);  // a thread of its own: no SIGALRM for timeouts
     curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &answer);
-    const char *timeout = getenv("MLFLOW_HTTP_REQUEST_TIMEOUT");
-    double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : timeout && atof(timeout) > 0 ? atof(timeout) : 10.0;
     curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)(seconds * 1000));
     curl_easy_setopt(s->curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(s->curl, CURLOPT_XFERINFOFUNCTION, cancelled);
@@ -119,7 +126,9 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
     if (http_status) *http_status = status;
     StoreResult result = STORE_OK;
-    if (code != CURLE_OK) {
+    if (code == CURLE_ABORTED_BY_CALLBACK && !(s->base.cancel && *s->base.cancel)) {
+        result = store_failed(STORE_RETRY, error, size, "%s: no answer before the end's deadline", url);
+    } else if (code != CURLE_OK) {
         result = store_failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
     } else if (status < 200 || status > 299) {
         cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
@@ -202,22 +211,51 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
     return STORE_REFUSED;
 }
 
-// Where the artifact proxy keeps the run's files: the path of "mlflow-artifacts:/1/<run>/artifacts" (or
-// of "mlflow-artifacts://host:port/1/<run>/artifacts"); "" for any other artifact URI, which only the
-// server itself can reach.
+// Where the run's artifacts go, from the artifact_uri the server gave it, as MLflow's client decides:
+//   mlflow-artifacts:/1/<run>/artifacts (or mlflow-artifacts://host:port/...): through the server's
+//     artifact proxy (`mlflow server`'s default, --serve-artifacts): artifact_root is the path under it;
+//   file:///path/1/<run>/artifacts, file:/path/..., or a plain path (a server started with
+//     --default-artifact-root PATH, which overrides the proxy for its new experiments): a folder that
+//     the client writes itself, MLflow's LocalArtifactRepository: artifact_dir;
+//   anything else (s3://, gs://, ...): neither, and rest_log_artifact says which flags would serve it.
 static void remember_artifact_uri(RestStore *s, const cJSON *info) {
     const char *uri = json_string(info, "artifact_uri");
     snprintf(s->artifact_uri, sizeof s->artifact_uri, "%s", uri ? uri : "");
-    s->artifact_root[0] = '\0';
-    const char *scheme = "mlflow-artifacts:";
-    if (!uri || strncmp(uri, scheme, strlen(scheme)) != 0) return;
-    const char *path = uri + strlen(scheme);
-    if (strncmp(path, "//", 2) == 0) {  // an authority: skip to its path
-        path = strchr(path + 2, '/');
-        if (!path) return;
+    s->artifact_root[0] = s->artifact_dir[0] = '\0';
+    if (!uri) return;
+    const char *proxy = "mlflow-artifacts:";
+    if (strncmp(uri, proxy, strlen(proxy)) == 0) {
+        const char *path = uri + strlen(proxy);
+        if (strncmp(path, "//", 2) == 0) {  // an authority: skip to its path
+            path = strchr(path + 2, '/');
+            if (!path) return;
+        }
+        while (*path == '/') path++;
+        snprintf(s->artifact_root, sizeof s->artifact_root, "%s", path);
+        return;
     }
-    while (*path == '/') path++;
-    snprintf(s->artifact_root, sizeof s->artifact_root, "%s", path);
+    const char *path = NULL;
+    if (strncmp(uri, "file://", 7) == 0) path = uri[7] == '/' ? uri + 7 : NULL;  // file://host/... is not ours
+    else if (strncmp(uri, "file:", 5) == 0) path = uri + 5;
+    else if (!strstr(uri, ":")) path = uri;  // no scheme: a path (relative: to the working folder, as MLflow's)
+    if (path == uri) {
+        snprintf(s->artifact_dir, sizeof s->artifact_dir, "%s", path);
+    } else if (path) {
+        char *decoded = curl_easy_unescape(s->curl, path, 0, NULL);  // a file: URI's %20 is a space
+        snprintf(s->artifact_dir, sizeof s->artifact_dir, "%s", decoded ? decoded : path);
+        curl_free(decoded);
+    }
+}
+
+// The folder `levels` folders above `path` (".../1/<run>/artifacts", 3: the artifact root), in `out`.
+static void folder_above(const char *path, int levels, char *out, size_t size) {
+    snprintf(out, size, "%s", path);
+    for (int i = 0; i < levels; i++) {
+        char *slash = strrchr(out, '/');
+        if (!slash) { snprintf(out, size, "."); return; }
+        if (slash == out) { out[1] = '\0'; return; }
+        *slash = '\0';
+    }
 }
 
 static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
@@ -361,10 +399,35 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
                                      size_t size) {
     RestStore *s = (RestStore *)store;
     (void)run_id;
-    if (!s->artifact_root[0])
-        return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which only it can "
-                      "reach: start it with its artifact proxy (mlflow server --serve-artifacts, the default) to "
-                      "log files through it", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)");
+    if (s->artifact_dir[0]) {
+        // A folder of the server's choosing: written here, as MLflow's client does, where this machine
+        // has the artifact root (the same machine, or a shared filesystem). The run's folders under it
+        // are made here; the root itself is not, since a root missing here is a folder of the server's
+        // machine only, and files written here would be files the server never sees.
+        char root[PATH_MAX], run_folder[PATH_MAX];
+        struct stat info;
+        folder_above(s->artifact_dir, 3, root, sizeof root);
+        if (stat(root, &info) != 0 || !S_ISDIR(info.st_mode))
+            return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, and its artifact "
+                                "root %s is not a folder of this machine: start the server with --artifacts-destination "
+                                "%s instead of --default-artifact-root, so that its artifact proxy takes the files, or "
+                                "share that folder with this machine", s->artifact_uri, root, root);
+        folder_above(s->artifact_dir, 1, run_folder, sizeof run_folder);
+        char folder_error[PATH_MAX + 256];
+        StoreResult made = store_copy_artifact(path, run_folder, s->artifact_dir, folder_error, sizeof folder_error);
+        if (made != STORE_OK)
+            return store_failed(made, error, size, "the server keeps this run's artifacts at %s, written from here: %s",
+                                s->artifact_uri, folder_error);
+        return STORE_OK;
+    }
+    if (!s->artifact_root[0]) {  // s3://, gs://, ...: a store for the server's clients to write, not ours
+        char root[PATH_MAX];
+        folder_above(s->artifact_uri, 3, root, sizeof root);
+        return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which this "
+                            "program cannot write: start the server with --artifacts-destination %s instead of "
+                            "--default-artifact-root, so that its artifact proxy (--serve-artifacts, the default) "
+                            "takes the files", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)", root);
+    }
     FILE *file = fopen(path, "rb");
     if (!file) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     fseek(file, 0, SEEK_END);

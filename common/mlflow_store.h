@@ -57,6 +57,11 @@ const char *run_status_name(RunStatus status);  // "RUNNING", "FINISHED", ...
 StoreResult store_failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+// `path` into `folder` (made if missing) under its own name, through a temporary file in `temp_dir` (on
+// the same filesystem, and not a folder MLflow lists artifacts from) renamed into place: a reader never
+// sees half a file. Both stores' way of writing an artifact to a folder.
+StoreResult store_copy_artifact(const char *path, const char *temp_dir, const char *folder, char *error, size_t size);
+
 typedef struct MlflowStore MlflowStore;
 typedef struct {
     // Finds the experiment by name (creating it if missing) and creates a run in it, RUNNING, with
@@ -83,11 +88,14 @@ typedef struct {
 
 struct MlflowStore {
     const MlflowStoreOps *ops;
-    // Set by tracking.c, read by a server's store: the longest one request may take (0: the store's
-    // default), and a flag that, once non-zero, ends a request under way (a signal came: its grace is
-    // short). A folder's store does neither: its calls do not wait on anyone.
+    // Set by tracking.c, read by a server's store: the longest one request may take (0: 10 s); a flag
+    // that, once non-zero, ends a request under way (a signal came: its grace is short); and a deadline
+    // (wall_seconds(); 0: none), from another thread too, past which no request starts and at which one
+    // under way ends (the end of a run is bounded in all). A folder's store needs none of them: its
+    // calls do not wait on anyone.
     double timeout_s;
     const volatile int *cancel;
+    _Atomic double deadline;
 };
 
 // A folder in MLflow's FileStore layout (made if missing). NULL with a message if it cannot be.

@@ -5,9 +5,11 @@
 // within the store's limits. Every store call goes through send(), which owns the policy:
 //   - a call that may work later (no answer, a timeout, a 5xx) is tried again after 0.5, 1, 2 s
 //     (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 3; MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, default 0.5);
-//     when those are spent, one warning line, and from then on each call gets one try, so that a
-//     dead server costs the end of the run one timeout per call, not a retry series; the first call
+//     when those are spent, one warning line, and from then on each call gets one try; the first call
 //     that succeeds again says so;
+//   - the end of the run (tracking_end) has a deadline, 1.5 request timeouts after it begins, that no
+//     call or retry passes: a server that hangs costs the end 15 s at most (MLflow's default timeout,
+//     10 s), whatever was due, and the last line says what may not have reached it;
 //   - a call the store refuses (a 4xx answer: MLflow's error_code and message) is said once and dropped.
 // Nothing here ends the run or changes it, except at the start (tracking_start), where a URI that does
 // not work is one line and exit 2 on every rank.
@@ -37,6 +39,8 @@
 #include "timer.h"
 
 enum { BATCH_WAKE = 500 };  // records that wake the sender before its second is up
+// The end of a run (tracking_end) waits for the store this many request timeouts in all.
+static const double END_TIMEOUTS = 1.5;
 
 struct Tracking {
     MlflowStore *store;
@@ -63,6 +67,8 @@ struct Tracking {
     int lost_artifacts;
     bool lost_status;
     bool said_refused;
+    bool out_of_time;              // the end's deadline passed with something not sent
+    double request_timeout;        // MLFLOW_HTTP_REQUEST_TIMEOUT: the end's bound is 1.5 times it
     atomic_bool status_set;        // a final status went out (the fatal hook or the signal, then the end)
     atomic_bool fatal;             // a fatal error: the hook's store call may not wait for the store
 };
@@ -125,13 +131,20 @@ static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t si
     return result;
 }
 
-// "12 values, 1 artifact and the run's status": what did not reach the store (values: metrics, params, tags).
+// "12 values, 1 artifact and the run's status": what may not have reached the store (values: metrics,
+// params, tags), the parts that are not nothing.
 static const char *describe_lost(Tracking *t) {
-    static char text[160];
-    int n = snprintf(text, sizeof text, "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
+    static char text[3 * 64 + 16];
+    char parts[3][64];
+    int n = 0;
+    if (t->dropped) snprintf(parts[n++], sizeof parts[0], "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
     if (t->lost_artifacts)
-        n += snprintf(text + n, sizeof text - (size_t)n, ", %d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
-    if (t->lost_status) snprintf(text + n, sizeof text - (size_t)n, " and the run's status");
+        snprintf(parts[n++], sizeof parts[0], "%d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
+    if (t->lost_status) snprintf(parts[n++], sizeof parts[0], "the run's status");
+    if (n == 0) snprintf(text, sizeof text, "nothing");
+    else if (n == 1) snprintf(text, sizeof text, "%s", parts[0]);
+    else if (n == 2) snprintf(text, sizeof text, "%s and %s", parts[0], parts[1]);
+    else snprintf(text, sizeof text, "%s, %s and %s", parts[0], parts[1], parts[2]);
     return text;
 }
 
@@ -140,23 +153,34 @@ typedef enum { SENT, DROPPED, CANCELLED } SendResult;
 // A signal while the store's cancel flag points at it: the request under way ended, and no retry waits.
 static bool cancelled_by_signal(const Tracking *t) { return g_signal && t->store->cancel; }
 
+// Seconds until the store's deadline (the end's bound); HUGE_VAL without one.
+static double time_left(const Tracking *t) {
+    double deadline = t->store->deadline;
+    return deadline > 0 ? deadline - wall_seconds() : HUGE_VAL;
+}
+
 static SendResult send(Tracking *t, const Send *s) {
     char error[1024] = "";
-    int tries = t->degraded ? 1 : 1 + t->max_retries;
+    int tries = t->degraded ? 1 : 1 + t->max_retries, made = 0;
     StoreResult result = STORE_RETRY;
     for (int attempt = 0; attempt < tries; attempt++) {
         if (attempt > 0) {
-            double pause = t->backoff * (double)(1L << (attempt - 1));
+            double pause = fmin(t->backoff * (double)(1L << (attempt - 1)), fmax(time_left(t), 0));
             struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
             nanosleep(&ts, NULL);
         }
         if (cancelled_by_signal(t)) return CANCELLED;  // after_signal sends it, with the status
+        if (time_left(t) <= 0) {  // the end's time is spent: not tried (again)
+            t->out_of_time = true;
+            break;
+        }
         result = call_store(t, s, error, sizeof error);
+        made++;
         if (result != STORE_RETRY) break;
     }
     if (result == STORE_OK) {
         if (t->degraded && t->warned) {
-            warn("%s answers again (%s lost meanwhile)", t->where, describe_lost(t));
+            warn("%s answers again (%s may have been lost meanwhile)", t->where, describe_lost(t));
             t->degraded = false;
         }
         return SENT;
@@ -165,6 +189,7 @@ static SendResult send(Tracking *t, const Send *s) {
     if (s->kind == SEND_BATCH) t->dropped += s->n;
     if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
     if (s->kind == SEND_STATUS) t->lost_status = true;
+    if (made == 0) return DROPPED;  // the end's last line says it
     if (result == STORE_REFUSED) {
         if (!t->said_refused)
             warn("%s refused %s: %s (said once; the training goes on)", t->where,
@@ -173,7 +198,7 @@ static SendResult send(Tracking *t, const Send *s) {
         t->said_refused = true;
     } else if (!t->degraded) {
         warn("%s failed %d tr%s (%s): the training goes on; from now on each request gets one try, and what "
-             "fails is dropped", t->where, tries, tries == 1 ? "y" : "ies", error);
+             "fails is dropped", t->where, made, made == 1 ? "y" : "ies", error);
         t->degraded = t->warned = true;
     }
     return DROPPED;
@@ -425,6 +450,7 @@ static bool open_run(Tracking *t, const char *uri, bool from_flag, const char *e
         return false;
     }
     t->store->cancel = &g_signal;
+    t->store->timeout_s = t->request_timeout;
     const MlflowStoreOps *ops = t->store->ops;
     char text[PATH_MAX];
 
@@ -525,6 +551,8 @@ Tracking *tracking_start(const TrackingOptions *options, const char *program, co
         sem_init(&t->wake, 0, 0);
         t->max_retries = (int)env_number("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 3);
         t->backoff = env_number("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", 0.5);
+        t->request_timeout = env_number("MLFLOW_HTTP_REQUEST_TIMEOUT", 10);
+        if (t->request_timeout <= 0) t->request_timeout = 10;
         ok = open_run(t, uri, options->uri != NULL, experiment, options->run_name, program, device, resume_run_id, error,
                       sizeof error);
     }
@@ -635,6 +663,12 @@ void tracking_log_artifact(Tracking *run, const char *path) {
 
 void tracking_end(Tracking *run, TrackingStatus status) {
     if (!run) return;
+    // The end waits for the store END_TIMEOUTS request timeouts in all (15 s with MLflow's default 10):
+    // what is queued and the artifacts until one timeout has passed (a request under way then, the
+    // sender's included, ends there), the status in what is left. A server that hangs (stopped, or
+    // behind a dead link) costs the end that and no more, however many requests and retries were due.
+    const double start = wall_seconds();
+    run->store->deadline = start + run->request_timeout;
     pthread_mutex_lock(&run->queue_lock);
     run->closing = true;
     pthread_mutex_unlock(&run->queue_lock);
@@ -652,12 +686,18 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     }
     RunStatus final = status == TRACKING_FAILED ? RUN_FAILED : status == TRACKING_KILLED ? RUN_KILLED : RUN_FINISHED;
     atomic_store(&run->status_set, false);
+    run->store->deadline = start + END_TIMEOUTS * run->request_timeout;
     set_final_status(run, final);
     // The failure's warning said what happens next; at the end, what was lost in all, if the server did
-    // not come back (or only refused): the status among it means the run stays RUNNING there.
-    if ((run->degraded && run->warned) || (run->said_refused && !run->warned))
-        warn("%s did not reach %s%s", describe_lost(run), run->where,
-             run->lost_status ? ": the run stays RUNNING there" : "");
+    // not come back, or only refused, or the end's time ran out. "May": a request that got no answer may
+    // have reached a server that answers late (one stopped, then resumed, holds it).
+    if ((run->degraded && run->warned) || (run->said_refused && !run->warned) || run->out_of_time) {
+        char bound[96] = "";
+        if (run->out_of_time)
+            snprintf(bound, sizeof bound, " within the end's %.3g s", END_TIMEOUTS * run->request_timeout);
+        warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound,
+             run->lost_status ? ": the run may stay RUNNING there" : "");
+    }
     // Last, what the run lacks for good: values measured before a restart by a process that died with
     // them queued, and that nothing kept (the line says so, rather than the run looking complete).
     if (run->n_unrecoverable) {

@@ -217,6 +217,45 @@ stop_server
     && pass "MLFLOW_TRACKING_USERNAME/PASSWORD: basic authentication accepted on every request" \
     || fail "basic authentication: exit $status, $(grep -c '"status": 401' "$tmp/basic.log") requests refused"
 
+# A server started as `mlflow server --serve-artifacts --default-artifact-root PATH`: a run's artifact_uri
+# is the plain path PATH/<experiment>/<run>/artifacts, which MLflow's client writes itself, and so do we
+# where this machine has PATH (here, with a space in its name); where it has not (a folder of the
+# server's machine), one line naming the server's flags that would serve the files, and the run goes on.
+mkdir -p "$tmp/artifact root"
+serve plainroot --default-artifact-root "$tmp/artifact root"
+train plainroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+stop_server
+run_dir=$(ls -d "$tmp/artifact root"/0/*/artifacts 2> /dev/null | head -1)
+same=1
+for f in plainroot.csv plainroot.h5 plainroot.png; do cmp -s "$tmp/$f" "$run_dir/$f" || same=0; done
+if [ $status -eq 0 ] && [ -n "$run_dir" ] && [ $same = 1 ] && [ ! -s "$tmp/plainroot.err" ] && ! grep -q '"PUT"' "$tmp/plainroot.log"; then
+    expect "a server whose artifact root is a plain path (--default-artifact-root): the run FINISHED, its 3 artifacts written there byte for byte, no upload, no warning" \
+        "$PYTHON" tests/tracked_run.py "$tmp/plainroot.dump" --experiment Default --runs 1 --status FINISHED \
+        --artifact "$tmp/plainroot.csv" --artifact "$tmp/plainroot.h5" --artifact "$tmp/plainroot.png"
+else
+    fail "a server whose artifact root is a plain path: exit $status, artifacts in '${run_dir#$tmp/}' (same bytes: $same), $(grep -c '"PUT"' "$tmp/plainroot.log") uploads: $(head -2 "$tmp/plainroot.err" | tr '\n' ' ')"
+fi
+elsewhere=/nonexistent-$$/mlartifacts
+serve otherroot --default-artifact-root "$elsewhere"
+train otherroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+stop_server
+said=$(grep -c "artifact root $elsewhere is not a folder of this machine: start the server with --artifacts-destination $elsewhere instead of --default-artifact-root" "$tmp/otherroot.err")
+[ $status -eq 0 ] && [ "$said" -eq 1 ] && [ ! -e "$elsewhere" ] && tail -1 "$tmp/otherroot.err" | grep -q '^warning: MLflow: 3 artifacts may not have reached' \
+    && pass "an artifact root that is not a folder of this machine: exit 0, nothing written here, one line naming the server's flags: $(grep -o 'start the server.*root,' "$tmp/otherroot.err")" \
+    || fail "an artifact root that is not a folder of this machine: exit $status, $said lines naming the flags: $(head -3 "$tmp/otherroot.err" | tr '\n' ' ')"
+if thorough; then
+    serve s3root --default-artifact-root s3://bucket/mlflow
+    train s3root 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+    status=$?
+    stop_server
+    said=$(grep -c "at s3://bucket/mlflow/0/[0-9a-f]*/artifacts, which this program cannot write: start the server with --artifacts-destination s3://bucket/mlflow instead of --default-artifact-root" "$tmp/s3root.err")
+    [ $status -eq 0 ] && [ "$said" -eq 1 ] \
+        && pass "an s3:// artifact root: exit 0, one line naming the server's flags that would take the files" \
+        || fail "an s3:// artifact root: exit $status, $said lines naming the flags: $(head -3 "$tmp/s3root.err" | tr '\n' ' ')"
+fi
+
 # ---------------------------------------------------------------- a server that fails mid-run
 # faulty NAME WARNING OPTIONS...: step 6 on 2 ranks against a failing server ends with the checksum of
 # the run without tracking, exit 0, and the warning once, in bounded time.
@@ -237,6 +276,28 @@ faulty() {
     fi
 }
 faulty "500s from the 5th request on" "failed 3 tries" --fail-from 5
+# A server that hangs, as one stopped by SIGSTOP (the kernel still takes its connections, nobody
+# answers): the end of the run waits 1.5 request timeouts in all (3 s with MLFLOW_HTTP_REQUEST_TIMEOUT=2;
+# 15 s with the default 10), not a timeout per request and its retries (some 10 s here), and its last
+# line says what "may not have reached" the server: a stopped server that is resumed holds it.
+serve stopped
+MLFLOW_HTTP_REQUEST_TIMEOUT=2 day1/2_mnist_training --data "$DATA" --epochs 2 --mlflow "http://127.0.0.1:$port" \
+    --losses "$tmp/stopped.csv" --save "$tmp/stopped.h5" --plot "$tmp/stopped.png" > "$tmp/stopped.out" 2> "$tmp/stopped.err" &
+pid=$!
+for _ in $(seq 600); do grep -q '^epoch 1/' "$tmp/stopped.out" && break; sleep 0.02; done
+kill -STOP "$server_pid"
+for _ in $(seq 1500); do grep -q 'Test accuracy' "$tmp/stopped.out" && break; sleep 0.02; done
+end_start=$(date +%s%N)
+wait $pid
+status=$? took_ms=$(( ($(date +%s%N) - end_start) / 1000000 ))
+kill -CONT "$server_pid"
+stop_server
+last=$(tail -1 "$tmp/stopped.err")
+if [ $status -eq 0 ] && [ $took_ms -le 4000 ] && echo "$last" | grep -q "^warning: MLflow: .* may not have reached http://127.0.0.1:$port within the end's 3 s: the run may stay RUNNING there$"; then
+    pass "a server stopped (SIGSTOP) mid-run: the end took $took_ms ms (bound: 1.5 request timeouts, 3 s here), exit 0, the last line: $(echo "$last" | sed 's/^warning: MLflow: //')"
+else
+    fail "a server stopped (SIGSTOP) mid-run: exit $status, the end took $took_ms ms (expected 3000 at most, and 1 s for the output's polling), the last line: $last"
+fi
 if thorough; then
     faulty "a server that hangs from the 5th request on" "failed 3 tries" --hang-from 5
     faulty "one batch refused (400)" "INVALID_PARAMETER_VALUE: injected refusal" --fault-path log-batch --refuse-from 1 --refuse-count 1
@@ -258,8 +319,10 @@ if thorough; then
 fi
 
 # ---------------------------------------------------------------- how runs end
-# ft NAME FLAGS...: step 13 on 2 ranks for 4 epochs, its snapshot, CSV and output as $tmp/NAME.*.
-ft() { OMPI_MCA_odls_base_sigkill_timeout=3 timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
+# ft NAME FLAGS...: step 13 on 2 ranks for 4 epochs, its snapshot, CSV and output as $tmp/NAME.*. When a
+# rank dies, mpirun's SIGTERM gives rank 0 3 s to mark its run KILLED (FT_GRACE=0: none, for a rank 0 that
+# is dead already, while rank 1 waits for it in vain).
+ft() { OMPI_MCA_odls_base_sigkill_timeout=${FT_GRACE:-3} timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
           --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
 ft ft_plain
 # killed0 NAME URI: step 13 logging to URI with rank 0 killed (SIGKILL, as `kill -9`) mid-epoch 3, after
@@ -270,7 +333,7 @@ ft ft_plain
 # snapshot keeps, may be missing: then the run's last line names it (tracked_run.py --lacking).
 killed0() {
     local name=$1 uri=$2 first second
-    ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
+    FT_GRACE=0 ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
     first=$?
     mv "$tmp/$name.out" "$tmp/$name.first.out"
     ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"

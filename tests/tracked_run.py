@@ -41,11 +41,18 @@ def runs_of(store, experiment):
             info = r["info"]
             if info["experiment_id"] != ids[0]:
                 continue
-            prefix = info["artifact_uri"].split(":", 1)[1].lstrip("/") + "/"
+            uri = info["artifact_uri"]
+            if uri.startswith("mlflow-artifacts:"):  # through the server's proxy: in the dump
+                prefix = uri.split(":", 1)[1].lstrip("/") + "/"
+                artifacts = {p[len(prefix):]: n for p, n in sizes.items() if p.startswith(prefix)}
+            else:  # a path (plain, or file:) that the client wrote itself
+                folder = re.sub(r"^file:(//)?", "", uri)
+                artifacts = {name: os.path.getsize(os.path.join(folder, name))
+                             for name in (os.listdir(folder) if os.path.isdir(folder) else [])}
             runs.append({"name": info.get("run_name"), "status": info["status"], "start": info["start_time"],
                          "end": info.get("end_time"), "params": dict(r["params"]), "tags": dict(r["tags"]),
                          "metrics": {k: [(m["step"], float(m["value"])) for m in v] for k, v in r["metrics"].items()},
-                         "artifacts": {p[len(prefix):]: n for p, n in sizes.items() if p.startswith(prefix)}})
+                         "artifacts": artifacts})
         return sorted(runs, key=lambda run: run["start"])
     for e in store["experiments"]:  # check_mlruns.py's summary (it checked the files already)
         if e["name"] == experiment:
@@ -111,7 +118,7 @@ def main():
             lines = f.read().splitlines()
         said = re.fullmatch(r"warning: MLflow: run \w+ at .* lacks (.*?): .*", lines[-1]) if lines else None
         for part in said.group(1).split("; ") if said else []:
-            key, _, steps = re.fullmatch(r"(\S+) at steps? (.*)", part).groups()
+            key, steps = re.fullmatch(r"(\S+) at steps? (.*)", part).groups()
             for item in re.split(r", | and ", steps):
                 first, _, last = item.partition("-")
                 lacking.setdefault(key, set()).update(range(int(first), int(last or first) + 1))
