@@ -73,8 +73,9 @@ else
     if [ $have_yaml = 1 ]; then
         if mlruns "$tmp/mlruns" "$tmp/folder.json" 2> "$tmp/check.err"; then
             pass "the mlruns folder reads as MLflow's FileStore reads it (tests/check_mlruns.py: no problem)"
-            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params, the tags, the artifacts" \
+            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params (but --mlflow, --experiment, --run_name), the tags, the artifacts" \
                 "$PYTHON" tests/tracked_run.py "$tmp/folder.json" --experiment ddp --runs 1 --status FINISHED \
+                --no_param mlflow --no_param experiment --no_param run_name \
                 --losses "$tmp/folder.csv" --epochs 1 --accuracy "$(accuracy "$tmp/folder.out")" \
                 --param lr=0.001 --param batch_size=6400 --param epochs=1 --param world_size=2 --param seed=0 \
                 --param no_shuffle=False --param init=None --param bucket_mb=25 --param "data=$DATA" \
@@ -134,6 +135,9 @@ refused "a folder inside a file" "cannot create" --mlflow "$tmp/a_file/mlruns"
 # A port nobody listens on: take one from the kernel and close it.
 closed_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 refused "a server that is not there" "127.0.0.1:$closed_port" --mlflow "http://127.0.0.1:$closed_port"
+# The same URI from the environment: the line names the variable, not a flag that was never given.
+MLFLOW_TRACKING_URI="http://127.0.0.1:$closed_port" refused "a server that is not there, named by MLFLOW_TRACKING_URI" \
+    "^error: MLFLOW_TRACKING_URI=http://127.0.0.1:$closed_port: "
 
 # ---------------------------------------------------------------- a tracking server (the test double)
 # serve NAME OPTIONS...: start tests/mlflow_test_server.py, its log and dump as $tmp/NAME.{log,dump}; sets $port.

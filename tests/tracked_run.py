@@ -18,6 +18,7 @@ Expectations:
     --min_steps N                the metric `loss` holds steps 0..N-1 at least (a killed run's), each once
     --accuracy PERCENT           test_accuracy x 100, to the printed 2 decimals
     --param KEY=VALUE, --tag KEY=VALUE   (repeatable)
+    --no_param KEY               (repeatable) the run has no param KEY
     --artifact FILE              (repeatable) an artifact of FILE's name and size
 Prints nothing and exits 0 when every expectation holds; otherwise one line per miss on stdout, exit 1.
 """
@@ -78,6 +79,7 @@ def main():
     p.add_argument("--accuracy", type=float)
     p.add_argument("--param", action="append", default=[])
     p.add_argument("--tag", action="append", default=[])
+    p.add_argument("--no_param", action="append", default=[])
     p.add_argument("--artifact", action="append", default=[])
     a = p.parse_args()
     misses = []
@@ -139,6 +141,9 @@ def main():
             got = run[kind].get(key)
             if got != value:
                 misses.append(f"{kind[:-1]} {key} = {got!r}, expected {value!r}")
+    for key in a.no_param:
+        if key in run["params"]:
+            misses.append(f"param {key} = {run['params'][key]!r}, expected none")
     for path in a.artifact:
         name, size = os.path.basename(path), os.path.getsize(path)
         if name not in run["artifacts"]:
