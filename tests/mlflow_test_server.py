@@ -38,6 +38,7 @@ holds it (the others are served normally). From the Nth counted request on, K of
     --hang-from N [--hang-count K]       read the request, then never answer (the connection stays open)
     --close-from N [--close-count K]     read the request, then close the connection without an answer
 (several at once: the first in this order close, hang, fail, refuse whose range holds the request).
+SIGUSR1 turns every fault off from then on: a server that failed a first run and serves the next.
 libcurl sends a request once more, on a new connection, when a kept-alive one closes without an answer:
 the client itself sees a --close only when two requests in a row are closed (--close-count 2 or more).
     --require-token TOKEN / --require-basic USER:PASSWORD   401 {"error_code": "UNAUTHENTICATED"} to a
@@ -481,8 +482,13 @@ def main():
     def stop(signum, frame):
         raise KeyboardInterrupt
 
+    def faults_off(signum, frame):
+        for name in ("close", "hang", "fail", "refuse"):
+            setattr(options, name + "_from", None)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGUSR1, faults_off)
     write_atomically(options.port_file, f"{server.server_address[1]}\n")
     try:
         server.serve_forever()

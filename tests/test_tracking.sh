@@ -329,17 +329,19 @@ fi
 ft() { OMPI_MCA_odls_base_sigkill_timeout=${FT_GRACE:-3} timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
           --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
 ft ft_plain
-# killed0 NAME URI: step 13 logging to URI with rank 0 killed (SIGKILL, as `kill -9`) mid-epoch 3, after
-# epoch 2's snapshot: what it had queued for the store dies with it (every value, when the kill comes
-# before the sender's first second; steps 7-9 in another try). The same command resumes into the same
-# run, which ends FINISHED holding what the snapshot holds, each step once: every step's loss (= an
-# uninterrupted run's), each epoch's mean loss, the params. An epoch's samples per second, a timing no
-# snapshot keeps, may be missing: then the run's last line names it (tracked_run.py --lacking).
+# killed0 NAME URI WHERE [COMMAND]: step 13 logging to URI with rank 0 killed (SIGKILL, as `kill -9`)
+# mid-epoch 3, after epoch 2's snapshot: what it had queued for the store dies with it (with a folder,
+# every value when the kill comes before the sender's first second, steps 7-9 in another try). COMMAND
+# runs between the two runs. The same command resumes into the same run, which ends FINISHED holding
+# what the snapshot holds, each step once: every step's loss (= an uninterrupted run's), each epoch's
+# mean loss, the params. An epoch's samples per second, a timing no snapshot keeps, may be missing:
+# then the run's last line names it (tracked_run.py --lacking).
 killed0() {
     local name=$1 uri=$2 first second
     FT_GRACE=0 ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
     first=$?
     mv "$tmp/$name.out" "$tmp/$name.first.out"
+    ${4:-true}
     ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
     second=$?
     if [ $first -eq 0 ] || ! grep -q '^\[rank 0\] --fail_at_epoch 3: this rank dies now' "$tmp/$name.first.out" || [ $second -ne 0 ]; then
@@ -354,8 +356,11 @@ killed0_expect() {
         --epochs 4 --lacking "$tmp/$1.err" --param total_epochs=4 --param fail_rank=0 --param world_size=2 \
         --param "snapshot=$tmp/$1.h5" --artifact "$tmp/$1.h5"
 }
-serve killed
-killed0 killed "http://127.0.0.1:$port" "a server"
+# The server takes none of the first run's values (it refuses every log-batch until SIGUSR1): the
+# worst case of a kill before the first send, whatever the timing: the resumed run must send them all,
+# the params too.
+serve killed --fault-path log-batch --refuse-from 1
+killed0 killed "http://127.0.0.1:$port" "a server" "kill -USR1 $server_pid"
 status=$?
 stop_server
 [ $status = 0 ] && killed0_expect killed "$tmp/killed.dump" "a server"
