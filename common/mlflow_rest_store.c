@@ -86,7 +86,10 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     snprintf(url, sizeof url, "%s%s", s->url, endpoint);
     double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : 10.0, deadline = s->base.deadline;
     if (deadline > 0 && deadline - wall_seconds() < seconds) seconds = deadline - wall_seconds();
-    if (seconds < 0.001) return store_failed(STORE_RETRY, error, size, "%s: no time left to send it", endpoint);
+    if (seconds < 0.001) {
+        if (http_status) *http_status = 0;
+        return store_failed(STORE_RETRY, error, size, "%s: no time left to send it", endpoint);
+    }
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     Buffer answer = {0};
     curl_easy_reset(s->curl);

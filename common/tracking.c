@@ -418,7 +418,7 @@ static const char *user_name(void) {
 }
 
 // Rank 0's part of tracking_start: the store, the run, its params and tags. false with a message.
-// `source` names where the URI came from, for the messages: "--mlflow URI" or "MLFLOW_TRACKING_URI=URI".
+// from_flag: the URI came from --mlflow, not MLFLOW_TRACKING_URI; the messages name which.
 static bool open_run(Tracking *t, const char *uri, bool from_flag, const char *experiment, const char *run_name,
                      const char *program, const char *device, const char *resume_run_id, char *error, size_t size) {
     char message[1024] = "";
