@@ -48,6 +48,65 @@ StoreResult store_failed(StoreResult result, char *error, size_t size, const cha
     return result;
 }
 
+// ------------------------------------------------------------------ what a resumed run holds (both stores)
+
+static HeldMetric *held_metric(const RunHoldings *held, const char *key) {
+    for (int i = 0; i < held->n_metrics; i++)
+        if (strcmp(held->metrics[i].key, key) == 0) return &held->metrics[i];
+    return NULL;
+}
+
+void run_holdings_add_step(RunHoldings *held, const char *key, long step) {
+    HeldMetric *m = held_metric(held, key);
+    if (!m) {
+        held->metrics = xrealloc(held->metrics, (size_t)(held->n_metrics + 1) * sizeof *held->metrics);
+        m = &held->metrics[held->n_metrics++];
+        *m = (HeldMetric){xstrdup(key), NULL, 0};
+    }
+    // Insertion in order: the steps come in their order (a metric file, a history page), so this is
+    // an append but for the duplicates that a store may hold (a value sent twice).
+    int at = m->n_steps;
+    while (at > 0 && m->steps[at - 1] > step) at--;
+    if (at > 0 && m->steps[at - 1] == step) return;
+    m->steps = xrealloc(m->steps, (size_t)(m->n_steps + 1) * sizeof *m->steps);
+    memmove(m->steps + at + 1, m->steps + at, (size_t)(m->n_steps - at) * sizeof *m->steps);
+    m->steps[at] = step;
+    m->n_steps++;
+}
+
+void run_holdings_add_param(RunHoldings *held, const char *key) {
+    if (run_holdings_has_param(held, key)) return;
+    held->params = xrealloc(held->params, (size_t)(held->n_params + 1) * sizeof *held->params);
+    held->params[held->n_params++] = xstrdup(key);
+}
+
+bool run_holdings_has_step(const RunHoldings *held, const char *key, long step) {
+    const HeldMetric *m = held_metric(held, key);
+    for (int lo = 0, hi = m ? m->n_steps : 0; lo < hi;) {
+        int mid = lo + (hi - lo) / 2;
+        if (m->steps[mid] == step) return true;
+        if (m->steps[mid] < step) lo = mid + 1;
+        else hi = mid;
+    }
+    return false;
+}
+
+bool run_holdings_has_param(const RunHoldings *held, const char *key) {
+    for (int i = 0; i < held->n_params; i++)
+        if (strcmp(held->params[i], key) == 0) return true;
+    return false;
+}
+
+void run_holdings_free(RunHoldings *held) {
+    for (int i = 0; i < held->n_metrics; i++) free(held->metrics[i].key), free(held->metrics[i].steps);
+    for (int i = 0; i < held->n_params; i++) free(held->params[i]);
+    free(held->metrics);
+    free(held->params);
+    *held = (RunHoldings){0};
+}
+
+// ------------------------------------------------------------------ the folder
+
 // A full disk or a quota may pass; a folder we may not write will not.
 static StoreResult errno_result(void) {
     return errno == ENOSPC || errno == EDQUOT || errno == EINTR || errno == EAGAIN ? STORE_RETRY : STORE_REFUSED;
@@ -105,6 +164,20 @@ static StoreResult write_file_in(FileStore *s, const char *dir, const char *name
 }
 
 static bool make_dir(const char *path) { return mkdir(path, 0777) == 0 || errno == EEXIST; }
+
+// mkdir -p: `path` and every folder above it that is missing. false (errno set) if one cannot be made.
+static bool make_dirs(const char *path) {
+    char partial[PATH_MAX];
+    if (snprintf(partial, sizeof partial, "%s", path) >= (int)sizeof partial) return errno = ENAMETOOLONG, false;
+    for (char *c = partial + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        bool ok = make_dir(partial);
+        *c = '/';
+        if (!ok) return false;
+    }
+    return make_dir(partial);
+}
 
 // The value of `field: value` in a meta.yaml, unquoted; false if the field is not there.
 static bool read_yaml_field(const char *path, const char *field, char *value, size_t size) {
@@ -261,29 +334,25 @@ static StoreResult file_create_run(MlflowStore *store, const char *experiment, c
     return write_run_meta(s, run_id, RUN_RUNNING, 0, error, size);
 }
 
-// The last step in a metric file: its last whole line's third field.
-static bool last_step_of(const char *path, long *step) {
+// Every step in a metric file (its whole lines' third fields) into `held`, under `key`.
+static void read_steps(const char *path, const char *key, RunHoldings *held) {
     FILE *file = fopen(path, "r");
-    if (!file) return false;
+    if (!file) return;
     char line[256];
-    bool any = false;
     while (fgets(line, sizeof line, file)) {
         long long timestamp;
         double value;
-        long s;
-        if (strchr(line, '\n') && sscanf(line, "%lld %lf %ld", &timestamp, &value, &s) == 3) {
-            if (!any || s > *step) *step = s;
-            any = true;
-        }
+        long step;
+        if (strchr(line, '\n') && sscanf(line, "%lld %lf %ld", &timestamp, &value, &step) == 3)
+            run_holdings_add_step(held, key, step);
     }
     fclose(file);
-    return any;
 }
 
-static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                                   int *n_ends, char *error, size_t size) {
+static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                                   char *error, size_t size) {
     FileStore *s = (FileStore *)store;
-    *found = false, *ends = NULL, *n_ends = 0;
+    *found = false;
     DIR *root = opendir(s->root);
     if (!root) return store_failed(errno_result(), error, size, "cannot read %s: %s", s->root, strerror(errno));
     struct dirent *entry;
@@ -303,18 +372,20 @@ static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool 
     }
     closedir(root);
     if (!*found) return STORE_OK;
-    char metrics[PATH_MAX + 16];
-    snprintf(metrics, sizeof metrics, "%s/metrics", s->run_dir);
-    DIR *dir = opendir(metrics);
-    if (dir) {
+    // Each metric file's steps, and the params' file names (a temporary file is in the run's folder,
+    // never in these two).
+    const char *kinds[] = {"metrics", "params"};
+    for (int k = 0; k < 2; k++) {
+        char folder[PATH_MAX + 16];
+        snprintf(folder, sizeof folder, "%s/%s", s->run_dir, kinds[k]);
+        DIR *dir = opendir(folder);
+        if (!dir) continue;
         while ((entry = readdir(dir))) {
             if (entry->d_name[0] == '.') continue;
             char path[PATH_MAX + 300];
-            snprintf(path, sizeof path, "%s/%s", metrics, entry->d_name);
-            long step;
-            if (!last_step_of(path, &step)) continue;
-            *ends = xrealloc(*ends, (size_t)(*n_ends + 1) * sizeof **ends);
-            (*ends)[(*n_ends)++] = (MetricEnd){xstrdup(entry->d_name), step};
+            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
+            if (k == 0) read_steps(path, entry->d_name, held);
+            else run_holdings_add_param(held, entry->d_name);
         }
         closedir(dir);
     }
@@ -394,22 +465,21 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
     return result;
 }
 
-static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, const char *path, char *error,
-                                     size_t size) {
-    FileStore *s = (FileStore *)store;
-    (void)run_id;
+StoreResult store_copy_artifact(const char *path, const char *temp_dir, const char *folder, char *error, size_t size) {
+    static unsigned counter;  // one store call at a time (tracking.c's store lock)
     FILE *in = fopen(path, "rb");
     if (!in) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    char dir[PATH_MAX + 16], temp[PATH_MAX + 64], target[PATH_MAX + 300];
-    snprintf(dir, sizeof dir, "%s/artifacts", s->run_dir);
-    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", s->run_dir, (long)getpid(), s->temp_counter++);
-    snprintf(target, sizeof target, "%s/%s", dir, base);
-    FILE *out = fopen(temp, "wb");
+    char temp[PATH_MAX + 64], target[2 * PATH_MAX];
+    snprintf(temp, sizeof temp, "%s/.tmp.%ld.%u", temp_dir, (long)getpid(), counter++);
+    snprintf(target, sizeof target, "%s/%s", folder, base);
+    FILE *out = make_dirs(folder) ? fopen(temp, "wb") : NULL;
     if (!out) {
+        int saved = errno;
         fclose(in);
-        return store_failed(errno_result(), error, size, "cannot write %s: %s", temp, strerror(errno));
+        errno = saved;
+        return store_failed(errno_result(), error, size, "cannot write in %s: %s", folder, strerror(saved));
     }
     char buffer[1 << 16];
     size_t got;
@@ -425,6 +495,16 @@ static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, con
         return store_failed(result, error, size, "cannot copy %s to %s: %s", path, target, strerror(saved));
     }
     return STORE_OK;
+}
+
+// The temporary file goes in the run's folder, which MLflow does not list as artifacts.
+static StoreResult file_log_artifact(MlflowStore *store, const char *run_id, const char *path, char *error,
+                                     size_t size) {
+    FileStore *s = (FileStore *)store;
+    (void)run_id;
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/artifacts", s->run_dir);
+    return store_copy_artifact(path, s->run_dir, dir, error, size);
 }
 
 static StoreResult file_set_status(MlflowStore *store, const char *run_id, RunStatus status, long long end_ms,
@@ -448,14 +528,7 @@ MlflowStore *mlflow_file_store_open(const char *folder, char *error, size_t size
     // mkdir -p, then the absolute path: artifact_location and artifact_uri are file:// URIs.
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s", folder);
-    for (char *c = path + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        bool ok = make_dir(path);
-        *c = '/';
-        if (!ok) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
-    }
-    if (!make_dir(path)) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
+    if (!make_dirs(path)) { snprintf(error, size, "cannot create %s: %s", path, strerror(errno)); return NULL; }
     FileStore *s = xcalloc(1, sizeof *s);
     s->base.ops = &file_ops;
     if (!realpath(path, s->root) || access(s->root, W_OK) != 0) {

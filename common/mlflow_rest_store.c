@@ -5,7 +5,8 @@
 //   GET  /api/2.0/mlflow/experiments/get-by-name?experiment_name=N   the experiment's id, or 404
 //   POST /api/2.0/mlflow/experiments/create      {name}               ... created if missing
 //   POST /api/2.0/mlflow/runs/create             {experiment_id, run_name, start_time, tags}
-//   GET  /api/2.0/mlflow/runs/get?run_id=R                            a resumed run's latest metrics
+//   GET  /api/2.0/mlflow/runs/get?run_id=R                            a resumed run's params and metrics,
+//   GET  /api/2.0/mlflow/metrics/get-history?run_id=R&metric_key=K    ... and each metric's steps
 //   POST /api/2.0/mlflow/runs/log-batch          {run_id, metrics, params, tags}  (1000 in all: tracking.c
 //                                                                     cuts the batches to the limits)
 //   POST /api/2.0/mlflow/runs/update             {run_id, status, end_time}
@@ -15,8 +16,9 @@
 // Authentication and TLS as MLflow's Python client reads them: MLFLOW_TRACKING_TOKEN (a bearer token),
 // or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (basic); certificates verified, unless
 // MLFLOW_TRACKING_INSECURE_TLS=true; MLFLOW_TRACKING_SERVER_CERT_PATH names a CA bundle. One request
-// waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (MLflow's variable; 10 here, where MLflow waits 120,
-// since the end of a training waits for the last one).
+// waits at most the store's timeout_s (tracking.c reads MLflow's MLFLOW_HTTP_REQUEST_TIMEOUT: 10 s
+// there, where MLflow waits 120, since the end of a training waits for the last one), and not past its
+// deadline.
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -24,9 +26,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "check.h"
 #include "mlflow_store.h"
+#include "timer.h"
 
 #if HAVE_MLFLOW_HTTP
 #include <cjson/cJSON.h>
@@ -38,6 +42,7 @@ typedef struct {
     char url[1024];                  // the server, without a trailing slash
     struct curl_slist *headers, *upload_headers;  // JSON requests; artifact uploads (bytes)
     char artifact_root[PATH_MAX];    // "<experiment>/<run>/artifacts" under the artifact proxy, or ""
+    char artifact_dir[PATH_MAX];     // the run's artifact folder where its URI is a path (file: or plain), or ""
     char artifact_uri[PATH_MAX];     // the run's, as the server gave it
 } RestStore;
 
@@ -59,11 +64,13 @@ static size_t collect(char *data, size_t size, size_t count, void *user) {
     return n;
 }
 
-// libcurl asks between its reads and writes: a request under way ends when tracking.c cancels it.
+// libcurl asks between its reads and writes, and about once a second while it waits for an answer: a
+// request under way ends when tracking.c cancels it, or at the deadline.
 static int cancelled(void *user, curl_off_t down_total, curl_off_t down_now, curl_off_t up_total, curl_off_t up_now) {
-    const RestStore *s = user;
+    RestStore *s = user;
     (void)down_total, (void)down_now, (void)up_total, (void)up_now;
-    return s->base.cancel && *s->base.cancel;
+    double deadline = s->base.deadline;
+    return (s->base.cancel && *s->base.cancel) || (deadline > 0 && wall_seconds() >= deadline);
 }
 
 
@@ -77,6 +84,12 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
                            size_t size) {
     char url[2048];
     snprintf(url, sizeof url, "%s%s", s->url, endpoint);
+    double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : 10.0, deadline = s->base.deadline;
+    if (deadline > 0 && deadline - wall_seconds() < seconds) seconds = deadline - wall_seconds();
+    if (seconds < 0.001) {
+        if (http_status) *http_status = 0;
+        return store_failed(STORE_RETRY, error, size, "%s: no time left to send it", endpoint);
+    }
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     Buffer answer = {0};
     curl_easy_reset(s->curl);
@@ -84,8 +97,6 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);  // a thread of its own: no SIGALRM for timeouts
     curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &answer);
-    const char *timeout = getenv("MLFLOW_HTTP_REQUEST_TIMEOUT");
-    double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : timeout && atof(timeout) > 0 ? atof(timeout) : 10.0;
     curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)(seconds * 1000));
     curl_easy_setopt(s->curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(s->curl, CURLOPT_XFERINFOFUNCTION, cancelled);
@@ -118,7 +129,9 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
     if (http_status) *http_status = status;
     StoreResult result = STORE_OK;
-    if (code != CURLE_OK) {
+    if (code == CURLE_ABORTED_BY_CALLBACK && !(s->base.cancel && *s->base.cancel)) {
+        result = store_failed(STORE_RETRY, error, size, "%s: no answer before the end's deadline", url);
+    } else if (code != CURLE_OK) {
         result = store_failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
     } else if (status < 200 || status > 299) {
         cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
@@ -201,22 +214,51 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
     return STORE_REFUSED;
 }
 
-// Where the artifact proxy keeps the run's files: the path of "mlflow-artifacts:/1/<run>/artifacts" (or
-// of "mlflow-artifacts://host:port/1/<run>/artifacts"); "" for any other artifact URI, which only the
-// server itself can reach.
+// Where the run's artifacts go, from the artifact_uri the server gave it, as MLflow's client decides:
+//   mlflow-artifacts:/1/<run>/artifacts (or mlflow-artifacts://host:port/...): through the server's
+//     artifact proxy (`mlflow server`'s default, --serve-artifacts): artifact_root is the path under it;
+//   file:///path/1/<run>/artifacts, file:/path/..., or a plain path (a server started with
+//     --default-artifact-root PATH, which overrides the proxy for its new experiments): a folder that
+//     the client writes itself, MLflow's LocalArtifactRepository: artifact_dir;
+//   anything else (s3://, gs://, ...): neither, and rest_log_artifact says which flags would serve it.
 static void remember_artifact_uri(RestStore *s, const cJSON *info) {
     const char *uri = json_string(info, "artifact_uri");
     snprintf(s->artifact_uri, sizeof s->artifact_uri, "%s", uri ? uri : "");
-    s->artifact_root[0] = '\0';
-    const char *scheme = "mlflow-artifacts:";
-    if (!uri || strncmp(uri, scheme, strlen(scheme)) != 0) return;
-    const char *path = uri + strlen(scheme);
-    if (strncmp(path, "//", 2) == 0) {  // an authority: skip to its path
-        path = strchr(path + 2, '/');
-        if (!path) return;
+    s->artifact_root[0] = s->artifact_dir[0] = '\0';
+    if (!uri) return;
+    const char *proxy = "mlflow-artifacts:";
+    if (strncmp(uri, proxy, strlen(proxy)) == 0) {
+        const char *path = uri + strlen(proxy);
+        if (strncmp(path, "//", 2) == 0) {  // an authority: skip to its path
+            path = strchr(path + 2, '/');
+            if (!path) return;
+        }
+        while (*path == '/') path++;
+        snprintf(s->artifact_root, sizeof s->artifact_root, "%s", path);
+        return;
     }
-    while (*path == '/') path++;
-    snprintf(s->artifact_root, sizeof s->artifact_root, "%s", path);
+    const char *path = NULL;
+    if (strncmp(uri, "file://", 7) == 0) path = uri[7] == '/' ? uri + 7 : NULL;  // file://host/... is not ours
+    else if (strncmp(uri, "file:", 5) == 0) path = uri + 5;
+    else if (!strstr(uri, ":")) path = uri;  // no scheme: a path (relative: to the working folder, as MLflow's)
+    if (path == uri) {
+        snprintf(s->artifact_dir, sizeof s->artifact_dir, "%s", path);
+    } else if (path) {
+        char *decoded = curl_easy_unescape(s->curl, path, 0, NULL);  // a file: URI's %20 is a space
+        snprintf(s->artifact_dir, sizeof s->artifact_dir, "%s", decoded ? decoded : path);
+        curl_free(decoded);
+    }
+}
+
+// The folder `levels` folders above `path` (".../1/<run>/artifacts", 3: the artifact root), in `out`.
+static void folder_above(const char *path, int levels, char *out, size_t size) {
+    snprintf(out, size, "%s", path);
+    for (int i = 0; i < levels; i++) {
+        char *slash = strrchr(out, '/');
+        if (!slash) { snprintf(out, size, "."); return; }
+        if (slash == out) { out[1] = '\0'; return; }
+        *slash = '\0';
+    }
 }
 
 static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
@@ -271,10 +313,39 @@ static StoreResult rest_set_status(MlflowStore *store, const char *run_id, RunSt
     return result;
 }
 
-static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                                   int *n_ends, char *error, size_t size) {
+// Every step the run holds of `key`, page by page (MLflow answers 25000 values a page at most).
+static StoreResult metric_steps(RestStore *s, const char *run_id, const char *key, RunHoldings *held, char *error,
+                                size_t size) {
+    char *escaped = curl_easy_escape(s->curl, key, 0);
+    char token[256] = "";
+    StoreResult result = STORE_OK;
+    do {
+        char endpoint[1024];
+        snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/metrics/get-history?run_id=%s&metric_key=%s&max_results=25000%s%s",
+                 run_id, escaped, *token ? "&page_token=" : "", token);
+        cJSON *reply = NULL;
+        result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, NULL, error, size);
+        if (result != STORE_OK) break;
+        const cJSON *metric;
+        cJSON_ArrayForEach(metric, cJSON_GetObjectItemCaseSensitive(reply, "metrics")) {
+            const cJSON *step = cJSON_GetObjectItemCaseSensitive(metric, "step");  // int64: a number, or text
+            run_holdings_add_step(held, key, cJSON_IsNumber(step) ? (long)step->valuedouble
+                                             : cJSON_IsString(step) ? atol(step->valuestring) : 0);
+        }
+        const char *next = json_string(reply, "next_page_token");
+        char *next_escaped = next && *next ? curl_easy_escape(s->curl, next, 0) : NULL;
+        snprintf(token, sizeof token, "%s", next_escaped ? next_escaped : "");
+        curl_free(next_escaped);
+        cJSON_Delete(reply);
+    } while (*token);
+    curl_free(escaped);
+    return result;
+}
+
+static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                                   char *error, size_t size) {
     RestStore *s = (RestStore *)store;
-    *found = false, *ends = NULL, *n_ends = 0;
+    *found = false;
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "/api/2.0/mlflow/runs/get?run_id=%s", run_id);
     cJSON *reply = NULL;
@@ -282,18 +353,20 @@ static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool 
     StoreResult result = request(s, "GET", endpoint, NULL, NULL, 0, &reply, &status, error, size);
     if (result != STORE_OK) return status == 404 ? STORE_OK : result;  // MLflow's 404: RESOURCE_DOES_NOT_EXIST
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(reply, "run");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(run, "data");
     remember_artifact_uri(s, cJSON_GetObjectItemCaseSensitive(run, "info"));
-    // data.metrics holds each metric's latest value, the one with the highest step.
-    const cJSON *metric;
-    cJSON_ArrayForEach(metric, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(run, "data"), "metrics")) {
-        const char *key = json_string(metric, "key");
-        const cJSON *step = cJSON_GetObjectItemCaseSensitive(metric, "step");
-        if (!key) continue;
-        *ends = xrealloc(*ends, (size_t)(*n_ends + 1) * sizeof **ends);
-        (*ends)[(*n_ends)++] = (MetricEnd){xstrdup(key), cJSON_IsNumber(step) ? (long)step->valuedouble
-                                           : cJSON_IsString(step) ? atol(step->valuestring) : 0};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(data, "params")) {
+        const char *key = json_string(item, "key");
+        if (key) run_holdings_add_param(held, key);
+    }
+    // data.metrics holds each metric's latest value only: its history says which steps are there.
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(data, "metrics")) {
+        const char *key = json_string(item, "key");
+        if (key && result == STORE_OK) result = metric_steps(s, run_id, key, held, error, size);
     }
     cJSON_Delete(reply);
+    if (result != STORE_OK) return result;
     *found = true;
     return rest_set_status(store, run_id, RUN_RUNNING, 0, error, size);
 }
@@ -329,10 +402,35 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
                                      size_t size) {
     RestStore *s = (RestStore *)store;
     (void)run_id;
-    if (!s->artifact_root[0])
-        return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which only it can "
-                      "reach: start it with its artifact proxy (mlflow server --serve-artifacts, the default) to "
-                      "log files through it", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)");
+    if (s->artifact_dir[0]) {
+        // A folder of the server's choosing: written here, as MLflow's client does, where this machine
+        // has the artifact root (the same machine, or a shared filesystem). The run's folders under it
+        // are made here; the root itself is not, since a root missing here is a folder of the server's
+        // machine only, and files written here would be files the server never sees.
+        char root[PATH_MAX], run_folder[PATH_MAX];
+        struct stat info;
+        folder_above(s->artifact_dir, 3, root, sizeof root);
+        if (stat(root, &info) != 0 || !S_ISDIR(info.st_mode))
+            return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, and its artifact "
+                                "root %s is not a folder of this machine: start the server with --artifacts-destination "
+                                "%s instead of --default-artifact-root, so that its artifact proxy takes the files, or "
+                                "share that folder with this machine", s->artifact_uri, root, root);
+        folder_above(s->artifact_dir, 1, run_folder, sizeof run_folder);
+        char folder_error[PATH_MAX + 256];
+        StoreResult made = store_copy_artifact(path, run_folder, s->artifact_dir, folder_error, sizeof folder_error);
+        if (made != STORE_OK)
+            return store_failed(made, error, size, "the server keeps this run's artifacts at %s, written from here: %s",
+                                s->artifact_uri, folder_error);
+        return STORE_OK;
+    }
+    if (!s->artifact_root[0]) {  // s3://, gs://, ...: a store for the server's clients to write, not ours
+        char root[PATH_MAX];
+        folder_above(s->artifact_uri, 3, root, sizeof root);
+        return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which this "
+                            "program cannot write: start the server with --artifacts-destination %s instead of "
+                            "--default-artifact-root, so that its artifact proxy (--serve-artifacts, the default) "
+                            "takes the files", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)", root);
+    }
     FILE *file = fopen(path, "rb");
     if (!file) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
     fseek(file, 0, SEEK_END);

@@ -18,11 +18,30 @@ typedef struct {
     long long timestamp_ms;   // metrics: when logged
 } TrackingRecord;
 
-// The last step of a metric that a run already holds (for a resumed run).
+// What a run already holds, for a resumed run: the steps of each of its metrics and the keys of its
+// params. A resume sends only what the store lacks (MLflow keeps a value sent twice twice, and refuses a
+// param sent again with another value), and the store may lack anything: a process killed by SIGKILL
+// loses what it had queued, before or after its last snapshot.
 typedef struct {
     char *key;
-    long step;
-} MetricEnd;
+    long *steps;  // ascending, each once
+    int n_steps;
+} HeldMetric;
+
+typedef struct {
+    HeldMetric *metrics;
+    int n_metrics;
+    char **params;
+    int n_params;
+} RunHoldings;
+
+// Adds `step` to `key`'s steps (a store's resume_run fills the holdings with it); the steps stay sorted
+// and each once, whatever order they come in.
+void run_holdings_add_step(RunHoldings *held, const char *key, long step);
+void run_holdings_add_param(RunHoldings *held, const char *key);
+bool run_holdings_has_step(const RunHoldings *held, const char *key, long step);
+bool run_holdings_has_param(const RunHoldings *held, const char *key);
+void run_holdings_free(RunHoldings *held);
 
 typedef enum {
     STORE_OK,
@@ -38,6 +57,11 @@ const char *run_status_name(RunStatus status);  // "RUNNING", "FINISHED", ...
 StoreResult store_failed(StoreResult result, char *error, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+// `path` into `folder` (made if missing) under its own name, through a temporary file in `temp_dir` (on
+// the same filesystem, and not a folder MLflow lists artifacts from) renamed into place: a reader never
+// sees half a file. Both stores' way of writing an artifact to a folder.
+StoreResult store_copy_artifact(const char *path, const char *temp_dir, const char *folder, char *error, size_t size);
+
 typedef struct MlflowStore MlflowStore;
 typedef struct {
     // Finds the experiment by name (creating it if missing) and creates a run in it, RUNNING, with
@@ -45,10 +69,11 @@ typedef struct {
     StoreResult (*create_run)(MlflowStore *store, const char *experiment, const char *run_name,
                               long long start_ms, const TrackingRecord *tags, int n_tags, char run_id[33],
                               char *error, size_t size);
-    // Sets an existing run RUNNING again and lists the last step of each of its metrics (the caller
-    // frees each key and the array). *found is false for a run the store does not know.
-    StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, MetricEnd **ends,
-                              int *n_ends, char *error, size_t size);
+    // Sets an existing run RUNNING again and fills `held` (empty on entry; the caller frees it) with
+    // every step of each of its metrics and its params' keys. *found is false for a run the store does
+    // not know.
+    StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
+                              char *error, size_t size);
     StoreResult (*log_batch)(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
                              char *error, size_t size);
     StoreResult (*log_artifact)(MlflowStore *store, const char *run_id, const char *path, char *error,
@@ -63,11 +88,14 @@ typedef struct {
 
 struct MlflowStore {
     const MlflowStoreOps *ops;
-    // Set by tracking.c, read by a server's store: the longest one request may take (0: the store's
-    // default), and a flag that, once non-zero, ends a request under way (a signal came: its grace is
-    // short). A folder's store does neither: its calls do not wait on anyone.
+    // Set by tracking.c, read by a server's store: the longest one request may take (0: 10 s); a flag
+    // that, once non-zero, ends a request under way (a signal came: its grace is short); and a deadline
+    // (wall_seconds(); 0: none), from another thread too, past which no request starts and at which one
+    // under way ends (the end of a run is bounded in all). A folder's store needs none of them: its
+    // calls do not wait on anyone.
     double timeout_s;
     const volatile int *cancel;
+    _Atomic double deadline;
 };
 
 // A folder in MLflow's FileStore layout (made if missing). NULL with a message if it cannot be.

@@ -5,9 +5,11 @@
 // within the store's limits. Every store call goes through send(), which owns the policy:
 //   - a call that may work later (no answer, a timeout, a 5xx) is tried again after 0.5, 1, 2 s
 //     (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 3; MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, default 0.5);
-//     when those are spent, one warning line, and from then on each call gets one try, so that a
-//     dead server costs the end of the run one timeout per call, not a retry series; the first call
+//     when those are spent, one warning line, and from then on each call gets one try; the first call
 //     that succeeds again says so;
+//   - the end of the run (tracking_end) has a deadline, 1.5 request timeouts after it begins, that no
+//     call or retry passes: a server that hangs costs the end 15 s at most (MLflow's default timeout,
+//     10 s), whatever was due, and the last line says what may not have reached it;
 //   - a call the store refuses (a 4xx answer: MLflow's error_code and message) is said once and dropped.
 // Nothing here ends the run or changes it, except at the start (tracking_start), where a URI that does
 // not work is one line and exit 2 on every rank.
@@ -37,6 +39,8 @@
 #include "timer.h"
 
 enum { BATCH_WAKE = 500 };  // records that wake the sender before its second is up
+// The end of a run (tracking_end) waits for the store this many request timeouts in all.
+static const double END_TIMEOUTS = 1.5;
 
 struct Tracking {
     MlflowStore *store;
@@ -51,8 +55,9 @@ struct Tracking {
     bool closing;                  // under queue_lock
     char **artifacts;
     int n_artifacts;
-    MetricEnd *ends;               // a resumed run's last step per metric: steps up to it are not sent again
-    int n_ends;
+    RunHoldings held;              // a resumed run's steps and params in the store: not sent again
+    TrackingRecord *unrecoverable; // values a restart cannot log again (tracking_metric_lost): the end
+    int n_unrecoverable;           // names those the store lacks
     // send()'s state: the sender thread and, after it ended, tracking_end.
     int max_retries;
     double backoff;
@@ -62,6 +67,8 @@ struct Tracking {
     int lost_artifacts;
     bool lost_status;
     bool said_refused;
+    bool out_of_time;              // the end's deadline passed with something not sent
+    double request_timeout;        // MLFLOW_HTTP_REQUEST_TIMEOUT: the end's bound is 1.5 times it
     atomic_bool status_set;        // a final status went out (the fatal hook or the signal, then the end)
     atomic_bool fatal;             // a fatal error: the hook's store call may not wait for the store
 };
@@ -124,13 +131,20 @@ static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t si
     return result;
 }
 
-// "12 values, 1 artifact and the run's status": what did not reach the store (values: metrics, params, tags).
+// "12 values, 1 artifact and the run's status": what may not have reached the store (values: metrics,
+// params, tags), the parts that are not nothing.
 static const char *describe_lost(Tracking *t) {
-    static char text[160];
-    int n = snprintf(text, sizeof text, "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
+    static char text[3 * 64 + 16];
+    char parts[3][64];
+    int n = 0;
+    if (t->dropped) snprintf(parts[n++], sizeof parts[0], "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
     if (t->lost_artifacts)
-        n += snprintf(text + n, sizeof text - (size_t)n, ", %d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
-    if (t->lost_status) snprintf(text + n, sizeof text - (size_t)n, " and the run's status");
+        snprintf(parts[n++], sizeof parts[0], "%d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
+    if (t->lost_status) snprintf(parts[n++], sizeof parts[0], "the run's status");
+    if (n == 0) snprintf(text, sizeof text, "nothing");
+    else if (n == 1) snprintf(text, sizeof text, "%s", parts[0]);
+    else if (n == 2) snprintf(text, sizeof text, "%s and %s", parts[0], parts[1]);
+    else snprintf(text, sizeof text, "%s, %s and %s", parts[0], parts[1], parts[2]);
     return text;
 }
 
@@ -139,23 +153,34 @@ typedef enum { SENT, DROPPED, CANCELLED } SendResult;
 // A signal while the store's cancel flag points at it: the request under way ended, and no retry waits.
 static bool cancelled_by_signal(const Tracking *t) { return g_signal && t->store->cancel; }
 
+// Seconds until the store's deadline (the end's bound); HUGE_VAL without one.
+static double time_left(const Tracking *t) {
+    double deadline = t->store->deadline;
+    return deadline > 0 ? deadline - wall_seconds() : HUGE_VAL;
+}
+
 static SendResult send(Tracking *t, const Send *s) {
     char error[1024] = "";
-    int tries = t->degraded ? 1 : 1 + t->max_retries;
+    int tries = t->degraded ? 1 : 1 + t->max_retries, made = 0;
     StoreResult result = STORE_RETRY;
     for (int attempt = 0; attempt < tries; attempt++) {
         if (attempt > 0) {
-            double pause = t->backoff * (double)(1L << (attempt - 1));
+            double pause = fmin(t->backoff * (double)(1L << (attempt - 1)), fmax(time_left(t), 0));
             struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
             nanosleep(&ts, NULL);
         }
         if (cancelled_by_signal(t)) return CANCELLED;  // after_signal sends it, with the status
+        if (time_left(t) <= 0) {  // the end's time is spent: not tried (again)
+            t->out_of_time = true;
+            break;
+        }
         result = call_store(t, s, error, sizeof error);
+        made++;
         if (result != STORE_RETRY) break;
     }
     if (result == STORE_OK) {
         if (t->degraded && t->warned) {
-            warn("%s answers again (%s lost meanwhile)", t->where, describe_lost(t));
+            warn("%s answers again (%s may have been lost meanwhile)", t->where, describe_lost(t));
             t->degraded = false;
         }
         return SENT;
@@ -164,6 +189,7 @@ static SendResult send(Tracking *t, const Send *s) {
     if (s->kind == SEND_BATCH) t->dropped += s->n;
     if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
     if (s->kind == SEND_STATUS) t->lost_status = true;
+    if (made == 0) return DROPPED;  // the end's last line says it
     if (result == STORE_REFUSED) {
         if (!t->said_refused)
             warn("%s refused %s: %s (said once; the training goes on)", t->where,
@@ -172,7 +198,7 @@ static SendResult send(Tracking *t, const Send *s) {
         t->said_refused = true;
     } else if (!t->degraded) {
         warn("%s failed %d tr%s (%s): the training goes on; from now on each request gets one try, and what "
-             "fails is dropped", t->where, tries, tries == 1 ? "y" : "ies", error);
+             "fails is dropped", t->where, made, made == 1 ? "y" : "ies", error);
         t->degraded = t->warned = true;
     }
     return DROPPED;
@@ -392,7 +418,8 @@ static const char *user_name(void) {
 }
 
 // Rank 0's part of tracking_start: the store, the run, its params and tags. false with a message.
-static bool open_run(Tracking *t, const char *uri, const char *experiment, const char *run_name,
+// from_flag: the URI came from --mlflow, not MLFLOW_TRACKING_URI; the messages name which.
+static bool open_run(Tracking *t, const char *uri, bool from_flag, const char *experiment, const char *run_name,
                      const char *program, const char *device, const char *resume_run_id, char *error, size_t size) {
     char message[1024] = "";
     // Messages name the URI without a password in it (https://user:secret@host: https://***@host).
@@ -402,26 +429,28 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
         snprintf(t->where, sizeof t->where, "%.*s***%s", (int)(scheme_end + 3 - uri), uri, at);
     else
         snprintf(t->where, sizeof t->where, "%s", uri);
+    const char *source = from_flag ? "--mlflow " : "MLFLOW_TRACKING_URI=";
     if (strncmp(uri, "http://", 7) == 0 || strncmp(uri, "https://", 8) == 0) {
         t->store = mlflow_rest_store_open(uri, message, sizeof message);
     } else if (strncmp(uri, "file://", 7) == 0 && uri[7] != '/') {
-        snprintf(error, size, "--mlflow %s: a file URI names a folder of this machine: file:///absolute/path, or "
-                 "file:relative/path", uri);
+        snprintf(error, size, "%s%.400s: a file URI names a folder of this machine: file:///absolute/path, or "
+                 "file:relative/path", source, t->where);
         return false;
     } else if (strstr(uri, "://") && strncmp(uri, "file://", 7) != 0) {
-        snprintf(error, size, "--mlflow %s: expected a tracking server (http://HOST:PORT, https://...) or a folder "
+        snprintf(error, size, "%s%.400s: expected a tracking server (http://HOST:PORT, https://...) or a folder "
                  "(file:PATH, or a path); for a database, run `mlflow server --backend-store-uri URI` and give its "
-                 "address", uri);
+                 "address", source, t->where);
         return false;
     } else {
         const char *folder = strncmp(uri, "file://", 7) == 0 ? uri + 7 : strncmp(uri, "file:", 5) == 0 ? uri + 5 : uri;
         t->store = mlflow_file_store_open(folder, message, sizeof message);
     }
     if (!t->store) {
-        snprintf(error, size, "--mlflow %.400s: %.1000s", t->where, message);
+        snprintf(error, size, "%s%.400s: %.1000s", source, t->where, message);
         return false;
     }
     t->store->cancel = &g_signal;
+    t->store->timeout_s = t->request_timeout;
     const MlflowStoreOps *ops = t->store->ops;
     char text[PATH_MAX];
 
@@ -450,7 +479,7 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
     StoreResult result = STORE_OK;
     bool resumed = false;
     if (resume_run_id && *resume_run_id) {
-        result = ops->resume_run(t->store, resume_run_id, &resumed, &t->ends, &t->n_ends, message, sizeof message);
+        result = ops->resume_run(t->store, resume_run_id, &resumed, &t->held, message, sizeof message);
         if (result == STORE_OK && resumed) {
             snprintf(t->run_id, sizeof t->run_id, "%s", resume_run_id);
             printf("MLflow: resuming run %s at %s (it keeps the params of its first start)\n", t->run_id, t->where);
@@ -463,29 +492,32 @@ static bool open_run(Tracking *t, const char *uri, const char *experiment, const
         if (result == STORE_OK) printf("MLflow: run %s (%s) in experiment '%s' at %s\n", t->run_id, name, experiment, t->where);
     }
     if (result != STORE_OK) {
-        snprintf(error, size, "--mlflow %.400s: %.1000s", t->where, message);
+        snprintf(error, size, "%s%.400s: %.1000s", source, t->where, message);
         free_records(tags, n_tags);
         return false;
     }
     fflush(stdout);
-    // The run's params are its first start's: a resumed run keeps them (MLflow refuses to change a
-    // param), and its tags say where it runs now.
+    // The tags say where the run runs now: a resumed run gets them again (tags may change).
     if (resumed) for (int i = 0; i < n_tags; i++) enqueue(t, tags[i]);
     else for (int i = 0; i < n_tags; i++) free(tags[i].key), free(tags[i].value);
     free(tags);
-    if (!resumed) {
-        // mlflow.log_params(vars(args)): every flag but the three that say where the run goes.
-        for (int i = 0; i < args_count(); i++) {
-            const char *flag = args_flag_name(i);
-            if (strcmp(flag, "mlflow") == 0 || strcmp(flag, "experiment") == 0 || strcmp(flag, "run_name") == 0) continue;
-            char key[128];  // argparse's attribute names: --no-shuffle is args.no_shuffle
-            snprintf(key, sizeof key, "%s", flag);
-            for (char *c = key; *c; c++) if (*c == '-') *c = '_';
-            tracking_log_param(t, key, args_flag_value(i));
-        }
-        snprintf(text, sizeof text, "%d", dist_world_size());
-        tracking_log_param(t, "world_size", text);
+    // mlflow.log_params(vars(args)): every flag but the three that say where the run goes (the run's
+    // experiment and name are fields of the run already, and a server's URI may hold a password).
+    // A resumed run keeps the params its store holds (MLflow refuses to change one) and gets those it
+    // lacks: a first start killed before they were sent.
+    for (int i = 0; i < args_count(); i++) {
+        const char *flag = args_flag_name(i);
+        if (strcmp(flag, "mlflow") == 0 || strcmp(flag, "experiment") == 0 || strcmp(flag, "run_name") == 0) continue;
+        char key[128];  // argparse's attribute names: --no-shuffle is args.no_shuffle
+        snprintf(key, sizeof key, "%s", flag);
+        for (char *c = key; *c; c++) if (*c == '-') *c = '_';
+        if (!run_holdings_has_param(&t->held, key)) tracking_log_param(t, key, args_flag_value(i));
     }
+    snprintf(text, sizeof text, "%d", dist_world_size());
+    if (!run_holdings_has_param(&t->held, "world_size")) tracking_log_param(t, "world_size", text);
+    // ... sent now, before any training: a run killed at any moment from here on has its params (and a
+    // resumed one its tags), as mlflow.log_params returns once the server has them.
+    send_queue(t);
     return true;
 }
 
@@ -519,7 +551,10 @@ Tracking *tracking_start(const TrackingOptions *options, const char *program, co
         sem_init(&t->wake, 0, 0);
         t->max_retries = (int)env_number("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 3);
         t->backoff = env_number("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", 0.5);
-        ok = open_run(t, uri, experiment, options->run_name, program, device, resume_run_id, error, sizeof error);
+        t->request_timeout = env_number("MLFLOW_HTTP_REQUEST_TIMEOUT", 10);
+        if (t->request_timeout <= 0) t->request_timeout = 10;
+        ok = open_run(t, uri, options->uri != NULL, experiment, options->run_name, program, device, resume_run_id, error,
+                      sizeof error);
     }
     // Every rank learns the verdict: a run that cannot be tracked stops before any training.
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -566,10 +601,58 @@ void tracking_set_tag(Tracking *run, const char *key, const char *value) {
 
 void tracking_log_metric(Tracking *run, const char *key, double value, long step) {
     if (!run) return;
-    // A resumed run replays the steps after its snapshot; those the store holds are the same steps.
-    for (int i = 0; i < run->n_ends; i++)
-        if (strcmp(run->ends[i].key, key) == 0 && step <= run->ends[i].step) return;
+    // A resumed run logs again what its snapshot holds and replays the steps after it: a step the store
+    // holds is the same value (an exact resume), and is not sent twice.
+    if (run_holdings_has_step(&run->held, key, step)) return;
     enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, epoch_milliseconds()});
+}
+
+void tracking_metric_lost(Tracking *run, const char *key, long step) {
+    if (!run || run_holdings_has_step(&run->held, key, step)) return;
+    run->unrecoverable = xrealloc(run->unrecoverable, (size_t)(run->n_unrecoverable + 1) * sizeof *run->unrecoverable);
+    run->unrecoverable[run->n_unrecoverable++] = (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, 0, step, 0};
+}
+
+static int compare_steps(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+// printf at the end of `text` (of `size` bytes), cut at its end.
+static void append(char *text, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *text, size_t size, const char *fmt, ...) {
+    size_t n = strlen(text);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(text + n, size - n, fmt, args);
+    va_end(args);
+}
+
+// The values the run lacks for good (tracking_metric_lost), by metric, consecutive steps as ranges:
+// "samples_per_second at steps 0-1 and 4".
+static void describe_unrecoverable(const Tracking *t, char *text, size_t size) {
+    long *steps = xmalloc((size_t)(t->n_unrecoverable > 0 ? t->n_unrecoverable : 1) * sizeof *steps);
+    text[0] = '\0';
+    for (int i = 0; i < t->n_unrecoverable; i++) {
+        const char *key = t->unrecoverable[i].key;
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++) seen = strcmp(t->unrecoverable[k].key, key) == 0;
+        if (seen) continue;
+        int count = 0;
+        for (int k = i; k < t->n_unrecoverable; k++)
+            if (strcmp(t->unrecoverable[k].key, key) == 0) steps[count++] = t->unrecoverable[k].step;
+        qsort(steps, (size_t)count, sizeof *steps, compare_steps);
+        append(text, size, "%s%s at step%s", *text ? "; " : "", key, count == 1 ? "" : "s");
+        for (int k = 0; k < count;) {
+            int last = k;
+            while (last + 1 < count && steps[last + 1] <= steps[last] + 1) last++;
+            const char *joint = k == 0 ? " " : last + 1 == count ? " and " : ", ";
+            if (steps[last] == steps[k]) append(text, size, "%s%ld", joint, steps[k]);
+            else append(text, size, "%s%ld-%ld", joint, steps[k], steps[last]);
+            k = last + 1;
+        }
+    }
+    free(steps);
 }
 
 void tracking_log_artifact(Tracking *run, const char *path) {
@@ -580,6 +663,12 @@ void tracking_log_artifact(Tracking *run, const char *path) {
 
 void tracking_end(Tracking *run, TrackingStatus status) {
     if (!run) return;
+    // The end waits for the store END_TIMEOUTS request timeouts in all (15 s with MLflow's default 10):
+    // what is queued and the artifacts until one timeout has passed (a request under way then, the
+    // sender's included, ends there), the status in what is left. A server that hangs (stopped, or
+    // behind a dead link) costs the end that and no more, however many requests and retries were due.
+    const double start = wall_seconds();
+    run->store->deadline = start + run->request_timeout;
     pthread_mutex_lock(&run->queue_lock);
     run->closing = true;
     pthread_mutex_unlock(&run->queue_lock);
@@ -597,12 +686,27 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     }
     RunStatus final = status == TRACKING_FAILED ? RUN_FAILED : status == TRACKING_KILLED ? RUN_KILLED : RUN_FINISHED;
     atomic_store(&run->status_set, false);
+    run->store->deadline = start + END_TIMEOUTS * run->request_timeout;
     set_final_status(run, final);
     // The failure's warning said what happens next; at the end, what was lost in all, if the server did
-    // not come back (or only refused): the status among it means the run stays RUNNING there.
-    if ((run->degraded && run->warned) || (run->said_refused && !run->warned))
-        warn("%s did not reach %s%s", describe_lost(run), run->where,
-             run->lost_status ? ": the run stays RUNNING there" : "");
+    // not come back, or only refused, or the end's time ran out. "May": a request that got no answer may
+    // have reached a server that answers late (one stopped, then resumed, holds it).
+    if ((run->degraded && run->warned) || (run->said_refused && !run->warned) || run->out_of_time) {
+        char bound[96] = "";
+        if (run->out_of_time)
+            snprintf(bound, sizeof bound, " within the end's %.3g s", END_TIMEOUTS * run->request_timeout);
+        warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound,
+             run->lost_status ? ": the run may stay RUNNING there" : "");
+    }
+    // Last, what the run lacks for good: values measured before a restart by a process that died with
+    // them queued, and that nothing kept (the line says so, rather than the run looking complete).
+    if (run->n_unrecoverable) {
+        char missing[1024];
+        describe_unrecoverable(run, missing, sizeof missing);
+        warn("run %s at %s lacks %s: the process that measured %s died before sending %s, and nothing else kept %s",
+             run->run_id, run->where, missing, run->n_unrecoverable == 1 ? "it" : "them",
+             run->n_unrecoverable == 1 ? "it" : "them", run->n_unrecoverable == 1 ? "it" : "them");
+    }
     for (int i = 0; i < 2; i++) sigaction(g_signals[i], &g_previous[i], NULL);
     g_run = NULL;
     // A signal that came while the end was sending, into a program that had no handler for it: it
@@ -611,8 +715,8 @@ void tracking_end(Tracking *run, TrackingStatus status) {
         if (g_signal == g_signals[i] && !(g_previous[i].sa_flags & SA_SIGINFO) && g_previous[i].sa_handler == SIG_DFL)
             kill(getpid(), g_signal);
     run->store->ops->close(run->store);
-    for (int i = 0; i < run->n_ends; i++) free(run->ends[i].key);
-    free(run->ends);
+    run_holdings_free(&run->held);
+    free_records(run->unrecoverable, run->n_unrecoverable);
     free(run->artifacts);
     sem_destroy(&run->wake);
     pthread_mutex_destroy(&run->queue_lock);

@@ -4,6 +4,7 @@
 //   args_parse(...);
 //   Tracking *run = tracking_start(&opt.tracking, "day1/6_mnist_ddp.c", device_name(device), NULL);
 //                                                             // mlflow.start_run(); mlflow.log_params(vars(args))
+//                                                             // (but for the three flags above)
 //   tracking_log_metric(run, "loss", loss, step);             // mlflow.log_metric("loss", loss, step=step)
 //   tracking_log_artifact(run, opt.plot);                     // mlflow.log_artifact(path)
 //   tracking_end(run, TRACKING_FINISHED);                     // mlflow.end_run()
@@ -20,15 +21,19 @@
 // thread of its own sends what was logged in batches, a second apart; a server that fails mid-run gets
 // bounded retries with backoff ($MLFLOW_HTTP_REQUEST_MAX_RETRIES, _BACKOFF_FACTOR, _TIMEOUT: MLflow's
 // own variables), then one warning line, and the training goes on to the same result: tracking never
-// changes a result or ends a run. Only at the start is it allowed to stop the job: a bad URI or a server
+// changes a result or ends a run. The end of the run (tracking_end) waits for the store 1.5 request
+// timeouts in all (15 s by default), however many requests were due. Only at the start is it allowed to stop the job: a bad URI or a server
 // that does not answer is one line and exit 2 on every rank, before any training.
 //
 // How a run ends: tracking_end's status (FINISHED, or KILLED after a stop signal). A fatal error on rank
 // 0 marks it FAILED (check.h's fatal hook), and SIGTERM or SIGINT marks it KILLED before the signal
 // takes effect (mpirun sends SIGTERM when another rank dies; Slurm at the time limit). A restart that
-// resumes the run (step 13 keeps the run id in its snapshot) sets it RUNNING again, and its metrics
-// continue where the store's end: a step already recorded is not sent twice (the replayed steps of an
-// exact resume are the same steps).
+// resumes the run (step 13 keeps the run id in its snapshot) sets it RUNNING again and sends what the
+// store lacks: the params (a first start killed before it sent them), and every metric value the
+// program logs again from its snapshot or replays after it, unless the store holds that step already
+// (an exact resume's values are the same values): a run killed by SIGKILL with values queued ends
+// complete, each step once. What the program cannot log again (a timing the snapshot does not keep),
+// it names with tracking_metric_lost, and the end's last line says which of those the run lacks.
 #pragma once
 #include <stdbool.h>
 
@@ -49,16 +54,23 @@ typedef enum { TRACKING_FINISHED, TRACKING_FAILED, TRACKING_KILLED } TrackingSta
 typedef struct Tracking Tracking;  // NULL or not, every call below takes it; NULL does nothing
 
 // Collective. With a tracking URI, rank 0 creates the run (or, given `resume_run_id`, sets that run
-// RUNNING again and learns which steps it already holds), logs every flag of the last args_parse as a
-// param and the run's tags (host, world size, nodes, device, BLAS, mlflow.source.name = `program`, the
+// RUNNING again and learns which steps and params it already holds), logs the flags of the last
+// args_parse as params and the run's tags (host, world size, nodes, device, BLAS, mlflow.source.name = `program`, the
 // git commit), and starts its sender thread; the other ranks get NULL. Without one, every rank gets NULL.
 // A URI that is not one, or a server that refuses or does not answer: one line naming it, exit 2 on every
-// rank. A resume_run_id the store does not know starts a new run and says so.
+// rank. A resume_run_id the store does not know starts a new run and says so. The params are every flag
+// but --mlflow, --experiment and --run_name (where the run goes, not what it is: the experiment and the
+// name are the run's own fields, and a server's URI may hold a password), and world_size; they are sent
+// before this returns (a resumed run's: those its store lacked), so that no kill loses them.
 Tracking *tracking_start(const TrackingOptions *options, const char *program, const char *device,
                          const char *resume_run_id);
 
 // The run's id (32 hex digits), for a snapshot; "" for NULL.
 const char *tracking_run_id(const Tracking *run);
+
+// A value this run measured before a restart, which the restarted process cannot log again (a timing
+// that the snapshot does not keep): if the store lacks it, tracking_end's last line names it.
+void tracking_metric_lost(Tracking *run, const char *key, long step);
 
 // mlflow.log_param: a name and its value as text. mlflow.set_tag: the same for a tag.
 void tracking_log_param(Tracking *run, const char *key, const char *value);
@@ -69,6 +81,8 @@ void tracking_log_metric(Tracking *run, const char *key, double value, long step
 // artifacts with its own name. NULL or "" path: nothing.
 void tracking_log_artifact(Tracking *run, const char *path);
 
-// mlflow.end_run(status): sends what is left (within the retry bounds), sets the status and end time,
-// stops the thread and frees the run.
+// mlflow.end_run(status): sends what is left and the artifacts, sets the status and end time, within
+// 1.5 request timeouts in all (a server that hangs costs that, no more), stops the thread and frees the
+// run. What failed, its last line says "may not have reached" the server; then, what the run lacks for
+// good (tracking_metric_lost).
 void tracking_end(Tracking *run, TrackingStatus status);

@@ -147,6 +147,19 @@ int main(int argc, char **argv) {
     Tracking *run = tracking_start(&opt.tracking, "day3/13_fault_tolerant_ddp.c", device_name(device),
                                    progress.mlflow_run_id);  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
     snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", tracking_run_id(run));
+    // What the snapshot holds, logged again: the process that saved it may have died (SIGKILL) with
+    // these values still queued for the store. Tracking sends only the steps the store lacks. The
+    // epoch means are the loop's own sums, in its order, so the values are the ones it logged; an
+    // epoch's samples per second is a timing that the snapshot does not keep: tracking names those the
+    // store lacks at the end.
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
+    for (int epoch = 0, i = 0; epoch < progress.epochs_done; epoch++) {
+        double sum = 0.0;
+        int steps = 0;
+        for (; i < losses.n && losses.epoch[i] == epoch; i++) sum += losses.loss[i], steps++;
+        if (steps) tracking_log_metric(run, "epoch_mean_loss", sum / steps, epoch);
+        tracking_metric_lost(run, "samples_per_second", epoch);
+    }
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

@@ -17,6 +17,8 @@ RESOURCE_DOES_NOT_EXIST, 400 INVALID_PARAMETER_VALUE or RESOURCE_ALREADY_EXISTS)
     POST /api/2.0/mlflow/runs/update                 {run_id, status, end_time, run_name}
     GET  /api/2.0/mlflow/metrics/get-history?run_id=R&metric_key=K[&max_results=N&page_token=T]
     PUT  /api/2.0/mlflow-artifacts/artifacts/PATH    the bytes (kept; with --artifact-dir, also DIR/PATH)
+Runs' artifact_uri is mlflow-artifacts:/<experiment>/<run>/artifacts, the artifact proxy's, or with
+--default-artifact-root URI, URI/<experiment>/<run>/artifacts, which the client writes itself.
     GET  /api/2.0/mlflow-artifacts/artifacts?path=P  {"files": [{"path" (from the root), "is_dir",
                                                      "file_size"}]} under P; GET .../artifacts/PATH: the bytes
 
@@ -36,6 +38,7 @@ holds it (the others are served normally). From the Nth counted request on, K of
     --hang-from N [--hang-count K]       read the request, then never answer (the connection stays open)
     --close-from N [--close-count K]     read the request, then close the connection without an answer
 (several at once: the first in this order close, hang, fail, refuse whose range holds the request).
+SIGUSR1 turns every fault off from then on: a server that failed a first run and serves the next.
 libcurl sends a request once more, on a new connection, when a kept-alive one closes without an answer:
 the client itself sees a --close only when two requests in a row are closed (--close-count 2 or more).
     --require-token TOKEN / --require-basic USER:PASSWORD   401 {"error_code": "UNAUTHENTICATED"} to a
@@ -118,8 +121,9 @@ def check_key(kind, key):
 class Store:
     """Experiments, runs and artifacts in memory; one lock around every request's work."""
 
-    def __init__(self, artifact_dir):
+    def __init__(self, artifact_dir, artifact_root=None):
         self.lock = threading.Lock()
+        self.artifact_root = artifact_root  # --default-artifact-root: the experiments' artifact_location
         self.experiments = {}  # id -> MLflow's Experiment JSON
         self.runs = {}         # run id -> {"info", "params", "tags", "metrics": {key: [metric, ...]}}
         self.artifacts = {}    # path -> bytes
@@ -129,7 +133,10 @@ class Store:
     def add_experiment(self, name, stage="active"):
         eid = str(len(self.experiments))
         t = now_ms()
-        self.experiments[eid] = {"experiment_id": eid, "name": name, "artifact_location": f"mlflow-artifacts:/{eid}",
+        # As `mlflow server`: its artifact proxy's URI, or with --default-artifact-root ROOT, ROOT/<id>
+        # (then the clients write the files there themselves, and the proxy never sees them).
+        location = f"{self.artifact_root.rstrip('/')}/{eid}" if self.artifact_root else f"mlflow-artifacts:/{eid}"
+        self.experiments[eid] = {"experiment_id": eid, "name": name, "artifact_location": location,
                                  "lifecycle_stage": stage, "creation_time": t, "last_update_time": t}
         return eid
 
@@ -419,7 +426,7 @@ class Server(ThreadingHTTPServer):
     def __init__(self, options):
         super().__init__(("127.0.0.1", 0), Handler)
         self.options, self.started = options, time.monotonic()
-        self.store = Store(options.artifact_dir)
+        self.store = Store(options.artifact_dir, options.default_artifact_root)
         for name in options.deleted_experiment:
             self.store.add_experiment(name, "deleted")
         self.credentials = set()
@@ -429,6 +436,13 @@ class Server(ThreadingHTTPServer):
             self.credentials.add("Basic " + base64.b64encode(options.require_basic.encode()).decode())
         self.count_lock, self.counted, self.requests = threading.Lock(), 0, 0
         self.log_lock, self.log_file = threading.Lock(), open(options.log, "a", encoding="utf-8")
+
+    def handle_error(self, request, client_address):
+        # A client that gave up on its answer (its timeout passed while the server was stopped by SIGSTOP,
+        # or hung) closed the connection: the reply has nowhere to go, which is no error of the server's.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     def log(self, entry):
         with self.log_lock:
@@ -449,6 +463,9 @@ def main():
     p.add_argument("--log", required=True, help="JSON lines, one per request")
     p.add_argument("--dump", help="the whole store as JSON, written when the server stops")
     p.add_argument("--artifact-dir", help="also write each PUT artifact under this folder")
+    p.add_argument("--default-artifact-root", metavar="URI",
+                   help="as mlflow server's: experiments' artifact_location is URI/<id> (a path, file:, s3://...), "
+                        "not the proxy's mlflow-artifacts:/<id>")
     p.add_argument("--fault-path", help="count only requests whose path holds this")
     for name, what in (("fail", "answer 500 INTERNAL_ERROR"), ("refuse", "answer 400 INVALID_PARAMETER_VALUE"),
                        ("hang", "never answer"), ("close", "close the connection, no answer")):
@@ -465,8 +482,13 @@ def main():
     def stop(signum, frame):
         raise KeyboardInterrupt
 
+    def faults_off(signum, frame):
+        for name in ("close", "hang", "fail", "refuse"):
+            setattr(options, name + "_from", None)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGUSR1, faults_off)
     write_atomically(options.port_file, f"{server.server_address[1]}\n")
     try:
         server.serve_forever()

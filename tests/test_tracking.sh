@@ -24,7 +24,7 @@ DATA=${DATA:-data/mnist}
 PYTHON=${PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d)
 servers=()
-trap 'for pid in "${servers[@]}"; do kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
+trap 'for pid in "${servers[@]}"; do kill -CONT -- "$pid" 2> /dev/null; kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
 pass() { echo "PASS tracking: $*"; }
 fail() { echo "FAIL tracking: $*"; }
 skip() { echo "SKIP tracking: $*"; }
@@ -73,8 +73,9 @@ else
     if [ $have_yaml = 1 ]; then
         if mlruns "$tmp/mlruns" "$tmp/folder.json" 2> "$tmp/check.err"; then
             pass "the mlruns folder reads as MLflow's FileStore reads it (tests/check_mlruns.py: no problem)"
-            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params, the tags, the artifacts" \
+            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params (but --mlflow, --experiment, --run_name), the tags, the artifacts" \
                 "$PYTHON" tests/tracked_run.py "$tmp/folder.json" --experiment ddp --runs 1 --status FINISHED \
+                --no_param mlflow --no_param experiment --no_param run_name \
                 --losses "$tmp/folder.csv" --epochs 1 --accuracy "$(accuracy "$tmp/folder.out")" \
                 --param lr=0.001 --param batch_size=6400 --param epochs=1 --param world_size=2 --param seed=0 \
                 --param no_shuffle=False --param init=None --param bucket_mb=25 --param "data=$DATA" \
@@ -134,6 +135,9 @@ refused "a folder inside a file" "cannot create" --mlflow "$tmp/a_file/mlruns"
 # A port nobody listens on: take one from the kernel and close it.
 closed_port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 refused "a server that is not there" "127.0.0.1:$closed_port" --mlflow "http://127.0.0.1:$closed_port"
+# The same URI from the environment: the line names the variable, not a flag that was never given.
+MLFLOW_TRACKING_URI="http://127.0.0.1:$closed_port" refused "a server that is not there, named by MLFLOW_TRACKING_URI" \
+    "^error: MLFLOW_TRACKING_URI=http://127.0.0.1:$closed_port: "
 
 # ---------------------------------------------------------------- a tracking server (the test double)
 # serve NAME OPTIONS...: start tests/mlflow_test_server.py, its log and dump as $tmp/NAME.{log,dump}; sets $port.
@@ -217,6 +221,45 @@ stop_server
     && pass "MLFLOW_TRACKING_USERNAME/PASSWORD: basic authentication accepted on every request" \
     || fail "basic authentication: exit $status, $(grep -c '"status": 401' "$tmp/basic.log") requests refused"
 
+# A server started as `mlflow server --serve-artifacts --default-artifact-root PATH`: a run's artifact_uri
+# is the plain path PATH/<experiment>/<run>/artifacts, which MLflow's client writes itself, and so do we
+# where this machine has PATH (here, with a space in its name); where it has not (a folder of the
+# server's machine), one line naming the server's flags that would serve the files, and the run goes on.
+mkdir -p "$tmp/artifact root"
+serve plainroot --default-artifact-root "$tmp/artifact root"
+train plainroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+stop_server
+run_dir=$(ls -d "$tmp/artifact root"/0/*/artifacts 2> /dev/null | head -1)
+same=1
+for f in plainroot.csv plainroot.h5 plainroot.png; do cmp -s "$tmp/$f" "$run_dir/$f" || same=0; done
+if [ $status -eq 0 ] && [ -n "$run_dir" ] && [ $same = 1 ] && [ ! -s "$tmp/plainroot.err" ] && ! grep -q '"PUT"' "$tmp/plainroot.log"; then
+    expect "a server whose artifact root is a plain path (--default-artifact-root): the run FINISHED, its 3 artifacts written there byte for byte, no upload, no warning" \
+        "$PYTHON" tests/tracked_run.py "$tmp/plainroot.dump" --experiment Default --runs 1 --status FINISHED \
+        --artifact "$tmp/plainroot.csv" --artifact "$tmp/plainroot.h5" --artifact "$tmp/plainroot.png"
+else
+    fail "a server whose artifact root is a plain path: exit $status, artifacts in '${run_dir#$tmp/}' (same bytes: $same), $(grep -c '"PUT"' "$tmp/plainroot.log") uploads: $(head -2 "$tmp/plainroot.err" | tr '\n' ' ')"
+fi
+elsewhere=/nonexistent-$$/mlartifacts
+serve otherroot --default-artifact-root "$elsewhere"
+train otherroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+status=$?
+stop_server
+said=$(grep -c "artifact root $elsewhere is not a folder of this machine: start the server with --artifacts-destination $elsewhere instead of --default-artifact-root" "$tmp/otherroot.err")
+[ $status -eq 0 ] && [ "$said" -eq 1 ] && [ ! -e "$elsewhere" ] && tail -1 "$tmp/otherroot.err" | grep -q '^warning: MLflow: 3 artifacts may not have reached' \
+    && pass "an artifact root that is not a folder of this machine: exit 0, nothing written here, one line naming the server's flags: $(grep -o 'start the server.*root,' "$tmp/otherroot.err")" \
+    || fail "an artifact root that is not a folder of this machine: exit $status, $said lines naming the flags: $(head -3 "$tmp/otherroot.err" | tr '\n' ' ')"
+if thorough; then
+    serve s3root --default-artifact-root s3://bucket/mlflow
+    train s3root 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+    status=$?
+    stop_server
+    said=$(grep -c "at s3://bucket/mlflow/0/[0-9a-f]*/artifacts, which this program cannot write: start the server with --artifacts-destination s3://bucket/mlflow instead of --default-artifact-root" "$tmp/s3root.err")
+    [ $status -eq 0 ] && [ "$said" -eq 1 ] \
+        && pass "an s3:// artifact root: exit 0, one line naming the server's flags that would take the files" \
+        || fail "an s3:// artifact root: exit $status, $said lines naming the flags: $(head -3 "$tmp/s3root.err" | tr '\n' ' ')"
+fi
+
 # ---------------------------------------------------------------- a server that fails mid-run
 # faulty NAME WARNING OPTIONS...: step 6 on 2 ranks against a failing server ends with the checksum of
 # the run without tracking, exit 0, and the warning once, in bounded time.
@@ -237,8 +280,31 @@ faulty() {
     fi
 }
 faulty "500s from the 5th request on" "failed 3 tries" --fail-from 5
+# A server that hangs, as one stopped by SIGSTOP (the kernel still takes its connections, nobody
+# answers): the end of the run waits 1.5 request timeouts in all (3 s with MLFLOW_HTTP_REQUEST_TIMEOUT=2;
+# 15 s with the default 10), not a timeout per request and its retries (some 10 s here), and its last
+# line says what "may not have reached" the server: a stopped server that is resumed holds it.
+serve stopped
+MLFLOW_HTTP_REQUEST_TIMEOUT=2 timeout 120 day1/2_mnist_training --data "$DATA" --epochs 2 --mlflow "http://127.0.0.1:$port" \
+    --losses "$tmp/stopped.csv" --save "$tmp/stopped.h5" --plot "$tmp/stopped.png" > "$tmp/stopped.out" 2> "$tmp/stopped.err" &
+pid=$!
+for _ in $(seq 600); do grep -q '^epoch 1/' "$tmp/stopped.out" && break; sleep 0.02; done
+kill -STOP "$server_pid"
+for _ in $(seq 1500); do grep -q 'Test accuracy' "$tmp/stopped.out" && break; sleep 0.02; done
+end_start=$(date +%s%N)
+wait $pid
+status=$? took_ms=$(( ($(date +%s%N) - end_start) / 1000000 ))
+kill -CONT "$server_pid"
+stop_server
+last=$(tail -1 "$tmp/stopped.err")
+if [ $status -eq 0 ] && [ $took_ms -le 4000 ] && echo "$last" | grep -q "^warning: MLflow: .* may not have reached http://127.0.0.1:$port within the end's 3 s: the run may stay RUNNING there$"; then
+    pass "a server stopped (SIGSTOP) mid-run: the end took $took_ms ms (bound: 1.5 request timeouts, 3 s here), exit 0, the last line: $(echo "$last" | sed 's/^warning: MLflow: //')"
+else
+    fail "a server stopped (SIGSTOP) mid-run: exit $status, the end took $took_ms ms (expected 3000 at most, and 1 s for the output's polling), the last line: $last"
+fi
 if thorough; then
-    faulty "a server that hangs from the 5th request on" "failed 3 tries" --hang-from 5
+    # (3 tries mid-run; fewer when the hang comes at the end, whose 1.5 s deadline cuts the retries)
+    faulty "a server that hangs from the 5th request on" "failed [1-3] tr" --hang-from 5
     faulty "one batch refused (400)" "INVALID_PARAMETER_VALUE: injected refusal" --fault-path log-batch --refuse-from 1 --refuse-count 1
     faulty "500s for one batch, then answers" "answers again" --fault-path log-batch --fail-from 1 --fail-count 3
     # SIGTERM while a request hangs (MLflow's default 10 s per request, 3 retries): the request is
@@ -258,6 +324,55 @@ if thorough; then
 fi
 
 # ---------------------------------------------------------------- how runs end
+# ft NAME FLAGS...: step 13 on 2 ranks for 4 epochs, its snapshot, CSV and output as $tmp/NAME.*. When a
+# rank dies, mpirun's SIGTERM gives rank 0 3 s to mark its run KILLED (FT_GRACE=0: none, for a rank 0 that
+# is dead already, while rank 1 waits for it in vain).
+ft() { OMPI_MCA_odls_base_sigkill_timeout=${FT_GRACE:-3} timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
+          --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
+ft ft_plain
+# killed0 NAME URI WHERE [COMMAND]: step 13 logging to URI with rank 0 killed (SIGKILL, as `kill -9`)
+# mid-epoch 3, after epoch 2's snapshot: what it had queued for the store dies with it (with a folder,
+# every value when the kill comes before the sender's first second, steps 7-9 in another try). COMMAND
+# runs between the two runs. The same command resumes into the same run, which ends FINISHED holding
+# what the snapshot holds, each step once: every step's loss (= an uninterrupted run's), each epoch's
+# mean loss, the params. An epoch's samples per second, a timing no snapshot keeps, may be missing:
+# then the run's last line names it (tracked_run.py --lacking).
+killed0() {
+    local name=$1 uri=$2 first second
+    FT_GRACE=0 ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
+    first=$?
+    mv "$tmp/$name.out" "$tmp/$name.first.out"
+    ${4:-true}
+    ft "$name" --fail_at_epoch 3 --fail_rank 0 --mlflow "$uri"
+    second=$?
+    if [ $first -eq 0 ] || ! grep -q '^\[rank 0\] --fail_at_epoch 3: this rank dies now' "$tmp/$name.first.out" || [ $second -ne 0 ]; then
+        fail "step 13 with rank 0 killed, to $3: the first run exit $first, the resumed run exit $second: $(tail -2 "$tmp/$name.err" | tr '\n' ' ')"
+        return 1
+    fi
+}
+# killed0_expect NAME STORE.json WHERE: the resumed run, complete.
+killed0_expect() {
+    expect "step 13 with rank 0 killed (SIGKILL) after a snapshot, then resumed, to $3: FINISHED, each step's loss once (= an uninterrupted run's), each epoch's mean, the params$(grep -q ' lacks ' "$tmp/$1.err" && echo "; the last line names what no snapshot keeps: $(tail -1 "$tmp/$1.err" | sed 's/.* lacks \(.*\): .*/\1/')")" \
+        "$PYTHON" tests/tracked_run.py "$2" --experiment Default --runs 1 --status FINISHED --losses "$tmp/ft_plain.csv" \
+        --epochs 4 --lacking "$tmp/$1.err" --param total_epochs=4 --param fail_rank=0 --param world_size=2 \
+        --param "snapshot=$tmp/$1.h5" --artifact "$tmp/$1.h5"
+}
+# The server takes none of the first run's values (it refuses every log-batch until SIGUSR1): the
+# worst case of a kill before the first send, whatever the timing: the resumed run must send them all,
+# the params too.
+serve killed --fault-path log-batch --refuse-from 1
+killed0 killed "http://127.0.0.1:$port" "a server" "kill -USR1 $server_pid"
+status=$?
+stop_server
+[ $status = 0 ] && killed0_expect killed "$tmp/killed.dump" "a server"
+if [ $have_yaml = 1 ] && killed0 killed_folder "$tmp/killed_folder" "a folder"; then
+    if mlruns "$tmp/killed_folder" "$tmp/killed_folder.json" 2> "$tmp/check.err"; then
+        killed0_expect killed_folder "$tmp/killed_folder.json" "a folder"
+    else
+        fail "step 13 with rank 0 killed, then resumed: tests/check_mlruns.py refuses the folder: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+    fi
+fi
+
 if [ $have_yaml = 1 ]; then
     # SIGTERM mid-training: KILLED (the signal still ends the program, as without tracking).
     day1/2_mnist_training --data "$DATA" --epochs 50 --plot '' --mlflow "$tmp/ends" --experiment sigterm > "$tmp/term.out" 2> "$tmp/term.err" &
@@ -283,9 +398,6 @@ if [ $have_yaml = 1 ]; then
 
     # Step 13: rank 1 dies in epoch 3 (SIGKILL); mpirun's SIGTERM to rank 0 marks the run KILLED; the same
     # command resumes into the same run, and the run holds every step's loss once, as an uninterrupted run's.
-    ft() { OMPI_MCA_odls_base_sigkill_timeout=3 timeout 300 $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data "$DATA" --plot '' \
-              --total_epochs 4 --snapshot "$tmp/$1.h5" --losses "$tmp/$1.csv" "${@:2}" > "$tmp/$1.out" 2> "$tmp/$1.err"; }
-    ft ft_plain
     ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
     first=$?
     mlruns "$tmp/ft" "$tmp/ft1.json" 2> "$tmp/check.err"
