@@ -38,7 +38,7 @@
 //   epoch  1/20: train loss 1.0270, test RMSE 0.9768, 0.04 s
 //   ...
 //   epoch 20/20: train loss 0.5262, test RMSE 0.8342, 0.03 s
-//   sparse embeddings: 0.0 KB sent per step by each rank, 0.037 ms per step communicating; embedding memory 3.90 MB per rank
+//   sparse embeddings: no communication (world size 1); embedding memory 4.09 MB per rank
 //   World Size: 1. Training completed in 0.98 seconds (1780 steps). Test RMSE 0.8342
 //   Loss curve: img/15_recommender_ddp.png
 #include <math.h>
@@ -58,7 +58,7 @@
 #include "timer.h"           // wall_seconds
 #include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
-// This process's peak resident memory (VmHWM), in MB.
+// This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {
     FILE *status = fopen("/proc/self/status", "r");
     double kb = 0;
@@ -66,7 +66,7 @@ static double peak_memory_mb(void) {
     while (status && fgets(line, sizeof line, status))
         if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
     if (status) fclose(status);
-    return kb / 1024.0;
+    return kb * 1024.0 / 1e6;
 }
 
 // Test RMSE of the model: every rank its test ratings (collective).
@@ -228,10 +228,16 @@ int main(int argc, char **argv) {
     }
     double seconds = wall_seconds() - train_start;
     if (epochs == 0) rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);  // --max_steps 0
-    print0("%s embeddings: %.1f KB sent per step by each rank, %.3f ms per step communicating; embedding memory %.2f MB per rank\n",
-           embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1024.0 : 0.0,
-           steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1048576.0);
-    print0("World Size: %d. Training completed in %.2f seconds (%d steps). Test RMSE %.4f\n", world, seconds, steps, rmse);
+    // Sizes in decimal units (kB = 10^3 bytes, MB = 10^6), as every program prints them.
+    if (world == 1)
+        print0("%s embeddings: no communication (world size 1); embedding memory %.2f MB per rank\n",
+               embeddings_mode_name(mode), mf_embedding_bytes(model) / 1e6);
+    else
+        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
+               "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
+               steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1e6);
+    print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
+           steps == 1 ? "" : "s", rmse);
 
     if (opt.save || recommend) mf_gather_full(model);  // rank 0 gets the whole tables
     if (recommend) {
