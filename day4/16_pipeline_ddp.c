@@ -425,7 +425,8 @@ int main(int argc, char **argv) {
     if (opt.save) save_whole_model(opt.save, &stage, stage_index, replica, &pipeline, sizes, n_sizes);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[96];
-        snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stages x %d replicas", pp, replicas);
+        snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stage%s x %d replica%s", pp, pp == 1 ? "" : "s",
+                 replicas, replicas == 1 ? "" : "s");
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }
@@ -555,7 +556,7 @@ static void draw_timeline(const char *path, const Schedule *schedule, const Step
             schedule_free(&other);
         }
         char title[128];
-        snprintf(title, sizeof title, "Step 16: %d stages, %d micro-batch%s", p, m, m == 1 ? "" : "es");
+        snprintf(title, sizeof title, "Step 16: %d stage%s, %d micro-batch%s", p, p == 1 ? "" : "s", m, m == 1 ? "" : "es");
         plot_timeline_png(path, title, "time in the step (ms)", panels, 3);
         print0("Timeline: %s\n", path);
         free(blocks);
