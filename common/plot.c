@@ -261,6 +261,9 @@ static void draw_legend(Canvas *c, const Legend *legend, const BitmapFont *font,
         if (legend->patches) {  // as tall as a digit: from the text's top row of ink to its baseline
             fill_rect(c, entry_x, entry_y + PATCH_INSET, entry_x + SAMPLE_LEN - 1,
                       entry_y + font->height - 1 - PATCH_INSET, entry->color);
+            if (entry->color.r == 255 && entry->color.g == 255 && entry->color.b == 255)  // white: outlined
+                frame_rect(c, entry_x, entry_y + PATCH_INSET, entry_x + SAMPLE_LEN - 1,
+                           entry_y + font->height - 1 - PATCH_INSET, LEGEND_EDGE);
         } else {  // a 2 px line through the text's middle
             int sample_y = entry_y + font->height / 2;
             fill_rect(c, entry_x, sample_y - 1, entry_x + SAMPLE_LEN - 1, sample_y, entry->color);
@@ -603,9 +606,10 @@ void plot_timeline_png(const char *path, const char *title, const char *xlabel,
     // Rows, top to bottom: the title, with the legend at its right where they
     // both fit in the line (else on a line of its own); then each panel: its
     // title, its frame, its tick marks; the last's tick labels and the x label.
-    const LegendEntry entries[2] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
-                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill}};
-    const Legend legend = {.entries = entries, .n = 2, .side_by_side = true, .patches = true};
+    const LegendEntry entries[3] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
+                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill},
+                                    {"idle", WHITE}};  // the background: what no block covers
+    const Legend legend = {.entries = entries, .n = 3, .side_by_side = true, .patches = true};
     int legend_w, legend_h;
     legend_size(&legend, font, &legend_w, &legend_h);
     int centre_x = (left + right) / 2;

@@ -78,7 +78,7 @@ typedef struct {
 } PlotTimelinePanel;
 
 // Write the panels, stacked top to bottom under `title` and a legend (forward,
-// backward), on one x axis labelled `xlabel` under the last, to `path` (creating
+// backward, idle: white, outlined), on one x axis labelled `xlabel` under the last, to `path` (creating
 // its parent directory if needed): 1000 px wide, as tall as the rows need.
 // Labels take the body font, or a smaller one where that fits more of them.
 // Fatal (check.h) on I/O errors, naming the file, and on what cannot be drawn:
