@@ -377,7 +377,9 @@ int main(int argc, char **argv) {
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]
+    profile_push("evaluation");  // in a trace, the test set's forwards apart from training's
     long correct = pipeline_correct(&stage, stage_index, &pipeline, &test_images, test.labels, test.n, opt.batch_size);
+    profile_pop();
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, 100.0 * correct / test.n, correct, test.n);
     tracking_log_metric(run, "test_accuracy", (double)correct / test.n, opt.epochs);
