@@ -40,8 +40,8 @@
 //   World Size: 2. Training completed in 1.25 seconds. Test accuracy: 89.14% (8914 of 10000)
 //   Pipeline: 1f1b, 1 micro-batch; the bubble of equal stages: (P - 1) / (M + P - 1) = 50%
 //   stage  layers           work    forward   backward   idle  predicted  activations held at most
-//       0  fc.0            98.7%   9.97 ms  10.17 ms    11%         8%  1 micro-batch, 3.28 MB
-//       1  fc.2             1.3%   0.84 ms   0.86 ms    93%        92%  1 micro-batch, 3.79 MB
+//       0  fc.0            98.7%    9.97 ms   10.17 ms    11%         8%  1 micro-batch, 3.28 MB
+//       1  fc.2             1.3%    0.84 ms    0.86 ms    93%        92%  1 micro-batch, 3.79 MB
 //   [rank 1] parameter checksum 9813245f45e0e358 (the whole model: stages 0 to 1 of replica 0)
 //   Loss curve: img/16_pipeline_ddp.png
 // (Step 2's losses, accuracy and weights: the checksum is step 2's and step 6's on one rank.)
