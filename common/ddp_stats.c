@@ -38,6 +38,10 @@ void ddp_describe_buckets(const Ddp *ddp, char *out, size_t size) {
         len += snprintf(out + len, size - len, " [%s", ddp->params[bucket->first_param + bucket->n_params - 1].name);
         if (bucket->n_params > 1 && len < (int)size)
             len += snprintf(out + len, size - len, " .. %s", ddp->params[bucket->first_param].name);
-        if (len < (int)size) len += snprintf(out + len, size - len, ", %.1f KB]", bucket->count * 4 / 1024.0);
+        double bytes = (double)bucket->count * sizeof(float);  // decimal units, as every size we print
+        if (len >= (int)size) break;
+        if (bytes < 1e3) len += snprintf(out + len, size - len, ", %.0f B]", bytes);
+        else if (bytes < 1e6) len += snprintf(out + len, size - len, ", %.1f kB]", bytes / 1e3);
+        else len += snprintf(out + len, size - len, ", %.2f MB]", bytes / 1e6);
     }
 }

@@ -314,7 +314,7 @@ double device_peak_memory_bytes(Device device) {
     if (device == DEVICE_CUDA) return (double)device_peak_bytes();
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss * 1024.0;  // Linux reports kilobytes
+    return usage.ru_maxrss * 1024.0;  // Linux reports KiB (its "kilobytes")
 }
 
 void *device_alloc(size_t bytes) {

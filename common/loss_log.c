@@ -68,18 +68,22 @@ LossLog loss_log_read_csv(const char *path, const char *flag) {
     return log;
 }
 
+void loss_log_epoch_positions(const LossLog *log, float *x) {
+    for (int first = 0; first < log->n;) {  // one epoch at a time
+        int end = first;
+        while (end < log->n && log->epoch[end] == log->epoch[first]) end++;
+        for (int k = first; k < end; k++) x[k] = (float)log->epoch[k] + (float)(k - first + 1) / (float)(end - first);
+        first = end;
+    }
+}
+
 void loss_log_plot_epochs(const LossLog *logs, const char *const *labels, int n_logs, const char *path,
                           const char *title) {
     PlotSeries *series = xcalloc((size_t)n_logs, sizeof(PlotSeries));
     for (int s = 0; s < n_logs; s++) {
         const LossLog *log = &logs[s];
         float *x = xmalloc((size_t)log->n * sizeof(float) + 1);
-        for (int first = 0; first < log->n;) {  // one epoch at a time
-            int end = first;
-            while (end < log->n && log->epoch[end] == log->epoch[first]) end++;
-            for (int k = first; k < end; k++) x[k] = (float)log->epoch[k] + (float)(k - first + 1) / (float)(end - first);
-            first = end;
-        }
+        loss_log_epoch_positions(log, x);
         series[s] = (PlotSeries){.label = labels[s], .x = x, .y = log->loss, .n = log->n};
     }
     PlotSpec spec = {.title = title, .xlabel = "epoch", .ylabel = "training loss"};

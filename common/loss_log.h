@@ -22,7 +22,11 @@ void loss_log_plot(const LossLog *log, const char *path, const char *title, cons
 // Read a CSV written by loss_log_write_csv (e.g. step 2's --losses). A missing
 // or malformed file is a usage error naming it: every rank reads it alike.
 LossLog loss_log_read_csv(const char *path, const char *flag);
-// Several runs on one chart, against epochs: step k of an epoch of n steps sits
-// at epoch + (k + 1) / n, so runs with different global batches line up.
+// Each step's place on an epoch axis, into x[log->n]: step k of an epoch of n
+// steps sits at epoch + (k + 1) / n, so that the last step of epoch e (counted
+// from 0) is at e + 1, where a test after that epoch is plotted.
+void loss_log_epoch_positions(const LossLog *log, float *x);
+// Several runs on one chart, against epochs (loss_log_epoch_positions), so runs
+// with different global batches line up.
 void loss_log_plot_epochs(const LossLog *logs, const char *const *labels, int n_logs, const char *path,
                           const char *title);

@@ -6,7 +6,7 @@
 // of each pixel centre to the segment, and the layout follows matplotlib's
 // defaults: axes at 12.5%..90% x 11%..88% of the figure (wider where labels
 // need it), ticks outside, 5% data margins, tab10 colours, legend in the
-// emptiest corner. A timeline shares the fonts, ticks, frame and legend: 24 px
+// emptiest place. A timeline shares the fonts, ticks, frame and legend: 24 px
 // per stage, its time axis padded 2%, the legend beside the title.
 #include "plot.h"
 #include "paths.h"
@@ -261,6 +261,9 @@ static void draw_legend(Canvas *c, const Legend *legend, const BitmapFont *font,
         if (legend->patches) {  // as tall as a digit: from the text's top row of ink to its baseline
             fill_rect(c, entry_x, entry_y + PATCH_INSET, entry_x + SAMPLE_LEN - 1,
                       entry_y + font->height - 1 - PATCH_INSET, entry->color);
+            if (entry->color.r == 255 && entry->color.g == 255 && entry->color.b == 255)  // white: outlined
+                frame_rect(c, entry_x, entry_y + PATCH_INSET, entry_x + SAMPLE_LEN - 1,
+                           entry_y + font->height - 1 - PATCH_INSET, LEGEND_EDGE);
         } else {  // a 2 px line through the text's middle
             int sample_y = entry_y + font->height / 2;
             fill_rect(c, entry_x, sample_y - 1, entry_x + SAMPLE_LEN - 1, sample_y, entry->color);
@@ -318,11 +321,12 @@ static void write_png(const char *path, const Canvas *c) {
 
 // ---------------------------------------------------------------- the figure
 
-void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, int n_series) {
+// Draw one chart into the band of rows [y0, y0 + H) of the canvas: a figure of
+// its own (plot_png), or one panel of a stacked figure (plot_panels_png).
+static void draw_chart(Canvas *canvas, int y0, int H, const PlotSpec *spec, const PlotSeries *series,
+                       int n_series) {
     const BitmapFont *font = &FONT_BODY, *title_font = &FONT_TITLE;
-    const int W = spec->width > 0 ? spec->width : DEFAULT_WIDTH;
-    const int H = spec->height > 0 ? spec->height : DEFAULT_HEIGHT;
-    Canvas canvas = canvas_new(W, H);
+    const int W = canvas->width;
 
     // Data limits over the finite points only (NaN/Inf are skipped, and break
     // the line), and the finite ends of their bars.
@@ -347,9 +351,9 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
     int title_h = has_text(spec->title) ? title_font->height + TITLE_GAP : 0;
     int xlabel_h = has_text(spec->xlabel) ? LABEL_GAP + font->height : 0;
     int ylabel_w = has_text(spec->ylabel) ? LABEL_GAP + font->height : 0;
-    int top = max_int((int)(0.12 * H), PAD + title_h);
+    int top = y0 + max_int((int)(0.12 * H), PAD + title_h);
     int below = TICK_LEN + TICK_PAD + font->height + xlabel_h;
-    int bottom = H - 1 - max_int((int)(0.11 * H), below + PAD);
+    int bottom = y0 + H - 1 - max_int((int)(0.11 * H), below + PAD);
     bottom = max_int(bottom, top + 2);
     make_ticks(&ya, font, clamp_int((bottom - top) / 40, 2, 9), false);
     int beside = TICK_LEN + TICK_PAD + ya.label_width + ylabel_w;
@@ -391,36 +395,38 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
             for (int x = 0; x < inner_w; x++) {
                 float m = mask[(size_t)y * inner_w + x];
                 if (m <= 0) continue;
-                blend(&canvas, inner_x + x, inner_y + y, TAB10[s % 10], m);
+                blend(canvas, inner_x + x, inner_y + y, TAB10[s % 10], m);
                 ink[(size_t)y * inner_w + x] += m;
             }
     }
     free(mask);
 
     // Frame, ticks and tick labels (drawn over the lines, as matplotlib's spines).
-    frame_rect(&canvas, left, top, right, bottom, BLACK);
-    draw_x_ticks(&canvas, &xa, font, left, right, bottom, true);
+    frame_rect(canvas, left, top, right, bottom, BLACK);
+    draw_x_ticks(canvas, &xa, font, left, right, bottom, true);
     for (int i = 0; i < ya.n_ticks; i++) {
         int py = (int)lround(bottom - (ya.first + i * ya.step - ya.lo) * y_scale);
-        fill_rect(&canvas, left - TICK_LEN, py, left - 1, py, BLACK);
-        draw_text(&canvas, font, ya.labels[i], left - TICK_LEN - TICK_PAD - text_width(font, ya.labels[i]),
+        fill_rect(canvas, left - TICK_LEN, py, left - 1, py, BLACK);
+        draw_text(canvas, font, ya.labels[i], left - TICK_LEN - TICK_PAD - text_width(font, ya.labels[i]),
                   py - font->height / 2, false, BLACK);
     }
 
     // Title and axis labels, centred on the axes.
     int centre_x = (left + right) / 2, centre_y = (top + bottom) / 2;
     if (has_text(spec->title))
-        draw_text(&canvas, title_font, spec->title, centre_x - text_width(title_font, spec->title) / 2,
+        draw_text(canvas, title_font, spec->title, centre_x - text_width(title_font, spec->title) / 2,
                   top - TITLE_GAP - title_font->height, false, BLACK);
     if (has_text(spec->xlabel))
-        draw_text(&canvas, font, spec->xlabel, centre_x - text_width(font, spec->xlabel) / 2,
+        draw_text(canvas, font, spec->xlabel, centre_x - text_width(font, spec->xlabel) / 2,
                   bottom + TICK_LEN + TICK_PAD + font->height + LABEL_GAP, false, BLACK);
     if (has_text(spec->ylabel))
-        draw_text(&canvas, font, spec->ylabel, left - beside, centre_y - text_width(font, spec->ylabel) / 2,
+        draw_text(canvas, font, spec->ylabel, left - beside, centre_y - text_width(font, spec->ylabel) / 2,
                   true, BLACK);
 
-    // Legend: matplotlib's loc="best" among the four corners, i.e. the one that
-    // hides the least ink, preferring upper right, upper left, lower left, lower right.
+    // Legend: matplotlib's loc="best", i.e. the place that hides the least ink,
+    // trying its places in its order: the four corners (upper right, upper left,
+    // lower left, lower right), then centre left, centre right, lower centre,
+    // upper centre and centre, for charts whose lines run through every corner.
     LegendEntry *entries = xmalloc((size_t)n_series * sizeof *entries);
     Legend legend = {.entries = entries};
     for (int s = 0; s < n_series; s++)
@@ -429,22 +435,44 @@ void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, 
         int box_w, box_h;
         legend_size(&legend, font, &box_w, &box_h);
         const int far_x = inner_w - LEGEND_INSET - box_w, far_y = inner_h - LEGEND_INSET - box_h;
-        const int corner_x[4] = {far_x, LEGEND_INSET, LEGEND_INSET, far_x};
-        const int corner_y[4] = {LEGEND_INSET, LEGEND_INSET, far_y, far_y};
+        const int mid_x = (inner_w - box_w) / 2, mid_y = (inner_h - box_h) / 2;
+        const int place_x[9] = {far_x, LEGEND_INSET, LEGEND_INSET, far_x, LEGEND_INSET, far_x, mid_x, mid_x, mid_x};
+        const int place_y[9] = {LEGEND_INSET, LEGEND_INSET, far_y, far_y, mid_y, mid_y, far_y, LEGEND_INSET, mid_y};
         int best = 0;
         double best_ink = INFINITY;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 9; k++) {
             double hidden = 0;
-            for (int y = max_int(corner_y[k], 0); y < corner_y[k] + box_h && y < inner_h; y++)
-                for (int x = max_int(corner_x[k], 0); x < corner_x[k] + box_w && x < inner_w; x++)
+            for (int y = max_int(place_y[k], 0); y < place_y[k] + box_h && y < inner_h; y++)
+                for (int x = max_int(place_x[k], 0); x < place_x[k] + box_w && x < inner_w; x++)
                     hidden += ink[(size_t)y * inner_w + x];
             if (hidden < best_ink) best_ink = hidden, best = k;
         }
-        draw_legend(&canvas, &legend, font, inner_x + corner_x[best], inner_y + corner_y[best]);
+        draw_legend(canvas, &legend, font, inner_x + place_x[best], inner_y + place_y[best]);
     }
     free(entries);
     free(ink);
+}
 
+void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, int n_series) {
+    const int W = spec->width > 0 ? spec->width : DEFAULT_WIDTH;
+    const int H = spec->height > 0 ? spec->height : DEFAULT_HEIGHT;
+    Canvas canvas = canvas_new(W, H);
+    draw_chart(&canvas, 0, H, spec, series, n_series);
+    write_png(path, &canvas);
+    free(canvas.rgb);
+}
+
+void plot_panels_png(const char *path, const PlotPanel *panels, int n_panels) {
+    CHECK(n_panels >= 1, "plot_panels_png(%s): %d panels, want at least 1", path, n_panels);
+    const int W = panels[0].spec.width > 0 ? panels[0].spec.width : DEFAULT_WIDTH;
+    int H = 0;
+    for (int p = 0; p < n_panels; p++) H += panels[p].spec.height > 0 ? panels[p].spec.height : DEFAULT_HEIGHT;
+    Canvas canvas = canvas_new(W, H);
+    for (int p = 0, y = 0; p < n_panels; p++) {
+        int h = panels[p].spec.height > 0 ? panels[p].spec.height : DEFAULT_HEIGHT;
+        draw_chart(&canvas, y, h, &panels[p].spec, panels[p].series, panels[p].n_series);
+        y += h;
+    }
     write_png(path, &canvas);
     free(canvas.rgb);
 }
@@ -578,9 +606,10 @@ void plot_timeline_png(const char *path, const char *title, const char *xlabel,
     // Rows, top to bottom: the title, with the legend at its right where they
     // both fit in the line (else on a line of its own); then each panel: its
     // title, its frame, its tick marks; the last's tick labels and the x label.
-    const LegendEntry entries[2] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
-                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill}};
-    const Legend legend = {.entries = entries, .n = 2, .side_by_side = true, .patches = true};
+    const LegendEntry entries[3] = {{BLOCK_STYLE[PLOT_FORWARD].name, BLOCK_STYLE[PLOT_FORWARD].fill},
+                                    {BLOCK_STYLE[PLOT_BACKWARD].name, BLOCK_STYLE[PLOT_BACKWARD].fill},
+                                    {"idle", WHITE}};  // the background: what no block covers
+    const Legend legend = {.entries = entries, .n = 3, .side_by_side = true, .patches = true};
     int legend_w, legend_h;
     legend_size(&legend, font, &legend_w, &legend_h);
     int centre_x = (left + right) / 2;

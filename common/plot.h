@@ -8,6 +8,9 @@
 //   PlotSpec spec = {.title = "MNIST training loss", .xlabel = "step", .ylabel = "loss"};
 //   plot_png("img/loss.png", &spec, &curve, 1);
 //
+// plot_panels_png: several such charts stacked in one figure, each with its own
+// axes (a training loss per step above a test metric per epoch).
+//
 // plot_timeline_png: a pipeline's schedule, as the GPipe and 1F1B papers draw
 // it. One row per stage, each micro-batch's forward and backward a block from
 // its start to its end, labelled with the micro-batch's number; idle time (the
@@ -41,6 +44,19 @@ typedef struct {
 // Fatal (check.h) on I/O errors, naming the file.
 void plot_png(const char *path, const PlotSpec *spec, const PlotSeries *series, int n_series);
 
+// One chart of a stacked figure: its own title, axes, series and legend.
+typedef struct {
+    PlotSpec spec;       // the first panel's width is the figure's; each panel's height its own (0: 480)
+    const PlotSeries *series;
+    int n_series;
+} PlotPanel;
+
+// Several charts stacked top to bottom in one PNG, each laid out as plot_png lays
+// out a figure of its own (two quantities of one run that share no axis: a
+// training loss per step above a test metric per epoch). Fatal as plot_png, and
+// on no panel.
+void plot_panels_png(const char *path, const PlotPanel *panels, int n_panels);
+
 typedef enum { PLOT_FORWARD, PLOT_BACKWARD } PlotBlockKind;  // one colour each, and a legend entry
 
 // One stage's work on one micro-batch: a block on row `row` from `start` to
@@ -62,7 +78,7 @@ typedef struct {
 } PlotTimelinePanel;
 
 // Write the panels, stacked top to bottom under `title` and a legend (forward,
-// backward), on one x axis labelled `xlabel` under the last, to `path` (creating
+// backward, idle: white, outlined), on one x axis labelled `xlabel` under the last, to `path` (creating
 // its parent directory if needed): 1000 px wide, as tall as the rows need.
 // Labels take the body font, or a smaller one where that fits more of them.
 // Fatal (check.h) on I/O errors, naming the file, and on what cannot be drawn:

@@ -120,7 +120,7 @@ void profile_mark(const char *name) {
 static double peak_rss_mb(void) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss / 1024.0;  // Linux reports kilobytes
+    return usage.ru_maxrss * 1024.0 / 1e6;  // Linux reports KiB; MB are 10^6 bytes, as every size we print
 }
 
 // A record as it travels to rank 0: fixed size, the name copied in, so MPI

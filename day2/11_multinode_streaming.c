@@ -25,7 +25,7 @@
 // or on one machine:  mpirun -np 2 day2/11_multinode_streaming [--h5 FILE.h5]
 //
 // Expected output (times vary; 2 ranks on a 2-core laptop):
-//   Step 11: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, 101770 weights in 1 bucket: [fc.2.bias .. fc.0.weight, 397.5 KB]; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, OpenBLAS 0.3.21 (SkylakeX kernels)
+//   Step 11: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, 101770 weights in 1 bucket: [fc.2.bias .. fc.0.weight, 407.1 kB]; Adam lr 0.001 x 2 = 0.002; batch 6400 per rank x 1 micro-batch; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, OpenBLAS 0.3.21 (SkylakeX kernels)
 //   Data: data/mnist.h5, uint8 pixels, 600 training groups of 100 (300 per rank, 64 per batch), read by 1 worker per rank, 2 batches ahead each
 //   epoch 1/5: mean loss 2.0357 over 5 steps, 0.31 s, 190526 samples/s
 //   ...

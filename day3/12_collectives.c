@@ -514,9 +514,9 @@ int main(int argc, char **argv) {
         wrong = demo(&b, &plant);
     } else {
         print0("Step 12: the collectives on %d rank%s, %s; %ld floats (%.1f MB) per buffer%s, %ld per slice; "
-               "each verified once, then timed over %d runs (the slowest rank's mean)\n",
+               "each verified once, then timed over %d run%s (the slowest rank's mean)\n",
                world, world == 1 ? "" : "s", where, n, n * 4e-6, n == count ? "" : " (--count rounded down to whole slices)",
-               slice, iterations);
+               slice, iterations, iterations == 1 ? "" : "s");
         wrong = benchmark(&b, slice, iterations, &plant);
     }
 

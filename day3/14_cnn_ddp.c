@@ -22,7 +22,7 @@
 //
 // Expected output (2 ranks on 2 cores, OpenBLAS's SkylakeX kernels: after a whole epoch
 // the losses and the metrics depend on the kernels too; times vary):
-//   Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: [network.9.bias .. network.0.weight, 1647.0 KB]; Adam lr 0.001; batch 64 per rank; 1 epoch; shuffle on (seed 0); cpu, 1 thread per rank, ...
+//   Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: [network.9.bias .. network.0.weight, 1.69 MB]; Adam lr 0.001; batch 64 per rank; 1 epoch; shuffle on (seed 0); cpu, 1 thread per rank, ...
 //   epoch 1/1: mean loss 0.2207 over 469 steps, 21.30 s, 2818 samples/s
 //   World Size: 2. Training completed in 21.30 seconds (469 steps). Test loss 0.0601, accuracy 98.01% (9801 of 10000)
 //          class  precision     recall   f1-score  support

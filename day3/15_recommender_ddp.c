@@ -38,7 +38,7 @@
 //   epoch  1/20: train loss 1.0270, test RMSE 0.9768, 0.04 s
 //   ...
 //   epoch 20/20: train loss 0.5262, test RMSE 0.8342, 0.03 s
-//   sparse embeddings: 0.0 KB sent per step by each rank, 0.037 ms per step communicating; embedding memory 3.90 MB per rank
+//   sparse embeddings: no communication (world size 1); embedding memory 4.09 MB per rank
 //   World Size: 1. Training completed in 0.98 seconds (1780 steps). Test RMSE 0.8342
 //   Loss curve: img/15_recommender_ddp.png
 #include <math.h>
@@ -53,12 +53,13 @@
 #include "loss_log.h"        // the loss of every step, CSV and PNG
 #include "mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
 #include "movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
+#include "plot.h"            // plot_panels_png: the training loss above the test RMSE
 #include "rating_sampler.h"  // the global batches of a shuffle, each rank its slice
 #include "threads.h"         // threads_init
 #include "timer.h"           // wall_seconds
 #include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 
-// This process's peak resident memory (VmHWM), in MB.
+// This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {
     FILE *status = fopen("/proc/self/status", "r");
     double kb = 0;
@@ -66,7 +67,7 @@ static double peak_memory_mb(void) {
     while (status && fgets(line, sizeof line, status))
         if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
     if (status) fclose(status);
-    return kb / 1024.0;
+    return kb * 1024.0 / 1e6;
 }
 
 // Test RMSE of the model: every rank its test ratings (collective).
@@ -196,6 +197,7 @@ int main(int argc, char **argv) {
     tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 
     LossLog losses = {0};
+    float *epoch_rmse = xmalloc(((size_t)epochs + 1) * sizeof(float));  // the test RMSE after each epoch, for the PNG
     int steps = 0;
     double train_start = wall_seconds(), rmse = 0.0;
     for (int epoch = 0; epoch < epochs; epoch++) {
@@ -220,6 +222,7 @@ int main(int argc, char **argv) {
         }
         double train_seconds = wall_seconds() - epoch_start;
         rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
+        epoch_rmse[epoch] = (float)rmse;
         print0("epoch %2d/%d: train loss %.4f, test RMSE %.4f, %.2f s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, rmse, train_seconds);
         tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
@@ -228,10 +231,16 @@ int main(int argc, char **argv) {
     }
     double seconds = wall_seconds() - train_start;
     if (epochs == 0) rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);  // --max_steps 0
-    print0("%s embeddings: %.1f KB sent per step by each rank, %.3f ms per step communicating; embedding memory %.2f MB per rank\n",
-           embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1024.0 : 0.0,
-           steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1048576.0);
-    print0("World Size: %d. Training completed in %.2f seconds (%d steps). Test RMSE %.4f\n", world, seconds, steps, rmse);
+    // Sizes in decimal units (kB = 10^3 bytes, MB = 10^6), as every program prints them.
+    if (world == 1)
+        print0("%s embeddings: no communication (world size 1); embedding memory %.2f MB per rank\n",
+               embeddings_mode_name(mode), mf_embedding_bytes(model) / 1e6);
+    else
+        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
+               "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
+               steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1e6);
+    print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
+           steps == 1 ? "" : "s", rmse);
 
     if (opt.save || recommend) mf_gather_full(model);  // rank 0 gets the whole tables
     if (recommend) {
@@ -274,10 +283,39 @@ int main(int argc, char **argv) {
     if (rank == 0 && opt.save) h5_save_params(opt.save, model->params, 5);
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
     if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
+        // Two panels on one epoch axis: the training loss of every step above the
+        // test RMSE after each epoch, beside the two baselines it must beat.
         char title[96], label[48];
         snprintf(title, sizeof title, "Step 15: MovieLens matrix factorisation, %s embeddings", embeddings_mode_name(mode));
         snprintf(label, sizeof label, "%d rank%s (loss of the global batch)", world, world == 1 ? "" : "s");
-        loss_log_plot(&losses, opt.plot, title, label);
+        int n_epochs = losses.epoch[losses.n - 1] + 1;  // the epochs run (--max_steps may stop early)
+        float *step_x = xmalloc((size_t)losses.n * sizeof(float));
+        loss_log_epoch_positions(&losses, step_x);
+        float *epoch_x = xmalloc((size_t)n_epochs * sizeof(float));
+        for (int e = 0; e < n_epochs; e++) epoch_x[e] = (float)(e + 1);
+        const float span[2] = {0.0f, (float)n_epochs};
+        const float mean_rmse = (float)sqrt(baseline[0] / n_test_total), biases_rmse = (float)sqrt(baseline[1] / n_test_total);
+        const float global_mean_line[2] = {mean_rmse, mean_rmse}, biases_line[2] = {biases_rmse, biases_rmse};
+        PlotSeries train[1] = {{.label = label, .x = step_x, .y = losses.loss, .n = losses.n}};
+        int best = 0;  // the epoch of the lowest test RMSE: where training should have stopped
+        for (int e = 1; e < n_epochs; e++)
+            if (epoch_rmse[e] < epoch_rmse[best]) best = e;
+        char best_label[64];
+        snprintf(best_label, sizeof best_label, "lowest: %.4f after epoch %d", epoch_rmse[best], best + 1);
+        PlotSeries test[4] = {
+            {.label = "test RMSE after the epoch", .x = epoch_x, .y = epoch_rmse, .n = n_epochs},
+            {.label = "baseline: the global mean", .x = span, .y = global_mean_line, .n = 2},
+            {.label = "baseline: user and movie biases", .x = span, .y = biases_line, .n = 2},
+            {.label = best_label, .x = &epoch_x[best], .y = &epoch_rmse[best], .n = 1},  // a dot
+        };
+        PlotPanel panels[2] = {
+            {.spec = {.title = title, .xlabel = "epoch", .ylabel = "training loss (MSE + L2)"}, .series = train, .n_series = 1},
+            {.spec = {.title = "Test RMSE (10% of the ratings held out)", .xlabel = "epoch", .ylabel = "RMSE",
+                      .height = 400, .integer_x = 1},
+             .series = test, .n_series = 4},
+        };
+        plot_panels_png(opt.plot, panels, 2);
+        free(step_x), free(epoch_x);
         print0("Loss curve: %s\n", opt.plot);
     }
     tracking_log_artifact(run, opt.losses);  // mlflow.log_artifact(path)
@@ -286,6 +324,7 @@ int main(int argc, char **argv) {
     tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     loss_log_free(&losses);
+    free(epoch_rmse);
     mf_free(model);
     rating_sampler_free(&sampler);
     free(train_user), free(train_item), free(train_rating), free(test_user), free(test_item), free(test_rating);

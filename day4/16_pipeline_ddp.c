@@ -40,8 +40,8 @@
 //   World Size: 2. Training completed in 1.25 seconds. Test accuracy: 89.14% (8914 of 10000)
 //   Pipeline: 1f1b, 1 micro-batch; the bubble of equal stages: (P - 1) / (M + P - 1) = 50%
 //   stage  layers           work    forward   backward   idle  predicted  activations held at most
-//       0  fc.0            98.7%   9.97 ms  10.17 ms    11%         8%  1 micro-batch, 3.28 MB
-//       1  fc.2             1.3%   0.84 ms   0.86 ms    93%        92%  1 micro-batch, 3.79 MB
+//       0  fc.0            98.7%    9.97 ms   10.17 ms    11%         8%  1 micro-batch, 3.28 MB
+//       1  fc.2             1.3%    0.84 ms    0.86 ms    93%        92%  1 micro-batch, 3.79 MB
 //   [rank 1] parameter checksum 9813245f45e0e358 (the whole model: stages 0 to 1 of replica 0)
 //   Loss curve: img/16_pipeline_ddp.png
 // (Step 2's losses, accuracy and weights: the checksum is step 2's and step 6's on one rank.)
@@ -377,7 +377,9 @@ int main(int argc, char **argv) {
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]
+    profile_push("evaluation");  // in a trace, the test set's forwards apart from training's
     long correct = pipeline_correct(&stage, stage_index, &pipeline, &test_images, test.labels, test.n, opt.batch_size);
+    profile_pop();
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, 100.0 * correct / test.n, correct, test.n);
     tracking_log_metric(run, "test_accuracy", (double)correct / test.n, opt.epochs);
@@ -425,7 +427,8 @@ int main(int argc, char **argv) {
     if (opt.save) save_whole_model(opt.save, &stage, stage_index, replica, &pipeline, sizes, n_sizes);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[96];
-        snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stages x %d replicas", pp, replicas);
+        snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stage%s x %d replica%s", pp, pp == 1 ? "" : "s",
+                 replicas, replicas == 1 ? "" : "s");
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }
@@ -555,7 +558,7 @@ static void draw_timeline(const char *path, const Schedule *schedule, const Step
             schedule_free(&other);
         }
         char title[128];
-        snprintf(title, sizeof title, "Step 16: %d stages, %d micro-batch%s", p, m, m == 1 ? "" : "es");
+        snprintf(title, sizeof title, "Step 16: %d stage%s, %d micro-batch%s", p, p == 1 ? "" : "s", m, m == 1 ? "" : "es");
         plot_timeline_png(path, title, "time in the step (ms)", panels, 3);
         print0("Timeline: %s\n", path);
         free(blocks);

@@ -536,7 +536,8 @@ int main(int argc, char **argv) {
     if (opt.save && replica == 0) save_whole_model(opt.save, &model);
     if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
         char title[96];
-        snprintf(title, sizeof title, "Step 17: MNIST training loss, %d tensor-parallel x %d replicas", tp, replicas);
+        snprintf(title, sizeof title, "Step 17: MNIST training loss, %d tensor-parallel x %d replica%s", tp, replicas,
+                 replicas == 1 ? "" : "s");
         loss_log_plot(&losses, opt.plot, title, "mean loss");
         print0("Loss curve: %s\n", opt.plot);
     }

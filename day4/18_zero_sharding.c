@@ -517,7 +517,9 @@ int main(int argc, char **argv) {
     double train_seconds = wall_seconds() - train_start;
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
+    profile_push("evaluation");  // in a trace, the test set's forwards (and gathers) apart from training's
     double accuracy = sharded_accuracy(&model, &test_images, test.labels, opt.batch_size);
+    profile_pop();
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
            train_seconds, 100 * accuracy, accuracy * test.n, test.n);
     tracking_log_metric(run, "test_accuracy", accuracy, epochs);

@@ -40,7 +40,7 @@ same_cnn_weights "DDP on 2 ranks x 32 ends with the weights of 1 process x 64" "
 expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/two.out") checksum lines, $(checksums "$tmp/two.out") distinct" \
     test "$(grep -c 'parameter checksum' "$tmp/two.out")" -eq 2 -a "$(checksums "$tmp/two.out")" -eq 1
 expect "the first line names the model and its buckets: $(head -1 "$tmp/two.out" | cut -c1-110)..." \
-    grep -q '^Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: \[network.9.bias .. network.0.weight, 1647.0 KB\]; Adam lr 0.001; batch 32 per rank; 1 epoch (--max_steps 40); shuffle off' "$tmp/two.out"
+    grep -q '^Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: \[network.9.bias .. network.0.weight, 1.69 MB\]; Adam lr 0.001; batch 32 per rank; 1 epoch (--max_steps 40); shuffle off' "$tmp/two.out"
 
 # ---------------------------------------------------------------- the evaluation
 # Ten classes, then accuracy and the averages; the confusion matrix's rows add

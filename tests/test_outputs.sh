@@ -23,8 +23,8 @@ skip() { echo "SKIP outputs: $*"; }
 run() { timeout 120 "$@"; }
 mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
 
-# limited KB COMMAND...: COMMAND as one rank whose files cannot grow past KB
-# kilobytes (ulimit -f), so that writing a bigger one fails with EFBIG ("File
+# limited N COMMAND...: COMMAND as one rank whose files cannot grow past N
+# KiB (ulimit -f counts blocks of 1024 bytes), so that writing a bigger one fails with EFBIG ("File
 # too large"), as a full disk fails it with ENOSPC. SIGXFSZ is ignored: the
 # write fails instead of killing the process. The limit is the rank's alone
 # (mpirun's own files would break under it), and one rank over `--mca btl
@@ -68,7 +68,7 @@ fi
 cp "$tmp/out/"* "$tmp/keep/"
 
 # The same files again, from another seed (other bytes), where a write fails:
-# 1 KB is less than each of them.
+# 1 KiB is less than each of them.
 limited 1 day3/14_cnn_ddp --data "$DATA" --seed 1 --max_steps 100 --plot '' --save "$tmp/out/w.h5" > "$tmp/err" 2>&1
 status=$?
 expect_kept "--save" "$tmp/out/w.h5" 'w\.h5: cannot write .*: File too large$'
@@ -165,7 +165,7 @@ if [ "$expect_new" = "world_size,seconds" ] && [ "$(wc -l < "$tmp/new.csv")" = 2
 else
     fail "step 7 --results: a new file holds: $(cat "$tmp/new.csv" 2> /dev/null | tr '\n' ' ')"
 fi
-# A failed write keeps every run: 200 of them are more than 1 KB.
+# A failed write keeps every run: 200 of them are more than 1 KiB.
 { echo world_size,seconds; for i in $(seq 200); do echo "$((i % 4 + 1)),1.$i"; done; } > "$tmp/out/runs.csv"
 cp "$tmp/out/runs.csv" "$tmp/keep/runs.csv"
 limited 1 "${step7[@]}" --results "$tmp/out/runs.csv" > "$tmp/err" 2>&1

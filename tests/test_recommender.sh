@@ -61,8 +61,10 @@ expect "the test RMSE after an epoch: $rmse2 on 2 ranks (sharded) == $rmse1 on 1
 
 # ---------------------------------------------------------------- bytes and memory
 dense=$(field 'embeddings:' "$tmp/2_dense.out") sparse=$(field 'embeddings:' "$tmp/2_sparse.out") sharded=$(field 'embeddings:' "$tmp/2_sharded.out")
-expect "on 2 ranks, sparse sends ${sparse:-?} KB and sharded ${sharded:-?} KB per step per rank: at least 10x fewer than dense's ${dense:-?} KB" \
+expect "on 2 ranks, sparse sends ${sparse:-?} kB and sharded ${sharded:-?} kB per step per rank: at least 10x fewer than dense's ${dense:-?} kB" \
     awk -v d="${dense:-0}" -v s="${sparse:-1e9}" -v h="${sharded:-1e9}" 'BEGIN { exit !(d > 0 && s * 10 <= d && h * 10 <= d) }'
+expect "on 1 rank, no communication is reported: $(grep '^sparse embeddings:' "$tmp/1_sparse.out")" \
+    grep -q '^sparse embeddings: no communication (world size 1); embedding memory [0-9.]* MB per rank$' "$tmp/1_sparse.out"
 memory() { sed -n 's/.*embedding memory \([0-9.]*\) MB per rank.*/\1/p' "$1"; }
 expect "the embedding memory per rank: sharded on 2 ranks $(memory "$tmp/2_sharded.out") MB, under the replicated $(memory "$tmp/2_sparse.out") MB (dense, with its gradient tables, $(memory "$tmp/2_dense.out") MB)" \
     awk -v h="$(memory "$tmp/2_sharded.out")" -v s="$(memory "$tmp/2_sparse.out")" -v d="$(memory "$tmp/2_dense.out")" 'BEGIN { exit !(h > 0 && h < 0.6 * s && s < d) }'

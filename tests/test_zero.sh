@@ -121,6 +121,18 @@ import json, sys
 events = json.load(open(sys.argv[1]))[\"traceEvents\"]
 names = {(e.get(\"pid\"), e.get(\"name\")) for e in events}
 sys.exit(not all((r, n) in names for r in (0, 1) for n in (\"forward\", \"backward\", \"all-gather\", \"reduce-scatter\")))" "$tmp/trace.json"'
+check "--trace: the evaluation's forwards inside one evaluation range per rank, after training's" eval \
+    '${PYTHON:-/usr/bin/python3} -c "
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))[\"traceEvents\"] if e.get(\"ph\") == \"X\"]
+for rank in (0, 1):
+    mine = [e for e in events if e[\"pid\"] == rank]
+    evaluation = [e for e in mine if e[\"name\"] == \"evaluation\"]
+    if len(evaluation) != 1: sys.exit(1)
+    start, end = evaluation[0][\"ts\"], evaluation[0][\"ts\"] + evaluation[0][\"dur\"]
+    inside = [e for e in mine if e[\"name\"] == \"forward\" and start <= e[\"ts\"] <= end]
+    training = [e for e in mine if e[\"name\"] in (\"backward\", \"optimizer\")]
+    if not inside or any(e[\"ts\"] >= start for e in training): sys.exit(1)" "$tmp/trace.json"'
 
 # --init from step 6's weights and --save into its layout.
 timeout 120 $MPIRUN -np 2 day4/18_zero_sharding --zero 3 --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle \

@@ -1,5 +1,6 @@
 // test_plot.c: plot_png writes a readable PNG of the requested size, with each
-// series in its own colour, text and a legend, and survives degenerate input.
+// series in its own colour, text and a legend, and survives degenerate input;
+// plot_panels_png stacks such charts, each in its own band.
 // plot_timeline_png draws each block where its times say, in its kind's colour,
 // labels only inside their blocks, no block too short to see, and grows with the
 // rows. Both end in one line naming the file when it cannot be written.
@@ -159,6 +160,63 @@ static void check_bars(const char *dir) {
            "and %d below the line", above[1], below[1]);
     unlink(path);
     printf("PASS test_plot: y_lo and y_hi draw a min-max bar at each point and widen the y range to hold it\n");
+}
+
+// The legend goes where it hides the least ink, as matplotlib's loc="best": with
+// lines through all four corners (an X), it leaves the corners for the middle
+// of a side, where the X leaves room.
+static void check_legend_place(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/legend.png", dir);
+    float x[2] = {0, 1}, up[2] = {0, 1}, down[2] = {1, 0};
+    PlotSeries cross[2] = {{.label = "rising", .x = x, .y = up, .n = 2}, {.label = "falling", .x = x, .y = down, .n = 2}};
+    PlotSpec spec = {.title = "an X", .xlabel = "x", .ylabel = "y"};
+    plot_png(path, &spec, cross, 2);
+    Image im = read_png(path);
+    int top = 0, middle = 0, bottom = 0;  // the legend frame's grey, by thirds of the height
+    for (int y = 0; y < im.height; y++) {
+        int n = count_near(&im, 0xcccccc, 0, y, y + 1);
+        if (y < im.height / 3) top += n;
+        else if (y < 2 * im.height / 3) middle += n;
+        else bottom += n;
+    }
+    EXPECT(middle > 50 && top == 0 && bottom == 0, "lines through every corner: the legend's frame has %d grey "
+           "pixels in the top third, %d in the middle, %d in the bottom; want it in the middle only", top, middle, bottom);
+    free(im.rgb);
+    unlink(path);
+    printf("PASS test_plot: the legend avoids the lines: with an X through every corner, it sits mid-side\n");
+}
+
+// plot_panels_png stacks whole charts: each panel in its own band of rows, with
+// its own title, axes and colours (each panel's first series is blue again),
+// the figure as wide as the first panel and as tall as all of them.
+static void check_panels(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/panels.png", dir);
+    enum { N = 50 };
+    float x[N], loss[N], rmse[N], baseline[2] = {1.0f, 1.0f}, ends[2] = {0, N - 1};
+    for (int i = 0; i < N; i++) x[i] = (float)i, loss[i] = 2.0f * expf(-i / 10.0f), rmse[i] = 0.9f - 0.002f * i;
+    PlotSeries top[1] = {{.label = "training loss", .x = x, .y = loss, .n = N}};
+    PlotSeries bottom[2] = {{.label = "test RMSE", .x = x, .y = rmse, .n = N},
+                            {.label = "baseline", .x = ends, .y = baseline, .n = 2}};
+    PlotPanel panels[2] = {
+        {.spec = {.title = "loss", .xlabel = "epoch", .ylabel = "loss"}, .series = top, .n_series = 1},
+        {.spec = {.title = "RMSE", .xlabel = "epoch", .ylabel = "RMSE", .height = 360}, .series = bottom, .n_series = 2},
+    };
+    plot_panels_png(path, panels, 2);
+    Image im = read_png(path);
+    EXPECT(im.width == 640 && im.height == 480 + 360, "two panels of 480 and 360 rows make %dx%d, want 640x840",
+           im.width, im.height);
+    EXPECT(count_near(&im, 0x1f77b4, 24, 0, 480) > 150 && count_near(&im, 0x1f77b4, 24, 480, im.height) > 150,
+           "each panel's first series in tab10's blue: %d pixels above row 480, %d below",
+           count_near(&im, 0x1f77b4, 24, 0, 480), count_near(&im, 0x1f77b4, 24, 480, im.height));
+    EXPECT(count_near(&im, 0xff7f0e, 24, 0, 480) == 0 && count_near(&im, 0xff7f0e, 24, 480, im.height) > 100,
+           "the second panel's second series (orange) only in its band: %d pixels above row 480, %d below",
+           count_near(&im, 0xff7f0e, 24, 0, 480), count_near(&im, 0xff7f0e, 24, 480, im.height));
+    EXPECT(count_dark(&im, 0, 48) > 30 && count_dark(&im, 480, 480 + 40) > 30, "a title at the top of each panel");
+    free(im.rgb);
+    unlink(path);
+    printf("PASS test_plot: plot_panels_png stacks charts, each in its own band with its own title, axes and colours\n");
 }
 
 // ---------------------------------------------------------------- timelines
@@ -531,6 +589,8 @@ int main(void) {
 
     check_integer_ticks(dir);
     check_bars(dir);
+    check_legend_place(dir);
+    check_panels(dir);
     check_timeline_blocks(dir);
     check_timeline_sizes(dir);
     check_fatal_errors(dir);
