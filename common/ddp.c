@@ -26,7 +26,7 @@ Ddp ddp_wrap_group(Param *params, int n_params, double bucket_mb, const Group *g
 
     // 2. Buckets, filled in reverse parameter order: the last layer's gradients
     //    come out of backward first. A bucket closes once it holds bucket_mb.
-    double cap = bucket_mb * 1e6;  // bytes (decimal MB, as every size we print); a cap past any model is one bucket
+    double cap = bucket_mb * 1024 * 1024;  // bytes (MiB, as bucket_cap_mb); a cap past any model is one bucket
     size_t cap_bytes = cap <= 0 ? 0 : cap >= 0x1p62 ? (size_t)1 << 62 : (size_t)cap;
     ddp.buckets = xcalloc((size_t)n_params, sizeof(DdpBucket));  // at most one per tensor
     ddp.bucket_of_param = xmalloc((size_t)n_params * sizeof(int));

@@ -89,9 +89,9 @@ typedef struct {
 } Ddp;
 
 // Broadcast rank 0's parameters and build the buckets (bucket_mb <= 0: one
-// bucket per tensor). bucket_mb is in decimal megabytes (10^6 bytes), as every
-// size the programs print; PyTorch's bucket_cap_mb=25 is 25 MiB, 26.2 MB: at
-// these models' sizes the two caps make the same buckets. Collective.
+// bucket per tensor). bucket_mb counts MiB (2^20 bytes), as PyTorch's
+// bucket_cap_mb does: 25 is 26.2 MB in the decimal units that the programs
+// print sizes in. Collective.
 Ddp ddp_wrap(Param *params, int n_params, double bucket_mb);
 // The same over a group (group.h), as DDP(model, process_group=group): the
 // group's rank 0 broadcasts, and gradients are averaged over the group's

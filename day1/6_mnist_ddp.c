@@ -4,7 +4,7 @@
 // broadcast and gradient allreduce are gone. ddp_wrap() plays
 // torch.nn.parallel.DistributedDataParallel (common/ddp.h):
 //   - at wrap, every rank gets rank 0's parameters;
-//   - gradients are grouped into buckets (25 MB by default, --bucket_mb),
+//   - gradients are grouped into buckets (25 MiB by default, --bucket_mb),
 //     last layer first, and each bucket's allreduce starts as soon as
 //     backward has produced it, while backward goes on with earlier layers;
 //   - ddp_finish() waits for the buckets and averages over the ranks.
@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     const char *trace = NULL;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
     };

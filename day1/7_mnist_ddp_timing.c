@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     const char *results = NULL, *chart = "img/7_scaling.png";
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"results", ARG_OUTPUT, &results, "FILE.csv", "append world_size,seconds; print the speed-up table of the file (median, min..max of repeats)", 0, NULL},
         {"chart", ARG_OUTPUT_OR_NONE, &chart, "FILE.png", "speed-up chart of --results ('' for none)", 0, NULL},

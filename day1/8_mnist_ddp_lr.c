@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     const char *compare = NULL;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"compare", ARG_PATH, &compare, "FILE.csv", "a one-process loss log (step 2 --losses) to overlay", 0, NULL},
     };

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"h5", ARG_PATH, &h5_path, "FILE.h5", "MNIST in groups of 100 (day2/create_mnist_h5); --data is not read", 0, NULL},
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"workers", ARG_INT, &workers, "N", "reader threads per rank, as DataLoader's num_workers (0: the cores the rank does not compute with, at least 1)", 0, NULL},
         {"prefetch", ARG_INT, &prefetch, "K", "batches each worker reads ahead, as DataLoader's prefetch_factor", 1, NULL},

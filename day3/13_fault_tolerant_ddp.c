@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     int save_every = 1, fail_at_epoch = 0, fail_rank = -1;
     ArgSpec flags[] = {
         TRAIN_FLAGS_WITH_EPOCHS(opt, "total_epochs"),
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"snapshot", ARG_OUTPUT, &snapshot_path, "FILE.h5", "resume from it if it exists; rank 0 saves it", 0, NULL},
         {"save_every", ARG_INT, &save_every, "N", "epochs between snapshots (and one after the last)", 1, NULL},

@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     int max_steps = -1;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");

@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
         {"micro_batches", ARG_INT, &micro_batches, "M", "micro-batches a batch is cut into (a divisor of --batch_size)", 1, NULL},
         {"schedule", ARG_STRING, &schedule_flag, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths (512,512,512: four Linears)", 0, NULL},
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size of each stage's DDP; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size of each stage's DDP; 0: one bucket per tensor", 0, NULL},
         {"print_schedule", ARG_SWITCH, &print_schedule, NULL, "print each stage's actions", 0, NULL},
         {"timeline", ARG_OUTPUT_OR_NONE, &timeline, "FILE.png", "the last full step's timeline, and both schedules replayed", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},

@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
         {"tp", ARG_INT, &tp, "T", "tensor-parallel ranks (the world is T x world / T replicas)", 1, NULL},
         {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths, each a multiple of T", 0, NULL},
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "gradient bucket size of each shard's DDP; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size of each shard's DDP; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");

@@ -421,7 +421,7 @@ int main(int argc, char **argv) {
         {"prefetch", ARG_SWITCH, &prefetch, NULL, "--zero 3: gather the next layer's weights while this one computes", 0, NULL},
         {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths (4096,4096: three Linears)", 0, NULL},
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
-        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MB", "--zero 0: DDP's gradient bucket size; 0: one bucket per tensor", 0, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "--zero 0: DDP's gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 18: sharded data parallelism, ZeRO stages 1-3 (FSDP): the optimizer state, gradients and parameters split across ranks.");

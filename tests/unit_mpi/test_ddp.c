@@ -53,8 +53,8 @@ static double max_ranks(double v) {
     } while (0)
 
 static const int SMALL[] = {6, 5, 4, 3};  // params of 30, 5, 20, 4, 12, 3 floats
-#define MB 1e6                           // bucket_mb is in decimal megabytes
-#define CAP_60_BYTES (60 / MB)           // 15 floats: buckets {3,12} {4,20} {5,30}
+#define MIB (1024.0 * 1024.0)
+#define CAP_60_BYTES (60 / MIB)           // 15 floats: buckets {3,12} {4,20} {5,30}
 static const double CAPS[] = {25.0, 0.0, CAP_60_BYTES};
 #define N_CAPS 3
 
@@ -104,7 +104,7 @@ static const char *cap_name(double bucket_mb) {
     char *out = name[next++ % 4];
     if (bucket_mb >= 1) snprintf(out, sizeof name[0], "bucket_mb %g", bucket_mb);
     else if (bucket_mb <= 0) snprintf(out, sizeof name[0], "bucket_mb %g (per tensor)", bucket_mb);
-    else snprintf(out, sizeof name[0], "cap %.0f B", bucket_mb * MB);
+    else snprintf(out, sizeof name[0], "cap %.0f B", bucket_mb * MIB);
     return out;
 }
 
@@ -119,7 +119,7 @@ static const char *path_name(const Ddp *ddp) {
 // bucket but the last reaches the cap, and none would have without its lowest
 // tensor (it closed as soon as it reached the cap).
 static bool layout_ok(const Ddp *d, double bucket_mb) {
-    size_t cap = bucket_mb > 0 ? (size_t)(bucket_mb * MB) : 0, total = 0, weights = 0;
+    size_t cap = bucket_mb > 0 ? (size_t)(bucket_mb * MIB) : 0, total = 0, weights = 0;
     int next = d->n_params - 1;  // the highest parameter not yet in a bucket
     for (int b = 0; b < d->n_buckets; b++) {
         const DdpBucket *k = &d->buckets[b];
