@@ -10,6 +10,9 @@
 #   escape sequence in a title, with --recommend (once: ten blank titles); a line's length limit
 #   the same at line 101, 4600 bytes before the reader's 1 MiB block boundary and across two
 #   ranks' ranges (once: a 5008-byte row accepted at one and refused at the other);
+# - --init files (HDF5) holding NaN, +-inf, a float64 1e300 (once: cast to inf in silence), a
+#   dataset never written, a virtual dataset whose source file is missing: refused by steps 2 and
+#   18 (--zero 3, 2 ranks), naming the file and the dataset, every rank agreeing.
 # Every mutated file is made here, in a temporary folder. Prints one PASS/FAIL/SKIP line per check
 # (tests/run.sh counts them).
 set -u
@@ -136,3 +139,69 @@ else
     done
 fi
 
+# ---------------------------------------------------------------- --init files (steps 2 and 18)
+if ! "$PYTHON" -c 'import h5py, numpy' 2> /dev/null; then
+    skip "--init files: $PYTHON has no h5py (./setup.sh --with-reference)"
+elif [ ! -e data/mnist/train-images-idx3-ubyte.gz ] && [ ! -e data/mnist/train-images-idx3-ubyte ]; then
+    skip "--init files: no MNIST in data/mnist (make data)"
+else
+    # The workshop's Net as a state_dict, each file with one thing wrong; good.h5 and good64.h5 (the same
+    # weights as float64, numpy's default) have nothing wrong.
+    "$PYTHON" - "$tmp" <<'PY'
+import sys, h5py, numpy as np
+folder = sys.argv[1]
+rng = np.random.default_rng(0)
+shapes = {"fc.0.weight": (128, 784), "fc.0.bias": (128,), "fc.2.weight": (10, 128), "fc.2.bias": (10,)}
+good = {k: rng.uniform(-0.03, 0.03, s).astype(np.float32) for k, s in shapes.items()}
+def write(name, dtype=np.float32, change=None, skip=None):
+    with h5py.File(f"{folder}/{name}.h5", "w") as f:
+        for k, v in good.items():
+            if k != skip:
+                f[k] = v.astype(dtype)
+        if change:
+            change(f)
+def put(key, index, value):
+    def change(f):
+        f[key][index] = value
+    return change
+write("good")
+write("good64", np.float64)
+write("nan", change=put("fc.2.weight", (3, 17), np.nan))
+write("inf", change=put("fc.0.bias", 5, -np.inf))
+write("huge64", np.float64, change=put("fc.0.weight", (0, 0), 1e300))
+write("unwritten", skip="fc.2.bias", change=lambda f: f.create_dataset("fc.2.bias", (10,), "f4"))
+def virtual(f):  # fc.0.weight read from a file that is not there
+    layout = h5py.VirtualLayout(shape=(128, 784), dtype="f4")
+    layout[:] = h5py.VirtualSource("no_such_source.h5", "fc.0.weight", shape=(128, 784))
+    f.create_virtual_dataset("fc.0.weight", layout)
+write("virtual", skip="fc.0.weight", change=virtual)
+PY
+    step2=(day1/2_mnist_training --epochs 1 --plot '')
+    step18=(day4/18_zero_sharding --zero 3 --max_steps 2 --batch_size 64 --plot '')
+    # Step 2 meets every case; step 18 (2 ranks, some 6 s a run on 2 busy cores) the first at every
+    # level and all of them in make test-all.
+    for np in 1 2; do
+        if [ $np = 1 ]; then program=("${step2[@]}") name="step 2"; else program=(mpi 2 "${step18[@]}") name="step 18 --zero 3 on 2 ranks"; fi
+        refused "$name, --init holding NaN" 1 "nan\.h5: dataset 'fc\.2\.weight' holds NaN at \[3, 17\] \(1 of its 1280 values are not finite\)" \
+            "${program[@]}" --init "$tmp/nan.h5"
+        [ $np = 2 ] && ! thorough && continue
+        refused "$name, --init holding -inf" 1 "inf\.h5: dataset 'fc\.0\.bias' holds -inf at \[5\] \(1 of its 128 values" \
+            "${program[@]}" --init "$tmp/inf.h5"
+        refused "$name, --init of float64 holding 1e300" 1 "huge64\.h5: dataset 'fc\.0\.weight' \(float64\) holds a value beyond float32's range" \
+            "${program[@]}" --init "$tmp/huge64.h5"
+        refused "$name, --init with a dataset never written" 1 "unwritten\.h5: dataset 'fc\.2\.bias' was never written" \
+            "${program[@]}" --init "$tmp/unwritten.h5"
+        refused "$name, --init with a virtual dataset whose source is missing" 1 \
+            "virtual\.h5: dataset 'fc\.0\.weight' is virtual and its source dataset 'fc\.0\.weight' in 'no_such_source\.h5' is missing" \
+            "${program[@]}" --init "$tmp/virtual.h5"
+    done
+    # ... and the same weights, whole and finite, load: float32, float64, and a virtual dataset whose
+    # source is there (beside it, as HDF5 finds it from any working directory).
+    cp "$tmp/good.h5" "$tmp/no_such_source.h5"
+    for file in good64 $(if_thorough good virtual); do
+        mpi 2 "${step18[@]}" --init "$tmp/$file.h5" > "$tmp/out" 2>&1
+        status=$?
+        expect "step 18 --zero 3 on 2 ranks, --init $file.h5 (whole and finite): exit $status (0)$([ $status = 0 ] || echo ": $(grep -m1 '^\[rank' "$tmp/out")")" \
+            test $status -eq 0
+    done
+fi
