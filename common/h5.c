@@ -218,7 +218,9 @@ void h5_load_params(const char *path, Param *params, int n_params) {
         if (is_virtual && !virtual_sources_present(path, file, dataset, missing, sizeof missing))
             REJECT("%s: dataset '%s' is virtual and %s (HDF5 would read zeros in its place)", path, p->name, missing);
         H5D_space_status_t written = H5D_SPACE_STATUS_ALLOCATED;
-        if (!is_virtual && (H5Dget_space_status(dataset, &written) < 0 || written != H5D_SPACE_STATUS_ALLOCATED))
+        if (!is_virtual && H5Dget_space_status(dataset, &written) < 0)
+            REJECT("%s: cannot read the storage of dataset '%s': a damaged HDF5 file", path, p->name);
+        if (written != H5D_SPACE_STATUS_ALLOCATED)
             REJECT("%s: dataset '%s' was %s: it holds HDF5's fill value, not weights", path, p->name,
                    written == H5D_SPACE_STATUS_PART_ALLOCATED ? "written only in part" : "never written");
         // Reading as native float converts other float types on the way in; one beyond float32's
