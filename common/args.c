@@ -134,10 +134,7 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
         if (path && *path && !output_file_writable(path, why, sizeof why)) {
             // A path is shown as it is, unless it holds a byte that would break the line or act on
             // the terminal; then it is quoted, and so is the reason, which may name its folder.
-            if (first_non_text(path, strlen(path)) == strlen(path))
-                snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, path, why);
-            else
-                snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, QUOTE(path), QUOTE(why));
+            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, PATH_SHOWN(path), PATH_SHOWN(why));
             ok = false;
         }
     }

@@ -189,22 +189,23 @@ static int *dense_ids(int *ids, long n, int *n_distinct) {
 }
 
 Ratings movielens_read_ratings(const char *path) {
+    const char *shown = PATH_SHOWN(path);  // the name as a message shows it: one safe line
     int rank = dist_rank(), world = dist_world_size();
     char message[1024];
     const char *problem = input_file_problem(path);
     FILE *file = problem ? NULL : fopen(path, "rb");
-    snprintf(message, sizeof message, "%s: %s (make movielens fetches MovieLens; --data DIR names its folder)", path,
+    snprintf(message, sizeof message, "%s: %s (make movielens fetches MovieLens; --data DIR names its folder)", shown,
              problem ? problem : strerror(errno));
     check_all_ranks(file != NULL, message);
     struct stat st;
-    CHECK_ERRNO(fstat(fileno(file), &st) == 0, "stat %s", path);
+    CHECK_ERRNO(fstat(fileno(file), &st) == 0, "stat %s", shown);
     long size = (long)st.st_size;
 
     // This rank's lines: those that start in [start, end).
     long start = (long)((double)size * rank / world), end = (long)((double)size * (rank + 1) / world);
     if (rank == world - 1) end = size;
     LineReader in = {.file = file, .buf = xmalloc(READ_BLOCK + 1), .offset = start > 0 ? start - 1 : 0};
-    CHECK_ERRNO(fseeko(file, in.offset, SEEK_SET) == 0, "seek in %s", path);
+    CHECK_ERRNO(fseeko(file, in.offset, SEEK_SET) == 0, "seek in %s", shown);
     RowList rows = {0};
     long lines = 0;                 // lines of this rank read so far
     long bad_line = -1;             // the local index of the first bad line, if any
@@ -250,11 +251,11 @@ Ratings movielens_read_ratings(const char *path) {
     long lines_before = 0;
     CHECK_MPI(MPI_Exscan(&lines, &lines_before, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     if (rank == 0) lines_before = 0;
-    snprintf(message, sizeof message, "%s:%ld: %s", path, lines_before + bad_line + 1, why);
+    snprintf(message, sizeof message, "%s:%ld: %s", shown, lines_before + bad_line + 1, why);
     check_all_ranks(bad_line < 0, message);
     long total = rows.n;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
-    snprintf(message, sizeof message, "%s: no ratings after the header (expected lines userId,movieId,rating,timestamp)", path);
+    snprintf(message, sizeof message, "%s: no ratings after the header (expected lines userId,movieId,rating,timestamp)", shown);
     check_all_ranks(total > 0, message);
 
     Ratings r = {.n = rows.n, .user = rows.user, .item = rows.item, .rating = rows.rating, .n_total = total,
@@ -298,10 +299,11 @@ bool movielens_is_test(uint64_t seed, long index) {
 
 // ------------------------------------------------------------------ movies.csv
 bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_out, char *error, size_t error_size) {
+    const char *shown = PATH_SHOWN(path);  // the name as a message shows it: one safe line
     const char *problem = input_file_problem(path);
     FILE *file = problem ? NULL : fopen(path, "rb");
     if (!file) {
-        snprintf(error, error_size, "%s: %s (make movielens fetches MovieLens)", path, problem ? problem : strerror(errno));
+        snprintf(error, error_size, "%s: %s (make movielens fetches MovieLens)", shown, problem ? problem : strerror(errno));
         return false;
     }
     char **titles = xcalloc((size_t)r->n_items, sizeof(char *));
@@ -315,20 +317,20 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         if (got == 0) break;
         number++;
         if (got < 0) {
-            if (got == -1) snprintf(error, error_size, "%s:%ld: the last row has no line ending: truncated?", path, number);
-            else snprintf(error, error_size, "%s:%ld: a line longer than %d bytes", path, number, MAX_LINE);
+            if (got == -1) snprintf(error, error_size, "%s:%ld: the last row has no line ending: truncated?", shown, number);
+            else snprintf(error, error_size, "%s:%ld: a line longer than %d bytes", shown, number, MAX_LINE);
             ok = false;
             break;
         }
         char why[QUOTE_SIZE + 128];
         if (!row_is_text(line, line_len, why, sizeof why)) {  // a title is printed: text, and nothing else
-            snprintf(error, error_size, "%s:%ld: %s", path, number, why);
+            snprintf(error, error_size, "%s:%ld: %s", shown, number, why);
             ok = false;
             break;
         }
         if (number == 1) {
             if (strcmp(line, "movieId,title,genres") != 0) {
-                snprintf(error, error_size, "%s:1: expected the header 'movieId,title,genres' of MovieLens's movies.csv, got %s", path, QUOTE(line));
+                snprintf(error, error_size, "%s:1: expected the header 'movieId,title,genres' of MovieLens's movies.csv, got %s", shown, QUOTE(line));
                 ok = false;
                 break;
             }
@@ -337,7 +339,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         char *p = line;
         int id;
         if (!parse_id(&p, &id) || *p != ',') {
-            snprintf(error, error_size, "%s:%ld: expected movieId,title,genres with movieId a whole number, got %s", path, number, QUOTE(line));
+            snprintf(error, error_size, "%s:%ld: expected movieId,title,genres with movieId a whole number, got %s", shown, number, QUOTE(line));
             ok = false;
             break;
         }
@@ -351,7 +353,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
                 else *out++ = *p;
             }
             if (!closed || *p != ',') {
-                snprintf(error, error_size, "%s:%ld: a quoted title without its closing quote and comma: %s", path, number, QUOTE(title));
+                snprintf(error, error_size, "%s:%ld: a quoted title without its closing quote and comma: %s", shown, number, QUOTE(title));
                 ok = false;
                 break;
             }
@@ -359,14 +361,14 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         } else {
             char *comma = strrchr(p, ',');  // genres hold no comma; an unquoted title may not either
             if (!comma) {
-                snprintf(error, error_size, "%s:%ld: expected movieId,title,genres, got %s", path, number, QUOTE(line));
+                snprintf(error, error_size, "%s:%ld: expected movieId,title,genres, got %s", shown, number, QUOTE(line));
                 ok = false;
                 break;
             }
             *comma = '\0';
         }
         if (*title == '\0') {
-            snprintf(error, error_size, "%s:%ld: movie %d has an empty title", path, number, id);
+            snprintf(error, error_size, "%s:%ld: movie %d has an empty title", shown, number, id);
             ok = false;
             break;
         }
@@ -376,7 +378,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
     free(in.buf);
     fclose(file);
     if (ok && number == 0) {
-        snprintf(error, error_size, "%s: the file is empty: expected the header 'movieId,title,genres' (make movielens fetches MovieLens)", path);
+        snprintf(error, error_size, "%s: the file is empty: expected the header 'movieId,title,genres' (make movielens fetches MovieLens)", shown);
         ok = false;
     }
     // Every movie of ratings.csv has its row (MovieLens's movies.csv lists them all): a title is
@@ -388,7 +390,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         snprintf(error, error_size,
                  "%s: no row for movie %d, which ratings.csv rates (%d of its %d movies have none): expected "
                  "movieId,title,genres for every movie of ratings.csv, as MovieLens's movies.csv has",
-                 path, r->item_id[first_missing], missing, r->n_items);
+                 shown, r->item_id[first_missing], missing, r->n_items);
         ok = false;
     }
     if (!ok) {
@@ -410,7 +412,7 @@ static int skewed(Rng *rng, int n) {
 }
 
 static void write_or_die(FILE *file, const char *temp, const char *path, bool ok) {
-    if (!ok || !replace_commit(file, temp)) FATAL("cannot write %s: %s", path, strerror(errno));
+    if (!ok || !replace_commit(file, temp)) FATAL("cannot write %s: %s", PATH_SHOWN(path), strerror(errno));
 }
 
 void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
@@ -426,7 +428,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     char path[4096], temp[4096];
     snprintf(path, sizeof path, "%s/ratings.csv", dir);
     FILE *file = replace_begin(path, temp, sizeof temp);
-    CHECK_ERRNO(file != NULL, "cannot create %s", path);
+    CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
     bool ok = fprintf(file, "%s\n", MOVIELENS_HEADER) > 0;
     for (long k = 0; k < n && ok; k++) {
         int user = skewed(&rng, n_users), item = skewed(&rng, n_items);
@@ -441,7 +443,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     write_or_die(file, temp, path, ok);
     snprintf(path, sizeof path, "%s/movies.csv", dir);
     file = replace_begin(path, temp, sizeof temp);
-    CHECK_ERRNO(file != NULL, "cannot create %s", path);
+    CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
     ok = fprintf(file, "movieId,title,genres\n") > 0;
     for (int i = 0; i < n_items && ok; i++)  // every third title has a comma, and so its quotes
         ok = (i % 3 ? fprintf(file, "%d,Synthetic movie %d (%d),Drama\n", i + i / 2 + 1, i, 1950 + i % 70)

@@ -96,3 +96,8 @@ const char *quote_text(char *out, size_t out_size, const char *text, size_t len)
         snprintf(out + written, out_size - written, "'");
     return out;
 }
+
+const char *quote_unless_text(char *out, size_t out_size, const char *text) {
+    size_t len = strlen(text);
+    return first_non_text(text, len) == len ? text : quote_text(out, out_size, text, len);
+}

@@ -41,8 +41,16 @@ const char *quote_text(char *out, size_t out_size, const char *text, size_t len)
 // bare when it is text and quoted when not (args.c).
 size_t first_non_text(const char *text, size_t len);
 
+// `text` itself when it is text throughout (first_non_text), however long;
+// otherwise its quotation, written into out. For a path in a message: shown
+// bare as ever when it is an ordinary name, escaped and bounded when it holds a
+// newline or an escape sequence.
+const char *quote_unless_text(char *out, size_t out_size, const char *text);
+
 // A NUL-terminated string, quoted into a buffer that lives until the end of the
 // enclosing block (a compound literal): use it in a message's arguments.
 #define QUOTE(text) quote_text((char[QUOTE_SIZE]){0}, QUOTE_SIZE, (text), strlen(text))
 // The same for `len` bytes (which may hold NUL bytes).
 #define QUOTE_N(text, len) quote_text((char[QUOTE_SIZE]){0}, QUOTE_SIZE, (text), (len))
+// A path (or other text) shown bare when it is text, quoted when not (quote_unless_text).
+#define PATH_SHOWN(text) quote_unless_text((char[QUOTE_SIZE]){0}, QUOTE_SIZE, (text))

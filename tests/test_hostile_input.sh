@@ -64,6 +64,8 @@ refused "--lr ending in a carriage return" 2 "^error: --lr expects a number > 0,
 refused "an argument that is not UTF-8" 2 "^error: unexpected argument '\\\\xff\\\\xfeabc'" day1/2_mnist_training $'\xff\xfeabc'
 refused "--epochs of 5000 digits: 60 of them shown, then the length" 2 "^error: --epochs expects an integer from 1 to 2147483647, got '9{60}\.\.\.' \(5000 bytes\)" \
     day1/2_mnist_training --epochs "$(printf '9%.0s' $(seq 5000))"
+refused "--init naming a file that is not there, its name holding a newline and ESC [2J" 1 \
+    "\] '/nowhere/w\\\\n\\\\x1b\[2J\.h5': cannot open: No such file or directory$" day1/2_mnist_training --init $'/nowhere/w\n\x1b[2J.h5'
 refused "--save into a folder that cannot be made, its name holding ESC (2 ranks)" 1 "--save '/proc/no\\\\x1bdir/w\.h5': " \
     mpi 2 day1/2_mnist_training --save $'/proc/no\x1bdir/w.h5'
 
@@ -72,6 +74,8 @@ if [ ! -f "$MOVIELENS/ratings.csv" ] || [ ! -f "$MOVIELENS/movies.csv" ]; then
     skip "MovieLens CSVs: no MovieLens in $MOVIELENS (make movielens)"
 else
     ratings=$MOVIELENS/ratings.csv movies=$MOVIELENS/movies.csv
+    refused "--data naming a folder that is not there, its name holding ESC [2J" 1 \
+        "\] '/nowhere/\\\\x1b\[2J/ratings\.csv': No such file or directory" day3/15_recommender_ddp --data $'/nowhere/\x1b[2J'
     step15=(day3/15_recommender_ddp --epochs 1 --max_steps 2 --plot '')
     # with_row DIR LINE ROW [MOVIES]: DIR/ratings.csv with ROW inserted as line LINE; movies.csv as MOVIES.
     with_row() {

@@ -9,7 +9,9 @@
 // - at most QUOTE_PREFIX bytes of the text, then "..." and the whole length,
 //   never cutting a character in two;
 // - whatever the input (every byte value, long runs of escapes), the result is
-//   one line of printable ASCII or valid UTF-8, within QUOTE_SIZE.
+//   one line of printable ASCII or valid UTF-8, within QUOTE_SIZE;
+// - first_non_text finds where a CSV row stops being text; quote_unless_text
+//   shows a path bare when it is text, and quotes it when not.
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -106,5 +108,14 @@ int main(void) {
     EXPECT(first_non_text("1,2\r,5", 6) == 3, "a carriage return inside a row: not text");
     EXPECT(first_non_text("1,Am\xe9lie", 10) == 4, "Latin-1 (not UTF-8): not text");
     EXPECT(first_non_text("a\xc2\x9b", 3) == 1, "a C1 control in UTF-8: not text");
+
+    // quote_unless_text: a path shown bare when it is text, however long; quoted when not.
+    char long_path[300];
+    memset(long_path, 'd', sizeof long_path - 1);
+    long_path[0] = '/', long_path[sizeof long_path - 1] = '\0';
+    char buffer[QUOTE_SIZE];
+    EXPECT(quote_unless_text(buffer, sizeof buffer, long_path) == long_path, "a 299-byte path of text is shown bare, whole");
+    EXPECT(strcmp(quote_unless_text(buffer, sizeof buffer, "data/\x1b[2J"), "'data/\\x1b[2J'") == 0,
+           "a path holding ESC is quoted: %s", buffer);
     return test_summary();
 }
