@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "paths.h"  // output_file_writable
+#include "quote.h"  // QUOTE: a value echoed in a message stays one safe line
 
 static void print_default(const ArgSpec *f, char *out, size_t size) {
     switch (f->type) {
@@ -91,7 +92,7 @@ static void set_value(const ArgSpec *f, const char *text) {
         long v = strtol(text, &end, 10);
         long max = upper_bound(f->name);
         if (*text == '\0' || *end != '\0' || errno || v < f->min || v > max)
-            usage_error("--%s expects an integer from %g to %ld, got '%s'", f->name, f->min, max, text);
+            usage_error("--%s expects an integer from %g to %ld, got %s", f->name, f->min, max, QUOTE(text));
         *(int *)f->value = (int)v;
     } break;
     case ARG_FLOAT:
@@ -99,12 +100,12 @@ static void set_value(const ArgSpec *f, const char *text) {
         double v = strtod(text, &end);
         bool at_least = f->type == ARG_FLOAT_GE;
         if (*text == '\0' || *end != '\0' || errno || !isfinite(v) || v < f->min || (v == f->min && !at_least))
-            usage_error("--%s expects a number %s %g, got '%s'", f->name, at_least ? ">=" : ">", f->min, text);
+            usage_error("--%s expects a number %s %g, got %s", f->name, at_least ? ">=" : ">", f->min, QUOTE(text));
         *(double *)f->value = v;
     } break;
     case ARG_STRING:
         if (f->choices && !is_choice(text, f->choices))
-            usage_error("--%s expects one of %s, got '%s'", f->name, f->choices, text);
+            usage_error("--%s expects one of %s, got %s", f->name, f->choices, QUOTE(text));
         *(const char **)f->value = text;
         break;
     case ARG_PATH:
@@ -131,7 +132,9 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
         const char *path = output ? *(const char **)flags[i].value : NULL;
         char why[PATH_MAX + 64];
         if (path && *path && !output_file_writable(path, why, sizeof why)) {
-            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, path, why);
+            // A path is shown as it is, unless it holds a byte that would break the line or act on
+            // the terminal; then it is quoted, and so is the reason, which may name its folder.
+            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, PATH_SHOWN(path), PATH_SHOWN(why));
             ok = false;
         }
     }
@@ -291,7 +294,7 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
             MPI_Finalize();
             exit(0);
         }
-        if (strncmp(arg, "--", 2) != 0) usage_error("unexpected argument '%s'", arg);
+        if (strncmp(arg, "--", 2) != 0) usage_error("unexpected argument %s", QUOTE(arg));
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
         size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
@@ -300,9 +303,11 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
         for (int k = 0; k < n_flags && !f; k++)
             if (names_equal(flags[k].name, name, name_len)) f = &flags[k];
         if (!f) {
+            // The flag as given ("--name", without its "=value"), quoted: it may hold anything.
+            const char *given = QUOTE_N(arg, name_len + 2);
             const char *suggestion = args_suggest(name, name_len, flags, n_flags);
-            if (suggestion) usage_error("unknown flag '--%.*s': did you mean --%s?", (int)name_len, name, suggestion);
-            usage_error("unknown flag '--%.*s'", (int)name_len, name);
+            if (suggestion) usage_error("unknown flag %s: did you mean --%s?", given, suggestion);
+            usage_error("unknown flag %s", given);
         }
         g_given[f - flags] = f->name;
 

@@ -10,7 +10,9 @@
 
 void h5_save_params(const char *path, const Param *params, int n_params);
 // Every parameter must be present with its exact shape (a bias may be stored
-// [out] or [1, out]) and a floating-point type; otherwise one line names the
-// file, the dataset and what was expected, and every rank exits(1).
-// Collective: every rank calls it.
+// [out] or [1, out]) and a floating-point type, and hold weights: written whole
+// (not HDF5's fill value; a virtual dataset must find all its sources), every
+// value finite and within float32's range (a float64 1e300 is refused, not
+// rounded to inf). Otherwise one line names the file, the dataset and what was
+// expected, and every rank exits(1). Collective: every rank calls it.
 void h5_load_params(const char *path, Param *params, int n_params);

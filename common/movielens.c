@@ -12,10 +12,15 @@
 #include "check.h"
 #include "dist.h"
 #include "paths.h"
+#include "quote.h"
 #include "rng.h"
 
 #define READ_BLOCK (1 << 20)   // bytes read at a time: the reader's buffer, whatever the file's size
-#define MAX_LINE 4096          // longer lines are malformed (MovieLens's longest is under 200 bytes)
+// A line's text (its line ending aside) is at most this long, wherever it falls in the file; longer
+// lines are malformed (MovieLens's longest is under 300 bytes). The reader looks no further than
+// MAX_LINE + 2 bytes for a line's end, so the buffer must hold that much past any line's start.
+#define MAX_LINE 4096
+_Static_assert(READ_BLOCK >= MAX_LINE + 2, "the read block holds the longest line and its CRLF");
 #define MAX_ID 100000000       // ids index a bitmap of this many bytes at most (ml-25m's go to 209171)
 
 // ------------------------------------------------------------------ a buffered range of lines
@@ -40,30 +45,48 @@ static void refill(LineReader *in) {
 // The next line: its text [*line, *line + *line_len) without the line ending
 // (LF or CRLF), and the file offset where it starts. 0: no more lines; 1: a
 // line; -1: a line without its line ending at the end of the file (the file is
-// truncated); -2: a line longer than MAX_LINE.
+// truncated); -2: a line longer than MAX_LINE (*start says where it starts, so
+// that only the rank that owns it reports it; *line_len is then not set).
+//
+// The limit holds wherever the line falls: its end is sought within the
+// MAX_LINE + 2 bytes from its start (the text, a '\r' and the '\n'), and the
+// buffer is refilled first when fewer are in it, so whether a line is too long
+// never depends on where a read block happens to end.
 static int next_line(LineReader *in, char **line, size_t *line_len, long *start) {
     for (;;) {
-        char *newline = memchr(in->buf + in->at, '\n', in->len - in->at);
+        size_t unread = in->len - in->at, reach = MAX_LINE + 2;
+        *line = in->buf + in->at;
+        *start = in->offset + (long)in->at;
+        char *newline = memchr(*line, '\n', unread < reach ? unread : reach);
         if (newline) {
-            *line = in->buf + in->at;
-            *start = in->offset + (long)in->at;
             *line_len = (size_t)(newline - *line);
             if (*line_len > 0 && (*line)[*line_len - 1] == '\r') (*line_len)--;
+            if (*line_len > MAX_LINE) return -2;
             (*line)[*line_len] = '\0';
             in->at = (size_t)(newline - in->buf) + 1;
             return 1;
         }
-        if (in->len - in->at > MAX_LINE) return -2;
+        if (unread >= reach) return -2;  // no line ending in reach: the text alone is longer
         if (in->eof) {
-            if (in->len == in->at) return 0;
-            *line = in->buf + in->at;
-            *start = in->offset + (long)in->at;
-            *line_len = in->len - in->at;
+            if (unread == 0) return 0;
+            *line_len = unread;
             (*line)[*line_len] = '\0';
             return -1;
         }
         refill(in);
     }
+}
+
+// A CSV row is text: a NUL (which would end the row early for the C string
+// functions, so that "4,1259,4.0,964538728\0garbage" read as a valid row), an
+// escape sequence, a carriage return inside it or bytes that are not UTF-8 make
+// the row bad. False, with the reason in `why`, for such a row.
+static bool row_is_text(const char *line, size_t len, char *why, size_t why_size) {
+    size_t at = first_non_text(line, len);
+    if (at == len) return true;
+    snprintf(why, why_size, "byte %zu of the row is not text (0x%02x: a control character or not UTF-8): %s", at + 1,
+             (unsigned char)line[at], QUOTE_N(line, len));
+    return false;
 }
 
 // ------------------------------------------------------------------ one row
@@ -85,18 +108,18 @@ static bool parse_id(char **p, int *out) {
 static bool parse_row(char *line, int *user, int *item, float *rating, char *why, size_t why_size) {
     char *p = line;
     if (!parse_id(&p, user) || *p != ',') {
-        snprintf(why, why_size, "expected userId,movieId,rating,timestamp with userId a whole number from 1 to %d, got '%.80s'", MAX_ID, line);
+        snprintf(why, why_size, "expected userId,movieId,rating,timestamp with userId a whole number from 1 to %d, got %s", MAX_ID, QUOTE(line));
         return false;
     }
     p++;
     if (!parse_id(&p, item) || *p != ',') {
-        snprintf(why, why_size, "expected userId,movieId,rating,timestamp with movieId a whole number from 1 to %d, got '%.80s'", MAX_ID, line);
+        snprintf(why, why_size, "expected userId,movieId,rating,timestamp with movieId a whole number from 1 to %d, got %s", MAX_ID, QUOTE(line));
         return false;
     }
     char *field = ++p;
     char *comma = strchr(field, ',');
     if (!comma) {
-        snprintf(why, why_size, "expected 4 fields userId,movieId,rating,timestamp, got '%.80s'", line);
+        snprintf(why, why_size, "expected 4 fields userId,movieId,rating,timestamp, got %s", QUOTE(line));
         return false;
     }
     *comma = '\0';
@@ -104,18 +127,18 @@ static bool parse_row(char *line, int *user, int *item, float *rating, char *why
     float value = comma > field ? strtof(field, &end) : NAN;
     bool ok = comma > field && end == comma && value >= 0.5f && value <= 5.0f;  // NaN fails both
     if (!ok) {
-        snprintf(why, why_size, "rating '%.40s' is not a number from 0.5 to 5", field);
+        snprintf(why, why_size, "rating %s is not a number from 0.5 to 5", QUOTE(field));
         return false;
     }
     *rating = value;
     p = comma + 1;
     if (*p < '0' || *p > '9') {
-        snprintf(why, why_size, "timestamp '%.40s' is not a whole number", p);
+        snprintf(why, why_size, "timestamp %s is not a whole number", QUOTE(p));
         return false;
     }
     while (*p >= '0' && *p <= '9') p++;
     if (*p != '\0') {
-        snprintf(why, why_size, "expected 4 fields userId,movieId,rating,timestamp, got '%.80s'", line);
+        snprintf(why, why_size, "expected 4 fields userId,movieId,rating,timestamp, got %s", QUOTE(line));
         return false;
     }
     return true;
@@ -166,22 +189,23 @@ static int *dense_ids(int *ids, long n, int *n_distinct) {
 }
 
 Ratings movielens_read_ratings(const char *path) {
+    const char *shown = PATH_SHOWN(path);  // the name as a message shows it: one safe line
     int rank = dist_rank(), world = dist_world_size();
     char message[1024];
     const char *problem = input_file_problem(path);
     FILE *file = problem ? NULL : fopen(path, "rb");
-    snprintf(message, sizeof message, "%s: %s (make movielens fetches MovieLens; --data DIR names its folder)", path,
+    snprintf(message, sizeof message, "%s: %s (make movielens fetches MovieLens; --data DIR names its folder)", shown,
              problem ? problem : strerror(errno));
     check_all_ranks(file != NULL, message);
     struct stat st;
-    CHECK_ERRNO(fstat(fileno(file), &st) == 0, "stat %s", path);
+    CHECK_ERRNO(fstat(fileno(file), &st) == 0, "stat %s", shown);
     long size = (long)st.st_size;
 
     // This rank's lines: those that start in [start, end).
     long start = (long)((double)size * rank / world), end = (long)((double)size * (rank + 1) / world);
     if (rank == world - 1) end = size;
     LineReader in = {.file = file, .buf = xmalloc(READ_BLOCK + 1), .offset = start > 0 ? start - 1 : 0};
-    CHECK_ERRNO(fseeko(file, in.offset, SEEK_SET) == 0, "seek in %s", path);
+    CHECK_ERRNO(fseeko(file, in.offset, SEEK_SET) == 0, "seek in %s", shown);
     RowList rows = {0};
     long lines = 0;                 // lines of this rank read so far
     long bad_line = -1;             // the local index of the first bad line, if any
@@ -191,22 +215,26 @@ Ratings movielens_read_ratings(const char *path) {
     long line_start;
     if (start > 0) {  // the line holding byte start - 1 belongs to the rank before
         int got = next_line(&in, &line, &line_len, &line_start);
+        // Too long to skip: this rank cannot find its first line. The rank that owns the line (a
+        // lower one, whose line number check_all_ranks prints) finds it too long as well.
         if (got == -2) { bad_line = 0; snprintf(why, sizeof why, "a line longer than %d bytes", MAX_LINE); }
     }
     if (size == 0 && rank == 0) { bad_line = 0; snprintf(why, sizeof why, "the file is empty: expected the header '%s'", MOVIELENS_HEADER); }
     while (bad_line < 0) {
         int got = next_line(&in, &line, &line_len, &line_start);
+        if (got == 0 || line_start >= end) break;  // the next rank's line, whatever it holds
         if (got == -2) { bad_line = lines; snprintf(why, sizeof why, "a line longer than %d bytes", MAX_LINE); break; }
-        if (got == 0 || line_start >= end) break;
         if (got == -1) {
             bad_line = lines;
-            snprintf(why, sizeof why, "the file ends in the middle of a row ('%.40s' has no line ending): truncated? (make movielens fetches it again)", line);
+            snprintf(why, sizeof why, "the file ends in the middle of a row (%s has no line ending): truncated? (make movielens fetches it again)", QUOTE_N(line, line_len));
             break;
         }
-        if (line_start == 0) {  // the header
+        if (!row_is_text(line, line_len, why, sizeof why)) {
+            bad_line = lines;
+        } else if (line_start == 0) {  // the header
             if (strcmp(line, MOVIELENS_HEADER) != 0) {
                 bad_line = lines;
-                snprintf(why, sizeof why, "expected the header '%s' of MovieLens's ratings.csv, got '%.80s'", MOVIELENS_HEADER, line);
+                snprintf(why, sizeof why, "expected the header '%s' of MovieLens's ratings.csv, got %s", MOVIELENS_HEADER, QUOTE(line));
             }
         } else {
             int user, item;
@@ -223,11 +251,11 @@ Ratings movielens_read_ratings(const char *path) {
     long lines_before = 0;
     CHECK_MPI(MPI_Exscan(&lines, &lines_before, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     if (rank == 0) lines_before = 0;
-    snprintf(message, sizeof message, "%s:%ld: %s", path, lines_before + bad_line + 1, why);
+    snprintf(message, sizeof message, "%s:%ld: %s", shown, lines_before + bad_line + 1, why);
     check_all_ranks(bad_line < 0, message);
     long total = rows.n;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
-    snprintf(message, sizeof message, "%s: no ratings after the header (expected lines userId,movieId,rating,timestamp)", path);
+    snprintf(message, sizeof message, "%s: no ratings after the header (expected lines userId,movieId,rating,timestamp)", shown);
     check_all_ranks(total > 0, message);
 
     Ratings r = {.n = rows.n, .user = rows.user, .item = rows.item, .rating = rows.rating, .n_total = total,
@@ -271,10 +299,11 @@ bool movielens_is_test(uint64_t seed, long index) {
 
 // ------------------------------------------------------------------ movies.csv
 bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_out, char *error, size_t error_size) {
+    const char *shown = PATH_SHOWN(path);  // the name as a message shows it: one safe line
     const char *problem = input_file_problem(path);
     FILE *file = problem ? NULL : fopen(path, "rb");
     if (!file) {
-        snprintf(error, error_size, "%s: %s (make movielens fetches MovieLens)", path, problem ? problem : strerror(errno));
+        snprintf(error, error_size, "%s: %s (make movielens fetches MovieLens)", shown, problem ? problem : strerror(errno));
         return false;
     }
     char **titles = xcalloc((size_t)r->n_items, sizeof(char *));
@@ -288,13 +317,20 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         if (got == 0) break;
         number++;
         if (got < 0) {
-            snprintf(error, error_size, "%s:%ld: %s", path, number, got == -1 ? "the last row has no line ending: truncated?" : "a line too long");
+            if (got == -1) snprintf(error, error_size, "%s:%ld: the last row has no line ending: truncated?", shown, number);
+            else snprintf(error, error_size, "%s:%ld: a line longer than %d bytes", shown, number, MAX_LINE);
+            ok = false;
+            break;
+        }
+        char why[QUOTE_SIZE + 128];
+        if (!row_is_text(line, line_len, why, sizeof why)) {  // a title is printed: text, and nothing else
+            snprintf(error, error_size, "%s:%ld: %s", shown, number, why);
             ok = false;
             break;
         }
         if (number == 1) {
             if (strcmp(line, "movieId,title,genres") != 0) {
-                snprintf(error, error_size, "%s:1: expected the header 'movieId,title,genres' of MovieLens's movies.csv, got '%.80s'", path, line);
+                snprintf(error, error_size, "%s:1: expected the header 'movieId,title,genres' of MovieLens's movies.csv, got %s", shown, QUOTE(line));
                 ok = false;
                 break;
             }
@@ -303,7 +339,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         char *p = line;
         int id;
         if (!parse_id(&p, &id) || *p != ',') {
-            snprintf(error, error_size, "%s:%ld: expected movieId,title,genres with movieId a whole number, got '%.80s'", path, number, line);
+            snprintf(error, error_size, "%s:%ld: expected movieId,title,genres with movieId a whole number, got %s", shown, number, QUOTE(line));
             ok = false;
             break;
         }
@@ -317,7 +353,7 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
                 else *out++ = *p;
             }
             if (!closed || *p != ',') {
-                snprintf(error, error_size, "%s:%ld: a quoted title without its closing quote and comma: '%.80s'", path, number, title);
+                snprintf(error, error_size, "%s:%ld: a quoted title without its closing quote and comma: %s", shown, number, QUOTE(title));
                 ok = false;
                 break;
             }
@@ -325,24 +361,43 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles_ou
         } else {
             char *comma = strrchr(p, ',');  // genres hold no comma; an unquoted title may not either
             if (!comma) {
-                snprintf(error, error_size, "%s:%ld: expected movieId,title,genres, got '%.80s'", path, number, line);
+                snprintf(error, error_size, "%s:%ld: expected movieId,title,genres, got %s", shown, number, QUOTE(line));
                 ok = false;
                 break;
             }
             *comma = '\0';
         }
+        if (*title == '\0') {
+            snprintf(error, error_size, "%s:%ld: movie %d has an empty title", shown, number, id);
+            ok = false;
+            break;
+        }
         int index = find_sorted(r->item_id, r->n_items, id);
-        if (index >= 0 && !titles[index]) titles[index] = strdup(title);
+        if (index >= 0 && !titles[index]) titles[index] = xstrdup(title);
     }
     free(in.buf);
     fclose(file);
+    if (ok && number == 0) {
+        snprintf(error, error_size, "%s: the file is empty: expected the header 'movieId,title,genres' (make movielens fetches MovieLens)", shown);
+        ok = false;
+    }
+    // Every movie of ratings.csv has its row (MovieLens's movies.csv lists them all): a title is
+    // never printed blank, and a movies.csv of another data set is refused, not half used.
+    int missing = 0, first_missing = -1;
+    for (int i = 0; ok && i < r->n_items; i++)
+        if (!titles[i] && missing++ == 0) first_missing = i;
+    if (missing > 0) {
+        snprintf(error, error_size,
+                 "%s: no row for movie %d, which ratings.csv rates (%d of its %d movies have none): expected "
+                 "movieId,title,genres for every movie of ratings.csv, as MovieLens's movies.csv has",
+                 shown, r->item_id[first_missing], missing, r->n_items);
+        ok = false;
+    }
     if (!ok) {
         for (int i = 0; i < r->n_items; i++) free(titles[i]);
         free(titles);
         return false;
     }
-    for (int i = 0; i < r->n_items; i++)
-        if (!titles[i]) titles[i] = strdup("");
     *titles_out = titles;
     return true;
 }
@@ -357,7 +412,7 @@ static int skewed(Rng *rng, int n) {
 }
 
 static void write_or_die(FILE *file, const char *temp, const char *path, bool ok) {
-    if (!ok || !replace_commit(file, temp)) FATAL("cannot write %s: %s", path, strerror(errno));
+    if (!ok || !replace_commit(file, temp)) FATAL("cannot write %s: %s", PATH_SHOWN(path), strerror(errno));
 }
 
 void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
@@ -373,7 +428,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     char path[4096], temp[4096];
     snprintf(path, sizeof path, "%s/ratings.csv", dir);
     FILE *file = replace_begin(path, temp, sizeof temp);
-    CHECK_ERRNO(file != NULL, "cannot create %s", path);
+    CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
     bool ok = fprintf(file, "%s\n", MOVIELENS_HEADER) > 0;
     for (long k = 0; k < n && ok; k++) {
         int user = skewed(&rng, n_users), item = skewed(&rng, n_items);
@@ -388,7 +443,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     write_or_die(file, temp, path, ok);
     snprintf(path, sizeof path, "%s/movies.csv", dir);
     file = replace_begin(path, temp, sizeof temp);
-    CHECK_ERRNO(file != NULL, "cannot create %s", path);
+    CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
     ok = fprintf(file, "movieId,title,genres\n") > 0;
     for (int i = 0; i < n_items && ok; i++)  // every third title has a comma, and so its quotes
         ok = (i % 3 ? fprintf(file, "%d,Synthetic movie %d (%d),Drama\n", i + i / 2 + 1, i, 1950 + i % 70)

@@ -19,7 +19,11 @@
 // file:line and what was expected (check_all_ranks; exit 1): a missing file, a
 // header that is not MovieLens's, a row with a field missing or not a number,
 // a rating outside 0.5..5, a last row without its line ending (a truncated
-// file). The first bad line of the file is the one reported.
+// file), a row that is not text (a NUL, an escape sequence, a carriage return
+// inside it, bytes that are not UTF-8), a line longer than 4096 bytes (its line
+// ending aside; the same limit wherever the line falls). The first bad line of
+// the file is the one reported; what the message quotes of it is bounded and
+// escaped (quote.h), so the refusal is one line that never acts on the terminal.
 //
 // The layer of mnist (5): MPI (dist) and check.h below it.
 #pragma once
@@ -52,9 +56,12 @@ int ratings_user_index(const Ratings *r, int user_id);
 bool movielens_is_test(uint64_t seed, long index);
 
 // movies.csv (movieId,title,genres; titles with commas in double quotes, "" for
-// a quote): the title of each dense item index, "" for a movie missing there.
-// Read by the calling rank alone; on bad input returns false with one line
-// naming file:line in `error`.
+// a quote): the title of each dense item index. Every movie of the ratings
+// must have its row and a title that is not empty, as in MovieLens, so that no
+// title is ever printed blank: an empty or header-only file, or one missing a
+// rated movie, is refused. The same rules of text and line length as
+// ratings.csv. Read by the calling rank alone; on bad input returns false with
+// one line naming the file (and the line, where one is at fault) in `error`.
 bool movielens_read_titles(const char *path, const Ratings *r, char ***titles, char *error, size_t error_size);
 
 // Write a MovieLens-shaped DIR/ratings.csv of n ratings (and DIR/movies.csv with
