@@ -2,6 +2,7 @@
 #include "threads.h"
 
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,13 +45,13 @@ extern char *openblas_get_corename(void) __attribute__((weak));
 // initialised before the program that links it), so a setenv() from here is
 // too late; one from .preinit_array, which runs earlier still, is undone when
 // libc sets up the environment (glibc 2.36, tried). What libgomp does at that
-// moment is call getenv(), and a program's own getenv() takes the place of
-// libc's for every library it loads (the ELF rule that lets a program bring
-// its own malloc). Ours is libc's for every name (the same search of
-// `environ`), except that it answers libgomp's question for GOMP_SPINCOUNT
-// with our count when the user set neither variable: a user's OMP_WAIT_POLICY
-// or GOMP_SPINCOUNT is theirs to keep. The environment itself is untouched,
-// so the processes we start see what the user set, not our choice.
+// moment is ask getenv() for GOMP_SPINCOUNT (GCC 12 to 15 alike), and a
+// program's own getenv() takes the place of libc's for every library it loads
+// (the ELF rule that lets a program bring its own malloc). Ours is libc's for
+// every name (the same search of `environ`), except that it answers
+// GOMP_SPINCOUNT with our count when the user chose neither a spin count nor
+// a wait policy: a user's choice is theirs to keep. The environment itself is
+// untouched, so the processes we start see what the user set, not our choice.
 static char *environment_value(const char *name) {
     extern char **environ;
     size_t length = strlen(name);
@@ -59,10 +60,19 @@ static char *environment_value(const char *name) {
     return NULL;
 }
 
+// OMP_WAIT_POLICY, or libgomp 13's OMP_WAIT_POLICY_ALL, _DEV and _DEV_<n>.
+static bool wait_policy_set(void) {
+    extern char **environ;
+    static const char prefix[] = "OMP_WAIT_POLICY";
+    size_t length = sizeof prefix - 1;
+    for (char **entry = environ; entry && *entry; entry++)
+        if (strncmp(*entry, prefix, length) == 0 && ((*entry)[length] == '=' || (*entry)[length] == '_')) return true;
+    return false;
+}
+
 char *getenv(const char *name) {
     char *value = environment_value(name);
-    if (!value && strcmp(name, "GOMP_SPINCOUNT") == 0 && !environment_value("OMP_WAIT_POLICY"))
-        value = (char *)THREADS_SPIN_COUNT;
+    if (!value && strcmp(name, "GOMP_SPINCOUNT") == 0 && !wait_policy_set()) value = (char *)THREADS_SPIN_COUNT;
     return value;
 }
 

@@ -124,6 +124,8 @@ expect "a user's GOMP_SPINCOUNT=300000 is kept (libgomp took $spin)" test "$spin
 policy=$(libgomp_says OMP_WAIT_POLICY OMP_WAIT_POLICY=active) spin=$(libgomp_says GOMP_SPINCOUNT OMP_WAIT_POLICY=active)
 expect "a user's OMP_WAIT_POLICY=active is kept (libgomp took $policy, spinning $spin times)" \
     test "$policy" = ACTIVE -a "$spin" != "$ours_spin"
+spin=$(libgomp_says GOMP_SPINCOUNT OMP_WAIT_POLICY_ALL=active)  # libgomp 13 and later read it; 12 does not
+expect "a user's OMP_WAIT_POLICY_ALL=active is kept too (libgomp spins $spin times)" test -n "$spin" -a "$spin" != "$ours_spin"
 # And what that means: two threads, each short loop followed by 10 ms that the
 # main thread sleeps through. Workers that sleep soon after each loop burn next
 # to nothing (0.02 CPU-seconds per second here); under libgomp's default they
