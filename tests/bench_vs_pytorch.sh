@@ -247,7 +247,7 @@ if [ "$cores" -gt 1 ]; then
         local seconds
         seconds=$(printf '%s\n' $3 | median)
         if [ -n "${4:-}" ]; then
-            printf '%-52s %8d %8.3f %8.3f %8.1fx\n' "$1" "$2" "$seconds" "$4" "$(awk "BEGIN { print $seconds / $4 }")"
+            printf '%-52s %8d %8.3f %8.3f %8.2fx\n' "$1" "$2" "$seconds" "$4" "$(awk "BEGIN { print $seconds / $4 }")"
         else
             printf '%-52s %8d %8.3f\n' "$1" "$2" "$seconds"
         fi
