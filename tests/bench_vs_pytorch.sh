@@ -241,7 +241,7 @@ if [ "$cores" -gt 1 ]; then
         QUICK=1 wall env OPENBLAS_NUM_THREADS=1 "$PYTHON" "$FAST" "$DATA" cpu 1 > /dev/null
         busy_torch1+=("$(json loop5_warm_s)")
     done
-    kill $neighbour 2> /dev/null
+    kill $neighbour 2> /dev/null || true  # gone already if the runs outlasted its bound
     wait $neighbour 2> /dev/null || true
     busy_row() {  # name threads runs [alone seconds]
         local seconds
