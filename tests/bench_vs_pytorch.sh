@@ -226,8 +226,10 @@ if [ "$cores" -gt 1 ]; then
     echo
     echo "== step 2 beside a busy neighbour (one process spinning), medians of $repeats alternating runs"
     printf '%-52s %8s %8s %8s %9s\n' "program" "threads" "loop s" "alone s" "slow-down"
-    # Bounded in time however this script ends; killed as soon as the runs are done.
-    timeout 600 awk 'BEGIN { while (1) {} }' &
+    # Bounded in time however this script ends (2 minutes a round, several
+    # times what a round takes even on a loaded machine); killed as soon as the
+    # runs are done.
+    timeout $((120 * repeats)) awk 'BEGIN { while (1) {} }' &
     neighbour=$!
     trap 'kill $neighbour 2> /dev/null; rm -f "$out"' EXIT
     busy_ours=() busy_gomp=() busy_torch=() busy_torch1=()
