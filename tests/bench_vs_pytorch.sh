@@ -231,7 +231,7 @@ if [ "$cores" -gt 1 ]; then
     # runs are done.
     timeout $((120 * repeats)) awk 'BEGIN { while (1) {} }' &
     neighbour=$!
-    trap 'kill $neighbour 2> /dev/null; rm -f "$out"' EXIT
+    trap 'kill $neighbour 2> /dev/null || true; rm -f "$out"' EXIT
     busy_ours=() busy_gomp=() busy_torch=() busy_torch1=()
     for ((i = 0; i < repeats; i++)); do
         wall day1/2_mnist_training --threads "$cores" --data "$DATA" --plot '' > /dev/null
@@ -245,6 +245,7 @@ if [ "$cores" -gt 1 ]; then
     done
     kill $neighbour 2> /dev/null || true  # gone already if the runs outlasted its bound
     wait $neighbour 2> /dev/null || true
+    trap 'rm -f "$out"' EXIT
     busy_row() {  # name threads runs [alone seconds]
         local seconds
         seconds=$(printf '%s\n' $3 | median)
