@@ -12,7 +12,23 @@
 // Every loop of a training step (the batch gather, bias and ReLU, the loss,
 // the optimizer) is an OpenMP `parallel for` on these threads, and so are the
 // GEMMs (tensor.c cuts them into pieces, each one single-threaded BLAS call).
-// BLAS itself is kept at one thread: two pools on the same cores would fight.
+// BLAS itself is kept at one thread: two pools on the same cores would fight
+// (tests/test_threads.sh checks that --threads 1 takes one CPU-second per
+// second, whatever BLAS the program was built with).
+//
+// How idle threads wait: between two loops, an idle thread spins 10000 times
+// (GOMP_SPINCOUNT=10000, about 0.2 ms on a 2-core Xeon VM), then sleeps.
+// libgomp's own default spins 300000 times, some milliseconds, and on a
+// machine that anything else uses (another rank, a build, a browser) the
+// spinner holds a core that the thread with work needs. Beside one spinning
+// process on 2 cores, step 2's loop took 1.51 s under libgomp's default and
+// 1.07 s with ours, PyTorch's fast MLP 1.62 s at best; alone, 0.635 s and
+// 0.615 s (medians of interleaved runs). Shorter spins (1000, or none:
+// OMP_WAIT_POLICY=passive) made the quiet runs 14-19% slower (futex wake-ups).
+// docs/speed.md, "Threads on a busy machine", has the measurements. A user's
+// OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept: OMP_WAIT_POLICY=active for a
+// node of one's own, passive for a crowded one. (libgomp reads them before
+// main(): threads.c answers its getenv(); the environment is left as it was.)
 #pragma once
 
 // Decide this rank's thread count (requested > 0: exactly that many) and set

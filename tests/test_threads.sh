@@ -92,6 +92,53 @@ if [ "$cores" -ge 2 ]; then
         grep -q "; cpu, 1 thread (bound to 1 of its $cores cores: mpirun --bind-to none frees them), " "$tmp/bound"
 fi
 
+# The CPU budget holds whatever BLAS we were built with: at --threads 1, step 2
+# takes about one CPU-second (user + system, getrusage through bash's `time`)
+# per second of wall time. An OpenBLAS that runs its own threads anyway shows
+# as more (one build on a 16-core machine ran this loop on several cores). Ten
+# epochs, so that the loop outweighs the start: 0.78 to 0.92 here, 1.30 to 1.32
+# with OpenBLAS left at its own 2 threads. On a busy machine a run gets less
+# than its core, never more: the bound holds there.
+TIMEFORMAT='%3R %3U %3S'
+{ time run day1/2_mnist_training --threads 1 --epochs 10 --plot '' > "$tmp/one" 2>&1; } 2> "$tmp/one_time"
+read -r wall user sys < "$tmp/one_time"
+cpu_per_second=$(awk "BEGIN { printf \"%.2f\", ($user + $sys) / $wall }")
+expect "step 2 at --threads 1 keeps to one core: $cpu_per_second CPU-seconds per second (at most 1.2)" \
+    awk "BEGIN { exit !($cpu_per_second <= 1.2) }"
+
+# How idle threads wait (common/threads.c): libgomp spins our short count
+# between loops, then sleeps, not its own default of some milliseconds, unless
+# the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads them before
+# main(), so ask it what it took (OMP_DISPLAY_ENV=verbose: its settings on
+# stderr as it loads).
+ours_spin=$(sed -n 's/^#define THREADS_SPIN_COUNT "\([0-9]*\)"$/\1/p' common/threads.c)
+libgomp_says() {  # VARIABLE [ENVIRONMENT...]: the value libgomp took for VARIABLE
+    local variable=$1; shift
+    env "$@" OMP_DISPLAY_ENV=verbose day1/2_mnist_training --help 2>&1 | sed -n "s/^ *$variable = '\(.*\)'$/\1/p"
+}
+spin=$(libgomp_says GOMP_SPINCOUNT)
+if [ -z "$spin" ]; then  # built without OpenMP (make OPENMP=), or with another runtime than gcc's
+    echo "SKIP threads: how idle threads wait: step 2 does not run on libgomp (OMP_DISPLAY_ENV=verbose names no GOMP_SPINCOUNT)"
+else
+    expect "step 2's threads spin $spin times before they sleep (libgomp's own default: 300000), threads.c's count" \
+        test -n "$ours_spin" -a "$spin" = "$ours_spin"
+    spin=$(libgomp_says GOMP_SPINCOUNT GOMP_SPINCOUNT=300000)
+    expect "a user's GOMP_SPINCOUNT=300000 is kept (libgomp took $spin)" test "$spin" = 300000
+    policy=$(libgomp_says OMP_WAIT_POLICY OMP_WAIT_POLICY=active) spin=$(libgomp_says GOMP_SPINCOUNT OMP_WAIT_POLICY=active)
+    expect "a user's OMP_WAIT_POLICY=active is kept (libgomp took $policy, spinning $spin times)" \
+        test "$policy" = ACTIVE -a "$spin" != "$ours_spin"
+    spin=$(libgomp_says GOMP_SPINCOUNT OMP_WAIT_POLICY_ALL=active)  # libgomp 13 and later read it; 12 does not
+    expect "a user's OMP_WAIT_POLICY_ALL=active is kept too (libgomp spins $spin times)" test -n "$spin" -a "$spin" != "$ours_spin"
+    # And what that means: two threads, each short loop followed by 10 ms that the
+    # main thread sleeps through. Workers that sleep soon after each loop burn next
+    # to nothing (0.02 CPU-seconds per second here); under libgomp's default they
+    # spin through half of each gap (0.36 to 0.38 here, 0.21 to 0.28 at a load of
+    # 10 on these 2 cores). Load only lowers the figure.
+    idle=$(build/tools/idle_threads 100 10 | sed -n 's/.*, \([0-9.]*\) CPU-seconds per second$/\1/p')
+    expect "idle threads sleep: ${idle:-?} CPU-seconds per second while the main thread sleeps (at most 0.15)" \
+        awk "BEGIN { exit !(\"${idle:-x}\" != \"x\" && ${idle:-1} <= 0.15) }"
+fi
+
 # Bad values are usage errors.
 run day1/2_mnist_training --threads -1 > "$tmp/bad" 2>&1
 status=$?
