@@ -65,6 +65,8 @@ struct Tracking {
     bool warned;                   // the failure's one warning line is out
     long dropped;                  // records lost while degraded or refused
     int lost_artifacts;
+    bool unanswered;               // something was dropped for want of an answer (not refused): the
+                                   // run may lack it, so the end does not mark it FINISHED
     bool lost_status;
     bool said_refused;
     bool out_of_time;              // the end's deadline passed with something not sent
@@ -189,6 +191,7 @@ static SendResult send(Tracking *t, const Send *s) {
     if (s->kind == SEND_BATCH) t->dropped += s->n;
     if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
     if (s->kind == SEND_STATUS) t->lost_status = true;
+    if (result != STORE_REFUSED) t->unanswered = true;
     if (made == 0) return DROPPED;  // the end's last line says it
     if (result == STORE_REFUSED) {
         if (!t->said_refused)
@@ -687,16 +690,22 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     RunStatus final = status == TRACKING_FAILED ? RUN_FAILED : status == TRACKING_KILLED ? RUN_KILLED : RUN_FINISHED;
     atomic_store(&run->status_set, false);
     run->store->deadline = start + END_TIMEOUTS * run->request_timeout;
-    set_final_status(run, final);
+    // A run that may lack values or artifacts for want of an answer is not marked FINISHED: a server that
+    // hung takes the status as soon as it wakes, and would show a complete-looking run with holes. It
+    // stays RUNNING there, and the last line says why. (What the server refused, it said; the run is
+    // FINISHED without it.)
+    bool withheld = final == RUN_FINISHED && run->unanswered;
+    if (!withheld) set_final_status(run, final);
     // The failure's warning said what happens next; at the end, what was lost in all, if the server did
     // not come back, or only refused, or the end's time ran out. "May": a request that got no answer may
     // have reached a server that answers late (one stopped, then resumed, holds it).
-    if ((run->degraded && run->warned) || (run->said_refused && !run->warned) || run->out_of_time) {
+    if ((run->degraded && run->warned) || (run->said_refused && !run->warned) || run->out_of_time || withheld) {
         char bound[96] = "";
         if (run->out_of_time)
             snprintf(bound, sizeof bound, " within the end's %.3g s", END_TIMEOUTS * run->request_timeout);
         warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound,
-             run->lost_status ? ": the run may stay RUNNING there" : "");
+             withheld ? ": the run is left RUNNING there, not FINISHED without them"
+             : run->lost_status ? ": the run may stay RUNNING there" : "");
     }
     // Last, what the run lacks for good: values measured before a restart by a process that died with
     // them queued, and that nothing kept (the line says so, rather than the run looking complete).
