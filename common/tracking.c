@@ -701,8 +701,9 @@ void tracking_end(Tracking *run, TrackingStatus status) {
     // have reached a server that answers late (one stopped, then resumed, holds it).
     if ((run->degraded && run->warned) || (run->said_refused && !run->warned) || run->out_of_time || withheld) {
         char bound[96] = "";
-        if (run->out_of_time)
-            snprintf(bound, sizeof bound, " within the end's %.3g s", END_TIMEOUTS * run->request_timeout);
+        if (run->out_of_time)  // the values' and artifacts' share of the end's time, or all of it
+            snprintf(bound, sizeof bound, " within the end's %.3g s",
+                     (withheld ? 1 : END_TIMEOUTS) * run->request_timeout);
         warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound,
              withheld ? ": the run is left RUNNING there, not FINISHED without them"
              : run->lost_status ? ": the run may stay RUNNING there" : "");
