@@ -10,7 +10,8 @@
 #                   equivalences; ends with "N passed, N failed[, N skipped]" (GPU tests
 #                   included: on a machine without a GPU they say "skipped: no GPU")
 #   make test-all   every check (TEST_LEVEL=all), and the slow suites: the simulated GPU,
-#                   the Slurm test cluster, the container image (what CI runs; about 25
+#                   the Slurm test cluster, the container image, the guides under a second
+#                   BLAS kernel (what CI runs; about 30
 #                   minutes on 2 cores); one "N passed, N failed[, N skipped]" line at the end
 #   make test-gpu   the GPU tests alone, every check; fails where there is no GPU
 #   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
