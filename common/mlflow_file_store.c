@@ -28,6 +28,7 @@
 
 #include "check.h"
 #include "mlflow_store.h"
+#include "paths.h"  // make_dirs
 #include "timer.h"
 
 typedef struct {
@@ -164,20 +165,6 @@ static StoreResult write_file_in(FileStore *s, const char *dir, const char *name
 }
 
 static bool make_dir(const char *path) { return mkdir(path, 0777) == 0 || errno == EEXIST; }
-
-// mkdir -p: `path` and every folder above it that is missing. false (errno set) if one cannot be made.
-static bool make_dirs(const char *path) {
-    char partial[PATH_MAX];
-    if (snprintf(partial, sizeof partial, "%s", path) >= (int)sizeof partial) return errno = ENAMETOOLONG, false;
-    for (char *c = partial + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        bool ok = make_dir(partial);
-        *c = '/';
-        if (!ok) return false;
-    }
-    return make_dir(partial);
-}
 
 // The value of `field: value` in a meta.yaml, unquoted; false if the field is not there.
 static bool read_yaml_field(const char *path, const char *field, char *value, size_t size) {

@@ -13,6 +13,21 @@
 
 #include "check.h"
 
+static bool make_dir(const char *path) { return mkdir(path, 0777) == 0 || errno == EEXIST; }
+
+bool make_dirs(const char *folder) {
+    char partial[PATH_MAX];
+    if (snprintf(partial, sizeof partial, "%s", folder) >= (int)sizeof partial) return errno = ENAMETOOLONG, false;
+    for (char *c = partial + 1; *c; c++) {  // each prefix in turn: a, a/b, then a/b/c below
+        if (*c != '/') continue;
+        *c = '\0';
+        bool ok = make_dir(partial);
+        *c = '/';
+        if (!ok) return false;
+    }
+    return make_dir(partial);
+}
+
 void make_parent_dirs(const char *path) {
     char dir[4096];
     CHECK(strlen(path) < sizeof dir, "path too long: %s", path);
@@ -20,14 +35,7 @@ void make_parent_dirs(const char *path) {
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir) return;
     *slash = '\0';
-    for (char *p = dir + 1;; p++) {  // each prefix in turn: a, a/b, a/b/c
-        if (*p != '/' && *p != '\0') continue;
-        char saved = *p;
-        *p = '\0';
-        CHECK_ERRNO(mkdir(dir, 0777) == 0 || errno == EEXIST, "cannot create directory %s", dir);
-        if (saved == '\0') break;
-        *p = saved;
-    }
+    CHECK_ERRNO(make_dirs(dir), "cannot create directory %s", dir);
 }
 
 const char *input_file_problem(const char *path) {

@@ -5,6 +5,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+// `mkdir -p` of `folder`: it and every folder above it that is missing. False,
+// with errno set, if one cannot be made (a caller that must not stop the run,
+// the MLflow folder store, says so itself).
+bool make_dirs(const char *folder);
 // `mkdir -p` of the folder part of `path`, so "img/run1/loss.png" just works.
 // Fatal, naming the folder, if it cannot be created.
 void make_parent_dirs(const char *path);
