@@ -4,6 +4,8 @@
 #   make data       fetch MNIST into data/mnist (MNIST_MIRROR=DIR copies from a local folder)
 #   make movielens  fetch MovieLens ml-latest-small into data/movielens, for step 15
 #                   (MOVIELENS_MIRROR=DIR copies from a local folder)
+#   make shakespeare  fetch Tiny Shakespeare into data/shakespeare, for step 19
+#                   (SHAKESPEARE_MIRROR=DIR copies from a local folder)
 #   make demo       run Day 1 steps 0, 2, 3 and 4 on CPU ranks
 #   make test       unit + integration tests, their essential checks (about 4 minutes on 2
 #                   cores): every program end to end, PyTorch parity, bad input, the DDP
@@ -85,7 +87,7 @@ CUDA_ARCH ?= 80 90
 NVTX ?= $(if $(HAVE_NVTX),1,0)
 
 mark = $(if $(filter 1,$(1)),✓,✗)
-ifneq ($(filter-out clean data movielens,$(or $(MAKECMDGOALS),all)),)
+ifneq ($(filter-out clean data movielens shakespeare,$(or $(MAKECMDGOALS),all)),)
 $(info config: mpicc $(call mark,$(HAVE_MPICC))  cblas $(call mark,$(HAVE_BLAS)) ($(BLAS_LIBS))  zlib $(call mark,$(HAVE_ZLIB))  libpng $(call mark,$(HAVE_PNG))  hdf5 $(call mark,$(HAVE_HDF5))  libcurl+cjson $(call mark,$(HAVE_MLFLOW_HTTP))  |  nvcc $(call mark,$(HAVE_NVCC)) ($(CUDA_HOME))  nccl $(call mark,$(HAVE_NCCL))  cublas $(call mark,$(HAVE_CUBLAS))  nvtx $(call mark,$(HAVE_NVTX))  CUDA=$(CUDA)$(if $(filter 1,$(CUDA)), (sm_$(subst $(eval) ,/sm_,$(strip $(CUDA_ARCH)))),: CPU only)  NVTX=$(NVTX))
 endif
 MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(HAVE_ZLIB),,zlib) \
@@ -162,7 +164,7 @@ DISPATCHED_SRC := common/mnist.c common/tensor.c common/tensor_ops.c
 ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
 endif
 
-.PHONY: all check-deps data movielens demo test test-all test-gpu test-container bench scaling clean FORCE
+.PHONY: all check-deps data movielens shakespeare demo test test-all test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
@@ -242,9 +244,14 @@ data:
 movielens:
 	data/fetch_movielens.sh data/movielens
 
+shakespeare:
+	data/fetch_shakespeare.sh data/shakespeare
+
 # The tests of step 15 need MovieLens: fetched when a mirror is named
 # (MOVIELENS_MIRROR, as CI does), else tests/test_recommender.sh says SKIP.
 FETCH_MOVIELENS = test -f data/movielens/ratings.csv || [ -z "$$MOVIELENS_MIRROR" ] || $(MAKE) movielens
+# The same for step 19's Tiny Shakespeare (SHAKESPEARE_MIRROR; tests/test_gpt.sh says SKIP without it).
+FETCH_SHAKESPEARE = test -f data/shakespeare/input.txt || [ -z "$$SHAKESPEARE_MIRROR" ] || $(MAKE) shakespeare
 
 # mpirun refuses root unless told, and refuses more ranks than cores unless
 # told: both are normal on a laptop VM or a container.
@@ -263,11 +270,13 @@ demo: all
 test: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	@$(FETCH_MOVIELENS)
+	@$(FETCH_SHAKESPEARE)
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=quick tests/run.sh
 
 test-all: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	@$(FETCH_MOVIELENS)
+	@$(FETCH_SHAKESPEARE)
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh
 
 # The GPU tests alone: step 1, CPU-vs-GPU losses, steps 2, 4, 6 and 8 on the

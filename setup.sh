@@ -14,6 +14,7 @@
 #   ./setup.sh --deps-only       # install the packages and stop (the Dockerfile's first step)
 #   MNIST_MIRROR=DIR ./setup.sh  # offline: copy MNIST from a local folder
 #   MOVIELENS_MIRROR=DIR ./setup.sh  # the same for MovieLens (step 15)
+#   SHAKESPEARE_MIRROR=DIR ./setup.sh  # the same for Tiny Shakespeare (step 19)
 #
 # On a cluster, skip this: `module load` MPI, OpenBLAS, HDF5 (and CUDA) instead,
 # then `make && make data` (docs/dependencies.md).
@@ -75,6 +76,8 @@ echo "== fetching MNIST"
 make data
 echo "== fetching MovieLens (step 15)"
 make movielens || echo "MovieLens not fetched (offline? MOVIELENS_MIRROR=DIR copies it from a folder): step 15 needs it, the rest does not"
+echo "== fetching Tiny Shakespeare (step 19)"
+make shakespeare || echo "Tiny Shakespeare not fetched (offline? SHAKESPEARE_MIRROR=DIR copies it from a folder): step 19 needs it, the rest does not"
 if [ "$demo" = 1 ]; then
     echo "== Day 1 demo"
     make demo
