@@ -17,7 +17,7 @@
 // Names are the PyTorch state_dict keys ("fc.0.weight"), which the HDF5
 // checkpoints use too.
 typedef struct {
-    char name[32];
+    char name[64];  // room for nanoGPT's longest: "transformer.h.11.attn.c_attn.weight"
     Tensor *value;
     Tensor *grad;
     // The state_dict shape where it is not the tensor's own (a Conv2d weight

@@ -244,7 +244,7 @@ static void test_mlp(void) {
     mlp_backward(&m, &x, on_grad_ready, &log);
     size_t skipped = 0, n = mlp_num_weights(&m);
     for (int i = 0; i < m.n_params; i++) {
-        char what[64];
+        char what[96];
         snprintf(what, sizeof what, "MLP {6,5,4,3} d loss/d %s", m.params[i].name);
         const Param *q = &m.params[i];
         skipped += check_grad(what, q->value->data, q->grad->data, tensor_numel(q->value), mlp_loss_at, &c);
