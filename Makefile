@@ -151,6 +151,7 @@ endif
 DAY2 := $(patsubst %.c,%,$(wildcard day2/*.c))
 DAY3 := $(patsubst %.c,%,$(wildcard day3/*.c))
 DAY4 := $(patsubst %.c,%,$(wildcard day4/*.c))
+DAY5 := $(patsubst %.c,%,$(wildcard day5/*.c))
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*.c))
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
@@ -167,7 +168,7 @@ endif
 .PHONY: all check-deps data movielens shakespeare demo test test-all test-gpu test-container bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
+all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -206,6 +207,9 @@ day3/%: day3/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 day4/%: day4/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
+day5/%: day5/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
@@ -292,7 +296,7 @@ test-container: all
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh tests/container/test_container.sh
 
 clean:
-	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) day1/1_dist_allreduce_gpu
+	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) day1/1_dist_allreduce_gpu
 
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
 # with the sgemm peak and step 5's profile at 1 and all threads (needs

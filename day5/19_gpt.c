@@ -1,0 +1,322 @@
+// Step 19: a GPT, trained under DDP on Tiny Shakespeare.      PyTorch twin: tests/torch_gpt.py
+//                                                            (nanoGPT's model.py and train.py)
+//
+// What it changes from step 14 (diff the two files): the model and the data. The model is
+// nanoGPT's decoder-only transformer (common/gpt.h): token and position embeddings, n_layer blocks
+// of LayerNorm -> causal self-attention -> residual -> LayerNorm -> MLP (GELU) -> residual, a last
+// LayerNorm and the head tied to the token embedding. The data is text as characters
+// (common/char_text.h): each iteration draws random windows of block_size + 1 characters and the
+// model learns to predict each next character. The optimizer is nanoGPT's: AdamW with weight decay
+// on the matrices only, a warm-up then a cosine decay of the learning rate, the gradients clipped
+// to a global norm of 1 (common/adamw.h, common/lr_schedule.h). DDP is step 6's library, unchanged.
+//
+// The batches: each iteration draws ONE global batch of batch_size x accum_steps x world windows,
+// as torch.randint(len(train) - block_size, ...) draws them from --seed, and rank r's micro-step m
+// takes its slice (r * accum_steps + m). So W ranks with --accum_steps A take the same steps as one
+// process with --accum_steps W x A (up to float summation order). nanoGPT instead seeds each rank
+// differently (1337 + rank): as good a batch, but no run on other ranks can be compared with it.
+// Evaluation draws its windows from a generator of its own (--seed + 1), so that evaluating more
+// or less often never changes the training's windows.
+//
+// Defaults: nanoGPT's "baby GPT" for a laptop CPU (its README): 4 layers, 4 heads, 128 wide,
+// context 64, batch 12, 2000 iterations, lr 1e-3 decaying over 2000 to 1e-4, warm-up 100,
+// betas (0.9, 0.99), weight decay 0.1, no dropout, no biases. nanoGPT reports a validation loss
+// of about 1.88 for it.
+//
+// Build and run:
+//   make day5/19_gpt && make shakespeare                 (SHAKESPEARE_MIRROR=DIR: from a folder)
+//   day5/19_gpt                                          # one process, every core: the baby GPT
+//   mpirun -np 2 day5/19_gpt                             # DDP on 2 ranks (add --oversubscribe on fewer cores)
+//   day5/19_gpt --max_iters 0 --init gpt.h5 --sample 500 # text from a saved model
+//
+// Expected output (1 process, 2 cores; times vary, the losses depend on the BLAS kernels a little):
+//   Step 19: a GPT on 1 rank: 4 layers, 4 heads, 128 wide, context 64, vocabulary 65: 0.80M parameters ...
+//   iter 0: loss 4.2...
+//   ...
+//   step 2000: train loss 1.7..., val loss 1.8...
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adamw.h"      // AdamW, clip_grad_norm: nanoGPT's optimizer step
+#include "args.h"       // args_parse: the flags and --help
+#include "char_text.h"  // CharText, the windows: the data
+#include "check.h"      // xmalloc, usage_error
+#include "ddp.h"        // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
+#include "dist.h"       // dist_init, dist_rank, print0: the process group
+#include "gpt.h"        // Gpt: the model, forward, loss, backward
+#include "h5.h"         // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "loss_log.h"   // loss_log_add, loss_log_write_csv: the loss of every iteration
+#include "lr_schedule.h"  // lr_at: warm-up, then cosine decay
+#include "plot.h"       // plot_png: the train and validation curves
+#include "quote.h"      // QUOTE, PATH_SHOWN: a flag's value in a message
+#include "threads.h"    // threads_init: this rank's CPU threads
+#include "timer.h"      // wall_seconds
+#include "tracking.h"   // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+
+typedef struct {
+    const char *data, *init, *save, *losses, *plot, *device, *prompt;
+    int n_layer, n_head, n_embd, block_size, batch_size, bias;
+    int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
+    double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
+    TrackingOptions tracking;
+} Options;
+
+// estimate_loss(): the mean loss over eval_iters global batches of the split, each rank
+// evaluating its slice (as in training), in micro-batches of batch_size; no gradients.
+static double estimate_loss(Gpt *model, const CharText *text, TextSplit split, Rng *eval_rng, const Options *o,
+                            long *offsets, int *inputs, int *targets) {
+    int world = dist_world_size(), rank = dist_rank();
+    int per_rank = o->batch_size * o->accum_steps, global = per_rank * world;
+    double sum = 0.0;
+    for (int k = 0; k < o->eval_iters; k++) {
+        char_text_draw_offsets(eval_rng, char_text_split_length(text, split), o->block_size, global, offsets);
+        for (int m = 0; m < o->accum_steps; m++) {
+            char_text_windows(text, split, offsets + (size_t)(rank * o->accum_steps + m) * o->batch_size, o->batch_size,
+                              o->block_size, inputs, targets);
+            gpt_forward(model, inputs, o->batch_size, o->block_size);
+            sum += gpt_loss(model, targets);
+        }
+    }
+    float total = (float)sum;
+    dist_allreduce_sum(&total, 1);
+    return total / ((double)o->eval_iters * o->accum_steps * world);
+}
+
+// nanoGPT's generate(): each new character from the last block_size ones; logits / temperature,
+// all but the top_k set to -inf, softmax, one draw.
+static void sample_text(Gpt *model, const CharText *text, const int *prompt, int prompt_length, const Options *o,
+                        Rng *rng) {
+    int capacity = prompt_length + o->sample, V = model->config.vocab_size;
+    int *context = xmalloc((size_t)capacity * sizeof(int));
+    memcpy(context, prompt, (size_t)prompt_length * sizeof(int));
+    double *probs = xmalloc((size_t)V * sizeof(double));
+    float *sorted = xmalloc((size_t)V * sizeof(float));
+    char *out = xmalloc((size_t)capacity + 1);
+    for (int i = 0; i < prompt_length; i++) out[i] = (char)text->chars[prompt[i]];
+    for (int n = prompt_length; n < capacity; n++) {
+        int T = n < o->block_size ? n : o->block_size;
+        const float *logits = gpt_forward(model, context + n - T, 1, T) + (size_t)(T - 1) * V;  // the last position
+        // The k-th largest logit: everything below it is out (torch.topk, then logits < v[-1]).
+        int k = o->top_k < V ? o->top_k : V;
+        memcpy(sorted, logits, (size_t)V * sizeof(float));
+        for (int i = 0; i < k; i++)  // a partial selection sort: k is small
+            for (int j = i + 1; j < V; j++)
+                if (sorted[j] > sorted[i]) { float swap = sorted[i]; sorted[i] = sorted[j]; sorted[j] = swap; }
+        float threshold = sorted[k - 1], max = sorted[0];
+        double total = 0.0;
+        for (int c = 0; c < V; c++) total += probs[c] = logits[c] < threshold ? 0.0 : exp((logits[c] - max) / o->temperature);
+        double u = rng_uniform(rng, 0.0f, 1.0f) * total, cumulative = 0.0;
+        int next = 0;
+        for (int c = 0; c < V; c++) {
+            cumulative += probs[c];
+            if (probs[c] > 0.0) next = c;  // the last possible one, should rounding leave u beyond the sum
+            if (u < cumulative && probs[c] > 0.0) break;
+        }
+        context[n] = next;
+        out[n] = (char)text->chars[next];
+    }
+    out[capacity] = '\0';
+    print0("%s\n", out);
+    free(context), free(probs), free(sorted), free(out);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    Options o = {.data = "data/shakespeare", .plot = "img/19_gpt.png", .device = "auto", .prompt = "\n",
+                 .n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 64, .batch_size = 12,
+                 .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
+                 .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
+                 .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8};
+    ArgSpec flags[] = {
+        {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
+        {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
+        {"n_head", ARG_INT, &o.n_head, "N", "attention heads per block", 1, NULL},
+        {"n_embd", ARG_INT, &o.n_embd, "N", "width of the residual stream (a multiple of --n_head)", 1, NULL},
+        {"block_size", ARG_INT, &o.block_size, "N", "context: characters the model sees", 1, NULL},
+        {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per rank", 1, NULL},
+        {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
+        {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
+        {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
+        {"min_lr", ARG_FLOAT_GE, &o.min_lr, "X", "the learning rate at the end of the cosine decay", 0, NULL},
+        {"warmup_iters", ARG_INT, &o.warmup_iters, "N", "linear warm-up iterations", 0, NULL},
+        {"lr_decay_iters", ARG_INT, &o.lr_decay_iters, "N", "the iteration where the cosine decay reaches --min_lr", 0, NULL},
+        {"weight_decay", ARG_FLOAT_GE, &o.weight_decay, "X", "AdamW's decoupled weight decay (matrices only)", 0, NULL},
+        {"beta1", ARG_FLOAT_GE, &o.beta1, "X", "AdamW's beta1", 0, NULL},
+        {"beta2", ARG_FLOAT_GE, &o.beta2, "X", "AdamW's beta2", 0, NULL},
+        {"grad_clip", ARG_FLOAT_GE, &o.grad_clip, "X", "clip the gradients' global norm to X (0: no clipping)", 0, NULL},
+        {"accum_steps", ARG_INT, &o.accum_steps, "N", "micro-steps per optimizer step (gradient accumulation)", 1, NULL},
+        {"eval_interval", ARG_INT, &o.eval_interval, "N", "evaluate every N iterations, and after the last", 1, NULL},
+        {"eval_iters", ARG_INT, &o.eval_iters, "N", "global batches per split and evaluation", 1, NULL},
+        {"seed", ARG_INT, &o.seed, "N", "seeds the weights and the windows", 0, NULL},
+        {"init", ARG_PATH, &o.init, "FILE.h5", "start from these weights (nanoGPT's state_dict names)", 0, NULL},
+        {"save", ARG_OUTPUT, &o.save, "FILE.h5", "write the final weights", 0, NULL},
+        {"losses", ARG_OUTPUT, &o.losses, "FILE.csv", "write step,epoch,loss per iteration (rank 0)", 0, NULL},
+        {"plot", ARG_OUTPUT_OR_NONE, &o.plot, "FILE.png", "train and validation loss curves ('' for none)", 0, NULL},
+        {"sample", ARG_INT, &o.sample, "N", "characters to generate at the end (0: none)", 0, NULL},
+        {"prompt", ARG_STRING, &o.prompt, "TEXT", "the text the sample goes on from", 0, NULL},
+        {"temperature", ARG_FLOAT, &o.temperature, "X", "the sample's temperature (< 1: more likely characters)", 0, NULL},
+        {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
+        {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
+        {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
+        TRACKING_FLAGS(o.tracking),
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
+    GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
+                        .bias = o.bias};
+    if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
+    Device device = device_from_flag(o.device);
+    if (device == DEVICE_CUDA)
+        usage_error("--device %s: step 19 runs on the CPU only so far (its GPU kernels are not written yet): use --device cpu",
+                    o.device);
+    threads_init(o.threads);
+    int rank = dist_rank(), world = dist_world_size();
+
+    // Data: the text's characters are the vocabulary; 90% trains, 10% validates.
+    CharText text = char_text_load(o.data, o.block_size);
+    config.vocab_size = text.vocab_size;
+    int prompt_length = (int)strlen(o.prompt);
+    int *prompt = xmalloc(((size_t)prompt_length + 1) * sizeof(int));
+    int bad = 0;
+    if (o.sample > 0 && (prompt_length == 0 || !char_text_encode(&text, o.prompt, prompt, &bad))) {
+        if (prompt_length == 0) usage_error("--prompt '': the sample needs at least one character to go on from");
+        usage_error("--prompt %s: its character %d, %s, is not in the vocabulary of %s/input.txt (%d characters)",
+                    QUOTE(o.prompt), bad + 1, QUOTE_N(o.prompt + bad, 1), PATH_SHOWN(o.data), text.vocab_size);
+    }
+    Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), NULL);
+
+    // Model, DDP and optimizer.
+    Rng init_rng;
+    rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
+    Gpt *model = gpt_new(&config, o.batch_size, &init_rng);  // model = GPT(gptconf)
+    if (o.init) h5_load_params(o.init, model->params, model->n_params);
+    Ddp ddp = ddp_wrap(model->params, model->n_params, o.bucket_mb);  // model = DDP(model)
+    AdamW optimizer = adamw_new(model->params, model->n_params, o.weight_decay, o.beta1, o.beta2);
+    LrSchedule schedule = {.lr = o.learning_rate, .min_lr = o.min_lr, .warmup_iters = o.warmup_iters,
+                           .lr_decay_iters = o.lr_decay_iters, .decay = true};
+
+    int global_batch = o.batch_size * o.accum_steps * world;
+    int decay_tensors, other_tensors;
+    long decay_values, other_values;
+    adamw_count(&optimizer, &decay_tensors, &decay_values, &other_tensors, &other_values);
+    char buckets[512];
+    ddp_describe_buckets(&ddp, buckets, sizeof buckets);
+    print0("Step 19: a GPT on %d rank%s: %d layers, %d heads, %d wide, context %d, vocabulary %d: %.2fM parameters "
+           "(%zu, and %zu in wpe); %s\n", world, world == 1 ? "" : "s", o.n_layer, o.n_head, o.n_embd, o.block_size,
+           text.vocab_size, gpt_num_params(model, true) / 1e6, gpt_num_params(model, true),
+           gpt_num_params(model, false) - gpt_num_params(model, true), buckets);
+    print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g on %d tensors (%ld values), "
+           "none on %d (%ld); clip %g; %d iterations of %d windows (%d per rank x %d micro-step%s x %d rank%s), "
+           "%d tokens each; %s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2,
+           o.weight_decay, decay_tensors, decay_values, other_tensors, other_values, o.grad_clip, o.max_iters, global_batch,
+           o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", world, world == 1 ? "" : "s",
+           global_batch * o.block_size, device_name(device), threads_describe());
+    print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
+
+    Rng train_rng, eval_rng;
+    rng_seed(&train_rng, (uint64_t)o.seed);      // the training windows
+    rng_seed(&eval_rng, (uint64_t)o.seed + 1);   // the evaluation's
+    long *offsets = xmalloc((size_t)global_batch * sizeof(long));
+    int *inputs = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));   // [B, T]
+    int *targets = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));  // [B, T]
+    LossLog losses = {0};
+    int n_evals = o.max_iters / o.eval_interval + 2;
+    float *eval_steps = xmalloc((size_t)n_evals * sizeof(float)), *train_evals = xmalloc((size_t)n_evals * sizeof(float));
+    float *val_evals = xmalloc((size_t)n_evals * sizeof(float));
+    int evals = 0;
+    double train_seconds = 0.0;
+    long tokens_per_iter = (long)global_batch * o.block_size;
+
+    for (int iter = 0;; iter++) {
+        if (iter % o.eval_interval == 0 || iter == o.max_iters) {
+            double train_loss = estimate_loss(model, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
+            double val_loss = estimate_loss(model, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
+            print0("step %d: train loss %.4f, val loss %.4f\n", iter, train_loss, val_loss);
+            tracking_log_metric(run, "train_loss", train_loss, iter);
+            tracking_log_metric(run, "val_loss", val_loss, iter);
+            eval_steps[evals] = (float)iter, train_evals[evals] = (float)train_loss, val_evals[evals++] = (float)val_loss;
+        }
+        if (iter == o.max_iters) break;
+        double start = wall_seconds();
+        double lr = lr_at(&schedule, iter);
+        // One global batch of windows; this rank's micro-steps take its slices.
+        char_text_draw_offsets(&train_rng, text.n_train, o.block_size, global_batch, offsets);
+        gpt_zero_grad(model);                                 // optimizer.zero_grad(set_to_none=True)
+        double loss_sum = 0.0;
+        for (int m = 0; m < o.accum_steps; m++) {
+            ddp_set_sync(&ddp, m == o.accum_steps - 1);       // model.require_backward_grad_sync
+            char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(rank * o.accum_steps + m) * o.batch_size,
+                              o.batch_size, o.block_size, inputs, targets);
+            gpt_forward(model, inputs, o.batch_size, o.block_size);   // logits, loss = model(X, Y)
+            loss_sum += gpt_loss(model, targets);
+            gpt_scale_loss(model, 1.0f / (float)o.accum_steps);      // loss = loss / gradient_accumulation_steps
+            gpt_backward(model, ddp_grad_ready, &ddp);                // loss.backward(): buckets start here
+        }
+        ddp_finish(&ddp);                                     // every gradient the mean over ranks
+        if (o.grad_clip > 0) clip_grad_norm(model->params, model->n_params, o.grad_clip);
+        adamw_step(&optimizer, lr);                           // optimizer.step()
+        float loss = (float)loss_sum;
+        dist_allreduce_sum(&loss, 1);                         // for the log: the loss of the global batch
+        loss /= (float)(o.accum_steps * world);
+        double seconds = wall_seconds() - start;
+        train_seconds += seconds;
+        loss_log_add(&losses, 0, loss);
+        tracking_log_metric(run, "loss", loss, iter);
+        if (iter % 10 == 0 || iter == o.max_iters - 1)
+            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s\n", iter, loss, lr, 1e3 * seconds,
+                   tokens_per_iter / seconds);
+    }
+    if (o.max_iters > 0)
+        print0("training: %d iterations in %.2f s, %.0f tokens/s\n", o.max_iters, train_seconds,
+               (double)o.max_iters * tokens_per_iter / train_seconds);
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    if (o.max_iters > 0) print0("DDP: %s\n", overlap);
+    print_rank("parameter checksum %016llx\n", params_checksum(model->params, model->n_params));
+
+    if (rank == 0 && o.sample > 0) {
+        Rng sample_rng;
+        rng_seed(&sample_rng, (uint64_t)o.seed + 2);
+        print0("sample (%d characters, temperature %g, top_k %d):\n", o.sample, o.temperature, o.top_k);
+        sample_text(model, &text, prompt, prompt_length, &o, &sample_rng);
+    }
+    if (rank == 0 && o.losses) loss_log_write_csv(&losses, o.losses);
+    if (rank == 0 && o.save) {
+        int n_state;
+        Param *state_dict = gpt_state_dict(model, &n_state);
+        h5_save_params(o.save, state_dict, n_state);
+        free(state_dict);
+    }
+    if (rank == 0 && o.plot && *o.plot && losses.n > 0) {
+        float *steps = xmalloc((size_t)losses.n * sizeof(float));
+        for (int i = 0; i < losses.n; i++) steps[i] = (float)i;
+        PlotSeries series[] = {
+            {.label = "train loss (each iteration)", .x = steps, .y = losses.loss, .n = losses.n},
+            {.label = "train loss (evaluation)", .x = eval_steps, .y = train_evals, .n = evals},
+            {.label = "validation loss (evaluation)", .x = eval_steps, .y = val_evals, .n = evals},
+        };
+        char title[96];
+        snprintf(title, sizeof title, "Step 19: GPT on Tiny Shakespeare, %d rank%s", world, world == 1 ? "" : "s");
+        PlotSpec spec = {.title = title, .xlabel = "iteration", .ylabel = "loss"};
+        plot_png(o.plot, &spec, series, 3);
+        free(steps);
+        print0("Loss curves: %s\n", o.plot);
+    }
+    tracking_log_artifact(run, o.losses);
+    tracking_log_artifact(run, o.save);
+    tracking_log_artifact(run, o.plot);
+    tracking_end(run, TRACKING_FINISHED);
+
+    free(eval_steps), free(train_evals), free(val_evals);
+    free(offsets), free(inputs), free(targets), free(prompt);
+    loss_log_free(&losses);
+    adamw_free(&optimizer);
+    ddp_free(&ddp);
+    gpt_free(model);
+    char_text_free(&text);
+    dist_finalize();
+    return 0;
+}
