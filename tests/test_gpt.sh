@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Step 19 (nanoGPT's GPT under DDP, on Tiny Shakespeare), end to end: the PyTorch twin
+# (tests/torch_gpt.py) takes the same steps from the same --init, and loads what we save and the
+# reverse; DDP on 2 ranks with batch B takes the steps of 1 rank with --accum_steps 2; the same bits
+# at any thread count; the sample; bad input refused in one line with nothing written.
+# (The gradients against finite differences: build/tests/test_gpt.)
+# make test (TEST_LEVEL=quick) leaves 4 ranks, the twin under torch DDP and the longer runs to
+# make test-all (TEST_LEVEL=all). Needs data/shakespeare (make shakespeare); SKIP without it.
+set -u
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+PYTHON=${PYTHON:-/usr/bin/python3}
+DATA=${SHAKESPEARE_DATA:-data/shakespeare}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS gpt: $*"; }
+fail() { echo "FAIL gpt: $*"; }
+skip() { echo "SKIP gpt: $*"; }
+expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+run() { timeout 300 "$@"; }
+# --bind-to none: mpirun would bind each rank to one core, whatever --threads asks.
+mpi() { local np=$1; shift; timeout 300 $MPIRUN --bind-to none -np "$np" "$@"; }
+checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u; }
+val_loss_at() { sed -n "s/^step $2: train loss [0-9.]*, val loss \([0-9.]*\)$/\1/p" "$1"; }
+
+if [ ! -f "$DATA/input.txt" ]; then
+    skip "step 19 (no $DATA/input.txt: make shakespeare, or SHAKESPEARE_MIRROR=DIR make shakespeare)"
+    exit 0
+fi
+gpt=(day5/19_gpt --data "$DATA" --plot '' --sample 0)
+
+# ---------------------------------------------------------------- the model's first line and an init
+run "${gpt[@]}" --max_iters 0 --eval_iters 1 --save "$tmp/init.h5" > "$tmp/init.out" 2>&1
+expect "the first line names the baby config and nanoGPT's parameter count: $(head -1 "$tmp/init.out" | cut -c1-120)" \
+    grep -q '^Step 19: a GPT on 1 rank: 4 layers, 4 heads, 128 wide, context 64, vocabulary 65: 0.80M parameters (795904, and 8192 in wpe)' "$tmp/init.out"
+
+# ---------------------------------------------------------------- the PyTorch twin
+if ! "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
+    skip "step 19 vs its PyTorch twin (python3-torch/python3-h5py not installed: ./setup.sh --with-reference)"
+else
+    # From our --init, 50 iterations of the baby config: the twin's loss at every iteration (1e-5
+    # relative), and the validation loss after them to 4 decimals.
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 50 --eval_interval 50 --eval_iters 4 --losses "$tmp/c1.csv" > "$tmp/c1.out" 2>&1
+    run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --init "$tmp/init.h5" --max_iters 50 --eval_interval 50 --eval_iters 4 > "$tmp/t1.out" 2> "$tmp/t1.err" ||
+        fail "the twin did not run: $(tail -1 "$tmp/t1.err")"
+    tail -1 "$tmp/t1.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t1.csv" 2> /dev/null
+    verdict=$(same_losses "$tmp/c1.csv" "$tmp/t1.csv" 1e-5)
+    expect "the twin's losses from our --init, 50 iterations of the baby config: $verdict (<= 1e-5)" test $? -eq 0
+    ours=$(val_loss_at "$tmp/c1.out" 50) theirs=$(val_loss_at "$tmp/t1.out" 50)
+    expect "the validation loss after 50 iterations, to 4 decimals: ${ours:-none} (the twin: ${theirs:-none})" test -n "$ours" -a "$ours" = "$theirs"
+
+    # The reverse: we start from the twin's init (torch's own draws, saved by h5py) and evaluate it alike.
+    run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --max_iters 0 --eval_iters 2 --save "$tmp/torch.h5" > "$tmp/t2.out" 2> "$tmp/t2.err" ||
+        fail "the twin did not run: $(tail -1 "$tmp/t2.err")"
+    run "${gpt[@]}" --init "$tmp/torch.h5" --max_iters 0 --eval_iters 2 > "$tmp/c2.out" 2>&1
+    ours=$(grep '^step 0:' "$tmp/c2.out") theirs=$(grep '^step 0:' "$tmp/t2.out")
+    expect "from the twin's --save (its own init, with lm_head.weight), the same evaluation: ${ours:-none} (the twin: ${theirs:-none})" \
+        test -n "$ours" -a "$ours" = "$theirs"
+
+    if thorough; then
+        # DDP against torch DDP: 2 ranks each, from the same --init.
+        mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 30 --eval_interval 30 --eval_iters 2 --threads 1 --losses "$tmp/c3.csv" > "$tmp/c3.out" 2>&1
+        run "$PYTHON" tests/torch_gpt.py "$DATA" 2 --init "$tmp/init.h5" --max_iters 30 --eval_interval 30 --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
+            fail "the twin did not run on 2 ranks: $(tail -1 "$tmp/t3.err")"
+        tail -1 "$tmp/t3.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t3.csv" 2> /dev/null
+        verdict=$(same_losses "$tmp/c3.csv" "$tmp/t3.csv" 1e-5)
+        expect "DDP on 2 ranks vs the twin under torch DDP (gloo), 30 iterations: $verdict (<= 1e-5)" test $? -eq 0
+        ours=$(val_loss_at "$tmp/c3.out" 30) theirs=$(val_loss_at "$tmp/t3.out" 30)
+        expect "... and the validation loss, to 4 decimals: ${ours:-none} (the twin: ${theirs:-none})" test -n "$ours" -a "$ours" = "$theirs"
+    fi
+fi
+
+# ---------------------------------------------------------------- DDP: 2 ranks x B == 1 rank x accum 2
+# One global batch per iteration, rank r's micro-step m taking slice r * accum + m: 2 ranks with
+# batch 12 see the windows of 1 rank's 2 micro-steps of 12, and DDP's mean over ranks is the
+# accumulation's mean over micro-steps. Only the order of float sums differs.
+run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --accum_steps 2 --threads 2 --losses "$tmp/accum.csv" > "$tmp/accum.out" 2>&1
+mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --threads 1 --losses "$tmp/ddp2.csv" --save "$tmp/ddp2.h5" > "$tmp/ddp2.out" 2>&1
+verdict=$(same_losses "$tmp/accum.csv" "$tmp/ddp2.csv" 1e-5)
+expect "DDP on 2 ranks x 12 windows takes the steps of 1 rank x 2 micro-steps of 12 (20 iterations): $verdict (<= 1e-5)" test $? -eq 0
+expect "... and evaluates alike: $(val_loss_at "$tmp/ddp2.out" 20) (1 rank: $(val_loss_at "$tmp/accum.out" 20))" \
+    test -n "$(val_loss_at "$tmp/ddp2.out" 20)" -a "$(val_loss_at "$tmp/ddp2.out" 20)" = "$(val_loss_at "$tmp/accum.out" 20)"
+expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/ddp2.out") checksum lines, $(checksum "$tmp/ddp2.out" | wc -l) distinct" \
+    test "$(grep -c 'parameter checksum' "$tmp/ddp2.out")" -eq 2 -a "$(checksum "$tmp/ddp2.out" | wc -l)" -eq 1
+if thorough; then
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --accum_steps 4 --batch_size 6 --losses "$tmp/accum4.csv" > /dev/null 2>&1
+    mpi 4 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --batch_size 6 --threads 1 --losses "$tmp/ddp4.csv" > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/accum4.csv" "$tmp/ddp4.csv" 1e-5)
+    expect "DDP on 4 ranks x 6 takes the steps of 1 rank x 4 micro-steps of 6: $verdict (<= 1e-5)" test $? -eq 0
+    mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --batch_size 6 --accum_steps 2 --threads 1 --losses "$tmp/ddp2a2.csv" > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/accum4.csv" "$tmp/ddp2a2.csv" 1e-5)
+    expect "DDP on 2 ranks x 2 micro-steps of 6 takes the same steps: $verdict (<= 1e-5)" test $? -eq 0
+fi
+
+# ---------------------------------------------------------------- threads: the same bits
+run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 1 > "$tmp/t1thread.out" 2>&1
+run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 2 > "$tmp/t2thread.out" 2>&1
+expect "--threads 1 and 2 end with the same bits: $(checksum "$tmp/t1thread.out") / $(checksum "$tmp/t2thread.out" | grep -o '[0-9a-f]*$')" \
+    test -n "$(checksum "$tmp/t1thread.out")" -a "$(checksum "$tmp/t1thread.out")" = "$(checksum "$tmp/t2thread.out")"
+if thorough; then
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 3 > "$tmp/t3thread.out" 2>&1
+    expect "--threads 3 too: $(checksum "$tmp/t3thread.out")" test "$(checksum "$tmp/t1thread.out")" = "$(checksum "$tmp/t3thread.out")"
+fi
+
+# ---------------------------------------------------------------- the sample
+run day5/19_gpt --data "$DATA" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 300 --prompt 'ROMEO:' > "$tmp/s1.out" 2>&1
+run day5/19_gpt --data "$DATA" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 300 --prompt 'ROMEO:' > "$tmp/s2.out" 2>&1
+sample=$(sed -n '/^sample (300 characters/,$p' "$tmp/s1.out" | tail -n +2)
+expect "--sample 300 --prompt 'ROMEO:' prints the prompt and 300 characters of the text's alphabet ($(printf '%s' "$sample" | wc -c) bytes)" \
+    test "$(printf '%s' "$sample" | head -c 6)" = "ROMEO:" -a "$(printf '%s' "$sample" | wc -c)" -eq 306 -a \
+    "$(printf '%s' "$sample" | LC_ALL=C tr -d "$(LC_ALL=C tr -d '\n' < "$DATA/input.txt" | fold -w1 | sort -u | tr -d '\n' | sed 's/[]\\[^-]/\\&/g')\n" | wc -c)" -eq 0
+expect "the same seed gives the same sample" cmp -s "$tmp/s1.out" "$tmp/s2.out"
+
+# ---------------------------------------------------------------- bad input: one line, exit 1 or 2, nothing written
+# refused WHAT STATUS PATTERN ARGS...: day5/19_gpt with ARGS (--save and --losses added) exits STATUS,
+# its one line of ours matches PATTERN, and neither file exists afterwards.
+refused() {
+    local what=$1 want=$2 pattern=$3
+    shift 3
+    rm -f "$tmp/bad.h5" "$tmp/bad.csv"
+    timeout 120 day5/19_gpt --plot '' --save "$tmp/bad.h5" --losses "$tmp/bad.csv" --max_iters 2 --eval_iters 1 "$@" > "$tmp/out" 2> "$tmp/err"
+    local status=$? ours
+    ours=$(cat "$tmp/out" "$tmp/err" | grep -aE '^\[rank [0-9]+ @|^error:')
+    expect "$what: exit $status ($want), one line, nothing written: $(head -c 300 <<< "$ours")" \
+        test "$status" -eq "$want" -a "$(grep -c . <<< "$ours")" -eq 1 -a "$(grep -acE -- "$pattern" <<< "$ours")" -eq 1 -a \
+        "$(wc -l < "$tmp/err")" -eq 1 -a ! -e "$tmp/bad.h5" -a ! -e "$tmp/bad.csv"
+}
+mkdir -p "$tmp/missing" "$tmp/empty" "$tmp/short" "$tmp/other"
+: > "$tmp/empty/input.txt"
+head -c 100 "$DATA/input.txt" > "$tmp/short/input.txt"
+head -c 20000 "$DATA/input.txt" | tr 'a-z' 'A-Z' > "$tmp/other/input.txt"  # another vocabulary
+refused "a --data folder without input.txt" 1 "missing/input\.txt: cannot open: No such file or directory \(make shakespeare" --data "$tmp/missing"
+refused "an empty input.txt" 1 "empty/input\.txt: 0 characters, 0 to train and 0 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/empty"
+refused "a text shorter than block_size + 1 in its validation tenth" 1 "short/input\.txt: 100 characters, 90 to train and 10 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/short"
+refused "--n_embd not divisible by --n_head" 2 "^error: --n_embd 100 is not divisible by --n_head 3" --data "$DATA" --n_embd 100 --n_head 3
+refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$DATA" --block_size 0
+refused "an --init of another width" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[65, 64\]\)" \
+    --data "$DATA" --n_embd 64 --init "$tmp/init.h5"
+refused "an --init of another vocabulary" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[[0-9]+, 128\]\)" \
+    --data "$tmp/other" --init "$tmp/init.h5"
+refused "--prompt with a character outside the vocabulary" 2 "^error: --prompt 'Hello\{': its character 6, '\{', is not in the vocabulary of .*input\.txt \(65 characters\)" \
+    --data "$DATA" --sample 10 --prompt 'Hello{'
+# --device cuda: refused by device_from_flag where there is no GPU (exit 1), by step 19 where there is
+# one, since its GPU path is not written yet (exit 2).
+if [ "$(build/tools/gpu_count 2> /dev/null || echo 0)" = 0 ]; then cuda_status=1; else cuda_status=2; fi
+refused "--device cuda" "$cuda_status" "--device cuda" --data "$DATA" --device cuda
