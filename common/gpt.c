@@ -165,6 +165,11 @@ size_t gpt_num_params(const Gpt *m, bool non_embedding) {
     return non_embedding ? n - tensor_numel(&m->wpe) : n;
 }
 
+double gpt_flops_per_token(const Gpt *m, int T) {
+    const GptConfig *c = &m->config;
+    return 6.0 * (double)gpt_num_params(m, true) + 12.0 * c->n_layer * c->n_head * (c->n_embd / c->n_head) * (double)T;
+}
+
 Param *gpt_state_dict(const Gpt *m, int *n) {
     Param *all = xcalloc((size_t)m->n_params + 1, sizeof(Param));
     memcpy(all, m->params, (size_t)m->n_params * sizeof(Param));

@@ -98,6 +98,11 @@ void gpt_zero_grad(Gpt *model);
 // model.state_dict()'s order. params[] has *n entries; free() it.
 Param *gpt_state_dict(const Gpt *model, int *n);
 
+// FLOPs of forward and backward per token at context T, as nanoGPT's estimate_mfu (and PaLM's
+// appendix B) count them: 6 N for the weights' multiply-adds (N = gpt_num_params(non_embedding)),
+// plus 12 L H Q T for attention's scores and weighted sums (Q = head_dim).
+double gpt_flops_per_token(const Gpt *model, int T);
+
 // Memory, in floats, held by what the model keeps: its activations for a batch of max_batch
 // sequences at block_size (what gpt_new allocated for forward and backward).
 size_t gpt_activation_floats(const Gpt *model);

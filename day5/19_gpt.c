@@ -45,6 +45,7 @@
 #include "check.h"      // xmalloc, usage_error
 #include "ddp.h"        // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
 #include "dist.h"       // dist_init, dist_rank, print0: the process group
+#include "flops.h"      // cpu_sgemm_peak_flops: the yardstick of MFU
 #include "gpt.h"        // Gpt: the model, forward, loss, backward
 #include "h5.h"         // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"   // loss_log_add, loss_log_write_csv: the loss of every iteration
@@ -120,6 +121,27 @@ static void sample_text(Gpt *model, const CharText *text, const int *prompt, int
     out[capacity] = '\0';
     print0("%s\n", out);
     free(context), free(probs), free(sorted), free(out);
+}
+
+// What a rank holds, each part beside its formula (L layers, C wide, V characters, T context,
+// B windows per micro-step, H heads; float32, 4 bytes each). The activations are those kept from
+// forward for backward, for one micro-step.
+static void print_memory(const Gpt *model, int B) {
+    const GptConfig *c = &model->config;
+    const double L = c->n_layer, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head, N = B * T;
+    // 12 L C^2: c_attn 3C^2, attn.c_proj C^2, c_fc 4C^2, mlp.c_proj 4C^2; the two LayerNorms' weights 2 L C
+    // and ln_f's C; with biases, 11 L C + C more (3C + C + 4C + C of the Linears, 2C of the LayerNorms).
+    double params = 12 * L * C * C + (V + T) * C + (2 * L + 1) * C + (c->bias ? 11 * L * C + C : 0);
+    double activations = N * (16 * L * C + 4 * L + 2 * C + 2 + 2 * V) + L * B * H * T * T;
+    CHECK(params == (double)gpt_num_params(model, false) && activations == (double)gpt_activation_floats(model),
+          "the memory formulas disagree with the model: %.0f and %.0f floats", params, activations);
+    print0("memory per rank (float32):\n"
+           "  parameters   %8.2f MB  P = 12 L C^2 + (V + T) C + (2 L + 1) C%s = %.0f\n"
+           "  gradients    %8.2f MB  P\n"
+           "  AdamW        %8.2f MB  2 P (exp_avg, exp_avg_sq)\n"
+           "  activations  %8.2f MB  B T (16 L C + 2 V + 2 C + 4 L + 2) + L B H T^2 = %.0f (attention's probabilities: %.0f)\n",
+           4 * params / 1e6, c->bias ? " + (11 L + 1) C" : "", params, 4 * params / 1e6, 8 * params / 1e6,
+           4 * activations / 1e6, activations, L * B * H * T * T);
 }
 
 int main(int argc, char **argv) {
@@ -215,6 +237,12 @@ int main(int argc, char **argv) {
            o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", world, world == 1 ? "" : "s",
            global_batch * o.block_size, device_name(device), threads_describe());
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
+    // MFU's yardstick: this machine's sgemm peak on this rank's threads, measured now.
+    double flops_per_iter = gpt_flops_per_token(model, o.block_size) * global_batch * o.block_size;
+    double peak = o.max_iters > 0 ? cpu_sgemm_peak_flops(1024, 5) : 0.0;
+    if (o.max_iters > 0)
+        print0("%.2f GFLOP per iteration (6 N + 12 L H Q T per token, as nanoGPT counts); this rank's sgemm peak %.1f "
+               "GFLOP/s, measured\n", flops_per_iter / 1e9, peak / 1e9);
 
     Rng train_rng, eval_rng;
     rng_seed(&train_rng, (uint64_t)o.seed);      // the training windows
@@ -266,12 +294,14 @@ int main(int argc, char **argv) {
         loss_log_add(&losses, 0, loss);
         tracking_log_metric(run, "loss", loss, iter);
         if (iter % 10 == 0 || iter == o.max_iters - 1)
-            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s\n", iter, loss, lr, 1e3 * seconds,
-                   tokens_per_iter / seconds);
+            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
+                   tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
     }
     if (o.max_iters > 0)
-        print0("training: %d iterations in %.2f s, %.0f tokens/s\n", o.max_iters, train_seconds,
-               (double)o.max_iters * tokens_per_iter / train_seconds);
+        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", o.max_iters, train_seconds,
+               (double)o.max_iters * tokens_per_iter / train_seconds,
+               100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
+    print_memory(model, o.batch_size);
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (o.max_iters > 0) print0("DDP: %s\n", overlap);
