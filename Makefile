@@ -299,10 +299,13 @@ clean:
 	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) day1/1_dist_allreduce_gpu
 
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
-# with the sgemm peak and step 5's profile at 1 and all threads (needs
-# python3-torch); not part of `make test`.
+# with the sgemm peak and step 5's profile at 1 and all threads, then step 19's
+# GPT against its PyTorch twin (tests/bench_gpt.sh; needs python3-torch); not part
+# of `make test`.
 bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
+	@$(FETCH_SHAKESPEARE)
+	@if [ -f data/shakespeare/input.txt ]; then tests/bench_gpt.sh; else echo "step 19's benchmark skipped: no data/shakespeare/input.txt (make shakespeare)"; fi
 
 # Step 7's companion: the speed-up table at 1, 2 and 4 ranks, 3 runs each, interleaved (RANKS="1 2 4 8" for
 # other world sizes, REPEATS=5 for more runs), and img/7_scaling.png.
