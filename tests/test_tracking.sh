@@ -485,7 +485,7 @@ elif [ $have_yaml = 1 ]; then
     # Every value the run logs, from the same run with room enough.
     day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' --mlflow "$tmp/disk_all" > /dev/null 2>&1
     "$PYTHON" tests/check_mlruns.py "$tmp/disk_all" --json "$tmp/disk_all.json" 2> /dev/null
-    for kb in 100 108 $(if_thorough 96 104 112 116 120 124); do
+    for kb in 100 108 $(if_thorough 96 104 112); do
         mount_tmpfs "$tmp/disk$kb" $kb || { fail "cannot mount a tmpfs of $kb KB"; continue; }
         MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' \
             --mlflow "$tmp/disk$kb/mlruns" > "$tmp/disk$kb.out" 2> "$tmp/disk$kb.err"
