@@ -578,7 +578,7 @@ class Fuzzer:
     SANITIZER = re.compile(rb"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer|MemorySanitizer)|runtime error:|"
                            rb"SUMMARY: (Address|UndefinedBehavior)Sanitizer")
     OURS = re.compile(rb"^(error:|\[rank \d+ @ )")
-    NONFINITE = re.compile(rb"(?<![A-Za-z_])[-+]?(nan|inf|infinity)(?![A-Za-z_])", re.I)
+    NONFINITE = re.compile(rb"(?<![A-Za-z_])[-+]?(nan|inf)(?![A-Za-z_])", re.I)
     TEMP = re.compile(r"(^|/)(\.tmp\.|\.write-check\.)|\.tmp(\.\d+)?$")
     SIGNAL = re.compile(rb"exited on signal (\d+)|terminated with signal (\d+)|killed by signal (\d+)")
     OOM = re.compile(rb"out of memory|cannot allocate memory|std::bad_alloc|allocation-size-too-big|"
@@ -670,6 +670,8 @@ class Fuzzer:
         counts[verdict] = counts.get(verdict, 0) + 1
         line = " ".join(shell_word(a) for a in cmd)
         rel = os.path.relpath(run)
+        if rel.startswith(".."):
+            rel = run
         if verdict in ("refused", "trained"):
             self.log("%-8s %s #%d (%s; %.1f s): %s" % (verdict, kind, index, what, seconds, why))
             if not self.opts.keep:
