@@ -132,7 +132,13 @@ def h5_mutations():
                     flat = np.array(data).reshape(-1)
                     i = rng.randrange(flat.size) if flat.size else 0
                     if flat.size:
-                        flat[i] = value if flat.dtype.kind == "f" else (int(value) if np.isfinite(value) else -1)
+                        # an integer dataset takes the value as C would cast it (-1 for a non-finite one)
+                        if flat.dtype.kind == "f":
+                            flat[i] = value
+                        else:  # an integer dataset: the value clamped to its type, -1 for NaN and inf
+                            limits = np.iinfo(flat.dtype)
+                            flat[i] = min(max(int(value), limits.min), limits.max) if np.isfinite(value) else \
+                                np.array(-1).astype(flat.dtype)
                     data = flat.reshape(np.shape(data))
                     where = "flat index %d" % i
                 rewrite(f, name, data)
@@ -1053,7 +1059,13 @@ class Fuzzer:
                 # reproducible alone (--only KIND:INDEX), whatever ran before it.
                 rng = random.Random("%d/%s/%d" % (self.opts.seed, kind, index))
                 run = self.new_run(kind, index)
-                program, np_, args, what = makers[kind](rng, run)
+                try:
+                    program, np_, args, what = makers[kind](rng, run)
+                except Exception as e:  # a mutation that h5py or numpy cannot make: the fuzzer's bug, not the program's
+                    print("  fuzz: %s #%d: the mutation failed (%s: %s); case skipped" % (
+                        kind, index, type(e).__name__, printable(str(e), 200)), flush=True)
+                    shutil.rmtree(run, ignore_errors=True)
+                    continue
                 if not os.access(os.path.join(self.tree, program), os.X_OK):
                     shutil.rmtree(run, ignore_errors=True)
                     continue
