@@ -21,7 +21,7 @@ A command whose program is not built here (step 1 without CUDA) is not run: one 
 COMMAND must also be a line of one of the guide's ```sh blocks (a trailing
 `# comment` aside), so that what is checked is what the reader types. Commands
 run in document order, in one scratch folder per file that looks like the
-repository root (the programs, data/mnist, data/movielens) but keeps what they write (img/,
+repository root (the programs, data/mnist, data/movielens, data/shakespeare) but keeps what they write (img/,
 checkpoints/, data/mnist.h5) away from the reader's own.
 
 A program's header comment shows an expected output after a line that starts
@@ -75,7 +75,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds a command may take (step 14's epoch on a slow machine)
 
 # ------------------------------------------------------------- comparing lines
-UNIT = r'(?:s|ms|us|µs|seconds|samples/s|[KMG]B/s|GFLOP/s)'
+UNIT = r'(?:s|ms|us|µs|seconds|samples/s|tokens/s|[KMG]B/s|GFLOP/s)'
 MASKS = [
     (re.compile(r'\d+(?:\.\d+)?\s?' + UNIT + r'(?![\w/])'), '<time>'),
     (re.compile(r'(?<![\d.])\d+(?:\.\d)?%'), '<share>'),           # 26%, 100.0%; not 89.14%
@@ -305,6 +305,8 @@ def scratch_root():
     os.symlink(os.path.join(ROOT, 'data', 'mnist'), os.path.join(where, 'data', 'mnist'))
     if os.path.isdir(os.path.join(ROOT, 'data', 'movielens')):  # step 15's (make movielens)
         os.symlink(os.path.join(ROOT, 'data', 'movielens'), os.path.join(where, 'data', 'movielens'))
+    if os.path.isdir(os.path.join(ROOT, 'data', 'shakespeare')):  # step 19's (make shakespeare)
+        os.symlink(os.path.join(ROOT, 'data', 'shakespeare'), os.path.join(where, 'data', 'shakespeare'))
     return where
 
 
@@ -370,6 +372,9 @@ def main(files):
                 if program == 'day3/15_recommender_ddp' and '--synthetic' not in command and \
                         not os.path.isfile(os.path.join(ROOT, 'data', 'movielens', 'ratings.csv')):
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: no MovieLens in data/movielens (make movielens)')
+                    continue
+                if program == 'day5/19_gpt' and not os.path.isfile(os.path.join(ROOT, 'data', 'shakespeare', 'input.txt')):
+                    print(f'SKIP guides: {rel} ({where_in_file}): {command}: no Tiny Shakespeare in data/shakespeare (make shakespeare)')
                     continue
                 if 'slow' in options and not ALL:
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: slow, make test-all runs it')
