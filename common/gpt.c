@@ -30,7 +30,9 @@ static void block_shape(const GptConfig *c, int kind, int *rows, int *cols) {
 
 const char *gpt_config_problem(const GptConfig *c) {
     static char problem[160];
-    if (c->n_embd % c->n_head != 0)
+    if (!(c->dropout >= 0.0 && c->dropout < 1.0))
+        snprintf(problem, sizeof problem, "--dropout %g is not a probability in [0, 1)", c->dropout);
+    else if (c->n_embd % c->n_head != 0)
         snprintf(problem, sizeof problem, "--n_embd %d is not divisible by --n_head %d (each head takes n_embd / n_head)",
                  c->n_embd, c->n_head);
     else if ((long)4 * c->n_embd > (1L << 24) || (long)c->block_size * c->block_size > (1L << 24))
@@ -60,6 +62,8 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng) {
     Gpt *m = xcalloc(1, sizeof *m);
     m->config = *config;
     m->max_batch = max_batch;
+    m->training = true;
+    rng_seed(&m->dropout_rng, 0);
     const GptConfig *c = &m->config;
     const int V = c->vocab_size, C = c->n_embd, L = c->n_layer, T = c->block_size, H = c->n_head;
     const int N = max_batch * T;
@@ -117,6 +121,17 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng) {
         a->fc = tensor_zeros(N, 4 * C, DEVICE_CPU);
         a->fc_gelu = tensor_zeros(N, 4 * C, DEVICE_CPU);
         a->residual_2 = tensor_zeros(N, C, DEVICE_CPU);
+        if (c->dropout > 0) {
+            a->att_mask = tensor_zeros(max_batch * H, T * T, DEVICE_CPU);
+            a->att_dropped = tensor_zeros(max_batch * H, T * T, DEVICE_CPU);
+            a->attn_proj_mask = tensor_zeros(N, C, DEVICE_CPU);
+            a->mlp_proj_mask = tensor_zeros(N, C, DEVICE_CPU);
+        }
+    }
+    if (c->dropout > 0) {
+        m->embed_mask = tensor_zeros(N, C, DEVICE_CPU);
+        m->proj_out = tensor_zeros(N, C, DEVICE_CPU);
+        m->grad_proj_out = tensor_zeros(N, C, DEVICE_CPU);
     }
     m->ln_f = tensor_zeros(N, C, DEVICE_CPU), m->ln_f_mean = tensor_zeros(1, N, DEVICE_CPU);
     m->ln_f_rstd = tensor_zeros(1, N, DEVICE_CPU);
@@ -136,10 +151,11 @@ size_t gpt_activation_floats(const Gpt *m) {
     for (int l = 0; l < m->config.n_layer; l++) {
         const GptBlockActivations *a = &m->acts[l];
         const Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
-                               &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2};
+                               &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
+                               &a->att_mask, &a->att_dropped, &a->attn_proj_mask, &a->mlp_proj_mask};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) total += tensor_numel(all[i]);
     }
-    return total;
+    return total + tensor_numel(&m->embed_mask);
 }
 
 void gpt_free(Gpt *m) {
@@ -148,11 +164,13 @@ void gpt_free(Gpt *m) {
     for (int l = 0; l < m->config.n_layer; l++) {
         GptBlockActivations *a = &m->acts[l];
         Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
-                         &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2};
+                         &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
+                         &a->att_mask, &a->att_dropped, &a->attn_proj_mask, &a->mlp_proj_mask};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     }
     Tensor *rest[] = {&m->embedded, &m->ln_f, &m->ln_f_mean, &m->ln_f_rstd, &m->logits, &m->grad_logits,
-                      &m->grad_residual, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc};
+                      &m->grad_residual, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc,
+                      &m->embed_mask, &m->proj_out, &m->grad_proj_out};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) tensor_free(rest[i]);
     free(m->acts), free(m->blocks), free(m->grad_blocks), free(m->params), free(m->param_index);
     free(m->inputs), free(m->targets);
@@ -201,6 +219,31 @@ static void linear_back(Gpt *m, int layer, int weight_kind, const Tensor *x, con
     gemm(false, false, 1.0f, grad_y, block_tensor(m, layer, weight_kind), accumulate_x ? 1.0f : 0.0f, grad_x);
 }
 
+void gpt_set_training(Gpt *m, bool training) { m->training = training; }
+void gpt_seed_dropout(Gpt *m, uint64_t seed) { rng_seed(&m->dropout_rng, seed); }
+
+// Dropout on the first n values of x, its mask drawn now into mask's first n (nn.Dropout in training).
+static void dropout_forward(Gpt *m, Tensor *mask, float *x, long n) {
+    dropout_mask(&m->dropout_rng, m->config.dropout, n, mask->data);
+    multiply_by_mask(x, mask->data, n);
+}
+
+// residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.
+// Without dropout in one GEMM that adds onto a copy of residual_in.
+static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor *y, const Tensor *residual_in,
+                                Tensor *residual_out, Tensor *mask, bool dropout) {
+    if (!dropout) {
+        tensor_copy(residual_out, residual_in);
+        gemm(false, true, 1.0f, y, block_tensor(m, layer, weight_kind), 1.0f, residual_out);
+        if (m->config.bias) add_column_bias(residual_out, block_tensor(m, layer, weight_kind + 1), false);
+        return;
+    }
+    Tensor projected = rows_of(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
+    linear(m, layer, weight_kind, y, &projected);
+    dropout_forward(m, mask, projected.data, (long)tensor_numel(&projected));
+    add_elementwise(residual_in->data, projected.data, (long)tensor_numel(&projected), residual_out->data);
+}
+
 const float *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
     CHECK(B >= 1 && B <= m->max_batch && T >= 1 && T <= c->block_size, "gpt_forward: batch [%d, %d] beyond [%d, %d]",
@@ -211,8 +254,10 @@ const float *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
               c->vocab_size);
     m->B = B, m->T = T;
     memcpy(m->inputs, inputs, (size_t)N * sizeof(int));
+    const bool dropout = m->training && c->dropout > 0;
     Tensor x = rows_of(&m->embedded, N);  // [N, C]
     embedding_forward(inputs, m->wte.data, m->wpe.data, B, T, C, x.data);
+    if (dropout) dropout_forward(m, &m->embed_mask, x.data, (long)N * C);  // transformer.drop
     for (int l = 0; l < c->n_layer; l++) {
         GptBlockActivations *a = &m->acts[l];
         Tensor ln_1 = rows_of(&a->ln_1, N), qkv = rows_of(&a->qkv, N), attn_y = rows_of(&a->attn_y, N);
@@ -222,18 +267,16 @@ const float *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
         layernorm_forward(x.data, block_tensor(m, l, GPT_LN_1_WEIGHT)->data, bias_data(m, l, GPT_LN_1_BIAS), N, C,
                           ln_1.data, a->ln_1_mean.data, a->ln_1_rstd.data);
         linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &qkv);                   // [N, 3C]
-        attention_forward(qkv.data, B, T, C, c->n_head, a->att.data, attn_y.data);
-        tensor_copy(&residual_1, &x);
-        gemm(false, true, 1.0f, &attn_y, block_tensor(m, l, GPT_ATTN_PROJ_WEIGHT), 1.0f, &residual_1);  // x + c_proj(y)
-        if (c->bias) add_column_bias(&residual_1, block_tensor(m, l, GPT_ATTN_PROJ_BIAS), false);
+        if (dropout) dropout_mask(&m->dropout_rng, c->dropout, (long)B * c->n_head * T * T, a->att_mask.data);  // attn_dropout
+        attention_forward(qkv.data, B, T, C, c->n_head, a->att.data, dropout ? a->att_mask.data : NULL,
+                          dropout ? a->att_dropped.data : NULL, attn_y.data);
+        projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &x, &residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
         // x = x + mlp(ln_2(x))
         layernorm_forward(residual_1.data, block_tensor(m, l, GPT_LN_2_WEIGHT)->data, bias_data(m, l, GPT_LN_2_BIAS), N,
                           C, ln_2.data, a->ln_2_mean.data, a->ln_2_rstd.data);
         linear(m, l, GPT_FC_WEIGHT, &ln_2, &fc);                      // [N, 4C]
         gelu_forward(fc.data, (long)N * 4 * C, fc_gelu.data);
-        tensor_copy(&residual_2, &residual_1);
-        gemm(false, true, 1.0f, &fc_gelu, block_tensor(m, l, GPT_FC_PROJ_WEIGHT), 1.0f, &residual_2);
-        if (c->bias) add_column_bias(&residual_2, block_tensor(m, l, GPT_FC_PROJ_BIAS), false);
+        projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &residual_1, &residual_2, &a->mlp_proj_mask, dropout);
         x = residual_2;
     }
     Tensor ln_f = rows_of(&m->ln_f, N), logits = rows_of(&m->logits, N);
@@ -255,6 +298,16 @@ void gpt_scale_loss(Gpt *m, float factor) {
     tensor_scale(&grad_logits, factor);
 }
 
+// The gradient of a c_proj's output, through its dropout: grad_residual itself without dropout,
+// else grad_residual * mask in a scratch (the residual stream's gradient goes on unmasked).
+static Tensor dropout_back(Gpt *m, const Tensor *mask, const Tensor *grad_residual) {
+    if (!(m->training && m->config.dropout > 0)) return *grad_residual;
+    Tensor masked = rows_of(&m->grad_proj_out, grad_residual->rows);
+    tensor_copy(&masked, grad_residual);
+    multiply_by_mask(masked.data, mask->data, (long)tensor_numel(&masked));
+    return masked;
+}
+
 static void ready(Gpt *m, int slot, GradReadyHook hook, void *context) {
     if (hook && m->param_index[slot] >= 0) hook(context, m->param_index[slot]);
 }
@@ -262,6 +315,7 @@ static void ready(Gpt *m, int slot, GradReadyHook hook, void *context) {
 void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
     const GptConfig *c = &m->config;
     const int B = m->B, T = m->T, C = c->n_embd, N = B * T, L = c->n_layer, top = L * GPT_BLOCK_TENSORS;
+    const bool dropout = m->training && c->dropout > 0;  // as the forward had it
     Tensor grad_logits = rows_of(&m->grad_logits, N), ln_f = rows_of(&m->ln_f, N);
     Tensor grad_residual = rows_of(&m->grad_residual, N), grad_ln = rows_of(&m->grad_ln, N);
     Tensor grad_qkv = rows_of(&m->grad_qkv, N), grad_attn_y = rows_of(&m->grad_attn_y, N);
@@ -283,7 +337,8 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
         Tensor ln_2 = rows_of(&a->ln_2, N), fc = rows_of(&a->fc, N), fc_gelu = rows_of(&a->fc_gelu, N);
         int slot = l * GPT_BLOCK_TENSORS;
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
-        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &grad_residual, &grad_fc, false);  // d gelu(fc), [N, 4C]
+        Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
+        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]
         ready(m, slot + GPT_FC_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_FC_PROJ_BIAS, hook, context);
         gelu_backward(fc.data, grad_fc.data, (long)N * 4 * C, grad_fc.data);
         linear_back(m, l, GPT_FC_WEIGHT, &ln_2, &grad_fc, &grad_ln, false);                // d ln_2(x)
@@ -294,9 +349,11 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
                            c->bias ? block_grad(m, l, GPT_LN_2_BIAS)->data : NULL);
         ready(m, slot + GPT_LN_2_WEIGHT, hook, context), ready(m, slot + GPT_LN_2_BIAS, hook, context);
         // x = x + attn(ln_1(x))
-        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &grad_residual, &grad_attn_y, false);
+        Tensor grad_attn_out = dropout_back(m, &a->attn_proj_mask, &grad_residual);  // d attn.c_proj's output
+        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &grad_attn_out, &grad_attn_y, false);
         ready(m, slot + GPT_ATTN_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_PROJ_BIAS, hook, context);
-        attention_backward(a->qkv.data, a->att.data, grad_attn_y.data, B, T, C, c->n_head, grad_qkv.data);
+        attention_backward(a->qkv.data, a->att.data, dropout ? a->att_mask.data : NULL, dropout ? a->att_dropped.data : NULL,
+                           grad_attn_y.data, B, T, C, c->n_head, grad_qkv.data);
         linear_back(m, l, GPT_ATTN_WEIGHT, &ln_1, &grad_qkv, &grad_ln, false);
         ready(m, slot + GPT_ATTN_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_BIAS, hook, context);
         layernorm_backward(x_in->data, block_tensor(m, l, GPT_LN_1_WEIGHT)->data, a->ln_1_mean.data, a->ln_1_rstd.data,
@@ -304,6 +361,7 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
                            c->bias ? block_grad(m, l, GPT_LN_1_BIAS)->data : NULL);
         ready(m, slot + GPT_LN_1_WEIGHT, hook, context), ready(m, slot + GPT_LN_1_BIAS, hook, context);
     }
+    if (dropout) multiply_by_mask(grad_residual.data, m->embed_mask.data, (long)N * C);  // through transformer.drop
     embedding_backward(m->inputs, grad_residual.data, B, T, C, m->grad_wte.data, m->grad_wpe.data);
     ready(m, top + TOP_WPE, hook, context);
     ready(m, top + TOP_WTE, hook, context);

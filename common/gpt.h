@@ -18,12 +18,14 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nn.h"  // Param, Tensor, GradReadyHook, Rng
 
 typedef struct {
     int vocab_size, block_size, n_layer, n_head, n_embd;
-    bool bias;  // biases in the Linears and LayerNorms (nanoGPT's bias; its train.py's default is False)
+    bool bias;       // biases in the Linears and LayerNorms (nanoGPT's bias; its train.py's default is False)
+    double dropout;  // nanoGPT's dropout: after the embeddings, on attention's probabilities, after each c_proj
 } GptConfig;
 
 // The tensors of one block, in model.parameters()' order (the biases absent without config.bias).
@@ -44,6 +46,9 @@ typedef struct {
     Tensor fc;                           // [N, 4C]: c_fc's output, before GELU
     Tensor fc_gelu;                      // [N, 4C]
     Tensor residual_2;                   // [N, C]: the block's output
+    // Dropout's masks (each value 0 or 1 / (1 - p)), allocated only when config.dropout > 0:
+    Tensor att_mask, att_dropped;        // [B * n_head, T * T]: attn_dropout's, and att * mask
+    Tensor attn_proj_mask, mlp_proj_mask;  // [N, C]: resid_dropout's after attn.c_proj, the MLP's after mlp.c_proj
 } GptBlockActivations;
 
 typedef struct {
@@ -56,16 +61,23 @@ typedef struct {
     int n_params;
     Param *params;                                 // model.parameters()
     int *param_index;                              // [n_layer * GPT_BLOCK_TENSORS + 4]: where each tensor is in params (-1: absent)
+    // model.train() / model.eval(): dropout acts in training only. Its masks come from dropout_rng,
+    // which the caller seeds (gpt_seed_dropout) before each forward whose masks it wants to pin.
+    bool training;
+    Rng dropout_rng;
     // The last forward's batch and activations.
     int B, T;
     int *inputs, *targets;                         // [max_batch * block_size]
-    Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos]
+    Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout)
+    Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
+    Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0)
     GptBlockActivations *acts;                     // [n_layer]
     Tensor ln_f, ln_f_mean, ln_f_rstd;
     Tensor logits;                                 // [N, V]
     Tensor grad_logits;                            // [N, V]: d loss / d logits, set by gpt_loss
     // Backward's scratch, [N, ...].
     Tensor grad_residual, grad_ln, grad_qkv, grad_attn_y, grad_fc;
+    Tensor grad_proj_out;                          // [N, C]: d c_proj's output, through its dropout (dropout > 0)
 } Gpt;
 
 // Config check for the flags: NULL when it is a model, else what is wrong ("--n_embd 100 is not
@@ -80,6 +92,12 @@ void gpt_free(Gpt *model);
 // nanoGPT's get_num_params(): every parameter, the position embedding left out when non_embedding
 // (the head's weights are wte's and count once).
 size_t gpt_num_params(const Gpt *model, bool non_embedding);
+
+// model.train() (dropout on) or model.eval() (off); a new model trains.
+void gpt_set_training(Gpt *model, bool training);
+// torch.manual_seed(seed) for the dropout masks that the next forwards draw, in nanoGPT's order:
+// the embeddings', then per block attention's probabilities, after attn.c_proj, after mlp.c_proj.
+void gpt_seed_dropout(Gpt *model, uint64_t seed);
 
 // Forward of B sequences of T <= block_size tokens each (inputs [B * T], values < vocab_size):
 // fills the logits [B * T, V] and returns them (valid until the next forward).

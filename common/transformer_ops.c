@@ -93,7 +93,8 @@ CPU_DISPATCHED void layernorm_backward(const float *x, const float *weight, cons
 // C for y), as llm.c's CPU attention loops but with BLAS's kernels: the whole [T, T] block is
 // computed and the part above the diagonal then masked, which costs 2x the causal FLOPs of the
 // scores but runs at GEMM speed.
-void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, float *y) {
+void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, const float *dropout_mask,
+                       float *att_dropped, float *y) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
 #pragma omp parallel for schedule(static)
@@ -113,14 +114,21 @@ void attention_forward(const float *qkv, int B, int T, int C, int n_head, float 
             for (int u = 0; u <= t; u++) row[u] *= inv_sum;
             for (int u = t + 1; u < T; u++) row[u] = 0.0f;
         }
+        const float *weights = scores;  // what multiplies v: att, or att * mask under dropout
+        if (dropout_mask) {
+            const float *mask = dropout_mask + (size_t)pair * T * T;
+            float *dropped = att_dropped + (size_t)pair * T * T;
+            for (int i = 0; i < T * T; i++) dropped[i] = scores[i] * mask[i];
+            weights = dropped;
+        }
         // y = att v                                                            [T, head_dim]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, scores, T, v, stride, 0.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, v, stride, 0.0f,
                     y + (size_t)b * T * C + h * head_dim, C);
     }
 }
 
-void attention_backward(const float *qkv, const float *att, const float *grad_y, int B, int T, int C, int n_head,
-                        float *grad_qkv) {
+void attention_backward(const float *qkv, const float *att, const float *dropout_mask, const float *att_dropped,
+                        const float *grad_y, int B, int T, int C, int n_head, float *grad_qkv) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
 #pragma omp parallel
@@ -133,10 +141,15 @@ void attention_backward(const float *qkv, const float *att, const float *grad_y,
             const float *q = qkv + (size_t)b * T * stride + h * head_dim, *k = q + C, *v = q + 2 * C;
             float *grad_q = grad_qkv + (size_t)b * T * stride + h * head_dim, *grad_k = grad_q + C, *grad_v = grad_q + 2 * C;
             const float *scores = att + (size_t)pair * T * T;
+            const float *weights = dropout_mask ? att_dropped + (size_t)pair * T * T : scores;  // what multiplied v
             const float *gy = grad_y + (size_t)b * T * C + h * head_dim;
-            // y = att v: d att = dy v^T, dv = att^T dy
+            // y = weights v: d weights = dy v^T, dv = weights^T dy; under dropout, d att = d weights * mask
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, head_dim, 1.0f, gy, C, v, stride, 0.0f, grad_scores, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, scores, T, gy, C, 0.0f, grad_v, stride);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, gy, C, 0.0f, grad_v, stride);
+            if (dropout_mask) {
+                const float *mask = dropout_mask + (size_t)pair * T * T;
+                for (int i = 0; i < T * T; i++) grad_scores[i] *= mask[i];
+            }
             // Softmax's backward, then the scale: d score = att (d att - sum_u att d att) / sqrt(head_dim);
             // 0 above the diagonal, where att is 0.
             for (int t = 0; t < T; t++) {
@@ -153,6 +166,26 @@ void attention_backward(const float *qkv, const float *att, const float *grad_y,
         }
         free(grad_scores);
     }
+}
+
+void dropout_mask(Rng *rng, double p, long n, float *mask) {
+    const double keep = 1.0 - p;
+    const float scale = 1.0f / (float)keep;  // noise.div_(1 - p): 1 / (1 - p) as a float division
+    for (long i = 0; i < n; i++) {
+        uint64_t high = rng_next_u32(rng), low = rng_next_u32(rng);
+        double u = (double)(((high << 32) | low) & ((1ULL << 53) - 1)) * 0x1p-53;  // uniform_real_distribution<double>
+        mask[i] = u < keep ? scale : 0.0f;
+    }
+}
+
+CPU_DISPATCHED void multiply_by_mask(float *x, const float *mask, long n) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) x[i] *= mask[i];
+}
+
+CPU_DISPATCHED void add_elementwise(const float *a, const float *b, long n, float *out) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 #define INV_SQRT2 0.70710678118654752440f

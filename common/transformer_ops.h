@@ -16,6 +16,7 @@
 // in a fixed order, so the bits do not depend on the thread count. (Step 19's GPU kernels are
 // not written yet: the program refuses --device cuda; see day5/README.md.)
 #pragma once
+#include "rng.h"
 
 // y = (x - mean) / sqrt(var + 1e-5) * weight + bias over each row of x [N, C] (var: the biased
 // variance, as nn.LayerNorm). Keeps each row's mean and 1/sqrt(var + eps) [N] for backward.
@@ -31,11 +32,25 @@ void layernorm_backward(const float *x, const float *weight, const float *mean, 
 // Attention of qkv [B * T, 3C] (c_attn's output: q, then k, then v, each [C] = n_head heads of
 // C / n_head) into y [B * T, C] (heads side by side, as y.transpose(1, 2).view(B, T, C)):
 // att = softmax(q k^T / sqrt(head_dim)) with position t seeing positions 0..t only; y = att v.
-// Keeps att [B, n_head, T, T] (zero above the diagonal) for backward.
-void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, float *y);
+// Keeps att [B, n_head, T, T] (zero above the diagonal) for backward. With dropout_mask [B, n_head,
+// T, T] (each value 0 or 1 / (1 - p): nanoGPT's attn_dropout), y = (att * mask) v, and att_dropped
+// keeps att * mask; both NULL: no dropout.
+void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, const float *dropout_mask,
+                       float *att_dropped, float *y);
 // grad_qkv [B * T, 3C] = the gradient of q, k and v (overwritten, not added: qkv has no other use).
-void attention_backward(const float *qkv, const float *att, const float *grad_y, int B, int T, int C, int n_head,
-                        float *grad_qkv);
+// dropout_mask and att_dropped as forward had them (NULL: no dropout).
+void attention_backward(const float *qkv, const float *att, const float *dropout_mask, const float *att_dropped,
+                        const float *grad_y, int B, int T, int C, int n_head, float *grad_qkv);
+
+// nn.Dropout(p) in training, as PyTorch's CPU kernel draws it (a build without MKL, as Debian's):
+// mask[i] = (u_i < 1 - p) / (1 - p) in float, u_i = the 53-bit uniform of one 64-bit draw (two 32-bit
+// numbers of the generator, the first the high half), in the tensor's order: torch's
+// bernoulli_(1 - p), then div_(1 - p). Serial: a generator is a sequence.
+void dropout_mask(Rng *rng, double p, long n, float *mask);
+// x *= mask, elementwise over n values (forward: the dropout; backward: its gradient).
+void multiply_by_mask(float *x, const float *mask, long n);
+// out = a + b, elementwise over n values (a residual: x + dropout(c_proj(y))).
+void add_elementwise(const float *a, const float *b, long n, float *out);
 
 // y = GELU(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), elementwise over n values.
 void gelu_forward(const float *x, long n, float *y);

@@ -16,7 +16,9 @@
 // process with --accum_steps W x A (up to float summation order). nanoGPT instead seeds each rank
 // differently (1337 + rank): as good a batch, but no run on other ranks can be compared with it.
 // Evaluation draws its windows from a generator of its own (--seed + 1), so that evaluating more
-// or less often never changes the training's windows.
+// or less often never changes the training's windows. --dropout draws its masks as PyTorch's CPU
+// kernel does, from a generator seeded for each micro-batch of the global batch (seed x 2^32 + 2^31 +
+// its index in the run), so that the twin, seeding torch alike, drops the same values.
 //
 // Defaults: nanoGPT's "baby GPT" for a laptop CPU (its README): 4 layers, 4 heads, 128 wide,
 // context 64, batch 12, 2000 iterations, lr 1e-3 decaying over 2000 to 1e-4, warm-up 100,
@@ -59,6 +61,7 @@
 typedef struct {
     const char *data, *init, *save, *losses, *plot, *device, *prompt;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
+    double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
     double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
     TrackingOptions tracking;
@@ -71,6 +74,7 @@ static double estimate_loss(Gpt *model, const CharText *text, TextSplit split, R
     int world = dist_world_size(), rank = dist_rank();
     int per_rank = o->batch_size * o->accum_steps, global = per_rank * world;
     double sum = 0.0;
+    gpt_set_training(model, false);  // model.eval(): no dropout
     for (int k = 0; k < o->eval_iters; k++) {
         char_text_draw_offsets(eval_rng, char_text_split_length(text, split), o->block_size, global, offsets);
         for (int m = 0; m < o->accum_steps; m++) {
@@ -80,6 +84,7 @@ static double estimate_loss(Gpt *model, const CharText *text, TextSplit split, R
             sum += gpt_loss(model, targets);
         }
     }
+    gpt_set_training(model, true);   // model.train()
     float total = (float)sum;
     dist_allreduce_sum(&total, 1);
     return total / ((double)o->eval_iters * o->accum_steps * world);
@@ -96,6 +101,7 @@ static void sample_text(Gpt *model, const CharText *text, const int *prompt, int
     float *sorted = xmalloc((size_t)V * sizeof(float));
     char *out = xmalloc((size_t)capacity + 1);
     for (int i = 0; i < prompt_length; i++) out[i] = (char)text->chars[prompt[i]];
+    gpt_set_training(model, false);  // model.eval(): no dropout
     for (int n = prompt_length; n < capacity; n++) {
         int T = n < o->block_size ? n : o->block_size;
         const float *logits = gpt_forward(model, context + n - T, 1, T) + (size_t)(T - 1) * V;  // the last position
@@ -133,7 +139,10 @@ static void print_memory(const Gpt *model, int B) {
     // and ln_f's C; with biases, 11 L C + C more (3C + C + 4C + C of the Linears, 2C of the LayerNorms).
     double params = 12 * L * C * C + (V + T) * C + (2 * L + 1) * C + (c->bias ? 11 * L * C + C : 0);
     double activations = N * (16 * L * C + 4 * L + 2 * C + 2 + 2 * V) + L * B * H * T * T;
-    CHECK(params == (double)gpt_num_params(model, false) && activations == (double)gpt_activation_floats(model),
+    // Dropout keeps its masks: the embeddings' and two per block [N, C], and attention's [B H T T]
+    // beside the probabilities it dropped.
+    double masks = c->dropout > 0 ? N * C * (2 * L + 1) + 2 * L * B * H * T * T : 0;
+    CHECK(params == (double)gpt_num_params(model, false) && activations + masks == (double)gpt_activation_floats(model),
           "the memory formulas disagree with the model: %.0f and %.0f floats", params, activations);
     print0("memory per rank (float32):\n"
            "  parameters   %8.2f MB  P = 12 L C^2 + (V + T) C + (2 L + 1) C%s = %.0f\n"
@@ -142,6 +151,9 @@ static void print_memory(const Gpt *model, int B) {
            "  activations  %8.2f MB  B T (16 L C + 2 V + 2 C + 4 L + 2) + L B H T^2 = %.0f (attention's probabilities: %.0f)\n",
            4 * params / 1e6, c->bias ? " + (11 L + 1) C" : "", params, 4 * params / 1e6, 8 * params / 1e6,
            4 * activations / 1e6, activations, L * B * H * T * T);
+    if (masks > 0)
+        print0("  dropout      %8.2f MB  B T C (2 L + 1) + 2 L B H T^2 = %.0f (its masks, and attention's probabilities after it)\n",
+               4 * masks / 1e6, masks);
 }
 
 int main(int argc, char **argv) {
@@ -160,6 +172,7 @@ int main(int argc, char **argv) {
         {"block_size", ARG_INT, &o.block_size, "N", "context: characters the model sees", 1, NULL},
         {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per rank", 1, NULL},
         {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
+        {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (after the embeddings, on attention, after each c_proj)", 0, NULL},
         {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
         {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
         {"min_lr", ARG_FLOAT_GE, &o.min_lr, "X", "the learning rate at the end of the cosine decay", 0, NULL},
@@ -188,7 +201,7 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
-                        .bias = o.bias};
+                        .bias = o.bias, .dropout = o.dropout};
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
     Device device = device_from_flag(o.device);
     if (device == DEVICE_CUDA)
@@ -278,6 +291,10 @@ int main(int argc, char **argv) {
             ddp_set_sync(&ddp, m == o.accum_steps - 1);       // model.require_backward_grad_sync
             char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(rank * o.accum_steps + m) * o.batch_size,
                               o.batch_size, o.block_size, inputs, targets);
+            // The dropout masks of micro-batch (iteration, slice), whatever rank draws them: so that
+            // W ranks draw the masks of 1 rank's W micro-steps (and the twin, torch.manual_seed, the same).
+            int slice = rank * o.accum_steps + m, slices = o.accum_steps * world;
+            gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             gpt_forward(model, inputs, o.batch_size, o.block_size);   // logits, loss = model(X, Y)
             loss_sum += gpt_loss(model, targets);
             gpt_scale_loss(model, 1.0f / (float)o.accum_steps);      // loss = loss / gradient_accumulation_steps
@@ -309,7 +326,7 @@ int main(int argc, char **argv) {
 
     if (rank == 0 && o.sample > 0) {
         Rng sample_rng;
-        rng_seed(&sample_rng, (uint64_t)o.seed + 2);
+        rng_seed(&sample_rng, (uint64_t)o.seed + 2);  // (the dropout's seeds are above 2^31)
         print0("sample (%d characters, temperature %g, top_k %d):\n", o.sample, o.temperature, o.top_k);
         sample_text(model, &text, prompt, prompt_length, &o, &sample_rng);
     }

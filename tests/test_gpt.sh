@@ -51,6 +51,17 @@ else
     ours=$(val_loss_at "$tmp/c1.out" 50) theirs=$(val_loss_at "$tmp/t1.out" 50)
     expect "the validation loss after 50 iterations, to 4 decimals: ${ours:-none} (the twin: ${theirs:-none})" test -n "$ours" -a "$ours" = "$theirs"
 
+    # --dropout 0.2: the twin's masks are ours (torch's CPU bernoulli_ without MKL, seeded per micro-batch
+    # alike), so the losses agree with dropout on too.
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --dropout 0.2 --losses "$tmp/cd.csv" > "$tmp/cd.out" 2>&1
+    run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --dropout 0.2 > "$tmp/td.out" 2> "$tmp/td.err" ||
+        fail "the twin did not run: $(tail -1 "$tmp/td.err")"
+    tail -1 "$tmp/td.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/td.csv" 2> /dev/null
+    verdict=$(same_losses "$tmp/cd.csv" "$tmp/td.csv" 1e-5)
+    expect "with --dropout 0.2, the twin's losses, 20 iterations: $verdict (<= 1e-5)" test $? -eq 0
+    with=$(sed -n 2p "$tmp/cd.csv" | cut -d, -f3) without=$(sed -n 2p "$tmp/c1.csv" | cut -d, -f3)
+    expect "... and dropout acts: the first loss is $with with it, $without without" test -n "$with" -a "$with" != "$without"
+
     # The reverse: we start from the twin's init (torch's own draws, saved by h5py) and evaluate it alike.
     run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --max_iters 0 --eval_iters 2 --save "$tmp/torch.h5" > "$tmp/t2.out" 2> "$tmp/t2.err" ||
         fail "the twin did not run: $(tail -1 "$tmp/t2.err")"
@@ -94,6 +105,15 @@ if thorough; then
     expect "DDP on 2 ranks x 2 micro-steps of 6 takes the same steps: $verdict (<= 1e-5)" test $? -eq 0
 fi
 
+# With dropout too: each micro-batch of the global batch draws its masks from its own seed, whichever
+# rank draws them.
+if thorough; then
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --accum_steps 2 --dropout 0.2 --losses "$tmp/accumd.csv" > /dev/null 2>&1
+    mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --threads 1 --dropout 0.2 --losses "$tmp/ddp2d.csv" > /dev/null 2>&1
+    verdict=$(same_losses "$tmp/accumd.csv" "$tmp/ddp2d.csv" 1e-5)
+    expect "with --dropout 0.2, DDP on 2 ranks takes the steps of 1 rank x 2 micro-steps: $verdict (<= 1e-5)" test $? -eq 0
+fi
+
 # ---------------------------------------------------------------- threads: the same bits
 run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 1 > "$tmp/t1thread.out" 2>&1
 run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 2 > "$tmp/t2thread.out" 2>&1
@@ -135,6 +155,7 @@ refused "a --data folder without input.txt" 1 "missing/input\.txt: cannot open: 
 refused "an empty input.txt" 1 "empty/input\.txt: 0 characters, 0 to train and 0 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/empty"
 refused "a text shorter than block_size + 1 in its validation tenth" 1 "short/input\.txt: 100 characters, 90 to train and 10 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/short"
 refused "--n_embd not divisible by --n_head" 2 "^error: --n_embd 100 is not divisible by --n_head 3" --data "$DATA" --n_embd 100 --n_head 3
+refused "--dropout 1" 2 "^error: --dropout 1 is not a probability in \[0, 1\)" --data "$DATA" --dropout 1
 refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$DATA" --block_size 0
 refused "an --init of another width" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[65, 64\]\)" \
     --data "$DATA" --n_embd 64 --init "$tmp/init.h5"

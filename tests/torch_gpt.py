@@ -7,7 +7,9 @@ residual, the head tied to wte, nanoGPT's init and state_dict names), AdamW with
 the 2-D parameters only, warm-up then cosine decay, clipping at a global norm, gradient
 accumulation, and the batches of day5/19_gpt: each iteration one global batch of windows drawn by
 torch.randint from a generator seeded with --seed, rank r's micro-step m taking its slice
-(r * accum_steps + m); evaluation from a generator of its own (--seed + 1).
+(r * accum_steps + m); evaluation from a generator of its own (--seed + 1); --dropout's masks from
+torch's generator seeded for each micro-batch as day5/19_gpt seeds its own (PyTorch's CPU bernoulli_
+in a build without MKL, as Debian's: a 53-bit uniform of each 64-bit draw).
 
     python3 tests/torch_gpt.py DATA_DIR WORLD_SIZE [--init w.h5] [--save w.h5] [--max_iters N] ...
 
@@ -38,6 +40,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias)
         self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias)
+        self.attn_dropout = nn.Dropout(c.dropout)
+        self.resid_dropout = nn.Dropout(c.dropout)
         self.n_head = c.n_head
         mask = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
         self.register_buffer("mask", mask, persistent=False)  # not in the state_dict
@@ -50,9 +54,9 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(F.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
+        return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
@@ -61,9 +65,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
+        self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -85,6 +90,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(c.vocab_size, c.n_embd),
             wpe=nn.Embedding(c.block_size, c.n_embd),
+            drop=nn.Dropout(c.dropout),
             h=nn.ModuleList([Block(c) for _ in range(c.n_layer)]),
             ln_f=LayerNorm(c.n_embd, c.bias)))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
@@ -101,7 +107,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets):
         B, T = idx.size()
         pos = torch.arange(0, T, dtype=torch.long)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -201,6 +207,8 @@ def worker(rank, a, queue):
             x, y = windows(train, my_slice(offsets, m), a.block_size)
             if world > 1:
                 model.require_backward_grad_sync = m == a.accum_steps - 1
+            # The dropout masks of this micro-batch of the global batch, as day5/19_gpt seeds them.
+            torch.manual_seed((a.seed << 32) + (1 << 31) + it * a.accum_steps * world + rank * a.accum_steps + m)
             loss = model(x, y)
             loss_sum += loss.item()
             (loss / a.accum_steps).backward()
@@ -235,7 +243,7 @@ def main():
                                 ("weight_decay", float, 0.1), ("beta1", float, 0.9), ("beta2", float, 0.99),
                                 ("grad_clip", float, 1.0), ("accum_steps", int, 1), ("eval_interval", int, 250),
                                 ("eval_iters", int, 20), ("seed", int, 1337), ("threads", int, 0),
-                                ("bucket_mb", float, 25.0), ("port", int, 29531)]:
+                                ("bucket_mb", float, 25.0), ("port", int, 29531), ("dropout", float, 0.0)]:
         p.add_argument("--" + name, type=kind, default=default)
     p.add_argument("--bias", action="store_true")
     p.add_argument("--init")

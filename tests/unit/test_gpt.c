@@ -27,8 +27,10 @@ enum { B = 2, T = 6 };
 static Rng data_rng;
 static int inputs[B * T], targets[B * T];
 
-// The mean cross-entropy of a forward, in double.
+// The mean cross-entropy of a forward, in double. The dropout masks are drawn anew from one seed
+// for every forward, so that the finite differences see one function.
 static double loss_in_double(Gpt *m) {
+    gpt_seed_dropout(m, 99);
     const float *logits = gpt_forward(m, inputs, B, T);
     const int V = m->config.vocab_size;
     double total = 0;
@@ -60,26 +62,29 @@ static void on_ready(void *context, int index) {
     log->order[log->n++] = index;
 }
 
-static void test_gradients(bool bias) {
-    GptConfig config = {.vocab_size = 11, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = 8, .bias = bias};
+static void test_gradients(bool bias, double dropout) {
+    GptConfig config = {.vocab_size = 11, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = 8, .bias = bias,
+                        .dropout = dropout};
     Rng init;
     rng_seed(&init, 7);
     Gpt *m = gpt_new(&config, B, &init);
+    const char *what = dropout > 0 ? ", dropout 0.3" : "";
     randomise(m);
     for (int i = 0; i < B * T; i++) inputs[i] = (int)(rng_next_u32(&data_rng) % 11), targets[i] = (int)(rng_next_u32(&data_rng) % 11);
     gpt_zero_grad(m);
+    double reference = loss_in_double(m);
+    gpt_seed_dropout(m, 99);
     gpt_forward(m, inputs, B, T);
     float loss = gpt_loss(m, targets);
-    double reference = loss_in_double(m);
-    EXPECT(fabs(loss - reference) < 1e-5 * reference, "bias=%d: gpt_loss %.7f is the cross-entropy of its logits (%.7f in double)",
-           bias, loss, reference);
+    EXPECT(fabs(loss - reference) < 1e-5 * reference, "bias=%d%s: gpt_loss %.7f is the cross-entropy of its logits (%.7f in double)",
+           bias, what, loss, reference);
     HookLog log = {0};
     gpt_backward(m, on_ready, &log);
     bool once = log.n == m->n_params;
     for (int i = 0; i < m->n_params; i++) once = once && log.calls[i] == 1;
-    EXPECT(once, "bias=%d: the hook names each of the %d parameters once (%d calls)", bias, m->n_params, log.n);
+    EXPECT(once, "bias=%d%s: the hook names each of the %d parameters once (%d calls)", bias, what, m->n_params, log.n);
     EXPECT(log.order[0] == m->n_params - (bias ? 2 : 1) && log.order[log.n - 1] == 0,
-           "bias=%d: ln_f's gradient is ready first, wte's last (it gets the head's and the embedding's parts)", bias);
+           "bias=%d%s: ln_f's gradient is ready first, wte's last (it gets the head's and the embedding's parts)", bias, what);
     for (int i = 0; i < m->n_params; i++) {
         const Param *p = &m->params[i];
         double worst = 0, err2 = 0, ref2 = 0;
@@ -98,8 +103,8 @@ static void test_gradients(bool bias) {
         }
         double norm_rel = sqrt(err2 / fmax(ref2, 1e-30));
         EXPECT(worst <= 1 && norm_rel < 5e-3 && ref2 > 0,
-               "bias=%d: d loss/d %s [%d, %d] vs central FD (h=%g): worst err/(%g+%g|g|) = %.3f, ||err||/||g_fd|| = %.1e",
-               bias, p->name, p->value->rows, p->value->cols, H, ATOL, RTOL, worst, norm_rel);
+               "bias=%d%s: d loss/d %s [%d, %d] vs central FD (h=%g): worst err/(%g+%g|g|) = %.3f, ||err||/||g_fd|| = %.1e",
+               bias, what, p->name, p->value->rows, p->value->cols, H, ATOL, RTOL, worst, norm_rel);
     }
     gpt_free(m);
 }
@@ -174,8 +179,9 @@ int main(void) {
     omp_set_num_threads(1);
 #endif
     rng_seed(&data_rng, 2024);
-    test_gradients(true);
-    test_gradients(false);
+    test_gradients(true, 0.0);
+    test_gradients(false, 0.0);
+    test_gradients(true, 0.3);  // dropout's masks on all four of its places, fixed by the seed
     test_accumulation();
     test_names();
     return test_summary();
