@@ -166,7 +166,7 @@ static void print_memory(const Gpt *model, int B) {
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
-    Options o = {.data = "data/shakespeare", .plot = "img/19_gpt.png", .device = "auto", .prompt = "\n",
+    Options o = {.data = "data/shakespeare", .plot = "img/19_gpt.png", .device = "auto",
                  .n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 64, .batch_size = 12,
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
         {"losses", ARG_OUTPUT, &o.losses, "FILE.csv", "write step,epoch,loss per iteration (rank 0)", 0, NULL},
         {"plot", ARG_OUTPUT_OR_NONE, &o.plot, "FILE.png", "train and validation loss curves ('' for none)", 0, NULL},
         {"sample", ARG_INT, &o.sample, "N", "characters to generate at the end (0: none)", 0, NULL},
-        {"prompt", ARG_STRING, &o.prompt, "TEXT", "the text the sample goes on from", 0, NULL},
+        {"prompt", ARG_STRING, &o.prompt, "TEXT", "the text the sample goes on from (none: a newline, as nanoGPT's sample.py)", 0, NULL},
         {"temperature", ARG_FLOAT, &o.temperature, "X", "the sample's temperature (< 1: more likely characters)", 0, NULL},
         {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
@@ -221,6 +221,7 @@ int main(int argc, char **argv) {
     // Data: the text's characters are the vocabulary; 90% trains, 10% validates.
     CharText text = char_text_load(o.data, o.block_size);
     config.vocab_size = text.vocab_size;
+    if (!o.prompt) o.prompt = "\n";
     int prompt_length = (int)strlen(o.prompt);
     int *prompt = xmalloc(((size_t)prompt_length + 1) * sizeof(int));
     int bad = 0;
