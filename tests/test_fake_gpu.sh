@@ -28,7 +28,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 src=$tmp/src
 mkdir -p "$src"
-cp -r Makefile common day1 day2 day3 day4 tests "$src/"
+cp -r Makefile common day1 day2 day3 day4 day5 tests "$src/"
 ln -s "$PWD/data" "$src/data"
 # A fresh build/ of its own: every binary copied from here is rebuilt (they depend on build/flags).
 if ! make -C "$src" -j"$(nproc)" CUDA=1 FAKE_GPU=1 NVTX=0 > "$tmp/build" 2>&1; then
