@@ -263,3 +263,37 @@ done:
     if (file >= 0) H5Fclose(file);
     check_all_ranks(err[0] == '\0', err);
 }
+
+typedef struct {
+    const Param *params;
+    int n_params;
+    const char *const *also_allowed;
+    char extra[256];  // the first name that is neither
+} ExtraSearch;
+
+static herr_t find_extra(hid_t group, const char *name, const H5L_info_t *info, void *data) {
+    (void)group, (void)info;
+    ExtraSearch *search = data;
+    for (int i = 0; i < search->n_params; i++)
+        if (!strcmp(search->params[i].name, name)) return 0;
+    for (int i = 0; search->also_allowed && search->also_allowed[i]; i++)
+        if (!strcmp(search->also_allowed[i], name)) return 0;
+    snprintf(search->extra, sizeof search->extra, "%s", name);
+    return 1;  // stop: one is enough to name
+}
+
+void h5_load_params_exactly(const char *path, Param *params, int n_params, const char *const *also_allowed) {
+    h5_load_params(path, params, n_params);  // every parameter there, and well formed (or every rank has left)
+    quiet_hdf5();
+    ExtraSearch search = {.params = params, .n_params = n_params, .also_allowed = also_allowed};
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    herr_t walked = file >= 0 ? H5Literate(file, H5_INDEX_NAME, H5_ITER_INC, NULL, find_extra, &search) : -1;
+    if (file >= 0) H5Fclose(file);
+    char err[1024] = "";
+    if (walked < 0)
+        snprintf(err, sizeof err, "%s: cannot read its index of datasets: a damaged HDF5 file", PATH_SHOWN(path));
+    else if (search.extra[0])
+        snprintf(err, sizeof err, "%s: holds %s, which this model does not have: the weights of another model "
+                 "(another configuration, or more layers)", PATH_SHOWN(path), QUOTE(search.extra));
+    check_all_ranks(err[0] == '\0', err);
+}

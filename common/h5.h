@@ -16,3 +16,9 @@ void h5_save_params(const char *path, const Param *params, int n_params);
 // rounded to inf). Otherwise one line names the file, the dataset and what was
 // expected, and every rank exits(1). Collective: every rank calls it.
 void h5_load_params(const char *path, Param *params, int n_params);
+
+// The same, strictly: the file must hold no dataset but the parameters' and those named in
+// `also_allowed` (NULL-terminated; e.g. a tied weight's second name, "lm_head.weight"). One left
+// over means the file is of another model (a GPT of 6 layers given to one of 4): one line names it
+// and every rank exits(1). Collective.
+void h5_load_params_exactly(const char *path, Param *params, int n_params, const char *const *also_allowed);

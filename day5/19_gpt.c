@@ -238,7 +238,8 @@ int main(int argc, char **argv) {
     Rng init_rng;
     rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
     Gpt *model = gpt_new(&config, o.batch_size, &init_rng);  // model = GPT(gptconf)
-    if (o.init) h5_load_params(o.init, model->params, model->n_params);
+    // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
+    if (o.init) h5_load_params_exactly(o.init, model->params, model->n_params, (const char *const[]){"lm_head.weight", NULL});
     Ddp ddp = ddp_wrap(model->params, model->n_params, o.bucket_mb);  // model = DDP(model)
     AdamW optimizer = adamw_new(model->params, model->n_params, o.weight_decay, o.beta1, o.beta2);
     LrSchedule schedule = {.lr = o.learning_rate, .min_lr = o.min_lr, .warmup_iters = o.warmup_iters,

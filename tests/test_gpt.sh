@@ -159,6 +159,8 @@ refused "--dropout 1" 2 "^error: --dropout 1 is not a probability in \[0, 1\)" -
 refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$DATA" --block_size 0
 refused "an --init of another width" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[65, 64\]\)" \
     --data "$DATA" --n_embd 64 --init "$tmp/init.h5"
+refused "an --init of more layers" 1 "init\.h5: holds 'transformer\.h\.2\.attn\.c_attn\.weight', which this model does not have" \
+    --data "$DATA" --n_layer 2 --init "$tmp/init.h5"
 refused "an --init of another vocabulary" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[[0-9]+, 128\]\)" \
     --data "$tmp/other" --init "$tmp/init.h5"
 refused "--prompt with a character outside the vocabulary" 2 "^error: --prompt 'Hello\{': its character 6, '\{', is not in the vocabulary of .*input\.txt \(65 characters\)" \
