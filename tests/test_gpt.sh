@@ -4,8 +4,8 @@
 # reverse; DDP on 2 ranks with batch B takes the steps of 1 rank with --accum_steps 2; the same bits
 # at any thread count; the sample; bad input refused in one line with nothing written.
 # (The gradients against finite differences: build/tests/test_gpt.)
-# make test (TEST_LEVEL=quick) leaves 4 ranks, the twin under torch DDP and the longer runs to
-# make test-all (TEST_LEVEL=all). Needs data/shakespeare (make shakespeare); SKIP without it.
+# make test (TEST_LEVEL=quick) leaves 4 ranks, dropout under DDP and the longer runs to make test-all
+# (TEST_LEVEL=all). Needs data/shakespeare (make shakespeare); SKIP without it.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -70,17 +70,16 @@ else
     expect "from the twin's --save (its own init, with lm_head.weight), the same evaluation: ${ours:-none} (the twin: ${theirs:-none})" \
         test -n "$ours" -a "$ours" = "$theirs"
 
-    if thorough; then
-        # DDP against torch DDP: 2 ranks each, from the same --init.
-        mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 30 --eval_interval 30 --eval_iters 2 --threads 1 --losses "$tmp/c3.csv" > "$tmp/c3.out" 2>&1
-        run "$PYTHON" tests/torch_gpt.py "$DATA" 2 --init "$tmp/init.h5" --max_iters 30 --eval_interval 30 --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
-            fail "the twin did not run on 2 ranks: $(tail -1 "$tmp/t3.err")"
-        tail -1 "$tmp/t3.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t3.csv" 2> /dev/null
-        verdict=$(same_losses "$tmp/c3.csv" "$tmp/t3.csv" 1e-5)
-        expect "DDP on 2 ranks vs the twin under torch DDP (gloo), 30 iterations: $verdict (<= 1e-5)" test $? -eq 0
-        ours=$(val_loss_at "$tmp/c3.out" 30) theirs=$(val_loss_at "$tmp/t3.out" 30)
-        expect "... and the validation loss, to 4 decimals: ${ours:-none} (the twin: ${theirs:-none})" test -n "$ours" -a "$ours" = "$theirs"
-    fi
+    # DDP against torch DDP (gloo): 2 ranks each, from the same --init (50 iterations in make test-all).
+    iters=$(if thorough; then echo 50; else echo 20; fi)
+    mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --losses "$tmp/c3.csv" > "$tmp/c3.out" 2>&1
+    run "$PYTHON" tests/torch_gpt.py "$DATA" 2 --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
+        fail "the twin did not run on 2 ranks: $(tail -1 "$tmp/t3.err")"
+    tail -1 "$tmp/t3.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t3.csv" 2> /dev/null
+    verdict=$(same_losses "$tmp/c3.csv" "$tmp/t3.csv" 1e-5)
+    expect "DDP on 2 ranks vs the twin under torch DDP (gloo), $iters iterations: $verdict (<= 1e-5)" test $? -eq 0
+    ours=$(val_loss_at "$tmp/c3.out" "$iters") theirs=$(val_loss_at "$tmp/t3.out" "$iters")
+    expect "... and the validation loss, to 4 decimals: ${ours:-none} (the twin: ${theirs:-none})" test -n "$ours" -a "$ours" = "$theirs"
 fi
 
 # ---------------------------------------------------------------- DDP: 2 ranks x B == 1 rank x accum 2
