@@ -12,6 +12,7 @@
 // walk the MLP's. Gradients accumulate: cnn_zero_grad() before each backward.
 #pragma once
 #include "conv.h"
+#include "memory_budget.h"  // MemoryNeed
 #include "nn.h"
 
 #define CNN_PARAMS 8
@@ -46,6 +47,11 @@ typedef struct {
 // collective (every rank builds it with the same batch): a batch whose buffers
 // would take more than half of the node's memory ends the job with one line.
 Cnn *cnn_new(int max_batch, Rng *rng, Device device);
+// What cnn_new(max_batch) and its training with Adam will hold, added to `need`
+// (memory_budget.h) before anything is allocated: the parameters, their
+// gradients, Adam's moments, and about 1 MB a sample of activations, their
+// gradients, both convolutions' columns and the pools' argmax.
+void cnn_add_memory_need(MemoryNeed *need, int max_batch);
 void cnn_free(Cnn *model);
 size_t cnn_num_weights(const Cnn *model);
 

@@ -49,6 +49,7 @@
 #include "dist.h"      // dist_init, dist_rank, print0: the process group
 #include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
 #include "metrics.h"   // ConfusionMatrix, classification_report: the evaluation's tables
 #include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
 #include "threads.h"   // threads_init: this rank's CPU threads
@@ -70,6 +71,11 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    cnn_add_memory_need(&need, opt.batch_size);  // about 1 MB a sample
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day3/14_cnn_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 

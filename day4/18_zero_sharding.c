@@ -60,6 +60,7 @@
 #include "dist.h"         // dist_init, dist_rank, print0: the world
 #include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
 #include "mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
 #include "nn.h"           // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
 #include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
@@ -400,9 +401,11 @@ static double sharded_accuracy(Sharded *s, const Tensor *images, const int *labe
     return n ? (double)correct / n : 0.0;
 }
 
-// The reports, after main.
+// The memory check and the reports, after main.
 typedef void (*LayerUse)(Sharded *s, int layer, Param *pair, const Tensor *whole, void *context);
 static void each_layer_whole(Sharded *s, LayerUse use, void *context);
+static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
+                            int max_batch);  // the memory check, beside report_memory's theory
 static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device);
 static void report_traffic(const Sharded *s, long steps, size_t weights, const Ddp *ddp);
 static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path);
@@ -434,6 +437,13 @@ int main(int argc, char **argv) {
     describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what this stage keeps on each rank (the theory the report shows at the end), refused
+    // now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--hidden %s --zero %d%s --batch_size %d (%d rank%s)", hidden, zero,
+                                  prefetch ? " --prefetch" : "", opt.batch_size, dist_world_size(), dist_world_size() == 1 ? "" : "s");
+    add_memory_need(&need, sizes, n_sizes, zero, prefetch, dist_world_size(), opt.batch_size);
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -613,6 +623,39 @@ static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, 
     *h = params_checksum_continue(*h, pair, 2);
 }
 
+// The theory of each stage, per weight: the bytes of its value, its gradient
+// and Adam's two moments that a rank keeps, on N ranks (16 / N and so on:
+// report_memory's "theory" column and the memory check before training).
+static void state_bytes_per_weight(int zero, double n, double bytes[3]) {
+    bytes[0] = zero <= 2 ? 4 : 4 / n;  // parameters: whole until stage 3
+    bytes[1] = zero <= 1 ? 4 : 4 / n;  // gradients: whole until stage 2
+    bytes[2] = zero == 0 ? 8 : 8 / n;  // Adam's moments: sharded from stage 1
+}
+
+// What sharded_new and the training will hold on this rank, added to `need`
+// before anything is allocated: the theory's model state, the working buffers
+// (DDP's copy of the gradients; stages 2-3: two layers' whole gradients, and on
+// stage 3 one layer gathered, or two with --prefetch), every layer's output and
+// its gradient for max_batch rows.
+static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
+                            int max_batch) {
+    double weights = 0, activations = 0, largest[2] = {0, 0};  // of the even and the odd layers
+    for (int i = 0; i + 1 < n_sizes; i++) {
+        double numel = (double)sizes[i] * sizes[i + 1] + sizes[i + 1];
+        weights += numel;
+        largest[i % 2] = numel > largest[i % 2] ? numel : largest[i % 2];
+        activations += 2.0 * max_batch * sizes[i + 1];
+    }
+    double per_weight[3], both = largest[0] + largest[1], any = largest[0] > largest[1] ? largest[0] : largest[1];
+    state_bytes_per_weight(zero, world, per_weight);
+    memory_need_add(need, "parameters", per_weight[0] * weights);
+    memory_need_add(need, "gradients", per_weight[1] * weights);
+    memory_need_add(need, "Adam's moments", per_weight[2] * weights);
+    double working = zero == 0 ? weights : zero == 1 ? 0 : both + (zero == 3 ? (prefetch ? both : any) : 0);
+    memory_need_add(need, "working buffers", working * sizeof(float));
+    memory_need_add(need, "activations", activations * sizeof(float));
+}
+
 // Per rank: the bytes of parameters, gradients and Adam's moments it holds,
 // beside the stage's theory; the working buffers; the peak resident set (on a GPU, the allocator's peak).
 static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device) {
@@ -627,7 +670,8 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
         working += (double)(tensor_numel(&s->grads[k]) + tensor_numel(&s->gathered[k])) * sizeof(float);
     if (ddp)
         for (int b = 0; b < ddp->n_buckets; b++) working += (double)ddp->buckets[b].count * sizeof(float);
-    const double per_param[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
+    double per_weight[3];  // the theory: what a stage keeps of each weight
+    state_bytes_per_weight(s->zero, n, per_weight);
     const char *formula[] = {"16", "4 + 4 + 8/N", "4 + 12/N", "16/N"};
     const char *working_is[] = {"DDP's buckets: a copy of the gradients", "none", "2 layers' whole gradients",
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
@@ -635,7 +679,7 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
     double mine[5] = {params, grads, adam, working, device_peak_memory_bytes(device)};
     double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
     CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-    double theory = per_param[s->zero] * (double)weights;
+    double theory = (per_weight[0] + per_weight[1] + per_weight[2]) * (double)weights;
     print0("Memory per rank (MB): parameters + gradients + Adam = model state, beside the theory %s B/param x %zu "
            "(N = %d); working buffers (%s); peak resident set\n", formula[s->zero], weights, s->world,
            working_is[s->zero]);
