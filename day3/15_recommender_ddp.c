@@ -51,6 +51,7 @@
 #include "dist.h"            // dist_init, dist_rank, print0: the process group
 #include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"        // the loss of every step, CSV and PNG
+#include "memory_budget.h"   // memory_need, memory_require: refuse what would not fit, before allocating
 #include "mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
 #include "movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
 #include "plot.h"            // plot_panels_png: the training loss above the test RMSE
@@ -117,6 +118,8 @@ int main(int argc, char **argv) {
     int rank = dist_rank(), world = dist_world_size();
 
     if (synthetic > 0) {  // --synthetic N: write the files, and stop
+        char no_room[512] = "";  // rank 0 writes, so rank 0 looks at the disk first: one line, not a half-written file
+        check_all_ranks(rank != 0 || movielens_synthetic_fits(opt.data, synthetic, no_room, sizeof no_room), no_room);
         if (rank == 0) movielens_write_synthetic(opt.data, synthetic, (uint64_t)opt.seed);
         dist_barrier();
         print0("wrote %s/ratings.csv (%d ratings) and %s/movies.csv\n", opt.data, synthetic, opt.data);
@@ -176,7 +179,12 @@ int main(int argc, char **argv) {
                                                !opt.no_shuffle, (uint64_t)opt.seed);
     int epochs = max_steps < 0 ? opt.epochs : (max_steps + sampler.n_batches - 1) / sampler.n_batches;
 
-    // Model and optimizer.
+    // Model and optimizer: first what its tables will take on this rank (the figure the
+    // report prints at the end), refused now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--dim %d --embeddings %s (%d users x %d movies)", dim, embeddings_mode_name(mode),
+                                  ratings.n_users, ratings.n_items);
+    mf_add_memory_need(&need, mode, ratings.n_users, ratings.n_items, dim, world);
+    memory_require(&need, device);
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);
     Mf *model = mf_new(mode, device, ratings.n_users, ratings.n_items, dim, global_mean, opt.lr, weight_decay, &rng);
