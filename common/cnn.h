@@ -43,9 +43,8 @@ typedef struct {
 
 // The layers in PyTorch's order, each drawing its weight and then its bias
 // from rng (torch.manual_seed(seed) then SimpleCNN() draws the same numbers).
-// On the heap: params point into it. cnn_free releases it. On the CPU it is
-// collective (every rank builds it with the same batch): a batch whose buffers
-// would take more than half of the node's memory ends the job with one line.
+// On the heap: params point into it. cnn_free releases it. A batch whose buffers
+// would not fit is the caller's to refuse first (cnn_add_memory_need).
 Cnn *cnn_new(int max_batch, Rng *rng, Device device);
 // What cnn_new(max_batch) and its training with Adam will hold, added to `need`
 // (memory_budget.h) before anything is allocated: the parameters, their
