@@ -47,6 +47,9 @@ int main(int argc, char **argv) {
     const int sizes[] = {1024, 2048, 1024};
     MemoryNeed need = memory_need("--batch_size %d", batch);
     mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), batch, 0);  // SGD: no state
+    double weights = 0;
+    for (int i = 0; i + 1 < ARRAY_LEN(sizes); i++) weights += (double)sizes[i] * sizes[i + 1] + sizes[i + 1];
+    memory_need_add(&need, "DDP's buckets", weights * sizeof(float));  // a copy of the gradients
     memory_need_add(&need, "data", 3.0 * batch * 1024 * sizeof(float));  // the random draw, inputs, targets
     memory_require(&need, device);
 
