@@ -37,7 +37,7 @@ __attribute__((noreturn)) static void stop_diverged(const char *what_and_when, T
         snprintf(cause, sizeof cause, "--lr %s is", lr);
     else
         snprintf(cause, sizeof cause, "the learning rate is");
-    const char *other_causes = flag_value("init") ? "the data or --init's weights hold" : "the data holds";
+    const char *other_causes = args_given("init") ? "the data or --init's weights hold" : "the data holds";
     char message[512];
     snprintf(message, sizeof message,
              "%s: training diverged; %s likely too large (or %s extreme values); stopped before writing anything: "
