@@ -46,6 +46,7 @@
 #include "check.h"     // CHECK, xmalloc: fail fast, on every rank
 #include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
 #include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "divergence.h" // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
@@ -134,6 +135,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -147,6 +149,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
     print_rank("training loop: %.3f s\n", train_seconds);
     double slowest = train_seconds;  // the job is as fast as its slowest rank
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));

@@ -21,6 +21,7 @@
 #include "check.h"     // CHECK, xmalloc: fail fast, on every rank
 #include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
 #include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "divergence.h" // check_loss_finite_agreed: a loss that is nan or inf stops the run, on every rank
 #include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
 #include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
 #include "profile.h"   // profile_start, profile_push: named time ranges (--trace, Nsight)
@@ -90,8 +91,10 @@ int main(int argc, char **argv) {
         profile_pop();
 
         profile_mark("step");  // prof.step()
+        check_loss_finite_agreed(loss, step + 1, 0, NULL);  // each rank's own batch: agreed by one allreduce
         print0("step %d: loss %.4f (rank 0's batch)\n", step + 1, loss);
     }
+    check_weights_finite(model.params, model.n_params, steps, 0, NULL);  // the last step's update
     // DDP's figures first: with NCCL they come off the GPU's timeline once the
     // last step has happened, and so does that step's allreduce in the table.
     char overlap[256];

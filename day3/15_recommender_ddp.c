@@ -49,6 +49,7 @@
 #include "args.h"            // args_parse: the flags and --help
 #include "check.h"           // check_all_ranks, xmalloc
 #include "dist.h"            // dist_init, dist_rank, print0: the process group
+#include "divergence.h"      // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"        // the loss of every step, CSV and PNG
 #include "memory_budget.h"   // memory_need, memory_require: refuse what would not fit, before allocating
@@ -138,9 +139,9 @@ int main(int argc, char **argv) {
     // The titles --recommend prints, read now: a bad movies.csv is refused before training, not after.
     char **titles = NULL;
     if (recommend) {
-        char error[1024] = "";
-        snprintf(path, sizeof path, "%s/movies.csv", opt.data);
-        bool ok = rank != 0 || movielens_read_titles(path, &ratings, &titles, error, sizeof error);
+        char error[1024] = "", movies_path[4096];
+        snprintf(movies_path, sizeof movies_path, "%s/movies.csv", opt.data);
+        bool ok = rank != 0 || movielens_read_titles(movies_path, &ratings, &titles, error, sizeof error);
         check_all_ranks(ok, error);
     }
 
@@ -229,6 +230,7 @@ int main(int argc, char **argv) {
             mf_exchange_gradients(model);                               // DDP: the global batch's gradients
             mf_adam_step(model);                                        // optimizer.step()
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // for the log
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
             loss_log_add(&losses, epoch, (float)loss);
             tracking_log_metric(run, "loss", (float)loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -238,6 +240,7 @@ int main(int argc, char **argv) {
         }
         double train_seconds = wall_seconds() - epoch_start;
         rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
+        check_result_finite(rmse, "test RMSE", epoch + 1, run);  // "Test RMSE -nan" is no result
         epoch_rmse[epoch] = (float)rmse;
         print0("epoch %2d/%d: train loss %.4f, test RMSE %.4f, %.2f s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, rmse, train_seconds);
@@ -258,7 +261,10 @@ int main(int argc, char **argv) {
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 
-    if (opt.save || recommend) mf_gather_full(model);  // rank 0 gets the whole tables
+    if (opt.save || recommend) {
+        mf_gather_full(model);  // rank 0 gets the whole tables
+        check_weights_finite(model->params, rank == 0 ? 5 : 0, steps, epochs, run);  // rows no test rating reads
+    }
     if (recommend) {
         // The movies this user rated anywhere in the file: no recommendation of those.
         unsigned char *seen = xcalloc((size_t)ratings.n_items, 1);

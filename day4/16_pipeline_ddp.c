@@ -54,6 +54,7 @@
 #include "collectives.h"     // group_exchange: activations and gradients, stage to stage
 #include "ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
 #include "dist.h"            // dist_init, dist_rank, print0: the world
+#include "divergence.h"      // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "group.h"           // group_split: the pipeline and data-parallel groups
 #include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"        // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
@@ -363,6 +364,7 @@ int main(int argc, char **argv) {
                 loss /= (float)replicas;
             }
             dist_broadcast_over(pipeline.mpi, &loss, 1, pp - 1);
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: summed, then broadcast
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -385,6 +387,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(stage.params, stage.n_params, losses.n, opt.epochs, run);  // the last step's update
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]

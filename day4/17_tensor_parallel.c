@@ -65,6 +65,7 @@
 #include "collectives.h"  // group_all_reduce: Megatron's f and g
 #include "ddp.h"          // ddp_wrap_group: DistributedDataParallel over a process group
 #include "dist.h"         // dist_init, dist_rank, print0: the world
+#include "divergence.h"   // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "group.h"        // group_split: the tensor-parallel and data-parallel groups
 #include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
@@ -473,6 +474,7 @@ int main(int argc, char **argv) {
             if (x.rows == opt.batch_size) shown_f = model.f, shown_g = model.g;
             dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
             loss /= (float)replicas;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: whole logits, then the sum
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -489,6 +491,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]: every rank of a replica takes part
     long correct = tp_correct(&model, &test_images, test.labels);

@@ -58,6 +58,7 @@
 #include "collectives.h"  // group_reduce_scatter, group_all_gather: the shards' two collectives
 #include "ddp.h"          // ddp_wrap: --zero 0 is step 6's DDP
 #include "dist.h"         // dist_init, dist_rank, print0: the world
+#include "divergence.h"   // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
@@ -411,6 +412,7 @@ static void report_traffic(const Sharded *s, long steps, size_t weights, const D
 static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path);
 static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *all);
 static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *hash);
+static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -509,6 +511,7 @@ int main(int argc, char **argv) {
             }
             dist_allreduce_sum(&loss, 1);                   // for the log: the loss of the global batch
             loss /= (float)world;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -525,6 +528,7 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
+    check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
     profile_push("evaluation");  // in a trace, the test set's forwards (and gathers) apart from training's
@@ -614,6 +618,22 @@ static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, 
         tensor_copy(p->value, pair[k].value);
         memcpy(p->name, pair[k].name, sizeof p->name);
     }
+}
+
+// The weights this rank holds, checked finite (collective): whole at stages 0-2, its blocks at stage 3,
+// where no rank holds a whole layer outside a gather.
+static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run) {
+    if (s->zero <= 2) {
+        check_weights_finite(s->params, 2 * s->n_units, steps, epochs, run);
+        return;
+    }
+    Param *blocks = xcalloc((size_t)s->n_units, sizeof(Param));
+    for (int i = 0; i < s->n_units; i++) {
+        blocks[i].value = &s->units[i].param_block;
+        snprintf(blocks[i].name, sizeof blocks[i].name, "fc.%d.weight and bias", 2 * i);
+    }
+    check_weights_finite(blocks, s->n_units, steps, epochs, run);
+    free(blocks);
 }
 
 // The checksum: step 6's params_checksum over fc.0.weight, fc.0.bias, ..., layer after layer.
