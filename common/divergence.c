@@ -81,9 +81,10 @@ void check_result_finite(double value, const char *what, int epoch, Tracking *ru
     int any_bad = !isfinite(value);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (!any_bad) return;
-    char what_and_when[160];
-    snprintf(what_and_when, sizeof what_and_when, "%s is %s after epoch %d", what,
-             isfinite(value) ? "not finite" : nonfinite_word(value), epoch);
+    char what_and_when[160], when[32] = "";
+    if (epoch > 0) snprintf(when, sizeof when, " after epoch %d", epoch);  // (0: a program that counts steps, whose `what` says when)
+    snprintf(what_and_when, sizeof what_and_when, "%s is %s%s", what, isfinite(value) ? "not finite" : nonfinite_word(value),
+             when);
     stop_diverged(what_and_when, run);
 }
 

@@ -40,7 +40,8 @@
 void check_loss_finite(double loss, long step, int epoch, Tracking *run);
 // The same for a loss that each rank computed alone. Collective.
 void check_loss_finite_agreed(double loss, long step, int epoch, Tracking *run);
-// An evaluation's result after epoch `epoch` (from 1): `what` names it ("test RMSE"). Collective: every
+// An evaluation's result after epoch `epoch` (from 1; 0 for a program that counts only steps, whose `what`
+// says when: "val loss at iteration 250"): `what` names it ("test RMSE"). Collective: every
 // rank passes its value (rank 0's alone may be the result, after a reduce to rank 0).
 void check_result_finite(double value, const char *what, int epoch, Tracking *run);
 // Every value of this rank's parameters (its shard, where the model is split), after `steps` steps

@@ -42,6 +42,20 @@ const char *gpt_config_problem(const GptConfig *c) {
     return problem;
 }
 
+void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
+    const double L = c->n_layer, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head;
+    const double N = (double)max_batch * T, B = max_batch;
+    double params = 12 * L * C * C + (V + T) * C + (2 * L + 1) * C + (c->bias ? 11 * L * C + C : 0);
+    double kept = N * (16 * L * C + 4 * L + 2 * C + 2 + 2 * V) + L * B * H * T * T;  // gpt_activation_floats
+    if (c->dropout > 0) kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;             // its masks
+    double scratch = N * C * (10 + (c->dropout > 0 ? 2 : 0));  // backward's [N, C..4C] buffers
+    memory_need_add(need, "parameters", 4 * params);
+    memory_need_add(need, "gradients", 4 * params);
+    memory_need_add(need, "AdamW's moments", 8 * params);
+    memory_need_add(need, "DDP's buckets", 4 * params);
+    memory_need_add(need, "activations", 4 * (kept + scratch));
+}
+
 static void fill_normal(Tensor *t, Rng *rng, float std) {
     for (size_t i = 0; i < tensor_numel(t); i++) t->data[i] = std * rng_normal(rng);
 }

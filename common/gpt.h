@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memory_budget.h"  // MemoryNeed
 #include "nn.h"  // Param, Tensor, GradReadyHook, Rng
 
 typedef struct {
@@ -83,6 +84,10 @@ typedef struct {
 // Config check for the flags: NULL when it is a model, else what is wrong ("--n_embd 100 is not
 // divisible by --n_head 3").
 const char *gpt_config_problem(const GptConfig *config);
+// What gpt_new(config, max_batch) and its training will allocate, by part, for memory_require
+// (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the activations with
+// backward's scratch, before anything is allocated.
+void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
 // The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
 // 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
 // (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)

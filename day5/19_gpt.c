@@ -55,11 +55,13 @@
 #include "check.h"      // xmalloc, usage_error
 #include "ddp.h"        // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
 #include "dist.h"       // dist_init, dist_rank, print0: the process group
+#include "divergence.h" // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
 #include "flops.h"      // cpu_sgemm_peak_flops: the yardstick of MFU
 #include "gpt.h"        // Gpt: the model, forward, loss, backward
 #include "h5.h"         // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"   // loss_log_add, loss_log_write_csv: the loss of every iteration
 #include "lr_schedule.h"  // lr_at: warm-up, then cosine decay
+#include "memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "plot.h"       // plot_png: the train and validation curves
 #include "quote.h"      // QUOTE, PATH_SHOWN: a flag's value in a message
 #include "threads.h"    // threads_init: this rank's CPU threads
@@ -234,6 +236,13 @@ int main(int argc, char **argv) {
     }
     Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), NULL);
 
+    // What the model will take, refused in one line if it would not fit (before anything is allocated).
+    MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d", o.n_layer, o.n_embd,
+                                  o.block_size, o.batch_size);
+    gpt_add_memory_need(&need, &config, o.batch_size);
+    memory_need_add(&need, "data", (double)text.n);
+    memory_require(&need, device);
+
     // Model, DDP and optimizer.
     Rng init_rng;
     rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
@@ -287,6 +296,11 @@ int main(int argc, char **argv) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
             double train_loss = estimate_loss(model, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
             double val_loss = estimate_loss(model, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
+            char what[64];
+            snprintf(what, sizeof what, "the train loss at iteration %d", iter);
+            check_result_finite(train_loss, what, 0, run);  // (the same on every rank: allreduced)
+            snprintf(what, sizeof what, "the val loss at iteration %d", iter);
+            check_result_finite(val_loss, what, 0, run);
             print0("step %d: train loss %.4f, val loss %.4f\n", iter, train_loss, val_loss);
             tracking_log_metric(run, "train_loss", train_loss, iter);
             tracking_log_metric(run, "val_loss", val_loss, iter);
@@ -318,6 +332,7 @@ int main(int argc, char **argv) {
         float loss = (float)loss_sum;
         dist_allreduce_sum(&loss, 1);                         // for the log: the loss of the global batch
         loss /= (float)(o.accum_steps * world);
+        check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
         double seconds = wall_seconds() - start;
         train_seconds += seconds;
         loss_log_add(&losses, 0, loss);
@@ -331,6 +346,7 @@ int main(int argc, char **argv) {
                (double)o.max_iters * tokens_per_iter / train_seconds,
                100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
     print_memory(model, o.batch_size);
+    check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (o.max_iters > 0) print0("DDP: %s\n", overlap);

@@ -154,6 +154,10 @@ refused "a --data folder without input.txt" 1 "missing/input\.txt: cannot open: 
 refused "an empty input.txt" 1 "empty/input\.txt: 0 characters, 0 to train and 0 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/empty"
 refused "a text shorter than block_size + 1 in its validation tenth" 1 "short/input\.txt: 100 characters, 90 to train and 10 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/short"
 refused "--n_embd not divisible by --n_head" 2 "^error: --n_embd 100 is not divisible by --n_head 3" --data "$DATA" --n_embd 100 --n_head 3
+refused "a learning rate that diverges (--learning_rate 1e30)" 1 "the train loss at iteration 2 is nan: training diverged; .*stopped before writing anything" \
+    --data "$DATA" --learning_rate 1e30 --eval_interval 2 --max_iters 3
+refused "flags that would not fit memory" 2 "^error: --n_layer 4 --n_embd 1024 --block_size 64 --batch_size 100000 needs about [0-9.]+ TB per rank \(parameters" \
+    --data "$DATA" --n_embd 1024 --n_head 8 --batch_size 100000
 refused "--dropout 1" 2 "^error: --dropout 1 is not a probability in \[0, 1\)" --data "$DATA" --dropout 1
 refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$DATA" --block_size 0
 refused "an --init of another width" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[65, 64\]\)" \
