@@ -98,6 +98,22 @@ expect_error() {
     fi
 }
 
+# ---------------------------------------------------------------- memory
+# peak_kb COMMAND...: COMMAND's peak resident memory in kB (GNU time), its output
+# dropped; bounded as run.
+peak_kb() { run /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+# no_peak_memory WHAT PROGRAM: SKIP WHAT (and succeed) where PROGRAM's peak memory
+# cannot be measured or means nothing: no GNU time, or a SANITIZE=1 build.
+no_peak_memory() {
+    if nm "$2" 2> /dev/null | grep -q __asan_init; then
+        skip "$1 (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
+    elif [ ! -x /usr/bin/time ]; then
+        skip "$1 (needs /usr/bin/time: apt-get install time)"
+    else
+        return 1
+    fi
+}
+
 # ---------------------------------------------------------------- comparisons
 # same_losses A.csv B.csv TOLERANCE: the per-step losses of two --losses logs
 # (step,epoch,loss) agree within a relative tolerance. Prints "worst relative
