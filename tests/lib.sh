@@ -138,6 +138,50 @@ same_weights() {
     if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
 }
 
+# ---------------------------------------------------------------- Day 4: a split model against plain DDP
+# train NP NAME PROGRAM FLAGS...: one epoch on NP ranks, no shuffle, no plot; the output, losses
+# and weights kept as $tmp/NAME.out, .csv and .h5; a FAIL line if it exits non-zero. Bounded at
+# 300 s: an epoch on 4 ranks of 2 cores.
+train() {
+    local np=$1 name=$2; shift 2
+    RUN_TIMEOUT=300 mpi "$np" "$@" --data "$DATA" --epochs 1 --no-shuffle --plot '' \
+        --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
+    local status=$?
+    [ $status -eq 0 ] || fail "$name: exit $status: $(grep -v '^rank\|^Step\|^epoch' "$tmp/$name.out" | head -3 | tr '\n' ' ')"
+    return $status
+}
+# expect_refused_flags PROGRAM NP WHAT PATTERN FLAGS...: PROGRAM on NP ranks exits 2 with one
+# error line (every rank meets the error alike: printed once) holding PATTERN.
+expect_refused_flags() {
+    local program=$1 np=$2 what=$3 pattern=$4 status lines; shift 4
+    RUN_TIMEOUT=60 mpi "$np" "$program" --data "$DATA" "$@" > "$tmp/bad" 2>&1
+    status=$?
+    lines=$(grep -c '^error: ' "$tmp/bad")
+    if [ $status -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$pattern" "$tmp/bad"; then
+        pass "$what: exit 2, one line: $(grep '^error: ' "$tmp/bad")"
+    else
+        fail "$what: exit $status, $lines error line(s): $(head -3 "$tmp/bad" | tr '\n' ' ')"
+    fi
+}
+# expect_killed_rank_ends_job WHAT PROGRAM FLAGS...: PROGRAM on 2 ranks for 50 epochs, its last
+# rank SIGKILLed in the first: the job ends by itself (non-zero, within 60 s), not by the timeout.
+expect_killed_rank_ends_job() {
+    local what=$1 job launcher victim start status seconds t; shift
+    : > "$tmp/killed.out"  # there before the job's own redirection, which the loop below may outrun
+    timeout "$RUN_TIMEOUT" $MPIRUN -np 2 "$@" --data "$DATA" --epochs 50 --plot '' > "$tmp/killed.out" 2>&1 &
+    job=$!  # timeout's pid: mpirun is its child, the ranks mpirun's
+    for ((t = 0; t < 300; t++)); do grep -q '^epoch 1/' "$tmp/killed.out" && break; sleep 0.1; done
+    launcher=$(pgrep -P "$job" | head -1)
+    victim=$(pgrep -P "${launcher:-0}" | tail -1)
+    start=$(date +%s)
+    [ -n "$victim" ] && kill -KILL "$victim"
+    wait "$job"
+    status=$?
+    seconds=$(($(date +%s) - start))
+    expect "$what (SIGKILL, pid ${victim:-none}) ends the job: exit $status after $seconds s, not the test's timeout" \
+        test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a $seconds -lt 60
+}
+
 # ---------------------------------------------------------------- how much to run
 # thorough: true under `make test-all` (TEST_LEVEL=all), false under `make test`
 # (TEST_LEVEL unset or quick). A script runs its essential checks at every level
