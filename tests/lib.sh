@@ -70,8 +70,9 @@ scratch() { tmp=$(mktemp -d); at_exit 'rm -rf "$tmp"'; trap run_exit_commands EX
 RUN_TIMEOUT=120
 # run COMMAND...: COMMAND, killed after $RUN_TIMEOUT seconds.
 run() { timeout "$RUN_TIMEOUT" "$@"; }
-# mpi NP COMMAND...: COMMAND on NP ranks under $MPIRUN, bounded as run.
-mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+MPI_FLAGS=""  # more flags for mpirun in mpi, for a whole script (e.g. --bind-to none)
+# mpi NP COMMAND...: COMMAND on NP ranks under $MPIRUN $MPI_FLAGS, bounded as run.
+mpi() { local np=$1; shift; run $MPIRUN $MPI_FLAGS -np "$np" "$@"; }
 
 # ---------------------------------------------------------------- what the programs print
 # checksum OUTPUT: the distinct parameter checksums in a program's output,

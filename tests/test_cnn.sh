@@ -11,8 +11,7 @@ source tests/lib.sh
 suite cnn
 scratch
 RUN_TIMEOUT=300  # step 14's convolutions are the slowest CPU runs: they keep their 300 s
-# --bind-to none: mpirun would bind each rank to one core, whatever --threads asks.
-MPIRUN="$MPIRUN --bind-to none"
+MPI_FLAGS="--bind-to none"  # mpirun would bind each rank to one core, whatever --threads asks
 same_cnn_weights() {  # WHAT A.h5 B.h5 TOLERANCE
     local verdict
     verdict=$(build/tools/compare_cnn_weights "$2" "$3" "$4" 2>&1)
