@@ -24,15 +24,8 @@ source tests/lib.sh
 repo=$(pwd)
 # Knobs of the scripts under test: theirs to read, not the caller's.
 unset LAUNCHER MASTER_ADDR MASTER_PORT PROGRAM
-
-pass() { echo "PASS slurm: $*"; }
-failures=0
-fail() { echo "FAIL slurm: $*"; failures=$((failures + 1)); }
-skip() { echo "SKIP slurm: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+suite slurm
+scratch
 
 # ---------------------------------------------------------------- no cluster needed
 expect "slurm/day1.sbatch, day2.sbatch, day3.sbatch and run_with_restarts.sh are valid bash" \
@@ -68,10 +61,8 @@ if ! reason=$(cluster_check); then
     skip "the two-node cluster: $reason"
     exit 0
 fi
-for program in day2/9_dist_multinode day2/10_mnist_ddp_multinode day1/6_mnist_ddp; do
-    [ -x "$program" ] || { fail "$program is not built (make)"; exit 1; }
-done
-if [ ! -f data/mnist/train-images-idx3-ubyte.gz ] && [ ! -f data/mnist/train-images-idx3-ubyte ]; then
+needs_built day2/9_dist_multinode day2/10_mnist_ddp_multinode day1/6_mnist_ddp
+if ! DATA=data/mnist have_mnist; then
     fail "no MNIST in data/mnist (make data)"
     exit 1
 fi
@@ -82,7 +73,7 @@ if ! cluster_lock 600; then
 fi
 # From here on, whatever happens, the cluster goes away with us. A signal
 # becomes an exit, so that the EXIT trap runs for it too.
-trap 'cluster_down; rm -rf "$tmp"' EXIT
+at_exit cluster_down
 trap 'exit 130' INT TERM HUP
 if ! cluster_up; then
     fail "the two-node cluster did not come up (messages above)"
@@ -271,4 +262,4 @@ if [ -x day3/13_fault_tolerant_ddp ]; then
         -a -n "$(checksums "$tmp/13.out")" -a "$(checksums "$tmp/day3.out")" = "$(checksums "$tmp/13.out")" \
         -a -n "$(cmp "$tmp/day3.csv" "$tmp/13.csv" 2> /dev/null && echo same)"
 fi
-[ "$failures" -eq 0 ]
+exit_status
