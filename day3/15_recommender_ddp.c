@@ -132,6 +132,14 @@ int main(int argc, char **argv) {
     double load_seconds = wall_seconds() - load_start, load_peak_mb = peak_memory_mb();
     int recommend_index = recommend ? ratings_user_index(&ratings, recommend) : -1;
     if (recommend && recommend_index < 0) usage_error("--recommend %d: no user of that id in %s", recommend, path);
+    // The titles --recommend prints, read now: a bad movies.csv is refused before training, not after.
+    char **titles = NULL;
+    if (recommend) {
+        char error[1024] = "";
+        snprintf(path, sizeof path, "%s/movies.csv", opt.data);
+        bool ok = rank != 0 || movielens_read_titles(path, &ratings, &titles, error, sizeof error);
+        check_all_ranks(ok, error);
+    }
 
     // The seeded 90/10 split, and the two baselines the model must beat.
     int n_train = 0, n_test = 0;
@@ -249,10 +257,6 @@ int main(int argc, char **argv) {
         for (long k = 0; k < ratings.n; k++)
             if (ratings.user[k] == recommend_index) seen[ratings.item[k]] = 1;
         CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, seen, ratings.n_items, MPI_UNSIGNED_CHAR, MPI_MAX, MPI_COMM_WORLD));
-        char **titles = NULL, error[1024] = "";
-        snprintf(path, sizeof path, "%s/movies.csv", opt.data);
-        bool ok = rank != 0 || movielens_read_titles(path, &ratings, &titles, error, sizeof error);
-        check_all_ranks(ok, error);
         if (rank == 0) {
             const float *p = model->full[0].data + (size_t)recommend_index * dim, *user_bias = model->full[2].data;
             float *score = xmalloc((size_t)ratings.n_items * sizeof(float));

@@ -105,6 +105,8 @@ else
         mpi 2 "${step15[@]}" --data "$tmp/header" --recommend 1
     refused "--recommend with movie 1 missing from movies.csv" 1 "movies\.csv: no row for movie 1, which ratings\.csv rates \(1 of its 9724 movies" \
         "${step15[@]}" --data "$tmp/missing" --recommend 1
+    expect "--recommend's movies.csv is read before training: the refusal trains nothing" \
+        test "$(grep -c 'Epoch\|Training completed' "$tmp/out")" -eq 0
     refused "--recommend with a title holding an OSC escape sequence (line 2)" 1 "movies\.csv:2: byte 7 of the row is not text \(0x1b" \
         "${step15[@]}" --data "$tmp/title" --recommend 1
 
