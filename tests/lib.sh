@@ -31,6 +31,12 @@ fail() { echo "FAIL $SUITE: $*"; failures=$((failures + 1)); }
 skip() { echo "SKIP $SUITE: $*"; }
 # expect WHAT COMMAND...: PASS WHAT if COMMAND succeeds, else FAIL WHAT.
 expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+# expect_output WHAT COMMAND...: as expect, COMMAND's output held back; a FAIL line ends with its
+# first lines (where a checker's output says what missed).
+expect_output() {
+    local what=$1 out; shift
+    if out=$("$@" 2>&1); then pass "$what"; else fail "$what: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
+}
 # exit_status: the script's exit status, 1 if any check failed.
 exit_status() { [ "$failures" -eq 0 ]; }
 
