@@ -189,6 +189,17 @@ expect_killed_rank_ends_job() {
         test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a $seconds -lt 60
 }
 
+# trace_has_ranges TRACE.json RANKS NAME...: the Chrome trace holds a range of each NAME on
+# every rank 0 .. RANKS-1 (parsed by Python's json).
+trace_has_ranges() {
+    "$PYTHON" - "$@" << 'PY'
+import json, sys
+path, ranks, wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names = {(e.get("pid"), e.get("name")) for e in json.load(open(path))["traceEvents"]}
+sys.exit(not all((r, n) in names for r in range(ranks) for n in wanted))
+PY
+}
+
 # ---------------------------------------------------------------- how much to run
 # thorough: true under `make test-all` (TEST_LEVEL=all), false under `make test`
 # (TEST_LEVEL unset or quick). A script runs its essential checks at every level

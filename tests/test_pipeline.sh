@@ -82,12 +82,8 @@ expect "--print_schedule: 1f1b at P = 2, M = 4" eval 'grep -qx "stage 0: F0 F1 B
     grep -qx "stage 1: F0 B0 F1 B1 F2 B2 F3 B3" "$tmp/shown.out"'
 expect "--timeline writes a PNG ($(stat -c %s "$tmp/timeline.png" 2> /dev/null) bytes)" \
     eval '[ "$(head -c 8 "$tmp/timeline.png" | od -An -tx1 | tr -d " \n")" = 89504e470d0a1a0a ]'
-expect "--trace: both ranks' forward, backward and exchange ranges" eval \
-    '${PYTHON:-/usr/bin/python3} -c "
-import json, sys
-events = json.load(open(sys.argv[1]))[\"traceEvents\"]
-names = {(e.get(\"pid\"), e.get(\"name\")) for e in events}
-sys.exit(not all((r, n) in names for r in (0, 1) for n in (\"forward\", \"backward\", \"exchange\")))" "$tmp/trace.json"'
+expect "--trace: both ranks' forward, backward and exchange ranges" \
+    trace_has_ranges "$tmp/trace.json" 2 forward backward exchange
 
 # --init from step 6's weights file and --save into it: one state_dict layout.
 mpi 2 day4/16_pipeline_ddp --pp 2 --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle \

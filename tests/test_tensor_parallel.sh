@@ -91,12 +91,8 @@ mpi 2 day4/17_tensor_parallel --tp 2 --max_steps 3 --data "$DATA" --plot '' \
     --losses "$tmp/steps.csv" --trace "$tmp/trace.json" > "$tmp/shown.out" 2>&1
 expect "--max_steps 3: 3 steps ($(grep -o '([0-9]* steps)' "$tmp/shown.out"), $(($(wc -l < "$tmp/steps.csv") - 1)) logged)" \
     eval 'grep -q "(3 steps)" "$tmp/shown.out" && [ "$(wc -l < "$tmp/steps.csv")" -eq 4 ]'
-expect "--trace: both ranks' forward, backward and g ranges" eval \
-    '${PYTHON:-/usr/bin/python3} -c "
-import json, sys
-events = json.load(open(sys.argv[1]))[\"traceEvents\"]
-names = {(e.get(\"pid\"), e.get(\"name\")) for e in events}
-sys.exit(not all((r, n) in names for r in (0, 1) for n in (\"forward\", \"backward\", \"g: allreduce\")))" "$tmp/trace.json"'
+expect "--trace: both ranks' forward, backward and g ranges" \
+    trace_has_ranges "$tmp/trace.json" 2 forward backward "g: allreduce"
 
 # --init from step 6's weights file and --save into it: one state_dict layout, whatever T.
 mpi 2 day4/17_tensor_parallel --tp 2 --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle \

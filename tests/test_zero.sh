@@ -91,12 +91,8 @@ expect "the peak resident set is shown" grep -q '^rank  parameters  gradients   
 mpi 2 day4/18_zero_sharding --zero 3 --prefetch --max_steps 3 --data "$DATA" --plot '' \
     --trace "$tmp/trace.json" > "$tmp/traced.out" 2>&1
 expect "--max_steps 3: one epoch of 3 steps" grep -q '^epoch 1/1: mean loss [0-9.]* over 3 steps' "$tmp/traced.out"
-expect "--trace: both ranks' forward, backward, all-gather and reduce-scatter ranges" eval \
-    '${PYTHON:-/usr/bin/python3} -c "
-import json, sys
-events = json.load(open(sys.argv[1]))[\"traceEvents\"]
-names = {(e.get(\"pid\"), e.get(\"name\")) for e in events}
-sys.exit(not all((r, n) in names for r in (0, 1) for n in (\"forward\", \"backward\", \"all-gather\", \"reduce-scatter\")))" "$tmp/trace.json"'
+expect "--trace: both ranks' forward, backward, all-gather and reduce-scatter ranges" \
+    trace_has_ranges "$tmp/trace.json" 2 forward backward all-gather reduce-scatter
 expect "--trace: the evaluation's forwards inside one evaluation range per rank, after training's" eval \
     '${PYTHON:-/usr/bin/python3} -c "
 import json, sys
