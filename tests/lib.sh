@@ -50,6 +50,8 @@ needs_built() {
 }
 # have_mnist: true if $DATA holds MNIST's training images (plain or gzipped).
 have_mnist() { [ -f "$DATA/train-images-idx3-ubyte.gz" ] || [ -f "$DATA/train-images-idx3-ubyte" ]; }
+# needs_mnist: SKIP the rest of the script, with a line saying so, without MNIST in $DATA.
+needs_mnist() { have_mnist || { skip "no MNIST in $DATA (make data)"; exit 0; }; }
 # have_h5py: true if $PYTHON imports h5py and numpy (asked once).
 have_h5py() {
     [ -n "${h5py_answer:-}" ] || { "$PYTHON" -c 'import h5py, numpy' 2> /dev/null && h5py_answer=yes || h5py_answer=no; }
@@ -57,14 +59,13 @@ have_h5py() {
 }
 # no_h5py WHAT: SKIP the check WHAT, which reads or writes HDF5 from Python.
 no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
-# needs_mnist: SKIP the rest of the script, with a line saying so, without MNIST in $DATA.
-needs_mnist() { have_mnist || { skip "no MNIST in $DATA (make data)"; exit 0; }; }
 
 # ---------------------------------------------------------------- the scratch folder
 exit_commands=()
 # at_exit COMMAND: run COMMAND (a string, eval'd) when the script exits, before
 # the commands added earlier (the scratch folder goes last).
 at_exit() { exit_commands=("$1" "${exit_commands[@]}"); }
+# run_exit_commands: the EXIT trap, running what at_exit collected.
 run_exit_commands() { local command; for command in "${exit_commands[@]}"; do eval "$command"; done; }
 # scratch: $tmp, a new folder for the script's files, removed when it exits.
 scratch() { tmp=$(mktemp -d); at_exit 'rm -rf "$tmp"'; trap run_exit_commands EXIT; }
