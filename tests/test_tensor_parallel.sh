@@ -11,7 +11,7 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-suite tensor parallel
+suite "tensor parallel"
 needs_built day4/17_tensor_parallel
 needs_mnist
 scratch
