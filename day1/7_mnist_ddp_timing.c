@@ -46,8 +46,10 @@
 #include "check.h"     // CHECK, xmalloc: fail fast, on every rank
 #include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
 #include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "divergence.h" // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
 #include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
 #include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
 #include "scaling_results.h"  // --results: the speed-up table over world sizes, and its chart
@@ -73,6 +75,12 @@ int main(int argc, char **argv) {
     if (results) scaling_results_check(results);  // a corrupt file is refused before the run, not after it
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day1/7_mnist_ddp_timing.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -85,7 +93,6 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
-    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
@@ -128,6 +135,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -141,6 +149,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
     print_rank("training loop: %.3f s\n", train_seconds);
     double slowest = train_seconds;  // the job is as fast as its slowest rank
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));

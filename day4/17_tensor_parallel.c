@@ -65,9 +65,11 @@
 #include "collectives.h"  // group_all_reduce: Megatron's f and g
 #include "ddp.h"          // ddp_wrap_group: DistributedDataParallel over a process group
 #include "dist.h"         // dist_init, dist_rank, print0: the world
+#include "divergence.h"   // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "group.h"        // group_split: the tensor-parallel and data-parallel groups
 #include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
 #include "mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
 #include "nn.h"           // Linear, linear_forward, linear_backward, Adam
 #include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
@@ -387,6 +389,21 @@ int main(int argc, char **argv) {
                         "multiple of it", tp, sizes[l + 1], 2 * l);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory, per rank, refused now if it would not fit (exit 2): the model's state as the report
+    // at the end counts it (16 B a weight of its share: value, gradient, Adam's two moments), DDP's
+    // copy of the gradients, and every layer's output and its gradient (its 1/T of a split layer's).
+    double split_share = (double)split_weights / tp + (double)(weights - split_weights);  // weights a rank holds
+    double activations = 0;
+    for (int l = 0; l < n_layers; l++)
+        activations += 2.0 * opt.batch_size * (split_kind(l, n_layers) == COLUMN_PARALLEL ? sizes[l + 1] / tp : sizes[l + 1]);
+    MemoryNeed need = memory_need("--hidden %s --tp %d --batch_size %d", hidden, tp, opt.batch_size);
+    memory_need_add(&need, "parameters", 4 * split_share);
+    memory_need_add(&need, "gradients", 4 * split_share);
+    memory_need_add(&need, "Adam's moments", 8 * split_share);
+    memory_need_add(&need, "DDP's buckets", 4 * split_share);
+    memory_need_add(&need, "activations", activations * sizeof(float));
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
@@ -457,6 +474,7 @@ int main(int argc, char **argv) {
             if (x.rows == opt.batch_size) shown_f = model.f, shown_g = model.g;
             dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
             loss /= (float)replicas;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: whole logits, then the sum
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -473,6 +491,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]: every rank of a replica takes part
     long correct = tp_correct(&model, &test_images, test.labels);
@@ -483,7 +502,6 @@ int main(int argc, char **argv) {
     // Memory, per rank: what it holds of the model's state, beside the theory
     // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
     // layers' weights divided by T) and DDP's whole copy, and the peak resident set.
-    double split_share = (double)split_weights / tp + (double)(weights - split_weights);
     double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, device_peak_memory_bytes(device)};
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)
