@@ -113,5 +113,5 @@ PY
     expect "--init with network.0.weight stored [32, 9]: exit $status, one line: $(head -1 "$tmp/bad")" \
         test $status -eq 1 -a "$(grep -c "flat.h5: dataset 'network.0.weight' is float32 \[32, 9\] (expected float32 \[32, 1, 3, 3\])" "$tmp/bad")" -eq 1
 else
-    echo "SKIP cnn: --init with a conv weight of the wrong rank (needs python3-h5py to write the file)"
+    skip "--init with a conv weight of the wrong rank (needs python3-h5py to write the file)"
 fi

@@ -341,7 +341,7 @@ expect "step 14 on the GPU refuses a batch past its int pooling indexes, exit $s
 # says whether they were.)
 rmse15() { grep -o 'Test RMSE [0-9.]*' "$1" | tail -1; }
 if [ ! -f data/movielens/ratings.csv ]; then
-    echo "SKIP gpu: step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
+    skip "step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
 else
     for np in 1 2 $([ "$gpus" -ge 4 ] && echo 4); do
         for mode in dense sparse sharded; do
@@ -439,13 +439,13 @@ fi
 # NCCL between ranks needs a GPU per rank: on one GPU, DDP, step 12 and step 18 took
 # the MPI fallback above, and NCCL's own paths (strategy 3 of ddp_gpu.c, the
 # NCCL branches of collectives.c) did not run, nor did the lost peer's checks.
-[ "$gpus" -lt 2 ] && echo "SKIP gpu: NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
+[ "$gpus" -lt 2 ] && skip "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
 
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
 if ! thorough; then :  # make test-all and make test-gpu (TEST_LEVEL=all): minutes under memcheck
 elif grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
-    echo "SKIP gpu: compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
+    skip "compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
 elif [ -n "$sanitizer" ]; then
     "$sanitizer" --error-exitcode 9 day1/2_mnist_training --epochs 1 --plot '' > "$tmp/cs" 2>&1
     status=$?
@@ -470,5 +470,5 @@ elif [ -n "$sanitizer" ]; then
             grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs15"
     fi
 else
-    echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
+    skip "compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
 fi

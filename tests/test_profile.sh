@@ -132,7 +132,7 @@ if [ -f "$cuda/include/nvtx3/nvToolsExt.h" ]; then
         fail "build with NVTX: $(tail -3 "$tmp/step5_nvtx.log")"
     fi
 else
-    echo "SKIP profile: the NVTX build (no $cuda/include/nvtx3: set CUDA_HOME)"
+    skip "the NVTX build (no $cuda/include/nvtx3: set CUDA_HOME)"
 fi
 fi  # thorough
 
