@@ -6,10 +6,9 @@
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
-pass() { echo "PASS layers: $*"; }
-fail() { echo "FAIL layers: $*"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source tests/lib.sh
+suite layers
+scratch
 
 # Who defines what, then one "user provider" pair per object that uses
 # another's symbol. tsort reports a loop if the pairs hold a cycle.

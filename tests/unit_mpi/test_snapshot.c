@@ -25,21 +25,9 @@
 #include "dist.h"
 #include "snapshot.h"
 #include "stop_signal.h"
-#include "test.h"
+#include "test_mpi.h"
 
 static int rank, world;
-
-static int all_ranks(int ok) {
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return ok;
-}
-// EXPECT on a verdict combined over ranks; rank 0 prints it. Collective.
-#define EXPECT_ALL(cond, ...)                        \
-    do {                                             \
-        int all_ok_ = all_ranks(cond);               \
-        if (rank == 0) EXPECT(all_ok_, __VA_ARGS__); \
-        else test_failures += !all_ok_;              \
-    } while (0)
 
 static const int sizes[] = {784, 128, 10};
 
