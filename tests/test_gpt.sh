@@ -9,27 +9,21 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-PYTHON=${PYTHON:-/usr/bin/python3}
-DATA=${SHAKESPEARE_DATA:-data/shakespeare}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS gpt: $*"; }
-fail() { echo "FAIL gpt: $*"; }
-skip() { echo "SKIP gpt: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-run() { timeout 300 "$@"; }
-# --bind-to none: mpirun would bind each rank to one core, whatever --threads asks.
-mpi() { local np=$1; shift; timeout 300 $MPIRUN --bind-to none -np "$np" "$@"; }
-checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u; }
+suite gpt
+needs_built day5/19_gpt
+scratch
+RUN_TIMEOUT=300
+MPI_FLAGS="--bind-to none"  # mpirun would bind each rank to one core, whatever --threads asks
+SHAKESPEARE=${SHAKESPEARE_DATA:-data/shakespeare}
 val_loss_at() { sed -n "s/^step $2: train loss [0-9.]*, val loss \([0-9.]*\)$/\1/p" "$1"; }
+# twin_csv TWIN.out: the twin's per-iteration losses (its last line, JSON) as a --losses CSV.
+twin_csv() { tail -1 "$1" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' 2> /dev/null; }
 
-if [ ! -f "$DATA/input.txt" ]; then
-    skip "step 19 (no $DATA/input.txt: make shakespeare, or SHAKESPEARE_MIRROR=DIR make shakespeare)"
+if [ ! -f "$SHAKESPEARE/input.txt" ]; then
+    skip "step 19 (no $SHAKESPEARE/input.txt: make shakespeare, or SHAKESPEARE_MIRROR=DIR make shakespeare)"
     exit 0
 fi
-gpt=(day5/19_gpt --data "$DATA" --plot '' --sample 0)
+gpt=(day5/19_gpt --data "$SHAKESPEARE" --plot '' --sample 0)
 
 # ---------------------------------------------------------------- the model's first line and an init
 run "${gpt[@]}" --max_iters 0 --eval_iters 1 --save "$tmp/init.h5" > "$tmp/init.out" 2>&1
@@ -43,9 +37,9 @@ else
     # From our --init, 50 iterations of the baby config: the twin's loss at every iteration (1e-5
     # relative), and the validation loss after them to 4 decimals.
     run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 50 --eval_interval 50 --eval_iters 4 --losses "$tmp/c1.csv" > "$tmp/c1.out" 2>&1
-    run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --init "$tmp/init.h5" --max_iters 50 --eval_interval 50 --eval_iters 4 > "$tmp/t1.out" 2> "$tmp/t1.err" ||
+    run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 1 --init "$tmp/init.h5" --max_iters 50 --eval_interval 50 --eval_iters 4 > "$tmp/t1.out" 2> "$tmp/t1.err" ||
         fail "the twin did not run: $(tail -1 "$tmp/t1.err")"
-    tail -1 "$tmp/t1.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t1.csv" 2> /dev/null
+    twin_csv "$tmp/t1.out" > "$tmp/t1.csv"
     verdict=$(same_losses "$tmp/c1.csv" "$tmp/t1.csv" 1e-5)
     expect "the twin's losses from our --init, 50 iterations of the baby config: $verdict (<= 1e-5)" test $? -eq 0
     ours=$(val_loss_at "$tmp/c1.out" 50) theirs=$(val_loss_at "$tmp/t1.out" 50)
@@ -56,9 +50,9 @@ else
     # gradients in build/tests/test_gpt).
     if thorough; then
         run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --dropout 0.2 --losses "$tmp/cd.csv" > "$tmp/cd.out" 2>&1
-        run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --dropout 0.2 > "$tmp/td.out" 2> "$tmp/td.err" ||
+        run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 1 --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --dropout 0.2 > "$tmp/td.out" 2> "$tmp/td.err" ||
             fail "the twin did not run: $(tail -1 "$tmp/td.err")"
-        tail -1 "$tmp/td.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/td.csv" 2> /dev/null
+        twin_csv "$tmp/td.out" > "$tmp/td.csv"
         verdict=$(same_losses "$tmp/cd.csv" "$tmp/td.csv" 1e-5)
         expect "with --dropout 0.2, the twin's losses, 20 iterations: $verdict (<= 1e-5)" test $? -eq 0
         with=$(sed -n 2p "$tmp/cd.csv" | cut -d, -f3) without=$(sed -n 2p "$tmp/c1.csv" | cut -d, -f3)
@@ -66,7 +60,7 @@ else
     fi
 
     # The reverse: we start from the twin's init (torch's own draws, saved by h5py) and evaluate it alike.
-    run "$PYTHON" tests/torch_gpt.py "$DATA" 1 --max_iters 0 --eval_iters 2 --save "$tmp/torch.h5" > "$tmp/t2.out" 2> "$tmp/t2.err" ||
+    run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 1 --max_iters 0 --eval_iters 2 --save "$tmp/torch.h5" > "$tmp/t2.out" 2> "$tmp/t2.err" ||
         fail "the twin did not run: $(tail -1 "$tmp/t2.err")"
     run "${gpt[@]}" --init "$tmp/torch.h5" --max_iters 0 --eval_iters 2 > "$tmp/c2.out" 2>&1
     ours=$(grep '^step 0:' "$tmp/c2.out") theirs=$(grep '^step 0:' "$tmp/t2.out")
@@ -76,9 +70,9 @@ else
     # DDP against torch DDP (gloo): 2 ranks each, from the same --init (50 iterations in make test-all).
     iters=$(if thorough; then echo 50; else echo 20; fi)
     mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --losses "$tmp/c3.csv" > "$tmp/c3.out" 2>&1
-    run "$PYTHON" tests/torch_gpt.py "$DATA" 2 --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
+    run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 2 --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
         fail "the twin did not run on 2 ranks: $(tail -1 "$tmp/t3.err")"
-    tail -1 "$tmp/t3.out" | "$PYTHON" -c 'import json, sys; print("step,epoch,loss"); [print(f"{i},0,{l!r}") for i, l in enumerate(json.load(sys.stdin)["losses"])]' > "$tmp/t3.csv" 2> /dev/null
+    twin_csv "$tmp/t3.out" > "$tmp/t3.csv"
     verdict=$(same_losses "$tmp/c3.csv" "$tmp/t3.csv" 1e-5)
     expect "DDP on 2 ranks vs the twin under torch DDP (gloo), $iters iterations: $verdict (<= 1e-5)" test $? -eq 0
     ours=$(val_loss_at "$tmp/c3.out" "$iters") theirs=$(val_loss_at "$tmp/t3.out" "$iters")
@@ -95,8 +89,8 @@ verdict=$(same_losses "$tmp/accum.csv" "$tmp/ddp2.csv" 1e-5)
 expect "DDP on 2 ranks x 12 windows takes the steps of 1 rank x 2 micro-steps of 12 (20 iterations): $verdict (<= 1e-5)" test $? -eq 0
 expect "... and evaluates alike: $(val_loss_at "$tmp/ddp2.out" 20) (1 rank: $(val_loss_at "$tmp/accum.out" 20))" \
     test -n "$(val_loss_at "$tmp/ddp2.out" 20)" -a "$(val_loss_at "$tmp/ddp2.out" 20)" = "$(val_loss_at "$tmp/accum.out" 20)"
-expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/ddp2.out") checksum lines, $(checksum "$tmp/ddp2.out" | wc -l) distinct" \
-    test "$(grep -c 'parameter checksum' "$tmp/ddp2.out")" -eq 2 -a "$(checksum "$tmp/ddp2.out" | wc -l)" -eq 1
+expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/ddp2.out") checksum lines, distinct: $(checksum "$tmp/ddp2.out")" \
+    test "$(grep -c 'parameter checksum' "$tmp/ddp2.out")" -eq 2 -a "$(checksum "$tmp/ddp2.out" | wc -w)" -eq 1
 if thorough; then
     run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --accum_steps 4 --batch_size 6 --losses "$tmp/accum4.csv" > /dev/null 2>&1
     mpi 4 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 20 --eval_interval 20 --eval_iters 2 --batch_size 6 --threads 1 --losses "$tmp/ddp4.csv" > /dev/null 2>&1
@@ -119,7 +113,7 @@ fi
 # ---------------------------------------------------------------- threads: the same bits
 run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 1 > "$tmp/t1thread.out" 2>&1
 run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 2 > "$tmp/t2thread.out" 2>&1
-expect "--threads 1 and 2 end with the same bits: $(checksum "$tmp/t1thread.out") / $(checksum "$tmp/t2thread.out" | grep -o '[0-9a-f]*$')" \
+expect "--threads 1 and 2 end with the same bits: $(checksum "$tmp/t1thread.out") / $(checksum "$tmp/t2thread.out")" \
     test -n "$(checksum "$tmp/t1thread.out")" -a "$(checksum "$tmp/t1thread.out")" = "$(checksum "$tmp/t2thread.out")"
 if thorough; then
     run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 5 --eval_interval 5 --eval_iters 1 --threads 3 > "$tmp/t3thread.out" 2>&1
@@ -127,12 +121,12 @@ if thorough; then
 fi
 
 # ---------------------------------------------------------------- the sample
-run day5/19_gpt --data "$DATA" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 150 --prompt 'ROMEO:' > "$tmp/s1.out" 2>&1
-run day5/19_gpt --data "$DATA" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 150 --prompt 'ROMEO:' > "$tmp/s2.out" 2>&1
+run day5/19_gpt --data "$SHAKESPEARE" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 150 --prompt 'ROMEO:' > "$tmp/s1.out" 2>&1
+run day5/19_gpt --data "$SHAKESPEARE" --plot '' --init "$tmp/ddp2.h5" --max_iters 0 --eval_iters 1 --sample 150 --prompt 'ROMEO:' > "$tmp/s2.out" 2>&1
 sample=$(sed -n '/^sample (150 characters/,$p' "$tmp/s1.out" | tail -n +2)
 expect "--sample 150 --prompt 'ROMEO:' prints the prompt and 150 characters of the text's alphabet ($(printf '%s' "$sample" | wc -c) bytes)" \
     test "$(printf '%s' "$sample" | head -c 6)" = "ROMEO:" -a "$(printf '%s' "$sample" | wc -c)" -eq 156 -a \
-    "$(printf '%s' "$sample" | LC_ALL=C tr -d "$(LC_ALL=C tr -d '\n' < "$DATA/input.txt" | fold -w1 | sort -u | tr -d '\n' | sed 's/[]\\[^-]/\\&/g')\n" | wc -c)" -eq 0
+    "$(printf '%s' "$sample" | LC_ALL=C tr -d "$(LC_ALL=C tr -d '\n' < "$SHAKESPEARE/input.txt" | fold -w1 | sort -u | tr -d '\n' | sed 's/[]\\[^-]/\\&/g')\n" | wc -c)" -eq 0
 expect "the same seed gives the same sample" cmp -s "$tmp/s1.out" "$tmp/s2.out"
 
 # ---------------------------------------------------------------- bad input: one line, exit 1 or 2, nothing written
@@ -151,27 +145,28 @@ refused() {
 }
 mkdir -p "$tmp/missing" "$tmp/empty" "$tmp/short" "$tmp/other"
 : > "$tmp/empty/input.txt"
-head -c 100 "$DATA/input.txt" > "$tmp/short/input.txt"
-head -c 20000 "$DATA/input.txt" | tr 'a-z' 'A-Z' > "$tmp/other/input.txt"  # another vocabulary
+head -c 100 "$SHAKESPEARE/input.txt" > "$tmp/short/input.txt"
+head -c 20000 "$SHAKESPEARE/input.txt" | tr 'a-z' 'A-Z' > "$tmp/other/input.txt"  # another vocabulary
 refused "a --data folder without input.txt" 1 "missing/input\.txt: cannot open: No such file or directory \(make shakespeare" --data "$tmp/missing"
 refused "an empty input.txt" 1 "empty/input\.txt: 0 characters, 0 to train and 0 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/empty"
 refused "a text shorter than block_size + 1 in its validation tenth" 1 "short/input\.txt: 100 characters, 90 to train and 10 to validate: each part needs at least --block_size \+ 1 = 65" --data "$tmp/short"
-refused "--n_embd not divisible by --n_head" 2 "^error: --n_embd 100 is not divisible by --n_head 3" --data "$DATA" --n_embd 100 --n_head 3
+refused "--n_embd not divisible by --n_head" 2 "^error: --n_embd 100 is not divisible by --n_head 3" --data "$SHAKESPEARE" --n_embd 100 --n_head 3
 refused "a learning rate that diverges (--learning_rate 1e30)" 1 "the train loss at iteration 2 is nan: training diverged; .*stopped before writing anything" \
-    --data "$DATA" --learning_rate 1e30 --eval_interval 2 --max_iters 3
+    --data "$SHAKESPEARE" --learning_rate 1e30 --eval_interval 2 --max_iters 3
 refused "flags that would not fit memory" 2 "^error: --n_layer 4 --n_embd 1024 --block_size 64 --batch_size 100000 needs about [0-9.]+ TB per rank \(parameters" \
-    --data "$DATA" --n_embd 1024 --n_head 8 --batch_size 100000
-refused "--dropout 1" 2 "^error: --dropout 1 is not a probability in \[0, 1\)" --data "$DATA" --dropout 1
-refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$DATA" --block_size 0
+    --data "$SHAKESPEARE" --n_embd 1024 --n_head 8 --batch_size 100000
+refused "--dropout 1" 2 "^error: --dropout 1 is not a probability in \[0, 1\)" --data "$SHAKESPEARE" --dropout 1
+refused "--block_size 0" 2 "^error: --block_size expects an integer from 1" --data "$SHAKESPEARE" --block_size 0
 refused "an --init of another width" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[65, 64\]\)" \
-    --data "$DATA" --n_embd 64 --init "$tmp/init.h5"
+    --data "$SHAKESPEARE" --n_embd 64 --init "$tmp/init.h5"
 refused "an --init of more layers" 1 "init\.h5: holds 'transformer\.h\.2\.attn\.c_attn\.weight', which this model does not have" \
-    --data "$DATA" --n_layer 2 --init "$tmp/init.h5"
+    --data "$SHAKESPEARE" --n_layer 2 --init "$tmp/init.h5"
 refused "an --init of another vocabulary" 1 "init\.h5: dataset 'transformer\.wte\.weight' is float32 \[65, 128\] \(expected float32 \[[0-9]+, 128\]\)" \
     --data "$tmp/other" --init "$tmp/init.h5"
 refused "--prompt with a character outside the vocabulary" 2 "^error: --prompt 'Hello\{': its character 6, '\{', is not in the vocabulary of .*input\.txt \(65 characters\)" \
-    --data "$DATA" --sample 10 --prompt 'Hello{'
+    --data "$SHAKESPEARE" --sample 10 --prompt 'Hello{'
 # --device cuda: refused by device_from_flag where there is no GPU (exit 1), by step 19 where there is
 # one, since its GPU path is not written yet (exit 2).
 if [ "$(build/tools/gpu_count 2> /dev/null || echo 0)" = 0 ]; then cuda_status=1; else cuda_status=2; fi
-refused "--device cuda" "$cuda_status" "--device cuda" --data "$DATA" --device cuda
+refused "--device cuda" "$cuda_status" "--device cuda" --data "$SHAKESPEARE" --device cuda
+exit_status
