@@ -1,16 +1,19 @@
 // threads.c: how many threads a rank computes with. See threads.h.
 #include "threads.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "check.h"
 #include "dist.h"
 
 static int g_threads = 1;
@@ -76,6 +79,62 @@ char *getenv(const char *name) {
     return value;
 }
 
+// ------------------------------------------------------------------ room for the threads' stacks
+//
+// Each thread libgomp starts maps a stack (OMP_STACKSIZE, else the default of
+// new threads: RLIMIT_STACK's, 8 MiB on most systems). Under an address-space
+// limit (ulimit -v, RLIMIT_AS) --threads 1024 asks for some 8 GB of stacks, and
+// libgomp, failing to create one, prints its own message and exits mid-way. So
+// a --threads whose stacks cannot be mapped is refused first, as a flag, on
+// every rank. Without a limit the stacks are address space, not memory (a
+// thread touches a few pages of its stack), and any count is let through.
+static double thread_stack_bytes(void) {
+    const char *omp = environment_value("OMP_STACKSIZE");
+    if (omp && *omp) {  // a number and an optional unit: B, K (the default), M or G
+        char *end;
+        double v = strtod(omp, &end);
+        while (*end == ' ') end++;
+        double unit = *end == 'B' || *end == 'b' ? 1 : *end == 'M' || *end == 'm' ? 1 << 20
+                    : *end == 'G' || *end == 'g' ? 1 << 30 : 1 << 10;
+        if (v > 0) return v * unit;
+    }
+    pthread_attr_t attr;
+    size_t size = 8 << 20;
+    if (pthread_getattr_default_np(&attr) == 0) {
+        pthread_attr_getstacksize(&attr, &size);
+        pthread_attr_destroy(&attr);
+    }
+    return (double)size;
+}
+
+// What RLIMIT_AS leaves this process to map (INFINITY without a limit).
+static double address_space_room(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INFINITY;
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        fclose(f);
+    }
+    double used = (double)pages * (double)sysconf(_SC_PAGESIZE);
+    return used < (double)limit.rlim_cur ? (double)limit.rlim_cur - used : 0;
+}
+
+// Refuse (exit 2, one line, every rank) a --threads whose stacks would take
+// more than half of what the address-space limit leaves: the other half is the
+// model's, which the program's memory estimate checks next.
+static void require_room_for_stacks(int requested) {
+    double figures[2] = {(requested - 1) * thread_stack_bytes(), -address_space_room()};  // need, -room
+    if (dist_world_size() > 1)  // the most needed and the least room of any rank
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    double need = figures[0], room = -figures[1];
+    if (need <= room / 2) return;
+    usage_error("--threads %d needs %d thread stacks of %.0f MiB (%.1f GB of address space), more than half of "
+                "the %.1f GB that this process may still map (ulimit -v); ask for fewer threads, or raise the "
+                "limit", requested, requested - 1, thread_stack_bytes() / (1 << 20), need / 1e9, room / 1e9);
+}
+
 int threads_init(int requested) {
     int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
     int allowed = online;
@@ -85,6 +144,7 @@ int threads_init(int requested) {
     int fair_share = online / dist_local_world_size();
     g_cores = allowed < fair_share ? allowed : fair_share;
     if (g_cores < 1) g_cores = 1;
+    if (requested > 1) require_room_for_stacks(requested);
     int threads = requested;
     g_share = 1;
     if (threads <= 0) {
