@@ -37,10 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "device.h"    // device_gpu_count, device_local_gpu: which GPU is this rank's
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "base/args.h"       // args_parse: the flags and --help
+#include "base/check.h"      // CHECK, xmalloc: fail fast, on every rank
+#include "runtime/device.h"  // device_gpu_count, device_local_gpu: which GPU is this rank's
+#include "runtime/dist.h"    // dist_init, dist_rank, print0: the process group
 
 #if !HAVE_CUDA
 #error "step 1 needs CUDA and NCCL: make builds it only when it finds them (CUDA=1)"

@@ -24,16 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"         // args_parse: the flags and --help
+#include "base/check.h"        // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"        // wall_seconds
+#include "data/mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"         // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "records/h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"      // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"   // threads_init: this rank's CPU threads
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

@@ -39,20 +39,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "accum.h"     // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "snapshot.h"  // snapshot_save, snapshot_load: everything an exact resume needs
-#include "stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"      // args_parse: the flags and --help
+#include "base/check.h"     // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"     // wall_seconds
+#include "data/mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/snapshot.h"  // snapshot_save, snapshot_load: everything an exact resume needs
+#include "records/stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
+#include "records/tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"      // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"   // threads_init: this rank's CPU threads
+#include "train/accum.h"     // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
 // message to the other ranks, no cleanup (SIGKILL cannot be caught). The

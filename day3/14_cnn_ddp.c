@@ -42,18 +42,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK_MPI, xmalloc: fail fast, on every rank
-#include "cnn.h"       // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "metrics.h"   // ConfusionMatrix, classification_report: the evaluation's tables
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"         // args_parse: the flags and --help
+#include "base/check.h"        // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "base/timer.h"        // wall_seconds
+#include "data/mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/cnn.h"        // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
+#include "parallel/ddp.h"      // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"      // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"   // threads_init: this rank's CPU threads
+#include "train/metrics.h"     // ConfusionMatrix, classification_report: the evaluation's tables
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

@@ -46,18 +46,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"            // args_parse: the flags and --help
-#include "check.h"           // check_all_ranks, xmalloc
-#include "dist.h"            // dist_init, dist_rank, print0: the process group
-#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"        // the loss of every step, CSV and PNG
-#include "mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
-#include "movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
-#include "plot.h"            // plot_panels_png: the training loss above the test RMSE
-#include "rating_sampler.h"  // the global batches of a shuffle, each rank its slice
-#include "threads.h"         // threads_init
-#include "timer.h"           // wall_seconds
-#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"            // args_parse: the flags and --help
+#include "base/check.h"           // check_all_ranks, xmalloc
+#include "base/timer.h"           // wall_seconds
+#include "data/movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
+#include "data/rating_sampler.h"  // the global batches of a shuffle, each rank its slice
+#include "models/mf.h"            // Mf: the model, its three ways of keeping the embeddings, SparseAdam
+#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"     // the loss of every step, CSV and PNG
+#include "records/plot.h"         // plot_panels_png: the training loss above the test RMSE
+#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"      // threads_init
 
 // This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {

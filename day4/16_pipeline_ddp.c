@@ -49,22 +49,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"            // args_parse: the flags and --help
-#include "check.h"           // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "collectives.h"     // group_exchange: activations and gradients, stage to stage
-#include "ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
-#include "dist.h"            // dist_init, dist_rank, print0: the world
-#include "group.h"           // group_split: the pipeline and data-parallel groups
-#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"        // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
-#include "plot.h"            // plot_timeline_png: the schedule, stage by stage
-#include "profile.h"         // profile_start, profile_push: named time ranges (--trace)
-#include "schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
-#include "threads.h"         // threads_init: this rank's CPU threads
-#include "timer.h"           // wall_seconds
-#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"                // args_parse: the flags and --help
+#include "base/check.h"               // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"               // wall_seconds
+#include "comm/collectives.h"         // group_exchange: activations and gradients, stage to stage
+#include "comm/group.h"               // group_split: the pipeline and data-parallel groups
+#include "data/mnist.h"               // mnist_load, DistributedSampler, mnist_batch: the data
+#include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
+#include "parallel/pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
+#include "parallel/schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
+#include "records/h5.h"               // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"         // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
+#include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
+#include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"          // threads_init: this rank's CPU threads
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 

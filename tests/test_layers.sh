@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # Who defines what, then one "user provider" pair per object that uses
 # another's symbol. tsort reports a loop if the pairs hold a cycle.
-objects=(build/common/*.o)
+objects=(build/common/*/*.o)
 for o in "${objects[@]}"; do
     nm --defined-only -g "$o" | awk -v f="$(basename "$o" .o)" 'NF == 3 { print $3, f }'
 done | sort -u > "$tmp/defined"
@@ -24,7 +24,7 @@ done | sort -u > "$tmp/uses"
 if [ ! -s "$tmp/uses" ]; then
     fail "no references between common/'s objects found (is build/common built?)"
 elif tsort "$tmp/uses" > /dev/null 2> "$tmp/loop"; then
-    pass "common/'s $(ls build/common/*.o | wc -l) objects use each other without a cycle ($(wc -l < "$tmp/uses") uses)"
+    pass "common/'s $(ls build/common/*/*.o | wc -l) objects use each other without a cycle ($(wc -l < "$tmp/uses") uses)"
 else
     fail "common/ has a dependency cycle: $(tr '\n' ' ' < "$tmp/loop")"
 fi

@@ -111,7 +111,7 @@ expect "step 2 at --threads 1 keeps to one core: $cpu_per_second CPU-seconds per
 # the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads them before
 # main(), so ask it what it took (OMP_DISPLAY_ENV=verbose: its settings on
 # stderr as it loads).
-ours_spin=$(sed -n 's/^#define THREADS_SPIN_COUNT "\([0-9]*\)"$/\1/p' common/threads.c)
+ours_spin=$(sed -n 's/^#define THREADS_SPIN_COUNT "\([0-9]*\)"$/\1/p' common/runtime/threads.c)
 libgomp_says() {  # VARIABLE [ENVIRONMENT...]: the value libgomp took for VARIABLE
     local variable=$1; shift
     env "$@" OMP_DISPLAY_ENV=verbose day1/2_mnist_training --help 2>&1 | sed -n "s/^ *$variable = '\(.*\)'$/\1/p"

@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "args.h"
+#include "base/args.h"
 
 #define TEST_NAME "test_args"
 #include "test.h"

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "paths.h"
+#include "base/paths.h"
 
 #define TEST_NAME "test_paths"
 #include "test.h"

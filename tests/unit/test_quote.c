@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "quote.h"
+#include "base/quote.h"
 
 #define TEST_NAME "test_quote"
 #include "test.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedule.h"
+#include "parallel/schedule.h"
 #include "test.h"
 
 enum { MAX_STAGES = 6, MAX_MICRO_BATCHES = 12 };
