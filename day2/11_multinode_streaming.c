@@ -44,19 +44,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/args.h"         // args_parse: the flags and --help
-#include "base/check.h"        // CHECK, xmalloc: fail fast, on every rank
-#include "base/timer.h"        // wall_seconds
-#include "data/h5_stream.h"    // h5_stream_next: batches streamed from HDF5 by reader threads
-#include "data/mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"         // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"      // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"      // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"   // threads_init: this rank's CPU threads
-#include "train/accum.h"       // micro_batch: which micro-batches make one optimizer step
+#include "base/args.h"            // args_parse: the flags and --help
+#include "base/check.h"           // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"           // wall_seconds
+#include "data/h5_stream.h"       // h5_stream_next: batches streamed from HDF5 by reader threads
+#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"            // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"      // threads_init: this rank's CPU threads
+#include "train/accum.h"          // micro_batch: which micro-batches make one optimizer step
+#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // Accuracy on the test groups, streamed in batches like the training data
 // (every rank reads all of them: the test set is not sharded, as in step 10).
@@ -96,7 +97,7 @@ int main(int argc, char **argv) {
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
-    Tracking *run = tracking_start(&opt.tracking, "day2/11_multinode_streaming.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day2/11_multinode_streaming.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     if (workers == 0) workers = h5_stream_default_workers(device);
     int rank = dist_rank(), world = dist_world_size();
 

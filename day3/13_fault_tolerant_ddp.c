@@ -39,20 +39,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/args.h"      // args_parse: the flags and --help
-#include "base/check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "base/timer.h"     // wall_seconds
-#include "data/mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/snapshot.h"  // snapshot_save, snapshot_load: everything an exact resume needs
+#include "base/args.h"            // args_parse: the flags and --help
+#include "base/check.h"           // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"           // wall_seconds
+#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"            // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/snapshot.h"     // snapshot_save, snapshot_load: everything an exact resume needs
 #include "records/stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
-#include "records/tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"      // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"   // threads_init: this rank's CPU threads
-#include "train/accum.h"     // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
+#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
+#include "runtime/threads.h"      // threads_init: this rank's CPU threads
+#include "train/accum.h"          // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
+#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
 // message to the other ranks, no cleanup (SIGKILL cannot be caught). The
@@ -145,7 +146,7 @@ int main(int argc, char **argv) {
     }
     // The MLflow run: a resume logs into the snapshot's, its metrics continuing at the snapshot's step.
     Tracking *run = tracking_start(&opt.tracking, "day3/13_fault_tolerant_ddp.c", device_name(device),
-                                   progress.mlflow_run_id);  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+                                   progress.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
     snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", tracking_run_id(run));
     // What the snapshot holds, logged again: the process that saved it may have died (SIGKILL) with
     // these values still queued for the store. Tracking sends only the steps the store lacks. The

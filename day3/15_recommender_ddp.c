@@ -58,6 +58,7 @@
 #include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
 #include "runtime/threads.h"      // threads_init
+#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {
@@ -200,7 +201,7 @@ int main(int argc, char **argv) {
                ratings.byte_end, path, ratings.n, load_seconds, load_peak_mb);
     print0("baselines on the test set: global mean RMSE %.4f; user and movie biases RMSE %.4f\n",
            sqrt(baseline[0] / n_test_total), sqrt(baseline[1] / n_test_total));
-    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     tracking_log_metric(run, "baseline_global_mean_rmse", sqrt(baseline[0] / n_test_total), 0);
     tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 

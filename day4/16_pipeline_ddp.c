@@ -65,6 +65,7 @@
 #include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
 #include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
+#include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -268,7 +269,7 @@ int main(int argc, char **argv) {
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", micro_batches, opt.batch_size);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
-    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid: rank = replica x P + stage. A replica's stages are neighbours,
     // so on a node its activations go through shared memory (or NVLink).

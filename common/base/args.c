@@ -254,9 +254,9 @@ static void value_as_text(const ArgSpec *f, char *out, size_t size) {
 static char **g_names, **g_values;
 static int g_n_values;
 
-int args_count(void) { return g_n_values; }
-const char *args_flag_name(int i) { return i >= 0 && i < g_n_values ? g_names[i] : NULL; }
-const char *args_flag_value(int i) { return i >= 0 && i < g_n_values ? g_values[i] : NULL; }
+ArgValues args_values(void) {
+    return (ArgValues){g_n_values, (const char *const *)g_names, (const char *const *)g_values};
+}
 
 static void remember_values(const ArgSpec *flags, int n_flags) {
     for (int i = 0; i < g_n_values; i++) free(g_names[i]), free(g_values[i]);

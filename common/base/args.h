@@ -13,8 +13,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "records/tracking.h"  // TrackingOptions, TRACKING_FLAGS: --mlflow, --experiment, --run_name
-
 #define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef enum {
@@ -55,48 +53,12 @@ const char *args_suggest(const char *given, size_t given_len, const ArgSpec *fla
 bool args_given(const char *name);
 
 // Every flag of the last args_parse and its value as text (defaults included), as Python's str()
-// writes an argparse attribute: "0.001", "None" (unset), "True"/"False" (switches). For
-// mlflow.log_params(vars(args)) (tracking.c).
-int args_count(void);
-const char *args_flag_name(int i);
-const char *args_flag_value(int i);
-
-// The flags every MNIST training program takes (issue: "Flags shared by the MNIST programs").
+// writes an argparse attribute: "0.001", "None" (unset), "True"/"False" (switches): Python's
+// vars(args), which a program logs as its run's params (mlflow.log_params). Valid until the next
+// args_parse.
 typedef struct {
-    const char *data;    // folder with the four MNIST IDX files (plain or .gz)
-    int epochs;
-    int batch_size;      // per rank
-    double lr;           // a double, like Python's float: lr * world_size stays exact
-    int seed;
-    int no_shuffle;
-    const char *init;    // start from these weights (HDF5, PyTorch state_dict names)
-    const char *save;    // write the final weights there
-    const char *losses;  // CSV "step,epoch,loss", one line per optimizer step (rank 0)
-    const char *plot;    // loss-curve PNG
-    const char *device;  // cpu | cuda | auto
-    int threads;         // CPU threads of this rank; 0: its share of the node's cores
-    TrackingOptions tracking;  // --mlflow, --experiment, --run_name: where rank 0 logs the run
-} TrainOptions;
-
-// The workshop's defaults: MLP trained with Adam (lr 1e-3), batch 6400, 5 epochs.
-#define TRAIN_OPTIONS_DEFAULTS(plot_path)                                                 \
-    (TrainOptions) { .data = "data/mnist", .epochs = 5, .batch_size = 6400, .lr = 1e-3,   \
-                     .seed = 0, .plot = (plot_path), .device = "auto" }
-
-#define TRAIN_FLAGS(o) TRAIN_FLAGS_WITH_EPOCHS(o, "epochs")
-// The same flags with another name for --epochs: step 13 takes the DDP
-// tutorial's --total_epochs.
-#define TRAIN_FLAGS_WITH_EPOCHS(o, epochs_flag)                                                   \
-    {"data", ARG_PATH, &(o).data, "DIR", "folder with the MNIST files (make data)", 0, NULL},   \
-    {epochs_flag, ARG_INT, &(o).epochs, "N", "passes over the training set", 1, NULL},            \
-    {"batch_size", ARG_INT, &(o).batch_size, "N", "samples per step, per rank", 1, NULL}, \
-    {"lr", ARG_FLOAT, &(o).lr, "X", "Adam learning rate", 0, NULL},                               \
-    {"seed", ARG_INT, &(o).seed, "N", "seeds the weights and the shuffle, as torch.manual_seed", 0, NULL}, \
-    {"no-shuffle", ARG_SWITCH, &(o).no_shuffle, NULL, "keep the data in file order", 0, NULL},    \
-    {"init", ARG_PATH, &(o).init, "FILE.h5", "start from these weights", 0, NULL},                \
-    {"save", ARG_OUTPUT, &(o).save, "FILE.h5", "write the final weights", 0, NULL},                 \
-    {"losses", ARG_OUTPUT, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
-    {"plot", ARG_OUTPUT_OR_NONE, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
-    {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
-    {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}, \
-    TRACKING_FLAGS((o).tracking)
+    int count;
+    const char *const *names;   // without the leading "--", as the table spells them
+    const char *const *values;
+} ArgValues;
+ArgValues args_values(void);

@@ -30,7 +30,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/args.h"
 #include "base/check.h"
 #include "base/paths.h"
 #include "base/timer.h"
@@ -423,7 +422,8 @@ static const char *user_name(void) {
 // Rank 0's part of tracking_start: the store, the run, its params and tags. false with a message.
 // from_flag: the URI came from --mlflow, not MLFLOW_TRACKING_URI; the messages name which.
 static bool open_run(Tracking *t, const char *uri, bool from_flag, const char *experiment, const char *run_name,
-                     const char *program, const char *device, const char *resume_run_id, char *error, size_t size) {
+                     const char *program, const char *device, const char *resume_run_id, ArgValues params,
+                     char *error, size_t size) {
     char message[1024] = "";
     // Messages name the URI without a password in it (https://user:secret@host: https://***@host).
     const char *scheme_end = strstr(uri, "://"), *at = scheme_end ? strchr(scheme_end + 3, '@') : NULL;
@@ -508,13 +508,13 @@ static bool open_run(Tracking *t, const char *uri, bool from_flag, const char *e
     // experiment and name are fields of the run already, and a server's URI may hold a password).
     // A resumed run keeps the params its store holds (MLflow refuses to change one) and gets those it
     // lacks: a first start killed before they were sent.
-    for (int i = 0; i < args_count(); i++) {
-        const char *flag = args_flag_name(i);
+    for (int i = 0; i < params.count; i++) {
+        const char *flag = params.names[i];
         if (strcmp(flag, "mlflow") == 0 || strcmp(flag, "experiment") == 0 || strcmp(flag, "run_name") == 0) continue;
         char key[128];  // argparse's attribute names: --no-shuffle is args.no_shuffle
         snprintf(key, sizeof key, "%s", flag);
         for (char *c = key; *c; c++) if (*c == '-') *c = '_';
-        if (!run_holdings_has_param(&t->held, key)) tracking_log_param(t, key, args_flag_value(i));
+        if (!run_holdings_has_param(&t->held, key)) tracking_log_param(t, key, params.values[i]);
     }
     snprintf(text, sizeof text, "%d", dist_world_size());
     if (!run_holdings_has_param(&t->held, "world_size")) tracking_log_param(t, "world_size", text);
@@ -538,7 +538,7 @@ static void stop_program(const char *fmt, ...) {
 }
 
 Tracking *tracking_start(const TrackingOptions *options, const char *program, const char *device,
-                         const char *resume_run_id) {
+                         const char *resume_run_id, ArgValues params) {
     const char *uri = options->uri ? options->uri : getenv("MLFLOW_TRACKING_URI");
     if (!uri || !*uri) return NULL;  // every rank sees the same flags, and mpirun gives them one environment
     const char *experiment = options->experiment ? options->experiment : getenv("MLFLOW_EXPERIMENT_NAME");
@@ -556,8 +556,8 @@ Tracking *tracking_start(const TrackingOptions *options, const char *program, co
         t->backoff = env_number("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", 0.5);
         t->request_timeout = env_number("MLFLOW_HTTP_REQUEST_TIMEOUT", 10);
         if (t->request_timeout <= 0) t->request_timeout = 10;
-        ok = open_run(t, uri, options->uri != NULL, experiment, options->run_name, program, device, resume_run_id, error,
-                      sizeof error);
+        ok = open_run(t, uri, options->uri != NULL, experiment, options->run_name, program, device, resume_run_id, params,
+                      error, sizeof error);
     }
     // Every rank learns the verdict: a run that cannot be tracked stops before any training.
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);

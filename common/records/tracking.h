@@ -2,7 +2,7 @@
 //
 //   TrainOptions opt = ...;                                   // TRAIN_FLAGS has --mlflow, --experiment, --run_name
 //   args_parse(...);
-//   Tracking *run = tracking_start(&opt.tracking, "day1/6_mnist_ddp.c", device_name(device), NULL);
+//   Tracking *run = tracking_start(&opt.tracking, "day1/6_mnist_ddp.c", device_name(device), NULL, args_values());
 //                                                             // mlflow.start_run(); mlflow.log_params(vars(args))
 //                                                             // (but for the three flags above)
 //   tracking_log_metric(run, "loss", loss, step);             // mlflow.log_metric("loss", loss, step=step)
@@ -37,6 +37,8 @@
 #pragma once
 #include <stdbool.h>
 
+#include "base/args.h"  // ArgValues: the params; ARG_STRING: TRACKING_FLAGS' rows
+
 typedef struct {
     const char *uri;         // --mlflow; NULL: $MLFLOW_TRACKING_URI, and if unset no tracking
     const char *experiment;  // --experiment; NULL: $MLFLOW_EXPERIMENT_NAME, else "Default"
@@ -54,8 +56,8 @@ typedef enum { TRACKING_FINISHED, TRACKING_FAILED, TRACKING_KILLED } TrackingSta
 typedef struct Tracking Tracking;  // NULL or not, every call below takes it; NULL does nothing
 
 // Collective. With a tracking URI, rank 0 creates the run (or, given `resume_run_id`, sets that run
-// RUNNING again and learns which steps and params it already holds), logs the flags of the last
-// args_parse as params and the run's tags (host, world size, nodes, device, BLAS, mlflow.source.name = `program`, the
+// RUNNING again and learns which steps and params it already holds), logs `params` (the flags that
+// args_parse read: args_values()) and the run's tags (host, world size, nodes, device, BLAS, mlflow.source.name = `program`, the
 // git commit), and starts its sender thread; the other ranks get NULL. Without one, every rank gets NULL.
 // A URI that is not one, or a server that refuses or does not answer: one line naming it, exit 2 on every
 // rank. A resume_run_id the store does not know starts a new run and says so. The params are every flag
@@ -63,7 +65,7 @@ typedef struct Tracking Tracking;  // NULL or not, every call below takes it; NU
 // name are the run's own fields, and a server's URI may hold a password), and world_size; they are sent
 // before this returns (a resumed run's: those its store lacked), so that no kill loses them.
 Tracking *tracking_start(const TrackingOptions *options, const char *program, const char *device,
-                         const char *resume_run_id);
+                         const char *resume_run_id, ArgValues params);
 
 // The run's id (32 hex digits), for a snapshot; "" for NULL.
 const char *tracking_run_id(const Tracking *run);
