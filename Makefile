@@ -115,7 +115,7 @@ CFLAGS  += -DHAVE_CUDA=1 -isystem $(CUDA_HOME)/include
 # The CUDA runtime linked in statically (it finds the driver at run time, so
 # the binaries start, and run on CPU, where there is none); NCCL shared, found
 # through the rpath; cuBLAS opened by the first GPU rank that needs it
-# (common/tensor/cublas_loader.c says why). nvcc's objects need the C++ runtime.
+# (common/runtime/cublas_loader.c says why). nvcc's objects need the C++ runtime.
 CFLAGS  += -DCUBLAS_LIBRARY='"$(CUDA_LIBDIR)/libcublas.so"'
 LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lnccl -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS = -O3 -std=c++17 -lineinfo -Icommon \
