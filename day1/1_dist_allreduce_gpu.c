@@ -10,7 +10,7 @@
 //   4. cudaStreamSynchronize waits for it, before the host reads the result.
 //      (It would wait forever on a peer that died mid-collective. The training
 //      steps' waits poll instead, and ask NCCL for the communicator's error:
-//      device_wait_stream in common/device.h. Here, mpirun ends the others.)
+//      device_wait_stream in common/runtime/device.h. Here, mpirun ends the others.)
 // NCCL cannot put two ranks of one communicator on the same GPU: run at most
 // as many ranks per node as it has GPUs. (The training steps fall back to MPI
 // when ranks outnumber GPUs; this step is about NCCL, so it says so and stops.)

@@ -3,7 +3,7 @@
 // What it adds over step 4 (diff the two files): profile_start() switches on
 // the recording of named ranges. The library already marks its work, as
 // torch.profiler records ops: data, forward, loss, backward, optimizer
-// (common/profile.h); the loop adds a range per step and one around the
+// (common/runtime/profile.h); the loop adds a range per step and one around the
 // hand-written allreduce. Like the original, it stops after one epoch. At the
 // end rank 0 prints a table per range for all ranks, and the ranges go to a
 // Chrome trace (--trace, default log_ddp/trace.json, as the original's

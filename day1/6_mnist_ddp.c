@@ -2,7 +2,7 @@
 //
 // What it changes from step 4 (diff the two files): the hand-written
 // broadcast and gradient allreduce are gone. ddp_wrap() plays
-// torch.nn.parallel.DistributedDataParallel (common/ddp.h):
+// torch.nn.parallel.DistributedDataParallel (common/parallel/ddp.h):
 //   - at wrap, every rank gets rank 0's parameters;
 //   - gradients are grouped into buckets (25 MiB by default, --bucket_mb),
 //     last layer first, and each bucket's allreduce starts as soon as

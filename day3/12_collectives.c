@@ -241,7 +241,7 @@ typedef struct {
 // looking at NCCL's error state meanwhile, as nccl-tests does: when a peer
 // dies, NCCL keeps waiting for it, and so would cudaStreamSynchronize. An
 // error, or a wait past GPU_WAIT_TIMEOUT (a dead peer on the same node, which
-// NCCL never reports), ends the job with one line instead (common/device.h).
+// NCCL never reports), ends the job with one line instead (common/runtime/device.h).
 static void wait_for_gpu(Buffers *b) {
 #if HAVE_CUDA
     if (b->gpu) device_wait_stream_nccl(b->stream, &b->nccl, "the collectives");

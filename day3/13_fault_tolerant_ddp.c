@@ -7,7 +7,7 @@
 // --save_every epochs; whatever restarts the job (torchrun --max-restarts,
 // slurm/run_with_restarts.sh, Slurm's --requeue) just runs the same command
 // again. Unlike the tutorial's, the snapshot holds everything an exact resume
-// needs (common/snapshot.h): Adam's moments and step, the sampler's position,
+// needs (common/records/snapshot.h): Adam's moments and step, the sampler's position,
 // the generator, the losses so far. A run killed anywhere and started again
 // ends with the weights and the per-step losses of a run that never stopped,
 // bit for bit.

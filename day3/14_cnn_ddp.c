@@ -3,12 +3,12 @@
 // What it changes from step 6 (diff the two files): the model. DDP does not
 // care what it trains: ddp_wrap() takes the CNN's parameter list as it took
 // the MLP's, and backward starts each bucket's allreduce as it goes. The
-// model is the tutorial's SimpleCNN (common/cnn.h):
+// model is the tutorial's SimpleCNN (common/models/cnn.h):
 //   nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
 //                 nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
 //                 nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 // trained with Adam (lr 1e-3) at batch 64 per rank for one epoch. Each
-// convolution is im2col + one GEMM (common/conv.h). At the end, every rank
+// convolution is im2col + one GEMM (common/models/conv.h). At the end, every rank
 // evaluates its share of the test set and rank 0 prints what the tutorial's
 // Trainer reports: test loss and accuracy, per-class precision, recall and
 // F1, and the confusion matrix. --max_steps N stops after N optimizer steps

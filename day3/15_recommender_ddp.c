@@ -2,7 +2,7 @@
 //                                               PyTorch twin: tests/torch_recommender.py
 //
 // What it changes from step 14: the model and the data, and what travels.
-// Matrix factorisation with biases (common/mf.h): a rating is predicted as
+// Matrix factorisation with biases (common/models/mf.h): a rating is predicted as
 //   global mean + user_bias[u] + item_bias[i] + user_embedding[u] . item_embedding[i]
 // with tables of --dim 32 columns, one row per user and per movie; MSE loss,
 // an L2 term on the batch's rows (--weight_decay), torch.optim.SparseAdam.
@@ -22,8 +22,8 @@
 // SparseAdam in kernels, the rows by NCCL).
 //
 // The data: each rank reads only its byte range of ratings.csv
-// (common/movielens.h), so no rank holds the whole file; every epoch the
-// ratings are dealt to the ranks that train on them (common/rating_sampler.h).
+// (common/data/movielens.h), so no rank holds the whole file; every epoch the
+// ratings are dealt to the ranks that train on them (common/data/rating_sampler.h).
 //
 // Build and run:
 //   make day3/15_recommender_ddp && make movielens

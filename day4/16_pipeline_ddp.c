@@ -17,7 +17,7 @@
 // the micro-batches, each weighted by its share of the batch, so the step is
 // the same for every M and schedule. The world is P stages x D = world / P
 // replicas of the whole pipeline; each stage is wrapped in DDP over its D
-// replicas (a process group per stage, common/group.h), which average that
+// replicas (a process group per stage, common/comm/group.h), which average that
 // stage's gradients during the last micro-batch's backward.
 //
 // With the same seed and flags, P stages x D replicas take the steps of step 6

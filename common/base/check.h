@@ -1,7 +1,7 @@
 // check.h: fail fast, and never leave other ranks hanging.
 //
 // Every fatal error ends in fatal(), which prints ONE line
-//   [rank 1 @ node07] common/mnist.c:42: cannot open data/mnist/...: No such file or directory
+//   [rank 1 @ node07] common/data/mnist.c:42: cannot open data/mnist/...: No such file or directory
 // and then calls MPI_Abort. A plain exit() on one rank would leave the others
 // blocked forever in their next collective; MPI_Abort takes the whole job down.
 // Outside MPI (unit tests, world size 1) it simply exits with the code.

@@ -8,7 +8,7 @@
 //       RatingBatch batch = rating_sampler_batch(&s, b);   // this rank's slice of global batch b
 //
 // The order is torch's: perm = torch.randperm(N, generator seeded seed + epoch)
-// (common/rng.h), global batch b = perm[bG, (b + 1)G), G = W x batch_size (the
+// (common/base/rng.h), global batch b = perm[bG, (b + 1)G), G = W x batch_size (the
 // last one shorter). Rank r trains on positions [S r / W, S (r + 1) / W) of a
 // batch of S: a contiguous slice, so that its per-row gradient sums follow
 // the batch's order (mf.h). The global batches are the same on any number of

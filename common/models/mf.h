@@ -39,7 +39,7 @@
 //
 // On a GPU rank (mf_new's device) the tables, Adam's moments, the looked-up
 // rows and every gradient row live in device memory, and kernels
-// (common/kernels.h) do the gathers, the forward and backward, the per-row
+// (common/tensor/kernels.h) do the gathers, the forward and backward, the per-row
 // sums and SparseAdam's update, in the CPU's order and arithmetic (no fused
 // multiply-adds): the same bits as the CPU. The host keeps the bookkeeping
 // of ids (which rows a batch touched, who asks whom for what), as the CPU

@@ -1,4 +1,4 @@
-// test_args.c: the flag parser (common/args.c) takes both spellings, "--name value"
+// test_args.c: the flag parser (common/base/args.c) takes both spellings, "--name value"
 // and "--name=value" (the one torchrun and the DDP tutorials use), for every type
 // of flag, and turns every mistake into one line and exit status 2.
 //

@@ -1,4 +1,4 @@
-// test_quote.c: common/quote.c, the quotation of untrusted text in a message.
+// test_quote.c: common/base/quote.c, the quotation of untrusted text in a message.
 //
 // - plain text is kept, between single quotes;
 // - every control byte is escaped (\n \r \t, \xNN for NUL, ESC, DEL, the

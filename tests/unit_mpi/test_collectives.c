@@ -1,4 +1,4 @@
-// test_collectives.c: group_reduce_scatter and group_all_gather (common/collectives.c)
+// test_collectives.c: group_reduce_scatter and group_all_gather (common/comm/collectives.c)
 // under mpirun, at any world size W (tests/test_mpi_units.sh runs it on 1, 2 and 4
 // ranks; tests/test_gpu.sh with the argument cuda, on GPUs and the simulated one).
 //

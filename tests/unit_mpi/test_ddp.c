@@ -1,4 +1,4 @@
-// test_ddp.c: common/ddp*.c under mpirun, at any world size W
+// test_ddp.c: common/parallel/ddp*.c under mpirun, at any world size W
 // (tests/test_mpi_units.sh runs it on 1, 2 and 4 ranks).
 //
 // What DDP promises, each verdict the AND over all ranks, printed by rank 0:

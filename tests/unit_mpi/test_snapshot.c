@@ -1,4 +1,4 @@
-// test_snapshot.c: common/snapshot.c and common/stop_signal.c under mpirun, at
+// test_snapshot.c: common/records/snapshot.c and common/records/stop_signal.c under mpirun, at
 // any world size (tests/test_mpi_units.sh runs it on 1, 2 and 4 ranks).
 //
 //   round trip   a snapshot of a model after 3 Adam steps, a loss log, an
