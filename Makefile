@@ -14,6 +14,9 @@
 #                   BLAS kernel (what CI runs; about 30
 #                   minutes on 2 cores); one "N passed, N failed[, N skipped]" line at the end
 #   make test-gpu   the GPU tests alone, every check; fails where there is no GPU
+#   make fuzz       mutate every input kind for FUZZ_MINUTES (15) from FUZZ_SEED (a new one each
+#                   time), classify each run (tests/fuzz/fuzz.py; docs/tests.md, Fuzzing); with
+#                   SANITIZE=1, on the AddressSanitizer + UBSan build
 #   make test-container  build the image (Dockerfile) from a clean clone, run the demo and
 #                   k8s/job.yaml's commands in it (podman or docker; SKIP without them)
 #   make clean
@@ -163,7 +166,7 @@ DISPATCHED_SRC := common/data/mnist.c common/tensor/tensor.c common/tensor/tenso
 ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
 endif
 
-.PHONY: all check-deps data movielens demo test test-all test-gpu test-container bench scaling clean FORCE
+.PHONY: all check-deps data movielens demo test test-all test-gpu test-container fuzz bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
 all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
@@ -272,6 +275,18 @@ test-all: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
 	@$(FETCH_MOVIELENS)
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh
+
+# The fuzzing target, longer than make test-all's minute: reproducers of failed runs land in
+# build/fuzz/KIND-SEED-N (each FAIL line names its folder and command).
+FUZZ_MINUTES ?= 15
+FUZZ_SEED    ?= $(shell date +%s)
+# (a Python with h5py: on GPU nodes python3 is often a venv without it)
+FUZZ_PYTHON  ?= /usr/bin/python3
+fuzz: all
+	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
+	@$(FETCH_MOVIELENS)
+	@echo "fuzzing for $(FUZZ_MINUTES) minutes, seed $(FUZZ_SEED)$(if $(filter 1,$(SANITIZE)), (AddressSanitizer + UBSan build))"
+	@$(FUZZ_PYTHON) tests/fuzz/fuzz.py --minutes $(FUZZ_MINUTES) --seed $(FUZZ_SEED)
 
 # The GPU tests alone: step 1, CPU-vs-GPU losses, steps 2, 4, 6 and 8 on the
 # GPU, compute-sanitizer. Unlike `make test`, no GPU here is a failure.

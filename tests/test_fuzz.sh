@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The fuzzing target (tests/fuzz/fuzz.py, issue 36): every kind of input the programs read (MovieLens
+# CSVs, --init files, MNIST IDX files, step 13's snapshots, flag values), mutated from a seed, run, and
+# each run classified as refused (one clean line), trained (finite results), crashed or hung.
+# - At every level: the classifier itself, on stand-in programs that refuse, train, segfault, print two
+#   lines or a control byte, print nan, leave a temporary file, fail an allocation, hang, or leave a
+#   process behind; each must get its verdict (so the fuzzer can fail).
+# - make test-all: a fixed seed and FUZZ_COUNT runs per input kind (a minute or two on 2 cores), one FAIL
+#   line per crashed or hung run with its reproducer, one PASS line per kind whose runs all passed.
+# Longer runs, other seeds and the sanitizer tree: docs/tests.md (Fuzzing).
+set -u
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+PYTHON=${PYTHON:-/usr/bin/python3}  # with h5py; on GPU nodes python3 is often a venv without it
+
+if ! "$PYTHON" -c 'import h5py, numpy' 2> /dev/null; then
+    echo "SKIP fuzz: $PYTHON has no h5py (./setup.sh --with-reference)"
+    exit 0
+fi
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+"$PYTHON" tests/fuzz/fuzz.py --self-test --results "$results"
+
+if ! thorough; then
+    echo "SKIP fuzz: the mutated inputs run in make test-all (TEST_LEVEL=all), or tests/fuzz/fuzz.py alone"
+elif [ ! -e data/mnist/train-images-idx3-ubyte.gz ] && [ ! -e data/mnist/train-images-idx3-ubyte ]; then
+    echo "SKIP fuzz: no MNIST in data/mnist (make data)"
+elif [ ! -f data/movielens/ratings.csv ]; then
+    echo "SKIP fuzz: no MovieLens in data/movielens (make movielens)"
+else
+    # Reproducers of failed runs stay in build/fuzz (the FAIL lines name them); the rest goes.
+    "$PYTHON" tests/fuzz/fuzz.py --seed "${FUZZ_SEED:-36}" --count "${FUZZ_COUNT:-6}" --results build/fuzz
+    [ $? -le 1 ] || echo "FAIL fuzz: tests/fuzz/fuzz.py could not run (above)"
+fi
