@@ -52,8 +52,10 @@
 #include "records/scaling_results.h"  // --results: the speed-up table over world sizes, and its chart
 #include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "runtime/dist.h"             // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"    // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
 #include "train/accum.h"              // micro_batch: which micro-batches make one optimizer step
+#include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
@@ -74,6 +76,12 @@ int main(int argc, char **argv) {
     if (results) scaling_results_check(results);  // a corrupt file is refused before the run, not after it
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day1/7_mnist_ddp_timing.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -86,7 +94,6 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
-    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
@@ -129,6 +136,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -142,6 +150,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
     print_rank("training loop: %.3f s\n", train_seconds);
     double slowest = train_seconds;  // the job is as fast as its slowest rank
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));

@@ -26,19 +26,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK, xmalloc: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"            // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/accum.h"          // micro_batch: which micro-batches make one optimizer step
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // micro_batch: which micro-batches make one optimizer step
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -57,6 +59,12 @@ int main(int argc, char **argv) {
     LossLog one_process = {0};  // read now: a bad file should not wait for the end of training
     if (compare) one_process = loss_log_read_csv(compare, "--compare");
     threads_init(opt.threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day1/8_mnist_ddp_lr.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -69,7 +77,6 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
-    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
@@ -112,6 +119,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -125,6 +133,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
     double accuracy = mlp_accuracy(&model, &test_images, test.labels);

@@ -17,13 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/args.h"        // args_parse: the flags and --help
-#include "base/check.h"       // CHECK, xmalloc: fail fast, on every rank
-#include "models/nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"     // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "runtime/dist.h"     // dist_init, dist_rank, print0: the process group
-#include "runtime/profile.h"  // profile_start, profile_push: named time ranges (--trace, Nsight)
-#include "runtime/threads.h"  // threads_init: this rank's CPU threads
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace, Nsight)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite_agreed: a loss that is nan or inf stops the run, on every rank
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -42,10 +44,18 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "test_profile: profile a toy DDP model on random data.");
     Device device = device_from_flag(device_flag);
     threads_init(threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {1024, 2048, 1024};
+    MemoryNeed need = memory_need("--batch_size %d", batch);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), batch, 0);  // SGD: no state
+    double weights = 0;
+    for (int i = 0; i + 1 < ARRAY_LEN(sizes); i++) weights += (double)sizes[i] * sizes[i + 1] + sizes[i + 1];
+    memory_need_add(&need, "DDP's buckets", weights * sizeof(float));  // a copy of the gradients
+    memory_need_add(&need, "data", 3.0 * batch * 1024 * sizeof(float));  // the random draw, inputs, targets
+    memory_require(&need, device);
 
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
-    const int sizes[] = {1024, 2048, 1024};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), batch, &rng, device);
     Ddp ddp = ddp_wrap(model.params, model.n_params, 25.0);  // ddp_model = DDP(model)
     print0("test_profile: MLP 1024-2048-1024 (%zu weights), MSE loss, SGD lr %g; %d x 1024 random samples per "
@@ -81,8 +91,10 @@ int main(int argc, char **argv) {
         profile_pop();
 
         profile_mark("step");  // prof.step()
+        check_loss_finite_agreed(loss, step + 1, 0, NULL);  // each rank's own batch: agreed by one allreduce
         print0("step %d: loss %.4f (rank 0's batch)\n", step + 1, loss);
     }
+    check_weights_finite(model.params, model.n_params, steps, 0, NULL);  // the last step's update
     // DDP's figures first: with NCCL they come off the GPU's timeline once the
     // last step has happened, and so does that step's allreduce in the table.
     char overlap[256];

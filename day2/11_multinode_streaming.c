@@ -44,20 +44,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK, xmalloc: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "data/h5_stream.h"       // h5_stream_next: batches streamed from HDF5 by reader threads
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"            // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/accum.h"          // micro_batch: which micro-batches make one optimizer step
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/h5_stream.h"         // h5_stream_next: batches streamed from HDF5 by reader threads
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // micro_batch: which micro-batches make one optimizer step
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // Accuracy on the test groups, streamed in batches like the training data
 // (every rank reads all of them: the test set is not sharded, as in step 10).
@@ -97,8 +99,14 @@ int main(int argc, char **argv) {
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
-    Tracking *run = tracking_start(&opt.tracking, "day2/11_multinode_streaming.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     if (workers == 0) workers = h5_stream_default_workers(device);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    MemoryNeed need = memory_need("--batch_size %d --workers %d --prefetch %d", opt.batch_size, workers, prefetch);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
+    h5_stream_add_memory_need(&need, opt.batch_size, workers, prefetch);
+    memory_require(&need, device);
+    Tracking *run = tracking_start(&opt.tracking, "day2/11_multinode_streaming.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: groups of 100 samples in HDF5, read batch by batch as float32 pixels / 255.
@@ -110,7 +118,6 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
-    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
@@ -160,6 +167,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -173,6 +181,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
     char reading[512 + 128 * workers];
     h5_stream_describe_all_ranks(stream, train_seconds, reading, sizeof reading);
     h5_stream_stop(stream);

@@ -39,21 +39,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK, xmalloc: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"            // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/snapshot.h"     // snapshot_save, snapshot_load: everything an exact resume needs
-#include "records/stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/accum.h"          // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/snapshot.h"       // snapshot_save, snapshot_load: everything an exact resume needs
+#include "records/stop_signal.h"    // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
 // message to the other ranks, no cleanup (SIGKILL cannot be caught). The
@@ -96,6 +98,12 @@ int main(int argc, char **argv) {
                     "would start over and fail again; choose an epoch after %d", fail_at_epoch, save_every, save_every,
                     save_every);
 
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
     MnistSplit train = mnist_load(opt.data, MNIST_TRAIN);
     MnistSplit test = mnist_load(opt.data, MNIST_TEST);
@@ -105,7 +113,6 @@ int main(int argc, char **argv) {
     // Model and optimizer.
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
-    const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     Mlp model = mlp_new(sizes, ARRAY_LEN(sizes), opt.batch_size, &rng, device);
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Ddp ddp = ddp_wrap(model.params, model.n_params, bucket_mb);  // model = DDP(model)
@@ -198,6 +205,7 @@ int main(int argc, char **argv) {
                 adam_step(&optimizer);                     // optimizer.step()
                 dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
                 loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
                 loss_sum += loss;
@@ -222,6 +230,7 @@ int main(int argc, char **argv) {
         }
         // The tutorial's _save_snapshot, from rank 0, every save_every epochs; also after the last, and on a stop.
         if (stopped_by || (epoch + 1) % save_every == 0 || epoch + 1 == opt.epochs) {
+            check_weights_finite(model.params, model.n_params, losses.n, epoch + 1, run);  // never a NaN snapshot over a good one
             SnapshotWrite written = snapshot_save(snapshot_path, &settings, &progress, &optimizer, &losses, &rng);
             snapshot_seconds += written.seconds, snapshot_megabytes = written.megabytes, snapshots++;
             if (epoch_done)

@@ -42,19 +42,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK_MPI, xmalloc: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/cnn.h"           // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
-#include "parallel/ddp.h"         // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/metrics.h"        // ConfusionMatrix, classification_report: the evaluation's tables
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/cnn.h"             // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/metrics.h"          // ConfusionMatrix, classification_report: the evaluation's tables
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -71,6 +73,11 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
+    cnn_add_memory_need(&need, opt.batch_size);  // about 1 MB a sample
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day3/14_cnn_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -119,6 +126,7 @@ int main(int argc, char **argv) {
             adam_step(&optimizer);                        // optimizer.step()
             dist_allreduce_sum(&loss, 1);                 // for the log: the loss of the global batch
             loss /= (float)world;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -134,6 +142,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model->params, model->n_params, losses.n, epochs, run);  // the last step's update
 
     // Evaluation: rank r takes test images [r N / W, (r + 1) N / W), and the
     // counts and loss sums are added up on rank 0 (torch.distributed.reduce).
@@ -149,6 +158,7 @@ int main(int argc, char **argv) {
     CHECK_MPI(MPI_Reduce(rank == 0 ? MPI_IN_PLACE : confusion.counts, confusion.counts, MNIST_CLASSES * MNIST_CLASSES,
                          MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD));
     long correct = confusion_correct(&confusion);
+    check_result_finite(test_loss / test.n, "test loss", epochs, run);  // rank 0's sum; collective
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test loss %.4f, accuracy %.2f%% (%ld of %d)\n",
            world, train_seconds, steps, steps == 1 ? "" : "s", test_loss / test.n, 100.0 * correct / test.n, correct, test.n);
     tracking_log_metric(run, "test_loss", test_loss / test.n, epochs);  // rank 0's sums are the world's

@@ -46,19 +46,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // check_all_ranks, xmalloc
-#include "base/timer.h"           // wall_seconds
-#include "data/movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
-#include "data/rating_sampler.h"  // the global batches of a shuffle, each rank its slice
-#include "models/mf.h"            // Mf: the model, its three ways of keeping the embeddings, SparseAdam
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // the loss of every step, CSV and PNG
-#include "records/plot.h"         // plot_panels_png: the training loss above the test RMSE
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the process group
-#include "runtime/threads.h"      // threads_init
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // check_all_ranks, xmalloc
+#include "base/timer.h"             // wall_seconds
+#include "data/movielens.h"         // movielens_read_ratings: each rank its byte range of ratings.csv
+#include "data/rating_sampler.h"    // the global batches of a shuffle, each rank its slice
+#include "models/mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // the loss of every step, CSV and PNG
+#include "records/plot.h"           // plot_panels_png: the training loss above the test RMSE
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {
@@ -118,6 +120,8 @@ int main(int argc, char **argv) {
     int rank = dist_rank(), world = dist_world_size();
 
     if (synthetic > 0) {  // --synthetic N: write the files, and stop
+        char no_room[512] = "";  // rank 0 writes, so rank 0 looks at the disk first: one line, not a half-written file
+        check_all_ranks(rank != 0 || movielens_synthetic_fits(opt.data, synthetic, no_room, sizeof no_room), no_room);
         if (rank == 0) movielens_write_synthetic(opt.data, synthetic, (uint64_t)opt.seed);
         dist_barrier();
         print0("wrote %s/ratings.csv (%d ratings) and %s/movies.csv\n", opt.data, synthetic, opt.data);
@@ -136,9 +140,9 @@ int main(int argc, char **argv) {
     // The titles --recommend prints, read now: a bad movies.csv is refused before training, not after.
     char **titles = NULL;
     if (recommend) {
-        char error[1024] = "";
-        snprintf(path, sizeof path, "%s/movies.csv", opt.data);
-        bool ok = rank != 0 || movielens_read_titles(path, &ratings, &titles, error, sizeof error);
+        char error[1024] = "", movies_path[4096];
+        snprintf(movies_path, sizeof movies_path, "%s/movies.csv", opt.data);
+        bool ok = rank != 0 || movielens_read_titles(movies_path, &ratings, &titles, error, sizeof error);
         check_all_ranks(ok, error);
     }
 
@@ -185,7 +189,12 @@ int main(int argc, char **argv) {
                                                !opt.no_shuffle, (uint64_t)opt.seed);
     int epochs = max_steps < 0 ? opt.epochs : (max_steps + sampler.n_batches - 1) / sampler.n_batches;
 
-    // Model and optimizer.
+    // Model and optimizer: first what its tables will take on this rank (the figure the
+    // report prints at the end), refused now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--dim %d --embeddings %s (%d users x %d movies)", dim, embeddings_mode_name(mode),
+                                  ratings.n_users, ratings.n_items);
+    mf_add_memory_need(&need, mode, ratings.n_users, ratings.n_items, dim, world);
+    memory_require(&need, device);
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);
     Mf *model = mf_new(mode, device, ratings.n_users, ratings.n_items, dim, global_mean, opt.lr, weight_decay, &rng);
@@ -222,6 +231,7 @@ int main(int argc, char **argv) {
             mf_exchange_gradients(model);                               // DDP: the global batch's gradients
             mf_adam_step(model);                                        // optimizer.step()
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // for the log
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
             loss_log_add(&losses, epoch, (float)loss);
             tracking_log_metric(run, "loss", (float)loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -231,6 +241,7 @@ int main(int argc, char **argv) {
         }
         double train_seconds = wall_seconds() - epoch_start;
         rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
+        check_result_finite(rmse, "test RMSE", epoch + 1, run);  // "Test RMSE -nan" is no result
         epoch_rmse[epoch] = (float)rmse;
         print0("epoch %2d/%d: train loss %.4f, test RMSE %.4f, %.2f s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, rmse, train_seconds);
@@ -251,7 +262,10 @@ int main(int argc, char **argv) {
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 
-    if (opt.save || recommend) mf_gather_full(model);  // rank 0 gets the whole tables
+    if (opt.save || recommend) {
+        mf_gather_full(model);  // rank 0 gets the whole tables
+        check_weights_finite(model->params, rank == 0 ? 5 : 0, steps, epochs, run);  // rows no test rating reads
+    }
     if (recommend) {
         // The movies this user rated anywhere in the file: no recommendation of those.
         unsigned char *seen = xcalloc((size_t)ratings.n_items, 1);

@@ -63,8 +63,10 @@
 #include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
 #include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"    // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
+#include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
@@ -269,6 +271,17 @@ int main(int argc, char **argv) {
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", micro_batches, opt.batch_size);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: this rank's stage, refused now if it would not fit (exit 2): its layers' state, and as
+    // many micro-batches' activations as the schedule keeps in flight on it (GPipe M, 1F1B P - stage).
+    Schedule schedule = schedule_new(kind, pp, micro_batches);
+    int my_stage = rank % pp;  // (the grid, below)
+    MemoryNeed need = memory_need("--hidden %s --pp %d --micro_batches %d --batch_size %d --schedule %s", hidden, pp,
+                                  micro_batches, opt.batch_size, schedule_kind_name(kind));
+    stage_add_memory_need(&need, sizes, n_sizes, stage_first_layer(my_stage, pp, n_layers),
+                          stage_first_layer(my_stage + 1, pp, n_layers),
+                          opt.batch_size / micro_batches, schedule_max_in_flight(&schedule, my_stage));
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid: rank = replica x P + stage. A replica's stages are neighbours,
@@ -296,7 +309,6 @@ int main(int argc, char **argv) {
     if (opt.init) h5_load_params(opt.init, stage.params, stage.n_params);  // its own layers, by name
     Ddp ddp = ddp_wrap_group(stage.params, stage.n_params, bucket_mb, &data_parallel);  // DDP(stage, process_group)
     Adam optimizer = adam_new(stage.params, stage.n_params, opt.lr);
-    Schedule schedule = schedule_new(kind, pp, micro_batches);
 
     print0("Step 16: %d pipeline stage%s x %d replica%s: MLP %s, %zu weights; %s schedule, %d micro-batch%s of %d "
            "rows; Adam lr %g; batch %d per replica; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
@@ -353,6 +365,7 @@ int main(int argc, char **argv) {
                 loss /= (float)replicas;
             }
             dist_broadcast_over(pipeline.mpi, &loss, 1, pp - 1);
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: summed, then broadcast
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -375,6 +388,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(stage.params, stage.n_params, losses.n, opt.epochs, run);  // the last step's update
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]

@@ -60,21 +60,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "comm/collectives.h"     // group_all_reduce: Megatron's f and g
-#include "comm/group.h"           // group_split: the tensor-parallel and data-parallel groups
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"            // Linear, linear_forward, linear_backward, Adam
-#include "parallel/ddp.h"         // ddp_wrap_group: DistributedDataParallel over a process group
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the world
-#include "runtime/profile.h"      // profile_start, profile_push: named time ranges (--trace)
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "comm/collectives.h"       // group_all_reduce: Megatron's f and g
+#include "comm/group.h"             // group_split: the tensor-parallel and data-parallel groups
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Linear, linear_forward, linear_backward, Adam
+#include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -388,6 +390,21 @@ int main(int argc, char **argv) {
                         "multiple of it", tp, sizes[l + 1], 2 * l);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory, per rank, refused now if it would not fit (exit 2): the model's state as the report
+    // at the end counts it (16 B a weight of its share: value, gradient, Adam's two moments), DDP's
+    // copy of the gradients, and every layer's output and its gradient (its 1/T of a split layer's).
+    double split_share = (double)split_weights / tp + (double)(weights - split_weights);  // weights a rank holds
+    double activations = 0;
+    for (int l = 0; l < n_layers; l++)
+        activations += 2.0 * opt.batch_size * (split_kind(l, n_layers) == COLUMN_PARALLEL ? sizes[l + 1] / tp : sizes[l + 1]);
+    MemoryNeed need = memory_need("--hidden %s --tp %d --batch_size %d", hidden, tp, opt.batch_size);
+    memory_need_add(&need, "parameters", 4 * split_share);
+    memory_need_add(&need, "gradients", 4 * split_share);
+    memory_need_add(&need, "Adam's moments", 8 * split_share);
+    memory_need_add(&need, "DDP's buckets", 4 * split_share);
+    memory_need_add(&need, "activations", activations * sizeof(float));
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
@@ -458,6 +475,7 @@ int main(int argc, char **argv) {
             if (x.rows == opt.batch_size) shown_f = model.f, shown_g = model.g;
             dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
             loss /= (float)replicas;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: whole logits, then the sum
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -474,6 +492,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]: every rank of a replica takes part
     long correct = tp_correct(&model, &test_images, test.labels);
@@ -484,7 +503,6 @@ int main(int argc, char **argv) {
     // Memory, per rank: what it holds of the model's state, beside the theory
     // (16 bytes a weight: the value, its gradient, Adam's two moments; the split
     // layers' weights divided by T) and DDP's whole copy, and the peak resident set.
-    double split_share = (double)split_weights / tp + (double)(weights - split_weights);
     double mine[4] = {(double)params_bytes(model.params, model.n_params), 0, 0, device_peak_memory_bytes(device)};
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)

@@ -53,20 +53,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/args.h"            // args_parse: the flags and --help
-#include "base/check.h"           // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "base/timer.h"           // wall_seconds
-#include "comm/collectives.h"     // group_reduce_scatter, group_all_gather: the shards' two collectives
-#include "data/mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "models/nn.h"            // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
-#include "parallel/ddp.h"         // ddp_wrap: --zero 0 is step 6's DDP
-#include "records/h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/dist.h"         // dist_init, dist_rank, print0: the world
-#include "runtime/profile.h"      // profile_start, profile_push: named time ranges (--trace)
-#include "runtime/threads.h"      // threads_init: this rank's CPU threads
-#include "train/train_options.h"  // TrainOptions, TRAIN_FLAGS: the flags every training program takes
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "comm/collectives.h"       // group_reduce_scatter, group_all_gather: the shards' two collectives
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
+#include "parallel/ddp.h"           // ddp_wrap: --zero 0 is step 6's DDP
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -401,14 +403,17 @@ static double sharded_accuracy(Sharded *s, const Tensor *images, const int *labe
     return n ? (double)correct / n : 0.0;
 }
 
-// The reports, after main.
+// The memory check and the reports, after main.
 typedef void (*LayerUse)(Sharded *s, int layer, Param *pair, const Tensor *whole, void *context);
 static void each_layer_whole(Sharded *s, LayerUse use, void *context);
+static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
+                            int max_batch);  // the memory check, beside report_memory's theory
 static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device);
 static void report_traffic(const Sharded *s, long steps, size_t weights, const Ddp *ddp);
 static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path);
 static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *all);
 static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *hash);
+static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -435,6 +440,13 @@ int main(int argc, char **argv) {
     describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    // Memory: what this stage keeps on each rank (the theory the report shows at the end), refused
+    // now if it would not fit (exit 2).
+    MemoryNeed need = memory_need("--hidden %s --zero %d%s --batch_size %d (%d rank%s)", hidden, zero,
+                                  prefetch ? " --prefetch" : "", opt.batch_size, dist_world_size(), dist_world_size() == 1 ? "" : "s");
+    add_memory_need(&need, sizes, n_sizes, zero, prefetch, dist_world_size(), opt.batch_size);
+    mnist_add_memory_need(&need, opt.batch_size);
+    memory_require(&need, device);
     Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
@@ -500,6 +512,7 @@ int main(int argc, char **argv) {
             }
             dist_allreduce_sum(&loss, 1);                   // for the log: the loss of the global batch
             loss /= (float)world;
+            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
@@ -516,6 +529,7 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
+    check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
     profile_push("evaluation");  // in a trace, the test set's forwards (and gathers) apart from training's
@@ -607,11 +621,60 @@ static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, 
     }
 }
 
+// The weights this rank holds, checked finite (collective): whole at stages 0-2, its blocks at stage 3,
+// where no rank holds a whole layer outside a gather.
+static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run) {
+    if (s->zero <= 2) {
+        check_weights_finite(s->params, 2 * s->n_units, steps, epochs, run);
+        return;
+    }
+    Param *blocks = xcalloc((size_t)s->n_units, sizeof(Param));
+    for (int i = 0; i < s->n_units; i++) {
+        blocks[i].value = &s->units[i].param_block;
+        snprintf(blocks[i].name, sizeof blocks[i].name, "fc.%d.weight and bias", 2 * i);
+    }
+    check_weights_finite(blocks, s->n_units, steps, epochs, run);
+    free(blocks);
+}
+
 // The checksum: step 6's params_checksum over fc.0.weight, fc.0.bias, ..., layer after layer.
 static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *hash) {
     (void)s, (void)layer, (void)whole;
     unsigned long long *h = hash;
     *h = params_checksum_continue(*h, pair, 2);
+}
+
+// The theory of each stage, per weight: the bytes of its value, its gradient
+// and Adam's two moments that a rank keeps, on N ranks (16 / N and so on:
+// report_memory's "theory" column and the memory check before training).
+static void state_bytes_per_weight(int zero, double n, double bytes[3]) {
+    bytes[0] = zero <= 2 ? 4 : 4 / n;  // parameters: whole until stage 3
+    bytes[1] = zero <= 1 ? 4 : 4 / n;  // gradients: whole until stage 2
+    bytes[2] = zero == 0 ? 8 : 8 / n;  // Adam's moments: sharded from stage 1
+}
+
+// What sharded_new and the training will hold on this rank, added to `need`
+// before anything is allocated: the theory's model state, the working buffers
+// (DDP's copy of the gradients; stages 2-3: two layers' whole gradients, and on
+// stage 3 one layer gathered, or two with --prefetch), every layer's output and
+// its gradient for max_batch rows.
+static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
+                            int max_batch) {
+    double weights = 0, activations = 0, largest[2] = {0, 0};  // of the even and the odd layers
+    for (int i = 0; i + 1 < n_sizes; i++) {
+        double numel = (double)sizes[i] * sizes[i + 1] + sizes[i + 1];
+        weights += numel;
+        largest[i % 2] = numel > largest[i % 2] ? numel : largest[i % 2];
+        activations += 2.0 * max_batch * sizes[i + 1];
+    }
+    double per_weight[3], both = largest[0] + largest[1], any = largest[0] > largest[1] ? largest[0] : largest[1];
+    state_bytes_per_weight(zero, world, per_weight);
+    memory_need_add(need, "parameters", per_weight[0] * weights);
+    memory_need_add(need, "gradients", per_weight[1] * weights);
+    memory_need_add(need, "Adam's moments", per_weight[2] * weights);
+    double working = zero == 0 ? weights : zero == 1 ? 0 : both + (zero == 3 ? (prefetch ? both : any) : 0);
+    memory_need_add(need, "working buffers", working * sizeof(float));
+    memory_need_add(need, "activations", activations * sizeof(float));
 }
 
 // Per rank: the bytes of parameters, gradients and Adam's moments it holds,
@@ -628,7 +691,8 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
         working += (double)(tensor_numel(&s->grads[k]) + tensor_numel(&s->gathered[k])) * sizeof(float);
     if (ddp)
         for (int b = 0; b < ddp->n_buckets; b++) working += (double)ddp->buckets[b].count * sizeof(float);
-    const double per_param[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
+    double per_weight[3];  // the theory: what a stage keeps of each weight
+    state_bytes_per_weight(s->zero, n, per_weight);
     const char *formula[] = {"16", "4 + 4 + 8/N", "4 + 12/N", "16/N"};
     const char *working_is[] = {"DDP's buckets: a copy of the gradients", "none", "2 layers' whole gradients",
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
@@ -636,7 +700,7 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
     double mine[5] = {params, grads, adam, working, device_peak_memory_bytes(device)};
     double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
     CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-    double theory = per_param[s->zero] * (double)weights;
+    double theory = (per_weight[0] + per_weight[1] + per_weight[2]) * (double)weights;
     print0("Memory per rank (MB): parameters + gradients + Adam = model state, beside the theory %s B/param x %zu "
            "(N = %d); working buffers (%s); peak resident set\n", formula[s->zero], weights, s->world,
            working_is[s->zero]);

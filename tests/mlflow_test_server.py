@@ -37,7 +37,18 @@ holds it (the others are served normally). From the Nth counted request on, K of
     --refuse-from N [--refuse-count K]   400 {"error_code": "INVALID_PARAMETER_VALUE", "message": "injected refusal"}
     --hang-from N [--hang-count K]       read the request, then never answer (the connection stays open)
     --close-from N [--close-count K]     read the request, then close the connection without an answer
-(several at once: the first in this order close, hang, fail, refuse whose range holds the request).
+Hostile servers (issue 36), the same way:
+    --endless-from N                     200 application/json, no length, then bytes without end, as fast as
+                                         the client reads them, until it closes the connection
+    --drip-from N                        the answer (a valid one) one byte a second, its status line included
+    --throttle-from N [--retry-after S]  429 {"error_code": "REQUEST_LIMIT_EXCEEDED"} with "Retry-After: S"
+                                         (default 3600; "date+N": an HTTP date N seconds from now)
+    --html-from N                        200 text/html, an 8-line page (a proxy's login page)
+    --binary-from N                      200 application/octet-stream, 4 KB holding escape sequences, \r, \n, NUL
+    --huge-from N                        200 application/json, a valid JSON object of 64 MiB (its length said)
+(several at once: the first in this order close, hang, endless, drip, throttle, html, binary, huge, fail,
+refuse whose range holds the request).
+    --refuse-message TEXT                the message of --refuse's answers (Python escapes: \n, \x1b)
 SIGUSR1 turns every fault off from then on: a server that failed a first run and serves the next.
 libcurl sends a request once more, on a new connection, when a kept-alive one closes without an answer:
 the client itself sees a --close only when two requests in a row are closed (--close-count 2 or more).
@@ -48,6 +59,7 @@ the client itself sees a --close only when two requests in a row are closed (--c
 """
 import argparse
 import base64
+import email.utils
 import json
 import math
 import os
@@ -61,6 +73,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 API = "/api/2.0/mlflow/"
+# The faults, in the order that picks one when several ranges hold a request; the hostile ones' status.
+FAULTS = ("close", "hang", "endless", "drip", "throttle", "html", "binary", "huge", "fail", "refuse")
+HOSTILE = {"endless": 200, "drip": 200, "throttle": 429, "html": 200, "binary": 200, "huge": 200}
 ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
 STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 # mlflow/utils/validation.py
@@ -358,13 +373,18 @@ class Handler(BaseHTTPRequestHandler):
             counted = opt.fault_path is None or opt.fault_path in url.path
             srv.counted += counted
             n = srv.counted if counted else 0
-        fault = next((name for name in ("close", "hang", "fail", "refuse")
+        fault = next((name for name in FAULTS
                       if n and getattr(opt, name + "_from") and
                       getattr(opt, name + "_from") <= n < getattr(opt, name + "_from") + getattr(opt, name + "_count")),
                      None)
         if fault is None and srv.credentials and self.headers.get("Authorization") not in srv.credentials:
             fault = "unauthenticated"
         entry["fault"] = fault
+        if fault in HOSTILE:
+            entry["status"] = HOSTILE[fault]
+            srv.log(entry)
+            self.hostile(fault, url.path, query, raw, entry["body"])
+            return
         if fault in ("close", "hang"):
             srv.log(entry)
             if fault == "close":
@@ -375,7 +395,7 @@ class Handler(BaseHTTPRequestHandler):
         if fault == "fail":
             status, answer = 500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}
         elif fault == "refuse":
-            status, answer = 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": "injected refusal"}
+            status, answer = 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": opt.refuse_message}
         elif fault == "unauthenticated":
             status, answer = 401, {"error_code": "UNAUTHENTICATED", "message": "You are not authenticated."}
         else:
@@ -383,6 +403,52 @@ class Handler(BaseHTTPRequestHandler):
         entry["status"] = status
         srv.log(entry)
         self.reply(status, answer)
+
+    def hostile(self, fault, path, query, raw, body):
+        """A hostile answer; the connection is closed after it."""
+        self.close_connection = True
+        if fault == "endless":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"pad\": \"")
+            block = b"x" * 65536
+            while True:  # until the client hangs up (BrokenPipeError, taken by handle_error)
+                self.wfile.write(block)
+        if fault == "drip":
+            status, answer = self.answer(path, query, raw, body)
+            data = json.dumps(answer).encode() if not isinstance(answer, bytes) else answer
+            head = (f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                    "Connection: close\r\n\r\n").encode()
+            for byte in head + data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(1)
+            return
+        if fault == "throttle":
+            after = self.server.options.retry_after
+            if after.startswith("date+"):
+                after = email.utils.formatdate(time.time() + float(after[5:]), usegmt=True)
+            data = json.dumps({"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "Too many requests"}).encode()
+            self.send_response(429)
+            self.send_header("Retry-After", after)
+            ctype = "application/json"
+        elif fault == "html":
+            data = (b"<!DOCTYPE html>\n<html>\n<head><title>Sign in</title></head>\n<body>\n"
+                    b"<h1>Single sign-on</h1>\n<form action=/login><input name=user></form>\n</body>\n</html>\n")
+            self.send_response(200)
+            ctype = "text/html; charset=utf-8"
+        elif fault == "binary":
+            pattern = b"\x1b[2J\x1b]0;owned\x07\r\n\x00\xff\xfe\x9b31m" + bytes(range(256))
+            data = (pattern * (4096 // len(pattern) + 1))[:4096]
+            self.send_response(200)
+            ctype = "application/octet-stream"
+        else:  # huge
+            data = b'{"pad": "' + b"x" * (64 << 20) + b'"}'
+            self.send_response(200)
+            ctype = "application/json"
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
 
     def answer(self, path, query, raw, body):
         store = self.server.store
@@ -440,7 +506,7 @@ class Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # A client that gave up on its answer (its timeout passed while the server was stopped by SIGSTOP,
         # or hung) closed the connection: the reply has nowhere to go, which is no error of the server's.
-        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
             return
         super().handle_error(request, client_address)
 
@@ -468,9 +534,16 @@ def main():
                         "not the proxy's mlflow-artifacts:/<id>")
     p.add_argument("--fault-path", help="count only requests whose path holds this")
     for name, what in (("fail", "answer 500 INTERNAL_ERROR"), ("refuse", "answer 400 INVALID_PARAMETER_VALUE"),
-                       ("hang", "never answer"), ("close", "close the connection, no answer")):
+                       ("hang", "never answer"), ("close", "close the connection, no answer"),
+                       ("endless", "answer 200 and bytes without end"), ("drip", "answer one byte a second"),
+                       ("throttle", "answer 429 with Retry-After"), ("html", "answer 200 with an HTML page"),
+                       ("binary", "answer 200 with binary bytes"), ("huge", "answer 200 with 64 MiB of JSON")):
         p.add_argument(f"--{name}-from", type=int, metavar="N", help=f"{what} from the Nth counted request on")
         p.add_argument(f"--{name}-count", type=int, metavar="K", default=1 << 62, help="... K times (default: all)")
+    p.add_argument("--retry-after", default="3600", metavar="S",
+                   help="--throttle's Retry-After: seconds, or date+N for an HTTP date N seconds ahead")
+    p.add_argument("--refuse-message", default="injected refusal", type=lambda t: t.encode().decode("unicode_escape"),
+                   help="--refuse's message (Python escapes)")
     p.add_argument("--require-token", metavar="TOKEN", help="401 without 'Authorization: Bearer TOKEN'")
     p.add_argument("--require-basic", metavar="USER:PASSWORD", help="401 without this basic authentication")
     p.add_argument("--deleted-experiment", metavar="NAME", action="append", default=[],
@@ -483,7 +556,7 @@ def main():
         raise KeyboardInterrupt
 
     def faults_off(signum, frame):
-        for name in ("close", "hang", "fail", "refuse"):
+        for name in FAULTS:
             setattr(options, name + "_from", None)
 
     signal.signal(signal.SIGTERM, stop)

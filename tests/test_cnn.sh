@@ -104,9 +104,9 @@ expect "--max_steps -2: exit $status (2), one line naming the flag: $(head -1 "$
 # before anything is allocated, with one line, not killed by the OOM killer.
 mpi 2 day3/14_cnn_ddp --batch_size 1048576 --plot '' > "$tmp/bad" 2>&1
 status=$?
-expect "--batch_size 1048576 on 2 ranks: exit $status (1), one line naming the flag: $(grep -m1 -- '--batch_size' "$tmp/bad")" \
-    test $status -eq 1 -a "$(grep -c '^\[rank' "$tmp/bad")" -eq 1 -a \
-    "$(grep -cE -- '--batch_size 1048576 \(SimpleCNN\): [0-9.]+ GB per rank, 2 ranks on .*: more than half of its' "$tmp/bad")" -eq 1
+expect "--batch_size 1048576 on 2 ranks: exit $status (2), one line naming the flag: $(grep -m1 -- '--batch_size' "$tmp/bad")" \
+    test $status -eq 2 -a "$(grep -c '^error' "$tmp/bad")" -eq 1 -a \
+    "$(grep -cE -- '^error: --batch_size 1048576 needs about [0-9.]+ [GT]B per rank \(.*activations [0-9.]+ [GT]B.*\), more than ' "$tmp/bad")" -eq 1
 if /usr/bin/python3 -c 'import h5py, numpy' 2> /dev/null; then
     # A conv weight stored 2-D [32, 9] (the tensor's shape, not the state_dict's) is refused.
     /usr/bin/python3 - "$tmp/one.h5" "$tmp/flat.h5" << 'PY'

@@ -237,7 +237,7 @@ expect_error 2 '^error: --batch_size 6450 is not a multiple of 100' mpi 2 "${ste
 expect_error 2 '^error: --prefetch expects an integer from 1' mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --prefetch 0
 expect_error 2 '^error: --workers expects an integer from 0 to 256' mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --workers 100000
 # W x K slots that no node holds (16384 batches of 822 MB): one line, before any is allocated.
-expect_error 1 '\] --workers 256 x --prefetch 64 slots of 1048500 samples: [0-9.]+ GB per rank, 2 ranks on .*: more than half' \
+expect_error 2 '^error: --batch_size 1048500 --workers 256 --prefetch 64 needs about [0-9.]+ TB per rank \(.*batch slots [0-9.]+ TB\), more than ' \
     mpi 2 "${step11[@]}" --h5 "$tmp/ours.h5" --workers 256 --prefetch 64 --batch_size 1048500
 expect_error 2 '^error: --gzip expects an integer from -1 to 9' run day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5" --gzip 10
 # A truncated file (a copy cut at half): HDF5 sees it at open, every rank says so at once.

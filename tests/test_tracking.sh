@@ -12,10 +12,16 @@
 #     exit 2 on every rank, before any training;
 #   - a run killed by SIGTERM shows KILLED with what it logged, a fatal error on rank 0 FAILED; step 13 killed and restarted
 #     logs into the same run, its loss at every step exactly once, and ends FINISHED;
+#   - hostile servers (an endless answer, one dripped a byte a second, 429 with Retry-After, an HTML page,
+#     binary bytes, 64 MiB of JSON, escape sequences in an error message): the same losses, bounded
+#     memory, one summarised line, the end within its bound; Retry-After within 30 s honoured;
+#   - full disks (a tmpfs of 24 KB, and of about 100 KB; SKIP where mounting is not allowed): no run's
+#     folder without meta.yaml, each value written once, the last line naming exactly what is missing;
 #   - a real MLflow when one is installed (python3 -c 'import mlflow'): `mlflow server` with SQLite, the
 #     runs read back through mlflow.search_runs and MlflowClient.get_metric_history; SKIP otherwise.
-# make test runs them all but four server checks, which make test-all adds: 1875 steps within MLflow's
-# limits per batch, a server that hangs, a refused batch, a server that fails and comes back.
+# make test runs them all but some server checks, which make test-all adds: 1875 steps within MLflow's
+# limits per batch, a server that hangs, a refused batch, a server that fails and comes back, and the
+# hostile servers' other cases (at the start, mid-run or at the end) and more disk sizes.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -24,7 +30,10 @@ DATA=${DATA:-data/mnist}
 PYTHON=${PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d)
 servers=()
-trap 'for pid in "${servers[@]}"; do kill -CONT -- "$pid" 2> /dev/null; kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
+# The tmpfs mounts of the full-disk checks, unmounted before the folder is removed.
+mounts=()
+unmount_all() { for dir in "${mounts[@]}"; do umount "$dir" 2> /dev/null; done; mounts=(); }
+trap 'unmount_all; for pid in "${servers[@]}"; do kill -CONT -- "$pid" 2> /dev/null; kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
 pass() { echo "PASS tracking: $*"; }
 fail() { echo "FAIL tracking: $*"; }
 skip() { echo "SKIP tracking: $*"; }
@@ -326,6 +335,201 @@ if thorough; then
     [ $status -eq 143 ] && [ $took -le 8 ] \
         && pass "SIGTERM while a request to the server hangs: the program ends in ${took} s (exit 143), not after the request's 10 s and its retries" \
         || fail "SIGTERM while a request hangs: exit $status after ${took} s (expected 143 within 8 s): $(head -2 "$tmp/hung.err" | tr '\n' ' ')"
+fi
+
+# ---------------------------------------------------------------- hostile servers (issue 36)
+# A server that streams without end, drips its answer a byte a second, asks for an hour's pause (429,
+# Retry-After: 3600), answers an HTML page, binary bytes or 64 MiB of JSON, or puts terminal escapes in
+# its error message: the training goes on to the same losses, rank 0's memory stays bounded (an answer
+# is cut at 8 MiB), each refusal is one line that summarises the answer (status, content type, size) and
+# never shows it, and the end of the run keeps to its bound, 1.5 request timeouts (3 s here; checked
+# with 1 s more for this script's polling of the output). Without the caps, the endless server grew
+# rank 0 by gigabytes, and a 429 was tried again at once.
+# peak_rss FILE COMMAND...: runs COMMAND, its peak resident memory (KB, its own and its children's) to FILE.
+peak_rss() { "$PYTHON" -c '
+import resource, subprocess, sys
+status = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write("%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(status if status >= 0 else 128 - status)' "$@"; }
+# hostile NAME [SERVER OPTIONS...]: step 2 for 2 epochs against the test server with those faults
+# (MLFLOW_HTTP_REQUEST_TIMEOUT=2, backoff 0.1 s); NAME "unlogged": without --mlflow, no server. Sets
+# $status, $end_ms (from the accuracy line to the exit: the end of the run) and $rss_kb; the outputs as
+# $tmp/NAME.{out,err,csv}, the server's log $tmp/NAME.log.
+hostile() {
+    local name=$1 mlflow=() pid end_start; shift
+    if [ "$name" != unlogged ]; then serve "$name" "$@"; mlflow=(--mlflow "http://127.0.0.1:$port"); fi
+    MLFLOW_HTTP_REQUEST_TIMEOUT=2 MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 peak_rss "$tmp/$name.rss" timeout 120 \
+        day1/2_mnist_training --data "$DATA" --epochs 2 --plot '' --losses "$tmp/$name.csv" "${mlflow[@]}" \
+        > "$tmp/$name.out" 2> "$tmp/$name.err" &
+    pid=$!
+    for _ in $(seq 6000); do grep -q 'Test accuracy' "$tmp/$name.out" 2> /dev/null && break; kill -0 $pid 2> /dev/null || break; sleep 0.02; done
+    end_start=$(date +%s%N)
+    wait $pid
+    status=$?
+    end_ms=$(( ($(date +%s%N) - end_start) / 1000000 ))
+    [ "$name" != unlogged ] && stop_server
+    rss_kb=$(cat "$tmp/$name.rss" 2> /dev/null || echo 0)
+}
+# The stderr of NAME: its line count, and whether it holds a control byte but its newlines.
+err_lines() { wc -l < "$tmp/$1.err"; }
+err_controls() { tr -d '\n' < "$tmp/$1.err" | LC_ALL=C grep -c '[[:cntrl:]]'; }
+hostile unlogged
+reference_rss=$rss_kb
+# hostile_midrun WHAT WANT NAME OPTIONS...: the run goes on to the same losses, exit 0, warnings only
+# (at most 3 lines: the failure, the server answering again, the end's; one naming WANT; no control
+# byte), the end within 4 s, memory within 64 MiB of the untracked run's.
+hostile_midrun() {
+    local what=$1 want=$2 name=$3; shift 3
+    hostile "$name" "$@"
+    local lines controls wanted others
+    lines=$(err_lines "$name") controls=$(err_controls "$name")
+    wanted=$(grep -c -- "$want" "$tmp/$name.err") others=$(grep -vc '^warning: MLflow: ' "$tmp/$name.err")
+    if [ $status -eq 0 ] && cmp -s "$tmp/$name.csv" "$tmp/unlogged.csv" && [ "$lines" -le 3 ] && [ "$wanted" -eq 1 ] &&
+            [ "$others" -eq 0 ] && [ "$controls" -eq 0 ] && [ $end_ms -le 4000 ] && [ $rss_kb -le $((reference_rss + 65536)) ]; then
+        pass "$what: the same losses, exit 0, the end in $end_ms ms (bound 3 s), peak memory $((rss_kb / 1024)) MiB (untracked $((reference_rss / 1024)) MiB), $lines warning line(s): $(grep -- "$want" "$tmp/$name.err" | sed 's/^warning: MLflow: //' | cut -c1-190)"
+    else
+        fail "$what: exit $status, losses $(cmp -s "$tmp/$name.csv" "$tmp/unlogged.csv" && echo same || echo differ), the end in $end_ms ms (bound 3000 + 1000), peak memory $rss_kb KB (untracked $reference_rss), $lines lines ($wanted naming '$want', $others not warnings, $controls control bytes): $(head -3 "$tmp/$name.err" | cut -c1-300 | tr '\n' ' ')"
+    fi
+}
+# hostile_start WHAT WANT NAME OPTIONS...: refused at the start: exit 2, one line naming WANT, no
+# control byte, no training, memory within 64 MiB of the untracked run's.
+hostile_start() {
+    local what=$1 want=$2 name=$3; shift 3
+    hostile "$name" "$@"
+    local lines controls
+    lines=$(err_lines "$name") controls=$(err_controls "$name")
+    if [ $status -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$want" "$tmp/$name.err" && [ "$controls" -eq 0 ] &&
+            ! grep -q '^epoch' "$tmp/$name.out" && [ $rss_kb -le $((reference_rss + 65536)) ]; then
+        pass "$what: exit 2, one line, before any training: $(sed "s|$port|PORT|g" "$tmp/$name.err" | cut -c1-230)"
+    else
+        fail "$what: exit $status, $lines lines ($controls control bytes), peak memory $rss_kb KB, expected exit 2 and one line naming '$want': $(head -3 "$tmp/$name.err" | cut -c1-300 | tr '\n' ' ')"
+    fi
+}
+hostile_midrun "a server that streams its answers without end from the 4th request" \
+    "HTTP 200, application/json, more than 8 MiB (stopped there)" endless --endless-from 4
+hostile_midrun "an HTML page (200) for the answers from the 4th request" \
+    "HTTP 200, text/html; charset=utf-8, 151 bytes, not JSON" html --html-from 4
+! grep -q '<' "$tmp/html.err" && pass "the HTML page is summarised, not shown (no '<' in the output)" \
+    || fail "the HTML page is shown: $(grep '<' "$tmp/html.err" | head -2)"
+hostile_midrun "a server that drips the run's status a byte a second, at the end" "may not have reached" \
+    drip_end --fault-path runs/update --drip-from 1
+hostile_start "binary bytes (200, 4 KB of escape sequences) for the first answer" \
+    "HTTP 200, application/octet-stream, 4096 bytes, not JSON" binary --binary-from 1
+# An error message of MLflow's shape whose text would clear the screen: quoted, escaped and cut.
+hostile_start "an error message holding a newline and escape sequences" \
+    "INVALID_PARAMETER_VALUE: 'first line\\\\nsecond\\\\x1b\[2J\\\\x1b\]0;title\\\\x07.*\.\.\.' (5[0-9][0-9] bytes)" message \
+    --refuse-from 1 --refuse-message "first line\\nsecond\\x1b[2J\\x1b]0;title\\x07$(printf 'x%.0s' $(seq 500))"
+# 429 with Retry-After: 3600: the request counts as failed at once, said in the warning, never sent
+# again (its body is in the server's log once), and nothing waits for the hour.
+hostile_midrun "429 with Retry-After: 3600 for the 4th request" \
+    "it asked to be tried again after 3600 s (Retry-After), more than the 30 s this client waits" \
+    throttle --throttle-from 4 --throttle-count 1
+# throttled LOG: whether the request answered 429 was sent again, and after how many seconds.
+throttled() { "$PYTHON" -c '
+import json, sys
+log = [json.loads(line) for line in open(sys.argv[1])]
+first = next(i for i, e in enumerate(log) if e["status"] == 429)
+again = [e for e in log[first + 1:] if e["body"] == log[first]["body"] and e["path"] == log[first]["path"]]
+print("%.2f" % (again[0]["time"] - log[first]["time"]) if again else "never", len(again))' "$1"; }
+[ "$(throttled "$tmp/throttle.log")" = "never 0" ] \
+    && pass "the batch answered 429 with Retry-After: 3600 is not sent again" \
+    || fail "the batch answered 429 with Retry-After: 3600 is sent again: after $(throttled "$tmp/throttle.log") s"
+# Retry-After within the cap is honoured, in seconds and as an HTTP date: the request is tried again
+# that much later (the backoff's pause is 0.1 s here), and the run holds everything, once.
+for form in 1 $(if_thorough date+2); do
+    hostile "retry_$form" --throttle-from 4 --throttle-count 1 --retry-after "$form"
+    read -r gap count < <(throttled "$tmp/retry_$form.log")
+    if [ $status -eq 0 ] && [ ! -s "$tmp/retry_$form.err" ] && [ "$count" = 1 ] && "$PYTHON" -c "import sys; sys.exit(not $gap >= 0.9)" &&
+            "$PYTHON" tests/tracked_run.py "$tmp/retry_$form.dump" --experiment Default --runs 1 --status FINISHED --losses "$tmp/retry_$form.csv" > /dev/null 2>&1; then
+        pass "429 with Retry-After: $form: tried again after $gap s, once, no warning; the run FINISHED with every step's loss once"
+    else
+        fail "429 with Retry-After: $form: exit $status, sent again $count times after $gap s (expected once, after 0.9 s or more): $(head -2 "$tmp/retry_$form.err" | tr '\n' ' ')"
+    fi
+done
+if thorough; then
+    hostile_midrun "64 MiB of JSON (its length said) for the answers from the 4th request" \
+        "HTTP 200, application/json, more than 8 MiB (its length said so: not read)" huge --huge-from 4
+    hostile_midrun "a server that drips its answers a byte a second from the 4th request" "may not have reached" \
+        drip --drip-from 4
+    hostile_midrun "a server that streams the run's status without end, at the end" \
+        "HTTP 200, application/json, more than 8 MiB (stopped there)" endless_end --fault-path runs/update --endless-from 1
+    hostile_start "a server that streams its first answer without end" "more than 8 MiB (stopped there)" \
+        endless_start --endless-from 1
+    hostile_start "a server that drips its first answer a byte a second" "Operation too slow" drip_start --drip-from 1
+    hostile_start "an HTML page (200) for the first answer" "HTTP 200, text/html; charset=utf-8, 151 bytes, not JSON" \
+        html_start --html-from 1
+fi
+
+# ---------------------------------------------------------------- full disks (issue 36)
+# An mlruns folder on a tmpfs of 24 KB: the run cannot be created, one line and exit 2, and nothing of it
+# is left (a run's folder without meta.yaml, which MLflow's reader refuses, was). Of about 100 KB: the
+# disk fills mid-run; each value is written once at most (a batch tried again after a short write had
+# written its first keys' lines again: every loss 4 times), and the end's last line names exactly what
+# was not written: with what the folder holds, every value logged, each once.
+# mount_tmpfs DIR KB: a tmpfs of KB kilobytes at DIR; false where mounting is not allowed.
+mount_tmpfs() { mkdir -p "$1" && mount -t tmpfs -o "size=${2}k" tmpfs "$1" 2> /dev/null && mounts+=("$1"); }
+if ! mount_tmpfs "$tmp/disk24" 24; then
+    skip "full disks: cannot mount a tmpfs here (root, outside a container, is needed)"
+elif [ $have_yaml = 1 ]; then
+    MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' \
+        --mlflow "$tmp/disk24/mlruns" > "$tmp/disk24.out" 2> "$tmp/disk24.err"
+    status=$?
+    runs=$(find "$tmp/disk24/mlruns" -mindepth 2 -maxdepth 2 -type d 2> /dev/null | wc -l)
+    if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/disk24.err")" -eq 1 ] && grep -q 'No space left on device' "$tmp/disk24.err" &&
+            [ "$runs" -eq 0 ] && "$PYTHON" tests/check_mlruns.py "$tmp/disk24/mlruns" > /dev/null 2> "$tmp/check.err"; then
+        pass "a full disk (24 KB) at the start: exit 2, one line, no run's folder left, and MLflow's reader takes the folder: $(sed "s|$tmp|TMP|g" "$tmp/disk24.err" | cut -c1-150)"
+    else
+        fail "a full disk (24 KB) at the start: exit $status, $runs runs' folders left, $(head -2 "$tmp/disk24.err" | tr '\n' ' ') $(head -2 "$tmp/check.err" 2> /dev/null | tr '\n' ' ')"
+    fi
+    unmount_all
+    # Every value the run logs, from the same run with room enough.
+    day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' --mlflow "$tmp/disk_all" > /dev/null 2>&1
+    "$PYTHON" tests/check_mlruns.py "$tmp/disk_all" --json "$tmp/disk_all.json" 2> /dev/null
+    for kb in 100 108 $(if_thorough 96 104 112); do
+        mount_tmpfs "$tmp/disk$kb" $kb || { fail "cannot mount a tmpfs of $kb KB"; continue; }
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 day1/2_mnist_training --data "$DATA" --epochs 1 --plot '' \
+            --mlflow "$tmp/disk$kb/mlruns" > "$tmp/disk$kb.out" 2> "$tmp/disk$kb.err"
+        status=$?
+        if ! "$PYTHON" tests/check_mlruns.py "$tmp/disk$kb/mlruns" --json "$tmp/disk$kb.json" 2> "$tmp/check.err"; then
+            fail "a full disk ($kb KB) mid-run: MLflow's reader refuses the folder: $(head -2 "$tmp/check.err" | tr '\n' ' ')"
+        elif verdict=$("$PYTHON" - "$tmp/disk_all.json" "$tmp/disk$kb.json" "$tmp/disk$kb.err" 2>&1 <<'PY'
+import json, re, sys
+def run(path):
+    runs = [r for e in json.load(open(path))["experiments"] for r in e["runs"]]
+    assert len(runs) == 1, f"{len(runs)} runs in {path}"
+    return runs[0]
+everything, written = run(sys.argv[1]), run(sys.argv[2])
+logged = {(k, m[2]) for k, values in everything["metrics"].items() for m in values}
+held = [(k, m[2]) for k, values in written["metrics"].items() for m in values]
+twice = {v for v in held if held.count(v) > 1}
+assert not twice, f"written more than once: {sorted(twice)[:5]}"
+# The end's last line: "not written to DIR: 13 values (loss at steps 0-9; epoch_mean_loss at step 0; 2 params); ..."
+lost, lost_params, lost_tags = set(), 0, 0
+said = re.search(r"not written to [^:]*: (\d+) values? \((.*?)\); everything else logged is there", open(sys.argv[3]).read())
+if said:
+    for part in said.group(2).split("; "):
+        counted = re.fullmatch(r"(\d+) (param|tag)s?", part)
+        if counted:
+            lost_params += int(counted.group(1)) * (counted.group(2) == "param")
+            lost_tags += int(counted.group(1)) * (counted.group(2) == "tag")
+            continue
+        key, ranges = re.fullmatch(r"(\S+) at steps? (.*)", part).groups()
+        for r in re.split(r", | and ", ranges):
+            first, _, last = r.partition("-")
+            lost |= {(key, s) for s in range(int(first), int(last or first) + 1)}
+    assert int(said.group(1)) == len(lost) + lost_params + lost_tags, f"{said.group(1)} values said, {len(lost)} named"
+assert not lost & set(held), f"said lost but written: {sorted(lost & set(held))[:5]}"
+assert lost | set(held) == logged, f"neither written nor said: {sorted(logged - lost - set(held))[:5]}"
+assert len(written["params"]) + lost_params == len(everything["params"]), "params"
+print(f"{len(held)} values written, {len(lost)} + {lost_params} params said not written" if said else f"all {len(held)} values written")
+PY
+        ) && [ $status -eq 0 ]; then
+            pass "a full disk ($kb KB) mid-run: exit 0, MLflow's reader takes the folder, each value once, and the last line names exactly what is missing: $verdict"
+        else
+            fail "a full disk ($kb KB) mid-run: exit $status: $verdict: $(tail -2 "$tmp/disk$kb.err" | cut -c1-300 | tr '\n' ' ')"
+        fi
+        unmount_all
+    done
 fi
 
 # ---------------------------------------------------------------- how runs end

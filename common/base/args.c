@@ -69,13 +69,17 @@ static int is_choice(const char *value, const char *choices) {
 // 1024 cores per rank; 2^20 MNIST samples are 3.3 GB of floats per rank; 2^20
 // micro-batches or 2^30 steps are past any epoch; 256 reader workers with 64
 // batches each ahead are past any DataLoader; zlib's levels end at 9; no
-// embedding of step 15 needs 4096 columns.
+// embedding of step 15 needs 4096 columns; step 15's --synthetic writes at most
+// 10^9 ratings: 40 times ml-25m, a file of about 30 GB, whose ratings one rank
+// still counts in an int (the reader's and the sampler's counts) and holds in
+// about 40 GB.
 static const struct {
     const char *name;
     long max;
 } upper_bounds[] = {
     {"threads", 1024}, {"batch_size", 1L << 20}, {"accum_steps", 1L << 20}, {"max_steps", 1L << 30},
     {"workers", 256},  {"prefetch", 64},     {"gzip", 9},  {"dim", 4096},
+    {"synthetic", 1000000000L},
 };
 
 static long upper_bound(const char *name) {

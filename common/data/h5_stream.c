@@ -345,6 +345,11 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+void h5_stream_add_memory_need(MemoryNeed *need, int batch_size, int workers, int prefetch) {
+    double slot = (double)batch_size * (MNIST_PIXELS * sizeof(float) + sizeof(int));  // float32 pixels at most
+    memory_need_add(need, "batch slots", (double)workers * prefetch * slot + (double)batch_size * MNIST_PIXELS * sizeof(float));
+}
+
 int h5_stream_default_workers(Device device) {
     int computing = device == DEVICE_CPU ? threads_count() : 1;
     int spare = threads_rank_cores() - computing;
@@ -404,9 +409,7 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
 
     int rows = groups_per_batch * H5_GROUP_SIZE;
     size_t pixel_bytes = (size_t)rows * MNIST_PIXELS * stored_pixel_bytes(part);
-    char what[128];  // every rank starts its streams with the same flags: a collective check
-    snprintf(what, sizeof what, "--workers %d x --prefetch %d slots of %d samples", workers, prefetch, rows);
-    dist_require_memory((double)s->n_slots * (double)pixel_bytes, what);
+    // (The caller has checked that they fit: h5_stream_add_memory_need.)
     s->slots = xcalloc((size_t)s->n_slots, sizeof *s->slots);
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].pixels = s->to_gpu ? device_host_alloc(pixel_bytes) : xmalloc(pixel_bytes);

@@ -51,6 +51,7 @@
 
 #include "data/h5_chunk.h"
 #include "data/mnist.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
 #include "tensor/tensor.h"
 
 #define H5_GROUP_SIZE 100   // samples per group, and per chunk: the original's layout
@@ -90,6 +91,13 @@ typedef struct H5Stream H5Stream;  // the reader workers and their batch slots
 // computes with (its OpenMP threads on the CPU; one thread that drives a GPU),
 // at least 1.
 int h5_stream_default_workers(Device device);
+
+// What a stream of batches of `batch_size` rows with `workers` x `prefetch` slots
+// holds, added to `need` as "batch slots" (memory_budget.h): each slot's pixels,
+// counted as float32 (a file may store uint8: a bound, not the exact figure, which
+// needs the open file), and labels, and the batch handed out as floats. The
+// caller checks it before h5_stream_start, which allocates the slots.
+void h5_stream_add_memory_need(MemoryNeed *need, int batch_size, int workers, int prefetch);
 
 // Start reading: `epochs` passes of `sampler` (over part->n_groups groups), in
 // batches of groups_per_batch groups, by `workers` threads that keep up to

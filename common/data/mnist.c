@@ -290,6 +290,12 @@ Tensor mnist_images(MnistSplit *split, Device device) {
     return images;
 }
 
+void mnist_add_memory_need(MemoryNeed *need, int batch_size) {
+    const double train = 60000, test = 10000;  // the samples of MNIST's two splits
+    double held = (train + test) * (MNIST_PIXELS + sizeof(int));
+    memory_need_add(need, "data", held + ((double)batch_size + test) * MNIST_PIXELS * sizeof(float));
+}
+
 // ------------------------------------------------------------------ sampler
 
 DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool shuffle, uint64_t seed) {

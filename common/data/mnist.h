@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/memory_budget.h"  // MemoryNeed
 #include "tensor/tensor.h"
 
 #define MNIST_PIXELS 784  // 28 x 28, flattened as torch's view(-1, 784)
@@ -60,6 +61,10 @@ void mnist_gather(MnistSplit *split, const int *indices, int rows, Tensor *image
 
 // All images of the split as float32 [n, 784], e.g. to evaluate the test set.
 Tensor mnist_images(MnistSplit *split, Device device);
+// What the data takes of a rank's memory, added to `need` as "data" (memory_budget.h):
+// both splits as mnist_load holds them (uint8 pixels, labels), a batch of
+// `batch_size` rows as floats, and the test set as floats (mnist_images, the evaluation).
+void mnist_add_memory_need(MemoryNeed *need, int batch_size);
 
 // ------------------------------------------------------------------ sampler
 // torch.utils.data.DistributedSampler(shuffle, seed, drop_last=False):

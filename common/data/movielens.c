@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "base/paths.h"
@@ -411,12 +414,95 @@ static int skewed(Rng *rng, int n) {
     return index < n ? index : n - 1;
 }
 
+// The temporary file being written, for the signal handler: removed if a signal ends the write.
+static char g_writing[4096];
+static volatile sig_atomic_t g_writing_armed;
+// The signals that end a process by default while it writes: an interrupt, a stop from
+// mpirun or Slurm, a closed terminal, a file past ulimit -f (SIGXFSZ). One that the
+// process was told to ignore stays ignored (the write then fails, and write_or_die cleans up).
+static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGXFSZ};
+enum { N_STOP_SIGNALS = sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0] };
+static struct sigaction g_previous[N_STOP_SIGNALS];
+
+static void remove_temp_and_die(int signal_number) {
+    if (g_writing_armed) unlink(g_writing);  // async-signal-safe
+    for (int i = 0; i < N_STOP_SIGNALS; i++)
+        if (STOP_SIGNALS[i] == signal_number) sigaction(signal_number, &g_previous[i], NULL);
+    raise(signal_number);  // the previous action (the default: the process ends by this signal)
+}
+
+static void guard_temp(const char *temp) {
+    snprintf(g_writing, sizeof g_writing, "%s", temp);
+    g_writing_armed = 1;
+    struct sigaction action = {.sa_handler = remove_temp_and_die};
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) {
+        sigaction(STOP_SIGNALS[i], NULL, &g_previous[i]);
+        if (g_previous[i].sa_handler != SIG_IGN) sigaction(STOP_SIGNALS[i], &action, NULL);
+    }
+}
+
+static void unguard_temp(void) {
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(STOP_SIGNALS[i], &g_previous[i], NULL);
+    g_writing_armed = 0;
+}
+
+// Commit the file, or remove its temporary file and end the job with one line.
 static void write_or_die(FILE *file, const char *temp, const char *path, bool ok) {
-    if (!ok || !replace_commit(file, temp)) FATAL("cannot write %s: %s", PATH_SHOWN(path), strerror(errno));
+    if (!ok) {
+        int why = errno;
+        replace_abort(file, temp);  // replace_commit would too, but a write that failed never gets there
+        unguard_temp();
+        errno = why;
+        FATAL("cannot write %s: %s", PATH_SHOWN(path), strerror(errno));
+    }
+    bool committed = replace_commit(file, temp);  // on failure it has removed the temporary file
+    unguard_temp();
+    if (!committed) FATAL("cannot write %s: %s", PATH_SHOWN(path), strerror(errno));
+}
+
+static int decimal_digits(long value) {
+    int digits = 1;
+    while (value >= 10) value /= 10, digits++;
+    return digits;
+}
+
+// The users and movies of n synthetic ratings: ml-25m's proportions.
+static void synthetic_shape(long n, int *n_users, int *n_items) {
+    *n_users = (int)(n / 154 > 10 ? n / 154 : 10), *n_items = (int)(n / 423 > 10 ? n / 423 : 10);
+}
+
+bool movielens_synthetic_fits(const char *dir, long n, char *why, size_t why_size) {
+    int n_users, n_items;
+    synthetic_shape(n, &n_users, &n_items);
+    // The longest line of each file, as movielens_write_synthetic prints them.
+    long last_item_id = n_items - 1 + (n_items - 1) / 2 + 1;
+    double rating_line = decimal_digits(n_users) + 1 + decimal_digits(last_item_id) + 1 + 3 + 1 +
+                         decimal_digits(1000000000L + n) + 1;
+    double movie_line = 2 * decimal_digits(last_item_id) + 60;  // id, "Synthetic movie I, part P (YYYY)", genres
+    double bytes = strlen(MOVIELENS_HEADER) + 1 + (double)n * rating_line + 22 + (double)n_items * movie_line;
+    char folder[4096];
+    snprintf(folder, sizeof folder, "%s", dir);
+    struct statvfs fs;
+    while (statvfs(folder, &fs) != 0) {  // not made yet: its nearest folder that is
+        char *slash = strrchr(folder, '/');
+        if (!slash || slash == folder) {
+            snprintf(folder, sizeof folder, "%s", slash == folder ? "/" : ".");
+            if (statvfs(folder, &fs) != 0) return true;  // nothing to ask: the write will say
+            break;
+        }
+        *slash = '\0';
+    }
+    double free_bytes = (double)fs.f_bavail * (double)fs.f_frsize;
+    if (bytes <= free_bytes) return true;
+    snprintf(why, why_size, "--synthetic %ld: the files need up to %.1f MB in %s, which has %.1f MB free", n, bytes / 1e6,
+             PATH_SHOWN(dir), free_bytes / 1e6);
+    return false;
 }
 
 void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
-    int n_users = (int)(n / 154 > 10 ? n / 154 : 10), n_items = (int)(n / 423 > 10 ? n / 423 : 10);
+    int n_users, n_items;
+    synthetic_shape(n, &n_users, &n_items);
     enum { RANK = 8 };
     Rng rng;
     rng_seed(&rng, seed);
@@ -429,6 +515,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     snprintf(path, sizeof path, "%s/ratings.csv", dir);
     FILE *file = replace_begin(path, temp, sizeof temp);
     CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
+    guard_temp(temp);
     bool ok = fprintf(file, "%s\n", MOVIELENS_HEADER) > 0;
     for (long k = 0; k < n && ok; k++) {
         int user = skewed(&rng, n_users), item = skewed(&rng, n_items);
@@ -444,6 +531,7 @@ void movielens_write_synthetic(const char *dir, long n, uint64_t seed) {
     snprintf(path, sizeof path, "%s/movies.csv", dir);
     file = replace_begin(path, temp, sizeof temp);
     CHECK_ERRNO(file != NULL, "cannot create %s", PATH_SHOWN(path));
+    guard_temp(temp);
     ok = fprintf(file, "movieId,title,genres\n") > 0;
     for (int i = 0; i < n_items && ok; i++)  // every third title has a comma, and so its quotes
         ok = (i % 3 ? fprintf(file, "%d,Synthetic movie %d (%d),Drama\n", i + i / 2 + 1, i, 1950 + i % 70)

@@ -70,4 +70,11 @@ bool movielens_read_titles(const char *path, const Ratings *r, char ***titles, c
 // MovieLens (a few users and movies take most ratings), half-star ratings from
 // a planted rank-8 structure plus noise, so matrix factorisation has something
 // to find. Seeded: the same n and seed write the same bytes. Rank 0 only.
+// It never leaves a temporary file behind: one that fails to write (a full
+// disk) is removed before the fatal line, and SIGINT, SIGTERM or SIGHUP during
+// the write remove it before the signal ends the process.
 void movielens_write_synthetic(const char *dir, long n, uint64_t seed);
+// Whether DIR's file system (DIR's nearest folder that exists) has room for the
+// files movielens_write_synthetic(dir, n) writes, at their longest lines
+// (statvfs: the blocks free to this user). False with one line in `why`.
+bool movielens_synthetic_fits(const char *dir, long n, char *why, size_t why_size);

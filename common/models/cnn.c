@@ -6,7 +6,6 @@
 #include <stdlib.h>
 
 #include "base/check.h"
-#include "runtime/dist.h"  // dist_require_memory
 #include "runtime/profile.h"
 
 #define ARRAY_SIZE(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -32,17 +31,21 @@ static double words_per_sample(void) {
     return activations + columns + argmax;
 }
 
+void cnn_add_memory_need(MemoryNeed *need, int max_batch) {
+    const double weights = (9.0 * 1 * C1 + C1) + (9.0 * C1 * C2 + C2) + ((double)FLAT * HIDDEN + HIDDEN) +
+                           ((double)HIDDEN * CLASSES + CLASSES);  // conv1, conv2, fc1, fc2: cnn_num_weights's
+    memory_need_add(need, "parameters", weights * sizeof(float));
+    memory_need_add(need, "gradients", weights * sizeof(float));
+    memory_need_add(need, "Adam's moments", 2 * weights * sizeof(float));
+    memory_need_add(need, "activations", words_per_sample() * 4.0 * max_batch);
+}
+
 Cnn *cnn_new(int max_batch, Rng *rng, Device device) {
     CHECK(max_batch > 0, "SimpleCNN for batches of %d", max_batch);
-    if (device == DEVICE_CPU) {  // one line for every rank, not the OOM killer (on a GPU, cudaMalloc says it)
-        char what[64];
-        snprintf(what, sizeof what, "--batch_size %d (SimpleCNN)", max_batch);
-        dist_require_memory(words_per_sample() * 4.0 * max_batch, what);
-    }
     // The first pool's argmax are int indices into its C1 x batch x 28 x 28
     // input: past INT_MAX they would wrap, and its backward write out of bounds
-    // (a GPU of 141 GB holds that batch; on the CPU, the memory check above says
-    // no first).
+    // (a GPU of 141 GB holds that batch; the program's memory check,
+    // cnn_add_memory_need, refuses it first on smaller ones).
     char too_large[128];
     int most = (int)(INT_MAX / ((long)C1 * SIDE * SIDE));
     snprintf(too_large, sizeof too_large, "--batch_size %d: the SimpleCNN takes at most %d (its pooling indexes are ints)",

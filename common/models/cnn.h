@@ -13,6 +13,7 @@
 #pragma once
 #include "models/conv.h"
 #include "models/nn.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
 
 #define CNN_PARAMS 8
 
@@ -42,10 +43,14 @@ typedef struct {
 
 // The layers in PyTorch's order, each drawing its weight and then its bias
 // from rng (torch.manual_seed(seed) then SimpleCNN() draws the same numbers).
-// On the heap: params point into it. cnn_free releases it. On the CPU it is
-// collective (every rank builds it with the same batch): a batch whose buffers
-// would take more than half of the node's memory ends the job with one line.
+// On the heap: params point into it. cnn_free releases it. A batch whose buffers
+// would not fit is the caller's to refuse first (cnn_add_memory_need).
 Cnn *cnn_new(int max_batch, Rng *rng, Device device);
+// What cnn_new(max_batch) and its training with Adam will hold, added to `need`
+// (memory_budget.h) before anything is allocated: the parameters, their
+// gradients, Adam's moments, and about 1 MB a sample of activations, their
+// gradients, both convolutions' columns and the pools' argmax.
+void cnn_add_memory_need(MemoryNeed *need, int max_batch);
 void cnn_free(Cnn *model);
 size_t cnn_num_weights(const Cnn *model);
 

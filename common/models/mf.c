@@ -228,14 +228,28 @@ void mf_free(Mf *model) {
     free(model);
 }
 
+// A table's bytes on a rank: the rows it owns, with Adam's two moments, and
+// (dense) the whole gradient table and its touched flags. mf_embedding_bytes
+// reports it, mf_add_memory_need estimates it before the tables exist.
+static double table_bytes(double rows, double owned, int dim, bool dense_grad) {
+    return 3 * owned * dim * sizeof(float) + (dense_grad ? rows * dim * sizeof(float) + rows : 0);
+}
+
 size_t mf_embedding_bytes(const Mf *model) {
-    size_t bytes = 0;
+    double bytes = 0;
     const EmbeddingTable *tables[4] = {&model->user_embedding, &model->item_embedding, &model->user_bias, &model->item_bias};
-    for (int t = 0; t < 4; t++) {
-        bytes += 3 * (size_t)tables[t]->owned * tables[t]->dim * sizeof(float);
-        if (tables[t]->dense_grad) bytes += (size_t)tables[t]->rows * tables[t]->dim * sizeof(float) + (size_t)tables[t]->rows;
-    }
-    return bytes;
+    for (int t = 0; t < 4; t++)
+        bytes += table_bytes(tables[t]->rows, tables[t]->owned, tables[t]->dim, tables[t]->dense_grad != NULL);
+    return (size_t)bytes;
+}
+
+void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world) {
+    bool sharded = mode == EMBEDDINGS_SHARDED, dense = mode == EMBEDDINGS_DENSE;
+    double users = n_users, items = n_items;
+    double owned_users = sharded ? ceil(users / world) : users, owned_items = sharded ? ceil(items / world) : items;
+    memory_need_add(need, "embeddings and Adam's moments",
+                    table_bytes(users, owned_users, dim, dense) + table_bytes(items, owned_items, dim, dense) +
+                    table_bytes(users, users, 1, dense) + table_bytes(items, items, 1, dense));
 }
 
 // ------------------------------------------------------------------ lookups

@@ -132,6 +132,9 @@ void mf_free(Mf *model);
 // Bytes of the tables and Adam's moments held by this rank (and, dense, the
 // whole gradient tables).
 size_t mf_embedding_bytes(const Mf *model);
+// The same, before mf_new: what its tables will take on this rank, added to
+// `need` (memory_budget.h) so that a --dim too large is refused, not killed.
+void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world);
 
 // One training step on this rank's slice of a global batch of global_n
 // samples. Collective (every rank calls it, with n >= 0 samples).

@@ -10,8 +10,9 @@
 // the CPU and the GPU, so these layers hold no device-specific code or state.
 #pragma once
 #include "base/rng.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
 #include "tensor/tensor.h"
-#include "tensor/tensor_ops.h"  // relu_forward, relu_backward, softmax_cross_entropy, mse_loss, ...
+#include "tensor/tensor_ops.h"      // relu_forward, relu_backward, softmax_cross_entropy, mse_loss, ...
 
 // A named parameter and its gradient, as model.named_parameters() yields them.
 // Names are the PyTorch state_dict keys ("fc.0.weight"), which the HDF5
@@ -83,6 +84,11 @@ void mlp_zero_grad(Mlp *model);
 // Fraction of x's rows whose argmax logit equals the label (no gradients).
 double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels);
 size_t mlp_num_weights(const Mlp *model);
+// What mlp_new(sizes, n_sizes, max_batch) and its training will hold, added to
+// `need` (memory_budget.h) before anything is allocated: the parameters, their
+// gradients, `state_floats` floats of optimizer state per weight (Adam's 2,
+// SGD's 0), and every layer's output and its gradient for max_batch rows.
+void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats);
 // A 64-bit hash of every parameter's bits: equal on two ranks iff (almost
 // surely) their models are bit-identical.
 unsigned long long params_checksum(const Param *params, int n_params);

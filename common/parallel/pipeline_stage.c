@@ -6,13 +6,39 @@
 
 #include "runtime/profile.h"
 
+// The floats a slot holds per row of its micro-batch: its input (unless it is the data), every
+// layer's output, and on the last stage the loss's gradient. stage_new and the memory
+// estimate both count with it, so the estimate is what stage_peak_activation_bytes measures.
+static size_t slot_floats_per_row(const int *sizes, int n_sizes, int first_layer, int end_layer) {
+    size_t floats = first_layer == 0 ? 0 : (size_t)sizes[first_layer];
+    for (int g = first_layer; g < end_layer; g++) floats += (size_t)sizes[g + 1];
+    if (end_layer == n_sizes - 1) floats += (size_t)sizes[end_layer];
+    return floats;
+}
+
+void stage_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int first_layer, int end_layer, int rows,
+                           int max_in_flight) {
+    double weights = 0, scratch = first_layer == 0 ? 0 : (double)rows * sizes[first_layer];  // grad_input
+    for (int g = first_layer; g < end_layer; g++) {
+        weights += (double)sizes[g] * sizes[g + 1] + sizes[g + 1];
+        scratch += (double)rows * sizes[g + 1];  // grad_scratch
+    }
+    memory_need_add(need, "parameters", weights * sizeof(float));
+    memory_need_add(need, "gradients", weights * sizeof(float));
+    memory_need_add(need, "Adam's moments", 2 * weights * sizeof(float));
+    memory_need_add(need, "DDP's buckets", weights * sizeof(float));
+    memory_need_add(need, "activations", ((double)max_in_flight * rows * slot_floats_per_row(sizes, n_sizes, first_layer, end_layer)
+                                          + scratch) * sizeof(float));
+}
+
 Stage stage_new(const int *sizes, int n_sizes, int first_layer, int end_layer, int rows, Rng *rng, Device device) {
     int total_layers = n_sizes - 1;
     CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= total_layers,
           "stage_new: layers [%d, %d) of an MLP of %d", first_layer, end_layer, total_layers);
     Stage stage = {.first_layer = first_layer, .n_layers = end_layer - first_layer, .is_first = first_layer == 0,
                    .is_last = end_layer == total_layers, .in_features = sizes[first_layer],
-                   .out_features = sizes[end_layer], .rows = rows, .device = device};
+                   .out_features = sizes[end_layer], .rows = rows, .device = device,
+                   .slot_floats_per_row = slot_floats_per_row(sizes, n_sizes, first_layer, end_layer)};
     stage.layers = xcalloc((size_t)stage.n_layers, sizeof(Linear));
     stage.n_params = 2 * stage.n_layers;
     stage.params = xcalloc((size_t)stage.n_params, sizeof(Param));
@@ -101,11 +127,8 @@ static void release(Stage *stage, StageSlot *slot) {
 size_t stage_peak_activation_bytes(const Stage *stage) {
     size_t bytes = 0;  // every slot ever made was live at the peak, or it would not have been made
     for (int s = 0; s < stage->n_slots; s++) {
-        const StageSlot *slot = &stage->slots[s];
-        size_t floats = stage->is_first ? 0 : (size_t)slot->capacity * stage->in_features;
-        for (int l = 0; l < stage->n_layers; l++) floats += (size_t)slot->capacity * slot->outputs[l].cols;
-        if (stage->is_last) floats += (size_t)slot->capacity * stage->out_features;
-        bytes += floats * sizeof(float);  // its capacity: a last, smaller batch uses fewer of its rows
+        // its capacity: a last, smaller batch uses fewer of its rows
+        bytes += (size_t)stage->slots[s].capacity * stage->slot_floats_per_row * sizeof(float);
     }
     return bytes;
 }

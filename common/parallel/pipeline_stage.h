@@ -29,6 +29,7 @@
 #include <stddef.h>
 
 #include "models/nn.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
 
 typedef struct {
     int micro_batch;  // -1: free
@@ -48,6 +49,7 @@ typedef struct {
     int n_params;
     Param *params;              // fc.<2l>.weight, fc.<2l>.bias of its layers l, in model.parameters() order
     int rows;                   // the rows of a micro-batch the slots are made for
+    size_t slot_floats_per_row; // a slot's floats per row: its input (not on the first stage), outputs, loss gradient
     Device device;
     StageSlot *slots;           // allocated on demand: n_slots of them exist
     int n_slots, live, peak_live;
@@ -61,6 +63,13 @@ typedef struct {
 // the others are dropped as soon as made.
 Stage stage_new(const int *sizes, int n_sizes, int first_layer, int end_layer, int rows, Rng *rng, Device device);
 void stage_free(Stage *stage);
+// What stage_new(sizes, n_sizes, first_layer, end_layer, rows) and its training
+// under DDP and Adam will hold, added to `need` (memory_budget.h) before anything
+// is allocated: the parameters, gradients, Adam's moments, DDP's copy of the
+// gradients, and `max_in_flight` slots of activations (schedule_max_in_flight),
+// counted as stage_peak_activation_bytes measures them, with the backward's scratch.
+void stage_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int first_layer, int end_layer, int rows,
+                           int max_in_flight);
 
 // The slot for micro-batch i, taken now; its input buffer [rows, in], where
 // the previous stage's activations are to be received (not on the first stage).

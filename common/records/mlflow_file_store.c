@@ -8,10 +8,13 @@
 //   mlruns/<experiment id>/<run id>/tags/<key>        the value
 //   mlruns/<experiment id>/<run id>/artifacts/        the files, as logged
 //
-// Written so that a crash at any moment leaves nothing the reader chokes on: every meta.yaml, param,
-// tag and artifact is written under a temporary name in the run's (or experiment's) own folder, which
-// the reader does not list as a record, and renamed into place; a metric file only ever grows by whole
-// lines, each batch of them one write() on a file opened O_APPEND.
+// Written so that a crash or a full disk at any moment leaves nothing the reader chokes on: every
+// meta.yaml, param, tag and artifact is written under a temporary name in the run's (or experiment's)
+// own folder, which the reader does not list as a record, and renamed into place; a run's folder holds
+// its meta.yaml before anything else, and a run that cannot be created is removed whole; a metric file
+// only ever grows by whole lines, each batch of them one write() on a file opened O_APPEND, cut back
+// to its last whole line when the write falls short. A value is written once: log_batch marks what it
+// wrote, and a batch tried again after the disk filled part way writes only the rest.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +31,7 @@
 
 #include "base/check.h"
 #include "base/paths.h"  // make_dirs
+#include "base/quote.h"
 #include "base/timer.h"
 #include "records/mlflow_store.h"
 
@@ -260,6 +264,7 @@ static StoreResult find_or_create_experiment(FileStore *s, const char *name, cha
             continue;
         }
         result = write_experiment_meta(s, dir, s->experiment_id, name, error, size);
+        if (result != STORE_OK) rmdir(dir);  // no experiment's folder without its meta.yaml
         if (result == STORE_OK) result = scan_experiments(s, name, &lowest, &next, error, size);
         if (result == STORE_OK && lowest >= 0 && lowest < id) {  // another run made it first
             char meta[PATH_MAX + 48];
@@ -292,8 +297,30 @@ static StoreResult write_run_meta(FileStore *s, const char *run_id, RunStatus st
     return write_file_in(s, s->run_dir, "meta.yaml", meta, error, size);
 }
 
-static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+static StoreResult file_log_batch(MlflowStore *store, const char *run_id, TrackingRecord *records, int n,
                                   char *error, size_t size);
+
+// Removes a run's folder that file_create_run made and could not complete: its files, its folders of
+// files (metrics/, params/, tags/, artifacts/), and itself. Everything in it is this process's own: the
+// run's id is new.
+static void remove_run_folder(const char *run_dir) {
+    const char *folders[] = {"/metrics", "/params", "/tags", "/artifacts", ""};
+    for (int i = 0; i < 5; i++) {
+        char dir[PATH_MAX + 16];
+        snprintf(dir, sizeof dir, "%s%s", run_dir, folders[i]);
+        DIR *listing = opendir(dir);
+        if (!listing) continue;
+        struct dirent *entry;
+        while ((entry = readdir(listing))) {
+            if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+            char path[PATH_MAX + 300];
+            snprintf(path, sizeof path, "%s/%s", dir, entry->d_name);
+            if (unlink(path) != 0 && errno == EISDIR) rmdir(path);
+        }
+        closedir(listing);
+        rmdir(dir);
+    }
+}
 
 static StoreResult file_create_run(MlflowStore *store, const char *experiment, const char *run_name,
                                    long long start_ms, const TrackingRecord *tags, int n_tags, char run_id[33],
@@ -309,16 +336,26 @@ static StoreResult file_create_run(MlflowStore *store, const char *experiment, c
         return store_failed(STORE_REFUSED, error, size, "the folder %s is too deep for a run", s->root);
     snprintf(s->run_name, sizeof s->run_name, "%s", run_name);
     s->start_ms = start_ms;
-    // meta.yaml last: until it is there, the reader sees no run at all, not half of one.
-    const char *folders[] = {"", "/metrics", "/params", "/tags", "/artifacts"};
-    for (int i = 0; i < 5; i++) {
+    // meta.yaml first, renamed into place: MLflow's reader refuses a run's folder without one (a full
+    // disk had left one). Then the record folders and the tags; if any of them fails, the run's folder
+    // goes whole, and the reader sees no run at all rather than half of one.
+    if (!make_dir(s->run_dir))
+        return store_failed(errno_result(), error, size, "cannot create %s: %s", s->run_dir, strerror(errno));
+    result = write_run_meta(s, run_id, RUN_RUNNING, 0, error, size);
+    const char *folders[] = {"/metrics", "/params", "/tags", "/artifacts"};
+    for (int i = 0; i < 4 && result == STORE_OK; i++) {
         char dir[PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s%s", s->run_dir, folders[i]);
-        if (!make_dir(dir)) return store_failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
+        if (!make_dir(dir)) result = store_failed(errno_result(), error, size, "cannot create %s: %s", dir, strerror(errno));
     }
-    result = file_log_batch(store, run_id, tags, n_tags, error, size);
-    if (result != STORE_OK) return result;
-    return write_run_meta(s, run_id, RUN_RUNNING, 0, error, size);
+    if (result == STORE_OK) {
+        TrackingRecord *copy = xmalloc((size_t)(n_tags > 0 ? n_tags : 1) * sizeof *copy);  // log_batch marks them
+        if (n_tags) memcpy(copy, tags, (size_t)n_tags * sizeof *copy);
+        result = file_log_batch(store, run_id, copy, n_tags, error, size);
+        free(copy);
+    }
+    if (result != STORE_OK) remove_run_folder(s->run_dir);
+    return result;
 }
 
 // Every step in a metric file (its whole lines' third fields) into `held`, under `key`.
@@ -379,20 +416,22 @@ static StoreResult file_resume_run(MlflowStore *store, const char *run_id, bool 
     return write_run_meta(s, run_id, RUN_RUNNING, 0, error, size);
 }
 
-static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+static StoreResult file_log_batch(MlflowStore *store, const char *run_id, TrackingRecord *records, int n,
                                   char *error, size_t size) {
     FileStore *s = (FileStore *)store;
     (void)run_id;
     for (int i = 0; i < n; i++)
-        if (!key_is_file_name(records[i].key))
-            return store_failed(STORE_REFUSED, error, size, "'%s' is not a key for a file store (letters, digits, _ - . "
-                          "and space)", records[i].key);
-    // Params and tags: a file each. Metrics: all of one key's lines in one write().
+        if (!records[i].stored && !key_is_file_name(records[i].key))
+            return store_failed(STORE_REFUSED, error, size, "%s is not a key for a file store (letters, digits, _ - . "
+                          "and space)", QUOTE(records[i].key));
+    // Params and tags: a file each. Metrics: all of one key's lines in one write(). Each record is
+    // marked stored as soon as its file holds it, so that a failure further on (the disk full at the
+    // next key) leaves the caller knowing what was written, and a retry does not write it again.
     bool *done = xcalloc(n > 0 ? (size_t)n : 1, sizeof *done);
     StoreResult result = STORE_OK;
     for (int i = 0; i < n && result == STORE_OK; i++) {
-        if (done[i]) continue;
-        const TrackingRecord *r = &records[i];
+        if (done[i] || records[i].stored) continue;
+        TrackingRecord *r = &records[i];
         char dir[PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/%s", s->run_dir, r->kind == RECORD_PARAM ? "params" : r->kind == RECORD_TAG ? "tags" : "metrics");
         if (r->kind == RECORD_PARAM) {  // as MLflow: a param, once logged, keeps its value
@@ -404,9 +443,12 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
                 fclose(file);
                 old[got] = '\0';
                 done[i] = true;
-                if (strcmp(old, r->value) == 0) continue;
-                result = store_failed(STORE_REFUSED, error, size, "INVALID_PARAMETER_VALUE: param '%s' is '%s', not '%s': "
-                                "a param cannot change", r->key, old, r->value);
+                if (strcmp(old, r->value) == 0) {
+                    r->stored = true;
+                    continue;
+                }
+                result = store_failed(STORE_REFUSED, error, size, "INVALID_PARAMETER_VALUE: param '%s' is %s, not %s: "
+                                "a param cannot change", r->key, QUOTE(old), QUOTE(r->value));
                 continue;
             }
         }
@@ -417,12 +459,14 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
             snprintf(target, sizeof target, "%s/%s", dir, r->key);
             result = write_file_via(s, s->run_dir, target, r->value, error, size);
             done[i] = true;
+            r->stored = result == STORE_OK;
             continue;
         }
         size_t cap = 4096, len = 0;
         char *lines = xmalloc(cap);
         for (int k = i; k < n; k++) {
-            if (done[k] || records[k].kind != RECORD_METRIC || strcmp(records[k].key, r->key) != 0) continue;
+            if (done[k] || records[k].stored || records[k].kind != RECORD_METRIC || strcmp(records[k].key, r->key) != 0)
+                continue;
             if (cap - len < 128) lines = xrealloc(lines, cap *= 2);
             len += (size_t)snprintf(lines + len, cap - len, "%lld %.17g %ld\n", records[k].timestamp_ms,
                                     records[k].number, records[k].step);
@@ -432,11 +476,14 @@ static StoreResult file_log_batch(MlflowStore *store, const char *run_id, const 
         snprintf(path, sizeof path, "%s/%s", dir, r->key);
         int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0666);
         ssize_t wrote = fd >= 0 ? write(fd, lines, len) : -1;
-        if (fd < 0 || wrote != (ssize_t)len) {
-            int saved = errno;
+        if (fd >= 0 && wrote == (ssize_t)len) {
+            for (int k = i; k < n; k++)
+                if (done[k] && records[k].kind == RECORD_METRIC && strcmp(records[k].key, r->key) == 0) records[k].stored = true;
+        } else {
+            int saved = wrote >= 0 ? ENOSPC : errno;  // a short write's reason: the disk (or the quota) is full
             // A short write leaves part of a line, which MLflow would read as a value with step 0: cut
-            // the file back to its last whole line. An empty metric file breaks MLflow's search_runs:
-            // remove one that this write created.
+            // the file back to the length it had, and none of these lines is written. An empty metric
+            // file breaks MLflow's search_runs: remove one that this write created.
             if (fd >= 0) {
                 off_t end = lseek(fd, 0, SEEK_END);
                 if (wrote > 0 && end >= wrote && ftruncate(fd, end -= wrote) != 0) end = -1;
@@ -508,6 +555,7 @@ static const MlflowStoreOps file_ops = {
     .log_artifact = file_log_artifact,
     .set_status = file_set_status,
     .close = file_close,
+    .knows_outcome = true,
     .max_batch = 1000, .max_params = 1000, .max_tags = 1000,
 };
 

@@ -18,7 +18,9 @@
 // MLFLOW_TRACKING_INSECURE_TLS=true; MLFLOW_TRACKING_SERVER_CERT_PATH names a CA bundle. One request
 // waits at most the store's timeout_s (tracking.c reads MLflow's MLFLOW_HTTP_REQUEST_TIMEOUT: 10 s
 // there, where MLflow waits 120, since the end of a training waits for the last one), and not past its
-// deadline.
+// deadline; a transfer slower than 1 KB/s for half of that ends sooner; an answer is read up to 8 MiB.
+// What a server sends is never echoed: an answer that is not MLflow's JSON is summarised (status,
+// content type, size), and its text in a message (an error message) is bounded and escaped (quote.h).
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -29,6 +31,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "base/quote.h"
 #include "base/timer.h"
 #include "records/mlflow_store.h"
 
@@ -40,22 +43,42 @@ typedef struct {
     MlflowStore base;
     CURL *curl;
     char url[1024];                  // the server, without a trailing slash
+    char url_shown[1024];            // the same for messages: without a password (https://***@host)
     struct curl_slist *headers, *upload_headers;  // JSON requests; artifact uploads (bytes)
     char artifact_root[PATH_MAX];    // "<experiment>/<run>/artifacts" under the artifact proxy, or ""
     char artifact_dir[PATH_MAX];     // the run's artifact folder where its URI is a path (file: or plain), or ""
     char artifact_uri[PATH_MAX];     // the run's, as the server gave it
 } RestStore;
 
+// MLflow's answers are small: an id, a run, a page of a metric's history (25000 values, some 2 MB). An
+// answer past this is not MLflow's (a server streaming without end grew the client to 4 GB in 10 s):
+// its transfer is stopped there, and the request counts as refused.
+#define REPLY_CAP ((size_t)8 << 20)
+#define REPLY_CAP_TEXT "8 MiB"
+// A transfer that moves less than this many bytes a second for half the request's timeout (5 s at
+// MLflow's 10) ends there; the whole request ends at its timeout in any case.
+#define LOW_SPEED_BYTES 1024L
+// Text of the server's in a message (MLflow's error message, a content type) is shown as it is up to
+// this many bytes when it is plain text, and quoted otherwise (quote.h: a bounded prefix, escaped).
+#define SERVER_TEXT_SHOWN 300
+
 typedef struct {
     char *data;
     size_t len, cap;
+    bool too_big;  // the answer passed REPLY_CAP: the transfer was stopped
+    bool said_too_big;  // ... its length said so: not a byte of it was read
 } Buffer;
 
 static size_t collect(char *data, size_t size, size_t count, void *user) {
     Buffer *b = user;
     size_t n = size * count;
+    if (n > REPLY_CAP - b->len) {  // a short count ends the transfer (CURLE_WRITE_ERROR)
+        b->too_big = true;
+        return 0;
+    }
     if (b->len + n + 1 > b->cap) {
         b->cap = 2 * (b->len + n + 1);
+        if (b->cap > REPLY_CAP + 1) b->cap = REPLY_CAP + 1;
         b->data = xrealloc(b->data, b->cap);
     }
     memcpy(b->data + b->len, data, n);
@@ -73,17 +96,41 @@ static int cancelled(void *user, curl_off_t down_total, curl_off_t down_now, cur
     return (s->base.cancel && *s->base.cancel) || (deadline > 0 && wall_seconds() >= deadline);
 }
 
+// The server's text shown in a message: itself when short plain text, else its quotation (into out).
+static const char *server_text(char out[QUOTE_SIZE], const char *text) {
+    size_t len = strlen(text);
+    return len <= SERVER_TEXT_SHOWN && first_non_text(text, len) == len ? text : quote_text(out, QUOTE_SIZE, text, len);
+}
+
+// What an answer that is not MLflow's was, in a few words and never its bytes (a proxy's HTML page, a
+// binary file): "text/html, 1234 bytes", "no content type, more than 8 MiB".
+static void describe_answer(CURL *curl, const Buffer *answer, char *out, size_t size) {
+    char *type = NULL;
+    curl_easy_getinfo(curl, CURLINFO_CONTENT_TYPE, &type);
+    char quoted[QUOTE_SIZE];
+    if (answer->too_big)
+        snprintf(out, size, "%s, more than " REPLY_CAP_TEXT " (%s)", type ? server_text(quoted, type) : "no content type",
+                 answer->said_too_big ? "its length said so: not read" : "stopped there");
+    else
+        snprintf(out, size, "%s, %zu byte%s", type ? server_text(quoted, type) : "no content type", answer->len,
+                 answer->len == 1 ? "" : "s");
+}
 
 // One request. `body` (JSON) for POST, `upload` (a file) for PUT, neither for GET. On a 2xx answer
 // returns STORE_OK and the parsed answer in *reply (NULL for an empty one; the caller frees it).
 // Otherwise the error names the endpoint and the reason: MLflow's error_code and message for a 4xx
 // (refused: sending it again changes nothing, except 429, too many requests), libcurl's for no answer
-// and the status for a 5xx (both worth a retry).
+// and the status for a 5xx (both worth a retry, after the Retry-After the answer asked for, if any,
+// in base.retry_after). An answer that is not MLflow's JSON, or larger than MLflow's ever are, is
+// summarised (status, content type, size), never shown. The messages name the endpoint, not the URL,
+// which may hold a password: tracking.c names the server.
 static StoreResult request(RestStore *s, const char *method, const char *endpoint, const cJSON *body,
                            FILE *upload, long upload_size, cJSON **reply, long *http_status, char *error,
                            size_t size) {
     char url[2048];
     snprintf(url, sizeof url, "%s%s", s->url, endpoint);
+    endpoint = PATH_SHOWN(endpoint);  // in messages (a path the server gave may be in it)
+    s->base.retry_after = 0;
     double seconds = s->base.timeout_s > 0 ? s->base.timeout_s : 10.0, deadline = s->base.deadline;
     if (deadline > 0 && deadline - wall_seconds() < seconds) seconds = deadline - wall_seconds();
     if (seconds < 0.001) {
@@ -92,12 +139,21 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     }
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     Buffer answer = {0};
+    char curl_error[CURL_ERROR_SIZE] = "";
     curl_easy_reset(s->curl);
     curl_easy_setopt(s->curl, CURLOPT_URL, url);
     curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);  // a thread of its own: no SIGALRM for timeouts
+    curl_easy_setopt(s->curl, CURLOPT_ERRORBUFFER, curl_error);
     curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &answer);
+    // An answer that says it is larger than the cap is refused before its first byte; one that does
+    // not say (chunked, or until the connection closes) is stopped by collect() at the cap.
+    curl_easy_setopt(s->curl, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)REPLY_CAP);
+    // The whole request ends at its timeout; a server that drips its answer (or takes the upload a byte
+    // at a time) ends sooner, at half of it.
     curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)(seconds * 1000));
+    curl_easy_setopt(s->curl, CURLOPT_LOW_SPEED_LIMIT, LOW_SPEED_BYTES);
+    curl_easy_setopt(s->curl, CURLOPT_LOW_SPEED_TIME, (long)fmax(1, ceil(seconds / 2)));
     curl_easy_setopt(s->curl, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(s->curl, CURLOPT_XFERINFOFUNCTION, cancelled);
     curl_easy_setopt(s->curl, CURLOPT_XFERINFODATA, s);
@@ -128,11 +184,18 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
     long status = 0;
     curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
     if (http_status) *http_status = status;
+    char what[QUOTE_SIZE + 96];  // the answer, summarised
     StoreResult result = STORE_OK;
-    if (code == CURLE_ABORTED_BY_CALLBACK && !(s->base.cancel && *s->base.cancel)) {
-        result = store_failed(STORE_RETRY, error, size, "%s: no answer before the end's deadline", url);
+    if (answer.too_big || code == CURLE_FILESIZE_EXCEEDED) {
+        answer.said_too_big = !answer.too_big;
+        answer.too_big = true;
+        describe_answer(s->curl, &answer, what, sizeof what);
+        result = store_failed(STORE_REFUSED, error, size, "%s: HTTP %ld, %s: no MLflow answer is that large (is %s an "
+                              "MLflow tracking server?)", endpoint, status, what, s->url_shown);
+    } else if (code == CURLE_ABORTED_BY_CALLBACK && !(s->base.cancel && *s->base.cancel)) {
+        result = store_failed(STORE_RETRY, error, size, "%s: no answer before the end's deadline", endpoint);
     } else if (code != CURLE_OK) {
-        result = store_failed(STORE_RETRY, error, size, "%s: %s", url, curl_easy_strerror(code));
+        result = store_failed(STORE_RETRY, error, size, "%s: %s", endpoint, *curl_error ? curl_error : curl_easy_strerror(code));
     } else if (status < 200 || status > 299) {
         cJSON *json = answer.data ? cJSON_Parse(answer.data) : NULL;
         const cJSON *error_code = cJSON_GetObjectItemCaseSensitive(json, "error_code");
@@ -140,19 +203,29 @@ static StoreResult request(RestStore *s, const char *method, const char *endpoin
         StoreResult kind = status >= 500 || status == 429 ? STORE_RETRY : STORE_REFUSED;
         const char *hint = status == 401 || status == 403
             ? " (the credentials: MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)" : "";
-        if (cJSON_IsString(error_code) && cJSON_IsString(message))
-            result = store_failed(kind, error, size, "%s: HTTP %ld, %s: %s%s", endpoint, status, error_code->valuestring,
-                            message->valuestring, hint);
-        else  // a proxy's page, a web server's: not MLflow's JSON, and not worth a screen of HTML
-            result = store_failed(kind, error, size, "%s: HTTP %ld, and not an MLflow answer (is %s an MLflow tracking server, "
-                            "at its root address?)%s", endpoint, status, s->url, hint);
+        if (cJSON_IsString(error_code) && cJSON_IsString(message)) {
+            char code_shown[QUOTE_SIZE], message_shown[QUOTE_SIZE];
+            result = store_failed(kind, error, size, "%s: HTTP %ld, %s: %s%s", endpoint, status,
+                                  server_text(code_shown, error_code->valuestring),
+                                  server_text(message_shown, message->valuestring), hint);
+        } else {  // a proxy's page, a web server's: not MLflow's JSON, and not worth a screen of HTML
+            describe_answer(s->curl, &answer, what, sizeof what);
+            result = store_failed(kind, error, size, "%s: HTTP %ld, %s, not an MLflow answer (is %s an MLflow "
+                                  "tracking server, at its root address?)%s", endpoint, status, what, s->url_shown, hint);
+        }
         if (http_status && !cJSON_IsString(error_code)) *http_status = -status;  // not MLflow's own 404
         cJSON_Delete(json);
+        // 429 and 503 may say when to come back: in seconds, or as a date (libcurl reads both).
+        curl_off_t wait = 0;
+        if (kind == STORE_RETRY && curl_easy_getinfo(s->curl, CURLINFO_RETRY_AFTER, &wait) == CURLE_OK && wait > 0)
+            s->base.retry_after = (double)wait;
     } else if (reply) {
         *reply = answer.len ? cJSON_Parse(answer.data) : NULL;
-        if (answer.len && !*reply)
-            result = store_failed(STORE_REFUSED, error, size, "%s: the answer is not JSON: %.200s (is %s an MLflow server?)",
-                            endpoint, answer.data, s->url);
+        if (answer.len && !*reply) {
+            describe_answer(s->curl, &answer, what, sizeof what);
+            result = store_failed(STORE_REFUSED, error, size, "%s: HTTP %ld, %s, not JSON (is %s an MLflow tracking "
+                                  "server, at its root address?)", endpoint, status, what, s->url_shown);
+        }
     }
     free(answer.data);
     return result;
@@ -166,7 +239,7 @@ static const char *json_string(const cJSON *object, const char *key) {
 static cJSON *key_values(const TrackingRecord *records, int n, RecordKind kind) {
     cJSON *array = cJSON_CreateArray();
     for (int i = 0; i < n; i++) {
-        if (records[i].kind != kind) continue;
+        if (records[i].kind != kind || records[i].stored) continue;
         cJSON *item = cJSON_CreateObject();
         cJSON_AddStringToObject(item, "key", records[i].key);
         cJSON_AddStringToObject(item, "value", records[i].value);
@@ -189,9 +262,10 @@ static StoreResult experiment_id(RestStore *s, const char *name, char *id, size_
             const cJSON *experiment = cJSON_GetObjectItemCaseSensitive(reply, "experiment");
             const char *found = json_string(experiment, "experiment_id");
             const char *stage = json_string(experiment, "lifecycle_stage");
+            char found_shown[QUOTE_SIZE];
             if (found && stage && strcmp(stage, "active") != 0)
-                result = store_failed(STORE_REFUSED, error, size, "experiment '%s' (id %s) is deleted on %s: restore it, or "
-                                "choose another --experiment", name, found, s->url);
+                result = store_failed(STORE_REFUSED, error, size, "experiment %s (id %s) is deleted on %s: restore it, or "
+                                "choose another --experiment", QUOTE(name), server_text(found_shown, found), s->url_shown);
             else if (found) snprintf(id, id_size, "%s", found);
             else result = store_failed(STORE_REFUSED, error, size, "%s: no experiment_id in the answer", endpoint);
             cJSON_Delete(reply);
@@ -261,7 +335,7 @@ static void folder_above(const char *path, int levels, char *out, size_t size) {
     }
 }
 
-static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, TrackingRecord *records, int n,
                                   char *error, size_t size);
 
 static StoreResult rest_create_run(MlflowStore *store, const char *experiment, const char *run_name,
@@ -293,8 +367,10 @@ static StoreResult rest_create_run(MlflowStore *store, const char *experiment, c
     cJSON_Delete(reply);
     // Tags beyond the run's own (params too, should a caller pass them) go in a batch.
     if (result == STORE_OK) {
-        for (int i = 0; i < n_tags && result == STORE_OK; i++)
-            if (tags[i].kind != RECORD_TAG) result = rest_log_batch(store, run_id, tags + i, 1, error, size);
+        for (int i = 0; i < n_tags && result == STORE_OK; i++) {
+            TrackingRecord record = tags[i];
+            if (record.kind != RECORD_TAG) result = rest_log_batch(store, run_id, &record, 1, error, size);
+        }
     }
     return result;
 }
@@ -371,13 +447,17 @@ static StoreResult rest_resume_run(MlflowStore *store, const char *run_id, bool 
     return rest_set_status(store, run_id, RUN_RUNNING, 0, error, size);
 }
 
-static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+// One request for the records not yet stored; MLflow keeps a batch whole or refuses it whole.
+static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, TrackingRecord *records, int n,
                                   char *error, size_t size) {
     RestStore *s = (RestStore *)store;
     cJSON *body = cJSON_CreateObject();
     cJSON_AddStringToObject(body, "run_id", run_id);
     cJSON *metrics = cJSON_AddArrayToObject(body, "metrics");
+    int waiting = 0;
     for (int i = 0; i < n; i++) {
+        if (records[i].stored) continue;
+        waiting++;
         if (records[i].kind != RECORD_METRIC) continue;
         cJSON *item = cJSON_CreateObject();
         cJSON_AddStringToObject(item, "key", records[i].key);
@@ -389,12 +469,18 @@ static StoreResult rest_log_batch(MlflowStore *store, const char *run_id, const 
         cJSON_AddNumberToObject(item, "step", (double)records[i].step);
         cJSON_AddItemToArray(metrics, item);
     }
+    if (waiting == 0) {
+        cJSON_Delete(body);
+        return STORE_OK;
+    }
     cJSON_AddItemToObject(body, "params", key_values(records, n, RECORD_PARAM));
     cJSON_AddItemToObject(body, "tags", key_values(records, n, RECORD_TAG));
     cJSON *reply = NULL;
     StoreResult result = request(s, "POST", "/api/2.0/mlflow/runs/log-batch", body, NULL, 0, &reply, NULL, error, size);
     cJSON_Delete(body);
     cJSON_Delete(reply);
+    if (result == STORE_OK)
+        for (int i = 0; i < n; i++) records[i].stored = true;
     return result;
 }
 
@@ -414,13 +500,14 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
             return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, and its artifact "
                                 "root %s is not a folder of this machine: start the server with --artifacts-destination "
                                 "%s instead of --default-artifact-root, so that its artifact proxy takes the files, or "
-                                "share that folder with this machine", s->artifact_uri, root, root);
+                                "share that folder with this machine", PATH_SHOWN(s->artifact_uri), PATH_SHOWN(root),
+                                PATH_SHOWN(root));
         folder_above(s->artifact_dir, 1, run_folder, sizeof run_folder);
         char folder_error[PATH_MAX + 256];
         StoreResult made = store_copy_artifact(path, run_folder, s->artifact_dir, folder_error, sizeof folder_error);
         if (made != STORE_OK)
             return store_failed(made, error, size, "the server keeps this run's artifacts at %s, written from here: %s",
-                                s->artifact_uri, folder_error);
+                                PATH_SHOWN(s->artifact_uri), folder_error);
         return STORE_OK;
     }
     if (!s->artifact_root[0]) {  // s3://, gs://, ...: a store for the server's clients to write, not ours
@@ -429,7 +516,8 @@ static StoreResult rest_log_artifact(MlflowStore *store, const char *run_id, con
         return store_failed(STORE_REFUSED, error, size, "the server keeps this run's artifacts at %s, which this "
                             "program cannot write: start the server with --artifacts-destination %s instead of "
                             "--default-artifact-root, so that its artifact proxy (--serve-artifacts, the default) "
-                            "takes the files", s->artifact_uri[0] ? s->artifact_uri : "(no artifact_uri)", root);
+                            "takes the files", s->artifact_uri[0] ? PATH_SHOWN(s->artifact_uri) : "(no artifact_uri)",
+                            PATH_SHOWN(root));
     }
     FILE *file = fopen(path, "rb");
     if (!file) return store_failed(STORE_REFUSED, error, size, "cannot read artifact %s: %s", path, strerror(errno));
@@ -478,6 +566,12 @@ MlflowStore *mlflow_rest_store_open(const char *url, char *error, size_t size) {
     s->curl = curl_easy_init();
     snprintf(s->url, sizeof s->url, "%s", url);
     for (size_t n = strlen(s->url); n > 0 && s->url[n - 1] == '/'; n--) s->url[n - 1] = '\0';
+    const char *scheme_end = strstr(s->url, "://"), *at = scheme_end ? strchr(scheme_end + 3, '@') : NULL;
+    const char *path = scheme_end ? strchr(scheme_end + 3, '/') : NULL;
+    if (at && (!path || at < path))
+        snprintf(s->url_shown, sizeof s->url_shown, "%.*s***%s", (int)(scheme_end + 3 - s->url), s->url, at);
+    else
+        snprintf(s->url_shown, sizeof s->url_shown, "%s", s->url);
     s->headers = curl_slist_append(NULL, "Content-Type: application/json");
     s->upload_headers = curl_slist_append(NULL, "Content-Type: application/octet-stream");
     const char *token = getenv("MLFLOW_TRACKING_TOKEN");

@@ -16,6 +16,7 @@ typedef struct {
     double number;            // metrics
     long step;                // metrics
     long long timestamp_ms;   // metrics: when logged
+    bool stored;              // set by a store once the record is durable there (log_batch)
 } TrackingRecord;
 
 // What a run already holds, for a resumed run: the steps of each of its metrics and the keys of its
@@ -74,7 +75,10 @@ typedef struct {
     // not know.
     StoreResult (*resume_run)(MlflowStore *store, const char *run_id, bool *found, RunHoldings *held,
                               char *error, size_t size);
-    StoreResult (*log_batch)(MlflowStore *store, const char *run_id, const TrackingRecord *records, int n,
+    // Marks each record it has made durable `stored`, and skips one so marked: a batch that failed part
+    // way (a folder's store writes a file per key; the disk filled at the third) and is tried again
+    // writes the rest only, never a metric line twice; what stays unmarked is what the store lacks.
+    StoreResult (*log_batch)(MlflowStore *store, const char *run_id, TrackingRecord *records, int n,
                              char *error, size_t size);
     StoreResult (*log_artifact)(MlflowStore *store, const char *run_id, const char *path, char *error,
                                 size_t size);
@@ -82,6 +86,10 @@ typedef struct {
     StoreResult (*set_status)(MlflowStore *store, const char *run_id, RunStatus status, long long end_ms,
                               char *error, size_t size);
     void (*close)(MlflowStore *store);
+    // Whether a failed call's outcome is known: a folder's store knows what it wrote (a call that failed
+    // wrote nothing but the records it marked), a server's does not (a request that got no answer may
+    // still have reached it).
+    bool knows_outcome;
     // How many records log_batch takes at most, in all and of each kind (the REST API's limits).
     int max_batch, max_params, max_tags;
 } MlflowStoreOps;
@@ -96,6 +104,9 @@ struct MlflowStore {
     double timeout_s;
     const volatile int *cancel;
     _Atomic double deadline;
+    // Set by a server's store with each STORE_RETRY: the seconds its answer asked us to wait before
+    // trying again (HTTP's Retry-After, given in seconds or as a date), 0 where it asked nothing.
+    double retry_after;
 };
 
 // A folder in MLflow's FileStore layout (made if missing). NULL with a message if it cannot be.

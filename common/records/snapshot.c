@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,6 +124,21 @@ static hid_t open_field(SnapshotIo *io, const char *name, FieldType type, int *r
     return dataset;
 }
 
+// LOAD: every float read must be a finite number. A NaN or inf in the weights, Adam's moments, the lr
+// or the losses so far would resume a run that had diverged (we never write one: divergence.h), and
+// train on NaN in silence; the checksum does not catch it where the file was made that way.
+static void check_finite(SnapshotIo *io, const char *name, FieldType type, const void *data, size_t count) {
+    if (type != FLOAT32 && type != FLOAT64) return;
+    for (size_t k = 0; k < count; k++) {
+        double value = type == FLOAT32 ? (double)((const float *)data)[k] : ((const double *)data)[k];
+        if (!isfinite(value)) {
+            fail(io, "%s: '%s' holds %s (value %zu of %zu): a snapshot must hold finite numbers; refused", io->path,
+                 name, isnan(value) ? "nan" : value > 0 ? "inf" : "-inf", k + 1, count);
+            return;
+        }
+    }
+}
+
 // One field of known shape (rank 0: a scalar): written from `data`, or read
 // into it after its type and shape are checked.
 static void field(SnapshotIo *io, const char *name, FieldType type, int rank, const hsize_t *dims, void *data) {
@@ -150,6 +166,8 @@ static void field(SnapshotIo *io, const char *name, FieldType type, int rank, co
             fail(io, "%s: '%s' is %s (expected %s)", io->path, name, found, expected);
         } else if (H5Dread(dataset, memory_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
             fail(io, "%s: cannot read '%s' (a corrupt file?)", io->path, name);
+        } else {
+            check_finite(io, name, type, data, count);
         }
         H5Dclose(dataset);
         if (io->err[0]) return;

@@ -4,12 +4,14 @@
 // wait, or a second after the first of them, takes the whole queue and hands it to the store in batches
 // within the store's limits. Every store call goes through send(), which owns the policy:
 //   - a call that may work later (no answer, a timeout, a 5xx) is tried again after 0.5, 1, 2 s
-//     (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 3; MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, default 0.5);
-//     when those are spent, one warning line, and from then on each call gets one try; the first call
-//     that succeeds again says so;
+//     (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 3; MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, default 0.5),
+//     or after the pause the server asked for (Retry-After) up to RETRY_AFTER_CAP, 30 s; a longer one
+//     is not waited for, and the call has failed; when the tries are spent, one warning line, and from
+//     then on each call gets one try; the first call that succeeds again says so;
 //   - the end of the run (tracking_end) has a deadline, 1.5 request timeouts after it begins, that no
-//     call or retry passes: a server that hangs costs the end 15 s at most (MLflow's default timeout,
-//     10 s), whatever was due, and the last line says what may not have reached it;
+//     call, retry or pause passes: a server that hangs, drips, streams without end or asks for a long
+//     pause costs the end 15 s at most (MLflow's default timeout, 10 s), whatever was due, and the
+//     last line says what may not have reached it (a folder's store: exactly what was not written);
 //   - a call the store refuses (a 4xx answer: MLflow's error_code and message) is said once and dropped.
 // Nothing here ends the run or changes it, except at the start (tracking_start), where a URI that does
 // not work is one line and exit 2 on every rank.
@@ -40,6 +42,10 @@
 enum { BATCH_WAKE = 500 };  // records that wake the sender before its second is up
 // The end of a run (tracking_end) waits for the store this many request timeouts in all.
 static const double END_TIMEOUTS = 1.5;
+// A server that answers 429 or 503 may say when to try again (Retry-After): a pause up to this long
+// is taken instead of the backoff's; a longer one (an hour, say) is not waited for, and the request
+// counts as failed then and there.
+static const double RETRY_AFTER_CAP = 30;
 
 struct Tracking {
     MlflowStore *store;
@@ -62,7 +68,9 @@ struct Tracking {
     double backoff;
     bool degraded;                 // retries spent (or no time for them): one try per call from now on
     bool warned;                   // the failure's one warning line is out
-    long dropped;                  // records lost while degraded or refused
+    long dropped;                  // records lost while degraded or refused (those a store did not mark stored)
+    RunHoldings lost;              // ... of them, the metrics' keys and steps, for the messages
+    long lost_params, lost_tags;   // ... and how many params and tags
     int lost_artifacts;
     bool unanswered;               // something was dropped for want of an answer (not refused): the
                                    // run may lack it, so the end does not mark it FINISHED
@@ -102,14 +110,15 @@ static void warn(const char *fmt, ...) {
 typedef enum { SEND_BATCH, SEND_ARTIFACT, SEND_STATUS } SendKind;
 typedef struct {
     SendKind kind;
-    const TrackingRecord *records;
+    TrackingRecord *records;  // the store marks those it stored
     int n;
     const char *path;
     RunStatus status;
     long long end_ms;
 } Send;
 
-static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t size) {
+// Called with the store lock held: the Retry-After of the call just made, before another call sets it.
+static StoreResult call_store(Tracking *t, const Send *s, double *retry_after, char *error, size_t size) {
     const MlflowStoreOps *ops = t->store->ops;
     if (atomic_load(&t->fatal)) {
         // From the fatal hook, maybe on the sender's own thread inside a store call: wait a little for
@@ -128,17 +137,52 @@ static StoreResult call_store(Tracking *t, const Send *s, char *error, size_t si
         s->kind == SEND_BATCH ? ops->log_batch(t->store, t->run_id, s->records, s->n, error, size)
         : s->kind == SEND_ARTIFACT ? ops->log_artifact(t->store, t->run_id, s->path, error, size)
                                    : ops->set_status(t->store, t->run_id, s->status, s->end_ms, error, size);
+    *retry_after = result == STORE_RETRY ? t->store->retry_after : 0;
     pthread_mutex_unlock(&t->store_lock);
     return result;
 }
 
-// "12 values, 1 artifact and the run's status": what may not have reached the store (values: metrics,
-// params, tags), the parts that are not nothing.
+// printf at the end of `text` (of `size` bytes), cut at its end.
+static void append(char *text, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *text, size_t size, const char *fmt, ...) {
+    size_t n = strlen(text);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(text + n, size - n, fmt, args);
+    va_end(args);
+}
+
+// "loss at steps 0-9 and 12": `key` and its steps (ascending), consecutive ones as ranges, after `text`.
+static void append_steps(char *text, size_t size, const char *key, const long *steps, int count) {
+    append(text, size, "%s at step%s", key, count == 1 ? "" : "s");
+    for (int k = 0; k < count;) {
+        int last = k;
+        while (last + 1 < count && steps[last + 1] <= steps[last] + 1) last++;
+        const char *joint = k == 0 ? " " : last + 1 == count ? " and " : ", ";
+        if (steps[last] == steps[k]) append(text, size, "%s%ld", joint, steps[k]);
+        else append(text, size, "%s%ld-%ld", joint, steps[k], steps[last]);
+        k = last + 1;
+    }
+}
+
+// "13 values (loss at steps 0-9; test_accuracy at step 1; 2 params), 1 artifact and the run's status":
+// what the store lacks (values: metrics, params, tags), the parts that are not nothing. A long list of
+// steps is cut, with "...", to keep the line a line.
 static const char *describe_lost(Tracking *t) {
-    static char text[3 * 64 + 16];
-    char parts[3][64];
+    static char text[3 * 520 + 16];
+    char values[480] = "", parts[3][520];
     int n = 0;
-    if (t->dropped) snprintf(parts[n++], sizeof parts[0], "%ld value%s", t->dropped, t->dropped == 1 ? "" : "s");
+    // (Not after a fatal error: the hook's thread and the sender's may both be here, and `lost` grows
+    // unlocked; the program ends then, without an end's line.)
+    for (int i = 0; i < t->lost.n_metrics && !atomic_load(&t->fatal); i++) {
+        if (*values) append(values, sizeof values, "; ");
+        append_steps(values, sizeof values, t->lost.metrics[i].key, t->lost.metrics[i].steps, t->lost.metrics[i].n_steps);
+    }
+    if (t->lost_params) append(values, sizeof values, "%s%ld param%s", *values ? "; " : "", t->lost_params, t->lost_params == 1 ? "" : "s");
+    if (t->lost_tags) append(values, sizeof values, "%s%ld tag%s", *values ? "; " : "", t->lost_tags, t->lost_tags == 1 ? "" : "s");
+    if (strlen(values) + 1 == sizeof values) snprintf(values + sizeof values - 4, 4, "...");
+    if (t->dropped)
+        snprintf(parts[n++], sizeof parts[0], "%ld value%s (%s)", t->dropped, t->dropped == 1 ? "" : "s", values);
     if (t->lost_artifacts)
         snprintf(parts[n++], sizeof parts[0], "%d artifact%s", t->lost_artifacts, t->lost_artifacts == 1 ? "" : "s");
     if (t->lost_status) snprintf(parts[n++], sizeof parts[0], "the run's status");
@@ -160,34 +204,74 @@ static double time_left(const Tracking *t) {
     return deadline > 0 ? deadline - wall_seconds() : HUGE_VAL;
 }
 
+// Sleeps `seconds`, in slices, so that the end's deadline (set meanwhile by tracking_end) or a signal
+// cuts the pause short: a pause the server asked for (Retry-After) may be long.
+static void pause_for(const Tracking *t, double seconds) {
+    const double until = wall_seconds() + seconds;
+    for (double left = seconds; left > 0 && time_left(t) > 0 && !cancelled_by_signal(t); left = until - wall_seconds()) {
+        double slice = fmin(left, 0.05);
+        struct timespec ts = {0, (long)(slice * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+// What a failed batch leaves the store without: the records it did not mark stored.
+static void count_lost_records(Tracking *t, const Send *s) {
+    for (int i = 0; i < s->n; i++) {
+        const TrackingRecord *r = &s->records[i];
+        if (r->stored) continue;
+        t->dropped++;
+        if (r->kind == RECORD_METRIC && !atomic_load(&t->fatal)) run_holdings_add_step(&t->lost, r->key, r->step);
+        else if (r->kind == RECORD_PARAM) t->lost_params++;
+        else t->lost_tags++;
+    }
+}
+
 static SendResult send(Tracking *t, const Send *s) {
     char error[1024] = "";
     int tries = t->degraded ? 1 : 1 + t->max_retries, made = 0;
     StoreResult result = STORE_RETRY;
+    double asked = 0;  // the last answer's Retry-After, seconds
     for (int attempt = 0; attempt < tries; attempt++) {
         if (attempt > 0) {
-            double pause = fmin(t->backoff * (double)(1L << (attempt - 1)), fmax(time_left(t), 0));
-            struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
-            nanosleep(&ts, NULL);
+            // The backoff's pause, or the server's, if it asked for a longer one.
+            double pause = fmax(t->backoff * (double)(1L << (attempt - 1)), asked);
+            if (pause >= time_left(t)) {  // the end's time would pass before the try: not tried again
+                t->out_of_time = true;
+                if (asked > 0) {
+                    size_t n = strlen(error);
+                    snprintf(error + n, sizeof error - n, "; it asked to be tried again after %.0f s (Retry-After), "
+                             "past the end's time", asked);
+                }
+                break;
+            }
+            pause_for(t, pause);
         }
         if (cancelled_by_signal(t)) return CANCELLED;  // after_signal sends it, with the status
         if (time_left(t) <= 0) {  // the end's time is spent: not tried (again)
             t->out_of_time = true;
             break;
         }
-        result = call_store(t, s, error, sizeof error);
+        result = call_store(t, s, &asked, error, sizeof error);
         made++;
         if (result != STORE_RETRY) break;
+        if (asked > RETRY_AFTER_CAP && attempt + 1 < tries) {  // (an hour, say): this request has failed
+            size_t n = strlen(error);
+            snprintf(error + n, sizeof error - n, "; it asked to be tried again after %.0f s (Retry-After), more than "
+                     "the %.0f s this client waits", asked, RETRY_AFTER_CAP);
+            break;
+        }
     }
     if (result == STORE_OK) {
         if (t->degraded && t->warned) {
-            warn("%s answers again (%s may have been lost meanwhile)", t->where, describe_lost(t));
+            warn("%s answers again (%s %s meanwhile)", t->where, describe_lost(t),
+                 t->store->ops->knows_outcome ? "were not written" : "may have been lost");
             t->degraded = false;
         }
         return SENT;
     }
     if (result == STORE_RETRY && cancelled_by_signal(t)) return CANCELLED;
-    if (s->kind == SEND_BATCH) t->dropped += s->n;
+    if (s->kind == SEND_BATCH) count_lost_records(t, s);
     if (s->kind == SEND_ARTIFACT) t->lost_artifacts++;
     if (s->kind == SEND_STATUS) t->lost_status = true;
     if (result != STORE_REFUSED) t->unanswered = true;
@@ -231,7 +315,9 @@ static void send_records(Tracking *t, TrackingRecord *records, int n) {
             batch[count++] = records[i];
         }
         cancelled = send(t, &(Send){SEND_BATCH, batch, count, NULL, 0, 0}) == CANCELLED;
-        if (!cancelled) for (int k = 0; k < count; k++) taken[chosen[k]] = 1;
+        // Sent, dropped, or (cancelled) stored before the signal: done; the rest of a cancelled batch
+        // goes back to the queue, and nothing is sent twice.
+        for (int k = 0; k < count; k++) taken[chosen[k]] = !cancelled || batch[k].stored;
         left -= count;
     }
     int kept = 0;
@@ -359,7 +445,7 @@ static void on_fatal(void) {
 
 static void add(TrackingRecord **list, int *n, RecordKind kind, const char *key, const char *value) {
     *list = xrealloc(*list, (size_t)(*n + 1) * sizeof **list);
-    (*list)[(*n)++] = (TrackingRecord){kind, xstrdup(key), xstrdup(value), 0, 0, 0};
+    (*list)[(*n)++] = (TrackingRecord){kind, xstrdup(key), xstrdup(value), 0, 0, 0, false};
 }
 
 // The first line of `path`, without its line ending; false if there is none.
@@ -595,11 +681,11 @@ Tracking *tracking_start(const TrackingOptions *options, const char *program, co
 const char *tracking_run_id(const Tracking *run) { return run ? run->run_id : ""; }
 
 void tracking_log_param(Tracking *run, const char *key, const char *value) {
-    if (run) enqueue(run, (TrackingRecord){RECORD_PARAM, xstrdup(key), xstrdup(value), 0, 0, 0});
+    if (run) enqueue(run, (TrackingRecord){RECORD_PARAM, xstrdup(key), xstrdup(value), 0, 0, 0, false});
 }
 
 void tracking_set_tag(Tracking *run, const char *key, const char *value) {
-    if (run) enqueue(run, (TrackingRecord){RECORD_TAG, xstrdup(key), xstrdup(value), 0, 0, 0});
+    if (run) enqueue(run, (TrackingRecord){RECORD_TAG, xstrdup(key), xstrdup(value), 0, 0, 0, false});
 }
 
 void tracking_log_metric(Tracking *run, const char *key, double value, long step) {
@@ -607,28 +693,18 @@ void tracking_log_metric(Tracking *run, const char *key, double value, long step
     // A resumed run logs again what its snapshot holds and replays the steps after it: a step the store
     // holds is the same value (an exact resume), and is not sent twice.
     if (run_holdings_has_step(&run->held, key, step)) return;
-    enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, epoch_milliseconds()});
+    enqueue(run, (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, value, step, epoch_milliseconds(), false});
 }
 
 void tracking_metric_lost(Tracking *run, const char *key, long step) {
     if (!run || run_holdings_has_step(&run->held, key, step)) return;
     run->unrecoverable = xrealloc(run->unrecoverable, (size_t)(run->n_unrecoverable + 1) * sizeof *run->unrecoverable);
-    run->unrecoverable[run->n_unrecoverable++] = (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, 0, step, 0};
+    run->unrecoverable[run->n_unrecoverable++] = (TrackingRecord){RECORD_METRIC, xstrdup(key), NULL, 0, step, 0, false};
 }
 
 static int compare_steps(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
-}
-
-// printf at the end of `text` (of `size` bytes), cut at its end.
-static void append(char *text, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char *text, size_t size, const char *fmt, ...) {
-    size_t n = strlen(text);
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text + n, size - n, fmt, args);
-    va_end(args);
 }
 
 // The values the run lacks for good (tracking_metric_lost), by metric, consecutive steps as ranges:
@@ -645,15 +721,8 @@ static void describe_unrecoverable(const Tracking *t, char *text, size_t size) {
         for (int k = i; k < t->n_unrecoverable; k++)
             if (strcmp(t->unrecoverable[k].key, key) == 0) steps[count++] = t->unrecoverable[k].step;
         qsort(steps, (size_t)count, sizeof *steps, compare_steps);
-        append(text, size, "%s%s at step%s", *text ? "; " : "", key, count == 1 ? "" : "s");
-        for (int k = 0; k < count;) {
-            int last = k;
-            while (last + 1 < count && steps[last + 1] <= steps[last] + 1) last++;
-            const char *joint = k == 0 ? " " : last + 1 == count ? " and " : ", ";
-            if (steps[last] == steps[k]) append(text, size, "%s%ld", joint, steps[k]);
-            else append(text, size, "%s%ld-%ld", joint, steps[k], steps[last]);
-            k = last + 1;
-        }
+        if (*text) append(text, size, "; ");
+        append_steps(text, size, key, steps, count);
     }
     free(steps);
 }
@@ -704,9 +773,12 @@ void tracking_end(Tracking *run, TrackingStatus status) {
         if (run->out_of_time)  // the values' and artifacts' share of the end's time, or all of it
             snprintf(bound, sizeof bound, " within the end's %.3g s",
                      (withheld ? 1 : END_TIMEOUTS) * run->request_timeout);
-        warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound,
-             withheld ? ": the run is left RUNNING there, not FINISHED without them"
-             : run->lost_status ? ": the run may stay RUNNING there" : "");
+        const char *then = withheld ? ": the run is left RUNNING there, not FINISHED without them"
+                           : run->lost_status ? ": the run may stay RUNNING there" : "";
+        if (run->store->ops->knows_outcome)  // a folder: what failed was not written, and the rest was
+            warn("not written to %s%s: %s; everything else logged is there%s", run->where, bound, describe_lost(run), then);
+        else  // a server: a request that got no answer may have reached it
+            warn("%s may not have reached %s%s%s", describe_lost(run), run->where, bound, then);
     }
     // Last, what the run lacks for good: values measured before a restart by a process that died with
     // them queued, and that nothing kept (the line says so, rather than the run looking complete).
@@ -726,6 +798,7 @@ void tracking_end(Tracking *run, TrackingStatus status) {
             kill(getpid(), g_signal);
     run->store->ops->close(run->store);
     run_holdings_free(&run->held);
+    run_holdings_free(&run->lost);
     free_records(run->unrecoverable, run->n_unrecoverable);
     free(run->artifacts);
     sem_destroy(&run->wake);

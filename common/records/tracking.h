@@ -22,8 +22,10 @@
 // bounded retries with backoff ($MLFLOW_HTTP_REQUEST_MAX_RETRIES, _BACKOFF_FACTOR, _TIMEOUT: MLflow's
 // own variables), then one warning line, and the training goes on to the same result: tracking never
 // changes a result or ends a run. The end of the run (tracking_end) waits for the store 1.5 request
-// timeouts in all (15 s by default), however many requests were due. Only at the start is it allowed to stop the job: a bad URI or a server
-// that does not answer is one line and exit 2 on every rank, before any training.
+// timeouts in all (15 s by default), however many requests were due and whatever the server does (it
+// hangs, drips its answers, streams without end, asks for an hour's pause). Only at the start is it
+// allowed to stop the job: a bad URI or a server that does not answer is one line and exit 2 on every
+// rank, before any training.
 //
 // How a run ends: tracking_end's status (FINISHED, or KILLED after a stop signal). A fatal error on rank
 // 0 marks it FAILED (check.h's fatal hook), and SIGTERM or SIGINT marks it KILLED before the signal
@@ -85,6 +87,6 @@ void tracking_log_artifact(Tracking *run, const char *path);
 
 // mlflow.end_run(status): sends what is left and the artifacts, sets the status and end time, within
 // 1.5 request timeouts in all (a server that hangs costs that, no more), stops the thread and frees the
-// run. What failed, its last line says "may not have reached" the server; then, what the run lacks for
-// good (tracking_metric_lost).
+// run. What failed, its last line says "may not have reached" the server (a folder: "not written to" it,
+// exactly, metric by metric and step by step); then, what the run lacks for good (tracking_metric_lost).
 void tracking_end(Tracking *run, TrackingStatus status);

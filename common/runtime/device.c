@@ -13,6 +13,8 @@
 
 static Device g_device = DEVICE_CPU;
 static char g_name[300] = "cpu";
+static double g_gpu_memory;       // bytes of this rank's GPU (0: a CPU rank)
+static int g_ranks_on_gpu = 1;    // the ranks of its node that use that GPU (device_gpus_shared counts them)
 
 #if HAVE_CUDA
 static bool g_pinned_host;        // device_host_alloc gives page-locked memory (from the GPU's choice on)
@@ -75,6 +77,8 @@ bool device_gpus_shared(int gpu) {
     bool shared = false;
     for (int i = 0; i < dist_world_size() && !shared; i++)
         for (int j = i + 1; j < dist_world_size() && !shared; j++) shared = strcmp(all + i * NAME, all + j * NAME) == 0;
+    g_ranks_on_gpu = 0;  // its memory is theirs to share (memory_budget.c)
+    for (int i = 0; i < dist_world_size(); i++) g_ranks_on_gpu += strcmp(all + i * NAME, mine) == 0;
     free(all);
     return shared;
 #else
@@ -99,6 +103,7 @@ static void use_gpu(void) {
     struct cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, g_gpu));
     snprintf(g_name, sizeof g_name, "cuda:%d (%s)", g_gpu, prop.name);
+    g_gpu_memory = (double)prop.totalGlobalMem;
     g_device = DEVICE_CUDA;
     g_pinned_host = true;
     dist_at_finalize(device_release);
@@ -153,6 +158,11 @@ Device device_from_flag(const char *flag) {
 }
 
 const char *device_name(Device device) { return device == DEVICE_CPU ? "cpu" : g_name; }
+
+double device_gpu_memory_bytes(int *ranks_on_gpu) {
+    *ranks_on_gpu = g_gpu_memory > 0 ? g_ranks_on_gpu : 0;
+    return g_gpu_memory;
+}
 
 #if HAVE_CUDA
 // Every communicator of ours stops: NCCL's abort ends the GPU kernels that

@@ -34,6 +34,10 @@ Device device_from_flag(const char *flag);
 // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)" once a GPU is chosen.
 const char *device_name(Device device);
 
+// The memory of this rank's GPU (its total, as cudaGetDeviceProperties gives it)
+// and how many ranks of the job use that GPU: 0 and 0 on a CPU rank.
+double device_gpu_memory_bytes(int *ranks_on_gpu);
+
 // CUDA devices this process can use: 0 in a build without CUDA, without a
 // driver, or without a GPU. Never fails.
 int device_gpu_count(void);

@@ -68,7 +68,7 @@ template <typename Index>
 __global__ void bias_relu_kernel(float *y, const float *bias, Index n, int cols, int relu) {
     FOR_EACH_INDEX(Index, i, n) {
         float v = y[i] + bias[i % cols];
-        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        y[i] = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
     }
 }
 
@@ -211,7 +211,7 @@ template <typename Index>
 __global__ void add_row_bias_kernel(float *y, const float *bias, Index n, int cols, int relu) {
     FOR_EACH_INDEX(Index, i, n) {
         float v = y[i] + bias[i / cols];
-        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        y[i] = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
     }
 }
 

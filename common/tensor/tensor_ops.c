@@ -28,8 +28,10 @@ CPU_DISPATCHED void add_column_bias(Tensor *y, const Tensor *bias, bool relu) {
     for (int r = 0; r < y->rows; r++) {
         float *row = y->data + (size_t)r * y->cols;
         for (int c = 0; c < y->cols; c++) row[c] += b[c];
+        // ReLU as torch.relu: a NaN passes (v <= 0 is false for it), so that a diverged layer shows in
+        // the loss (divergence.h) instead of hiding behind zeros; every other value as max(v, 0).
         if (relu)
-            for (int c = 0; c < y->cols; c++) row[c] = row[c] > 0.0f ? row[c] : 0.0f;
+            for (int c = 0; c < y->cols; c++) row[c] = row[c] <= 0.0f ? 0.0f : row[c];
     }
 }
 
@@ -38,7 +40,7 @@ CPU_DISPATCHED void relu_forward(Tensor *x) {
     float *v = x->data;
     size_t n = tensor_numel(x);
 #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) v[i] = v[i] <= 0.0f ? 0.0f : v[i];  // a NaN passes (add_column_bias)
 }
 
 CPU_DISPATCHED void relu_backward(const Tensor *y, Tensor *grad) {
@@ -387,7 +389,7 @@ CPU_DISPATCHED void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
             int end = (block + 1) * BLOCK < y->cols ? (block + 1) * BLOCK : y->cols;
             float b = bias->data[r];
             if (relu)
-                for (int c = block * BLOCK; c < end; c++) row[c] = row[c] + b > 0.0f ? row[c] + b : 0.0f;
+                for (int c = block * BLOCK; c < end; c++) row[c] = row[c] + b <= 0.0f ? 0.0f : row[c] + b;  // a NaN passes
             else
                 for (int c = block * BLOCK; c < end; c++) row[c] += b;
         }
