@@ -212,10 +212,10 @@ day3/%: day3/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 day4/%: day4/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
+$(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
-$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
+$(BUILD)/tests_mpi/%: tests/unit_mpi/%.c tests/unit_mpi/test_mpi.h tests/unit/test.h $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests_mpi
 	$(MPICC) $(CFLAGS) -Itests/unit $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/tools/%: tests/tools/%.c $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tools

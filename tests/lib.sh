@@ -1,5 +1,128 @@
-# tests/lib.sh: comparisons shared by the integration scripts (source it).
+# tests/lib.sh: what every test script shares. A script starts
+#
+#   set -u
+#   cd "$(dirname "$0")/.."     # the repository root, where the programs are
+#   source tests/lib.sh
+#   suite pipeline              # its verdicts read "PASS pipeline: ..."
+#   needs_built day4/16_pipeline_ddp
+#   needs_mnist
+#   scratch                     # $tmp, removed on exit
+#
+# and then reads as a list of checks: `expect WHAT COMMAND...`, or pass/fail/skip
+# where a check needs more than a command's exit status. tests/run.sh counts the
+# PASS/FAIL/SKIP lines.
 
+# ---------------------------------------------------------------- the machine's defaults
+# Each may be set from outside (make test passes MPIRUN, CI its PYTHON).
+MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+DATA=${DATA:-data/mnist}
+PYTHON=${PYTHON:-/usr/bin/python3}  # with torch and h5py; on GPU nodes python3 is often a venv without them
+
+# ---------------------------------------------------------------- verdicts
+SUITE=test
+failures=0  # FAIL lines printed so far: a script may end with `exit_status`
+# suite NAME: the name every verdict line of this script carries after PASS/FAIL/SKIP.
+suite() { SUITE=$1; }
+# pass WHAT: one passed check.
+pass() { echo "PASS $SUITE: $*"; }
+# fail WHAT: one failed check (counted in $failures).
+fail() { echo "FAIL $SUITE: $*"; failures=$((failures + 1)); }
+# skip WHAT: a check this machine cannot run; WHAT says what it lacks.
+skip() { echo "SKIP $SUITE: $*"; }
+# expect WHAT COMMAND...: PASS WHAT if COMMAND succeeds, else FAIL WHAT.
+expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+# expect_output WHAT COMMAND...: as expect, COMMAND's output held back; a FAIL line ends with its
+# first lines (where a checker's output says what missed).
+expect_output() {
+    local what=$1 out; shift
+    if out=$("$@" 2>&1); then pass "$what"; else fail "$what: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
+}
+# exit_status: the script's exit status, 1 if any check failed.
+exit_status() { [ "$failures" -eq 0 ]; }
+
+# ---------------------------------------------------------------- guards
+# needs_built PROGRAM...: FAIL and stop the script if a program is not built.
+needs_built() {
+    local program
+    for program in "$@"; do
+        [ -x "$program" ] || { fail "$program is not built (make)"; exit 1; }
+    done
+}
+# have_mnist: true if $DATA holds MNIST's training images (plain or gzipped).
+have_mnist() { [ -f "$DATA/train-images-idx3-ubyte.gz" ] || [ -f "$DATA/train-images-idx3-ubyte" ]; }
+# needs_mnist: SKIP the rest of the script, with a line saying so, without MNIST in $DATA.
+needs_mnist() { have_mnist || { skip "no MNIST in $DATA (make data)"; exit 0; }; }
+# have_h5py: true if $PYTHON imports h5py and numpy (asked once).
+have_h5py() {
+    [ -n "${h5py_answer:-}" ] || { "$PYTHON" -c 'import h5py, numpy' 2> /dev/null && h5py_answer=yes || h5py_answer=no; }
+    [ "$h5py_answer" = yes ]
+}
+# no_h5py WHAT: SKIP the check WHAT, which reads or writes HDF5 from Python.
+no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
+
+# ---------------------------------------------------------------- the scratch folder
+exit_commands=()
+# at_exit COMMAND: run COMMAND (a string, eval'd) when the script exits, before
+# the commands added earlier (the scratch folder goes last).
+at_exit() { exit_commands=("$1" "${exit_commands[@]}"); }
+# run_exit_commands: the EXIT trap, running what at_exit collected.
+run_exit_commands() { local command; for command in "${exit_commands[@]}"; do eval "$command"; done; }
+# scratch: $tmp, a new folder for the script's files, removed when it exits.
+scratch() { tmp=$(mktemp -d); at_exit 'rm -rf "$tmp"'; trap run_exit_commands EXIT; }
+
+# ---------------------------------------------------------------- bounded runs
+# Every run is bounded: a hang is a failure (timeout's exit 124), not a stuck CI
+# job. RUN_TIMEOUT is the bound in seconds; a script whose runs take longer
+# sets its own at the top, a single run as `RUN_TIMEOUT=300 run ...`.
+RUN_TIMEOUT=120
+# run COMMAND...: COMMAND, killed after $RUN_TIMEOUT seconds.
+run() { timeout "$RUN_TIMEOUT" "$@"; }
+MPI_FLAGS=""  # more flags for mpirun in mpi, for a whole script (e.g. --bind-to none)
+# mpi NP COMMAND...: COMMAND on NP ranks under $MPIRUN $MPI_FLAGS, bounded as run.
+mpi() { local np=$1; shift; run $MPIRUN $MPI_FLAGS -np "$np" "$@"; }
+
+# ---------------------------------------------------------------- what the programs print
+# checksum OUTPUT: the distinct parameter checksums in a program's output,
+# space-separated (one where every rank holds the same model).
+checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u | awk '{ print $3 }' | paste -sd ' '; }
+# accuracy OUTPUT: the first test accuracy a program printed, in percent
+# ("Test accuracy: 97.31%" of the MLPs, "accuracy 98.12%" of step 14).
+accuracy() { sed -n 's/.*[Aa]ccuracy:\{0,1\} \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
+# final_loss LOSSES.csv: the last step's loss in a --losses log.
+final_loss() { tail -1 "$1" | cut -d, -f3; }
+
+# expect_error STATUS PATTERN COMMAND...: COMMAND exits with STATUS and prints a
+# line matching PATTERN (grep -E), without a crash; its output is left in $tmp/err.
+expect_error() {
+    local want=$1 pattern=$2; shift 2
+    "$@" > "$tmp/err" 2>&1
+    local status=$?
+    local line
+    line=$(grep -m1 -E "$pattern" "$tmp/err")
+    if [ $status -eq "$want" ] && [ -n "$line" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
+        pass "exit $want for '${*: -2}': $line"
+    else
+        fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
+    fi
+}
+
+# ---------------------------------------------------------------- memory
+# peak_kb COMMAND...: COMMAND's peak resident memory in kB (GNU time), its output
+# dropped; bounded as run.
+peak_kb() { run /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+# no_peak_memory WHAT PROGRAM: SKIP WHAT (and succeed) where PROGRAM's peak memory
+# cannot be measured or means nothing: no GNU time, or a SANITIZE=1 build.
+no_peak_memory() {
+    if nm "$2" 2> /dev/null | grep -q __asan_init; then
+        skip "$1 (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
+    elif [ ! -x /usr/bin/time ]; then
+        skip "$1 (needs /usr/bin/time: apt-get install time)"
+    else
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------- comparisons
 # same_losses A.csv B.csv TOLERANCE: the per-step losses of two --losses logs
 # (step,epoch,loss) agree within a relative tolerance. Prints "worst relative
 # difference X over N steps"; fails when they differ, or differ in length, or
@@ -9,15 +132,76 @@ same_losses() {
         FNR > 1 { d = ($3 - a[FNR]) / a[FNR]; if (d < 0) d = -d; if (d > worst) worst = d; m = FNR }
         END { printf "worst relative difference %.1e over %d steps", worst, m - 1; exit !(n == m && n > 1 && worst <= tol) }' "$1" "$2"
 }
-
-# same_weights WHAT A.h5 B.h5 TOLERANCE: a PASS or FAIL line (the caller's
-# pass and fail) for two weight files within a relative tolerance.
+# expect_same_losses WHAT A.csv B.csv TOLERANCE: a PASS or FAIL line from same_losses.
+expect_same_losses() {
+    local verdict
+    verdict=$(same_losses "$2" "$3" "$4")
+    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
+}
+# same_weights WHAT A.h5 B.h5 TOLERANCE: a PASS or FAIL line for two weight files
+# within a relative tolerance.
 same_weights() {
     local verdict
     verdict=$(build/tools/compare_weights "$2" "$3" "$4" 2>&1)
     if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
 }
 
+# ---------------------------------------------------------------- Day 4: a split model against plain DDP
+# train NP NAME PROGRAM FLAGS...: one epoch on NP ranks, no shuffle, no plot; the output, losses
+# and weights kept as $tmp/NAME.out, .csv and .h5; a FAIL line if it exits non-zero. Bounded at
+# 300 s: an epoch on 4 ranks of 2 cores.
+train() {
+    local np=$1 name=$2; shift 2
+    RUN_TIMEOUT=300 mpi "$np" "$@" --data "$DATA" --epochs 1 --no-shuffle --plot '' \
+        --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
+    local status=$?
+    [ $status -eq 0 ] || fail "$name: exit $status: $(grep -v '^rank\|^Step\|^epoch' "$tmp/$name.out" | head -3 | tr '\n' ' ')"
+    return $status
+}
+# expect_refused_flags PROGRAM NP WHAT PATTERN FLAGS...: PROGRAM on NP ranks exits 2 with one
+# error line (every rank meets the error alike: printed once) holding PATTERN.
+expect_refused_flags() {
+    local program=$1 np=$2 what=$3 pattern=$4 status lines; shift 4
+    RUN_TIMEOUT=60 mpi "$np" "$program" --data "$DATA" "$@" > "$tmp/bad" 2>&1
+    status=$?
+    lines=$(grep -c '^error: ' "$tmp/bad")
+    if [ $status -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$pattern" "$tmp/bad"; then
+        pass "$what: exit 2, one line: $(grep '^error: ' "$tmp/bad")"
+    else
+        fail "$what: exit $status, $lines error line(s): $(head -3 "$tmp/bad" | tr '\n' ' ')"
+    fi
+}
+# expect_killed_rank_ends_job WHAT PROGRAM FLAGS...: PROGRAM on 2 ranks for 50 epochs, its last
+# rank SIGKILLed in the first: the job ends by itself (non-zero, within 60 s), not by the timeout.
+expect_killed_rank_ends_job() {
+    local what=$1 job launcher victim start status seconds t; shift
+    : > "$tmp/killed.out"  # there before the job's own redirection, which the loop below may outrun
+    timeout "$RUN_TIMEOUT" $MPIRUN -np 2 "$@" --data "$DATA" --epochs 50 --plot '' > "$tmp/killed.out" 2>&1 &
+    job=$!  # timeout's pid: mpirun is its child, the ranks mpirun's
+    for ((t = 0; t < 300; t++)); do grep -q '^epoch 1/' "$tmp/killed.out" && break; sleep 0.1; done
+    launcher=$(pgrep -P "$job" | head -1)
+    victim=$(pgrep -P "${launcher:-0}" | tail -1)
+    start=$(date +%s)
+    [ -n "$victim" ] && kill -KILL "$victim"
+    wait "$job"
+    status=$?
+    seconds=$(($(date +%s) - start))
+    expect "$what (SIGKILL, pid ${victim:-none}) ends the job: exit $status after $seconds s, not the test's timeout" \
+        test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a $seconds -lt 60
+}
+
+# trace_has_ranges TRACE.json RANKS NAME...: the Chrome trace holds a range of each NAME on
+# every rank 0 .. RANKS-1 (parsed by Python's json).
+trace_has_ranges() {
+    "$PYTHON" - "$@" << 'PY'
+import json, sys
+path, ranks, wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names = {(e.get("pid"), e.get("name")) for e in json.load(open(path))["traceEvents"]}
+sys.exit(not all((r, n) in names for r in range(ranks) for n in wanted))
+PY
+}
+
+# ---------------------------------------------------------------- how much to run
 # thorough: true under `make test-all` (TEST_LEVEL=all), false under `make test`
 # (TEST_LEVEL unset or quick). A script runs its essential checks at every level
 # (each program end to end, the equivalences, bad input) and wraps the slower,

@@ -8,22 +8,15 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS cnn: $*"; }
-fail() { echo "FAIL cnn: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-run() { timeout 300 "$@"; }
-# --bind-to none: mpirun would bind each rank to one core, whatever --threads asks.
-mpi() { local np=$1; shift; timeout 300 $MPIRUN --bind-to none -np "$np" "$@"; }
+suite cnn
+scratch
+RUN_TIMEOUT=300  # step 14's convolutions are the slowest CPU runs: they keep their 300 s
+MPI_FLAGS="--bind-to none"  # mpirun would bind each rank to one core, whatever --threads asks
 same_cnn_weights() {  # WHAT A.h5 B.h5 TOLERANCE
     local verdict
     verdict=$(build/tools/compare_cnn_weights "$2" "$3" "$4" 2>&1)
     if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
 }
-checksums() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u | wc -l; }
 # The evaluation: the line with the test loss, the report and the confusion
 # matrix (without other ranks' checksum lines, which may come in between).
 evaluation() { sed -n '/Test loss/,/^DDP:/p' "$1" | sed 's/.*Test loss/Test loss/' | grep -v -e '^DDP:' -e '^\[rank'; }
@@ -37,8 +30,8 @@ mpi 2 day3/14_cnn_ddp --no-shuffle --max_steps 40 --batch_size 32 --threads 1 --
 verdict=$(same_losses "$tmp/one.csv" "$tmp/two.csv" 1e-4)
 expect "DDP on 2 ranks x 32 takes the steps of 1 process x 64 (no shuffle, 40 steps): $verdict (<= 1e-4)" test $? -eq 0
 same_cnn_weights "DDP on 2 ranks x 32 ends with the weights of 1 process x 64" "$tmp/two.h5" "$tmp/one.h5" 1e-4
-expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/two.out") checksum lines, $(checksums "$tmp/two.out") distinct" \
-    test "$(grep -c 'parameter checksum' "$tmp/two.out")" -eq 2 -a "$(checksums "$tmp/two.out")" -eq 1
+expect "both ranks end with the same parameters: $(grep -c 'parameter checksum' "$tmp/two.out") checksum lines, $(checksum "$tmp/two.out" | wc -w) distinct" \
+    test "$(grep -c 'parameter checksum' "$tmp/two.out")" -eq 2 -a "$(checksum "$tmp/two.out" | wc -w)" -eq 1
 expect "the first line names the model and its buckets: $(head -1 "$tmp/two.out" | cut -c1-110)..." \
     grep -q '^Step 14: DDP on 2 ranks: SimpleCNN, 421642 weights in 1 bucket: \[network.9.bias .. network.0.weight, 1.69 MB\]; Adam lr 0.001; batch 32 per rank; 1 epoch (--max_steps 40); shuffle off' "$tmp/two.out"
 
@@ -81,10 +74,10 @@ same_cnn_weights "2 ranks at 2 threads each end with the weights of 1 thread eac
 # ---------------------------------------------------------------- it learns; the loss curve
 # 200 steps of 2 x 64 shuffled images (about 0.43 of an epoch).
 mpi 2 day3/14_cnn_ddp --max_steps 200 --threads 1 --losses "$tmp/learn.csv" --plot "$tmp/learn.png" > "$tmp/learn.out" 2>&1
-accuracy=$(sed -n 's/.*accuracy \([0-9.]*\)%.*/\1/p' "$tmp/learn.out")
+learned=$(accuracy "$tmp/learn.out")
 first=$(sed -n 2p "$tmp/learn.csv" | cut -d, -f3) last=$(tail -1 "$tmp/learn.csv" | cut -d, -f3)
-expect "200 steps on 2 ranks: test accuracy ${accuracy:-?}% (>= 95%), loss ${first:-?} -> ${last:-?}" \
-    awk "BEGIN { exit !(\"${accuracy:-0}\" + 0 >= 95 && $(wc -l < "$tmp/learn.csv") == 201) }"
+expect "200 steps on 2 ranks: test accuracy ${learned:-?}% (>= 95%), loss ${first:-?} -> ${last:-?}" \
+    awk "BEGIN { exit !(\"${learned:-0}\" + 0 >= 95 && $(wc -l < "$tmp/learn.csv") == 201) }"
 blue=$(build/tools/png_colors "$tmp/learn.png" 1f77b4 2>&1 | awk '$1 == "1f77b4" { print $2 }')
 expect "--plot draws the loss curve (${blue:-0} blue pixels) and says where" \
     test "${blue:-0}" -gt 300 -a "$(grep -c "^Loss curve: $tmp/learn.png" "$tmp/learn.out")" -eq 1
@@ -120,5 +113,5 @@ PY
     expect "--init with network.0.weight stored [32, 9]: exit $status, one line: $(head -1 "$tmp/bad")" \
         test $status -eq 1 -a "$(grep -c "flat.h5: dataset 'network.0.weight' is float32 \[32, 9\] (expected float32 \[32, 1, 3, 3\])" "$tmp/bad")" -eq 1
 else
-    echo "SKIP cnn: --init with a conv weight of the wrong rank (needs python3-h5py to write the file)"
+    skip "--init with a conv weight of the wrong rank (needs python3-h5py to write the file)"
 fi

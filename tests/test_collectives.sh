@@ -14,24 +14,14 @@
 # (The GPU path, --device cuda, is tested in tests/test_gpu.sh.)
 set -u
 cd "$(dirname "$0")/.."
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+source tests/lib.sh
+suite collectives
 program=day3/12_collectives
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-failed=0
-pass() { echo "PASS collectives: $*"; }
-fail() { echo "FAIL collectives: $*"; failed=1; }
-# Every run is bounded: a hang is a failure, not a stuck CI job.
-mpi() { local np=$1; shift; timeout 120 $MPIRUN -np "$np" "$@"; }
+needs_built $program
+scratch
 # Our program's lines, without the notices mpirun frames in lines of dashes.
 ours() { awk '/^-----+$/ { inside = !inside; next } !inside && NF' "$1"; }
 unset COLLECTIVES_TEST_WRONG_ELEMENT
-
-if [ ! -x "$program" ]; then
-    fail "$program is not built (run make)"
-    exit 1
-fi
 
 # ---------------------------------------------------------------- the demo
 # What every rank must print: rank r starts with 10 r + i at position i; the
@@ -173,4 +163,4 @@ bad_flag 2 "^error: COLLECTIVES_TEST_WRONG_ELEMENT=allreduce:5:0: rank 5 has no 
 export COLLECTIVES_TEST_WRONG_ELEMENT=sum:0:0
 bad_flag 2 "^error: COLLECTIVES_TEST_WRONG_ELEMENT=sum:0:0: no collective 'sum'" 2
 unset COLLECTIVES_TEST_WRONG_ELEMENT
-exit $failed
+exit_status

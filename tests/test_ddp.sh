@@ -7,14 +7,8 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS ddp: $*"; }
-fail() { echo "FAIL ddp: $*"; }
-mpi() { local np=$1; shift; timeout 120 $MPIRUN -np "$np" "$@"; }
-final_loss() { tail -1 "$1" | cut -d, -f3; }
+suite ddp
+scratch
 
 # ---------------------------------------------------------------- 6 == 4
 # Step 4 scales lr by W, step 6 does not: give both the same effective lr.
@@ -97,7 +91,7 @@ expect_usage "$tmp/bad.csv" "^error: --compare .*expected the header step,epoch,
 # RANKS="1 2" REPEATS=2: four short runs, interleaved (1, 2, 1, 2), one table after the last.
 # A table row: world size, runs, median s, min..max s, speed-up, its min..max, efficiency.
 row7() { echo "^ +$1 +$2 +[0-9.]+ +[0-9.]+\.\.[0-9.]+ +$3x +[0-9.]+\.\.[0-9.]+x +$4%\$"; }
-RANKS="1 2" REPEATS=2 RESULTS="$tmp/scaling.csv" timeout 240 day1/7_scaling.sh --epochs 1 --chart "$tmp/7.png" > "$tmp/out7" 2>&1
+RANKS="1 2" REPEATS=2 RESULTS="$tmp/scaling.csv" RUN_TIMEOUT=240 run day1/7_scaling.sh --epochs 1 --chart "$tmp/7.png" > "$tmp/out7" 2>&1
 if grep -qE "$(row7 1 2 '1\.00' 100)" "$tmp/out7" && grep -qE "$(row7 2 2 '[0-9.]+' '[0-9]+')" "$tmp/out7" &&
     grep -q '^speed-up: median time at 1 rank / median at W' "$tmp/out7" && [ -s "$tmp/7.png" ]; then
     pass "RANKS=\"1 2\" REPEATS=2 day1/7_scaling.sh: a table of 2 runs per world size (median, min..max, speed-up and its range), and the chart"
@@ -117,7 +111,7 @@ fi
 
 # ---------------------------------------------------------------- its knobs, refused before any run
 for repeats in 0 -1 three 1.5; do
-    RANKS=1 REPEATS=$repeats RESULTS="$tmp/refused.csv" timeout 60 day1/7_scaling.sh --epochs 1 --chart '' > "$tmp/out7s" 2>&1
+    RANKS=1 REPEATS=$repeats RESULTS="$tmp/refused.csv" RUN_TIMEOUT=60 run day1/7_scaling.sh --epochs 1 --chart '' > "$tmp/out7s" 2>&1
     status=$?
     if [ $status -eq 2 ] && [ "$(wc -l < "$tmp/out7s")" = 1 ] &&
         grep -q "^error: REPEATS=\"$repeats\": expected the runs per world size, a positive integer" "$tmp/out7s"; then

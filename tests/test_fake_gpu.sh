@@ -9,39 +9,39 @@
 # catches and what only a real GPU can show (`make test-gpu` on one).
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
+suite fake-gpu
 # The simulated GPUs are all visible here (FAKE_GPU_COUNT says how many); test_gpu.sh hides them where it means to.
 unset CUDA_VISIBLE_DEVICES
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
 for needed in "$cuda_include/cuda_runtime_api.h" "$cuda_include/cublas_v2.h" "$cuda_include/nccl.h"; do
     if [ ! -f "$needed" ]; then
-        echo "SKIP fake-gpu: the GPU path on a simulated GPU (needs the CUDA toolkit's headers: no $needed)"
+        skip "the GPU path on a simulated GPU (needs the CUDA toolkit's headers: no $needed)"
         exit 0
     fi
 done
 if ! command -v g++ > /dev/null || ! command -v mpicxx > /dev/null; then
-    echo "SKIP fake-gpu: the GPU path on a simulated GPU (needs g++ and mpicxx)"
+    skip "the GPU path on a simulated GPU (needs g++ and mpicxx)"
     exit 0
 fi
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+scratch
 src=$tmp/src
 mkdir -p "$src"
 cp -r Makefile common day1 day2 day3 day4 tests "$src/"
 ln -s "$PWD/data" "$src/data"
 # A fresh build/ of its own: every binary copied from here is rebuilt (they depend on build/flags).
 if ! make -C "$src" -j"$(nproc)" CUDA=1 FAKE_GPU=1 NVTX=0 > "$tmp/build" 2>&1; then
-    echo "FAIL fake-gpu: make CUDA=1 FAKE_GPU=1: $(grep -m3 -E 'error|Error' "$tmp/build")"
+    fail "make CUDA=1 FAKE_GPU=1: $(grep -m3 -E 'error|Error' "$tmp/build")"
     exit 1
 fi
 warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build")
-if [ "$warnings" -eq 0 ]; then echo "PASS fake-gpu: make CUDA=1 FAKE_GPU=1 builds every program without warnings"
-else echo "FAIL fake-gpu: make CUDA=1 FAKE_GPU=1 warns $warnings times: $(grep -m1 -E ': warning:' "$tmp/build")"; fi
+if [ "$warnings" -eq 0 ]; then pass "make CUDA=1 FAKE_GPU=1 builds every program without warnings"
+else fail "make CUDA=1 FAKE_GPU=1 warns $warnings times: $(grep -m1 -E ': warning:' "$tmp/build")"; fi
 
-# run NAME PREFIX COMMAND...: COMMAND's verdict lines, each with PREFIX; a crash (the
+# relabelled NAME PREFIX COMMAND...: COMMAND's verdict lines, each with PREFIX; a crash (the
 # simulation's own stop, an abort) without a FAIL line of its own is one FAIL.
-run() {
+relabelled() {
     local name=$1 prefix=$2 status; shift 2
     (cd "$src" && "$@") > "$tmp/out" 2>&1
     status=$?
@@ -50,11 +50,11 @@ run() {
         echo "FAIL $prefix: $name exited with status $status: $(grep -v -E '^(PASS|SKIP) ' "$tmp/out" | tail -3 | tr '\n' ' ')"
     fi
 }
-run fake_gpu_checks "fake GPU" build/fake_gpu/fake_gpu_checks
+relabelled fake_gpu_checks "fake GPU" build/fake_gpu/fake_gpu_checks
 # Every GPU operation against the CPU code (tests/unit/test_gpu.c).
-run test_gpu "fake GPU" build/tests/test_gpu
+relabelled test_gpu "fake GPU" build/tests/test_gpu
 for gpus in 1 4; do
-    run test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
+    relabelled test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done
 # A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
 run test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh

@@ -24,39 +24,26 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-PYTHON=${PYTHON:-/usr/bin/python3}
-tmp=$(mktemp -d)
+suite fault_tolerance
+needs_built day3/13_fault_tolerant_ddp
+scratch
 background=()  # pids of runs started in the background: stopped on exit, by pid
-trap 'for pid in "${background[@]}"; do kill -KILL "$pid" 2> /dev/null; done; rm -rf "$tmp"' EXIT
+at_exit 'for pid in "${background[@]}"; do kill -KILL "$pid" 2> /dev/null; done'
 
-pass() { echo "PASS fault_tolerance: $*"; }
-fail() { echo "FAIL fault_tolerance: $*"; }
-skip() { echo "SKIP fault_tolerance: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-have_h5py=0
-"$PYTHON" -c 'import h5py, numpy' 2> /dev/null && have_h5py=1
-no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
-
-if [ ! -x day3/13_fault_tolerant_ddp ]; then
-    fail "day3/13_fault_tolerant_ddp is not built (make)"
-    exit 1
-fi
-# Every run is bounded: a hang is a failure, not a stuck CI job. The flags use
-# the tutorial's --flag=value spelling throughout.
+# Runs are bounded by $RUN_TIMEOUT (tests/lib.sh), and killed 5 s after it if
+# the TERM is not enough. The flags use the tutorial's --flag=value spelling throughout.
 EPOCHS=3
 step13() {  # ranks, flags...
     local np=$1
     shift
-    timeout -k 5 120 $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@"
+    timeout -k 5 "$RUN_TIMEOUT" $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@"
 }
 # Start step 13 in the background, output to a file; $run_pid is timeout's pid,
 # mpirun is its child and the ranks are mpirun's children.
 step13_background() {  # output, ranks, flags...
     local out=$1 np=$2
     shift 2
-    timeout -k 5 120 $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@" \
+    timeout -k 5 "$RUN_TIMEOUT" $MPIRUN -np "$np" day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= "$@" \
         > "$out" 2>&1 &
     run_pid=$!
     background+=("$run_pid")
@@ -71,11 +58,10 @@ wait_for() {  # pattern, file, seconds: poll until the file has a line matching 
     done
     return 1
 }
-checksums() { sed -n 's/.*\[rank [0-9]*\] parameter checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u | paste -sd ' '; }
 # An exact resume: every rank ends with the reference's checksum, and the CSV is the same, byte for byte.
 expect_exact() {  # what, output, csv, reference output, reference csv
     local ours theirs
-    ours=$(checksums "$2") theirs=$(checksums "$4")
+    ours=$(checksum "$2") theirs=$(checksum "$4")
     if [ -n "$ours" ] && [ "$ours" = "$theirs" ] && [ "$(grep -c 'parameter checksum' "$2")" = "$(grep -c 'parameter checksum' "$4")" ] &&
         cmp -s "$3" "$5"; then
         pass "$1: checksum $ours on every rank and the same losses CSV ($(($(wc -l < "$3") - 1)) steps) as without a stop"
@@ -94,7 +80,7 @@ expect "step 13 on 2 ranks, $EPOCHS epochs, exits 0 and says it starts from scra
 expect "step 13 saves a snapshot after every epoch (--save_every 1), from rank 0, and reports its cost ($(grep -o 'Snapshots: .*' "$tmp/ref2.out"))" \
     test "$(grep -c "^Epoch [0-9]* | Training snapshot saved at $tmp/ref2.h5 (" "$tmp/ref2.out")" = $EPOCHS \
     -a -n "$(grep "^Snapshots: $EPOCHS written" "$tmp/ref2.out")"
-timeout 120 $MPIRUN -np 2 day2/10_mnist_ddp_multinode --data="$DATA" --epochs=$EPOCHS --plot= --losses="$tmp/ref10.csv" > "$tmp/ref10.out" 2>&1
+mpi 2 day2/10_mnist_ddp_multinode --data="$DATA" --epochs=$EPOCHS --plot= --losses="$tmp/ref10.csv" > "$tmp/ref10.out" 2>&1
 expect_exact "step 13 without a failure takes step 10's steps" "$tmp/ref2.out" "$tmp/ref2.csv" "$tmp/ref10.out" "$tmp/ref10.csv"
 step13 1 --snapshot="$tmp/ref1.h5" --losses="$tmp/ref1.csv" > "$tmp/ref1.out" 2>&1
 expect "step 13 on 1 rank exits 0 with $EPOCHS snapshots" \
@@ -193,7 +179,7 @@ expect "SIGUSR1 as the ranks start: exit 75 after the first step, not death by t
     test $status = 75 -a -n "$(grep 'Stopped by SIGUSR1 after 0 of [0-9]* epochs and 12800 samples' "$tmp/early.out")"
 
 # ---------------------------------------------------------------- slurm/run_with_restarts.sh
-timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+RUN_TIMEOUT=300 run "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
     --snapshot="$tmp/restart.h5" --losses="$tmp/restart.csv" --fail_at_epoch=2 > "$tmp/restart.out" 2>&1
 status=$?
 expect "run_with_restarts.sh --max-restarts=2: attempt 1 dies (SIGKILL), attempt 2 resumes and succeeds (exit $status)" \
@@ -204,29 +190,29 @@ sed -n '/attempt 2 of 3:/,$p' "$tmp/restart.out" > "$tmp/restart.last.out"
 expect_exact "the injected failure under run_with_restarts.sh" "$tmp/restart.last.out" "$tmp/restart.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
 fi  # thorough
 
-timeout 60 slurm/run_with_restarts.sh --max-restarts 1 -- sh -c 'kill -KILL $$' > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --max-restarts 1 -- sh -c 'kill -KILL $$' > "$tmp/out" 2>&1
 status=$?
 expect "run_with_restarts.sh: a command that always dies runs 2 times, then exits with its status (exit $status)" \
     test $status = 137 -a "$(grep -c 'attempt [12] of 2:' "$tmp/out")" = 2 \
     -a -n "$(grep 'attempt 2 ended with status 137 (SIGKILL): no restarts left (--max-restarts 1)' "$tmp/out")"
 # The final statuses: a usage error (2) and "stopped by a signal, snapshot saved" (75) are not restarted.
-timeout 60 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --epochs 3 > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --epochs 3 > "$tmp/out" 2>&1
 status=$?
 expect "run_with_restarts.sh: step 13's usage error (--epochs) runs once, exit 2 ($(grep 'not restarting' "$tmp/out"))" \
     test $status = 2 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 1 \
     -a -n "$(grep -E '^run_with_restarts: .*day3/13_fault_tolerant_ddp --epochs 3 exited with status 2 \(a usage error\): not restarting$' "$tmp/out")"
-timeout 60 "${restarts[@]}" sh -c 'exit 75' > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run "${restarts[@]}" sh -c 'exit 75' > "$tmp/out" 2>&1
 status=$?
 expect "run_with_restarts.sh: status 75 (stopped, snapshot saved) runs once, exit 75 ($(grep 'not restarting' "$tmp/out"))" \
     test $status = 75 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 1 \
     -a -n "$(grep -xF 'run_with_restarts: sh -c exit\ 75 exited with status 75 (stopped by a signal, snapshot saved): not restarting' "$tmp/out")"
-timeout 60 "${restarts[@]}" sh -c 'exit 3' > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run "${restarts[@]}" sh -c 'exit 3' > "$tmp/out" 2>&1
 expect "run_with_restarts.sh: any other status (3) is still restarted" \
     test $? = 3 -a "$(grep -c 'attempt [0-9]* of 3:' "$tmp/out")" = 3
-timeout 60 slurm/run_with_restarts.sh --max-restarts 3 -- true > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --max-restarts 3 -- true > "$tmp/out" 2>&1
 expect "run_with_restarts.sh: a command that succeeds runs once" \
     test $? = 0 -a "$(grep -c 'attempt' "$tmp/out")" = 2
-timeout 60 slurm/run_with_restarts.sh --max-restarts=x -- true > "$tmp/out" 2>&1
+RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --max-restarts=x -- true > "$tmp/out" 2>&1
 status=$?
 expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$tmp/out"))" \
     test $status = 2 -a -n "$(grep "error: --max-restarts expects an integer >= 0, got 'x'" "$tmp/out")"
@@ -236,7 +222,7 @@ expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$
 if thorough; then  # make test-all: the stop signals through run_with_restarts.sh, rank 0 killed mid-write
 for signal in USR1 TERM; do
     out=$tmp/restart_$signal.out
-    timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+    RUN_TIMEOUT=300 run "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
         --snapshot="$tmp/restart_$signal.h5" > "$out" 2>&1 &
     run_pid=$!
     background+=("$run_pid")
@@ -270,7 +256,7 @@ if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
 fi
 exec "$@"
 SH
-    timeout -k 5 120 $MPIRUN -np 2 bash "$tmp/rank0_under_strace.sh" day3/13_fault_tolerant_ddp --data="$DATA" \
+    timeout -k 5 "$RUN_TIMEOUT" $MPIRUN -np 2 bash "$tmp/rank0_under_strace.sh" day3/13_fault_tolerant_ddp --data="$DATA" \
         --total_epochs=$EPOCHS --plot= --snapshot="$tmp/torn.h5" --losses="$tmp/torn.csv" > "$tmp/torn.out" 2>&1 &
     run_pid=$!
     background+=("$run_pid")
@@ -325,12 +311,12 @@ expect_refused "a snapshot of another run's flags (--batch_size 3200)" \
 expect_refused "a snapshot of another run's flags (--seed 1)" "ref2.h5: made with --seed 0, this run has --seed 1" "$good" --seed=1
 # Seen by one rank only (each rank its own --snapshot: mpirun's MPMD syntax), then two different files.
 cp "$good" "$tmp/seen.h5"
-timeout -k 5 120 $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
+timeout -k 5 "$RUN_TIMEOUT" $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
     -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/unseen.h5" > "$tmp/err" 2>&1
 status=$?
 expect "a snapshot that rank 1 does not see: exit 1, one line ($(grep '^\[rank' "$tmp/err"))" \
     test $status = 1 -a "$(grep -c '^\[rank' "$tmp/err")" = 1 -a -n "$(grep '^\[rank 1 @ .*unseen.h5: 1 of 2 ranks see this snapshot, this rank does not' "$tmp/err")"
-timeout -k 5 120 $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
+timeout -k 5 "$RUN_TIMEOUT" $MPIRUN -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/seen.h5" : \
     -np 1 day3/13_fault_tolerant_ddp --data="$DATA" --plot= --snapshot="$tmp/ref1.h5" > "$tmp/err" 2>&1
 status=$?
 expect "two ranks that read different snapshots: exit 1, one line ($(grep '^\[rank' "$tmp/err"))" \
@@ -340,7 +326,7 @@ mkdir -p "$tmp/blocked.h5.tmp"
 expect_refused "a snapshot that cannot be written" "blocked.h5: cannot create .*blocked.h5.tmp" "$tmp/blocked.h5"
 expect "a failed write leaves no snapshot behind" test ! -e "$tmp/blocked.h5"
 
-if [ $have_h5py = 1 ]; then
+if have_h5py; then
     "$PYTHON" - "$good" "$tmp" << 'PY'
 import h5py, numpy as np, shutil, sys
 good, tmp = sys.argv[1:3]
@@ -381,7 +367,7 @@ expect "a snapshot from 2 ranks resumes on 1 and says the data order now differs
 step13 2 --snapshot="$tmp/ref2.h5" > "$tmp/done.out" 2>&1
 expect "a finished run's snapshot: the same command trains nothing and reports the same weights" \
     test $? = 0 -a -n "$(grep "Nothing left to train: $EPOCHS of --total_epochs $EPOCHS done" "$tmp/done.out")" \
-    -a "$(checksums "$tmp/done.out")" = "$(checksums "$tmp/ref2.out")"
+    -a "$(checksum "$tmp/done.out")" = "$(checksum "$tmp/ref2.out")"
 
 # ---------------------------------------------------------------- usage errors
 expect_usage() {  # what, pattern, ranks, flags...
@@ -446,19 +432,16 @@ fi
 # Adam's state (1.2 MB) would show. The allowance, 800 kB, is two thirds of it:
 # the medians of equal runs have differed by 408 kB (malloc's arenas, pages).
 if ! thorough; then :  # make test-all
-elif nm day3/13_fault_tolerant_ddp 2> /dev/null | grep -q __asan_init; then
-    skip "peak memory of a resumed run (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
-elif [ -x /usr/bin/time ]; then
-    peak_kb() { timeout 120 /usr/bin/time -f '%M' -o "$tmp/rss" day3/13_fault_tolerant_ddp --data="$DATA" --plot= "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+elif no_peak_memory "peak memory of a resumed run" day3/13_fault_tolerant_ddp; then :
+else
+    step13_kb() { peak_kb day3/13_fault_tolerant_ddp --data="$DATA" --plot= "$@"; }
     fresh=() resumed=()
     for i in 1 2 3; do
-        fresh+=("$(peak_kb --snapshot="$tmp/mem$i.h5" --total_epochs=1)")
-        resumed+=("$(peak_kb --snapshot="$tmp/mem$i.h5" --total_epochs=2)")
+        fresh+=("$(step13_kb --snapshot="$tmp/mem$i.h5" --total_epochs=1)")
+        resumed+=("$(step13_kb --snapshot="$tmp/mem$i.h5" --total_epochs=2)")
     done
     median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
     fresh_kb=$(median "${fresh[@]}") resumed_kb=$(median "${resumed[@]}")
     expect "resuming takes no more memory than a fresh start: peak ${resumed_kb:-?} kB against ${fresh_kb:-?} kB (medians of 3; within 800 kB)" \
         test -n "$fresh_kb" -a -n "$resumed_kb" -a "${resumed_kb:-0}" -le $((${fresh_kb:-0} + 800))
-else
-    skip "peak memory of a resumed run (needs /usr/bin/time: apt-get install time)"
 fi

@@ -14,19 +14,17 @@
 # One PASS/FAIL line per program (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS flags: $*"; }
-fail() { echo "FAIL flags: $*"; }
+source tests/lib.sh
+suite flags
+scratch
+RUN_TIMEOUT=30  # --help and a bad flag return before any work
 
 found=0
 for source in day1/*.c day2/*.c day3/*.c; do
     program=${source%.c}
     [ -x "$program" ] || continue  # (step 1 is built only with the GPU code)
     found=$((found + 1))
-    # Every run is bounded: a hang is a failure, not a stuck CI job.
-    if ! timeout 30 "$program" --help > "$tmp/help" 2> "$tmp/err"; then
+    if ! run "$program" --help > "$tmp/help" 2> "$tmp/err"; then
         fail "$program --help exits non-zero: $(head -2 "$tmp/err")"
         continue
     fi
@@ -53,7 +51,7 @@ for source in day1/*.c day2/*.c day3/*.c; do
         pass "$program takes no flags ($(sed -n 2p "$tmp/help" | sed 's/^ *//'))"
         continue
     fi
-    timeout 30 "$program" "${flags[@]}" --help > "$tmp/out" 2>&1
+    run "$program" "${flags[@]}" --help > "$tmp/out" 2>&1
     status=$?
     if [ $status != 0 ] || ! grep -q '^usage:' "$tmp/out"; then
         fail "$program ${flags[*]} --help: exit $status: $(grep -v '^ ' "$tmp/out" | head -2)"
@@ -69,7 +67,7 @@ for source in day1/*.c day2/*.c day3/*.c; do
         swapped+=("$other$value")
     done
     if [ $renamed -gt 0 ]; then
-        timeout 30 "$program" "${swapped[@]}" --help > "$tmp/out" 2>&1
+        run "$program" "${swapped[@]}" --help > "$tmp/out" 2>&1
         status=$?
         if [ $status != 0 ] || ! cmp -s "$tmp/out" "$tmp/help_after_flags"; then
             fail "$program ${swapped[*]} --help: expected exit 0 and the same --help (got exit $status: $(grep -v '^ ' "$tmp/out" | head -2))"
@@ -78,7 +76,7 @@ for source in day1/*.c day2/*.c day3/*.c; do
         verdict="$verdict; and with '-' and '_' swapped in $renamed of their names (${swapped[*]})"
     fi
     if [ -n "$numeric" ]; then
-        timeout 30 "$program" "$numeric=x" > "$tmp/out" 2>&1
+        run "$program" "$numeric=x" > "$tmp/out" 2>&1
         status=$?
         if [ $status != 2 ] || ! grep -q "^error: $numeric expects .*, got 'x'" "$tmp/out"; then
             fail "$program $numeric=x: expected a usage error naming $numeric, exit 2 (got exit $status: $(head -1 "$tmp/out"))"

@@ -11,24 +11,23 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-PYTHON=${PYTHON:-/usr/bin/python3}  # with h5py; on GPU nodes python3 is often a venv without it
+suite fuzz
 
-if ! "$PYTHON" -c 'import h5py, numpy' 2> /dev/null; then
-    echo "SKIP fuzz: $PYTHON has no h5py (./setup.sh --with-reference)"
+if ! have_h5py; then
+    skip "$PYTHON has no h5py (./setup.sh --with-reference)"
     exit 0
 fi
-results=$(mktemp -d)
-trap 'rm -rf "$results"' EXIT
-"$PYTHON" tests/fuzz/fuzz.py --self-test --results "$results"
+scratch
+"$PYTHON" tests/fuzz/fuzz.py --self-test --results "$tmp"
 
 if ! thorough; then
-    echo "SKIP fuzz: the mutated inputs run in make test-all (TEST_LEVEL=all), or tests/fuzz/fuzz.py alone"
-elif [ ! -e data/mnist/train-images-idx3-ubyte.gz ] && [ ! -e data/mnist/train-images-idx3-ubyte ]; then
-    echo "SKIP fuzz: no MNIST in data/mnist (make data)"
+    skip "the mutated inputs run in make test-all (TEST_LEVEL=all), or tests/fuzz/fuzz.py alone"
+elif ! DATA=data/mnist have_mnist; then
+    skip "no MNIST in data/mnist (make data)"
 elif [ ! -f data/movielens/ratings.csv ]; then
-    echo "SKIP fuzz: no MovieLens in data/movielens (make movielens)"
+    skip "no MovieLens in data/movielens (make movielens)"
 else
     # Reproducers of failed runs stay in build/fuzz (the FAIL lines name them); the rest goes.
     "$PYTHON" tests/fuzz/fuzz.py --seed "${FUZZ_SEED:-36}" --count "${FUZZ_COUNT:-6}" --results build/fuzz
-    [ $? -le 1 ] || echo "FAIL fuzz: tests/fuzz/fuzz.py could not run (above)"
+    [ $? -le 1 ] || fail "tests/fuzz/fuzz.py could not run (above)"
 fi

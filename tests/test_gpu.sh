@@ -14,17 +14,10 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS gpu: $*"; }
-fail() { echo "FAIL gpu: $*"; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-mpi() { local np=$1; shift; timeout 300 $MPIRUN -np "$np" "$@"; }
+suite gpu
+scratch
+RUN_TIMEOUT=300  # its bound before tests/lib.sh: memcheck and the simulated GPU run many times slower
 no_gpu() { CUDA_VISIBLE_DEVICES= "$@"; }  # the same binaries, with every GPU hidden
-accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
-final_loss() { tail -1 "$1" | cut -d, -f3; }
 
 # ---------------------------------------------------------------- without a GPU
 # step1_refused WHAT STATUS PATTERN FLAGS...: step 1, with every GPU hidden, exits with STATUS
@@ -53,7 +46,7 @@ fi
 no_gpu mpi 3 day3/12_collectives --device cuda > "$tmp/c12" 2>&1
 status=$?
 lines=$(grep -c -- '--device cuda' "$tmp/c12")
-check "step 12 --device cuda without a GPU on 3 ranks: exit $status, no hang, the reason said once: $(grep -m1 -- '--device cuda' "$tmp/c12")" \
+expect "step 12 --device cuda without a GPU on 3 ranks: exit $status, no hang, the reason said once: $(grep -m1 -- '--device cuda' "$tmp/c12")" \
     test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
 
 no_gpu day1/2_mnist_training --device cuda --epochs 1 > "$tmp/cuda" 2>&1
@@ -66,10 +59,10 @@ fi
 no_gpu mpi 4 day1/4_mnist_manual_ddp --device cuda --epochs 1 > "$tmp/cuda4" 2>&1
 status=$?
 lines=$(grep -c -- '--device cuda' "$tmp/cuda4")
-check "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
+expect "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
     test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
 no_gpu day1/2_mnist_training --epochs 1 --plot '' > "$tmp/auto" 2>&1
-check "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
+expect "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
     grep -q '; cpu, [0-9]* threads\?, ' "$tmp/auto"
 
 # A CPU-only build (CUDA=0) of a program, in a copy of the tree: no warnings,
@@ -82,18 +75,18 @@ if make -C "$tmp/src" -j2 CUDA=0 NVTX=0 day1/2_mnist_training day3/12_collective
     # The compiler's warnings (file:line:col: warning:), not make's own (a -j
     # inherited from a `make -j test` makes the sub-make warn about its jobserver).
     warnings=$(grep -cE '^[^ :]+:[0-9]+:[0-9]+: warning:' "$tmp/build0")
-    check "a CUDA=0 build compiles without warnings ($warnings) and says 'CUDA=0: CPU only'" \
+    expect "a CUDA=0 build compiles without warnings ($warnings) and says 'CUDA=0: CPU only'" \
         test "$warnings" -eq 0 -a "$(grep -c 'CUDA=0: CPU only' "$tmp/build0")" -eq 1
     "$tmp/src/day1/2_mnist_training" --device cuda > "$tmp/cuda0" 2>&1
     status=$?
-    check "CUDA=0 build: --device cuda is a usage error (exit $status): $(cat "$tmp/cuda0")" \
+    expect "CUDA=0 build: --device cuda is a usage error (exit $status): $(cat "$tmp/cuda0")" \
         test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/cuda0")" -eq 1
     "$tmp/src/day1/2_mnist_training" --epochs 1 --plot '' > "$tmp/auto0" 2>&1
-    check "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
+    expect "CUDA=0 build: --device auto trains on the CPU: $(grep -o 'Training completed.*' "$tmp/auto0")" \
         grep -q '; cpu, .*' "$tmp/auto0"
     "$tmp/src/day3/12_collectives" --device cuda > "$tmp/c12_0" 2>&1
     status=$?
-    check "CUDA=0 build: step 12 --device cuda is a usage error (exit $status): $(cat "$tmp/c12_0")" \
+    expect "CUDA=0 build: step 12 --device cuda is a usage error (exit $status): $(cat "$tmp/c12_0")" \
         test $status -eq 2 -a "$(grep -c 'this build has no GPU code' "$tmp/c12_0")" -eq 1
 else
     fail "make CUDA=0 day1/2_mnist_training: $(grep -m3 -E 'error|Error' "$tmp/build0")"
@@ -118,23 +111,23 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
 if [ "$gpus" -eq 0 ]; then
     for what in "${gpu_checks[@]}"; do
         if [ "${REQUIRE_GPU:-0}" = 1 ]; then fail "$what: REQUIRE_GPU=1, but no GPU"
-        else echo "SKIP gpu: $what (skipped: no GPU)"; fi
+        else skip "$what (skipped: no GPU)"; fi
     done
     exit 0
 fi
 
 # Step 1.
 day1/1_dist_allreduce_gpu > "$tmp/s1" 2>&1
-check "step 1 at world size 1: $(grep 'after allreduce' "$tmp/s1")" grep -q 'after allreduce: sum 1, mean 1$' "$tmp/s1"
+expect "step 1 at world size 1: $(grep 'after allreduce' "$tmp/s1")" grep -q 'after allreduce: sum 1, mean 1$' "$tmp/s1"
 day1/1_dist_allreduce_gpu --count 50000000 > "$tmp/s1c" 2>&1
-check "step 1 --count 50000000: $(tail -1 "$tmp/s1c")" grep -q 'busbw .*every element verified on every rank' "$tmp/s1c"
+expect "step 1 --count 50000000: $(tail -1 "$tmp/s1c")" grep -q 'busbw .*every element verified on every rank' "$tmp/s1c"
 if [ "$gpus" -ge 2 ]; then
     mpi 2 day1/1_dist_allreduce_gpu > "$tmp/s1n" 2>&1
-    check "step 1 on 2 GPUs: sum 3, mean 1.5 on both ranks" test "$(grep -c 'sum 3, mean 1.5' "$tmp/s1n")" -eq 2
+    expect "step 1 on 2 GPUs: sum 3, mean 1.5 on both ranks" test "$(grep -c 'sum 3, mean 1.5' "$tmp/s1n")" -eq 2
 else
     mpi 2 day1/1_dist_allreduce_gpu > "$tmp/s1n" 2>&1
     status=$?
-    check "step 1 refuses two ranks on one GPU, exit $status: $(grep -o 'share.*' "$tmp/s1n" | head -1)" \
+    expect "step 1 refuses two ranks on one GPU, exit $status: $(grep -o 'share.*' "$tmp/s1n" | head -1)" \
         test $status -ne 0 -a $status -ne 124 -a "$(grep -c 'NCCL needs a GPU per rank' "$tmp/s1n")" -eq 1
 fi
 
@@ -150,7 +143,7 @@ for np in 1 2 3 4; do
     demo=$?
     mpi $np day3/12_collectives --device cuda --count 10000000 --iters 5 > "$tmp/c12_count" 2>&1
     count=$?
-    check "step 12 --device cuda at $np rank(s), $path: the demo as on the CPU, --count 10000000 verified; allreduce: $(grep '^allreduce ' "$tmp/c12_count" | tr -s ' ')" \
+    expect "step 12 --device cuda at $np rank(s), $path: the demo as on the CPU, --count 10000000 verified; allreduce: $(grep '^allreduce ' "$tmp/c12_count" | tr -s ' ')" \
         eval '[ $demo -eq 0 ] && [ $count -eq 0 ] && head -1 "$tmp/c12_gpu" | grep -q "$path" &&
               diff <(tail -n +2 "$tmp/c12_cpu") <(tail -n +2 "$tmp/c12_gpu") > /dev/null &&
               grep -q "^every element of every collective verified on every rank$" "$tmp/c12_count"'
@@ -159,7 +152,7 @@ COLLECTIVES_TEST_WRONG_ELEMENT=all-to-all:0:5 mpi 1 day3/12_collectives --device
 status1=$?
 COLLECTIVES_TEST_WRONG_ELEMENT=reduce-scatter:1:3 mpi 2 day3/12_collectives --device cuda --count 1000 --iters 1 > /dev/null 2> "$tmp/c12_w2"
 status2=$?
-check "step 12 --device cuda: a wrong element fails the run, named: $(grep -h ' holds ' "$tmp/c12_w1" "$tmp/c12_w2" | tr '\n' ' ')" \
+expect "step 12 --device cuda: a wrong element fails the run, named: $(grep -h ' holds ' "$tmp/c12_w1" "$tmp/c12_w2" | tr '\n' ' ')" \
     eval '[ $status1 -eq 1 ] && [ $status2 -eq 1 ] && grep -q "^all-to-all: rank 0 holds .* at element 5 where" "$tmp/c12_w1" &&
           grep -q "^reduce-scatter: rank 1 holds .* at element 3 where" "$tmp/c12_w2"'
 
@@ -168,13 +161,13 @@ day1/2_mnist_training --device cpu --epochs 1 --save "$tmp/init.h5" --plot '' > 
 day1/2_mnist_training --device cpu --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/cpu.csv" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --device cuda --init "$tmp/init.h5" --no-shuffle --epochs 1 --losses "$tmp/gpu.csv" --plot '' > "$tmp/g" 2>&1
 verdict=$(same_losses "$tmp/cpu.csv" "$tmp/gpu.csv" 1e-3)
-check "CPU and GPU per-step losses from the same --init, --no-shuffle, one epoch: $verdict" test $? -eq 0
+expect "CPU and GPU per-step losses from the same --init, --no-shuffle, one epoch: $verdict" test $? -eq 0
 grep -q '; cuda:' "$tmp/g" || fail "step 2 --device cuda does not say it runs on the GPU: $(head -1 "$tmp/g")"
 
 # Step 2, 5 epochs: the GPU's accuracy is the CPU's, to the rounding of a few samples.
 day1/2_mnist_training --device cpu --plot '' > "$tmp/c2" 2>&1
 day1/2_mnist_training --plot '' > "$tmp/g2" 2>&1
-check "step 2 on the GPU (--device auto): $(grep -o 'Training completed.*' "$tmp/g2"); CPU: $(accuracy "$tmp/c2")%" \
+expect "step 2 on the GPU (--device auto): $(grep -o 'Training completed.*' "$tmp/g2"); CPU: $(accuracy "$tmp/c2")%" \
     awk "BEGIN { d = $(accuracy "$tmp/g2") - $(accuracy "$tmp/c2"); exit !(d < 0.3 && d > -0.3) }"
 
 # Step 4 on 2 ranks and one GPU: the MPI fallback, announced once.
@@ -182,11 +175,11 @@ mpi 2 day1/4_mnist_manual_ddp --device cpu --plot '' > "$tmp/c4" 2>&1
 mpi 2 day1/4_mnist_manual_ddp --lr 0.0005 --save "$tmp/w4.h5" --plot '' > "$tmp/g4" 2>&1
 mpi 2 day1/4_mnist_manual_ddp --plot '' > "$tmp/g4b" 2>&1
 if [ "$gpus" -lt 2 ]; then
-    check "step 4 on 2 ranks sharing the GPU says so once: $(grep -o 'share.*' "$tmp/g4b" | head -1)" \
+    expect "step 4 on 2 ranks sharing the GPU says so once: $(grep -o 'share.*' "$tmp/g4b" | head -1)" \
         test "$(grep -c 'NCCL cannot put two ranks on one GPU' "$tmp/g4b")" -eq 1
 fi
-checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/g4b" | sort -u | wc -l)
-check "step 4 on 2 GPU ranks: $(accuracy "$tmp/g4b")% (CPU $(accuracy "$tmp/c4")%), both ranks end bit-identical" \
+checksums=$(checksum "$tmp/g4b" | wc -w)
+expect "step 4 on 2 GPU ranks: $(accuracy "$tmp/g4b")% (CPU $(accuracy "$tmp/c4")%), both ranks end bit-identical" \
     awk "BEGIN { d = $(accuracy "$tmp/g4b") - $(accuracy "$tmp/c4"); exit !(d < 0.5 && d > -0.5 && $checksums == 1) }"
 
 # Step 6, the DDP library on GPU gradients, takes the steps of step 4.
@@ -195,19 +188,19 @@ same_weights "step 6 == step 4 on the GPU, 2 ranks (DDP buckets through page-loc
 mpi 2 day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/ddp2.csv" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --no-shuffle --epochs 1 --losses "$tmp/one.csv" --plot '' > /dev/null 2>&1
 verdict=$(same_losses "$tmp/one.csv" "$tmp/ddp2.csv" 1e-4)
-check "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
+expect "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict" test $? -eq 0
 
 # Step 16 on the GPU: 2 stages (activations and gradients by NCCL send/receive with a GPU per rank,
 # MPI on host copies where ranks share one), 4 micro-batches, take step 2's GPU steps; with 4 GPUs,
 # 2 stages x 2 replicas (DDP over split NCCL communicators) take step 6's on 2.
 mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --no-shuffle --epochs 1 --losses "$tmp/pp2.csv" --plot '' > "$tmp/g16" 2>&1
 verdict=$(same_losses "$tmp/one.csv" "$tmp/pp2.csv" 1e-5)
-check "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses within 1e-5: $verdict" test $? -eq 0
+expect "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses within 1e-5: $verdict" test $? -eq 0
 if [ "$gpus" -ge 4 ]; then
     mpi 4 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --schedule gpipe --no-shuffle --epochs 1 --batch_size 3200 \
         --losses "$tmp/pp2dp2.csv" --plot '' > /dev/null 2>&1
     verdict=$(same_losses "$tmp/ddp2.csv" "$tmp/pp2dp2.csv" 1e-5)
-    check "step 16 on 4 GPUs, 2 stages x 2 replicas (split NCCL communicators), GPipe: step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
+    expect "step 16 on 4 GPUs, 2 stages x 2 replicas (split NCCL communicators), GPipe: step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
 fi
 
 # Step 17 on the GPU: 2 tensor-parallel ranks (g's allreduce of the partial logits by NCCL with a
@@ -216,16 +209,16 @@ fi
 # GPUs, 2 x 2 replicas (DDP over split NCCL communicators) take step 6's on 2.
 mpi 2 day4/17_tensor_parallel --tp 2 --no-shuffle --epochs 1 --losses "$tmp/tp2.csv" --plot '' > "$tmp/g17" 2>&1
 verdict=$(same_losses "$tmp/one.csv" "$tmp/tp2.csv" 1e-5)
-check "step 17 on the GPU, 2 tensor-parallel ranks: step 2's losses within 1e-5: $verdict" test $? -eq 0
+expect "step 17 on the GPU, 2 tensor-parallel ranks: step 2's losses within 1e-5: $verdict" test $? -eq 0
 deep17=(--hidden 64,64,64 --batch_size 3200 --no-shuffle --epochs 1 --plot '')
 day4/16_pipeline_ddp --pp 1 "${deep17[@]}" --losses "$tmp/deep_pp1.csv" > /dev/null 2>&1
 mpi 2 day4/17_tensor_parallel --tp 2 "${deep17[@]}" --losses "$tmp/deep_tp2.csv" > /dev/null 2>&1
 verdict=$(same_losses "$tmp/deep_pp1.csv" "$tmp/deep_tp2.csv" 1e-5)
-check "step 17 on the GPU, 784-64-64-64-10 at T = 2 (g and f): step 16's losses at P = 1 within 1e-5: $verdict" test $? -eq 0
+expect "step 17 on the GPU, 784-64-64-64-10 at T = 2 (g and f): step 16's losses at P = 1 within 1e-5: $verdict" test $? -eq 0
 if [ "$gpus" -ge 4 ]; then
     mpi 4 day4/17_tensor_parallel --tp 2 --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/tp2dp2.csv" --plot '' > /dev/null 2>&1
     verdict=$(same_losses "$tmp/ddp2.csv" "$tmp/tp2dp2.csv" 1e-5)
-    check "step 17 on 4 GPUs, 2 tensor-parallel ranks x 2 replicas (split NCCL communicators): step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
+    expect "step 17 on 4 GPUs, 2 tensor-parallel ranks x 2 replicas (split NCCL communicators): step 6's losses on 2 GPUs within 1e-5: $verdict" test $? -eq 0
 fi
 # Step 18 on the GPU: reduce-scatter and all-gather of GPU buffers (NCCL on the communication stream
 # with a GPU per rank, MPI on host copies where ranks share one), exact, in place or not; then every
@@ -233,7 +226,7 @@ fi
 for np in 2 $([ "$gpus" -ge 4 ] && echo 4); do
     mpi $np build/tests_mpi/test_collectives cuda > "$tmp/coll18_$np" 2>&1
     status=$?
-    check "group_reduce_scatter and group_all_gather of GPU tensors on $np ranks: $(grep -c '^PASS' "$tmp/coll18_$np") checks passed, exit $status $(grep -m1 '^FAIL' "$tmp/coll18_$np")" \
+    expect "group_reduce_scatter and group_all_gather of GPU tensors on $np ranks: $(grep -c '^PASS' "$tmp/coll18_$np") checks passed, exit $status $(grep -m1 '^FAIL' "$tmp/coll18_$np")" \
         test $status -eq 0 -a "$(grep -c '^PASS' "$tmp/coll18_$np")" -ge 20 -a "$(grep -c '^FAIL' "$tmp/coll18_$np")" -eq 0
     mpi $np day1/6_mnist_ddp --no-shuffle --epochs 1 --batch_size 3200 --losses "$tmp/z6_$np.csv" --plot '' > "$tmp/z6_$np" 2>&1
     for zero in 1 2 3; do
@@ -242,7 +235,7 @@ for np in 2 $([ "$gpus" -ge 4 ] && echo 4); do
             --plot '' > "$tmp/z${zero}_$np" 2>&1
         verdict=$(same_losses "$tmp/z6_$np.csv" "$tmp/z${zero}_$np.csv" 1e-5)
         same=$?
-        check "step 18 ${flags[*]} on $np GPU ranks: step 6's losses within 1e-5 ($verdict), accuracy $(accuracy "$tmp/z${zero}_$np")% (step 6: $(accuracy "$tmp/z6_$np")%)" \
+        expect "step 18 ${flags[*]} on $np GPU ranks: step 6's losses within 1e-5 ($verdict), accuracy $(accuracy "$tmp/z${zero}_$np")% (step 6: $(accuracy "$tmp/z6_$np")%)" \
             eval '[ $same -eq 0 ] && [ -n "$(accuracy "$tmp/z6_$np")" ] && [ "$(accuracy "$tmp/z${zero}_$np")" = "$(accuracy "$tmp/z6_$np")" ]'
     done
 done
@@ -265,13 +258,13 @@ for rank in (0, 1):
 print(f"{len(allreduce)} allreduce ranges a rank, {during} of them starting during backward")
 PY
 )
-    check "step 6's trace on 2 GPUs (NCCL): the buckets' allreduce on the communication track: $verdict" test $? -eq 0
+    expect "step 6's trace on 2 GPUs (NCCL): the buckets' allreduce on the communication track: $verdict" test $? -eq 0
 fi
 
 # Step 8: lr x W on the GPU lands where it does on the CPU.
 mpi 2 day1/8_mnist_ddp_lr --device cpu --losses "$tmp/c8.csv" --plot '' > /dev/null 2>&1
 mpi 2 day1/8_mnist_ddp_lr --losses "$tmp/g8.csv" --plot '' > /dev/null 2>&1
-check "step 8 on the GPU, 2 ranks: final loss $(final_loss "$tmp/g8.csv"), CPU $(final_loss "$tmp/c8.csv")" \
+expect "step 8 on the GPU, 2 ranks: final loss $(final_loss "$tmp/g8.csv"), CPU $(final_loss "$tmp/c8.csv")" \
     awk "BEGIN { r = $(final_loss "$tmp/g8.csv") / $(final_loss "$tmp/c8.csv"); exit !(r > 0.98 && r < 1.02) }"
 
 # Step 11 on the GPU: the workers fill page-locked slots with the stored
@@ -283,7 +276,7 @@ day2/create_mnist_h5 --out "$tmp/mnist_float32.h5" --float32 > /dev/null 2>&1
 day2/10_mnist_ddp_multinode --no-shuffle --epochs 2 --losses "$tmp/s10.csv" --plot '' > /dev/null 2>&1
 day2/11_multinode_streaming --h5 "$tmp/mnist.h5" --no-shuffle --epochs 2 --losses "$tmp/s11.csv" --plot '' > "$tmp/g11" 2>&1
 verdict=$(same_losses "$tmp/s10.csv" "$tmp/s11.csv" 1e-6)
-check "step 11 on the GPU takes step 10's GPU steps (1 rank, --no-shuffle): $verdict" test $? -eq 0
+expect "step 11 on the GPU takes step 10's GPU steps (1 rank, --no-shuffle): $verdict" test $? -eq 0
 grep -q 'copied to the GPU from page-locked memory' "$tmp/g11" ||
     fail "step 11 on the GPU does not say that it copies from page-locked memory: $(grep '^Data: ' "$tmp/g11" | head -1)"
 for setting in "1 1" "4 3"; do
@@ -292,36 +285,35 @@ for setting in "1 1" "4 3"; do
         --losses "$tmp/g11_w$1.csv" --plot '' > "$tmp/g11_w$1" 2>&1
 done
 day2/11_multinode_streaming --h5 "$tmp/mnist_float32.h5" --epochs 2 --losses "$tmp/g11_f32.csv" --plot '' > /dev/null 2>&1
-check "step 11 on the GPU: bit-identical at 1 worker x 1 ahead and 4 x 3, and from the float32 file (copied as float32)" \
+expect "step 11 on the GPU: bit-identical at 1 worker x 1 ahead and 4 x 3, and from the float32 file (copied as float32)" \
     eval 'cmp -s "$tmp/g11_w1.csv" "$tmp/g11_w4.csv" && cmp -s "$tmp/g11_w1.csv" "$tmp/g11_f32.csv"'
 mpi 2 day2/11_multinode_streaming --h5 "$tmp/mnist.h5" --plot '' > "$tmp/g11_2" 2>&1
-checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/g11_2" | sort -u | wc -l)
-check "step 11 on 2 GPU ranks: $(accuracy "$tmp/g11_2")%, both ranks end bit-identical; $(grep -o 'the loop waited [^,]*' "$tmp/g11_2" | head -1)" \
+checksums=$(checksum "$tmp/g11_2" | wc -w)
+expect "step 11 on 2 GPU ranks: $(accuracy "$tmp/g11_2")%, both ranks end bit-identical; $(grep -o 'the loop waited [^,]*' "$tmp/g11_2" | head -1)" \
     awk "BEGIN { exit !($(accuracy "$tmp/g11_2") > 85 && $checksums == 1) }"
 
 # test_profile: MSE, SGD and the profiler's GPU synchronisation.
 mpi 2 day1/test_profile --trace "$tmp/trace.json" > "$tmp/tp" 2>&1
-check "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
+expect "test_profile on the GPU, 2 ranks: a trace and $(grep -c '^step' "$tmp/tp") steps" \
     test -s "$tmp/trace.json" -a "$(grep -c '^step' "$tmp/tp")" -eq 5
 # With NCCL, a step's allreduce is read off the GPU's timeline at the next
 # step's first bucket, the last step's when DDP's figures are asked for: the
 # table comes after them, so it counts all 5.
 if [ "$gpus" -ge 2 ]; then
-    check "test_profile on 2 GPUs (NCCL): the summary table counts every step's allreduce: $(grep '^allreduce' "$tmp/tp" | tr -s ' ')" \
+    expect "test_profile on 2 GPUs (NCCL): the summary table counts every step's allreduce: $(grep '^allreduce' "$tmp/tp" | tr -s ' ')" \
         grep -qE '^allreduce \(comm thread\) +5 ' "$tmp/tp"
 fi
 
 # Step 14: the SimpleCNN on the GPU (im2col, col2im and pooling kernels,
 # cuBLAS) takes the CPU's steps from the same --init; DDP on 2 GPU ranks takes
 # those of one GPU process with the 2x batch.
-cnn_accuracy() { sed -n 's/.*Test loss [0-9.]*, accuracy \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
 day3/14_cnn_ddp --device cpu --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
 day3/14_cnn_ddp --device cpu --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 100 --losses "$tmp/cnn_cpu.csv" --plot '' > "$tmp/cnn_c" 2>&1
 day3/14_cnn_ddp --device cuda --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 100 --losses "$tmp/cnn_gpu.csv" --plot '' > "$tmp/cnn_g" 2>&1
 verdict=$(same_losses "$tmp/cnn_cpu.csv" "$tmp/cnn_gpu.csv" 1e-3)
 status=$?
-check "step 14: CPU and GPU per-step losses from the same --init, --no-shuffle, 100 steps: $verdict; test accuracy $(cnn_accuracy "$tmp/cnn_g")% on the GPU, $(cnn_accuracy "$tmp/cnn_c")% on the CPU" \
-    awk "BEGIN { d = $(cnn_accuracy "$tmp/cnn_g") - $(cnn_accuracy "$tmp/cnn_c"); exit !($status == 0 && d < 0.3 && d > -0.3) }"
+expect "step 14: CPU and GPU per-step losses from the same --init, --no-shuffle, 100 steps: $verdict; test accuracy $(accuracy "$tmp/cnn_g")% on the GPU, $(accuracy "$tmp/cnn_c")% on the CPU" \
+    awk "BEGIN { d = $(accuracy "$tmp/cnn_g") - $(accuracy "$tmp/cnn_c"); exit !($status == 0 && d < 0.3 && d > -0.3) }"
 # 40 steps, as on the CPU (tests/test_cnn.sh): Adam's first steps magnify the
 # rounding differences of a weight gradient summed over 32 rows twice or 64 once.
 day3/14_cnn_ddp --device cuda --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --losses "$tmp/cnn_gpu40.csv" --plot '' > /dev/null 2>&1
@@ -329,14 +321,14 @@ mpi 2 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --ba
 verdict=$(same_losses "$tmp/cnn_gpu40.csv" "$tmp/cnn_gpu2.csv" 1e-4)
 status=$?
 checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/cnn_g2" | sort -u | wc -l)
-check "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (40 steps): $verdict; both ranks end bit-identical" \
+expect "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (40 steps): $verdict; both ranks end bit-identical" \
     test $status -eq 0 -a "$checksums" -eq 1
 
 # Past batch 85598 the first pool's argmax (int indices into 32 x batch x 28 x 28)
-# would wrap; a GPU has no host memory check to refuse it first, as the CPU does.
+# would wrap; a GPU has no host memory expect to refuse it first, as the CPU does.
 mpi 2 day3/14_cnn_ddp --device cuda --batch_size 85599 --plot '' > "$tmp/cnn_big" 2>&1
 status=$?
-check "step 14 on the GPU refuses a batch past its int pooling indexes, exit $status: $(grep -m1 -- '--batch_size' "$tmp/cnn_big")" \
+expect "step 14 on the GPU refuses a batch past its int pooling indexes, exit $status: $(grep -m1 -- '--batch_size' "$tmp/cnn_big")" \
     test $status -eq 1 -a "$(grep -c -- '--batch_size 85599: the SimpleCNN takes at most 85598' "$tmp/cnn_big")" -eq 1
 
 # Step 15 on the GPU: the tables, the lookups, the forward and backward, the
@@ -349,7 +341,7 @@ check "step 14 on the GPU refuses a batch past its int pooling indexes, exit $st
 # says whether they were.)
 rmse15() { grep -o 'Test RMSE [0-9.]*' "$1" | tail -1; }
 if [ ! -f data/movielens/ratings.csv ]; then
-    echo "SKIP gpu: step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
+    skip "step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
 else
     for np in 1 2 $([ "$gpus" -ge 4 ] && echo 4); do
         for mode in dense sparse sharded; do
@@ -360,7 +352,7 @@ else
             verdict=$(same_losses "$tmp/r15c_${mode}_$np.csv" "$tmp/r15g_${mode}_$np.csv" 1e-5)
             same=$?
             bits=$(cmp -s "$tmp/r15c_${mode}_$np.csv" "$tmp/r15g_${mode}_$np.csv" && echo "the same bits" || echo "not bit for bit")
-            check "step 15 on the GPU, $mode embeddings, $np rank(s), an epoch: the CPU's losses within 1e-5 ($verdict, $bits), $(rmse15 "$tmp/r15g_${mode}_$np") (CPU: $(rmse15 "$tmp/r15c_${mode}_$np"))" \
+            expect "step 15 on the GPU, $mode embeddings, $np rank(s), an epoch: the CPU's losses within 1e-5 ($verdict, $bits), $(rmse15 "$tmp/r15g_${mode}_$np") (CPU: $(rmse15 "$tmp/r15c_${mode}_$np"))" \
                 eval '[ $status -eq 0 ] && [ $same -eq 0 ] && grep -q "; cuda:" "$tmp/r15g_${mode}_$np" &&
                       [ -n "$(rmse15 "$tmp/r15c_${mode}_$np")" ] && [ "$(rmse15 "$tmp/r15g_${mode}_$np")" = "$(rmse15 "$tmp/r15c_${mode}_$np")" ]'
         done
@@ -378,7 +370,7 @@ failed=$?
 mpi 1 "${s13[@]}" --snapshot="$tmp/s13.h5" --losses="$tmp/s13.csv" --fail_at_epoch=2 > "$tmp/s13_resumed" 2>&1
 resumed=$?
 s13_sum() { grep -o 'parameter checksum [0-9a-f]*' "$1"; }
-check "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exit $resumed), it resumes and ends as the run never killed: $(s13_sum "$tmp/s13_ref")" \
+expect "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exit $resumed), it resumes and ends as the run never killed: $(s13_sum "$tmp/s13_ref")" \
     eval '[ $failed -eq 137 ] && [ $resumed -eq 0 ] && grep -qx "Resuming training from snapshot at Epoch 1" "$tmp/s13_resumed" &&
           [ -n "$(s13_sum "$tmp/s13_ref")" ] && [ "$(s13_sum "$tmp/s13_resumed")" = "$(s13_sum "$tmp/s13_ref")" ] &&
           cmp -s "$tmp/s13_ref.csv" "$tmp/s13.csv"'
@@ -447,36 +439,36 @@ fi
 # NCCL between ranks needs a GPU per rank: on one GPU, DDP, step 12 and step 18 took
 # the MPI fallback above, and NCCL's own paths (strategy 3 of ddp_gpu.c, the
 # NCCL branches of collectives.c) did not run, nor did the lost peer's checks.
-[ "$gpus" -lt 2 ] && echo "SKIP gpu: NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
+[ "$gpus" -lt 2 ] && skip "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more, this machine has $gpus"
 
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
 if ! thorough; then :  # make test-all and make test-gpu (TEST_LEVEL=all): minutes under memcheck
 elif grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
-    echo "SKIP gpu: compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
+    skip "compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
 elif [ -n "$sanitizer" ]; then
     "$sanitizer" --error-exitcode 9 day1/2_mnist_training --epochs 1 --plot '' > "$tmp/cs" 2>&1
     status=$?
-    check "compute-sanitizer on step 2 (one epoch), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs")" \
+    expect "compute-sanitizer on step 2 (one epoch), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs"
     # The copy stream, its events and the page-locked slots of step 11.
     "$sanitizer" --error-exitcode 9 day2/11_multinode_streaming --h5 "$tmp/mnist_gzip.h5" --epochs 1 --workers 3 \
         --plot '' > "$tmp/cs11" 2>&1
     status=$?
-    check "compute-sanitizer on step 11 (one epoch, 3 workers), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs11")" \
+    expect "compute-sanitizer on step 11 (one epoch, 3 workers), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs11")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs11"
     # Step 14's kernels: im2col, col2im, pooling; the evaluation ends on a partial batch (10000 = 156 x 64 + 16).
     "$sanitizer" --error-exitcode 9 day3/14_cnn_ddp --max_steps 20 --plot '' > "$tmp/cs14" 2>&1
     status=$?
-    check "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
+    expect "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs14"
     # Step 15's kernels: the row gathers and scatters, the per-row sums, SparseAdam; sharded's own rows copied on the GPU.
     if [ -f data/movielens/ratings.csv ]; then
         "$sanitizer" --error-exitcode 9 day3/15_recommender_ddp --embeddings sharded --max_steps 20 --plot '' > "$tmp/cs15" 2>&1
         status=$?
-        check "compute-sanitizer on step 15 (sharded, 20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs15")" \
+        expect "compute-sanitizer on step 15 (sharded, 20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs15")" \
             grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs15"
     fi
 else
-    echo "SKIP gpu: compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
+    skip "compute-sanitizer (not found in PATH or \$CUDA_HOME/bin)"
 fi

@@ -14,12 +14,13 @@
 # its tolerance (and pass within it).
 set -u
 cd "$(dirname "$0")/.."
+source tests/lib.sh
+suite guides
 if ! command -v python3 > /dev/null; then
-    echo "SKIP guides: no python3 to read the guides (./setup.sh installs it)"
+    skip "no python3 to read the guides (./setup.sh installs it)"
     exit 0
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+scratch
 
 fence='```'
 cat > "$tmp/wrong.md" <<GUIDE
@@ -35,11 +36,11 @@ GUIDE
 # expect_refused WHAT GUIDE PATTERN: the checker fails on GUIDE, with a line matching PATTERN.
 expect_refused() {
     if python3 tests/check_guides.py "$2" > "$tmp/out" 2>&1; then
-        echo "FAIL guides: $1: passes"
+        fail "$1: passes"
     elif grep -q -- "$3" "$tmp/out"; then
-        echo "PASS guides: $1: fails, saying so"
+        pass "$1: fails, saying so"
     else
-        echo "FAIL guides: $1: fails for another reason: $(head -3 "$tmp/out")"
+        fail "$1: fails for another reason: $(head -3 "$tmp/out")"
     fi
 }
 expect_refused "a guide with one wrong number ('sum 11' where the program prints 'sum 10')" "$tmp/wrong.md" \
@@ -62,9 +63,9 @@ for line in sys.stdin.read().splitlines():
 # expect_passed WHAT KERNEL GUIDE PATTERN: the checker passes GUIDE under KERNEL, with a line matching PATTERN.
 expect_passed() {
     if OPENBLAS_CORETYPE=$2 python3 tests/check_guides.py "$3" > "$tmp/out" 2>&1 && grep -q -- "$4" "$tmp/out"; then
-        echo "PASS guides: $1: passes, saying so"
+        pass "$1: passes, saying so"
     else
-        echo "FAIL guides: $1: $(grep -m1 -E '^(PASS|FAIL)' "$tmp/out")"
+        fail "$1: $(grep -m1 -E '^(PASS|FAIL)' "$tmp/out")"
     fi
 }
 
@@ -96,14 +97,14 @@ if can_force Haswell; then
     OPENBLAS_CORETYPE=Haswell expect_refused "off the guides' kernels (Haswell), an accuracy 11 samples from the one printed" "$tmp/far.md" \
         "results compared within 5 units of a loss's last digit, 10 test samples of an accuracy"
 else
-    echo "SKIP guides: the tolerance off the guides' kernels: OPENBLAS_CORETYPE=Haswell cannot be forced here ($(build/tools/blas_kernels))"
+    skip "the tolerance off the guides' kernels: OPENBLAS_CORETYPE=Haswell cannot be forced here ($(build/tools/blas_kernels))"
 fi
 if can_force SkylakeX; then
     guide_of SkylakeX "$step2" "$(moved 1)" > "$tmp/exact.md"
     OPENBLAS_CORETYPE=SkylakeX expect_refused "on the guides' kernels (SkylakeX), an accuracy 1 sample from the one printed" \
         "$tmp/exact.md" 'expected: Training completed in .* Test accuracy'
 else
-    echo "SKIP guides: exact results on the guides' kernels: this CPU cannot run OpenBLAS's SkylakeX kernels (no AVX-512)"
+    skip "exact results on the guides' kernels: this CPU cannot run OpenBLAS's SkylakeX kernels (no AVX-512)"
 fi
 
 python3 tests/check_guides.py "$@"

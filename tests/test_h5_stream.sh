@@ -17,31 +17,9 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-PYTHON=${PYTHON:-/usr/bin/python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS h5_stream: $*"; }
-failures=0
-fail() { echo "FAIL h5_stream: $*"; failures=$((failures + 1)); }
-skip() { echo "SKIP h5_stream: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-# Every run is bounded: a hang is a failure, not a stuck CI job.
-run() { timeout 120 "$@"; }
-mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+suite h5_stream
+scratch
 step11=(day2/11_multinode_streaming --plot '')  # a later --plot wins
-have_h5py=0
-"$PYTHON" -c 'import h5py, numpy' 2> /dev/null && have_h5py=1
-no_h5py() { skip "$1 (needs $PYTHON with h5py and numpy: apt-get install python3-h5py)"; }
-
-# A PASS or FAIL line from same_losses (tests/lib.sh).
-expect_same_losses() {  # what, A, B, tolerance
-    local verdict
-    verdict=$(same_losses "$2" "$3" "$4")
-    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
-}
 
 # ---------------------------------------------------------------- create_mnist_h5
 run day2/create_mnist_h5 --data "$DATA" --out "$tmp/ours.h5" > "$tmp/out_create" 2>&1
@@ -84,7 +62,7 @@ print(f"train/images {dtype} (600, 100, 1, 28, 28), train/labels int64 (600, 100
       (" (the pixels as stored in IDX)" if dtype == "uint8" else " / 255 (the original's pixels exactly)"))
 EOF
 }
-if [ $have_h5py = 1 ]; then
+if have_h5py; then
     for variant in "ours.h5 uint8 None" "ours_float32.h5 float32 gzip" "ours_gzip.h5 uint8 gzip"; do
         set -- $variant
         verdict=$(check_layout "$tmp/$1" "$2" "$3" 2>&1)
@@ -172,7 +150,7 @@ expect "step 11 says what each of its 4 workers read ($(grep -c '^Data: worker' 
 
 # ---------------------------------------------------------------- a file written by h5py
 # The original's layout written by numpy + h5py, as the original's create_mnist_h5.py would.
-if [ $have_h5py = 1 ]; then
+if have_h5py; then
     "$PYTHON" - "$DATA" "$tmp/theirs.h5" << 'EOF'
 import gzip, os, sys
 import h5py, numpy as np
@@ -189,7 +167,7 @@ with h5py.File(out, "w") as f:
         f.create_dataset(part + "/labels", data=labels, chunks=(1, 100), compression="gzip")
 EOF
     run "${step11[@]}" --h5 "$tmp/theirs.h5" --epochs 2 --losses "$tmp/theirs.csv" > "$tmp/out_theirs" 2>&1
-    accuracy=$(sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$tmp/out_theirs")
+    accuracy=$(accuracy "$tmp/out_theirs")
     expect "step 11 trains from a file written by h5py (test accuracy ${accuracy:-none}% after 2 epochs)" \
         awk "BEGIN { exit !(${accuracy:-0} >= 70) }"
     expect_same_losses "step 11 from h5py's file == from create_mnist_h5's file" "$tmp/uint8.csv" "$tmp/theirs.csv" 0
@@ -218,18 +196,6 @@ expect "step 11 --init from its --save resumes where it ended (first loss ${firs
 
 # ---------------------------------------------------------------- bad input
 # One clear line, the right exit status, no core dump, no hang: at 2 ranks.
-expect_error() {  # status, message pattern, command...
-    local want=$1 pattern=$2; shift 2
-    "$@" > "$tmp/err" 2>&1
-    local status=$?
-    local line
-    line=$(grep -m1 -E "$pattern" "$tmp/err")
-    if [ $status -eq "$want" ] && [ -n "$line" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
-        pass "exit $want for '${*: -2}': $line"
-    else
-        fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
-    fi
-}
 expect_error 1 "missing.h5: cannot open: No such file or directory\. Write it with \`day2/create_mnist_h5 --out $tmp/missing.h5\`" \
     mpi 2 "${step11[@]}" --h5 "$tmp/missing.h5"
 expect "a missing file on 2 ranks is reported once" test "$(grep -c 'cannot open' "$tmp/err")" = 1
@@ -252,7 +218,7 @@ expect_error 1 'MNIST not found.*Run `make data`' run day2/create_mnist_h5 --dat
 expect_error 2 '^error: create_mnist_h5 writes one file: run it as one process, not on 2 ranks' \
     mpi 2 day2/create_mnist_h5 --data "$DATA" --out "$tmp/x.h5"
 
-if [ $have_h5py = 1 ]; then
+if have_h5py; then
     # Small files (2 groups) with one thing wrong each.
     "$PYTHON" - "$tmp" << 'EOF'
 import sys
@@ -349,17 +315,15 @@ fi
 # cores, so compare the difference, not the ratio: step 11 must save at least
 # the 47040 kB of training pixels that it never loads.
 if ! thorough; then :  # make test-all
-elif nm day2/11_multinode_streaming 2> /dev/null | grep -q __asan_init; then
-    skip "peak memory of step 11 vs step 10 (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
-elif [ -x /usr/bin/time ]; then
-    peak_kb() { /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+elif no_peak_memory "peak memory of step 11 vs step 10" day2/11_multinode_streaming; then :
+else
     rss10=$(peak_kb day2/10_mnist_ddp_multinode --data "$DATA" --epochs 1 --batch_size 3200 --plot '')
     rss11=$(peak_kb day2/11_multinode_streaming --h5 "$tmp/ours.h5" --epochs 1 --batch_size 3200 --plot '')
     expect "step 11 peaks at ${rss11:-?} kB, at least the training set's 47040 kB under step 10's ${rss10:-?} kB (batch 3200, 1 rank)" \
         awk "BEGIN { exit !(${rss11:-0} > 0 && ${rss10:-0} - ${rss11:-0} >= 47040) }"
     # O(workers x prefetch x batch), not O(data set): 4 x the training groups,
     # the same peak, at 1, 2 and 4 workers.
-    if [ $have_h5py = 1 ]; then
+    if have_h5py; then
         "$PYTHON" - "$tmp/ours.h5" "$tmp/big.h5" << 'EOF'
 import sys
 import h5py
@@ -385,8 +349,6 @@ EOF
     else
         no_h5py "step 11's peak memory on a 4x larger file"
     fi
-else
-    skip "peak memory of step 11 vs step 10 (needs /usr/bin/time: apt-get install time)"
 fi
 
-[ $failures -eq 0 ]  # every test exits non-zero when it fails
+exit_status  # every test exits non-zero when it fails

@@ -16,18 +16,10 @@
 set -u
 cd "$(dirname "$0")/.."
 repo=$(pwd)
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS hints: $*"; }
-fail() { echo "FAIL hints: $*"; }
-skip() { echo "SKIP hints: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-# Every run is bounded: a hang is a failure, not a stuck CI job.
-run() { timeout 60 "$@"; }
-mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+source tests/lib.sh
+suite hints
+scratch
+RUN_TIMEOUT=60  # the runs stop at a flag or a missing file, or train one epoch in one batch
 
 # expect_line WHAT STATUS LINE COMMAND...: COMMAND exits with STATUS and
 # prints LINE (exactly, as a whole line) once.
@@ -88,7 +80,7 @@ cp day1/2_mnist_training "$tmp/repo/day1/" && cp day2/11_multinode_streaming "$t
 (cd "$tmp/elsewhere" && expect_line "data/mnist.h5 nowhere: create_mnist_h5 in the repository root" 1 \
     "[rank 0 @ $(hostname)] data/mnist.h5: cannot open: No such file or directory (working directory $tmp/elsewhere). Write it with \`day2/create_mnist_h5\` in the repository root $tmp/repo and run from there" \
     run "$tmp/repo/day2/11_multinode_streaming")
-if [ -e "$DATA/train-images-idx3-ubyte.gz" ] || [ -e "$DATA/train-images-idx3-ubyte" ]; then
+if have_mnist; then
     (cd day1 && expect_line "./2_mnist_training inside day1/: run from the repository root, no make data" 1 \
         "[rank 0 @ $(hostname)] MNIST not found: no data/mnist/train-images-idx3-ubyte[.gz] relative to the working directory $repo/day1; run from the repository root $repo or pass --data $repo/data/mnist" \
         run ./2_mnist_training)
@@ -101,7 +93,7 @@ fi
 # consecutive steps stay diffable.
 plural=$(grep -n 'over %d steps' day1/*.c day2/*.c day3/*.c)
 expect "no program prints 'over %d steps' whatever the count${plural:+: $plural}" test -z "$plural"
-if [ -e "$DATA/train-images-idx3-ubyte.gz" ] || [ -e "$DATA/train-images-idx3-ubyte" ]; then
+if have_mnist; then
     run day1/2_mnist_training --data "$DATA" --epochs 1 --batch_size 60000 --plot '' > "$tmp/out" 2>&1
     expect "step 2 with one batch per epoch: 'over 1 step' ($(grep '^epoch' "$tmp/out"))" \
         grep -q '^epoch 1/1: mean loss [0-9.]* over 1 step, ' "$tmp/out"

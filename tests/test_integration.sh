@@ -5,19 +5,8 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-PYTHON=${PYTHON:-/usr/bin/python3}  # with h5py; on GPU nodes python3 is often a venv without it
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS integration: $*"; }
-fail() { echo "FAIL integration: $*"; }
-skip() { echo "SKIP integration: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-# Every run is bounded: a hang is a failure, not a stuck CI job.
-run() { timeout 120 "$@"; }
-mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+suite integration
+scratch
 
 # ---------------------------------------------------------------- step 0
 for np in 1 2 4; do
@@ -31,7 +20,7 @@ done
 
 # ---------------------------------------------------------------- step 2
 run day1/2_mnist_training --losses "$tmp/losses2.csv" --plot "$tmp/img/2.png" --save "$tmp/w2.h5" > "$tmp/out2" 2>&1
-accuracy=$(sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$tmp/out2")
+accuracy=$(accuracy "$tmp/out2")
 expect "step 2 reaches >= 85% test accuracy in 5 epochs (got ${accuracy:-nothing}%)" \
     awk "BEGIN { exit !(${accuracy:-0} >= 85) }"
 expect "step 2 writes the loss CSV: header step,epoch,loss and 50 steps" \
@@ -72,18 +61,6 @@ done
 
 # ---------------------------------------------------------------- bad input
 # One clear line, the right exit status, no core dump, no hang: also with several ranks.
-expect_error() {  # status, message pattern, command...
-    local want=$1 pattern=$2; shift 2
-    "$@" > "$tmp/err" 2>&1
-    local status=$?
-    local line
-    line=$(grep -m1 -E "$pattern" "$tmp/err")
-    if [ $status -eq "$want" ] && [ -n "$line" ] && ! grep -qiE 'segmentation|core dumped' "$tmp/err"; then
-        pass "exit $want for '${*: -2}': $line"
-    else
-        fail "expected exit $want and /$pattern/ from: $* (got exit $status:" "$(head -3 "$tmp/err"))"
-    fi
-}
 expect_error 2 '^error: --epochs expects an integer from 1 to' run day1/2_mnist_training --epochs 0
 expect_error 2 '^error: --epochs expects an integer' run day1/2_mnist_training --epochs abc
 expect_error 2 '^error: --lr expects a number > 0' run day1/2_mnist_training --lr -1
@@ -145,7 +122,7 @@ cp "$tmp/w2.h5" "$tmp/damaged.h5"  # a real weights file, its index of datasets 
 head -c 1200 /dev/zero | tr '\0' '\377' | dd of="$tmp/damaged.h5" bs=1 seek=300 conv=notrunc status=none
 expect_error 1 'damaged.h5: cannot read its index of datasets: a damaged HDF5 file' run day1/2_mnist_training --init "$tmp/damaged.h5"
 expect_error 2 '^error: --compare .*fifo.h5: is not a regular file' mpi 2 day1/8_mnist_ddp_lr --compare "$tmp/fifo.h5"
-if "$PYTHON" -c 'import h5py' 2> /dev/null; then
+if have_h5py; then
     "$PYTHON" -c "
 import h5py, numpy as np
 with h5py.File('$tmp/shape.h5', 'w') as f:

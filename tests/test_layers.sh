@@ -11,13 +11,12 @@
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
-pass() { echo "PASS layers: $*"; }
-fail() { echo "FAIL layers: $*"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source tests/lib.sh
+suite layers
+scratch
 
-# ---- the includes
-python3 tests/check_layers.py
+# ---- the includes (its FAIL lines are its own: counted here as one)
+python3 tests/check_layers.py || failures=$((failures + 1))
 
 # The checker fails where it should: each fault planted in a copy of common/ gets its FAIL line.
 planted() {  # planted WHAT EXPECTED-TEXT: run the checker on $tmp/plant, expect a FAIL holding the text
@@ -91,3 +90,4 @@ case " $linked " in
            pass "step 0 links only $linked($(stat -c %s day1/0_dist_allreduce) bytes)"
        fi ;;
 esac
+exit_status

@@ -15,16 +15,10 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-tmp=$(mktemp -d)
+suite memory_limits
+scratch
 mounted=""
-cleanup() { [ -n "$mounted" ] && umount "$mounted" 2> /dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-
-pass() { echo "PASS memory_limits: $*"; }
-fail() { echo "FAIL memory_limits: $*"; }
-skip() { echo "SKIP memory_limits: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+at_exit '[ -n "$mounted" ] && umount "$mounted" 2> /dev/null'
 LIMIT_KB=4000000  # ulimit -v: 4 GB of address space per process
 
 # refused WHAT KB COMMAND...: under ulimit -v KB, exit 2 with one "error: ... needs about" line

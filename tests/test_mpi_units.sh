@@ -9,9 +9,9 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+suite test_mpi_units
+scratch
+out=$tmp/out
 
 failed=0
 found=0
@@ -19,19 +19,18 @@ for test in build/tests_mpi/*; do
     [ -f "$test" ] && [ -x "$test" ] || continue
     found=1
     for np in 1 2 $(if_thorough 4); do
-        # Every run is bounded: a hang is a failure, not a stuck CI job.
-        timeout 120 $MPIRUN -np "$np" "$test" > "$out" 2>&1
+        mpi "$np" "$test" > "$out" 2>&1
         status=$?
         grep -E '^(PASS|FAIL|SKIP) ' "$out"
         if [ "$status" -ne 0 ]; then
             failed=1
             if ! grep -q '^FAIL ' "$out"; then
-                echo "FAIL test_mpi_units: $test at $np ranks exited with status $status"
+                fail "$test at $np ranks exited with status $status"
                 # The first lines that are not verdicts: the fatal error, if any (124: timeout).
                 grep -vE '^(PASS|SKIP) ' "$out" | head -4 | sed 's/^/    /'
             fi
         fi
     done
 done
-[ "$found" = 1 ] || echo "SKIP test_mpi_units: no build/tests_mpi/* programs (run make)"
+[ "$found" = 1 ] || skip "no build/tests_mpi/* programs (run make)"
 exit "$failed"

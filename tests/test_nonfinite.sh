@@ -9,19 +9,11 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-PYTHON=${PYTHON:-/usr/bin/python3}
 DEVICE=${NONFINITE_DEVICE:-cpu}
 DATA=data/mnist
-pass() { echo "PASS nonfinite ($DEVICE): $*"; }
-fail() { echo "FAIL nonfinite ($DEVICE): $*"; }
-skip() { echo "SKIP nonfinite ($DEVICE): $*"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-if [ ! -f "$DATA/train-images-idx3-ubyte" ] && [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
-    skip "no MNIST in $DATA (make data)"
-    exit 0
-fi
+suite "nonfinite ($DEVICE)"
+needs_mnist
+scratch
 
 # Files of an earlier, good run, which a diverged run must leave as they are.
 good_files() {

@@ -10,18 +10,10 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d)
+suite outputs
+scratch
 mounted=""
-trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS outputs: $*"; }
-fail() { echo "FAIL outputs: $*"; }
-skip() { echo "SKIP outputs: $*"; }
-# Every run is bounded: a hang is a failure, not a stuck CI job.
-run() { timeout 120 "$@"; }
-mpi() { local np=$1; shift; run $MPIRUN -np "$np" "$@"; }
+at_exit '[ -n "$mounted" ] && umount "$mounted"'
 
 # limited N COMMAND...: COMMAND as one rank whose files cannot grow past N
 # KiB (ulimit -f counts blocks of 1024 bytes), so that writing a bigger one fails with EFBIG ("File

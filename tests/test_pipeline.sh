@@ -10,82 +10,58 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS pipeline: $*"; }
-fail() { echo "FAIL pipeline: $*"; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-
-if [ ! -x day4/16_pipeline_ddp ]; then
-    fail "day4/16_pipeline_ddp is not built (make)"
-    exit 1
-fi
-if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
-    echo "SKIP pipeline: no MNIST in $DATA (make data)"
-    exit 0
-fi
-
-# run NP NAME PROGRAM FLAGS...: one epoch, no shuffle, losses and weights kept as $tmp/NAME.*
-run() {
-    local np=$1 name=$2; shift 2
-    timeout 300 $MPIRUN -np "$np" "$@" --data "$DATA" --epochs 1 --no-shuffle --plot '' \
-        --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
-    local status=$?
-    [ $status -eq 0 ] || fail "$name: exit $status: $(grep -v '^rank\|^Step\|^epoch' "$tmp/$name.out" | head -3 | tr '\n' ' ')"
-    return $status
-}
-checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u | awk '{ print $3 }' | tr '\n' ' ' | sed 's/ $//'; }
-accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
+suite pipeline
+needs_built day4/16_pipeline_ddp
+needs_mnist
+scratch
 
 # ---------------------------------------------------------------- the same steps as plain DDP
 # One micro-batch: the same operations in the same order as step 6 (step 2 on one replica).
-run 1 ref2 day1/2_mnist_training
-run 2 ref6_2 day1/6_mnist_ddp
-run 1 pp1 day4/16_pipeline_ddp --pp 1
-run 2 pp2 day4/16_pipeline_ddp --pp 2
-run 2 pp1_dp2 day4/16_pipeline_ddp --pp 1
-run 4 pp2_dp2 day4/16_pipeline_ddp --pp 2
+train 1 ref2 day1/2_mnist_training
+train 2 ref6_2 day1/6_mnist_ddp
+train 1 pp1 day4/16_pipeline_ddp --pp 1
+train 2 pp2 day4/16_pipeline_ddp --pp 2
+train 2 pp1_dp2 day4/16_pipeline_ddp --pp 1
+train 4 pp2_dp2 day4/16_pipeline_ddp --pp 2
 same_weights "1 stage x 1 replica ends with step 2's weights, bit for bit" "$tmp/pp1.h5" "$tmp/ref2.h5" 0
 same_weights "2 stages x 1 replica end with step 2's weights, bit for bit" "$tmp/pp2.h5" "$tmp/ref2.h5" 0
 same_weights "1 stage x 2 replicas end with step 6's weights on 2 ranks, bit for bit" "$tmp/pp1_dp2.h5" "$tmp/ref6_2.h5" 0
 same_weights "2 stages x 2 replicas (4 ranks) end with step 6's weights on 2 ranks, bit for bit" "$tmp/pp2_dp2.h5" "$tmp/ref6_2.h5" 0
-check "the whole model's checksum, hashed stage after stage, is step 6's: $(checksum "$tmp/pp2_dp2.out") and $(checksum "$tmp/ref6_2.out")" \
+expect "the whole model's checksum, hashed stage after stage, is step 6's: $(checksum "$tmp/pp2_dp2.out") and $(checksum "$tmp/ref6_2.out")" \
     test -n "$(checksum "$tmp/ref6_2.out")" -a "$(checksum "$tmp/pp2_dp2.out")" = "$(checksum "$tmp/ref6_2.out")"
 verdict=$(same_losses "$tmp/ref6_2.csv" "$tmp/pp2_dp2.csv" 0)
-check "2 stages x 2 replicas log step 6's losses: $verdict" test $? -eq 0
-check "2 stages x 2 replicas reach step 6's accuracy ($(accuracy "$tmp/pp2_dp2.out")%, step 6: $(accuracy "$tmp/ref6_2.out")%)" \
+expect "2 stages x 2 replicas log step 6's losses: $verdict" test $? -eq 0
+expect "2 stages x 2 replicas reach step 6's accuracy ($(accuracy "$tmp/pp2_dp2.out")%, step 6: $(accuracy "$tmp/ref6_2.out")%)" \
     test -n "$(accuracy "$tmp/ref6_2.out")" -a "$(accuracy "$tmp/pp2_dp2.out")" = "$(accuracy "$tmp/ref6_2.out")"
 
 # Micro-batches and schedules: gradients accumulated over M micro-batches, each
 # weighted by its share of the batch, take the same step (summed in another order).
 for schedule in gpipe 1f1b; do
     for m in 2 $(if_thorough 4) 8; do
-        run 2 "pp2_m${m}_$schedule" day4/16_pipeline_ddp --pp 2 --micro_batches $m --schedule $schedule
+        train 2 "pp2_m${m}_$schedule" day4/16_pipeline_ddp --pp 2 --micro_batches $m --schedule $schedule
         verdict=$(same_losses "$tmp/ref2.csv" "$tmp/pp2_m${m}_$schedule.csv" 1e-5)
-        check "2 stages, $m micro-batches, $schedule: step 2's losses within 1e-5 ($verdict)" test $? -eq 0
+        expect "2 stages, $m micro-batches, $schedule: step 2's losses within 1e-5 ($verdict)" test $? -eq 0
         same_weights "2 stages, $m micro-batches, $schedule: step 2's weights" "$tmp/pp2_m${m}_$schedule.h5" "$tmp/ref2.h5" 1e-5
     done
 done
-run 4 pp2_dp2_m4 day4/16_pipeline_ddp --pp 2 --micro_batches 4
+train 4 pp2_dp2_m4 day4/16_pipeline_ddp --pp 2 --micro_batches 4
 verdict=$(same_losses "$tmp/ref6_2.csv" "$tmp/pp2_dp2_m4.csv" 1e-5)
-check "2 stages x 2 replicas, 4 micro-batches, 1f1b: step 6's losses within 1e-5 ($verdict)" test $? -eq 0
+expect "2 stages x 2 replicas, 4 micro-batches, 1f1b: step 6's losses within 1e-5 ($verdict)" test $? -eq 0
 
 # A deeper MLP: 4 Linears in 4 stages take the steps of the same MLP in 1.
 deep=(--hidden 64,64,64 --batch_size 3200)
-run 1 deep_pp1 day4/16_pipeline_ddp --pp 1 "${deep[@]}"
-run 4 deep_pp4 day4/16_pipeline_ddp --pp 4 "${deep[@]}"
-check "4 stages of 784-64-64-64-10 end with 1 stage's weights, bit for bit: checksums $(checksum "$tmp/deep_pp4.out") and $(checksum "$tmp/deep_pp1.out")" \
+train 1 deep_pp1 day4/16_pipeline_ddp --pp 1 "${deep[@]}"
+train 4 deep_pp4 day4/16_pipeline_ddp --pp 4 "${deep[@]}"
+expect "4 stages of 784-64-64-64-10 end with 1 stage's weights, bit for bit: checksums $(checksum "$tmp/deep_pp4.out") and $(checksum "$tmp/deep_pp1.out")" \
     test -n "$(checksum "$tmp/deep_pp1.out")" -a "$(checksum "$tmp/deep_pp4.out")" = "$(checksum "$tmp/deep_pp1.out")"
-run 4 deep_pp4_m8 day4/16_pipeline_ddp --pp 4 "${deep[@]}" --micro_batches 8 --schedule gpipe
+train 4 deep_pp4_m8 day4/16_pipeline_ddp --pp 4 "${deep[@]}" --micro_batches 8 --schedule gpipe
 verdict=$(same_losses "$tmp/deep_pp1.csv" "$tmp/deep_pp4_m8.csv" 1e-5)
-check "4 stages of 784-64-64-64-10, 8 micro-batches, gpipe: 1 stage's losses within 1e-5 ($verdict)" test $? -eq 0
+expect "4 stages of 784-64-64-64-10, 8 micro-batches, gpipe: 1 stage's losses within 1e-5 ($verdict)" test $? -eq 0
 if thorough; then
-    run 4 deep_pp2_dp2_m4 day4/16_pipeline_ddp --pp 2 "${deep[@]}" --micro_batches 4
-    run 2 deep_pp1_dp2 day4/16_pipeline_ddp --pp 1 "${deep[@]}"
+    train 4 deep_pp2_dp2_m4 day4/16_pipeline_ddp --pp 2 "${deep[@]}" --micro_batches 4
+    train 2 deep_pp1_dp2 day4/16_pipeline_ddp --pp 1 "${deep[@]}"
     verdict=$(same_losses "$tmp/deep_pp1_dp2.csv" "$tmp/deep_pp2_dp2_m4.csv" 1e-5)
-    check "2 stages x 2 replicas of 784-64-64-64-10, 4 micro-batches: 1 stage x 2 replicas' losses within 1e-5 ($verdict)" test $? -eq 0
+    expect "2 stages x 2 replicas of 784-64-64-64-10, 4 micro-batches: 1 stage x 2 replicas' losses within 1e-5 ($verdict)" test $? -eq 0
 fi
 
 # ---------------------------------------------------------------- what the attendee sees
@@ -93,28 +69,24 @@ fi
 # 1F1B at most P - s on stage s; at M = 8, P = 2, 1F1B's peak is P / M of GPipe's.
 held() { sed -n "s/^ *$2  .* \([0-9]*\) micro-batch[es]*, \([0-9.]*\) MB$/\1 \2/p" "$1"; }
 g0=$(held "$tmp/pp2_m8_gpipe.out" 0) f0=$(held "$tmp/pp2_m8_1f1b.out" 0) f1=$(held "$tmp/pp2_m8_1f1b.out" 1)
-check "activations held at M = 8: gpipe stage 0 '$g0', 1f1b stage 0 '$f0' and stage 1 '$f1' (micro-batches, MB): 8, 2, 1; 1f1b's MB <= 2/8 of gpipe's" \
+expect "activations held at M = 8: gpipe stage 0 '$g0', 1f1b stage 0 '$f0' and stage 1 '$f1' (micro-batches, MB): 8, 2, 1; 1f1b's MB <= 2/8 of gpipe's" \
     awk -v g="$g0" -v f="$f0" -v l="$f1" 'BEGIN { split(g, a, " "); split(f, b, " "); split(l, c, " ");
         exit !(a[1] == 8 && b[1] == 2 && c[1] == 1 && b[2] <= a[2] * 2 / 8 + 1e-9) }'
-check "the bubble's theory is printed: $(grep -o 'the bubble of equal stages.*' "$tmp/pp2_m8_1f1b.out")" \
+expect "the bubble's theory is printed: $(grep -o 'the bubble of equal stages.*' "$tmp/pp2_m8_1f1b.out")" \
     grep -q '(P - 1) / (M + P - 1) = 11%$' "$tmp/pp2_m8_1f1b.out"
-check "the grid: rank 3 is stage 1 of 2, replica 1 of 2" grep -qx 'rank 3: stage 1 of 2 (fc.2), replica 1 of 2' "$tmp/pp2_dp2.out"
+expect "the grid: rank 3 is stage 1 of 2, replica 1 of 2" grep -qx 'rank 3: stage 1 of 2 (fc.2), replica 1 of 2' "$tmp/pp2_dp2.out"
 
-timeout 120 $MPIRUN -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --print_schedule --epochs 1 --data "$DATA" \
+mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --print_schedule --epochs 1 --data "$DATA" \
     --plot '' --timeline "$tmp/timeline.png" --trace "$tmp/trace.json" > "$tmp/shown.out" 2>&1
-check "--print_schedule: 1f1b at P = 2, M = 4" eval 'grep -qx "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" "$tmp/shown.out" &&
+expect "--print_schedule: 1f1b at P = 2, M = 4" eval 'grep -qx "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" "$tmp/shown.out" &&
     grep -qx "stage 1: F0 B0 F1 B1 F2 B2 F3 B3" "$tmp/shown.out"'
-check "--timeline writes a PNG ($(stat -c %s "$tmp/timeline.png" 2> /dev/null) bytes)" \
+expect "--timeline writes a PNG ($(stat -c %s "$tmp/timeline.png" 2> /dev/null) bytes)" \
     eval '[ "$(head -c 8 "$tmp/timeline.png" | od -An -tx1 | tr -d " \n")" = 89504e470d0a1a0a ]'
-check "--trace: both ranks' forward, backward and exchange ranges" eval \
-    '${PYTHON:-/usr/bin/python3} -c "
-import json, sys
-events = json.load(open(sys.argv[1]))[\"traceEvents\"]
-names = {(e.get(\"pid\"), e.get(\"name\")) for e in events}
-sys.exit(not all((r, n) in names for r in (0, 1) for n in (\"forward\", \"backward\", \"exchange\")))" "$tmp/trace.json"'
+expect "--trace: both ranks' forward, backward and exchange ranges" \
+    trace_has_ranges "$tmp/trace.json" 2 forward backward exchange
 
 # --init from step 6's weights file and --save into it: one state_dict layout.
-timeout 120 $MPIRUN -np 2 day4/16_pipeline_ddp --pp 2 --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle \
+mpi 2 day4/16_pipeline_ddp --pp 2 --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle \
     --plot '' --losses "$tmp/init16.csv" --save "$tmp/init16.h5" > /dev/null 2>&1
 day1/2_mnist_training --init "$tmp/ref6_2.h5" --data "$DATA" --epochs 1 --no-shuffle --plot '' \
     --losses "$tmp/init2.csv" --save "$tmp/init2.h5" > /dev/null 2>&1
@@ -123,17 +95,7 @@ same_weights "--init from step 6's file: 2 stages take step 2's steps from it, a
 
 # ---------------------------------------------------------------- bad input
 # refused NP WHAT PATTERN FLAGS...: exit 2, the one line (on every rank alike: printed once).
-refused() {
-    local np=$1 what=$2 pattern=$3 status; shift 3
-    timeout 60 $MPIRUN -np "$np" day4/16_pipeline_ddp --data "$DATA" "$@" > "$tmp/bad" 2>&1
-    status=$?
-    local lines; lines=$(grep -c '^error: ' "$tmp/bad")
-    if [ $status -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$pattern" "$tmp/bad"; then
-        pass "$what: exit 2, one line: $(grep '^error: ' "$tmp/bad")"
-    else
-        fail "$what: exit $status, $lines error line(s): $(head -3 "$tmp/bad" | tr '\n' ' ')"
-    fi
-}
+refused() { expect_refused_flags day4/16_pipeline_ddp "$@"; }
 refused 3 "--pp 2 on 3 ranks" 'the world size 3 is not a multiple of it' --pp 2
 refused 3 "--pp 3 on an MLP of 2 Linears" 'has 2 Linear layers, so at most 2 stages' --pp 3
 refused 2 "--micro_batches 7 with --batch_size 6400" '--micro_batches 7: expected a divisor of --batch_size 6400' --pp 2 --micro_batches 7
@@ -145,16 +107,4 @@ refused 2 "--schedule unknown" "--schedule expects one of gpipe|1f1b, got 'inter
 # ---------------------------------------------------------------- a rank killed mid-pipeline
 # Its neighbour waits for activations or gradients that never come; mpirun ends the job (on GPUs,
 # the polled waits do where nothing else would: tests/test_gpu.sh's lost peer).
-: > "$tmp/killed.out"  # there before the job's own redirection, which the loop below may outrun
-timeout 120 $MPIRUN -np 2 day4/16_pipeline_ddp --pp 2 --data "$DATA" --epochs 50 --plot '' > "$tmp/killed.out" 2>&1 &
-job=$!
-for ((t = 0; t < 300; t++)); do grep -q '^epoch 1/' "$tmp/killed.out" && break; sleep 0.1; done
-launcher=$(pgrep -P "$job" | head -1)
-victim=$(pgrep -P "${launcher:-0}" | tail -1)
-start=$(date +%s)
-[ -n "$victim" ] && kill -KILL "$victim"
-wait "$job"
-status=$?
-seconds=$(($(date +%s) - start))
-check "a stage killed mid-pipeline (SIGKILL, pid ${victim:-none}) ends the job: exit $status after $seconds s, not the test's timeout" \
-    test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a $seconds -lt 60
+expect_killed_rank_ends_job "a stage killed mid-pipeline" day4/16_pipeline_ddp --pp 2

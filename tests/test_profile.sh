@@ -7,13 +7,10 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-PYTHON=${PYTHON:-python3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mpi() { local np=$1; shift; timeout 120 $MPIRUN -np "$np" "$@"; }
+suite profile
+scratch
 if ! "$PYTHON" -c 'import json' 2> /dev/null; then
-    echo "SKIP profile: the trace checks need python3 (apt-get install python3)"
+    skip "the trace checks need python3 (apt-get install python3)"
     exit 0
 fi
 
@@ -84,26 +81,26 @@ check_trace "$tmp/log_ddp/trace5.json" 2 step,data,forward,loss,backward,allredu
 check_trace "$tmp/log_ddp/trace5.json" 2 backward,allreduce no-overlap
 share=$(sed -n "s/^The ranges inside 'step' account for \([0-9.]*\)% of its time\./\1/p" "$tmp/out5")
 if [ -n "$share" ] && awk "BEGIN { exit !($share >= 90 && $share <= 110) }"; then
-    echo "PASS profile: step 5's summary table adds up to the step time ($share%)"
+    pass "step 5's summary table adds up to the step time ($share%)"
 else
-    echo "FAIL profile: step 5's summary: '${share:-no share line}'"; tail -12 "$tmp/out5"
+    fail "step 5's summary: '${share:-no share line}'"; tail -12 "$tmp/out5"
 fi
 rows=$(awk '/^range +calls/ { on = 1; next } /^The ranges inside/ { on = 0 } on' "$tmp/out5" | awk '{ print $1 }' | sort | tr '\n' ' ')
 if [ "$rows" = "allreduce backward data forward loss optimizer step " ] && grep -q '^Peak memory (RSS) so far: rank 0 [0-9]* MB, rank 1 [0-9]* MB' "$tmp/out5"; then
-    echo "PASS profile: step 5's table lists every range and each rank's peak memory"
+    pass "step 5's table lists every range and each rank's peak memory"
 else
-    echo "FAIL profile: step 5's table rows: $rows"
+    fail "step 5's table rows: $rows"
 fi
 grep -q '^epoch 1/1:' "$tmp/out5" && ! grep -q '^epoch 2' "$tmp/out5" &&
-    echo "PASS profile: step 5 stops after the first epoch, like the original" ||
-    echo "FAIL profile: step 5 should train one epoch"
+    pass "step 5 stops after the first epoch, like the original" ||
+    fail "step 5 should train one epoch"
 
 # ---------------------------------------------------------------- test_profile
 mpi 2 day1/test_profile --trace "$tmp/log/toy.json" > "$tmp/outtoy" 2>&1
 check_trace "$tmp/log/toy.json" 2 forward_pass,loss+backward,optimizer_step,forward,backward,optimizer,allreduce,step toy
 grep -q '^\[rank 1\] parameter checksum' "$tmp/outtoy" &&
     [ "$(sed -n 's/.*parameter checksum //p' "$tmp/outtoy" | sort -u | wc -l)" = 1 ] &&
-    echo "PASS profile: test_profile's DDP ranks end equal" || echo "FAIL profile: test_profile's ranks differ"
+    pass "test_profile's DDP ranks end equal" || fail "test_profile's ranks differ"
 
 # ---------------------------------------------------------------- step 6: the buckets overlap backward
 mpi 2 day1/6_mnist_ddp --epochs 1 --bucket_mb 0 --trace "$tmp/trace6.json" --plot '' > /dev/null 2>&1
@@ -120,22 +117,22 @@ build() {  # NAME EXTRA-FLAGS
 if build step5_plain "" ""; then
     mpi 2 "$tmp/step5_plain" --plot '' --trace "$tmp/plain.json" > /dev/null 2>&1
     check_trace "$tmp/plain.json" 2 step,forward,backward,allreduce step5 | sed 's/^\(PASS\|FAIL\) profile: /\1 profile: without NVTX: /'
-    nm "$tmp/step5_plain" | grep -qi nvtx && echo "FAIL profile: the build without NVTX has NVTX symbols" ||
-        echo "PASS profile: the build without NVTX compiles the ranges to nothing (no NVTX symbols)"
+    nm "$tmp/step5_plain" | grep -qi nvtx && fail "the build without NVTX has NVTX symbols" ||
+        pass "the build without NVTX compiles the ranges to nothing (no NVTX symbols)"
 else
-    echo "FAIL profile: build without NVTX: $(tail -3 "$tmp/step5_plain.log")"
+    fail "build without NVTX: $(tail -3 "$tmp/step5_plain.log")"
 fi
 if [ -f "$cuda/include/nvtx3/nvToolsExt.h" ]; then
     if build step5_nvtx "-DHAVE_NVTX -isystem $cuda/include" "-ldl"; then
         mpi 2 "$tmp/step5_nvtx" --plot '' --trace "$tmp/nvtx.json" > /dev/null 2>&1
         check_trace "$tmp/nvtx.json" 2 step,forward,backward,allreduce step5 | sed 's/^\(PASS\|FAIL\) profile: /\1 profile: with NVTX: /'
-        nm "$tmp/step5_nvtx" | grep -qi nvtx && echo "PASS profile: the NVTX build calls NVTX3 (its symbols are in the binary)" ||
-            echo "FAIL profile: the NVTX build has no NVTX symbols"
+        nm "$tmp/step5_nvtx" | grep -qi nvtx && pass "the NVTX build calls NVTX3 (its symbols are in the binary)" ||
+            fail "the NVTX build has no NVTX symbols"
     else
-        echo "FAIL profile: build with NVTX: $(tail -3 "$tmp/step5_nvtx.log")"
+        fail "build with NVTX: $(tail -3 "$tmp/step5_nvtx.log")"
     fi
 else
-    echo "SKIP profile: the NVTX build (no $cuda/include/nvtx3: set CUDA_HOME)"
+    skip "the NVTX build (no $cuda/include/nvtx3: set CUDA_HOME)"
 fi
 fi  # thorough
 
@@ -143,10 +140,10 @@ fi  # thorough
 if command -v nsys > /dev/null; then
     NSYS_OUT="$tmp/reports" mpi 2 profiling/nsys.sh day1/test_profile --trace '' > "$tmp/nsys.out" 2>&1
     ls "$tmp"/reports/test_profile.rank0.nsys-rep "$tmp"/reports/test_profile.rank1.nsys-rep > /dev/null 2>&1 &&
-        echo "PASS profile: profiling/nsys.sh writes one report per rank" || echo "FAIL profile: nsys.sh: $(tail -3 "$tmp/nsys.out")"
+        pass "profiling/nsys.sh writes one report per rank" || fail "nsys.sh: $(tail -3 "$tmp/nsys.out")"
 else
     out=$(profiling/nsys.sh day1/test_profile 2>&1); status=$?
     [ $status -ne 0 ] && echo "$out" | grep -q "nsys not found on PATH" &&
-        echo "PASS profile: without nsys, profiling/nsys.sh says so (exit $status): ${out:0:60}..." ||
-        echo "FAIL profile: nsys.sh without nsys: exit $status: $out"
+        pass "without nsys, profiling/nsys.sh says so (exit $status): ${out:0:60}..." ||
+        fail "nsys.sh without nsys: exit $status: $out"
 fi

@@ -9,24 +9,19 @@
 # and python3-h5py (./setup.sh --with-reference); otherwise prints SKIP lines.
 set -u
 cd "$(dirname "$0")/.."
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
+source tests/lib.sh
+suite parity
 REFERENCE=${TORCH_REFERENCE:-tests/torch_mnist_ddp.py}
 CNN_REFERENCE=${TORCH_CNN_REFERENCE:-tests/torch_cnn_ddp.py}
-PYTHON=${PYTHON:-/usr/bin/python3}
-
-pass() { echo "PASS parity: $*"; }
-fail() { echo "FAIL parity: $*"; }
 if ! "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
-    echo "SKIP parity: PyTorch comparison (python3-torch/python3-h5py not installed: ./setup.sh --with-reference)"
+    skip "PyTorch comparison (python3-torch/python3-h5py not installed: ./setup.sh --with-reference)"
     exit 0
 fi
 if [ ! -f "$REFERENCE" ]; then
-    echo "SKIP parity: PyTorch comparison (no reference script at $REFERENCE; set TORCH_REFERENCE)"
+    skip "PyTorch comparison (no reference script at $REFERENCE; set TORCH_REFERENCE)"
     exit 0
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+scratch
 
 # compare OURS.csv TORCH.json TOLERANCE WHAT: per-step losses and test accuracy.
 compare() {
@@ -47,7 +42,6 @@ print(f"{'PASS' if ok else 'FAIL'} parity: {what}: {len(ours)} vs {len(theirs)} 
       f"worst relative loss difference {worst:.1e} (<= {tol}){acc_line}")
 PY
 }
-accuracy() { sed -n 's/.*Test accuracy: \([0-9.]*\)%.*/\1/p' "$1"; }
 
 # 1. Step 2 with the default seed, shuffled: PyTorch's init and data order.
 day1/2_mnist_training --losses "$tmp/c1.csv" --plot '' > "$tmp/c1.out" 2>&1
@@ -76,17 +70,17 @@ compare "$tmp/c3.csv" "$tmp/t3.json" 1e-5 "from our --save checkpoint, loaded by
 #    shuffle, 30 steps at batch 64 take PyTorch's losses, and the evaluation
 #    ends with PyTorch's test loss, accuracy and confusion matrix.
 if [ ! -f "$CNN_REFERENCE" ]; then
-    echo "SKIP parity: step 14 vs PyTorch (no reference script at $CNN_REFERENCE; set TORCH_CNN_REFERENCE)"
+    skip "step 14 vs PyTorch (no reference script at $CNN_REFERENCE; set TORCH_CNN_REFERENCE)"
     exit 0
 fi
-timeout 300 day3/14_cnn_ddp --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
-timeout 300 "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --max-steps 0 --save-init "$tmp/cnn_torch_init.h5" --port 29614 > /dev/null 2> "$tmp/t4.err" ||
+RUN_TIMEOUT=300 run day3/14_cnn_ddp --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
+RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --max-steps 0 --save-init "$tmp/cnn_torch_init.h5" --port 29614 > /dev/null 2> "$tmp/t4.err" ||
     { fail "step 14 reference run: $(tail -1 "$tmp/t4.err")"; exit 1; }
 verdict=$(build/tools/compare_cnn_weights "$tmp/cnn_init.h5" "$tmp/cnn_torch_init.h5" 0 2>&1)
 if [ $? -eq 0 ]; then pass "step 14: seed 0 draws torch.manual_seed(0); SimpleCNN()'s weights bit for bit: $verdict"
 else fail "step 14: our initial weights differ from SimpleCNN()'s after torch.manual_seed(0): $verdict"; fi
-timeout 300 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 30 --losses "$tmp/c4.csv" --plot '' > "$tmp/c4.out" 2>&1
-timeout 300 "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --init "$tmp/cnn_init.h5" --no-shuffle --max-steps 30 --port 29615 > "$tmp/t4.json" 2> "$tmp/t4.err" ||
+RUN_TIMEOUT=300 run day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 30 --losses "$tmp/c4.csv" --plot '' > "$tmp/c4.out" 2>&1
+RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --init "$tmp/cnn_init.h5" --no-shuffle --max-steps 30 --port 29615 > "$tmp/t4.json" 2> "$tmp/t4.err" ||
     { fail "step 14 reference run from our --init: $(tail -1 "$tmp/t4.err")"; exit 1; }
 "$PYTHON" - "$tmp/c4.csv" "$tmp/t4.json" "$tmp/c4.out" << 'PY'
 import csv, json, re, sys

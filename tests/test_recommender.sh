@@ -11,21 +11,16 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
+suite recommender
 DATA=${MOVIELENS_DATA:-data/movielens}
-PYTHON=${PYTHON:-/usr/bin/python3}
 PROGRAM=day3/15_recommender_ddp
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS recommender: $*"; }
-fail() { echo "FAIL recommender: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-mpi() { local np=$1; shift; timeout 300 $MPIRUN --bind-to none -np "$np" "$@"; }
+scratch
+RUN_TIMEOUT=300  # its bound before tests/lib.sh: MovieLens epochs on up to 4 ranks
+MPI_FLAGS="--bind-to none"  # mpirun would bind each rank to one core, whatever --threads asks
 field() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" "$2" | tail -1; }
 
 if [ ! -f "$DATA/ratings.csv" ] || [ ! -f "$DATA/movies.csv" ]; then
-    echo "SKIP recommender: no MovieLens in $DATA (make movielens, or MOVIELENS_MIRROR=DIR make movielens)"
+    skip "no MovieLens in $DATA (make movielens, or MOVIELENS_MIRROR=DIR make movielens)"
     exit 0
 fi
 
@@ -137,7 +132,7 @@ PY
         done
     done
 else
-    echo "SKIP recommender: PyTorch twin (python3-torch, python3-h5py not installed: ./setup.sh --with-reference)"
+    skip "PyTorch twin (python3-torch, python3-h5py not installed: ./setup.sh --with-reference)"
 fi
 
 # ---------------------------------------------------------------- the reader: CRLF, quoted titles, --synthetic

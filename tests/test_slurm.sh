@@ -24,15 +24,8 @@ source tests/lib.sh
 repo=$(pwd)
 # Knobs of the scripts under test: theirs to read, not the caller's.
 unset LAUNCHER MASTER_ADDR MASTER_PORT PROGRAM
-
-pass() { echo "PASS slurm: $*"; }
-failures=0
-fail() { echo "FAIL slurm: $*"; failures=$((failures + 1)); }
-skip() { echo "SKIP slurm: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+suite slurm
+scratch
 
 # ---------------------------------------------------------------- no cluster needed
 expect "slurm/day1.sbatch, day2.sbatch, day3.sbatch and run_with_restarts.sh are valid bash" \
@@ -68,10 +61,8 @@ if ! reason=$(cluster_check); then
     skip "the two-node cluster: $reason"
     exit 0
 fi
-for program in day2/9_dist_multinode day2/10_mnist_ddp_multinode day1/6_mnist_ddp; do
-    [ -x "$program" ] || { fail "$program is not built (make)"; exit 1; }
-done
-if [ ! -f data/mnist/train-images-idx3-ubyte.gz ] && [ ! -f data/mnist/train-images-idx3-ubyte ]; then
+needs_built day2/9_dist_multinode day2/10_mnist_ddp_multinode day1/6_mnist_ddp
+if ! DATA=data/mnist have_mnist; then
     fail "no MNIST in data/mnist (make data)"
     exit 1
 fi
@@ -82,7 +73,7 @@ if ! cluster_lock 600; then
 fi
 # From here on, whatever happens, the cluster goes away with us. A signal
 # becomes an exit, so that the EXIT trap runs for it too.
-trap 'cluster_down; rm -rf "$tmp"' EXIT
+at_exit cluster_down
 trap 'exit 130' INT TERM HUP
 if ! cluster_up; then
     fail "the two-node cluster did not come up (messages above)"
@@ -191,7 +182,6 @@ fi
 # SIGKILL in epoch 2. The step is restarted, resumes from epoch 1's snapshot and
 # ends with the uninterrupted run's weights and losses (the same launcher, the
 # same world size: the same reduction order).
-checksums() { sed -n 's/.*\[rank [0-9]*\] parameter checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u | paste -sd ' '; }
 if [ ! -x day3/13_fault_tolerant_ddp ]; then
     skip "step 13 (not built yet)"
 else
@@ -207,8 +197,8 @@ else
         -a -n "$(grep 'run_with_restarts: attempt 1 ended with status [0-9]*.*: restarting' "$tmp/13r.out")" \
         -a -n "$(grep '^0: Resuming training from snapshot at Epoch 1$' "$tmp/13r.out")" \
         -a -n "$(grep 'run_with_restarts: attempt 2 of 3 succeeded' "$tmp/13r.out")"
-    expect "step 13 restarted across nodes ends with the uninterrupted run's weights on all 4 ranks ($(checksums "$tmp/13r.out")) and losses" \
-        test -n "$(checksums "$tmp/13.out")" -a "$(checksums "$tmp/13r.out")" = "$(checksums "$tmp/13.out")" \
+    expect "step 13 restarted across nodes ends with the uninterrupted run's weights on all 4 ranks ($(checksum "$tmp/13r.out")) and losses" \
+        test -n "$(checksum "$tmp/13.out")" -a "$(checksum "$tmp/13r.out")" = "$(checksum "$tmp/13.out")" \
         -a "$(grep -c 'parameter checksum' "$tmp/13r.out")" = 4 -a -n "$(cmp "$tmp/13r.csv" "$tmp/13.csv" && echo same)"
 fi
 
@@ -266,9 +256,9 @@ if [ -x day3/13_fault_tolerant_ddp ]; then
     expect "sbatch slurm/day3.sbatch, SIGUSR1 to its batch shell: the ranks save and exit 75, the job requeues itself (job ${job:-?}: $state)" \
         test "$state" = COMPLETED -a -n "$(grep 'Stopped by SIGUSR1 .* exiting with status 75' "$tmp/day3.out")" \
         -a -n "$(grep "^requeueing job $job" "$tmp/day3.out")" -a -n "$(grep 'run 2 of the job' "$tmp/day3.out")"
-    expect "slurm/day3.sbatch's second run resumes mid-epoch and ends with the uninterrupted run's weights ($(checksums "$tmp/day3.out")) and losses" \
+    expect "slurm/day3.sbatch's second run resumes mid-epoch and ends with the uninterrupted run's weights ($(checksum "$tmp/day3.out")) and losses" \
         test -n "$(grep "^0: Resuming training from snapshot at Epoch [0-9]*, [0-9]* of epoch" "$tmp/day3.out")" \
-        -a -n "$(checksums "$tmp/13.out")" -a "$(checksums "$tmp/day3.out")" = "$(checksums "$tmp/13.out")" \
+        -a -n "$(checksum "$tmp/13.out")" -a "$(checksum "$tmp/day3.out")" = "$(checksum "$tmp/13.out")" \
         -a -n "$(cmp "$tmp/day3.csv" "$tmp/13.csv" 2> /dev/null && echo same)"
 fi
-[ "$failures" -eq 0 ]
+exit_status

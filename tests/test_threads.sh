@@ -6,18 +6,11 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-pass() { echo "PASS threads: $*"; }
-fail() { echo "FAIL threads: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
-run() { timeout 120 "$@"; }
+suite threads
+scratch
 # --bind-to none: otherwise mpirun binds 1 or 2 ranks to one core each, and a
 # rank could not use the threads asked for.
-mpi() { local np=$1; shift; run $MPIRUN --bind-to none -np "$np" "$@"; }
+MPI_FLAGS="--bind-to none"
 
 # Step 2 at 1, 2 and 4 threads: the same losses and weights, bit for bit. The
 # last batch of the epoch is partial (60000 = 9 x 6400 + 2400).
@@ -39,9 +32,9 @@ done
 if [ "$(uname -m)" = x86_64 ]; then
     for isa in x86-64 x86-64-v3; do
         if [ ! -x build/one_isa/$isa/2_mnist_training ]; then
-            echo "SKIP threads: step 2 built for $isa: not built (the compiler has no -march=$isa)"
+            skip "step 2 built for $isa: not built (the compiler has no -march=$isa)"
         elif [ "$isa" = x86-64-v3 ] && ! grep -qw avx2 /proc/cpuinfo; then
-            echo "SKIP threads: step 2 built for $isa: this CPU has no AVX2"
+            skip "step 2 built for $isa: this CPU has no AVX2"
         else
             run build/one_isa/$isa/2_mnist_training --epochs 1 --threads 2 --losses "$tmp/isa.csv" \
                 --save "$tmp/isa.h5" --plot '' > "$tmp/isa_out" 2>&1
@@ -118,7 +111,7 @@ libgomp_says() {  # VARIABLE [ENVIRONMENT...]: the value libgomp took for VARIAB
 }
 spin=$(libgomp_says GOMP_SPINCOUNT)
 if [ -z "$spin" ]; then  # built without OpenMP (make OPENMP=), or with another runtime than gcc's
-    echo "SKIP threads: how idle threads wait: step 2 does not run on libgomp (OMP_DISPLAY_ENV=verbose names no GOMP_SPINCOUNT)"
+    skip "how idle threads wait: step 2 does not run on libgomp (OMP_DISPLAY_ENV=verbose names no GOMP_SPINCOUNT)"
 else
     expect "step 2's threads spin $spin times before they sleep (libgomp's own default: 300000), threads.c's count" \
         test -n "$ours_spin" -a "$spin" = "$ours_spin"

@@ -25,30 +25,18 @@
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-DATA=${DATA:-data/mnist}
-PYTHON=${PYTHON:-/usr/bin/python3}
-tmp=$(mktemp -d)
+suite tracking
+scratch
 servers=()
 # The tmpfs mounts of the full-disk checks, unmounted before the folder is removed.
 mounts=()
 unmount_all() { for dir in "${mounts[@]}"; do umount "$dir" 2> /dev/null; done; mounts=(); }
-trap 'unmount_all; for pid in "${servers[@]}"; do kill -CONT -- "$pid" 2> /dev/null; kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null; rm -rf "$tmp"' EXIT
-pass() { echo "PASS tracking: $*"; }
-fail() { echo "FAIL tracking: $*"; }
-skip() { echo "SKIP tracking: $*"; }
-# expect WHAT COMMAND...: PASS, or FAIL with the command's output (tracked_run.py says what missed).
-expect() {
-    local what=$1 out; shift
-    if out=$("$@" 2>&1); then pass "$what"; else fail "$what: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
-}
+at_exit 'unmount_all; for pid in "${servers[@]}"; do kill -CONT -- "$pid" 2> /dev/null; kill -- "$pid" 2> /dev/null; done; wait 2> /dev/null'
 # The environment must not pick a tracking URI of the user's.
 unset MLFLOW_TRACKING_URI MLFLOW_EXPERIMENT_NAME MLFLOW_TRACKING_TOKEN MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD
 
-if [ ! -x day1/6_mnist_ddp ]; then fail "the programs are not built (make)"; exit 1; fi
-if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
-    skip "no MNIST in $DATA (make data)"; exit 0
-fi
+needs_built day1/6_mnist_ddp
+needs_mnist
 if ! "$PYTHON" -c 'import yaml' 2> /dev/null; then
     skip "the mlruns checks need PyYAML in $PYTHON (apt-get install python3-yaml)"
     have_yaml=0
@@ -56,19 +44,17 @@ else
     have_yaml=1
 fi
 
-checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | sort -u | awk '{ print $3 }' | tr '\n' ' ' | sed 's/ $//'; }
-accuracy() { sed -n 's/.*[Aa]ccuracy:\{0,1\} \([0-9.]*\)%.*/\1/p' "$1" | head -1; }
-# train NAME NP PROGRAM FLAGS...: one epoch, outputs kept as $tmp/NAME.{out,csv,h5,png}; returns the status.
-train() {
+# train_tracked NAME NP PROGRAM FLAGS...: one epoch, outputs kept as $tmp/NAME.{out,err,csv,h5,png}; returns the status.
+train_tracked() {
     local name=$1 np=$2; shift 2
-    timeout 300 $MPIRUN -np "$np" "$@" --data "$DATA" --epochs 1 --losses "$tmp/$name.csv" --save "$tmp/$name.h5" \
+    RUN_TIMEOUT=300 mpi "$np" "$@" --data "$DATA" --epochs 1 --losses "$tmp/$name.csv" --save "$tmp/$name.h5" \
         --plot "$tmp/$name.png" > "$tmp/$name.out" 2> "$tmp/$name.err"
 }
 mlruns() { "$PYTHON" tests/check_mlruns.py "$1" --json "$2"; }
 
 # ---------------------------------------------------------------- an mlruns folder
-train plain 2 day1/6_mnist_ddp
-train folder 2 day1/6_mnist_ddp --mlflow "$tmp/mlruns" --experiment ddp
+train_tracked plain 2 day1/6_mnist_ddp
+train_tracked folder 2 day1/6_mnist_ddp --mlflow "$tmp/mlruns" --experiment ddp
 status=$?
 if [ $status -ne 0 ]; then
     fail "step 6 with --mlflow FOLDER: exit $status: $(head -3 "$tmp/folder.err" | tr '\n' ' ')"
@@ -82,7 +68,7 @@ else
     if [ $have_yaml = 1 ]; then
         if mlruns "$tmp/mlruns" "$tmp/folder.json" 2> "$tmp/check.err"; then
             pass "the mlruns folder reads as MLflow's FileStore reads it (tests/check_mlruns.py: no problem)"
-            expect "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params (but --mlflow, --experiment, --run_name), the tags, the artifacts" \
+            expect_output "the run: FINISHED, every step's loss = the --losses CSV, epoch metrics, test accuracy $(accuracy "$tmp/folder.out")%, the flags as params (but --mlflow, --experiment, --run_name), the tags, the artifacts" \
                 "$PYTHON" tests/tracked_run.py "$tmp/folder.json" --experiment ddp --runs 1 --status FINISHED \
                 --no_param mlflow --no_param experiment --no_param run_name \
                 --losses "$tmp/folder.csv" --epochs 1 --accuracy "$(accuracy "$tmp/folder.out")" \
@@ -107,12 +93,12 @@ else
 fi
 
 # A second run lands in the same experiment; the environment names the store and the experiment.
-MLFLOW_TRACKING_URI="file:$tmp/mlruns" MLFLOW_EXPERIMENT_NAME=ddp train second 1 day1/2_mnist_training --run_name second
+MLFLOW_TRACKING_URI="file:$tmp/mlruns" MLFLOW_EXPERIMENT_NAME=ddp train_tracked second 1 day1/2_mnist_training --run_name second
 status=$?
 if [ $status -ne 0 ]; then
     fail "step 2 with MLFLOW_TRACKING_URI=file:DIR: exit $status: $(head -3 "$tmp/second.err" | tr '\n' ' ')"
 elif [ $have_yaml = 1 ] && mlruns "$tmp/mlruns" "$tmp/second.json" 2> "$tmp/check.err"; then
-    expect "MLFLOW_TRACKING_URI=file:DIR and MLFLOW_EXPERIMENT_NAME: a second run in the same experiment, named by --run_name" \
+    expect_output "MLFLOW_TRACKING_URI=file:DIR and MLFLOW_EXPERIMENT_NAME: a second run in the same experiment, named by --run_name" \
         "$PYTHON" tests/tracked_run.py "$tmp/second.json" --experiment ddp --runs 2 --run -1 --status FINISHED \
         --losses "$tmp/second.csv" --tag mlflow.runName=second --param world_size=1
 elif [ $have_yaml = 1 ]; then
@@ -120,7 +106,7 @@ elif [ $have_yaml = 1 ]; then
 fi
 
 # Only rank 0 logs: one run for 2 ranks (checked above); and nothing at all without a URI.
-train untracked 2 day1/6_mnist_ddp
+train_tracked untracked 2 day1/6_mnist_ddp
 [ ! -e mlruns ] && ! grep -q MLflow "$tmp/untracked.out" \
     && pass "without --mlflow or MLFLOW_TRACKING_URI nothing is tracked (no mlruns folder, no MLflow line)" \
     || fail "an untracked run wrote ./mlruns or printed an MLflow line"
@@ -129,7 +115,7 @@ train untracked 2 day1/6_mnist_ddp
 # refused NAME WANT FLAGS...: step 6 on 2 ranks exits 2 with one error line naming WANT, and trains nothing.
 refused() {
     local name=$1 want=$2; shift 2
-    train "$name" 2 day1/6_mnist_ddp "$@"
+    train_tracked "$name" 2 day1/6_mnist_ddp "$@"
     local status=$? errors
     errors=$(grep -c '^error: ' "$tmp/$name.err")
     if [ $status -eq 2 ] && [ "$errors" -eq 1 ] && grep -q -- "$want" "$tmp/$name.err" && ! grep -q '^epoch' "$tmp/$name.out"; then
@@ -169,13 +155,13 @@ for line in open(sys.argv[1]):
 ' "$1"; }
 
 serve rest
-train rest 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --experiment ddp --batch_size 1000 --no-shuffle
+train_tracked rest 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --experiment ddp --batch_size 1000 --no-shuffle
 status=$?
 stop_server
 if [ $status -ne 0 ]; then
     fail "step 6 with --mlflow http://...: exit $status: $(head -3 "$tmp/rest.err" | tr '\n' ' ')"
 else
-    expect "a server's run: FINISHED, each of the 30 steps' loss once = the CSV, epoch metrics, test accuracy, params, tags, artifacts" \
+    expect_output "a server's run: FINISHED, each of the 30 steps' loss once = the CSV, epoch metrics, test accuracy, params, tags, artifacts" \
         "$PYTHON" tests/tracked_run.py "$tmp/rest.dump" --experiment ddp --runs 1 --status FINISHED \
         --losses "$tmp/rest.csv" --epochs 1 --accuracy "$(accuracy "$tmp/rest.out")" \
         --param lr=0.001 --param batch_size=1000 --param no_shuffle=True --param world_size=2 \
@@ -189,7 +175,7 @@ else
         || fail "the REST calls: $order expected $want"
     ! grep -qv ' 200$\| 404$' "$tmp/rest.calls" && pass "every call answered 200 (the lookup of the new experiment 404)" \
         || fail "calls answered otherwise: $(grep -v ' 200$' "$tmp/rest.calls" | head -3 | tr '\n' ' ')"
-    [ "$(checksum "$tmp/rest.out")" = "$(train restplain 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle; checksum "$tmp/restplain.out")" ] \
+    [ "$(checksum "$tmp/rest.out")" = "$(train_tracked restplain 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle; checksum "$tmp/restplain.out")" ] \
         && pass "logging to a server takes the same steps (checksum $(checksum "$tmp/rest.out"))" \
         || fail "logging to a server: checksum $(checksum "$tmp/rest.out"), without $(checksum "$tmp/restplain.out")"
 fi
@@ -197,11 +183,11 @@ fi
 # MLflow's limits per log-batch: many steps at once (batch 32: 1875 steps) reach the server within them.
 if thorough; then
 serve many
-train many 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port" --batch_size 32
+train_tracked many 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port" --batch_size 32
 status=$?
 stop_server
 if [ $status -eq 0 ]; then
-    expect "1875 steps in $(grep -c log-batch "$tmp/many.log") batches within MLflow's limits (the server refuses more than 1000 values or 100 params), each step once" \
+    expect_output "1875 steps in $(grep -c log-batch "$tmp/many.log") batches within MLflow's limits (the server refuses more than 1000 values or 100 params), each step once" \
         "$PYTHON" tests/tracked_run.py "$tmp/many.dump" --experiment Default --runs 1 --status FINISHED --losses "$tmp/many.csv"
 else
     fail "1875 steps to a server: exit $status: $(head -2 "$tmp/many.err" | tr '\n' ' ')"
@@ -210,10 +196,10 @@ fi
 
 # Authentication: a bearer token, basic; a wrong token is refused at the start.
 serve token --require-token s3cret
-MLFLOW_TRACKING_TOKEN=s3cret train token 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+MLFLOW_TRACKING_TOKEN=s3cret train_tracked token 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
 status=$?
 cp "$tmp/token.log" "$tmp/token_only.log"  # the wrong token's requests go in the same log
-MLFLOW_TRACKING_TOKEN=wrong train badtoken 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+MLFLOW_TRACKING_TOKEN=wrong train_tracked badtoken 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
 bad_status=$?
 stop_server
 [ $status -eq 0 ] && ! grep -q '"status": 401' "$tmp/token_only.log" && grep -q 'Bearer s3cret' "$tmp/token_only.log" \
@@ -223,7 +209,7 @@ stop_server
     && pass "a wrong token: exit 2 before training: $(grep '^error' "$tmp/badtoken.err" | cut -c1-140)" \
     || fail "a wrong token: exit $bad_status: $(head -2 "$tmp/badtoken.err" | tr '\n' ' ')"
 serve basic --require-basic ada:lovelace
-MLFLOW_TRACKING_USERNAME=ada MLFLOW_TRACKING_PASSWORD=lovelace train basic 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+MLFLOW_TRACKING_USERNAME=ada MLFLOW_TRACKING_PASSWORD=lovelace train_tracked basic 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
 status=$?
 stop_server
 [ $status -eq 0 ] && ! grep -q '"status": 401' "$tmp/basic.log" \
@@ -236,14 +222,14 @@ stop_server
 # server's machine), one line naming the server's flags that would serve the files, and the run goes on.
 mkdir -p "$tmp/artifact root"
 serve plainroot --default-artifact-root "$tmp/artifact root"
-train plainroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+train_tracked plainroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
 status=$?
 stop_server
 run_dir=$(ls -d "$tmp/artifact root"/0/*/artifacts 2> /dev/null | head -1)
 same=1
 for f in plainroot.csv plainroot.h5 plainroot.png; do cmp -s "$tmp/$f" "$run_dir/$f" || same=0; done
 if [ $status -eq 0 ] && [ -n "$run_dir" ] && [ $same = 1 ] && [ ! -s "$tmp/plainroot.err" ] && ! grep -q '"PUT"' "$tmp/plainroot.log"; then
-    expect "a server whose artifact root is a plain path (--default-artifact-root): the run FINISHED, its 3 artifacts written there byte for byte, no upload, no warning" \
+    expect_output "a server whose artifact root is a plain path (--default-artifact-root): the run FINISHED, its 3 artifacts written there byte for byte, no upload, no warning" \
         "$PYTHON" tests/tracked_run.py "$tmp/plainroot.dump" --experiment Default --runs 1 --status FINISHED \
         --artifact "$tmp/plainroot.csv" --artifact "$tmp/plainroot.h5" --artifact "$tmp/plainroot.png"
 else
@@ -251,7 +237,7 @@ else
 fi
 elsewhere=/nonexistent-$$/mlartifacts
 serve otherroot --default-artifact-root "$elsewhere"
-train otherroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+train_tracked otherroot 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
 status=$?
 stop_server
 said=$(grep -c "artifact root $elsewhere is not a folder of this machine: start the server with --artifacts-destination $elsewhere instead of --default-artifact-root" "$tmp/otherroot.err")
@@ -260,7 +246,7 @@ said=$(grep -c "artifact root $elsewhere is not a folder of this machine: start 
     || fail "an artifact root that is not a folder of this machine: exit $status, $said lines naming the flags: $(head -3 "$tmp/otherroot.err" | tr '\n' ' ')"
 if thorough; then
     serve s3root --default-artifact-root s3://bucket/mlflow
-    train s3root 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
+    train_tracked s3root 1 day1/2_mnist_training --mlflow "http://127.0.0.1:$port"
     status=$?
     stop_server
     said=$(grep -c "at s3://bucket/mlflow/0/[0-9a-f]*/artifacts, which this program cannot write: start the server with --artifacts-destination s3://bucket/mlflow instead of --default-artifact-root" "$tmp/s3root.err")
@@ -272,13 +258,13 @@ fi
 # ---------------------------------------------------------------- a server that fails mid-run
 # faulty NAME WARNING OPTIONS...: step 6 on 2 ranks against a failing server ends with the checksum of
 # the run without tracking, exit 0, and the warning once, in bounded time.
-train reference 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle
+train_tracked reference 2 day1/6_mnist_ddp --batch_size 1000 --no-shuffle
 faulty() {
     local name=$1 warning=$2; shift 2
     serve "$name" "$@"
     local start=$SECONDS
     MLFLOW_HTTP_REQUEST_TIMEOUT=1 MLFLOW_HTTP_REQUEST_MAX_RETRIES=2 MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=0.1 \
-        train "$name" 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --batch_size 1000 --no-shuffle
+        train_tracked "$name" 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$port" --batch_size 1000 --no-shuffle
     local status=$? took=$((SECONDS - start)) warnings
     stop_server
     warnings=$(grep -c "$warning" "$tmp/$name.err")
@@ -561,7 +547,7 @@ killed0() {
 }
 # killed0_expect NAME STORE.json WHERE: the resumed run, complete.
 killed0_expect() {
-    expect "step 13 with rank 0 killed (SIGKILL) after a snapshot, then resumed, to $3: FINISHED, each step's loss once (= an uninterrupted run's), each epoch's mean, the params$(grep -q ' lacks ' "$tmp/$1.err" && echo "; the last line names what no snapshot keeps: $(tail -1 "$tmp/$1.err" | sed 's/.* lacks \(.*\): .*/\1/')")" \
+    expect_output "step 13 with rank 0 killed (SIGKILL) after a snapshot, then resumed, to $3: FINISHED, each step's loss once (= an uninterrupted run's), each epoch's mean, the params$(grep -q ' lacks ' "$tmp/$1.err" && echo "; the last line names what no snapshot keeps: $(tail -1 "$tmp/$1.err" | sed 's/.* lacks \(.*\): .*/\1/')")" \
         "$PYTHON" tests/tracked_run.py "$2" --experiment Default --runs 1 --status FINISHED --losses "$tmp/ft_plain.csv" \
         --epochs 4 --lacking "$tmp/$1.err" --param total_epochs=4 --param fail_rank=0 --param world_size=2 \
         --param "snapshot=$tmp/$1.h5" --artifact "$tmp/$1.h5"
@@ -591,7 +577,7 @@ if [ $have_yaml = 1 ]; then
     wait $pid
     status=$?
     mlruns "$tmp/ends" "$tmp/ends.json" 2> "$tmp/check.err"
-    expect "SIGTERM after epoch 1: exit $status (143: the signal, as without tracking), the run KILLED, with the loss of epoch 1's 10 steps at least (what was queued is sent before the status)" \
+    expect_output "SIGTERM after epoch 1: exit $status (143: the signal, as without tracking), the run KILLED, with the loss of epoch 1's 10 steps at least (what was queued is sent before the status)" \
         bash -c "[ $status -eq 143 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment sigterm --runs 1 --status KILLED --min_steps 10"
     # A fatal error on rank 0 (its --save target became a folder): FAILED.
     mkdir -p "$tmp/fatal"
@@ -602,7 +588,7 @@ if [ $have_yaml = 1 ]; then
     wait $pid
     status=$?
     mlruns "$tmp/ends" "$tmp/ends.json" 2> "$tmp/check.err"
-    expect "a fatal error on rank 0 (exit $status: $(grep -m1 -o 'cannot.*' "$tmp/fatal.err" | cut -c1-60)...): the run FAILED, with what it logged before (epoch 1's 10 steps at least)" \
+    expect_output "a fatal error on rank 0 (exit $status: $(grep -m1 -o 'cannot.*' "$tmp/fatal.err" | cut -c1-60)...): the run FAILED, with what it logged before (epoch 1's 10 steps at least)" \
         bash -c "[ $status -ne 0 ] && '$PYTHON' tests/tracked_run.py '$tmp/ends.json' --experiment fatal --runs 1 --status FAILED --min_steps 10"
 
     # Step 13: rank 1 dies in epoch 3 (SIGKILL); mpirun's SIGTERM to rank 0 marks the run KILLED; the same
@@ -610,7 +596,7 @@ if [ $have_yaml = 1 ]; then
     ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
     first=$?
     mlruns "$tmp/ft" "$tmp/ft1.json" 2> "$tmp/check.err"
-    expect "step 13, rank 1 killed in epoch 3 (exit $first): the run KILLED until the restart" \
+    expect_output "step 13, rank 1 killed in epoch 3 (exit $first): the run KILLED until the restart" \
         "$PYTHON" tests/tracked_run.py "$tmp/ft1.json" --experiment Default --runs 1 --status KILLED
     ft ft_tracked --fail_at_epoch 3 --mlflow "$tmp/ft"
     second=$?
@@ -618,7 +604,7 @@ if [ $have_yaml = 1 ]; then
     grep -q "^MLflow: resuming run [0-9a-f]\{32\} at $tmp/ft (it keeps the params of its first start)$" "$tmp/ft_tracked.out" \
         && pass "step 13 restarted: 'MLflow: resuming run ID at ...' (the id from its snapshot)" \
         || fail "step 13 restarted: no 'MLflow: resuming run' line: $(grep -i mlflow "$tmp/ft_tracked.out")"
-    expect "step 13 restarted (exit $second): the same run, FINISHED, each step's loss once and equal to an uninterrupted run's, the snapshot an artifact" \
+    expect_output "step 13 restarted (exit $second): the same run, FINISHED, each step's loss once and equal to an uninterrupted run's, the snapshot an artifact" \
         "$PYTHON" tests/tracked_run.py "$tmp/ft2.json" --experiment Default --runs 1 --status FINISHED \
         --losses "$tmp/ft_plain.csv" --epochs 4 --artifact "$tmp/ft_tracked.h5"
 fi
@@ -639,7 +625,7 @@ if ! curl -sf "http://127.0.0.1:$real_port/health" > /dev/null 2>&1; then
     fail "a real MLflow server did not start in 120 s: $(tail -3 "$tmp/real/server.log" | tr '\n' ' ')"
     exit 1
 fi
-train real 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$real_port" --experiment real-ddp
+train_tracked real 2 day1/6_mnist_ddp --mlflow "http://127.0.0.1:$real_port" --experiment real-ddp
 status=$?
 mlruns_check=$("$PYTHON" - "http://127.0.0.1:$real_port" "$tmp/real.csv" "$(accuracy "$tmp/real.out")" "$tmp/mlruns" 2>&1 <<'EOF'
 import csv, sys

@@ -7,10 +7,9 @@
 # Prints one PASS/FAIL line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
-pass() { echo "PASS loops: $*"; }
-fail() { echo "FAIL loops: $*"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source tests/lib.sh
+suite loops
+scratch
 
 # The loop over an epoch's batches, from its `for` to its closing brace.
 loop_of() { awk '/^        for \(int b = 0; b < n_batches; b\+\+\) \{$/ { on = 1 } on { print } on && /^        }$/ { exit }' "$1"; }

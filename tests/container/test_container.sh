@@ -22,16 +22,12 @@
 # changes; `podman rmi ddp-workshop-test-deps` drops it); all the rest is built from scratch.
 set -u
 cd "$(dirname "$0")/../.." || exit
-MPIRUN=${MPIRUN:-mpirun --oversubscribe $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
-PYTHON=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-yaml and python3-kubernetes
+source tests/lib.sh  # its PYTHON: Debian's, with python3-yaml and python3-kubernetes
+suite container
 tmp=$(mktemp -d)
 image=localhost/ddp-workshop-test:$$
 deps=localhost/ddp-workshop-test-deps
 
-pass() { echo "PASS container: $*"; }
-fail() { echo "FAIL container: $*"; }
-skip() { echo "SKIP container: $*"; }
-expect() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
 now() { date +%s.%N; }
 seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f\n", b - a }'; }
 median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

@@ -19,6 +19,7 @@
 #endif
 
 #include "models/cnn.h"
+#include "reference_ce.h"
 #include "test.h"
 #include "train/metrics.h"
 
@@ -346,21 +347,6 @@ typedef struct {
     bool *relu_mask;   // conv1_out, conv2_out, fc1_out
     int *argmax;       // pool1, pool2
 } CnnCtx;
-
-// mean over rows of -log softmax(z)[label], by log-sum-exp in double: the
-// finite differences then see only the forward's float rounding, not the
-// loss's (whose ulp at 2.3 would be 5e-5 of a difference at h = 1e-3).
-static double reference_ce(const float *z, const int *labels, int rows, int cols) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *row = z + (size_t)r * cols;
-        double max = row[0], sum = 0;
-        for (int c = 1; c < cols; c++) max = fmax(max, row[c]);
-        for (int c = 0; c < cols; c++) sum += exp(row[c] - max);
-        total += (max - row[labels[r]]) + log(sum);
-    }
-    return total / rows;
-}
 
 static double cnn_loss_at(void *p) {
     CnnCtx *c = p;

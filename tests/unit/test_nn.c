@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "models/nn.h"
+#include "reference_ce.h"
 #include "test.h"
 
 #define H 1e-2
@@ -116,19 +117,6 @@ static void test_relu(void) {
 }
 
 // ------------------------------------------------------------ cross-entropy
-
-// mean over rows of -log softmax(z)[label], by log-sum-exp in double.
-static double reference_ce(const float *z, const int *labels, int rows, int cols) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *row = z + (size_t)r * cols;
-        double max = row[0], sum = 0;
-        for (int c = 1; c < cols; c++) max = fmax(max, row[c]);
-        for (int c = 0; c < cols; c++) sum += exp(row[c] - max);
-        total += (max - row[labels[r]]) + log(sum);
-    }
-    return total / rows;
-}
 
 typedef struct { Tensor *logits, *scratch_grad; const int *labels; } CeCtx;
 

@@ -1,4 +1,4 @@
-// test_collectives.c: group_reduce_scatter and group_all_gather (common/comm/collectives.c)
+// test_collectives.c: group_reduce_scatter and group_all_gather (common/collectives.c)
 // under mpirun, at any world size W (tests/test_mpi_units.sh runs it on 1, 2 and 4
 // ranks; tests/test_gpu.sh with the argument cuda, on GPUs and the simulated one).
 //
@@ -18,20 +18,9 @@
 
 #include "comm/collectives.h"
 #include "runtime/dist.h"
-#include "test.h"
+#include "test_mpi.h"
 
 static int rank, world;
-
-static int all_ranks(int ok) {
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return ok;
-}
-#define EXPECT_ALL(cond, ...)                        \
-    do {                                             \
-        int all_ok_ = all_ranks(cond);               \
-        if (rank == 0) EXPECT(all_ok_, __VA_ARGS__); \
-        else test_failures += !all_ok_;              \
-    } while (0)
 
 // Block `block` of a flat [1, n] tensor, sharing its storage.
 static Tensor block_of(const Tensor *t, size_t count, int block) {

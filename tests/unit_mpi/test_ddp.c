@@ -1,4 +1,4 @@
-// test_ddp.c: common/parallel/ddp*.c under mpirun, at any world size W
+// test_ddp.c: common/ddp*.c under mpirun, at any world size W
 // (tests/test_mpi_units.sh runs it on 1, 2 and 4 ranks).
 //
 // What DDP promises, each verdict the AND over all ranks, printed by rank 0:
@@ -26,15 +26,11 @@
 
 #include "parallel/ddp.h"
 #include "runtime/dist.h"
-#include "test.h"
+#include "test_mpi.h"
 
 static int rank, world;
 static char on_ranks[32];  // "on 4 ranks", for the messages
 
-static int all_ranks(int ok) {
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return ok;
-}
 static long sum_ranks(long v) {
     MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     return v;
@@ -43,14 +39,6 @@ static double max_ranks(double v) {
     MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return v;
 }
-// EXPECT on a verdict combined over ranks: every rank counts the failure (so
-// every rank exits non-zero), rank 0 prints it. Collective: all ranks call it.
-#define EXPECT_ALL(cond, ...)                                  \
-    do {                                                       \
-        int all_ok_ = all_ranks(cond);                         \
-        if (rank == 0) EXPECT(all_ok_, __VA_ARGS__);           \
-        else test_failures += !all_ok_;                        \
-    } while (0)
 
 static const int SMALL[] = {6, 5, 4, 3};  // params of 30, 5, 20, 4, 12, 3 floats
 #define MIB (1024.0 * 1024.0)

@@ -1,4 +1,4 @@
-// test_snapshot.c: common/records/snapshot.c and common/records/stop_signal.c under mpirun, at
+// test_snapshot.c: common/snapshot.c and common/stop_signal.c under mpirun, at
 // any world size (tests/test_mpi_units.sh runs it on 1, 2 and 4 ranks).
 //
 //   round trip   a snapshot of a model after 3 Adam steps, a loss log, an
@@ -25,21 +25,9 @@
 #include "records/snapshot.h"
 #include "records/stop_signal.h"
 #include "runtime/dist.h"
-#include "test.h"
+#include "test_mpi.h"
 
 static int rank, world;
-
-static int all_ranks(int ok) {
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return ok;
-}
-// EXPECT on a verdict combined over ranks; rank 0 prints it. Collective.
-#define EXPECT_ALL(cond, ...)                        \
-    do {                                             \
-        int all_ok_ = all_ranks(cond);               \
-        if (rank == 0) EXPECT(all_ok_, __VA_ARGS__); \
-        else test_failures += !all_ok_;              \
-    } while (0)
 
 static const int sizes[] = {784, 128, 10};
 
