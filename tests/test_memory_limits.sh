@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory before allocation (common/memory_budget.h), and step 15's --synthetic on a full disk.
+# Memory before allocation (common/runtime/memory_budget.h), and step 15's --synthetic on a full disk.
 # - Flags that would take more than a rank's share of memory are refused in one line, exit 2,
 #   before anything is allocated: step 17's --hidden 1048576 --tp 2 (once an OOM kill at about
 #   12 GB a rank), step 16's, step 18's, step 15's --dim. Each runs under `ulimit -v 4 GB`:
