@@ -100,7 +100,7 @@ MISSING := $(strip $(if $(HAVE_MPICC),,mpicc) $(if $(HAVE_BLAS),,cblas) $(if $(H
 # -fno-math-errno: sqrtf need not set errno, so loops with it vectorise (Adam's
 # update, 3x faster); IEEE square roots either way, so the same bits.
 # -ffp-contract=off: no a * b + c fused into an FMA where a CPU has one, so the
-# loops compiled for AVX2 or AVX-512 (common/cpu_dispatch.h) round as the
+# loops compiled for AVX2 or AVX-512 (common/base/cpu_dispatch.h) round as the
 # baseline's do (C11 mode implies it; said here so that no flag changes it).
 CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) -fno-math-errno -ffp-contract=off $(OPENMP) -g -Wall -Wextra -Wshadow -Icommon \
           $(BLAS_CFLAGS) $(PNG_CFLAGS) $(HDF5_CFLAGS) $(CFLAGS_EXTRA)
@@ -120,7 +120,7 @@ CFLAGS  += -DHAVE_CUDA=1 -isystem $(CUDA_HOME)/include
 # The CUDA runtime linked in statically (it finds the driver at run time, so
 # the binaries start, and run on CPU, where there is none); NCCL shared, found
 # through the rpath; cuBLAS opened by the first GPU rank that needs it
-# (common/cublas_loader.c says why). nvcc's objects need the C++ runtime.
+# (common/runtime/cublas_loader.c says why). nvcc's objects need the C++ runtime.
 CFLAGS  += -DCUBLAS_LIBRARY='"$(CUDA_LIBDIR)/libcublas.so"'
 LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lnccl -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS = -O3 -std=c++17 -lineinfo -Icommon \
@@ -134,10 +134,11 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 
 BUILD := build
-COMMON_SRC := $(wildcard common/*.c)
+# common/ is in folders by family (common/README.md); one archive holds them all.
+COMMON_SRC := $(wildcard common/*/*.c)
 COMMON_OBJ := $(COMMON_SRC:common/%.c=$(BUILD)/common/%.o)
 ifeq ($(CUDA),1)
-COMMON_OBJ += $(BUILD)/common/kernels.o
+COMMON_OBJ += $(BUILD)/common/tensor/kernels.o
 endif
 # The programs link against an archive of common/'s objects, so each pulls in
 # only the files it uses (and those they use): step 0 gets dist and args, not
@@ -164,7 +165,7 @@ TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools
 # checks that each ends with the bits of the build that picks a clone at run time.
 # (x86-64 only, with a compiler that knows the levels: gcc 11 or later.)
 ifeq ($(shell uname -m)$(call probe,,-march=x86-64-v3),x86_641)
-DISPATCHED_SRC := common/mnist.c common/tensor.c common/tensor_ops.c
+DISPATCHED_SRC := common/data/mnist.c common/tensor/tensor.c common/tensor/tensor_ops.c
 ONE_ISA    := $(BUILD)/one_isa/x86-64/2_mnist_training $(BUILD)/one_isa/x86-64-v3/2_mnist_training
 endif
 
@@ -189,10 +190,12 @@ ifeq ($(FAKE_GPU),1)
 include tests/fake_gpu/fake_gpu.mk
 endif
 
-$(BUILD)/common/kernels.o: common/kernels.cu common/kernels.h $(FLAGS_STAMP) | $(BUILD)/common
+$(BUILD)/common/tensor/kernels.o: common/tensor/kernels.cu common/tensor/kernels.h $(FLAGS_STAMP) | $(BUILD)/common
+	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h) $(FLAGS_STAMP) | $(BUILD)/common
+$(BUILD)/common/%.o: common/%.c $(wildcard common/*/*.h) $(FLAGS_STAMP) | $(BUILD)/common
+	@mkdir -p $(@D)
 	$(MPICC) $(CFLAGS) -c $< -o $@
 
 # Rebuilt whole (rm first), so an object whose source is gone leaves with it.

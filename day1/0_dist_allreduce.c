@@ -21,10 +21,10 @@
 
 #include <mpi.h>     // MPI_Allreduce: the lesson itself
 
-#include "args.h"    // args_parse: --count and --help
-#include "check.h"   // CHECK_MPI, xmalloc: fail fast, on every rank
-#include "dist.h"    // dist_init, dist_rank, print_rank: the process group (MPI_Init and friends)
-#include "timer.h"   // wall_seconds
+#include "base/args.h"     // args_parse: --count and --help
+#include "base/check.h"    // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "base/timer.h"    // wall_seconds
+#include "runtime/dist.h"  // dist_init, dist_rank, print_rank: the process group (MPI_Init and friends)
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

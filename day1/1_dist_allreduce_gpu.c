@@ -10,7 +10,7 @@
 //   4. cudaStreamSynchronize waits for it, before the host reads the result.
 //      (It would wait forever on a peer that died mid-collective. The training
 //      steps' waits poll instead, and ask NCCL for the communicator's error:
-//      device_wait_stream in common/device.h. Here, mpirun ends the others.)
+//      device_wait_stream in common/runtime/device.h. Here, mpirun ends the others.)
 // NCCL cannot put two ranks of one communicator on the same GPU: run at most
 // as many ranks per node as it has GPUs. (The training steps fall back to MPI
 // when ranks outnumber GPUs; this step is about NCCL, so it says so and stops.)
@@ -37,10 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "device.h"    // device_gpu_count, device_local_gpu: which GPU is this rank's
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "base/args.h"       // args_parse: the flags and --help
+#include "base/check.h"      // CHECK, xmalloc: fail fast, on every rank
+#include "runtime/device.h"  // device_gpu_count, device_local_gpu: which GPU is this rank's
+#include "runtime/dist.h"    // dist_init, dist_rank, print0: the process group
 
 #if !HAVE_CUDA
 #error "step 1 needs CUDA and NCCL: make builds it only when it finds them (CUDA=1)"

@@ -26,20 +26,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "accum.h"     // micro_batch: which micro-batches make one optimizer step
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "divergence.h" // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // micro_batch: which micro-batches make one optimizer step
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     mlp_add_memory_need(&need, sizes, ARRAY_LEN(sizes), opt.batch_size, 2);  // Adam: 2 moments per weight
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day1/8_mnist_ddp_lr.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day1/8_mnist_ddp_lr.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.

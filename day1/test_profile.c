@@ -17,15 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "divergence.h" // check_loss_finite_agreed: a loss that is nan or inf stops the run, on every rank
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "profile.h"   // profile_start, profile_push: named time ranges (--trace, Nsight)
-#include "threads.h"   // threads_init: this rank's CPU threads
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace, Nsight)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite_agreed: a loss that is nan or inf stops the run, on every rank
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

@@ -40,9 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
+#include "base/args.h"     // args_parse: the flags and --help
+#include "base/check.h"    // CHECK, xmalloc: fail fast, on every rank
+#include "runtime/dist.h"  // dist_init, dist_rank, print0: the process group
 
 // What the launcher put in the environment, copied before MPI_Init: MPI may
 // add variables of its own, and we want what the launcher said.

@@ -41,13 +41,13 @@
 
 #include <hdf5.h>      // the HDF5 C API: the file is written with it directly
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "h5_stream.h" // H5_GROUP_SIZE: the file layout step 11 reads
-#include "mnist.h"     // mnist_load: the IDX files to convert
-#include "paths.h"     // replace_temp_name, replace_commit: write next to FILE.h5, then rename
-#include "timer.h"     // wall_seconds
+#include "base/args.h"       // args_parse: the flags and --help
+#include "base/check.h"      // CHECK, xmalloc: fail fast, on every rank
+#include "base/paths.h"      // replace_temp_name, replace_commit: write next to FILE.h5, then rename
+#include "base/timer.h"      // wall_seconds
+#include "data/h5_stream.h"  // H5_GROUP_SIZE: the file layout step 11 reads
+#include "data/mnist.h"      // mnist_load: the IDX files to convert
+#include "runtime/dist.h"    // dist_init, dist_rank, print0: the process group
 
 #define CHECK_H5(call, ...) CHECK((call) >= 0, __VA_ARGS__)
 

@@ -60,11 +60,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"    // the flag table and --help
-#include "check.h"   // CHECK_MPI, CHECK_CUDA, CHECK_NCCL: one line, then MPI_Abort
-#include "device.h"  // which GPU this rank takes, and whether ranks share one
-#include "dist.h"    // rank, world size, print0
-#include "timer.h"   // wall_seconds
+#include "base/args.h"       // the flag table and --help
+#include "base/check.h"      // CHECK_MPI, CHECK_CUDA, CHECK_NCCL: one line, then MPI_Abort
+#include "base/timer.h"      // wall_seconds
+#include "runtime/device.h"  // which GPU this rank takes, and whether ranks share one
+#include "runtime/dist.h"    // rank, world size, print0
 
 #define ROOT 0  // the rank that broadcast and scatter send from, and reduce and gather collect on
 
@@ -241,7 +241,7 @@ typedef struct {
 // looking at NCCL's error state meanwhile, as nccl-tests does: when a peer
 // dies, NCCL keeps waiting for it, and so would cudaStreamSynchronize. An
 // error, or a wait past GPU_WAIT_TIMEOUT (a dead peer on the same node, which
-// NCCL never reports), ends the job with one line instead (common/device.h).
+// NCCL never reports), ends the job with one line instead (common/runtime/device.h).
 static void wait_for_gpu(Buffers *b) {
 #if HAVE_CUDA
     if (b->gpu) device_wait_stream_nccl(b->stream, &b->nccl, "the collectives");

@@ -7,7 +7,7 @@
 // --save_every epochs; whatever restarts the job (torchrun --max-restarts,
 // slurm/run_with_restarts.sh, Slurm's --requeue) just runs the same command
 // again. Unlike the tutorial's, the snapshot holds everything an exact resume
-// needs (common/snapshot.h): Adam's moments and step, the sampler's position,
+// needs (common/records/snapshot.h): Adam's moments and step, the sampler's position,
 // the generator, the losses so far. A run killed anywhere and started again
 // ends with the weights and the per-step losses of a run that never stopped,
 // bit for bit.
@@ -39,22 +39,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "accum.h"     // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK, xmalloc: fail fast, on every rank
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "divergence.h" // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"        // Mlp, its forward and backward, Adam, SGD: model and optimizer
-#include "snapshot.h"  // snapshot_save, snapshot_load: everything an exact resume needs
-#include "stop_signal.h"  // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Mlp, its forward and backward, Adam, SGD: model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/snapshot.h"       // snapshot_save, snapshot_load: everything an exact resume needs
+#include "records/stop_signal.h"    // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
 // message to the other ranks, no cleanup (SIGKILL cannot be caught). The
@@ -152,7 +153,7 @@ int main(int argc, char **argv) {
     }
     // The MLflow run: a resume logs into the snapshot's, its metrics continuing at the snapshot's step.
     Tracking *run = tracking_start(&opt.tracking, "day3/13_fault_tolerant_ddp.c", device_name(device),
-                                   progress.mlflow_run_id);  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+                                   progress.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
     snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", tracking_run_id(run));
     // What the snapshot holds, logged again: the process that saved it may have died (SIGKILL) with
     // these values still queued for the store. Tracking sends only the steps the store lacks. The

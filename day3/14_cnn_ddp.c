@@ -3,12 +3,12 @@
 // What it changes from step 6 (diff the two files): the model. DDP does not
 // care what it trains: ddp_wrap() takes the CNN's parameter list as it took
 // the MLP's, and backward starts each bucket's allreduce as it goes. The
-// model is the tutorial's SimpleCNN (common/cnn.h):
+// model is the tutorial's SimpleCNN (common/models/cnn.h):
 //   nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
 //                 nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
 //                 nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 // trained with Adam (lr 1e-3) at batch 64 per rank for one epoch. Each
-// convolution is im2col + one GEMM (common/conv.h). At the end, every rank
+// convolution is im2col + one GEMM (common/models/conv.h). At the end, every rank
 // evaluates its share of the test set and rank 0 prints what the tutorial's
 // Trainer reports: test loss and accuracy, per-class precision, recall and
 // F1, and the confusion matrix. --max_steps N stops after N optimizer steps
@@ -42,20 +42,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "args.h"      // args_parse: the flags and --help
-#include "check.h"     // CHECK_MPI, xmalloc: fail fast, on every rank
-#include "cnn.h"       // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
-#include "ddp.h"       // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
-#include "dist.h"      // dist_init, dist_rank, print0: the process group
-#include "divergence.h" // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "h5.h"        // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"  // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "metrics.h"   // ConfusionMatrix, classification_report: the evaluation's tables
-#include "mnist.h"     // mnist_load, DistributedSampler, mnist_batch: the data
-#include "threads.h"   // threads_init: this rank's CPU threads
-#include "timer.h"     // wall_seconds
-#include "tracking.h"  // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK_MPI, xmalloc: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/cnn.h"             // Cnn, its forward, loss, backward and evaluation; Adam (nn.h): model and optimizer
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/metrics.h"          // ConfusionMatrix, classification_report: the evaluation's tables
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -77,7 +78,7 @@ int main(int argc, char **argv) {
     cnn_add_memory_need(&need, opt.batch_size);  // about 1 MB a sample
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day3/14_cnn_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day3/14_cnn_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.

@@ -2,7 +2,7 @@
 //                                               PyTorch twin: tests/torch_recommender.py
 //
 // What it changes from step 14: the model and the data, and what travels.
-// Matrix factorisation with biases (common/mf.h): a rating is predicted as
+// Matrix factorisation with biases (common/models/mf.h): a rating is predicted as
 //   global mean + user_bias[u] + item_bias[i] + user_embedding[u] . item_embedding[i]
 // with tables of --dim 32 columns, one row per user and per movie; MSE loss,
 // an L2 term on the batch's rows (--weight_decay), torch.optim.SparseAdam.
@@ -22,8 +22,8 @@
 // SparseAdam in kernels, the rows by NCCL).
 //
 // The data: each rank reads only its byte range of ratings.csv
-// (common/movielens.h), so no rank holds the whole file; every epoch the
-// ratings are dealt to the ranks that train on them (common/rating_sampler.h).
+// (common/data/movielens.h), so no rank holds the whole file; every epoch the
+// ratings are dealt to the ranks that train on them (common/data/rating_sampler.h).
 //
 // Build and run:
 //   make day3/15_recommender_ddp && make movielens
@@ -46,20 +46,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"            // args_parse: the flags and --help
-#include "check.h"           // check_all_ranks, xmalloc
-#include "dist.h"            // dist_init, dist_rank, print0: the process group
-#include "divergence.h"      // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"        // the loss of every step, CSV and PNG
-#include "memory_budget.h"   // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
-#include "movielens.h"       // movielens_read_ratings: each rank its byte range of ratings.csv
-#include "plot.h"            // plot_panels_png: the training loss above the test RMSE
-#include "rating_sampler.h"  // the global batches of a shuffle, each rank its slice
-#include "threads.h"         // threads_init
-#include "timer.h"           // wall_seconds
-#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // check_all_ranks, xmalloc
+#include "base/timer.h"             // wall_seconds
+#include "data/movielens.h"         // movielens_read_ratings: each rank its byte range of ratings.csv
+#include "data/rating_sampler.h"    // the global batches of a shuffle, each rank its slice
+#include "models/mf.h"              // Mf: the model, its three ways of keeping the embeddings, SparseAdam
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // the loss of every step, CSV and PNG
+#include "records/plot.h"           // plot_panels_png: the training loss above the test RMSE
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
 static double peak_memory_mb(void) {
@@ -209,7 +210,7 @@ int main(int argc, char **argv) {
                ratings.byte_end, path, ratings.n, load_seconds, load_peak_mb);
     print0("baselines on the test set: global mean RMSE %.4f; user and movie biases RMSE %.4f\n",
            sqrt(baseline[0] / n_test_total), sqrt(baseline[1] / n_test_total));
-    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day3/15_recommender_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     tracking_log_metric(run, "baseline_global_mean_rmse", sqrt(baseline[0] / n_test_total), 0);
     tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 

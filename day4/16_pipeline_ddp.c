@@ -17,7 +17,7 @@
 // the micro-batches, each weighted by its share of the batch, so the step is
 // the same for every M and schedule. The world is P stages x D = world / P
 // replicas of the whole pipeline; each stage is wrapped in DDP over its D
-// replicas (a process group per stage, common/group.h), which average that
+// replicas (a process group per stage, common/comm/group.h), which average that
 // stage's gradients during the last micro-batch's backward.
 //
 // With the same seed and flags, P stages x D replicas take the steps of step 6
@@ -49,24 +49,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"            // args_parse: the flags and --help
-#include "check.h"           // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "collectives.h"     // group_exchange: activations and gradients, stage to stage
-#include "ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
-#include "dist.h"            // dist_init, dist_rank, print0: the world
-#include "divergence.h"      // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "group.h"           // group_split: the pipeline and data-parallel groups
-#include "h5.h"              // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"        // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h"   // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mnist.h"           // mnist_load, DistributedSampler, mnist_batch: the data
-#include "pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
-#include "plot.h"            // plot_timeline_png: the schedule, stage by stage
-#include "profile.h"         // profile_start, profile_push: named time ranges (--trace)
-#include "schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
-#include "threads.h"         // threads_init: this rank's CPU threads
-#include "timer.h"           // wall_seconds
-#include "tracking.h"        // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"                // args_parse: the flags and --help
+#include "base/check.h"               // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"               // wall_seconds
+#include "comm/collectives.h"         // group_exchange: activations and gradients, stage to stage
+#include "comm/group.h"               // group_split: the pipeline and data-parallel groups
+#include "data/mnist.h"               // mnist_load, DistributedSampler, mnist_batch: the data
+#include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
+#include "parallel/pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
+#include "parallel/schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
+#include "records/h5.h"               // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"         // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
+#include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"    // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"          // threads_init: this rank's CPU threads
+#include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -281,7 +282,7 @@ int main(int argc, char **argv) {
                           opt.batch_size / micro_batches, schedule_max_in_flight(&schedule, my_stage));
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid: rank = replica x P + stage. A replica's stages are neighbours,
     // so on a node its activations go through shared memory (or NVLink).

@@ -60,22 +60,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"         // args_parse: the flags and --help
-#include "check.h"        // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "collectives.h"  // group_all_reduce: Megatron's f and g
-#include "ddp.h"          // ddp_wrap_group: DistributedDataParallel over a process group
-#include "dist.h"         // dist_init, dist_rank, print0: the world
-#include "divergence.h"   // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "group.h"        // group_split: the tensor-parallel and data-parallel groups
-#include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"           // Linear, linear_forward, linear_backward, Adam
-#include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
-#include "threads.h"      // threads_init: this rank's CPU threads
-#include "timer.h"        // wall_seconds
-#include "tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "comm/collectives.h"       // group_all_reduce: Megatron's f and g
+#include "comm/group.h"             // group_split: the tensor-parallel and data-parallel groups
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Linear, linear_forward, linear_backward, Adam
+#include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -404,7 +405,7 @@ int main(int argc, char **argv) {
     memory_need_add(&need, "activations", activations * sizeof(float));
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
     // so that a group's ranks, which talk at every layer, are neighbours (one node, NVLink).

@@ -53,21 +53,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"         // args_parse: the flags and --help
-#include "check.h"        // CHECK, xmalloc, usage_error: fail fast, on every rank
-#include "collectives.h"  // group_reduce_scatter, group_all_gather: the shards' two collectives
-#include "ddp.h"          // ddp_wrap: --zero 0 is step 6's DDP
-#include "dist.h"         // dist_init, dist_rank, print0: the world
-#include "divergence.h"   // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "h5.h"           // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"     // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "memory_budget.h" // memory_need, memory_require: refuse what would not fit, before allocating
-#include "mnist.h"        // mnist_load, DistributedSampler, mnist_batch: the data
-#include "nn.h"           // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
-#include "profile.h"      // profile_start, profile_push: named time ranges (--trace)
-#include "threads.h"      // threads_init: this rank's CPU threads
-#include "timer.h"        // wall_seconds
-#include "tracking.h"     // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
+#include "base/timer.h"             // wall_seconds
+#include "comm/collectives.h"       // group_reduce_scatter, group_all_gather: the shards' two collectives
+#include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"              // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
+#include "parallel/ddp.h"           // ddp_wrap: --zero 0 is step 6's DDP
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
 
@@ -446,7 +447,7 @@ int main(int argc, char **argv) {
     add_memory_need(&need, sizes, n_sizes, zero, prefetch, dist_world_size(), opt.batch_size);
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL);  // mlflow.start_run(); mlflow.log_params(vars(args))
+    Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.

@@ -2,13 +2,13 @@
 //                                                            (nanoGPT's model.py and train.py)
 //
 // What it changes from step 14 (diff the two files): the model and the data. The model is
-// nanoGPT's decoder-only transformer (common/gpt.h): token and position embeddings, n_layer blocks
+// nanoGPT's decoder-only transformer (common/models/gpt.h): token and position embeddings, n_layer blocks
 // of LayerNorm -> causal self-attention -> residual -> LayerNorm -> MLP (GELU) -> residual, a last
 // LayerNorm and the head tied to the token embedding. The data is text as characters
-// (common/char_text.h): each iteration draws random windows of block_size + 1 characters and the
+// (common/data/char_text.h): each iteration draws random windows of block_size + 1 characters and the
 // model learns to predict each next character. The optimizer is nanoGPT's: AdamW with weight decay
 // on the matrices only, a warm-up then a cosine decay of the learning rate, the gradients clipped
-// to a global norm of 1 (common/adamw.h, common/lr_schedule.h). DDP is step 6's library, unchanged.
+// to a global norm of 1 (common/models/adamw.h, common/train/lr_schedule.h). DDP is step 6's library, unchanged.
 //
 // The batches: each iteration draws ONE global batch of batch_size x accum_steps x world windows,
 // as torch.randint(len(train) - block_size, ...) draws them from --seed, and rank r's micro-step m
@@ -49,24 +49,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adamw.h"      // AdamW, clip_grad_norm: nanoGPT's optimizer step
-#include "args.h"       // args_parse: the flags and --help
-#include "char_text.h"  // CharText, the windows: the data
-#include "check.h"      // xmalloc, usage_error
-#include "ddp.h"        // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
-#include "dist.h"       // dist_init, dist_rank, print0: the process group
-#include "divergence.h" // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
-#include "flops.h"      // cpu_sgemm_peak_flops: the yardstick of MFU
-#include "gpt.h"        // Gpt: the model, forward, loss, backward
-#include "h5.h"         // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "loss_log.h"   // loss_log_add, loss_log_write_csv: the loss of every iteration
-#include "lr_schedule.h"  // lr_at: warm-up, then cosine decay
-#include "memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
-#include "plot.h"       // plot_png: the train and validation curves
-#include "quote.h"      // QUOTE, PATH_SHOWN: a flag's value in a message
-#include "threads.h"    // threads_init: this rank's CPU threads
-#include "timer.h"      // wall_seconds
-#include "tracking.h"   // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // xmalloc, usage_error
+#include "base/quote.h"             // QUOTE, PATH_SHOWN: a flag's value in a message
+#include "base/timer.h"             // wall_seconds
+#include "data/char_text.h"         // CharText, the windows: the data
+#include "models/adamw.h"           // AdamW, clip_grad_norm: nanoGPT's optimizer step
+#include "models/gpt.h"             // Gpt: the model, forward, loss, backward
+#include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
+#include "records/plot.h"           // plot_png: the train and validation curves
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "tensor/flops.h"           // cpu_sgemm_peak_flops: the yardstick of MFU
+#include "train/divergence.h"       // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
+#include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
     const char *data, *init, *save, *losses, *plot, *device, *prompt;
@@ -234,7 +234,7 @@ int main(int argc, char **argv) {
         usage_error("--prompt %s: its character %d, %s, is not in the vocabulary of %s/input.txt (%d characters)",
                     QUOTE(o.prompt), bad + 1, QUOTE_N(o.prompt + bad, 1), PATH_SHOWN(o.data), text.vocab_size);
     }
-    Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), NULL);
+    Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), NULL, args_values());  // mlflow.start_run(); log_params
 
     // What the model will take, refused in one line if it would not fit (before anything is allocated).
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d", o.n_layer, o.n_embd,

@@ -7,7 +7,7 @@
 #
 # The launcher starts this script once per rank; each copy runs the program
 # under `nsys profile` and writes profiling/reports/<program>.rank<r>.nsys-rep.
-# It traces NVTX (our ranges: common/profile.h), MPI, OS runtime, CUDA, and
+# It traces NVTX (our ranges: common/runtime/profile.h), MPI, OS runtime, CUDA, and
 # NCCL where this nsys knows it. Open a report with `nsys-ui`, or summarise it:
 #   nsys stats --report nvtx_sum profiling/reports/5_mnist_manual_ddp_profile.rank0.nsys-rep
 # Set NSYS_OUT to write elsewhere, NSYS_EXTRA for more nsys options.

@@ -218,7 +218,7 @@ fi
 # The same loops at every core, beside one process that spins for as long as
 # they run (a build, a browser, another user's job: one core's worth of
 # demand), runs alternating, REPEATS each: ours as it comes (its idle threads
-# spin briefly, then sleep: common/threads.c), ours under libgomp's own wait
+# spin briefly, then sleep: common/runtime/threads.c), ours under libgomp's own wait
 # (GOMP_SPINCOUNT=300000, some milliseconds of spinning: how it ran before),
 # PyTorch as it comes and PyTorch on one core. "alone" is each one's median in
 # the table above; the slow-down is what the neighbour cost it.

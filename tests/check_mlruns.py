@@ -3,7 +3,7 @@
 
     python3 tests/check_mlruns.py MLRUNS_DIR [--json OUT] [--allow-temp] [--label LABEL]
 
-An independent reader for the tests of common/mlflow_file_store.c: it shares nothing with the C code
+An independent reader for the tests of common/records/mlflow_file_store.c: it shares nothing with the C code
 and follows MLflow's own reader (mlflow/store/tracking/file_store.py), with meta.yaml read by
 yaml.safe_load as MLflow reads it:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A stand-in for an MLflow tracking server, for the tests of the C client (common/mlflow_rest_store.c).
+"""A stand-in for an MLflow tracking server, for the tests of the C client (common/records/mlflow_rest_store.c).
 
     python3 tests/mlflow_test_server.py --port-file FILE --log FILE.jsonl [--dump FILE.json] [faults]
 

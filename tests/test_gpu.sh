@@ -332,7 +332,7 @@ expect "step 14 on the GPU refuses a batch past its int pooling indexes, exit $s
     test $status -eq 1 -a "$(grep -c -- '--batch_size 85599: the SimpleCNN takes at most 85598' "$tmp/cnn_big")" -eq 1
 
 # Step 15 on the GPU: the tables, the lookups, the forward and backward, the
-# per-row sums and SparseAdam in kernels (common/kernels.h), the rows by NCCL
+# per-row sums and SparseAdam in kernels (common/tensor/kernels.h), the rows by NCCL
 # (dense: allreduce; sparse: all-gather; sharded: grouped send/receive) or by
 # MPI on host copies where ranks share a GPU. Each mode takes the CPU's
 # per-step losses over an epoch of ml-latest-small, and ends at its test RMSE.
@@ -379,7 +379,7 @@ expect "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exi
 # (tests/lost_peer.c, preloaded into the ranks): to the others it is a rank
 # that died inside a collective, which then never completes on their GPUs;
 # but mpirun, which ends a job whose rank dies, does not see it. So only the
-# other ranks' polling waits (common/device.h) can end the job: at the time
+# other ranks' polling waits (common/runtime/device.h) can end the job: at the time
 # limit where NCCL says nothing (a dead peer on the same node), or at NCCL's
 # asynchronous error where it says one (across nodes, after its network
 # timeout: LOST_PEER_ERROR_AFTER). Either way each waiting rank prints one

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hostile input (issue 36): what a careless user or a crafted file puts in front of the programs
 # is refused in one line that names the flag or the file:line, quotes what it got bounded and
-# escaped (common/quote.h: at most 60 bytes, \n \r \x1b \x00 escaped), and never writes a control
+# escaped (common/base/quote.h: at most 60 bytes, \n \r \x1b \x00 escaped), and never writes a control
 # byte to the terminal:
 # - flags whose values hold a newline, an escape sequence, a carriage return, bytes that are not
 #   UTF-8, or 5000 digits (step 2);

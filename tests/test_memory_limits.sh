@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory before allocation (common/memory_budget.h), and step 15's --synthetic on a full disk.
+# Memory before allocation (common/runtime/memory_budget.h), and step 15's --synthetic on a full disk.
 # - Flags that would take more than a rank's share of memory are refused in one line, exit 2,
 #   before anything is allocated: step 17's --hidden 1048576 --tp 2 (once an OOM kill at about
 #   12 GB a rank), step 16's, step 18's, step 15's --dim. Each runs under `ulimit -v 4 GB`:
@@ -68,6 +68,15 @@ else
     fail "the refusal names RLIMIT_AS and what it leaves (about 3.7 GB): $(grep -m1 error "$tmp/out")"
 fi
 refused "--batch_size 1048576" 2000000 day1/test_profile --batch_size 1048576 --trace ''
+# Threads' stacks are address space too: --threads 1024 asks for some 8 GB of them (8 MiB each), which
+# libgomp, failing to map one under the limit, reported in a message of its own as it exited.
+(ulimit -v 3000000; timeout 120 $MPIRUN -np 2 day1/6_mnist_ddp --threads 1024 --epochs 1) > "$tmp/out" 2>&1
+status=$?
+expect "--threads 1024 under ulimit -v 3 GB: exit $status (2), one line naming the stacks: $(grep -m1 '^error: ' "$tmp/out")" \
+    test $status -eq 2 -a "$(grep -c '^error: --threads 1024 needs 1023 thread stacks' "$tmp/out")" -eq 1 -a "$(grep -c libgomp "$tmp/out")" -eq 0
+(ulimit -v 3000000; timeout 120 day1/2_mnist_training --threads 32 --epochs 1 --plot '') > "$tmp/out" 2>&1
+status=$?
+expect "--threads 32 under the same limit trains: exit $status, $(grep -m1 'Test accuracy' "$tmp/out")" test $status -eq 0
 
 # ---------------------------------------------------------------- the estimate against the measured peak
 # The estimate is read from the refusal under a tiny limit (ulimit -v 300 MB leaves a rank almost

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Non-finite numbers are errors (issue 36, common/divergence.h): a training whose loss, test result or
+# Non-finite numbers are errors (issue 36, common/train/divergence.h): a training whose loss, test result or
 # weights turn nan or inf stops on every rank at the same step, with one line naming the step and the
 # likely cause, exit status 1, and writes nothing over a good file (--save, --losses, --plot, step 13's
 # snapshot). PyTorch trains on NaN in silence and exits 0; these checks fail on a build that does.

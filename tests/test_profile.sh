@@ -112,7 +112,7 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 flags="-std=c11 -D_GNU_SOURCE -O1 -Icommon $(pkg-config --cflags hdf5 libpng 2> /dev/null)"
 libs="-lopenblas $(pkg-config --libs hdf5 libpng zlib 2> /dev/null) -lpthread -lm"
 build() {  # NAME EXTRA-FLAGS
-    mpicc $flags $2 common/*.c day1/5_mnist_manual_ddp_profile.c -o "$tmp/$1" $libs $3 > "$tmp/$1.log" 2>&1
+    mpicc $flags $2 common/*/*.c day1/5_mnist_manual_ddp_profile.c -o "$tmp/$1" $libs $3 > "$tmp/$1.log" 2>&1
 }
 if build step5_plain "" ""; then
     mpi 2 "$tmp/step5_plain" --plot '' --trace "$tmp/plain.json" > /dev/null 2>&1

@@ -3,7 +3,7 @@
 # CPU/gloo reference script of the workshop, and tests/torch_cnn_ddp.py (or
 # $TORCH_CNN_REFERENCE), step 14's, run with Debian's python3-torch.
 #
-# Our RNG is torch's (common/rng.h), so with the same seed our programs draw the
+# Our RNG is torch's (common/base/rng.h), so with the same seed our programs draw the
 # same initial weights and the same DistributedSampler order as PyTorch: the
 # per-step losses must agree up to float summation order. Needs python3-torch
 # and python3-h5py (./setup.sh --with-reference); otherwise prints SKIP lines.

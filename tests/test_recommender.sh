@@ -27,7 +27,7 @@ fi
 # ---------------------------------------------------------------- the same steps in every mode, on 1, 2 and 4 ranks
 # One epoch (89 steps of a global batch of 1024): W ranks take 1024 / W each.
 # Each row's gradient is summed in the batch's order and the ranks' partial
-# sums in rank order (common/mf.h): sparse and sharded give the same bits at
+# sums in rank order (common/models/mf.h): sparse and sharded give the same bits at
 # any W, dense MPI's rounding; across W only the partial sums differ.
 for np in 1 2 4; do
     modes="dense sparse sharded"

@@ -25,7 +25,7 @@ for threads in 2 4; do
     same_weights "step 2 at $threads threads ends with the same weights as at 1" "$tmp/w1.h5" "$tmp/w$threads.h5" 0
 done
 
-# The vector width: the same bits from the loops that common/cpu_dispatch.h
+# The vector width: the same bits from the loops that common/base/cpu_dispatch.h
 # compiles for AVX-512, AVX2 and SSE2 and picks between at run time (this CPU
 # took one; build/one_isa/ holds step 2 built for one instruction set alone,
 # on x86-64 with a gcc that knows the levels), both at 2 threads.
@@ -99,12 +99,12 @@ cpu_per_second=$(awk "BEGIN { printf \"%.2f\", ($user + $sys) / $wall }")
 expect "step 2 at --threads 1 keeps to one core: $cpu_per_second CPU-seconds per second (at most 1.2)" \
     awk "BEGIN { exit !($cpu_per_second <= 1.2) }"
 
-# How idle threads wait (common/threads.c): libgomp spins our short count
+# How idle threads wait (common/runtime/threads.c): libgomp spins our short count
 # between loops, then sleeps, not its own default of some milliseconds, unless
 # the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads them before
 # main(), so ask it what it took (OMP_DISPLAY_ENV=verbose: its settings on
 # stderr as it loads).
-ours_spin=$(sed -n 's/^#define THREADS_SPIN_COUNT "\([0-9]*\)"$/\1/p' common/threads.c)
+ours_spin=$(sed -n 's/^#define THREADS_SPIN_COUNT "\([0-9]*\)"$/\1/p' common/runtime/threads.c)
 libgomp_says() {  # VARIABLE [ENVIRONMENT...]: the value libgomp took for VARIABLE
     local variable=$1; shift
     env "$@" OMP_DISPLAY_ENV=verbose day1/2_mnist_training --help 2>&1 | sed -n "s/^ *$variable = '\(.*\)'$/\1/p"

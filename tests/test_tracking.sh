@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tracking runs in MLflow (--mlflow, docs/tracking.md), read back by readers that share nothing with
-# common/tracking.c and its stores:
+# common/records/tracking.c and its stores:
 #   - an mlruns folder, read by tests/check_mlruns.py as MLflow's FileStore reads it: every flag a param,
 #     the loss of every step equal to the --losses CSV, the epoch metrics, the accuracy printed, the
 #     tags, the artifacts byte for byte, FINISHED; two runs in one experiment; MLFLOW_TRACKING_URI and

@@ -20,7 +20,7 @@ import torch, torch.nn as nn
 MASK = (1 << 64) - 1
 
 
-def is_test(seed, index):  # common/movielens.c's movielens_is_test, on numpy uint64
+def is_test(seed, index):  # common/data/movielens.c's movielens_is_test, on numpy uint64
     with np.errstate(over="ignore"):
         z = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + index.astype(np.uint64) + np.uint64(1)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

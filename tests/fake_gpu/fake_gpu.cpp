@@ -4,7 +4,7 @@
 //
 // `make FAKE_GPU=1` (tests/fake_gpu/fake_gpu.mk) links the programs against
 // this library instead of libcudart and libnccl, opens it as cuBLAS, and
-// builds common/kernels.cu with tests/fake_gpu/nvcc. tests/test_fake_gpu.sh
+// builds common/tensor/kernels.cu with tests/fake_gpu/nvcc. tests/test_fake_gpu.sh
 // runs tests/test_gpu.sh on such a build, with one simulated GPU (the ranks
 // share it: the MPI fallbacks) and with four (NCCL between ranks).
 //
@@ -200,7 +200,7 @@ bool advance(CUstream_st *s, unsigned long long position) {
 
 // The host blocks until s has run up to `position`, as in a blocking CUDA call.
 // Behind an NCCL operation that a lost peer never joins, that is for good, as
-// on a GPU: only the polling waits of common/device.c get out (by their limit).
+// on a GPU: only the polling waits of common/runtime/device.c get out (by their limit).
 void run_until(CUstream_st *s, unsigned long long position) {
     double started = 0;
     bool said = false;

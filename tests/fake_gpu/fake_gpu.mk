@@ -1,7 +1,7 @@
 # fake_gpu.mk: the Makefile includes this with `make CUDA=1 FAKE_GPU=1`, to build
 # the GPU path against tests/fake_gpu/fake_gpu.cpp (a CUDA runtime, cuBLAS and
 # NCCL that run on the CPU) instead of libcudart and libnccl, and
-# common/kernels.cu with tests/fake_gpu/nvcc instead of nvcc. Only for tests:
+# common/tensor/kernels.cu with tests/fake_gpu/nvcc instead of nvcc. Only for tests:
 # tests/test_fake_gpu.sh builds a copy of the tree this way.
 ifneq ($(CUDA),1)
 $(error FAKE_GPU=1 needs CUDA=1 and the CUDA headers in $(CUDA_HOME)/include)
@@ -26,7 +26,7 @@ $(FAKE_GPU_LIB): tests/fake_gpu/fake_gpu.cpp $(FLAGS_STAMP)
 	ln -sf libfakegpu.so $(@D)/$(CUBLAS_SONAME)
 
 $(COMMON_LIB): $(FAKE_GPU_LIB)
-$(BUILD)/common/kernels.o: tests/fake_gpu/nvcc tests/fake_gpu/kernel_emulation.h
+$(BUILD)/common/tensor/kernels.o: tests/fake_gpu/nvcc tests/fake_gpu/kernel_emulation.h
 
 # The simulation's own checks (tests/test_fake_gpu.sh runs them).
 FAKE_GPU_CHECKS := $(FAKE_GPU_DIR)/fake_gpu_checks

@@ -15,7 +15,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "kernels.h"
+#include "tensor/kernels.h"
 
 static int failures;
 

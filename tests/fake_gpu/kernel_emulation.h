@@ -1,6 +1,6 @@
 // kernel_emulation.h: what nvcc gives a .cu file, for the host's C++ compiler.
 //
-// tests/fake_gpu/nvcc compiles common/kernels.cu with g++ and this header in
+// tests/fake_gpu/nvcc compiles common/tensor/kernels.cu with g++ and this header in
 // front of it, after rewriting each launch `k<<<grid, block, shared, stream>>>(args)`
 // into `fake_gpu::launcher("k", synced, k, grid, block, shared, stream)(args)`.
 // A kernel becomes a plain function; fake_gpu.cpp runs it once per thread of

@@ -329,7 +329,7 @@ def h5_mutations():
     ]
 
 
-# Step 13's snapshot carries a checksum of its fields (common/snapshot.c, visit_snapshot's order, each as
+# Step 13's snapshot carries a checksum of its fields (common/records/snapshot.c, visit_snapshot's order, each as
 # the program reads it): a mutated snapshot is resealed half the time, so that what lies behind the
 # checksum is reached too.
 SNAPSHOT_PARAMS = ["fc.0.weight", "fc.0.bias", "fc.2.weight", "fc.2.bias"]
@@ -342,7 +342,7 @@ SNAPSHOT_FIELDS = ([("settings/model_sizes", "<i8")] + [("settings/" + n, "<i8")
 
 
 def snapshot_checksum(f):
-    """FNV-1a's multiply-xor over 8-byte words, then the bytes left (common/snapshot.c, checksum_add)."""
+    """FNV-1a's multiply-xor over 8-byte words, then the bytes left (common/records/snapshot.c, checksum_add)."""
     import numpy as np
     h, mask = 14695981039346656037, (1 << 64) - 1
     for name, dtype in SNAPSHOT_FIELDS:

@@ -5,7 +5,7 @@
 #include <cblas.h>
 #include <stdio.h>
 
-#include "threads.h"
+#include "runtime/threads.h"
 
 int main(void) {
     // One call into CBLAS, so that the linker keeps the library (with --as-needed a

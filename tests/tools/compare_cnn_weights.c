@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cnn.h"
-#include "h5.h"
+#include "models/cnn.h"
+#include "records/h5.h"
 
 int main(int argc, char **argv) {
     if (argc != 4) {

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "h5.h"
-#include "nn.h"
+#include "models/nn.h"
+#include "records/h5.h"
 
 int main(int argc, char **argv) {
     if (argc != 4) {

@@ -2,7 +2,7 @@
 // GPU, a driver, or a build with CUDA). The GPU tests ask it whether to run.
 #include <stdio.h>
 
-#include "device.h"
+#include "runtime/device.h"
 
 int main(void) {
     printf("%d\n", device_gpu_count());

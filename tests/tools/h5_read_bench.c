@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dist.h"
-#include "h5_stream.h"
-#include "threads.h"
-#include "timer.h"
+#include "base/timer.h"
+#include "data/h5_stream.h"
+#include "runtime/dist.h"
+#include "runtime/threads.h"
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

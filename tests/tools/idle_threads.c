@@ -14,8 +14,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "threads.h"
-#include "timer.h"
+#include "base/timer.h"
+#include "runtime/threads.h"
 
 static double cpu_seconds(void) {
     struct rusage usage;

@@ -15,9 +15,9 @@
 
 #include <cblas.h>
 
-#include "tensor.h"
-#include "threads.h"
-#include "timer.h"
+#include "base/timer.h"
+#include "runtime/threads.h"
+#include "tensor/tensor.h"
 
 extern void openblas_set_num_threads(int) __attribute__((weak));
 

@@ -5,8 +5,8 @@
 #define TEST_NAME "test_accum"
 #include <math.h>
 
-#include "accum.h"
 #include "test.h"
+#include "train/accum.h"
 
 static void expect_micro(int b, int accum_steps, int samples, int batch_size, bool first, bool last, double weight) {
     MicroBatch micro = micro_batch(b, accum_steps, samples, batch_size);

@@ -1,4 +1,4 @@
-// test_args.c: the flag parser (common/args.c) takes both spellings, "--name value"
+// test_args.c: the flag parser (common/base/args.c) takes both spellings, "--name value"
 // and "--name=value" (the one torchrun and the DDP tutorials use), for every type
 // of flag, and turns every mistake into one line and exit status 2.
 //
@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "args.h"
+#include "base/args.h"
 
 #define TEST_NAME "test_args"
 #include "test.h"

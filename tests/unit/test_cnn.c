@@ -18,10 +18,10 @@
 #include <omp.h>
 #endif
 
-#include "cnn.h"
-#include "metrics.h"
+#include "models/cnn.h"
 #include "reference_ce.h"
 #include "test.h"
+#include "train/metrics.h"
 
 #define H 1e-2
 #define ATOL 1e-4  // per element: |analytic - numeric| <= ATOL + RTOL * max(|analytic|, |numeric|)

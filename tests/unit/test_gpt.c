@@ -1,4 +1,4 @@
-// test_gpt.c: step 19's GPT (common/gpt.h) against independent references: central finite
+// test_gpt.c: step 19's GPT (common/models/gpt.h) against independent references: central finite
 // differences of the loss for the gradient of every parameter on a tiny config (with and without
 // biases), the hook order DDP relies on, the state_dict names and shapes nanoGPT's model has, and
 // gradient accumulation (two half-batches with loss / 2 give the whole batch's gradients).
@@ -16,7 +16,7 @@
 #include <omp.h>
 #endif
 
-#include "gpt.h"
+#include "models/gpt.h"
 #include "test.h"
 
 #define H 1e-2

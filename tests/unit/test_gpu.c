@@ -18,16 +18,16 @@ static const char *test_name = "test_gpu";
 #include <stdlib.h>
 #include <string.h>
 
-#include "cnn.h"
-#include "device.h"
-#include "dist.h"
-#include "h5.h"
-#include "mf.h"
-#include "mnist.h"
-#include "nn.h"
+#include "data/mnist.h"
+#include "models/cnn.h"
+#include "models/mf.h"
+#include "models/nn.h"
+#include "records/h5.h"
+#include "runtime/device.h"
+#include "runtime/dist.h"
 #include "test.h"
 #if HAVE_CUDA
-#include "kernels.h"  // gpu_row_sum_chunks: how add_sum_of_rows cuts a row on the GPU
+#include "tensor/kernels.h"  // gpu_row_sum_chunks: how add_sum_of_rows cuts a row on the GPU
 #endif
 
 static Rng data_rng;

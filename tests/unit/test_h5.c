@@ -14,8 +14,8 @@
 
 #include <hdf5.h>
 
-#include "h5.h"
-#include "nn.h"
+#include "models/nn.h"
+#include "records/h5.h"
 
 #define TEST_NAME "test_h5"
 #include "test.h"

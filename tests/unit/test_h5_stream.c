@@ -19,9 +19,9 @@
 #include <hdf5.h>
 #include <zlib.h>
 
-#include "h5_chunk.h"
-#include "h5_stream.h"
-#include "timer.h"
+#include "base/timer.h"
+#include "data/h5_chunk.h"
+#include "data/h5_stream.h"
 
 #define TEST_NAME "test_h5_stream"
 #include "test.h"

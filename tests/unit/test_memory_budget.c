@@ -1,4 +1,4 @@
-// test_memory_budget.c: common/memory_budget.c, what a rank may allocate and the refusal's line.
+// test_memory_budget.c: common/runtime/memory_budget.c, what a rank may allocate and the refusal's line.
 //
 // - a cgroup's limit is the smallest of its folder's and its ancestors' (v2 memory.max, v1
 //   memory.limit_in_bytes, v1 with several controllers on one hierarchy); "max", a missing
@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "memory_budget.h"
+#include "runtime/memory_budget.h"
 #define TEST_NAME "test_memory_budget"
 #include "test.h"
 

@@ -17,8 +17,8 @@
 
 #include <zlib.h>
 
-#include "mnist.h"
-#include "rng.h"
+#include "base/rng.h"
+#include "data/mnist.h"
 
 #define TEST_NAME "test_mnist"
 #include "test.h"

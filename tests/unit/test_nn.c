@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn.h"
+#include "models/nn.h"
 #include "reference_ce.h"
 #include "test.h"
 

@@ -1,4 +1,4 @@
-// test_paths.c: what common/paths.c says about a path before a program uses
+// test_paths.c: what common/base/paths.c says about a path before a program uses
 // it, and how it replaces a file.
 //
 // - output_file_writable: the cases that would otherwise fail only after the
@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "paths.h"
+#include "base/paths.h"
 
 #define TEST_NAME "test_paths"
 #include "test.h"

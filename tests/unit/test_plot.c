@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "plot.h"
+#include "records/plot.h"
 
 #define EXPECT(cond, ...)                                      \
     do {                                                       \

@@ -1,4 +1,4 @@
-// test_quote.c: common/quote.c, the quotation of untrusted text in a message.
+// test_quote.c: common/base/quote.c, the quotation of untrusted text in a message.
 //
 // - plain text is kept, between single quotes;
 // - every control byte is escaped (\n \r \t, \xNN for NUL, ESC, DEL, the
@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "quote.h"
+#include "base/quote.h"
 
 #define TEST_NAME "test_quote"
 #include "test.h"

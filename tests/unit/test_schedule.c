@@ -1,4 +1,4 @@
-// test_schedule.c: pipeline schedules (common/schedule.h). The lists of
+// test_schedule.c: pipeline schedules (common/parallel/schedule.h). The lists of
 // GPipe and 1F1B against the anchors' examples, written out by hand; every
 // small pipeline's lists valid, holding the activations the formulas say,
 // and replayed without deadlock to the textbook bubble when stages are
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedule.h"
+#include "parallel/schedule.h"
 #include "test.h"
 
 enum { MAX_STAGES = 6, MAX_MICRO_BATCHES = 12 };

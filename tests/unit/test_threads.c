@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn.h"
+#include "models/nn.h"
+#include "runtime/threads.h"
 #include "test.h"
-#include "threads.h"
 
 static Rng data_rng;
 

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives.h"
-#include "dist.h"
+#include "comm/collectives.h"
+#include "runtime/dist.h"
 #include "test_mpi.h"
 
 static int rank, world;

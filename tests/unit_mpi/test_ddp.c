@@ -24,8 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "ddp.h"
-#include "dist.h"
+#include "parallel/ddp.h"
+#include "runtime/dist.h"
 #include "test_mpi.h"
 
 static int rank, world;

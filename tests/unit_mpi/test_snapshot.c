@@ -22,9 +22,9 @@
 
 #include <hdf5.h>
 
-#include "dist.h"
-#include "snapshot.h"
-#include "stop_signal.h"
+#include "records/snapshot.h"
+#include "records/stop_signal.h"
+#include "runtime/dist.h"
 #include "test_mpi.h"
 
 static int rank, world;

@@ -1,0 +1,71 @@
+// collectives.h: collectives on tensors, wherever they live.
+//
+//   dist_all_reduce(&grad);            // dist.all_reduce(grad, op=SUM), in place
+//   dist_broadcast_tensor(&w, 0);      // dist.broadcast(w, src=0)
+//
+// CPU tensors: MPI (dist.h's dist_allreduce_sum and dist_broadcast). GPU
+// tensors: NCCL when every rank has a GPU of its own (device.h opened the
+// communicator); the collective runs on the communication stream, after the
+// compute stream's queued work, which waits for it in turn: the host does not
+// wait. Where ranks share a GPU: MPI on a page-locked host copy.
+//
+// Each works over a process group (group.h): the dist_ ones over the world,
+// the group_ ones over the group they are given.
+//
+// Layers: above dist (MPI), device (streams, NCCL), group and tensor; below nn and ddp.
+#pragma once
+#include "comm/group.h"
+#include "tensor/tensor.h"
+
+void dist_all_reduce(Tensor *t);  // sum over ranks, in place
+void dist_broadcast_tensor(Tensor *t, int root);
+void group_all_reduce(const Group *group, Tensor *t);
+void group_broadcast_tensor(const Group *group, Tensor *t, int root);  // root: a rank of the group
+
+// Point-to-point within a group, as torch.distributed.batch_isend_irecv:
+// every send and receive of one exchange starts at once, and the exchange is
+// over when all have completed, so two ranks that send to each other do not
+// wait for each other. On GPUs with NCCL: one NCCL group on the compute
+// stream, which the next kernels wait for (the host does not); where ranks
+// share a GPU, MPI on host copies.
+typedef struct {
+    const Tensor *tensor;  // all of it goes
+    int peer;              // to this rank of the group
+} P2pSend;
+typedef struct {
+    Tensor *tensor;  // all of it is filled
+    int peer;        // from this rank of the group
+} P2pReceive;
+void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const P2pReceive *receives,
+                    int n_receives);
+
+// The collectives of sharded data parallelism (ZeRO, FSDP), on float tensors
+// seen as flat buffers, as dist.reduce_scatter_tensor and
+// dist.all_gather_into_tensor:
+//   reduce-scatter: input [size * count] on every rank; output [count] gets the
+//                   sum over the ranks of the input's block `rank` (elements
+//                   rank * count .. rank * count + count - 1);
+//   all-gather:     output [size * count] gets every rank's input [count], block
+//                   r from rank r.
+// In place, as NCCL's: the reduce-scatter's output may be the input's own
+// block `rank` (the rest of the input is then left undefined), and the
+// all-gather's input may be the output's block `rank`. On CPUs: MPI
+// (MPI_Reduce_scatter_block, MPI_Allgather); on GPUs: NCCL on the
+// communication stream, or MPI on host copies where ranks share a GPU.
+//
+// _start starts one and returns at once; group_wait makes its result ready:
+// on CPUs, MPI's non-blocking collective (MPI_Wait); on GPUs, the compute
+// stream waits for it (the host does not), so that what the compute stream
+// queues between the two overlaps with the collective (FSDP's prefetch). Only
+// what was queued on the compute stream before _start goes into it.
+typedef struct {
+    MPI_Request request;  // CPU tensors: the non-blocking MPI collective
+    float *move_from, *move_to;  // an in-place reduce-scatter on MPI: where MPI put the block, where it goes
+    size_t count;
+    void *done;           // GPU tensors with NCCL: the slot of the event that marks its end
+} GroupRequest;
+GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output);
+GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Tensor *output);
+void group_wait(GroupRequest *request);
+void group_reduce_scatter(const Group *group, const Tensor *input, Tensor *output);
+void group_all_gather(const Group *group, const Tensor *input, Tensor *output);

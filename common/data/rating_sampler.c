@@ -1,0 +1,122 @@
+// rating_sampler.c: the global batches of a shuffle, each rank its slice. See rating_sampler.h.
+#include "data/rating_sampler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "base/rng.h"
+#include "runtime/dist.h"
+
+RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, const float *rating, int batch_size,
+                                 bool shuffle, uint64_t seed) {
+    RatingSampler s = {.n_local = n_local, .user = user, .item = item, .rating = rating, .batch_size = batch_size,
+                       .world = dist_world_size(), .rank = dist_rank(), .shuffle = shuffle, .seed = seed};
+    long n = n_local;
+    CHECK_MPI(MPI_Exscan(&n, &s.first, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
+    if (s.rank == 0) s.first = 0;
+    CHECK_MPI(MPI_Allreduce(&n, &s.n_total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
+    CHECK(s.n_total < 2147483647L, "%ld training ratings: this sampler counts them in ints", s.n_total);
+    long global_batch = (long)batch_size * s.world;
+    s.n_batches = (int)((s.n_total + global_batch - 1) / global_batch);
+    return s;
+}
+
+// Where position p of the epoch goes: batch p / G, and in it the slice of the
+// rank r with S r / W <= p - bG < S (r + 1) / W.
+static long slice_start(long batch_n, int r, int world) { return batch_n * r / world; }
+
+static int owner_of(const RatingSampler *s, long position, long *slot) {
+    long global_batch = (long)s->batch_size * s->world;
+    long b = position / global_batch, offset = position - b * global_batch;
+    long batch_n = s->n_total - b * global_batch < global_batch ? s->n_total - b * global_batch : global_batch;
+    int r = (int)(offset * s->world / batch_n);
+    while (r + 1 < s->world && slice_start(batch_n, r + 1, s->world) <= offset) r++;
+    while (r > 0 && slice_start(batch_n, r, s->world) > offset) r--;
+    // Full batches give every rank batch_size samples: slices of batch b start at b x batch_size.
+    *slot = b * s->batch_size + offset - slice_start(batch_n, r, s->world);
+    return r;
+}
+
+typedef struct {
+    int slot, user, item;
+    float rating;
+} Record;
+
+void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
+    int world = s->world;
+    long n = s->n_total;
+    int *position = xmalloc((size_t)n * sizeof(int) + 1);  // position[t]: where training rating t comes this epoch
+    if (s->shuffle) {
+        int *perm = xmalloc((size_t)n * sizeof(int) + 1);
+        Rng rng;
+        rng_seed(&rng, s->seed + (uint64_t)epoch);  // as DistributedSampler: a new order every epoch
+        rng_randperm(&rng, (int)n, perm);
+        for (long p = 0; p < n; p++) position[perm[p]] = (int)p;
+        free(perm);
+    } else {
+        for (long p = 0; p < n; p++) position[p] = (int)p;
+    }
+    int *send_count = xcalloc((size_t)world, sizeof(int)), *receive_count = xcalloc((size_t)world, sizeof(int));
+    int *send_offset = xcalloc((size_t)world + 1, sizeof(int)), *receive_offset = xcalloc((size_t)world + 1, sizeof(int));
+    int *owner = xmalloc((size_t)s->n_local * sizeof(int) + 1);
+    long *slot = xmalloc((size_t)s->n_local * sizeof(long) + 1);
+    for (int k = 0; k < s->n_local; k++) {
+        owner[k] = owner_of(s, position[s->first + k], &slot[k]);
+        send_count[owner[k]]++;
+    }
+    free(position);
+    for (int r = 0; r < world; r++) send_offset[r + 1] = send_offset[r] + send_count[r];
+    Record *send = xmalloc((size_t)s->n_local * sizeof(Record) + 1);
+    int *fill = xmalloc((size_t)world * sizeof(int));
+    memcpy(fill, send_offset, (size_t)world * sizeof(int));
+    for (int k = 0; k < s->n_local; k++)
+        send[fill[owner[k]]++] = (Record){.slot = (int)slot[k], .user = s->user[k], .item = s->item[k], .rating = s->rating[k]};
+    free(fill);
+    free(owner);
+    free(slot);
+    CHECK_MPI(MPI_Alltoall(send_count, 1, MPI_INT, receive_count, 1, MPI_INT, MPI_COMM_WORLD));
+    for (int r = 0; r < world; r++) receive_offset[r + 1] = receive_offset[r] + receive_count[r];
+    s->n_mine = receive_offset[world];
+    Record *received = xmalloc((size_t)s->n_mine * sizeof(Record) + 1);
+    MPI_Datatype record;
+    CHECK_MPI(MPI_Type_contiguous(4, MPI_INT, &record));  // (a float travels as its 4 bytes)
+    CHECK_MPI(MPI_Type_commit(&record));
+    CHECK_MPI(MPI_Alltoallv(send, send_count, send_offset, record, received, receive_count, receive_offset, record,
+                            MPI_COMM_WORLD));
+    MPI_Type_free(&record);
+    free(send);
+    free(s->epoch_user);
+    free(s->epoch_item);
+    free(s->epoch_rating);
+    s->epoch_user = xmalloc((size_t)s->n_mine * sizeof(int) + 1);
+    s->epoch_item = xmalloc((size_t)s->n_mine * sizeof(int) + 1);
+    s->epoch_rating = xmalloc((size_t)s->n_mine * sizeof(float) + 1);
+    for (long k = 0; k < s->n_mine; k++) {
+        Record *rec = &received[k];
+        CHECK(rec->slot >= 0 && rec->slot < s->n_mine, "sampler: slot %d outside 0..%ld", rec->slot, s->n_mine);
+        s->epoch_user[rec->slot] = rec->user;
+        s->epoch_item[rec->slot] = rec->item;
+        s->epoch_rating[rec->slot] = rec->rating;
+    }
+    free(received);
+    free(send_count);
+    free(receive_count);
+    free(send_offset);
+    free(receive_offset);
+}
+
+RatingBatch rating_sampler_batch(const RatingSampler *s, int b) {
+    long global_batch = (long)s->batch_size * s->world, start = (long)b * global_batch;
+    long batch_n = s->n_total - start < global_batch ? s->n_total - start : global_batch;
+    long first = slice_start(batch_n, s->rank, s->world), end = slice_start(batch_n, s->rank + 1, s->world);
+    long at = (long)b * s->batch_size;
+    return (RatingBatch){.user = s->epoch_user + at, .item = s->epoch_item + at, .rating = s->epoch_rating + at,
+                         .n = (int)(end - first), .global_n = batch_n};
+}
+
+void rating_sampler_free(RatingSampler *s) {
+    free(s->epoch_user);
+    free(s->epoch_item);
+    free(s->epoch_rating);
+}

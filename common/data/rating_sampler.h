@@ -1,0 +1,52 @@
+// rating_sampler.h: step 15's batches. Every epoch, the global batches of a
+// seeded shuffle of all the training ratings, each rank given its slice of
+// each, whichever rank read the rating.
+//
+//   RatingSampler s = rating_sampler_new(n_local, user, item, rating, first, batch_size, shuffle, seed);
+//   rating_sampler_set_epoch(&s, epoch);     // collective: the ratings move to the ranks that train on them
+//   for (int b = 0; b < s.n_batches; b++) {
+//       RatingBatch batch = rating_sampler_batch(&s, b);   // this rank's slice of global batch b
+//
+// The order is torch's: perm = torch.randperm(N, generator seeded seed + epoch)
+// (common/base/rng.h), global batch b = perm[bG, (b + 1)G), G = W x batch_size (the
+// last one shorter). Rank r trains on positions [S r / W, S (r + 1) / W) of a
+// batch of S: a contiguous slice, so that its per-row gradient sums follow
+// the batch's order (mf.h). The global batches are the same on any number of
+// ranks with the same G, so 1 rank at batch 1024 and 4 ranks at batch 256
+// take the same steps. Each rank read its own byte range of the file, so the
+// ratings a rank trains on this epoch are mostly elsewhere: they travel by
+// one all-to-all per epoch (16 bytes a rating), and the perm (4 bytes a
+// training rating) is drawn on every rank.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    long n_total;             // training ratings, all ranks
+    long first;               // the global index of this rank's first (its ratings in file order)
+    int n_local;
+    const int *user, *item;   // [n_local]: this rank's training ratings, as read
+    const float *rating;
+    int batch_size, world, rank;
+    bool shuffle;
+    uint64_t seed;
+    // This epoch: this rank's slices of every global batch, one after the other.
+    int n_batches;
+    long n_mine;
+    int *epoch_user, *epoch_item;
+    float *epoch_rating;
+} RatingSampler;
+
+typedef struct {
+    const int *user, *item;
+    const float *rating;
+    int n;            // this rank's samples (may be 0 in a short last batch)
+    long global_n;    // the global batch's
+} RatingBatch;
+
+// Collective. The arrays are borrowed: they must outlive the sampler.
+RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, const float *rating, int batch_size,
+                                 bool shuffle, uint64_t seed);
+void rating_sampler_set_epoch(RatingSampler *s, int epoch);
+RatingBatch rating_sampler_batch(const RatingSampler *s, int b);
+void rating_sampler_free(RatingSampler *s);

@@ -1,0 +1,131 @@
+// gpt.h: nanoGPT's GPT (model.py), forward and backward, in the layers of nn.h.
+//
+//   x = wte[idx] + wpe[pos]                                  [B, T, C]
+//   for each of n_layer blocks:
+//       x = x + attn.c_proj(attention(attn.c_attn(ln_1(x))))  causal, n_head heads
+//       x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))           4C wide
+//   logits = ln_f(x) @ wte^T                                  [B, T, vocab]: the head is tied to wte
+//
+// Parameters are Params (nn.h) named as nanoGPT's state_dict ("transformer.h.0.attn.c_attn.weight"),
+// in model.parameters()' order: wte, wpe, each block's ln_1, c_attn, attn.c_proj, ln_2, c_fc,
+// mlp.c_proj (weight, then bias when config.bias), ln_f. lm_head.weight is wte's tensor, so it
+// appears once in the list, as in model.parameters(); gpt_state_dict adds its name for --save.
+// Gradients accumulate as in PyTorch: gpt_zero_grad before a step's first micro-batch.
+//
+// The CPU computes it: gemm (tensor.h) for the Linears and the head, transformer_ops.h for the
+// rest, the cross-entropy of tensor_ops.h. Activations for batch max_batch at block_size are
+// allocated once, as llm.c does, and kept from forward to backward (the memory is gpt_memory's).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/memory_budget.h"  // MemoryNeed
+#include "models/nn.h"  // Param, Tensor, GradReadyHook, Rng
+
+typedef struct {
+    int vocab_size, block_size, n_layer, n_head, n_embd;
+    bool bias;       // biases in the Linears and LayerNorms (nanoGPT's bias; its train.py's default is False)
+    double dropout;  // nanoGPT's dropout: after the embeddings, on attention's probabilities, after each c_proj
+} GptConfig;
+
+// The tensors of one block, in model.parameters()' order (the biases absent without config.bias).
+enum {
+    GPT_LN_1_WEIGHT, GPT_LN_1_BIAS, GPT_ATTN_WEIGHT, GPT_ATTN_BIAS, GPT_ATTN_PROJ_WEIGHT, GPT_ATTN_PROJ_BIAS,
+    GPT_LN_2_WEIGHT, GPT_LN_2_BIAS, GPT_FC_WEIGHT, GPT_FC_BIAS, GPT_FC_PROJ_WEIGHT, GPT_FC_PROJ_BIAS,
+    GPT_BLOCK_TENSORS
+};
+
+// What one block keeps from forward for backward, [N, ...] for N = B * T tokens.
+typedef struct {
+    Tensor ln_1, ln_1_mean, ln_1_rstd;  // [N, C], [1, N], [1, N]
+    Tensor qkv;                          // [N, 3C]: c_attn's output
+    Tensor att;                          // [B * n_head, T * T]: the attention probabilities
+    Tensor attn_y;                       // [N, C]: the heads' outputs, before c_proj
+    Tensor residual_1;                   // [N, C]: x after the attention's residual
+    Tensor ln_2, ln_2_mean, ln_2_rstd;
+    Tensor fc;                           // [N, 4C]: c_fc's output, before GELU
+    Tensor fc_gelu;                      // [N, 4C]
+    Tensor residual_2;                   // [N, C]: the block's output
+    // Dropout's masks (each value 0 or 1 / (1 - p)), allocated only when config.dropout > 0:
+    Tensor att_mask, att_dropped;        // [B * n_head, T * T]: attn_dropout's, and att * mask
+    Tensor attn_proj_mask, mlp_proj_mask;  // [N, C]: resid_dropout's after attn.c_proj, the MLP's after mlp.c_proj
+} GptBlockActivations;
+
+typedef struct {
+    GptConfig config;
+    int max_batch;
+    // Parameters and their gradients.
+    Tensor wte, wpe, ln_f_weight, ln_f_bias;       // [V, C], [block_size, C], [1, C], [1, C]
+    Tensor grad_wte, grad_wpe, grad_ln_f_weight, grad_ln_f_bias;
+    Tensor *blocks, *grad_blocks;                  // [n_layer * GPT_BLOCK_TENSORS]
+    int n_params;
+    Param *params;                                 // model.parameters()
+    int *param_index;                              // [n_layer * GPT_BLOCK_TENSORS + 4]: where each tensor is in params (-1: absent)
+    // model.train() / model.eval(): dropout acts in training only. Its masks come from dropout_rng,
+    // which the caller seeds (gpt_seed_dropout) before each forward whose masks it wants to pin.
+    bool training;
+    Rng dropout_rng;
+    // The last forward's batch and activations.
+    int B, T;
+    int *inputs, *targets;                         // [max_batch * block_size]
+    Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout)
+    Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
+    Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0)
+    GptBlockActivations *acts;                     // [n_layer]
+    Tensor ln_f, ln_f_mean, ln_f_rstd;
+    Tensor logits;                                 // [N, V]
+    Tensor grad_logits;                            // [N, V]: d loss / d logits, set by gpt_loss
+    // Backward's scratch, [N, ...].
+    Tensor grad_residual, grad_ln, grad_qkv, grad_attn_y, grad_fc;
+    Tensor grad_proj_out;                          // [N, C]: d c_proj's output, through its dropout (dropout > 0)
+} Gpt;
+
+// Config check for the flags: NULL when it is a model, else what is wrong ("--n_embd 100 is not
+// divisible by --n_head 3").
+const char *gpt_config_problem(const GptConfig *config);
+// What gpt_new(config, max_batch) and its training will allocate, by part, for memory_require
+// (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the activations with
+// backward's scratch, before anything is allocated.
+void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
+// The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
+// 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
+// (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)
+// Activations for batches of up to max_batch sequences.
+Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng);
+void gpt_free(Gpt *model);
+// nanoGPT's get_num_params(): every parameter, the position embedding left out when non_embedding
+// (the head's weights are wte's and count once).
+size_t gpt_num_params(const Gpt *model, bool non_embedding);
+
+// model.train() (dropout on) or model.eval() (off); a new model trains.
+void gpt_set_training(Gpt *model, bool training);
+// torch.manual_seed(seed) for the dropout masks that the next forwards draw, in nanoGPT's order:
+// the embeddings', then per block attention's probabilities, after attn.c_proj, after mlp.c_proj.
+void gpt_seed_dropout(Gpt *model, uint64_t seed);
+
+// Forward of B sequences of T <= block_size tokens each (inputs [B * T], values < vocab_size):
+// fills the logits [B * T, V] and returns them (valid until the next forward).
+const float *gpt_forward(Gpt *model, const int *inputs, int B, int T);
+// F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.
+// Keeps d loss / d logits for backward.
+float gpt_loss(Gpt *model, const int *targets);
+// (loss * factor).backward() instead of loss.backward() (gradient accumulation: loss / accum_steps).
+void gpt_scale_loss(Gpt *model, float factor);
+// loss.backward(): every parameter's gradient of the last gpt_loss, accumulated into its grad;
+// hook(context, i) as soon as params[i]'s is final (ln_f's first, wte's last), as DDP needs.
+void gpt_backward(Gpt *model, GradReadyHook hook, void *context);
+void gpt_zero_grad(Gpt *model);
+
+// The state_dict for --save: model.parameters() and lm_head.weight (wte's tensor), in
+// model.state_dict()'s order. params[] has *n entries; free() it.
+Param *gpt_state_dict(const Gpt *model, int *n);
+
+// FLOPs of forward and backward per token at context T, as nanoGPT's estimate_mfu (and PaLM's
+// appendix B) count them: 6 N for the weights' multiply-adds (N = gpt_num_params(non_embedding)),
+// plus 12 L H Q T for attention's scores and weighted sums (Q = head_dim).
+double gpt_flops_per_token(const Gpt *model, int T);
+
+// Memory, in floats, held by what the model keeps: its activations for a batch of max_batch
+// sequences at block_size (what gpt_new allocated for forward and backward).
+size_t gpt_activation_floats(const Gpt *model);

@@ -1,0 +1,163 @@
+// mf.h: step 15's model, matrix factorisation with biases, and the three ways
+// its embedding tables are kept and their gradients exchanged across ranks.
+//
+//   rating(u, i) = global mean + user_bias[u] + item_bias[i] + user_embedding[u] . item_embedding[i]
+//   loss = mean over the global batch of (rating - r)^2 + weight_decay * (|user_embedding[u]|^2 + |item_embedding[i]|^2)
+//
+// The PyTorch twin (tests/torch_recommender.py): four nn.Embedding(sparse=True)
+// tables (user_embedding, item_embedding [rows, dim], user_bias, item_bias
+// [rows, 1]), a global_mean buffer, and torch.optim.SparseAdam: a step updates
+// only the rows the global batch touched (their moments too), as lazily as
+// SparseAdam does, with its arithmetic. The L2 term is on the batch's rows, as
+// SparseAdam has no weight decay of its own.
+//
+// --embeddings picks how the tables live on W ranks (DDP in all three: every
+// rank trains on its share of the global batch, and the gradients of the
+// whole batch are summed before the step):
+//   dense   every rank holds every table; the gradient tables, whole, are
+//           allreduced (and which rows were touched: a byte per row). What a
+//           plain DDP port does: the bytes scale with the tables, not the batch.
+//   sparse  every rank holds every table; each sends only the rows its batch
+//           touched (ids and gradient rows: allgather), as DDP with
+//           nn.Embedding(sparse=True) does.
+//   sharded rank r holds the embedding rows with id % W == r (1/W of each
+//           table, and of Adam's moments); a batch's rows are asked of their
+//           owners and come back by all-to-all, and their gradients go back
+//           to the owners by all-to-all (DLRM's, TorchRec's model-parallel
+//           embeddings). The bias tables stay data-parallel: replicated, their
+//           gradients exchanged as in sparse.
+//
+// The same steps in all three, on any number of ranks. Each rank first sums
+// its own samples' gradients per row, in the batch's order (its samples are
+// one contiguous slice of the global batch). Then the W partial sums of a row
+// are added in rank order, starting from zero: sparse adds what allgather
+// brought, rank 0's first; sharded, the owner adds what all-to-all brought,
+// source rank 0's first; so the two give the same bits at any W. dense lets
+// MPI_Allreduce add them, in MPI's order: the same bits at 1 and 2 ranks (a
+// sum of two is commutative), within a rounding at 4. Across W the partial
+// sums differ (more ranks, shorter slices): within 1e-7 relative per step.
+//
+// On a GPU rank (mf_new's device) the tables, Adam's moments, the looked-up
+// rows and every gradient row live in device memory, and kernels
+// (common/tensor/kernels.h) do the gathers, the forward and backward, the per-row
+// sums and SparseAdam's update, in the CPU's order and arithmetic (no fused
+// multiply-adds): the same bits as the CPU. The host keeps the bookkeeping
+// of ids (which rows a batch touched, who asks whom for what), as the CPU
+// does, and sends it to the GPU with each step. The rows travel by NCCL:
+// dense allreduces the gradient tables; sparse all-gathers the touched rows
+// (each rank's padded to the most any rank touched: NCCL's all-gather takes
+// equal blocks); sharded exchanges rows and gradients by grouped
+// ncclSend/ncclRecv (collectives.h's group_exchange). Ids and counts go by
+// MPI on the host. Where ranks share a GPU, the rows go by MPI on host
+// copies, as collectives.h does. dense's NCCL allreduce adds in NCCL's order:
+// the same bits as MPI's at 1 and 2 ranks, within a rounding at 4.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/rng.h"
+#include "models/nn.h"
+
+// Device memory that grows as needed (step 15's per-step rows and ids).
+typedef struct {
+    void *data;
+    size_t bytes;
+} DeviceBuffer;
+
+typedef enum { EMBEDDINGS_DENSE, EMBEDDINGS_SPARSE, EMBEDDINGS_SHARDED } EmbeddingsMode;
+
+typedef struct {
+    char name[32];        // the state_dict key: "user_embedding.weight"
+    int rows, dim;        // of the whole table
+    bool sharded;         // row k lives on rank k % W, at index k / W
+    int owned;            // rows held here
+    EmbeddingsMode mode;  // how its gradients travel
+    float *weight, *exp_avg, *exp_avg_sq;  // [owned, dim]: the rows, Adam's moments
+    // This step's rows: those the local batch uses, in order of first use.
+    int *slot;            // [rows]: a row's place in `touched`, or -1
+    int n_touched, capacity;
+    int *touched;         // [n_touched]
+    int *sample_slot;     // [batch]: the place in `touched` of each sample's row
+    float *looked_up;     // [n_touched, dim]: their values
+    float *grad;          // [n_touched, dim]: their gradient, summed over the local batch
+    // After the exchange: the rows this rank updates, their gradient summed over the global batch.
+    int *update_slot;     // [owned]: a row's place in `update`, or -1
+    int n_update, update_capacity;
+    int *update;          // [n_update]: local indices
+    float *update_grad;   // [n_update, dim]
+    // sharded: for each rank, the rows it asked of this one (local indices),
+    // and which of this rank's touched rows went to which owner
+    int *asked_count, *asked_offset, *asked, n_asked, asked_capacity;
+    int *ask_count, *ask_offset, *ask_order;
+    float *exchange;      // scratch rows for the all-to-alls
+    int exchange_capacity;
+    float *dense_grad;    // dense: [rows, dim]
+    unsigned char *dense_touched;  // dense: [rows]
+    // On a GPU rank: the tables (weight above is then the host copy that
+    // mf_new, --init and --save use), and the device twins of the arrays above.
+    float *gpu_weight, *gpu_exp_avg, *gpu_exp_avg_sq, *gpu_dense_grad;
+    DeviceBuffer gpu_looked_up, gpu_grad, gpu_update_grad, gpu_exchange;
+    DeviceBuffer gpu_touched, gpu_sample_slot, gpu_ask_order, gpu_asked;
+    DeviceBuffer gpu_sample_start, gpu_sample;                   // the backward's samples of each touched row
+    DeviceBuffer gpu_update, gpu_update_start, gpu_update_source;  // the exchange's sums
+} EmbeddingTable;
+
+typedef struct {
+    EmbeddingsMode mode;
+    Device device;                   // where the tables live and the steps run
+    int dim;
+    double lr, weight_decay;
+    long step;                       // Adam's step count
+    Tensor global_mean;              // [1, 1]: a buffer, the mean training rating
+    EmbeddingTable user_embedding, item_embedding, user_bias, item_bias;
+    // Communication, counted by the ring model of nccl-tests (bytes this rank
+    // sends): allreduce 2(W-1)/W of the buffer, allgather (W-1)/W of what all
+    // gather, all-to-all what goes to the other ranks.
+    double bytes_sent, comm_seconds;
+    // For h5 (--save, --init): the whole tables in state_dict order.
+    Tensor full[4];
+    Param params[5];
+    DeviceBuffer gpu_rating, gpu_forward;  // GPU: the batch's ratings; per sample prediction, error, |p|^2, |q|^2
+    float *forward;                        // the host's copy of gpu_forward
+    int forward_capacity;
+} Mf;
+
+const char *embeddings_mode_name(EmbeddingsMode mode);
+// Collective. Embeddings ~ U(-0.05, 0.05) drawn row after row over the whole
+// tables (user table, then item table: each rank keeps its rows), biases 0,
+// on `device` (device_from_flag's).
+Mf *mf_new(EmbeddingsMode mode, Device device, int n_users, int n_items, int dim, float global_mean, double lr, double weight_decay,
+           Rng *rng);
+void mf_free(Mf *model);
+// Bytes of the tables and Adam's moments held by this rank (and, dense, the
+// whole gradient tables).
+size_t mf_embedding_bytes(const Mf *model);
+// The same, before mf_new: what its tables will take on this rank, added to
+// `need` (memory_budget.h) so that a --dim too large is refused, not killed.
+void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world);
+
+// One training step on this rank's slice of a global batch of global_n
+// samples. Collective (every rank calls it, with n >= 0 samples).
+//   mf_lookup: the rows of the batch's users and items (sharded: from their owners);
+//   mf_forward_backward: returns this rank's share of the loss sum, / global_n,
+//     and each row's gradient summed over the local samples (*mse_sum: of the squared errors);
+//   mf_exchange_gradients: the global batch's gradients (dense, sparse or sharded);
+//   mf_adam_step: SparseAdam on the rows the global batch touched.
+void mf_lookup(Mf *model, const int *user, const int *item, int n);
+double mf_forward_backward(Mf *model, const float *rating, int n, long global_n, double *mse_sum);
+void mf_exchange_gradients(Mf *model);
+void mf_adam_step(Mf *model);
+
+// Predictions for n (user, item) pairs. Collective: every rank calls it, n may differ.
+// (Sharded, its lookups travel too; they are not counted in bytes_sent and comm_seconds.)
+void mf_predict(Mf *model, const int *user, const int *item, int n, float *out);
+
+// The whole tables into model->full on rank 0 (sharded: gathered from their
+// owners), for --save and --recommend; and back from model->full on every rank
+// (--init, after h5_load_params filled it).
+// mf_full_params: the whole tables (allocated on the calling rank) as Params
+// in state_dict order (user_embedding, item_embedding, user_bias, item_bias
+// .weight, global_mean), for h5_load_params on every rank, then mf_scatter_full.
+void mf_gather_full(Mf *model);
+Param *mf_full_params(Mf *model);
+void mf_scatter_full(Mf *model);

@@ -1,0 +1,247 @@
+// nn.c: layers, MLP, Adam and SGD, as math over tensor_ops.h and gemm: the
+// CPU/GPU choice is made in those operations, not here. See nn.h.
+#include "models/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/check.h"
+#include "runtime/profile.h"
+
+// ------------------------------------------------------------------ layers
+
+void linear_init(Linear *layer, int in, int out, Rng *rng, Device device) {
+    layer->weight = tensor_zeros(out, in, device);
+    layer->bias = tensor_zeros(1, out, device);
+    layer->grad_weight = tensor_zeros(out, in, device);
+    layer->grad_bias = tensor_zeros(1, out, device);
+    // kaiming_uniform_(a=sqrt(5)) works out to U(-1/sqrt(in), 1/sqrt(in)); torch
+    // computes the bound in double and draws the weight, then the bias.
+    // The draws happen on the host, wherever the tensors live.
+    float bound = (float)(1.0 / sqrt((double)in));
+    float *values = xmalloc(tensor_numel(&layer->weight) * sizeof(float));
+    for (size_t i = 0; i < tensor_numel(&layer->weight); i++) values[i] = rng_uniform(rng, -bound, bound);
+    tensor_from_host(&layer->weight, values);
+    for (int i = 0; i < out; i++) values[i] = rng_uniform(rng, -bound, bound);
+    tensor_from_host(&layer->bias, values);
+    free(values);
+}
+
+void linear_free(Linear *layer) {
+    tensor_free(&layer->weight);
+    tensor_free(&layer->bias);
+    tensor_free(&layer->grad_weight);
+    tensor_free(&layer->grad_bias);
+}
+
+void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu) {
+    gemm(false, true, 1.0f, x, &layer->weight, 0.0f, y);  // [B, in] @ [in, out]
+    add_column_bias(y, &layer->bias, relu);
+}
+
+void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
+    gemm(true, false, 1.0f, grad_y, x, 1.0f, &layer->grad_weight);  // [out, B] @ [B, in]
+    add_sum_over_rows(grad_y, &layer->grad_bias);
+    if (grad_x) gemm(false, false, 1.0f, grad_y, &layer->weight, 0.0f, grad_x);  // [B, out] @ [out, in]
+}
+
+// ------------------------------------------------------------------ MLP
+
+Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device device) {
+    CHECK(n_sizes >= 2, "an MLP needs at least an input and an output size");
+    Mlp model = {.n_layers = n_sizes - 1, .max_batch = max_batch};
+    model.layers = xcalloc((size_t)model.n_layers, sizeof(Linear));
+    model.outputs = xcalloc((size_t)model.n_layers, sizeof(Tensor));
+    model.grad_outputs = xcalloc((size_t)model.n_layers, sizeof(Tensor));
+    model.n_params = 2 * model.n_layers;
+    model.params = xcalloc((size_t)model.n_params, sizeof(Param));
+    for (int i = 0; i < model.n_layers; i++) {
+        Linear *layer = &model.layers[i];
+        linear_init(layer, sizes[i], sizes[i + 1], rng, device);
+        model.outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
+        model.grad_outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
+        // nn.Sequential counts the ReLUs too: the Linears are fc.0, fc.2, fc.4...
+        Param *w = &model.params[2 * i], *b = &model.params[2 * i + 1];
+        *w = (Param){.value = &layer->weight, .grad = &layer->grad_weight};
+        *b = (Param){.value = &layer->bias, .grad = &layer->grad_bias};
+        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
+        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
+    }
+    return model;
+}
+
+void mlp_free(Mlp *model) {
+    for (int i = 0; i < model->n_layers; i++) {
+        linear_free(&model->layers[i]);
+        tensor_free(&model->outputs[i]);
+        tensor_free(&model->grad_outputs[i]);
+    }
+    free(model->layers);
+    free(model->outputs);
+    free(model->grad_outputs);
+    free(model->params);
+    *model = (Mlp){0};
+}
+
+const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
+    CHECK(x->rows <= model->max_batch, "batch of %d rows, model built for %d", x->rows, model->max_batch);
+    profile_push("forward");
+    const Tensor *input = x;
+    for (int i = 0; i < model->n_layers; i++) {
+        model->outputs[i].rows = x->rows;  // this batch's rows of the buffer
+        bool relu = i + 1 < model->n_layers;  // a ReLU after every Linear but the last
+        linear_forward(&model->layers[i], input, &model->outputs[i], relu);
+        input = &model->outputs[i];
+    }
+    profile_pop();
+    return input;
+}
+
+float mlp_loss(Mlp *model, const int *labels) {
+    profile_push("loss");
+    const Tensor *logits = &model->outputs[model->n_layers - 1];
+    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];  // kept for backward
+    grad_logits->rows = logits->rows;
+    float loss = softmax_cross_entropy(logits, labels, grad_logits);
+    profile_pop();
+    return loss;
+}
+
+float mlp_mse_loss(Mlp *model, const Tensor *target) {
+    profile_push("loss");
+    const Tensor *output = &model->outputs[model->n_layers - 1];
+    Tensor *grad = &model->grad_outputs[model->n_layers - 1];  // kept for backward
+    grad->rows = output->rows;
+    float loss = mse_loss(output, target, grad);
+    profile_pop();
+    return loss;
+}
+
+void mlp_scale_loss(Mlp *model, float factor) {
+    tensor_scale(&model->grad_outputs[model->n_layers - 1], factor);
+}
+
+void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context) {
+    profile_push("backward");
+    const Tensor *grad_y = &model->grad_outputs[model->n_layers - 1];  // set by mlp_loss
+    for (int i = model->n_layers - 1; i >= 0; i--) {
+        const Tensor *input = i > 0 ? &model->outputs[i - 1] : x;
+        Tensor *grad_x = NULL;
+        if (i > 0) {
+            grad_x = &model->grad_outputs[i - 1];
+            grad_x->rows = x->rows;
+        }
+        linear_backward(&model->layers[i], input, grad_y, grad_x);
+        if (hook) {  // layer i's gradients are final: DDP may send them now
+            hook(context, 2 * i + 1);  // fc.<2i>.bias
+            hook(context, 2 * i);      // fc.<2i>.weight
+        }
+        if (grad_x) relu_backward(input, grad_x);
+        grad_y = grad_x;
+    }
+    profile_pop();
+}
+
+void mlp_zero_grad(Mlp *model) {
+    for (int i = 0; i < model->n_params; i++) tensor_fill(model->params[i].grad, 0.0f);
+}
+
+double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
+    long correct = 0;
+    int *predictions = xmalloc((size_t)model->max_batch * sizeof(int));
+    for (int start = 0; start < x->rows; start += model->max_batch) {
+        int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
+        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
+        const Tensor *logits = mlp_forward(model, &chunk);
+        argmax_rows(logits, predictions);
+        for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
+    }
+    free(predictions);
+    return x->rows ? (double)correct / x->rows : 0.0;
+}
+
+size_t mlp_num_weights(const Mlp *model) {
+    size_t total = 0;
+    for (int i = 0; i < model->n_params; i++) total += tensor_numel(model->params[i].value);
+    return total;
+}
+
+void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats) {
+    double weights = 0, activations = 0;
+    for (int i = 0; i + 1 < n_sizes; i++) {
+        weights += (double)sizes[i] * sizes[i + 1] + sizes[i + 1];  // Linear(sizes[i], sizes[i + 1])
+        activations += 2.0 * max_batch * sizes[i + 1];               // outputs[i], grad_outputs[i]
+    }
+    memory_need_add(need, "parameters", weights * sizeof(float));
+    memory_need_add(need, "gradients", weights * sizeof(float));
+    if (state_floats) memory_need_add(need, state_floats == 2 ? "Adam's moments" : "optimizer state",
+                                      state_floats * weights * sizeof(float));
+    memory_need_add(need, "activations", activations * sizeof(float));
+}
+
+unsigned long long params_checksum(const Param *params, int n_params) {
+    return params_checksum_continue(PARAMS_CHECKSUM_START, params, n_params);
+}
+
+unsigned long long params_checksum_continue(unsigned long long hash, const Param *params, int n_params) {
+    for (int i = 0; i < n_params; i++) {  // FNV-1a, over the raw float bits
+        float *values = xmalloc(tensor_numel(params[i].value) * sizeof(float));
+        tensor_to_host(params[i].value, values);
+        const unsigned char *bytes = (const unsigned char *)values;
+        for (size_t k = 0; k < tensor_numel(params[i].value) * sizeof(float); k++)
+            hash = (hash ^ bytes[k]) * 1099511628211ULL;
+        free(values);
+    }
+    return hash;
+}
+
+// ------------------------------------------------------------------ optimizers
+
+Adam adam_new(Param *params, int n_params, double lr) {
+    Adam adam = {.params = params, .n_params = n_params, .lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    adam.exp_avg = xcalloc((size_t)n_params, sizeof(Tensor));
+    adam.exp_avg_sq = xcalloc((size_t)n_params, sizeof(Tensor));
+    for (int i = 0; i < n_params; i++) {
+        const Tensor *p = params[i].value;
+        adam.exp_avg[i] = tensor_zeros(p->rows, p->cols, p->device);
+        adam.exp_avg_sq[i] = tensor_zeros(p->rows, p->cols, p->device);
+    }
+    return adam;
+}
+
+void adam_step(Adam *adam) {
+    profile_push("optimizer");
+    adam->step++;
+    // Scalars in double, as Python computes them; each is rounded to float once
+    // where PyTorch hands it to a float32 kernel.
+    double bias_correction1 = 1.0 - pow(adam->beta1, (double)adam->step);
+    double bias_correction2 = 1.0 - pow(adam->beta2, (double)adam->step);
+    const AdamCoefficients coefficients = {
+        .step_size = (float)(adam->lr / bias_correction1),
+        .bias_correction2_sqrt = (float)sqrt(bias_correction2),
+        .one_minus_beta1 = (float)(1.0 - adam->beta1),
+        .beta2 = (float)adam->beta2,
+        .one_minus_beta2 = (float)(1.0 - adam->beta2),
+        .eps = (float)adam->eps,
+    };
+    for (int i = 0; i < adam->n_params; i++)
+        adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
+                    &coefficients);
+    profile_pop();
+}
+
+void adam_free(Adam *adam) {
+    for (int i = 0; i < adam->n_params; i++) {
+        tensor_free(&adam->exp_avg[i]);
+        tensor_free(&adam->exp_avg_sq[i]);
+    }
+    free(adam->exp_avg);
+    free(adam->exp_avg_sq);
+}
+
+void sgd_step(const Param *params, int n_params, double lr) {
+    profile_push("optimizer");
+    for (int i = 0; i < n_params; i++) sgd_update(params[i].value, params[i].grad, (float)lr);
+    profile_pop();
+}

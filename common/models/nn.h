@@ -1,0 +1,116 @@
+// nn.h: the layers, the MLP and the optimizers, with PyTorch's semantics.
+//
+// Shapes follow torch.nn: a Linear layer holds weight [out, in] and bias [out]
+// (stored [1, out]) and computes y = x @ weight^T + bias for x [B, in].
+// Gradients ACCUMULATE, as in PyTorch: call mlp_zero_grad() before each
+// backward (or don't, to accumulate over micro-batches).
+//
+// Everything here is plain math over tensor_ops.h (ReLU, the losses, the
+// optimizers' updates) and tensor.h's gemm; those operations choose between
+// the CPU and the GPU, so these layers hold no device-specific code or state.
+#pragma once
+#include "base/rng.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
+#include "tensor/tensor.h"
+#include "tensor/tensor_ops.h"      // relu_forward, relu_backward, softmax_cross_entropy, mse_loss, ...
+
+// A named parameter and its gradient, as model.named_parameters() yields them.
+// Names are the PyTorch state_dict keys ("fc.0.weight"), which the HDF5
+// checkpoints use too.
+typedef struct {
+    char name[64];  // room for nanoGPT's longest: "transformer.h.11.attn.c_attn.weight"
+    Tensor *value;
+    Tensor *grad;
+    // The state_dict shape where it is not the tensor's own (a Conv2d weight
+    // [64, 32, 3, 3] is the tensor [64, 288]); all 0: [rows, cols], a bias [cols].
+    int dims[4];
+} Param;
+
+typedef struct {
+    Tensor weight;       // [out, in]
+    Tensor bias;         // [1, out]
+    Tensor grad_weight;  // [out, in]
+    Tensor grad_bias;    // [1, out]
+} Linear;
+
+// nn.Linear's default init: weight, then bias, each ~ U(-1/sqrt(in), 1/sqrt(in)).
+void linear_init(Linear *layer, int in, int out, Rng *rng, Device device);
+void linear_free(Linear *layer);
+// y [B, out] = x @ weight^T + bias, and then ReLU in the same pass when relu.
+void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu);
+// grad_weight += grad_y^T @ x; grad_bias += sum over rows of grad_y;
+// grad_x = grad_y @ weight (skipped when grad_x is NULL: the input needs none).
+void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x);
+
+// ReLU is an elementwise operation of tensor_ops.h: relu_forward (in place)
+// and relu_backward. So are the losses: softmax_cross_entropy (nn.CrossEntropyLoss,
+// forward and gradient in one pass) and mse_loss (nn.MSELoss).
+
+// The workshop's Net: Linear, ReLU, Linear, ... (nn.Sequential named "fc", so
+// layer i is "fc.<2i>" in the state_dict: fc.0, fc.2).
+typedef struct {
+    int n_layers;
+    Linear *layers;
+    Tensor *outputs;       // [n_layers] of [max_batch, out_i]: kept for backward
+    Tensor *grad_outputs;  // [n_layers] of [max_batch, out_i]
+    int max_batch;
+    int n_params;
+    Param *params;         // fc.0.weight, fc.0.bias, fc.2.weight, ... (model.parameters() order)
+} Mlp;
+
+// Called by mlp_backward as soon as params[index]'s gradient is final (the last
+// layer's first), like autograd's per-parameter hooks: it lets DDP start
+// communicating while backward goes on.
+typedef void (*GradReadyHook)(void *context, int index);
+
+// sizes = {784, 128, 10}: Linear(784,128), ReLU, Linear(128,10).
+Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device device);
+void mlp_free(Mlp *model);
+const Tensor *mlp_forward(Mlp *model, const Tensor *x);  // returns the logits [B, classes]
+// Cross-entropy of the last forward's logits against labels (the mean over the
+// batch). Like autograd's graph, the model keeps d loss / d logits for backward.
+float mlp_loss(Mlp *model, const int *labels);
+// nn.MSELoss(): the mean over all elements of (output - target)^2, against the
+// last forward's output; keeps d loss / d output = 2 (output - target) / numel.
+float mlp_mse_loss(Mlp *model, const Tensor *target);
+// (loss * factor).backward() instead of loss.backward(): scales the gradient
+// that the next mlp_backward starts from (gradient accumulation weights each
+// micro-batch by its share of the step's samples).
+void mlp_scale_loss(Mlp *model, float factor);
+// loss.backward(): gradients of the last mlp_loss, accumulated into each
+// parameter's grad. x is the batch given to forward. The hook may be NULL.
+void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context);
+void mlp_zero_grad(Mlp *model);
+// Fraction of x's rows whose argmax logit equals the label (no gradients).
+double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels);
+size_t mlp_num_weights(const Mlp *model);
+// What mlp_new(sizes, n_sizes, max_batch) and its training will hold, added to
+// `need` (memory_budget.h) before anything is allocated: the parameters, their
+// gradients, `state_floats` floats of optimizer state per weight (Adam's 2,
+// SGD's 0), and every layer's output and its gradient for max_batch rows.
+void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats);
+// A 64-bit hash of every parameter's bits: equal on two ranks iff (almost
+// surely) their models are bit-identical.
+unsigned long long params_checksum(const Param *params, int n_params);
+// The same hash, continued over more parameters: a model split across ranks
+// (Day 4) hashes its parts in order, each rank going on from the last one's
+// hash, and ends with the whole model's params_checksum.
+#define PARAMS_CHECKSUM_START 1469598103934665603ULL  // FNV-1a's offset basis
+unsigned long long params_checksum_continue(unsigned long long hash, const Param *params, int n_params);
+
+// torch.optim.Adam (betas 0.9, 0.999, eps 1e-8, no weight decay), the same
+// operations in the same order as PyTorch's single-tensor implementation.
+typedef struct {
+    Param *params;
+    int n_params;
+    Tensor *exp_avg, *exp_avg_sq;  // first and second moments, like the params
+    double lr, beta1, beta2, eps;
+    long step;
+} Adam;
+
+Adam adam_new(Param *params, int n_params, double lr);
+void adam_step(Adam *adam);
+void adam_free(Adam *adam);
+
+// torch.optim.SGD without momentum: p -= lr * grad.
+void sgd_step(const Param *params, int n_params, double lr);

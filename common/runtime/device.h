@@ -1,0 +1,112 @@
+// device.h: where this rank computes, CPU or its GPU, and the CUDA context of that choice.
+//
+//   Device device = device_from_flag(opt.device);   // collective: every rank calls it
+//   Mlp model = mlp_new(..., device);               // tensors live on that device
+//   ...
+//   device_synchronize();                           // torch.cuda.synchronize()
+//
+// --device auto (the default) takes the GPU when every rank has one, cuda asks
+// for it (an error where there is none), cpu never touches CUDA. Rank r uses
+// GPU (local rank mod GPUs on its node). NCCL cannot put two ranks of one
+// communicator on the same GPU: when ranks outnumber GPUs on a node, every
+// rank still computes on a GPU, but collectives go through MPI on host copies,
+// and rank 0 says so once.
+//
+// GPU work is queued, in order, on one compute stream per rank: the host runs
+// ahead until it needs a result (a loss value, a copy to the host).
+//
+// Layers: device sits on dist (the process group: local rank, hostname, MPI
+// for the choice) and owns everything CUDA: the GPU, its streams, the cuBLAS
+// handle and the NCCL communicator. It registers its teardown with
+// dist_at_finalize. Collectives on tensors are one layer up (collectives.h).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/check.h"  // HAVE_CUDA, CHECK_CUDA
+
+typedef enum { DEVICE_CPU, DEVICE_CUDA } Device;
+
+// Parse --device cpu|cuda|auto and set this rank up on the device it names.
+// Collective. With a GPU: picks it, creates the compute stream and the cuBLAS
+// handle, and (world > 1, one GPU per rank) the NCCL communicator.
+Device device_from_flag(const char *flag);
+// "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)" once a GPU is chosen.
+const char *device_name(Device device);
+
+// The memory of this rank's GPU (its total, as cudaGetDeviceProperties gives it)
+// and how many ranks of the job use that GPU: 0 and 0 on a CPU rank.
+double device_gpu_memory_bytes(int *ranks_on_gpu);
+
+// CUDA devices this process can use: 0 in a build without CUDA, without a
+// driver, or without a GPU. Never fails.
+int device_gpu_count(void);
+// The GPU this rank takes: local rank mod the GPUs it can see.
+int device_local_gpu(void);
+// Does any GPU serve two ranks? Collective; the same answer on every rank.
+// It compares the GPUs' node and PCI address, not counts: under Slurm each
+// rank may see only its own GPU (CUDA_VISIBLE_DEVICES), as GPU 0.
+bool device_gpus_shared(int gpu);
+
+// Wait until the GPU has finished all queued work (nothing to do on the CPU).
+// Like every host wait on the GPU here, it polls (see device_wait_stream).
+void device_synchronize(void);
+// A thread other than main() that calls CUDA must first bind to our GPU.
+void device_bind_thread(void);
+// Release the NCCL communicator, the streams and the cuBLAS handle.
+// device_from_flag registers it with dist_at_finalize; it may run earlier.
+void device_release(void);
+
+// Raw device memory (cudaMalloc; zero bytes give NULL), and host memory that
+// the GPU copies fastest (page-locked on a GPU rank, plain malloc otherwise).
+void *device_alloc(size_t bytes);
+void device_free(void *pointer);
+// The most bytes device_alloc held at once on this rank's GPU, as torch.cuda.max_memory_allocated()
+// counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
+// CUDA context, cuBLAS and NCCL keep for themselves.
+size_t device_peak_bytes(void);
+// The peak of the memory that holds this rank's model: on a GPU rank device_peak_bytes(); on a CPU rank
+// the process's peak resident set (getrusage), the data and the libraries included.
+double device_peak_memory_bytes(Device device);
+void *device_host_alloc(size_t bytes);
+void device_host_free(void *pointer);
+
+// Do GPU collectives go through NCCL? True on a GPU rank of a job of more
+// than one rank where every rank has a GPU of its own (device_from_flag
+// opened the communicator: rank 0 makes the unique id, MPI_Bcast carries it).
+bool device_nccl(void);
+
+#if HAVE_CUDA
+// Host waits on the GPU that never hang on a dead peer. A GPU blocked in an
+// NCCL collective whose peer has died never finishes, and neither would a
+// plain cudaStreamSynchronize. So these poll, as nccl-tests does: query the
+// stream or event, and between queries ask NCCL for the communicator's
+// asynchronous error (ncclCommGetAsyncError). On an error, or past the time
+// limit (GPU_WAIT_TIMEOUT): ncclCommAbort, one line naming `what` the host
+// waited for ("the loss"), and MPI_Abort, which ends the job. (Without NCCL
+// they just poll.) Any thread may call them.
+//
+// No other host wait may come first: a copy into pageable host memory, a
+// cudaMalloc or a cudaFree waits for the GPU inside the driver, where nothing
+// polls. So device_read_to_host waits (polled) before it copies, and
+// device_alloc and device_free synchronize (polled) before they call CUDA.
+void device_wait_stream(cudaStream_t stream, const char *what);
+void device_wait_event(cudaEvent_t event, const char *what);
+// The same for a stream whose NCCL communicator is the caller's own (step 12
+// opens one beside device.c's); *comm is NULL after an abort.
+void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *what);
+// `bytes` from the GPU to host memory, pageable or not, once the compute
+// stream has done what is queued before (the copy included): `what` names it.
+void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what);
+
+// A communicator for the group of ranks that pass the same color, ordered by
+// key (ncclCommSplit of the world's; collective over the world). Its waits
+// are polled and its errors end the job as the world's (group.h uses it).
+ncclComm_t device_nccl_split(int color, int key);
+void device_nccl_free(ncclComm_t comm);
+
+cudaStream_t device_stream(void);      // the compute stream
+cublasHandle_t device_cublas(void);    // bound to the compute stream
+ncclComm_t device_nccl_comm(void);     // NULL without NCCL
+cudaStream_t device_comm_stream(void); // NCCL's stream, beside the compute stream
+#endif

@@ -1,0 +1,192 @@
+// threads.c: how many threads a rank computes with. See threads.h.
+#include "runtime/threads.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/check.h"
+#include "runtime/dist.h"
+
+static int g_threads = 1;
+static int g_share = 1;  // cores / ranks on the node, when a CPU binding allowed fewer
+static int g_cores = 1;  // the cores this rank may use
+
+// OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
+// so its count must be set through its API. Weak, so that another CBLAS
+// (BLAS_LIBS=...) still links; give that one a single thread through its own
+// variable (BLIS_NUM_THREADS=1, MKL_NUM_THREADS=1).
+extern void openblas_set_num_threads(int) __attribute__((weak));
+extern char *openblas_get_config(void) __attribute__((weak));
+extern char *openblas_get_corename(void) __attribute__((weak));
+
+// ------------------------------------------------------------------ how idle threads wait
+//
+// Between two parallel loops libgomp's idle threads spin, GOMP_SPINCOUNT
+// times (300000 pauses, some milliseconds, unless the user says otherwise),
+// before they sleep on a futex. A training step runs dozens of short loops, so
+// on a quiet machine the spin saves a futex wake-up per loop. But a spinning
+// thread holds its core: beside any other busy process (another rank, a build,
+// a browser) the scheduler gives that core to the spinner while the thread
+// that has work waits for it, and the whole team waits at the next barrier.
+// We spin THREADS_SPIN_COUNT times instead, then sleep: long enough to bridge
+// the gap between one loop of a step and the next, short enough to give the
+// core back as soon as nothing comes. Measured in docs/speed.md ("Threads on a
+// busy machine"); see threads.h.
+#define THREADS_SPIN_COUNT "10000"
+
+// libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, in its constructor.
+// That runs before main() and before any constructor of ours (a library is
+// initialised before the program that links it), so a setenv() from here is
+// too late; one from .preinit_array, which runs earlier still, is undone when
+// libc sets up the environment (glibc 2.36, tried). What libgomp does at that
+// moment is ask getenv() for GOMP_SPINCOUNT (GCC 12 to 15 alike), and a
+// program's own getenv() takes the place of libc's for every library it loads
+// (the ELF rule that lets a program bring its own malloc). Ours is libc's for
+// every name (the same search of `environ`), except that it answers
+// GOMP_SPINCOUNT with our count when the user chose neither a spin count nor
+// a wait policy: a user's choice is theirs to keep. The environment itself is
+// untouched, so the processes we start see what the user set, not our choice.
+static char *environment_value(const char *name) {
+    extern char **environ;
+    size_t length = strlen(name);
+    for (char **entry = environ; entry && *entry; entry++)
+        if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
+    return NULL;
+}
+
+// OMP_WAIT_POLICY, or libgomp 13's OMP_WAIT_POLICY_ALL, _DEV and _DEV_<n>.
+static bool wait_policy_set(void) {
+    extern char **environ;
+    static const char prefix[] = "OMP_WAIT_POLICY";
+    size_t length = sizeof prefix - 1;
+    for (char **entry = environ; entry && *entry; entry++)
+        if (strncmp(*entry, prefix, length) == 0 && ((*entry)[length] == '=' || (*entry)[length] == '_')) return true;
+    return false;
+}
+
+char *getenv(const char *name) {
+    char *value = environment_value(name);
+    if (!value && strcmp(name, "GOMP_SPINCOUNT") == 0 && !wait_policy_set()) value = (char *)THREADS_SPIN_COUNT;
+    return value;
+}
+
+// ------------------------------------------------------------------ room for the threads' stacks
+//
+// Each thread libgomp starts maps a stack (OMP_STACKSIZE, else the default of
+// new threads: RLIMIT_STACK's, 8 MiB on most systems). Under an address-space
+// limit (ulimit -v, RLIMIT_AS) --threads 1024 asks for some 8 GB of stacks, and
+// libgomp, failing to create one, prints its own message and exits mid-way. So
+// a --threads whose stacks cannot be mapped is refused first, as a flag, on
+// every rank. Without a limit the stacks are address space, not memory (a
+// thread touches a few pages of its stack), and any count is let through.
+static double thread_stack_bytes(void) {
+    const char *omp = environment_value("OMP_STACKSIZE");
+    if (omp && *omp) {  // a number and an optional unit: B, K (the default), M or G
+        char *end;
+        double v = strtod(omp, &end);
+        while (*end == ' ') end++;
+        double unit = *end == 'B' || *end == 'b' ? 1 : *end == 'M' || *end == 'm' ? 1 << 20
+                    : *end == 'G' || *end == 'g' ? 1 << 30 : 1 << 10;
+        if (v > 0) return v * unit;
+    }
+    pthread_attr_t attr;
+    size_t size = 8 << 20;
+    if (pthread_getattr_default_np(&attr) == 0) {
+        pthread_attr_getstacksize(&attr, &size);
+        pthread_attr_destroy(&attr);
+    }
+    return (double)size;
+}
+
+// What RLIMIT_AS leaves this process to map (INFINITY without a limit).
+static double address_space_room(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INFINITY;
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        fclose(f);
+    }
+    double used = (double)pages * (double)sysconf(_SC_PAGESIZE);
+    return used < (double)limit.rlim_cur ? (double)limit.rlim_cur - used : 0;
+}
+
+// Refuse (exit 2, one line, every rank) a --threads whose stacks would take
+// more than half of what the address-space limit leaves: the other half is the
+// model's, which the program's memory estimate checks next.
+static void require_room_for_stacks(int requested) {
+    double figures[2] = {(requested - 1) * thread_stack_bytes(), -address_space_room()};  // need, -room
+    if (dist_world_size() > 1)  // the most needed and the least room of any rank
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    double need = figures[0], room = -figures[1];
+    if (need <= room / 2) return;
+    usage_error("--threads %d needs %d thread stacks of %.0f MiB (%.1f GB of address space), more than half of "
+                "the %.1f GB that this process may still map (ulimit -v); ask for fewer threads, or raise the "
+                "limit", requested, requested - 1, thread_stack_bytes() / (1 << 20), need / 1e9, room / 1e9);
+}
+
+int threads_init(int requested) {
+    int online = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int allowed = online;
+    cpu_set_t set;
+    // mpirun and Slurm may bind us to a subset of the cores: respect it.
+    if (sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
+    int fair_share = online / dist_local_world_size();
+    g_cores = allowed < fair_share ? allowed : fair_share;
+    if (g_cores < 1) g_cores = 1;
+    if (requested > 1) require_room_for_stacks(requested);
+    int threads = requested;
+    g_share = 1;
+    if (threads <= 0) {
+        threads = g_cores;
+        if (threads < fair_share) g_share = fair_share;
+    }
+    // BLAS at one thread first: an OpenBLAS built with OpenMP (Debian's and
+    // Ubuntu's libopenblas0-openmp) sets its count through
+    // omp_set_num_threads(), which would otherwise undo ours below.
+    if (openblas_set_num_threads) openblas_set_num_threads(1);
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    threads = 1;  // built without OpenMP (make OPENMP=): every loop runs on this thread
+#endif
+    g_threads = threads;
+    return threads;
+}
+
+int threads_count(void) { return g_threads; }
+int threads_rank_cores(void) { return g_cores; }
+
+const char *threads_blas_name(void) {
+    static char name[128];
+    if (!openblas_get_config || !openblas_get_corename) return "CBLAS";
+    // The config starts "OpenBLAS 0.3.21 ...": keep the name and the version.
+    char library[32] = "OpenBLAS", version[32] = "";
+    sscanf(openblas_get_config(), "%31s %31s", library, version);
+    snprintf(name, sizeof name, "%s%s%s (%s kernels)", library, *version ? " " : "", version,
+             openblas_get_corename());
+    return name;
+}
+
+const char *threads_describe(void) {
+    static char text[320];
+    // mpirun binds 1 or 2 ranks to one core each by default (and Slurm may bind
+    // too): a rank bound to fewer cores than its share says so.
+    char bound[96] = "";
+    if (g_share > g_threads)
+        snprintf(bound, sizeof bound, " (bound to %d of its %d cores: mpirun --bind-to none frees them)", g_threads,
+                 g_share);
+    snprintf(text, sizeof text, "%d thread%s%s%s, %s", g_threads, g_threads == 1 ? "" : "s",
+             dist_world_size() > 1 ? " per rank" : "", bound, threads_blas_name());
+    return text;
+}

@@ -1,0 +1,638 @@
+// kernels.cu: the CUDA kernels behind tensor, nn and mnist. See kernels.h.
+//
+// Plain CUDA, no libraries: one thread per element (grid-stride loops) for
+// the elementwise work, one thread per row where a row is a unit (softmax over
+// 10 classes), and for the reductions blocks that each sum a fixed range in a
+// fixed tree (one block, or a block per chunk of a row and then a pass over the
+// chunks' sums in order): no atomics, so every sum adds in the same order.
+#include "tensor/kernels.h"
+
+// check.h's, declared here so that this file needs no MPI headers.
+extern "C" void fatal_at(const char *file, int line, int code, const char *fmt, ...);
+
+#define CHECK_LAUNCH(kernel)                                                                      \
+    do {                                                                                          \
+        cudaError_t launch_status_ = cudaGetLastError();                                          \
+        if (launch_status_ != cudaSuccess)                                                        \
+            fatal_at(__FILE__, __LINE__, 1, "launching %s failed: %s", kernel,                     \
+                     cudaGetErrorString(launch_status_));                                         \
+    } while (0)
+
+static const int THREADS = 256;
+static const unsigned MAX_BLOCKS = 8192;
+
+// Enough blocks to cover n, capped: the grid-stride loops do the rest.
+static unsigned blocks_for(size_t n) {
+    size_t blocks = (n + THREADS - 1) / THREADS;
+    return (unsigned)(blocks < 1 ? 1 : blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks);
+}
+
+// Each grid-stride kernel is a template on its index type, Index: uint32_t
+// where the element count allows, size_t beyond, chosen by its launcher. Why:
+// a GPU has no integer divide instruction, so i / cols and i % cols (a bias's
+// row or column, an image's pixel) are a routine of about a dozen
+// instructions in 32 bits and a much longer one in 64 (for sm_90, bias +
+// ReLU's kernel is 88 instructions with 32-bit indices, 200 with 64). The
+// kernels without a division gain little (a 64-bit counter takes two
+// instructions to add or compare) but follow the same rule, to read alike.
+// 32 bits are safe while n plus the whole grid's stride fits in them: the
+// loop's last step, i += stride from some i < n, then cannot wrap around to a
+// small i and start over. (The stride is at most MAX_BLOCKS x THREADS: every
+// grid-stride launch takes blocks_for's grid.)
+static bool force_64_bit_indices;  // tests only: gpu_force_64_bit_indices
+static bool index_fits_32_bits(size_t n) {
+    return !force_64_bit_indices && n <= UINT32_MAX - (size_t)MAX_BLOCKS * THREADS;
+}
+
+#define FOR_EACH_INDEX(Index, i, n) \
+    for (Index i = (Index)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (Index)gridDim.x * blockDim.x)
+
+// ------------------------------------------------------------------ elementwise
+
+template <typename Index>
+__global__ void fill_kernel(float *x, Index n, float value) {
+    FOR_EACH_INDEX(Index, i, n) x[i] = value;
+}
+
+template <typename Index>
+__global__ void scale_kernel(float *x, Index n, float factor) {
+    FOR_EACH_INDEX(Index, i, n) x[i] *= factor;
+}
+
+template <typename Index>
+__global__ void divide_kernel(float *dst, const float *src, Index n, float divisor) {
+    FOR_EACH_INDEX(Index, i, n) dst[i] = src[i] / divisor;
+}
+
+template <typename Index>
+__global__ void bias_relu_kernel(float *y, const float *bias, Index n, int cols, int relu) {
+    FOR_EACH_INDEX(Index, i, n) {
+        float v = y[i] + bias[i % cols];
+        y[i] = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
+    }
+}
+
+template <typename Index>
+__global__ void relu_backward_kernel(const float *y, float *grad, Index n) {
+    FOR_EACH_INDEX(Index, i, n) grad[i] = y[i] > 0.0f ? grad[i] : 0.0f;
+}
+
+template <typename Index>
+__global__ void mse_kernel(const float *output, const float *target, Index n, float *grad, float *diff) {
+    FOR_EACH_INDEX(Index, i, n) {
+        float d = output[i] - target[i];
+        diff[i] = d;
+        grad[i] = 2.0f * d / (float)n;
+    }
+}
+
+template <typename Index>
+__global__ void adam_kernel(float *param, const float *grad, float *m, float *v, Index n, float step_size,
+                            float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2,
+                            float eps) {
+    FOR_EACH_INDEX(Index, i, n) {
+        float g = grad[i];
+        float m_i = m[i] + one_minus_beta1 * (g - m[i]);      // exp_avg.lerp_(grad, 1 - beta1)
+        float v_i = v[i] * beta2 + one_minus_beta2 * (g * g);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
+        float denom = sqrtf(v_i) / bias_correction2_sqrt + eps;
+        param[i] = param[i] - step_size * (m_i / denom);       // param.addcdiv_(m, denom, -step_size)
+        m[i] = m_i;
+        v[i] = v_i;
+    }
+}
+
+template <typename Index>
+__global__ void sgd_kernel(float *param, const float *grad, Index n, float lr) {
+    FOR_EACH_INDEX(Index, i, n) param[i] -= lr * grad[i];
+}
+
+template <typename Index>
+__global__ void pixels_to_float_kernel(const uint8_t *pixels, Index n, float *out) {
+    FOR_EACH_INDEX(Index, i, n) out[i] = (float)pixels[i] / 255.0f;
+}
+
+__global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, int rows, int pixels, float *out) {
+    // blockIdx.y walks the rows; blockIdx.x and the threads walk a row's pixels.
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const uint8_t *src = images + (size_t)indices[r] * pixels;
+        float *dst = out + (size_t)r * pixels;
+        for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < pixels; k += gridDim.x * blockDim.x)
+            dst[k] = (float)src[k] / 255.0f;
+    }
+}
+
+// ------------------------------------------------------------------ a thread per row
+
+__global__ void cross_entropy_kernel(const float *logits, const int *labels, int rows, int cols, float *grad,
+                                     float *row_loss) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *z = logits + (size_t)r * cols;
+    float *g = grad + (size_t)r * cols;
+    float max = z[0];
+    for (int c = 1; c < cols; c++) max = z[c] > max ? z[c] : max;
+    float sum = 0.0f;
+    for (int c = 0; c < cols; c++) sum += expf(z[c] - max);
+    float inv_batch = 1.0f / (float)rows;
+    for (int c = 0; c < cols; c++) g[c] = (expf(z[c] - max) / sum) * inv_batch;
+    int label = labels[r];
+    g[label] -= inv_batch;
+    row_loss[r] = logf(sum) - (z[label] - max);  // log_softmax's order, as in tensor_ops.c
+}
+
+__global__ void argmax_kernel(const float *logits, int rows, int cols, int *prediction) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *z = logits + (size_t)r * cols;
+    int best = 0;
+    for (int c = 1; c < cols; c++) best = z[c] > z[best] ? c : best;
+    prediction[r] = best;
+}
+
+// ------------------------------------------------------------------ one-block reduction
+
+static const int SUM_THREADS = 1024;
+
+__global__ void sum_kernel(const float *x, size_t n, int squares, double *result) {
+    __shared__ double partial[SUM_THREADS];
+    double total = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) total += squares ? (double)x[i] * x[i] : (double)x[i];
+    partial[threadIdx.x] = total;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
+        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *result = partial[0];
+}
+
+// ------------------------------------------------------------------ the CNN's operations
+
+template <typename Index>  // indexes columns, the larger (x's index stays size_t: no division)
+__global__ void im2col_kernel(const float *x, int channels, int batch, int height, int width, int kernel,
+                              int padding, int out_h, int out_w, float *columns) {
+    Index cols = (Index)batch * out_h * out_w, n = (Index)channels * kernel * kernel * cols;
+    FOR_EACH_INDEX(Index, i, n) {
+        int row = (int)(i / cols);
+        Index col = i % cols;
+        int b = (int)(col / ((Index)out_h * out_w)), pixel = (int)(col % ((Index)out_h * out_w));
+        int c = row / (kernel * kernel), dy = row / kernel % kernel, dx = row % kernel;
+        int in_y = pixel / out_w + dy - padding, in_x = pixel % out_w + dx - padding;
+        columns[i] = in_y >= 0 && in_y < height && in_x >= 0 && in_x < width
+                         ? x[(((size_t)c * batch + b) * height + in_y) * width + in_x]
+                         : 0.0f;
+    }
+}
+
+template <typename Index>  // indexes x; columns, k x k times larger, in size_t
+__global__ void col2im_kernel(const float *columns, int channels, int batch, int height, int width, int kernel,
+                              int padding, int out_h, int out_w, float *x) {
+    size_t cols = (size_t)batch * out_h * out_w;
+    Index n = (Index)channels * batch * height * width;
+    FOR_EACH_INDEX(Index, i, n) {
+        int in_x = (int)(i % width), in_y = (int)(i / width % height);
+        int b = (int)(i / ((Index)width * height) % batch), c = (int)(i / ((Index)width * height * batch));
+        float sum = 0.0f;
+        for (int dy = 0; dy < kernel; dy++) {
+            int y = in_y - dy + padding;
+            if (y < 0 || y >= out_h) continue;
+            for (int dx = 0; dx < kernel; dx++) {
+                int x_ = in_x - dx + padding;
+                if (x_ < 0 || x_ >= out_w) continue;
+                int row = (c * kernel + dy) * kernel + dx;
+                sum += columns[(size_t)row * cols + ((size_t)b * out_h + y) * out_w + x_];
+            }
+        }
+        x[i] = sum;
+    }
+}
+
+template <typename Index>
+__global__ void add_row_bias_kernel(float *y, const float *bias, Index n, int cols, int relu) {
+    FOR_EACH_INDEX(Index, i, n) {
+        float v = y[i] + bias[i / cols];
+        y[i] = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
+    }
+}
+
+// The sums of rows (a convolution's bias gradient: 32 or 64 rows of B x 784
+// or B x 196 values) in two passes, so that a few long rows still fill the
+// GPU: a block per row alone would be 32 or 64 blocks on 132 SMs. Pass 1 cuts
+// each row into chunks and gives each chunk a block, which sums it in double
+// in a fixed tree; pass 2 adds each row's chunk sums in chunk order. The
+// chunks come from the row length alone, never from the GPU or a timing, so
+// every run (and every GPU) adds the same numbers in the same order: the same
+// bits, and no atomics. A row of one chunk takes pass 1 alone, straight into
+// sums: one launch, as small rows need.
+static const int ROW_SUM_THREADS = 256;
+static const int ROW_SUM_CHUNK = 2048;     // values per chunk at least: 8 per thread, enough to be worth a block
+static const int ROW_SUM_MAX_CHUNKS = 64;  // longer rows get longer chunks: pass 2 stays short
+
+__global__ void row_chunk_sums_kernel(const float *x, int cols, int chunk_length, float *sums, double *partials) {
+    __shared__ double partial[ROW_SUM_THREADS];
+    int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    int begin = chunk * chunk_length;  // < cols: no chunk is empty (gpu_row_sum_chunks)
+    int count = cols - begin < chunk_length ? cols - begin : chunk_length;  // the last chunk may be shorter
+    const float *values = x + (size_t)row * cols + begin;
+    double total = 0.0;
+    for (int c = threadIdx.x; c < count; c += blockDim.x) total += values[c];
+    partial[threadIdx.x] = total;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
+        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    if (chunks == 1) sums[row] = (float)((double)sums[row] + partial[0]);  // the whole row: done in one pass
+    else partials[(size_t)chunk * gridDim.x + row] = partial[0];  // [chunks, rows]: pass 2's threads read side by side
+}
+
+__global__ void add_chunk_sums_kernel(const double *partials, int rows, int chunks, float *sums) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    double total = 0.0;
+    for (int chunk = 0; chunk < chunks; chunk++) total += partials[(size_t)chunk * rows + row];  // in chunk order
+    sums[row] = (float)((double)sums[row] + total);
+}
+
+template <typename Index>  // indexes y; x, size x size times larger, in size_t
+__global__ void max_pool2d_kernel(const float *x, int planes, int height, int width, int size, float *y,
+                                  int *argmax) {
+    int out_h = height / size, out_w = width / size;
+    Index n = (Index)planes * out_h * out_w;
+    FOR_EACH_INDEX(Index, i, n) {
+        int ox = (int)(i % out_w), oy = (int)(i / out_w % out_h);
+        size_t plane = i / ((Index)out_w * out_h);
+        const float *in = x + plane * height * width;
+        int best = oy * size * width + ox * size;
+        float best_value = -INFINITY;
+        for (int dy = 0; dy < size; dy++)
+            for (int dx = 0; dx < size; dx++) {
+                int index = (oy * size + dy) * width + ox * size + dx;
+                float value = in[index];
+                if (value > best_value || isnan(value)) best_value = value, best = index;
+            }
+        y[i] = best_value;
+        argmax[i] = (int)(plane * height * width + best);
+    }
+}
+
+template <typename Index>
+__global__ void max_pool2d_backward_kernel(const float *grad_y, const int *argmax, Index n, float *grad_x) {
+    FOR_EACH_INDEX(Index, i, n) grad_x[argmax[i]] = grad_y[i];
+}
+
+template <typename Index>
+__global__ void swap_outer_axes_kernel(const float *x, int a, int b, int inner, float *y) {
+    Index n = (Index)a * b * inner;
+    FOR_EACH_INDEX(Index, i, n) {  // i indexes y [b, a, inner]
+        Index k = i % inner, ai = i / inner % a, bj = i / ((Index)inner * a);
+        y[i] = x[(ai * b + bj) * inner + k];
+    }
+}
+
+// ------------------------------------------------------------------ launchers
+
+extern "C" {
+
+void gpu_force_64_bit_indices(int force) { force_64_bit_indices = force != 0; }
+
+void gpu_fill(float *x, size_t n, float value, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        fill_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, (uint32_t)n, value);
+    else
+        fill_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, value);
+    CHECK_LAUNCH("fill_kernel");
+}
+
+void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        scale_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, (uint32_t)n, factor);
+    else
+        scale_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, factor);
+    CHECK_LAUNCH("scale_kernel");
+}
+
+void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        divide_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(dst, src, (uint32_t)n, divisor);
+    else
+        divide_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(dst, src, n, divisor);
+    CHECK_LAUNCH("divide_kernel");
+}
+
+void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        bias_relu_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, (uint32_t)n, cols, relu);
+    else
+        bias_relu_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu);
+    CHECK_LAUNCH("bias_relu_kernel");
+}
+
+void gpu_relu_backward(const float *y, float *grad, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        relu_backward_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, (uint32_t)n);
+    else
+        relu_backward_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, n);
+    CHECK_LAUNCH("relu_backward_kernel");
+}
+
+void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, float *row_loss,
+                       cudaStream_t stream) {
+    if (rows == 0) return;
+    cross_entropy_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(logits, labels, rows, cols, grad,
+                                                                                  row_loss);
+    CHECK_LAUNCH("cross_entropy_kernel");
+}
+
+void gpu_mse(const float *output, const float *target, size_t n, float *grad, float *diff, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        mse_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(output, target, (uint32_t)n, grad, diff);
+    else
+        mse_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(output, target, n, grad, diff);
+    CHECK_LAUNCH("mse_kernel");
+}
+
+void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream) {
+    sum_kernel<<<1, SUM_THREADS, 0, stream>>>(x, n, squares, result);
+    CHECK_LAUNCH("sum_kernel");
+}
+
+void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
+              float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
+              cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        adam_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, (uint32_t)n,
+                                                                     step_size, bias_correction2_sqrt, one_minus_beta1,
+                                                                     beta2, one_minus_beta2, eps);
+    else
+        adam_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, step_size,
+                                                                   bias_correction2_sqrt, one_minus_beta1, beta2,
+                                                                   one_minus_beta2, eps);
+    CHECK_LAUNCH("adam_kernel");
+}
+
+void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        sgd_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, (uint32_t)n, lr);
+    else
+        sgd_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, n, lr);
+    CHECK_LAUNCH("sgd_kernel");
+}
+
+void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaStream_t stream) {
+    if (rows == 0) return;
+    argmax_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(logits, rows, cols, prediction);
+    CHECK_LAUNCH("argmax_kernel");
+}
+
+void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
+                       cudaStream_t stream) {
+    if (rows == 0) return;
+    dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
+    gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
+    CHECK_LAUNCH("gather_pixels_kernel");
+}
+
+void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        pixels_to_float_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(pixels, (uint32_t)n, out);
+    else
+        pixels_to_float_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(pixels, n, out);
+    CHECK_LAUNCH("pixels_to_float_kernel");
+}
+
+void gpu_im2col(const float *x, int channels, int batch, int height, int width, int kernel, int padding,
+                float *columns, cudaStream_t stream) {
+    int out_h = height + 2 * padding - kernel + 1, out_w = width + 2 * padding - kernel + 1;
+    size_t n = (size_t)channels * kernel * kernel * batch * out_h * out_w;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        im2col_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, channels, batch, height, width, kernel,
+                                                                       padding, out_h, out_w, columns);
+    else
+        im2col_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, channels, batch, height, width, kernel,
+                                                                     padding, out_h, out_w, columns);
+    CHECK_LAUNCH("im2col_kernel");
+}
+
+void gpu_col2im(const float *columns, int channels, int batch, int height, int width, int kernel, int padding,
+                float *x, cudaStream_t stream) {
+    int out_h = height + 2 * padding - kernel + 1, out_w = width + 2 * padding - kernel + 1;
+    size_t n = (size_t)channels * batch * height * width;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        col2im_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(columns, channels, batch, height, width, kernel,
+                                                                       padding, out_h, out_w, x);
+    else
+        col2im_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(columns, channels, batch, height, width, kernel,
+                                                                     padding, out_h, out_w, x);
+    CHECK_LAUNCH("col2im_kernel");
+}
+
+void gpu_add_row_bias(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        add_row_bias_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, (uint32_t)n, cols, relu);
+    else
+        add_row_bias_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu);
+    CHECK_LAUNCH("add_row_bias_kernel");
+}
+
+// A row's chunks: ROW_SUM_CHUNK values each, or, for a row of more than
+// ROW_SUM_MAX_CHUNKS of those, ROW_SUM_MAX_CHUNKS longer ones. The length comes
+// first and the count is rounded up, so only the last chunk may be shorter,
+// and none is empty.
+static int row_sum_chunk_length(int cols) {
+    int longer = (int)(((long long)cols + ROW_SUM_MAX_CHUNKS - 1) / ROW_SUM_MAX_CHUNKS);
+    return longer > ROW_SUM_CHUNK ? longer : ROW_SUM_CHUNK;
+}
+
+int gpu_row_sum_chunks(int cols) {
+    int length = row_sum_chunk_length(cols);
+    int chunks = (int)(((long long)cols + length - 1) / length);
+    return chunks < 1 ? 1 : chunks;  // cols = 0: one empty chunk, sums unchanged
+}
+
+void gpu_add_sum_of_rows(const float *x, int rows, int cols, double *partials, float *sums, cudaStream_t stream) {
+    if (rows == 0) return;
+    int chunks = gpu_row_sum_chunks(cols), chunk_length = row_sum_chunk_length(cols);
+    if (chunks > 1 && !partials) fatal_at(__FILE__, __LINE__, 1, "gpu_add_sum_of_rows: %d chunks, no partials", chunks);
+    row_chunk_sums_kernel<<<dim3((unsigned)rows, (unsigned)chunks), ROW_SUM_THREADS, 0, stream>>>(x, cols, chunk_length,
+                                                                                                   sums, partials);
+    CHECK_LAUNCH("row_chunk_sums_kernel");
+    if (chunks == 1) return;
+    add_chunk_sums_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(partials, rows, chunks, sums);
+    CHECK_LAUNCH("add_chunk_sums_kernel");
+}
+
+void gpu_max_pool2d(const float *x, int planes, int height, int width, int size, float *y, int *argmax,
+                    cudaStream_t stream) {
+    size_t n = (size_t)planes * (height / size) * (width / size);
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        max_pool2d_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, planes, height, width, size, y, argmax);
+    else
+        max_pool2d_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, planes, height, width, size, y, argmax);
+    CHECK_LAUNCH("max_pool2d_kernel");
+}
+
+void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, float *grad_x, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        max_pool2d_backward_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(grad_y, argmax, (uint32_t)n,
+                                                                                    grad_x);
+    else
+        max_pool2d_backward_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(grad_y, argmax, n, grad_x);
+    CHECK_LAUNCH("max_pool2d_backward_kernel");
+}
+
+void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream) {
+    size_t n = (size_t)a * b * inner;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        swap_outer_axes_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, a, b, inner, y);
+    else
+        swap_outer_axes_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, a, b, inner, y);
+    CHECK_LAUNCH("swap_outer_axes_kernel");
+}
+
+}  // extern "C"
+
+// ------------------------------------------------------------------ step 15's embeddings (mf.c)
+// The arithmetic of mf.c's CPU loops, operation for operation, with __fmul_rn
+// and __fadd_rn where nvcc would fuse a * b + c into one FMA (the CPU build
+// rounds twice: -ffp-contract=off): the same bits as the CPU. Every sum adds
+// in a fixed order (a thread per output element, its terms in turn): no atomics.
+
+__global__ void gather_rows_kernel(const float *table, const int *index, int n, int dim, float *out) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = table[(size_t)index[i / dim] * dim + i % dim];
+}
+
+__global__ void scatter_rows_kernel(const float *rows, const int *index, int n, int dim, float *table) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        table[(size_t)index[i / dim] * dim + i % dim] = rows[i];
+}
+
+__global__ void sum_rows_kernel(const float *rows, const int *start, const int *source, int n_out, int dim, float *out) {
+    size_t total = (size_t)n_out * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = i / dim, d = i % dim;
+        float sum = 0.0f;
+        for (int k = start[j]; k < start[j + 1]; k++) sum = __fadd_rn(sum, rows[(size_t)source[k] * dim + d]);
+        out[i] = sum;
+    }
+}
+
+__global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
+                                  const float *user_bias, const int *user_slot, const float *item_bias,
+                                  const int *item_slot, const float *rating, int n, int dim, float mean, float *out) {
+    for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+        const float *p = p_rows + (size_t)p_slot[s] * dim, *q = q_rows + (size_t)q_slot[s] * dim;
+        float dot = 0.0f, p_norm = 0.0f, q_norm = 0.0f;
+        for (int d = 0; d < dim; d++) {
+            dot = __fadd_rn(dot, __fmul_rn(p[d], q[d]));
+            p_norm = __fadd_rn(p_norm, __fmul_rn(p[d], p[d]));
+            q_norm = __fadd_rn(q_norm, __fmul_rn(q[d], q[d]));
+        }
+        float prediction = __fadd_rn(__fadd_rn(__fadd_rn(dot, user_bias[user_slot[s]]), item_bias[item_slot[s]]), mean);
+        out[4 * (size_t)s] = prediction;
+        out[4 * (size_t)s + 1] = rating ? prediction - rating[s] : 0.0f;
+        out[4 * (size_t)s + 2] = p_norm;
+        out[4 * (size_t)s + 3] = q_norm;
+    }
+}
+
+__global__ void embedding_backward_kernel(const float *forward, float scale, const int *start, const int *sample,
+                                          int n_rows, int dim, const float *self, const float *other,
+                                          const int *other_slot, float decay, float *grad) {
+    size_t total = (size_t)n_rows * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t j = i / dim, d = i % dim;
+        float sum = 0.0f;
+        for (int k = start[j]; k < start[j + 1]; k++) {
+            int s = sample[k];
+            float g = __fmul_rn(scale, forward[4 * (size_t)s + 1]);
+            if (self)
+                sum = __fadd_rn(sum, __fadd_rn(__fmul_rn(g, other[(size_t)other_slot[s] * dim + d]), __fmul_rn(decay, self[i])));
+            else
+                sum = __fadd_rn(sum, g);
+        }
+        grad[i] = sum;
+    }
+}
+
+__global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad,
+                                   int n, int dim, float minus_step_size, float one_minus_beta1, float one_minus_beta2,
+                                   float eps) {
+    size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t at = (size_t)rows[i / dim] * dim + i % dim;
+        float g = grad[i], m_old = exp_avg[at], v_old = exp_avg_sq[at];
+        float m_update = __fmul_rn(g - m_old, one_minus_beta1);
+        exp_avg[at] = m_old + m_update;
+        float v_update = __fmul_rn(__fmul_rn(g, g) - v_old, one_minus_beta2);
+        exp_avg_sq[at] = v_old + v_update;
+        float numerator = m_update + m_old, denominator = __fadd_rn(__fsqrt_rn(v_update + v_old), eps);
+        weight[at] = __fadd_rn(weight[at], __fmul_rn(minus_step_size, __fdiv_rn(numerator, denominator)));
+    }
+}
+
+void gpu_gather_rows(const float *table, const int *index, int n, int dim, float *out, cudaStream_t stream) {
+    if (n <= 0) return;
+    gather_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(table, index, n, dim, out);
+    CHECK_LAUNCH("gather_rows_kernel");
+}
+
+void gpu_scatter_rows(const float *rows, const int *index, int n, int dim, float *table, cudaStream_t stream) {
+    if (n <= 0) return;
+    scatter_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(rows, index, n, dim, table);
+    CHECK_LAUNCH("scatter_rows_kernel");
+}
+
+void gpu_sum_rows(const float *rows, const int *start, const int *source, int n_out, int dim, float *out,
+                  cudaStream_t stream) {
+    if (n_out <= 0) return;
+    sum_rows_kernel<<<blocks_for((size_t)n_out * dim), THREADS, 0, stream>>>(rows, start, source, n_out, dim, out);
+    CHECK_LAUNCH("sum_rows_kernel");
+}
+
+void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
+                    const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
+                    const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream) {
+    if (n <= 0) return;
+    mf_forward_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(p_rows, p_slot, q_rows, q_slot, user_bias, user_slot,
+                                                                     item_bias, item_slot, rating, n, dim, mean, out);
+    CHECK_LAUNCH("mf_forward_kernel");
+}
+
+void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, int n_rows, int dim,
+                            const float *self, const float *other, const int *other_slot, float decay, float *grad,
+                            cudaStream_t stream) {
+    if (n_rows <= 0) return;
+    embedding_backward_kernel<<<blocks_for((size_t)n_rows * dim), THREADS, 0, stream>>>(
+        forward, scale, start, sample, n_rows, dim, self, other, other_slot, decay, grad);
+    CHECK_LAUNCH("embedding_backward_kernel");
+}
+
+void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
+                     float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
+    if (n <= 0) return;
+    sparse_adam_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(
+        weight, exp_avg, exp_avg_sq, rows, grad, n, dim, minus_step_size, one_minus_beta1, one_minus_beta2, eps);
+    CHECK_LAUNCH("sparse_adam_kernel");
+}

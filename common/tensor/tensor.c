@@ -1,0 +1,299 @@
+// tensor.c: tensors on the CPU and the GPU, GEMM through CBLAS or cuBLAS. See tensor.h.
+#include "tensor/tensor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "base/check.h"
+#include "base/cpu_dispatch.h"
+#if HAVE_CUDA
+#include "tensor/kernels.h"
+#endif
+
+Tensor tensor_zeros(int rows, int cols, Device device) {
+    CHECK(rows >= 0 && cols >= 0, "bad tensor shape [%d, %d]", rows, cols);
+    Tensor t = {.rows = rows, .cols = cols, .device = device};
+    if (tensor_on_gpu(&t)) {
+#if HAVE_CUDA
+        size_t bytes = tensor_numel(&t) * sizeof(float);
+        t.data = device_alloc(bytes);
+        if (bytes) CHECK_CUDA(cudaMemsetAsync(t.data, 0, bytes, device_stream()));
+#endif
+        return t;
+    }
+    size_t n = tensor_numel(&t);
+    t.data = xmalloc_huge_pages(n * sizeof(float));
+    // Zeroed by the rank's threads: on a node of several sockets, each page
+    // lands in the memory of the socket whose core touches it first.
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) t.data[i] = 0.0f;
+    return t;
+}
+
+void tensor_free(Tensor *t) {
+    if (tensor_on_gpu(t)) device_free(t->data);
+    else free(t->data);
+    *t = (Tensor){0};
+}
+
+Tensor tensor_rows(const Tensor *t, int rows) {
+    CHECK(rows >= 0 && rows <= t->rows, "view of %d rows of a [%d, %d] tensor", rows, t->rows, t->cols);
+    Tensor view = *t;
+    view.rows = rows;
+    return view;
+}
+
+void tensor_fill(Tensor *t, float value) {
+    if (tensor_on_gpu(t)) {
+#if HAVE_CUDA
+        if (value == 0.0f) CHECK_CUDA(cudaMemsetAsync(t->data, 0, tensor_numel(t) * sizeof(float), device_stream()));
+        else gpu_fill(t->data, tensor_numel(t), value, device_stream());
+#endif
+        return;
+    }
+    if (value == 0.0f) {
+        memset(t->data, 0, tensor_numel(t) * sizeof(float));
+        return;
+    }
+    size_t n = tensor_numel(t);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) t->data[i] = value;
+}
+
+void tensor_copy(Tensor *dst, const Tensor *src) {
+    CHECK(dst->rows == src->rows && dst->cols == src->cols, "copy [%d, %d] into [%d, %d]",
+          src->rows, src->cols, dst->rows, dst->cols);
+    size_t bytes = tensor_numel(src) * sizeof(float);
+    if (tensor_on_gpu(dst) || tensor_on_gpu(src)) {
+#if HAVE_CUDA
+        if (!tensor_on_gpu(dst)) {  // polled, before and after: see device_read_to_host
+            device_read_to_host(dst->data, src->data, bytes, "a tensor's copy to the host");
+            return;
+        }
+        // cudaMemcpyDefault: the runtime knows where each pointer lives.
+        CHECK_CUDA(cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDefault, device_stream()));
+        // A host source must be safe to reuse on return.
+        if (!tensor_on_gpu(src)) device_wait_stream(device_stream(), "a tensor's copy from the host");
+#endif
+        return;
+    }
+    memcpy(dst->data, src->data, bytes);
+}
+
+void tensor_to_host(const Tensor *t, float *host) {
+    Tensor view = {.data = host, .rows = t->rows, .cols = t->cols, .device = DEVICE_CPU};
+    tensor_copy(&view, t);
+}
+
+void tensor_from_host(Tensor *t, const float *host) {
+    Tensor view = {.data = (float *)host, .rows = t->rows, .cols = t->cols, .device = DEVICE_CPU};
+    tensor_copy(t, &view);
+}
+
+CPU_DISPATCHED void tensor_divide(Tensor *t, float divisor) {
+    if (tensor_on_gpu(t)) {
+#if HAVE_CUDA
+        gpu_divide(t->data, t->data, tensor_numel(t), divisor, device_stream());
+#endif
+        return;
+    }
+    size_t n = tensor_numel(t);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) t->data[i] /= divisor;
+}
+
+CPU_DISPATCHED void tensor_scale(Tensor *t, float factor) {
+    if (tensor_on_gpu(t)) {
+#if HAVE_CUDA
+        gpu_scale(t->data, tensor_numel(t), factor, device_stream());
+#endif
+        return;
+    }
+    size_t n = tensor_numel(t);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) t->data[i] *= factor;
+}
+
+// ------------------------------------------------------------------ GEMM on the CPU's threads
+//
+// One GEMM on all of the rank's threads, with results that never depend on
+// how many there are: the work is cut into pieces by the shape alone, each
+// piece is one single-threaded sgemm, and the threads share out the pieces.
+// By the shape, not by the thread count, even where the cut adds nothing up:
+// a single-threaded sgemm gives an element other bits when its rows or its
+// columns are cut differently (OpenBLAS 0.3.21: of 508 cuts into 2-64 pieces,
+// over 11 shapes of the MLP and the tests and every transpose, 488 changed bits
+// on the Haswell and Zen kernels, 58 on Cooperlake, 52 on SkylakeX, none on
+// Sandybridge).
+// OpenBLAS's own threading would be one line, but its results change with its
+// thread count (per element, on its Haswell and Zen kernels), and splitting
+// measured faster on every GEMM of the MLP (B = 6400, 2 cores, Cooperlake
+// kernels, ms): x @ W1^T 4.5 split vs 5.2 OpenBLAS-threaded, h @ W2^T 0.15 vs
+// 0.35, grad_y @ W2 0.07 vs 1.29, grad_W1 = grad_y^T @ x 3.8 vs 4.1.
+//
+// Where to cut: each piece packs its own copy of what it shares with the
+// others. Cutting m (rows of C) repacks op(B) [k, n] for every piece, cutting
+// n repacks op(A) [m, k], and cutting k (the batch, in a weight gradient)
+// shares nothing but leaves a partial [m, n] product per piece to add up, in
+// piece order. Each copies the product of the two other dimensions: cut the
+// largest. (At 1 thread, B = 6400: grad_W1 cut along k into 16 pieces takes
+// 7.6 ms, along n into 4 pieces 8.0 ms; x @ W1^T along m 7.4 ms, whole 7.8.)
+
+enum { GEMM_GRAIN = 256, GEMM_MAX_PIECES = 64 };
+
+// Pieces for cutting a dimension of `size`: at least GEMM_GRAIN each, a power
+// of two (as thread counts usually are) and at most GEMM_MAX_PIECES.
+static int gemm_pieces(int size) {
+    int pieces = 1;
+    while (pieces * 2 <= GEMM_MAX_PIECES && (long)pieces * 2 * GEMM_GRAIN <= size) pieces *= 2;
+    return pieces;
+}
+
+// The start of piece p of `pieces` over [0, size).
+static int piece_start(int size, int pieces, int p) { return (int)((long)size * p / pieces); }
+
+// &op(X)[row, col] for a row-major X with leading dimension ld.
+static const float *at(const float *x, int ld, bool transposed, int row, int col) {
+    return transposed ? x + (size_t)col * ld + row : x + (size_t)row * ld + col;
+}
+
+static void sgemm_1(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
+                m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static float *g_partials;  // [pieces, m, n] for a GEMM cut along k
+static size_t g_partials_count;
+
+CPU_DISPATCHED static void cpu_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc) {
+    // Cut the largest dimension; k only while the partial products take no more
+    // memory than the operands (so a square-ish product cuts m or n instead).
+    bool cut_k = k > m && k > n && (double)gemm_pieces(k) * m * n <= (double)k * (m + n);
+    bool cut_m = !cut_k && m >= n;
+    int pieces = gemm_pieces(cut_k ? k : cut_m ? m : n);
+    if (pieces == 1) {
+        sgemm_1(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else if (cut_m) {  // rows of C
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int p = 0; p < pieces; p++) {
+            int m0 = piece_start(m, pieces, p), m1 = piece_start(m, pieces, p + 1);
+            sgemm_1(transpose_a, transpose_b, m1 - m0, n, k, alpha, at(a, lda, transpose_a, m0, 0), lda, b, ldb, beta,
+                    c + (size_t)m0 * ldc, ldc);
+        }
+    } else if (!cut_k) {  // columns of C
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int p = 0; p < pieces; p++) {
+            int n0 = piece_start(n, pieces, p), n1 = piece_start(n, pieces, p + 1);
+            sgemm_1(transpose_a, transpose_b, m, n1 - n0, k, alpha, a, lda, at(b, ldb, transpose_b, 0, n0), ldb, beta,
+                    c + n0, ldc);
+        }
+    } else {  // the sum over k: a partial product per piece
+        size_t count = (size_t)pieces * m * n;
+        if (count > g_partials_count) {
+            free(g_partials);
+            g_partials = xmalloc_huge_pages(count * sizeof(float));
+            g_partials_count = count;
+        }
+        float *partials = g_partials;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int p = 0; p < pieces; p++) {
+            int k0 = piece_start(k, pieces, p), k1 = piece_start(k, pieces, p + 1);
+            sgemm_1(transpose_a, transpose_b, m, n, k1 - k0, 1.0f, at(a, lda, transpose_a, 0, k0), lda,
+                    at(b, ldb, transpose_b, k0, 0), ldb, 0.0f, partials + (size_t)p * m * n, n);
+        }
+        // C = alpha * (the partials' sum, in piece order) + beta * C, summed
+        // into piece 0's rows. beta 0 never reads C, as BLAS does not (it may
+        // hold NaNs).
+#pragma omp parallel for
+        for (int row = 0; row < m; row++) {
+            float *sum = partials + (size_t)row * n;
+            for (int p = 1; p < pieces; p++) {
+                const float *part = partials + ((size_t)p * m + row) * n;
+                for (int col = 0; col < n; col++) sum[col] += part[col];
+            }
+            float *out = c + (size_t)row * ldc;
+            for (int col = 0; col < n; col++)
+                out[col] = beta == 0.0f ? alpha * sum[col] : alpha * sum[col] + beta * out[col];
+        }
+    }
+}
+
+void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
+          float beta, Tensor *c) {
+    int m = transpose_a ? a->cols : a->rows;  // op(A) is [m, k]
+    int k = transpose_a ? a->rows : a->cols;
+    int kb = transpose_b ? b->cols : b->rows;  // op(B) is [k, n]
+    int n = transpose_b ? b->rows : b->cols;
+    CHECK(k == kb && c->rows == m && c->cols == n,
+          "gemm shapes: op(A) [%d, %d] @ op(B) [%d, %d] -> C [%d, %d]", m, k, kb, n, c->rows, c->cols);
+    CHECK(a->device == c->device && b->device == c->device, "gemm: operands on different devices");
+    if (m == 0 || n == 0) return;
+    if (tensor_on_gpu(c)) {
+#if HAVE_CUDA
+        // cuBLAS is column-major, and a row-major [r, c] matrix is a column-major
+        // [c, r] one: its transpose. So compute C^T = op(B)^T @ op(A)^T, which
+        // cuBLAS sees as B' @ A' on the very same buffers: swap the operands.
+        CHECK_CUBLAS(cublasSgemm(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b->data, b->cols,
+                                 a->data, a->cols, &beta, c->data, c->cols));
+#endif
+        return;
+    }
+    cpu_gemm(transpose_a, transpose_b, m, n, k, alpha, a->data, a->cols, b->data, b->cols, beta, c->data, c->cols);
+}
+
+#if HAVE_CUDA
+// A vector of ones on the GPU, as long as the longest x seen: the sum over
+// rows is then one GEMV, x^T @ ones, which cuBLAS does at memory speed.
+static float *g_ones;
+static size_t g_ones_count;
+
+static const float *ones(size_t count) {
+    if (count > g_ones_count) {
+        device_free(g_ones);
+        g_ones = device_alloc(count * sizeof(float));
+        gpu_fill(g_ones, count, 1.0f, device_stream());
+        g_ones_count = count;
+    }
+    return g_ones;
+}
+#endif
+
+CPU_DISPATCHED void add_sum_over_rows(const Tensor *x, Tensor *sums) {
+    CHECK(sums->rows == 1 && sums->cols == x->cols && sums->device == x->device,
+          "sum over the rows of [%d, %d] into [%d, %d]", x->rows, x->cols, sums->rows, sums->cols);
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        if (x->rows == 0) return;
+        const float one = 1.0f;
+        // Column-major, x is [cols, rows]: sums += x @ ones(rows).
+        CHECK_CUBLAS(cublasSgemv(device_cublas(), CUBLAS_OP_N, x->cols, x->rows, &one, x->data, x->cols,
+                                 ones((size_t)x->rows), 1, &one, sums->data, 1));
+#endif
+        return;
+    }
+    // Threads take blocks of 16 columns (a cache line); each column is summed
+    // over the rows in row order, whatever the thread count. The running sums
+    // live in a local block, in vector registers, not in sums->data: the compiler
+    // cannot know that sums and x do not overlap, so it would load and store
+    // each sum once per row ([6400, 128] on 2 threads: 0.39 ms, now 0.13).
+    enum { COLUMNS = 16 };
+#pragma omp parallel for
+    for (int first = 0; first < x->cols; first += COLUMNS) {
+        int width = first + COLUMNS < x->cols ? COLUMNS : x->cols - first;
+        float block[COLUMNS];
+        for (int c = 0; c < width; c++) block[c] = sums->data[first + c];
+        for (int r = 0; r < x->rows; r++) {
+            const float *row = x->data + (size_t)r * x->cols + first;
+            if (width == COLUMNS)  // a constant trip count: the loop becomes vector adds
+                for (int c = 0; c < COLUMNS; c++) block[c] += row[c];
+            else
+                for (int c = 0; c < width; c++) block[c] += row[c];
+        }
+        for (int c = 0; c < width; c++) sums->data[first + c] = block[c];
+    }
+}

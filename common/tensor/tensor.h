@@ -1,0 +1,50 @@
+// tensor.h: a 2-D float buffer that knows its shape and where it lives.
+//
+// Every tensor here is a matrix [rows, cols] in row-major order (a bias is
+// [1, out]), which is all an MLP needs and keeps the GEMM calls readable.
+// The CPU/GPU choice is made here and in tensor_ops (the layers' operations);
+// nn and the programs never #ifdef on CUDA.
+// A CUDA tensor's data is device memory: only kernels, cuBLAS and copies touch
+// it, and all of them run in order on the compute stream (device.h).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime/device.h"
+
+typedef struct {
+    float *data;
+    int rows, cols;
+    Device device;
+} Tensor;
+
+Tensor tensor_zeros(int rows, int cols, Device device);
+void tensor_free(Tensor *t);
+static inline size_t tensor_numel(const Tensor *t) { return (size_t)t->rows * (size_t)t->cols; }
+// Is t on a GPU? A constant false in builds without CUDA, so that the GPU
+// branches compile away.
+static inline bool tensor_on_gpu(const Tensor *t) { return HAVE_CUDA && t->device == DEVICE_CUDA; }
+
+// The first `rows` rows of t, sharing its storage (a partial last batch).
+Tensor tensor_rows(const Tensor *t, int rows);
+
+void tensor_fill(Tensor *t, float value);
+// dst = src, same shape, any pair of devices. Returns when dst may be read by
+// the host (if dst is on the CPU) and src may be reused (if src is).
+void tensor_copy(Tensor *dst, const Tensor *src);
+// t = t / divisor (a division, as PyTorch's `grad /= world_size`), and t = t * factor.
+void tensor_divide(Tensor *t, float divisor);
+void tensor_scale(Tensor *t, float factor);
+// Host copies of any tensor's values, e.g. to save or print them: into
+// `host` [numel], and back.
+void tensor_to_host(const Tensor *t, float *host);
+void tensor_from_host(Tensor *t, const float *host);
+
+// C = alpha * op(A) @ op(B) + beta * C, where op(X) is X or X^T.
+// CBLAS on the CPU (cut into single-threaded pieces that the rank's threads
+// share; the result is the same at any thread count), cuBLAS on the GPU.
+// Shapes are checked.
+void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
+          float beta, Tensor *c);
+// sums [1, cols] += the sum over the rows of x [rows, cols] (a bias gradient).
+void add_sum_over_rows(const Tensor *x, Tensor *sums);
