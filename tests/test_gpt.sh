@@ -59,6 +59,20 @@ else
         expect "... and dropout acts: the first loss is $with with it, $without without" test -n "$with" -a "$with" != "$without"
     fi
 
+    # The whole schedule and the clipping: warm-up for 10 iterations, the cosine down to min_lr at 30,
+    # min_lr after it, and every step clipped (0.05 is below the gradients' norms; under Adam a clip
+    # moves the steps only as its ratio varies from step to step: iteration 1's loss 4.09894 against
+    # 4.09891 unclipped), in 40 iterations (make test-all; the baby config's 50 stay in its warm-up).
+    if thorough; then
+        sched=(--init "$tmp/init.h5" --max_iters 40 --eval_interval 40 --eval_iters 2 --warmup_iters 10 --lr_decay_iters 30 --grad_clip 0.05)
+        run "${gpt[@]}" "${sched[@]}" --losses "$tmp/cs.csv" > "$tmp/cs.out" 2>&1
+        run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 1 "${sched[@]}" > "$tmp/ts.out" 2> "$tmp/ts.err" ||
+            fail "the twin did not run: $(tail -1 "$tmp/ts.err")"
+        twin_csv "$tmp/ts.out" > "$tmp/ts.csv"
+        verdict=$(same_losses "$tmp/cs.csv" "$tmp/ts.csv" 1e-5)
+        expect "warm-up, cosine decay, min_lr and clipping at 0.05, 40 iterations: the twin's losses, $verdict (<= 1e-5)" test $? -eq 0
+    fi
+
     # The reverse: we start from the twin's init (torch's own draws, saved by h5py) and evaluate it alike.
     run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 1 --max_iters 0 --eval_iters 2 --save "$tmp/torch.h5" > "$tmp/t2.out" 2> "$tmp/t2.err" ||
         fail "the twin did not run: $(tail -1 "$tmp/t2.err")"
