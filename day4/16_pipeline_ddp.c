@@ -55,6 +55,7 @@
 #include "comm/collectives.h"         // group_exchange: activations and gradients, stage to stage
 #include "comm/group.h"               // group_split: the pipeline and data-parallel groups
 #include "data/mnist.h"               // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"                // mlp_sizes_from_hidden, mlp_name_layer: the MLP's widths and names
 #include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
 #include "parallel/pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
 #include "parallel/schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
@@ -68,33 +69,6 @@
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
 #include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
-
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
 
 // Stage s of P takes layers [first, end): an even share of the Linears, as
 // torch.distributed.pipelining's split points at equal layer counts would.
@@ -254,10 +228,10 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 16: the MLP split into pipeline stages across ranks (GPipe, 1F1B), each stage under DDP.");
     int rank = dist_rank(), world = dist_world_size();
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     size_t weights = 0;  // the whole model's, though no rank holds them all
     for (int l = 0; l < n_layers; l++) weights += (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];
     ScheduleKind kind;
@@ -507,15 +481,16 @@ static void save_whole_model(const char *path, const Stage *stage, int stage_ind
     Tensor *received = xcalloc((size_t)(2 * layers), sizeof(Tensor));
     for (int p = 0; p < stage->n_params; p++) all[p] = stage->params[p];
     for (int s = 1; s < stages; s++)
-        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++)
+        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++) {
             for (int bias = 0; bias < 2; bias++) {
                 int p = 2 * l + bias;
                 received[p] = tensor_zeros(bias ? 1 : sizes[l + 1], bias ? sizes[l + 1] : sizes[l], DEVICE_CPU);
                 CHECK_MPI(MPI_Recv(received[p].data, (int)tensor_numel(&received[p]), MPI_FLOAT, s, 2, pipeline->mpi,
                                    MPI_STATUS_IGNORE));
                 all[p] = (Param){.value = &received[p]};
-                snprintf(all[p].name, sizeof all[p].name, "fc.%d.%s", 2 * l, bias ? "bias" : "weight");
             }
+            mlp_name_layer(&all[2 * l], l);
+        }
     h5_save_params(path, all, 2 * layers);
     for (int p = 0; p < 2 * layers; p++) tensor_free(&received[p]);
     free(received);

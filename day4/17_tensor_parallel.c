@@ -78,33 +78,6 @@
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
-
 // ------------------------------------------------------------------ the tensor-parallel MLP
 
 typedef enum { COLUMN_PARALLEL, ROW_PARALLEL, WHOLE } SplitKind;
@@ -184,11 +157,10 @@ static TpMlp tp_mlp_new(const int *sizes, int n_sizes, int max_batch, const Grou
         tensor_from_host(&layer->part.weight, weight);
         tensor_from_host(&layer->part.bias, bias);
         free(weight), free(bias);
-        Param *w = &model.params[2 * l], *b = &model.params[2 * l + 1];
-        *w = (Param){.value = &layer->part.weight, .grad = &layer->part.grad_weight};
-        *b = (Param){.value = &layer->part.bias, .grad = &layer->part.grad_bias};
-        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * l);
-        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * l);
+        Param *pair = &model.params[2 * l];  // its weight and bias
+        pair[0] = (Param){.value = &layer->part.weight, .grad = &layer->part.grad_weight};
+        pair[1] = (Param){.value = &layer->part.bias, .grad = &layer->part.grad_bias};
+        mlp_name_layer(pair, l);
     }
     return model;
 }
@@ -325,8 +297,7 @@ static void load_parts(const char *path, TpMlp *model) {
         TpLayer *layer = &model->layers[l];
         Tensor weight = tensor_zeros(layer->out, layer->in, DEVICE_CPU), bias = tensor_zeros(1, layer->out, DEVICE_CPU);
         Param whole[2] = {{.value = &weight}, {.value = &bias}};
-        snprintf(whole[0].name, sizeof whole[0].name, "fc.%d.weight", 2 * l);
-        snprintf(whole[1].name, sizeof whole[1].name, "fc.%d.bias", 2 * l);
+        mlp_name_layer(whole, l);
         h5_load_params(path, whole, 2);
         float *part = xmalloc(tensor_numel(&layer->part.weight) * sizeof(float));
         size_t kept = 0;
@@ -369,10 +340,10 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");
     int rank = dist_rank(), world = dist_world_size();
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     size_t weights = 0, split_weights = 0;  // the whole model's, and of those the ones split T ways
     for (int l = 0; l < n_layers; l++) {
         size_t layer = (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];

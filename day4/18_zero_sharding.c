@@ -70,33 +70,6 @@
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
-
 // ------------------------------------------------------------------ the flat units
 
 // One Linear layer as FSDP's FlatParameter: its weight [out, in] and its bias
@@ -202,13 +175,12 @@ static Sharded sharded_new(const int *sizes, int n_sizes, int zero, bool prefetc
         s.grad_outputs[i] = tensor_zeros(max_batch, u->out, device);
         if (zero <= 2) {  // named views, for DDP, Adam (stage 0), --init, --save and the checksum
             Linear layer = unit_linear(u, &u->full, zero <= 1 ? &u->grad : NULL);
-            Param *w = &s.params[2 * i], *b = &s.params[2 * i + 1];
-            *w = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
-            *b = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
-            *w->value = layer.weight, *b->value = layer.bias;
-            if (zero <= 1) *w->grad = layer.grad_weight, *b->grad = layer.grad_bias;
-            snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
-            snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
+            Param *pair = &s.params[2 * i];  // its weight and bias
+            for (int k = 0; k < 2; k++)
+                pair[k] = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
+            *pair[0].value = layer.weight, *pair[1].value = layer.bias;
+            if (zero <= 1) *pair[0].grad = layer.grad_weight, *pair[1].grad = layer.grad_bias;
+            mlp_name_layer(pair, i);
         }
     }
     size_t any = largest[0] > largest[1] ? largest[0] : largest[1];
@@ -434,10 +406,10 @@ int main(int argc, char **argv) {
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes);
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
     // Memory: what this stage keeps on each rank (the theory the report shows at the end), refused
@@ -589,8 +561,7 @@ static void each_layer_whole(Sharded *s, LayerUse use, void *context) {
         Tensor whole = unit_weights(s, i);
         Linear layer = unit_linear(&s->units[i], &whole, NULL);
         Param pair[2] = {{.value = &layer.weight}, {.value = &layer.bias}};
-        snprintf(pair[0].name, sizeof pair[0].name, "fc.%d.weight", 2 * i);
-        snprintf(pair[1].name, sizeof pair[1].name, "fc.%d.bias", 2 * i);
+        mlp_name_layer(pair, i);
         use(s, i, pair, &whole, context);
         reshard(s, i);
     }
