@@ -68,9 +68,10 @@
 #include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"              // Linear, linear_forward, linear_backward, Adam
 #include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
-#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
@@ -261,34 +262,36 @@ static long tp_correct(TpMlp *model, const Tensor *x, const int *labels) {
     return correct;
 }
 
-// The whole parameter p ([out, in], or the bias [1, out]) on the group's rank 0, from every rank's part
-// (a collective over the group; NULL on the other ranks).
-static float *gather_whole(const TpMlp *model, int p) {
-    const TpLayer *layer = &model->layers[p / 2];
-    const Tensor *part = model->params[p].value;
-    bool bias = p % 2 == 1, split = layer->kind == COLUMN_PARALLEL || (layer->kind == ROW_PARALLEL && !bias);
-    int T = model->tp->size, root = model->tp->rank == 0;
-    size_t n = tensor_numel(part), whole_n = (size_t)(bias ? 1 : layer->out) * (bias ? layer->out : layer->in);
-    CHECK(n <= 1u << 30, "%s: %zu floats in one message", model->params[p].name, n);
-    float *mine = xmalloc(n * sizeof(float)), *parts = root ? xmalloc(whole_n * sizeof(float)) : NULL;
-    tensor_to_host(part, mine);
-    if (!split) {  // whole on every rank
-        if (root) memcpy(parts, mine, n * sizeof(float));
-        free(mine);
-        return parts;
+// whole_model_gather's: layer `layer`'s weight and bias whole on the group's rank 0 (pair's values
+// there), from every rank's part. Collective over the tensor-parallel group.
+static void gather_layer(void *tp_mlp, int layer, Param pair[2]) {
+    const TpMlp *model = tp_mlp;
+    const TpLayer *part = &model->layers[layer];
+    int T = model->tp->size;
+    for (int k = 0; k < 2; k++) {  // the weight, then the bias
+        const Tensor *mine = k ? &part->part.bias : &part->part.weight;
+        bool bias = k == 1, split = part->kind == COLUMN_PARALLEL || (part->kind == ROW_PARALLEL && !bias);
+        Tensor *whole = pair[k].value;  // NULL but on the group's rank 0
+        if (!split) {                   // whole on every rank
+            if (whole) tensor_copy(whole, mine);
+            continue;
+        }
+        size_t n = tensor_numel(mine);
+        CHECK(n <= 1u << 30, "%s: %zu floats in one message", model->params[2 * layer + k].name, n);
+        float *values = xmalloc(n * sizeof(float)), *parts = whole ? xmalloc(n * T * sizeof(float)) : NULL;
+        tensor_to_host(mine, values);
+        CHECK_MPI(MPI_Gather(values, (int)n, MPI_FLOAT, parts, (int)n, MPI_FLOAT, 0, model->tp->mpi));
+        if (whole && part->kind == COLUMN_PARALLEL) {  // rows: the parts follow each other
+            memcpy(whole->data, parts, n * T * sizeof(float));
+        } else if (whole) {  // a row-parallel weight: rank t's part is columns [t in/T, (t+1) in/T) of every row
+            int cols = part->in / T;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < part->out; r++)
+                    memcpy(&whole->data[(size_t)r * part->in + (size_t)t * cols], &parts[((size_t)t * part->out + r) * cols],
+                           (size_t)cols * sizeof(float));
+        }
+        free(values), free(parts);
     }
-    CHECK_MPI(MPI_Gather(mine, (int)n, MPI_FLOAT, parts, (int)n, MPI_FLOAT, 0, model->tp->mpi));
-    free(mine);
-    if (!root || layer->kind == COLUMN_PARALLEL) return parts;  // rows: the parts follow each other
-    // Row-parallel weight: rank t's part is columns [t in/T, (t+1) in/T) of every row.
-    float *whole = xmalloc(whole_n * sizeof(float));
-    int cols = layer->in / T;
-    for (int t = 0; t < T; t++)
-        for (int r = 0; r < layer->out; r++)
-            memcpy(&whole[(size_t)r * layer->in + (size_t)t * cols], &parts[((size_t)t * layer->out + r) * cols],
-                   (size_t)cols * sizeof(float));
-    free(parts);
-    return whole;
 }
 
 // --init: each layer read whole from a state_dict file, every rank keeping its part.
@@ -312,11 +315,6 @@ static void load_parts(const char *path, TpMlp *model) {
         tensor_free(&weight), tensor_free(&bias);
     }
 }
-
-// The reports, after main: the whole model's checksum and --save, both from the
-// parts gathered on the group's rank 0.
-static unsigned long long whole_model_checksum(const TpMlp *model);
-static void save_whole_model(const char *path, const TpMlp *model);
 
 static size_t params_bytes(const Param *params, int n) {
     size_t bytes = 0;
@@ -517,13 +515,15 @@ int main(int argc, char **argv) {
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (replicas > 1) print0("DDP (rank 0's): %s\n", overlap);
-    unsigned long long checksum = whole_model_checksum(&model);
+    // The whole model's checksum and --save (replica 0's file, in step 6's layout, so that weights go
+    // freely between steps 6, 16 and 17), from the parts gathered on the group's rank 0 layer by layer.
+    unsigned long long checksum = whole_model_gather(&tensor_parallel, sizes, n_sizes, WHOLE_ON_ROOT, gather_layer,
+                                                     &model, replica == 0 ? opt.save : NULL);
     if (tp_rank == 0)
         print_rank("parameter checksum %016llx (the whole model, from tensor-parallel ranks 0 to %d of replica %d)\n",
                    checksum, tp - 1, replica);
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
-    if (opt.save && replica == 0) save_whole_model(opt.save, &model);
     if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
         char title[96];
         snprintf(title, sizeof title, "Step 17: MNIST training loss, %d tensor-parallel x %d replica%s", tp, replicas,
@@ -550,43 +550,4 @@ int main(int argc, char **argv) {
     mnist_free(&test);
     dist_finalize();
     return 0;
-}
-
-// ------------------------------------------------------------------ the reports
-
-// The whole model's parameter checksum: every parameter gathered whole on the
-// group's rank 0 and hashed in state_dict order, as step 6's params_checksum.
-static unsigned long long whole_model_checksum(const TpMlp *model) {
-    unsigned long long hash = PARAMS_CHECKSUM_START;
-    for (int p = 0; p < model->n_params; p++) {
-        float *whole = gather_whole(model, p);
-        if (!whole) continue;
-        const TpLayer *layer = &model->layers[p / 2];
-        Tensor t = {.data = whole, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
-                    .device = DEVICE_CPU};
-        Param one = {.value = &t};
-        hash = params_checksum_continue(hash, &one, 1);
-        free(whole);
-    }
-    return hash;
-}
-
-// --save: the whole model in one state_dict file, written by rank 0 from its
-// replica's parts: the layout of step 6's files, so weights go freely between
-// steps 6, 16 and 17. Collective over the replica's group.
-static void save_whole_model(const char *path, const TpMlp *model) {
-    Param *whole = xcalloc((size_t)model->n_params, sizeof(Param));
-    Tensor *values = xcalloc((size_t)model->n_params, sizeof(Tensor));
-    for (int p = 0; p < model->n_params; p++) {
-        float *data = gather_whole(model, p);
-        const TpLayer *layer = &model->layers[p / 2];
-        values[p] = (Tensor){.data = data, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
-                             .device = DEVICE_CPU};
-        whole[p] = (Param){.value = &values[p]};
-        memcpy(whole[p].name, model->params[p].name, sizeof whole[p].name);
-    }
-    if (model->tp->rank == 0) h5_save_params(path, whole, model->n_params);
-    for (int p = 0; p < model->n_params; p++) free(values[p].data);
-    free(values);
-    free(whole);
 }
