@@ -53,7 +53,7 @@
 #include "base/check.h"               // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"               // wall_seconds
 #include "comm/collectives.h"         // group_exchange: activations and gradients, stage to stage
-#include "comm/group.h"               // group_split: the pipeline and data-parallel groups
+#include "comm/group.h"               // group_split, group_gather_figures: the groups, the per-stage tables
 #include "data/mnist.h"               // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"                // mlp_sizes_from_hidden, mlp_name_layer: the MLP's widths and names
 #include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
@@ -350,10 +350,9 @@ int main(int argc, char **argv) {
         }
         double seconds = wall_seconds() - epoch_start;
         // Each stage's idle share this epoch: the bubble, measured.
-        double idle = times.idle / times.all, *idle_of = xmalloc((size_t)pp * sizeof(double));
-        CHECK_MPI(MPI_Gather(&idle, 1, MPI_DOUBLE, idle_of, 1, MPI_DOUBLE, 0, pipeline.mpi));
+        double idle = times.idle / times.all, *idle_of = group_gather_figures(&pipeline, &idle, 1, false);
         char shares[256] = "";
-        for (int s = 0, used = 0; s < pp && used < (int)sizeof shares; s++)
+        for (int s = 0, used = 0; idle_of && s < pp && used < (int)sizeof shares; s++)
             used += snprintf(shares + used, sizeof shares - used, "%sstage %d %.0f%%", s ? ", " : "", s, 100 * idle_of[s]);
         free(idle_of);
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, opt.epochs,
@@ -383,8 +382,7 @@ int main(int argc, char **argv) {
     enum { FIGURES = 6 };
     double mine[FIGURES] = {stage_flops_per_sample(&stage), total_forward * per_micro, total_backward * per_micro,
                             total_idle / total_all, stage.peak_live, (double)peak_activations};
-    double *all = xmalloc((size_t)(FIGURES * pp) * sizeof(double));
-    CHECK_MPI(MPI_Allgather(mine, FIGURES, MPI_DOUBLE, all, FIGURES, MPI_DOUBLE, pipeline.mpi));
+    double *all = group_gather_figures(&pipeline, mine, FIGURES, true);  // every stage replays the schedule
     double *forward_of = xmalloc((size_t)pp * sizeof(double)), *backward_of = xmalloc((size_t)pp * sizeof(double));
     double flops = 0;
     for (int s = 0; s < pp; s++)
@@ -489,10 +487,10 @@ static void draw_timeline(const char *path, const Schedule *schedule, const Step
                           int replica, const double *forward_of, const double *backward_of) {
     if (replica != 0) return;
     int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
-    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double)), *all = xmalloc((size_t)p * (2 * n + 1) * sizeof(double));
+    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double));
     mine[0] = times->step_start;
     for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
-    CHECK_MPI(MPI_Gather(mine, 2 * n + 1, MPI_DOUBLE, all, 2 * n + 1, MPI_DOUBLE, 0, pipeline->mpi));
+    double *all = group_gather_figures(pipeline, mine, 2 * n + 1, false);
     if (pipeline->rank == 0) {
         double first_start = all[0];
         for (int s = 1; s < p; s++) first_start = all[s * (2 * n + 1)] < first_start ? all[s * (2 * n + 1)] : first_start;

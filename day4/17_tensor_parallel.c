@@ -64,7 +64,7 @@
 #include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"             // wall_seconds
 #include "comm/collectives.h"       // group_all_reduce: Megatron's f and g
-#include "comm/group.h"             // group_split: the tensor-parallel and data-parallel groups
+#include "comm/group.h"             // group_split, group_gather_figures: the groups, the per-rank table
 #include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"              // Linear, linear_forward, linear_backward, Adam
 #include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
@@ -476,8 +476,7 @@ int main(int argc, char **argv) {
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)
         mine[2] += (double)(tensor_numel(&optimizer.exp_avg[i]) + tensor_numel(&optimizer.exp_avg_sq[i])) * sizeof(float);
-    double *all = xmalloc((size_t)(4 * world) * sizeof(double));
-    CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    double *all = group_gather_figures(group_world(), mine, 4, false);
     print0("Memory per rank (MB): the model's state held, its theory 16 B x (%zu / T + %zu) weights, DDP's 16 B x %zu\n",
            split_weights, weights - split_weights, weights);
     print0("rank  parameters  gradients  Adam's moments    total   theory    DDP's  %s\n",

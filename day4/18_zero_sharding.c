@@ -57,6 +57,7 @@
 #include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"             // wall_seconds
 #include "comm/collectives.h"       // group_reduce_scatter, group_all_gather: the shards' two collectives
+#include "comm/group.h"             // group_world, group_gather_figures: the per-rank table
 #include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"              // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
 #include "parallel/ddp.h"           // ddp_wrap: --zero 0 is step 6's DDP
@@ -646,8 +647,7 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
                                             : "1 layer gathered, 2 layers' whole gradients"};
     double mine[5] = {params, grads, adam, working, device_peak_memory_bytes(device)};
-    double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
-    CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    double *all = group_gather_figures(group_world(), mine, 5, false);
     double theory = (per_weight[0] + per_weight[1] + per_weight[2]) * (double)weights;
     print0("Memory per rank (MB): parameters + gradients + Adam = model state, beside the theory %s B/param x %zu "
            "(N = %d); working buffers (%s); peak resident set\n", formula[s->zero], weights, s->world,
