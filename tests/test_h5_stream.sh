@@ -304,6 +304,21 @@ EOF
     expect "a file with the shuffle filter trains through H5Dread, and rank 0 says so once: $(grep -m1 'H5Dread' "$tmp/out_shuffled")" \
         eval '[ "$(grep -c "read with H5Dread, one worker at a time: .train/images. (filters \[shuffle, deflate\])" "$tmp/out_shuffled")" = 1 ]'
     expect_same_losses "... and takes the same steps as from our file (2 ranks, 3 epochs)" "$tmp/r2.csv" "$tmp/shuffled.csv" 0
+    # ... and a damaged chunk there: H5Dread fails in a worker thread, whose HDF5 error stack
+    # (kept per thread by a thread-safe HDF5) must be as quiet as the main thread's: one line.
+    "$PYTHON" - "$tmp/shuffled.h5" "$tmp/shuffled_bad.h5" << 'EOF'
+import shutil, sys
+import h5py
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "r+") as f:
+    images = f["train/images"]
+    mask, chunk = images.id.read_direct_chunk((5, 0, 0, 0, 0))
+    images.id.write_direct_chunk((5, 0, 0, 0, 0), bytes(b ^ 0x5A for b in chunk), mask)
+EOF
+    expect_error 1 "shuffled_bad.h5: cannot read 'train/images' group 5" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/shuffled_bad.h5" --no-shuffle --epochs 1
+    expect "... in one line of ours, without HDF5's error stack: $(grep -c 'HDF5-DIAG' "$tmp/err") HDF5-DIAG lines" \
+        test "$(grep -c 'HDF5-DIAG' "$tmp/err")" -eq 0
 else
     no_h5py "step 11 on files with a missing dataset, a wrong shape, a wrong dtype, mismatched groups, a bad label"
 fi

@@ -318,6 +318,11 @@ static void *worker_main(void *arg) {
     Worker *w = arg;
     H5Stream *s = w->stream;
     int epoch = -1;
+    // A thread-safe HDF5 keeps its error stack, and whether to print it, per thread: silence
+    // this one's too, or a damaged chunk adds HDF5's whole stack after our one line.
+    h5_lock();
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    h5_unlock();
     for (long k = w->index; k < s->n_planned; k += s->n_workers) {
         Slot *slot = &s->slots[k % s->n_slots];
         pthread_mutex_lock(&s->lock);
