@@ -56,22 +56,12 @@
 #include "records/loss_log.h"       // the loss of every step, CSV and PNG
 #include "records/plot.h"           // plot_panels_png: the training loss above the test RMSE
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/device.h"         // host_peak_resident_bytes: the load's peak memory
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
-
-// This process's peak resident memory (VmHWM), in MB (10^6 bytes; the kernel's "kB" are KiB).
-static double peak_memory_mb(void) {
-    FILE *status = fopen("/proc/self/status", "r");
-    double kb = 0;
-    char line[256];
-    while (status && fgets(line, sizeof line, status))
-        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
-    if (status) fclose(status);
-    return kb * 1024.0 / 1e6;
-}
 
 // Test RMSE of the model: every rank its test ratings (collective).
 static double test_rmse(Mf *model, const int *user, const int *item, const float *rating, int n, long n_total) {
@@ -134,7 +124,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/ratings.csv", opt.data);
     double load_start = wall_seconds();
     Ratings ratings = movielens_read_ratings(path);
-    double load_seconds = wall_seconds() - load_start, load_peak_mb = peak_memory_mb();
+    double load_seconds = wall_seconds() - load_start, load_peak_mb = host_peak_resident_bytes() / 1e6;
     int recommend_index = recommend ? ratings_user_index(&ratings, recommend) : -1;
     if (recommend && recommend_index < 0) usage_error("--recommend %d: no user of that id in %s", recommend, path);
     // The titles --recommend prints, read now: a bad movies.csv is refused before training, not after.

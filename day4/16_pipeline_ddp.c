@@ -53,48 +53,23 @@
 #include "base/check.h"               // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"               // wall_seconds
 #include "comm/collectives.h"         // group_exchange: activations and gradients, stage to stage
-#include "comm/group.h"               // group_split: the pipeline and data-parallel groups
+#include "comm/group.h"               // group_split, group_gather_figures: the groups, the per-stage tables
 #include "data/mnist.h"               // mnist_load, DistributedSampler, mnist_batch: the data
+#include "models/nn.h"                // mlp_sizes_from_hidden, mlp_name_layer: the MLP's widths and names
 #include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
 #include "parallel/pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
 #include "parallel/schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
-#include "records/h5.h"               // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/h5.h"               // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"         // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
 #include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "records/whole_model.h"      // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"    // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
 #include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
-
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
 
 // Stage s of P takes layers [first, end): an even share of the Linears, as
 // torch.distributed.pipelining's split points at equal layer counts would.
@@ -227,11 +202,14 @@ static long pipeline_correct(Stage *stage, int stage_index, const Group *pipelin
     return (long)count;
 }
 
-// The reports, after main: the whole model's checksum (hashed stage after stage),
-// --save (rank 0 writes every stage's layers) and --timeline.
-static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline);
-static void save_whole_model(const char *path, const Stage *stage, int stage_index, int replica, const Group *pipeline,
-                             const int *sizes, int n_sizes);
+// The reports, after main: the whole model, its layers brought to stage 0 one by
+// one (for the checksum and --save), and --timeline.
+typedef struct {
+    const Stage *stage;
+    const Group *pipeline;
+    int n_layers;  // the whole model's
+} StageOfModel;
+static void gather_stage_layer(void *stage_of_model, int layer, Param pair[2]);
 static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
                           int replica, const double *forward_of, const double *backward_of);
 
@@ -254,10 +232,10 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 16: the MLP split into pipeline stages across ranks (GPipe, 1F1B), each stage under DDP.");
     int rank = dist_rank(), world = dist_world_size();
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     size_t weights = 0;  // the whole model's, though no rank holds them all
     for (int l = 0; l < n_layers; l++) weights += (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];
     ScheduleKind kind;
@@ -372,10 +350,9 @@ int main(int argc, char **argv) {
         }
         double seconds = wall_seconds() - epoch_start;
         // Each stage's idle share this epoch: the bubble, measured.
-        double idle = times.idle / times.all, *idle_of = xmalloc((size_t)pp * sizeof(double));
-        CHECK_MPI(MPI_Gather(&idle, 1, MPI_DOUBLE, idle_of, 1, MPI_DOUBLE, 0, pipeline.mpi));
+        double idle = times.idle / times.all, *idle_of = group_gather_figures(&pipeline, &idle, 1, false);
         char shares[256] = "";
-        for (int s = 0, used = 0; s < pp && used < (int)sizeof shares; s++)
+        for (int s = 0, used = 0; idle_of && s < pp && used < (int)sizeof shares; s++)
             used += snprintf(shares + used, sizeof shares - used, "%sstage %d %.0f%%", s ? ", " : "", s, 100 * idle_of[s]);
         free(idle_of);
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, opt.epochs,
@@ -405,8 +382,7 @@ int main(int argc, char **argv) {
     enum { FIGURES = 6 };
     double mine[FIGURES] = {stage_flops_per_sample(&stage), total_forward * per_micro, total_backward * per_micro,
                             total_idle / total_all, stage.peak_live, (double)peak_activations};
-    double *all = xmalloc((size_t)(FIGURES * pp) * sizeof(double));
-    CHECK_MPI(MPI_Allgather(mine, FIGURES, MPI_DOUBLE, all, FIGURES, MPI_DOUBLE, pipeline.mpi));
+    double *all = group_gather_figures(&pipeline, mine, FIGURES, true);  // every stage replays the schedule
     double *forward_of = xmalloc((size_t)pp * sizeof(double)), *backward_of = xmalloc((size_t)pp * sizeof(double));
     double flops = 0;
     for (int s = 0; s < pp; s++)
@@ -433,13 +409,16 @@ int main(int argc, char **argv) {
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (replicas > 1) print0("DDP (stage 0's): %s\n", overlap);
-    unsigned long long checksum = whole_model_checksum(&stage, stage_index, &pipeline);
+    // The whole model's checksum (step 6's for the same weights) and --save (replica 0's file, in step
+    // 6's layout, so that weights go freely between the two programs).
+    StageOfModel of_model = {&stage, &pipeline, n_layers};
+    unsigned long long checksum = whole_model_gather(&pipeline, sizes, n_sizes, WHOLE_ON_ROOT, gather_stage_layer,
+                                                     &of_model, replica == 0 ? opt.save : NULL);
     if (stage.is_last)
         print_rank("parameter checksum %016llx (the whole model: stages 0 to %d of replica %d)\n", checksum, pp - 1,
                    replica);
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
-    if (opt.save) save_whole_model(opt.save, &stage, stage_index, replica, &pipeline, sizes, n_sizes);
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[96];
         snprintf(title, sizeof title, "Step 16: MNIST training loss, %d stage%s x %d replica%s", pp, pp == 1 ? "" : "s",
@@ -474,52 +453,31 @@ int main(int argc, char **argv) {
 
 // ------------------------------------------------------------------ the reports
 
-// The whole model's parameter checksum: each stage goes on from the hash of
-// the stages before it (params_checksum_continue), so the last stage ends with
-// what step 6's params_checksum gives for the same weights.
-static unsigned long long whole_model_checksum(const Stage *stage, int stage_index, const Group *pipeline) {
-    unsigned long long hash = PARAMS_CHECKSUM_START;
-    if (stage_index > 0)
-        CHECK_MPI(MPI_Recv(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index - 1, 1, pipeline->mpi, MPI_STATUS_IGNORE));
-    hash = params_checksum_continue(hash, stage->params, stage->n_params);
-    if (stage_index < pipeline->size - 1)
-        CHECK_MPI(MPI_Send(&hash, 1, MPI_UNSIGNED_LONG_LONG, stage_index + 1, 1, pipeline->mpi));
-    return hash;
-}
-
-// --save: the whole model in one state_dict file, written by rank 0 (stage 0
-// of replica 0), the other stages' weights sent to it: the layout of step 6's
-// files, so that weights go freely between the two programs.
-static void save_whole_model(const char *path, const Stage *stage, int stage_index, int replica, const Group *pipeline,
-                             const int *sizes, int n_sizes) {
-    if (replica != 0) return;
-    int layers = n_sizes - 1, stages = pipeline->size;
-    if (stage_index > 0) {
-        for (int p = 0; p < stage->n_params; p++) {
-            float *values = xmalloc(tensor_numel(stage->params[p].value) * sizeof(float));
-            tensor_to_host(stage->params[p].value, values);
-            CHECK_MPI(MPI_Send(values, (int)tensor_numel(stage->params[p].value), MPI_FLOAT, 0, 2, pipeline->mpi));
-            free(values);
-        }
-        return;
-    }
-    Param *all = xcalloc((size_t)(2 * layers), sizeof(Param));
-    Tensor *received = xcalloc((size_t)(2 * layers), sizeof(Tensor));
-    for (int p = 0; p < stage->n_params; p++) all[p] = stage->params[p];
-    for (int s = 1; s < stages; s++)
-        for (int l = stage_first_layer(s, stages, layers); l < stage_first_layer(s + 1, stages, layers); l++)
-            for (int bias = 0; bias < 2; bias++) {
-                int p = 2 * l + bias;
-                received[p] = tensor_zeros(bias ? 1 : sizes[l + 1], bias ? sizes[l + 1] : sizes[l], DEVICE_CPU);
-                CHECK_MPI(MPI_Recv(received[p].data, (int)tensor_numel(&received[p]), MPI_FLOAT, s, 2, pipeline->mpi,
-                                   MPI_STATUS_IGNORE));
-                all[p] = (Param){.value = &received[p]};
-                snprintf(all[p].name, sizeof all[p].name, "fc.%d.%s", 2 * l, bias ? "bias" : "weight");
+// whole_model_gather's: layer `layer` from the stage that holds it, sent to stage 0 (the
+// pipeline's rank 0), which keeps its own.
+static void gather_stage_layer(void *stage_of_model, int layer, Param pair[2]) {
+    const StageOfModel *of = stage_of_model;
+    const Stage *stage = of->stage;
+    int holder = 0;  // the stage whose layers [first, end) include `layer`
+    while (stage_first_layer(holder + 1, of->pipeline->size, of->n_layers) <= layer) holder++;
+    bool mine = holder == of->pipeline->rank;
+    for (int k = 0; k < 2; k++) {  // the weight, then the bias
+        if (mine) {
+            const Linear *held = &stage->layers[layer - stage->first_layer];
+            const Tensor *value = k ? &held->bias : &held->weight;
+            if (pair[k].value) {
+                tensor_copy(pair[k].value, value);
+                continue;
             }
-    h5_save_params(path, all, 2 * layers);
-    for (int p = 0; p < 2 * layers; p++) tensor_free(&received[p]);
-    free(received);
-    free(all);
+            float *values = xmalloc(tensor_numel(value) * sizeof(float));
+            tensor_to_host(value, values);
+            CHECK_MPI(MPI_Send(values, (int)tensor_numel(value), MPI_FLOAT, 0, 2, of->pipeline->mpi));
+            free(values);
+        } else if (pair[k].value) {
+            CHECK_MPI(MPI_Recv(pair[k].value->data, (int)tensor_numel(pair[k].value), MPI_FLOAT, holder, 2,
+                               of->pipeline->mpi, MPI_STATUS_IGNORE));
+        }
+    }
 }
 
 // --timeline: the last step of every stage of replica 0, as measured, above
@@ -529,10 +487,10 @@ static void draw_timeline(const char *path, const Schedule *schedule, const Step
                           int replica, const double *forward_of, const double *backward_of) {
     if (replica != 0) return;
     int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
-    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double)), *all = xmalloc((size_t)p * (2 * n + 1) * sizeof(double));
+    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double));
     mine[0] = times->step_start;
     for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
-    CHECK_MPI(MPI_Gather(mine, 2 * n + 1, MPI_DOUBLE, all, 2 * n + 1, MPI_DOUBLE, 0, pipeline->mpi));
+    double *all = group_gather_figures(pipeline, mine, 2 * n + 1, false);
     if (pipeline->rank == 0) {
         double first_start = all[0];
         for (int s = 1; s < p; s++) first_start = all[s * (2 * n + 1)] < first_start ? all[s * (2 * n + 1)] : first_start;

@@ -64,46 +64,20 @@
 #include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"             // wall_seconds
 #include "comm/collectives.h"       // group_all_reduce: Megatron's f and g
-#include "comm/group.h"             // group_split: the tensor-parallel and data-parallel groups
+#include "comm/group.h"             // group_split, group_gather_figures: the groups, the per-rank table
 #include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"              // Linear, linear_forward, linear_backward, Adam
 #include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
-#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
-
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
 
 // ------------------------------------------------------------------ the tensor-parallel MLP
 
@@ -184,11 +158,10 @@ static TpMlp tp_mlp_new(const int *sizes, int n_sizes, int max_batch, const Grou
         tensor_from_host(&layer->part.weight, weight);
         tensor_from_host(&layer->part.bias, bias);
         free(weight), free(bias);
-        Param *w = &model.params[2 * l], *b = &model.params[2 * l + 1];
-        *w = (Param){.value = &layer->part.weight, .grad = &layer->part.grad_weight};
-        *b = (Param){.value = &layer->part.bias, .grad = &layer->part.grad_bias};
-        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * l);
-        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * l);
+        Param *pair = &model.params[2 * l];  // its weight and bias
+        pair[0] = (Param){.value = &layer->part.weight, .grad = &layer->part.grad_weight};
+        pair[1] = (Param){.value = &layer->part.bias, .grad = &layer->part.grad_bias};
+        mlp_name_layer(pair, l);
     }
     return model;
 }
@@ -289,34 +262,36 @@ static long tp_correct(TpMlp *model, const Tensor *x, const int *labels) {
     return correct;
 }
 
-// The whole parameter p ([out, in], or the bias [1, out]) on the group's rank 0, from every rank's part
-// (a collective over the group; NULL on the other ranks).
-static float *gather_whole(const TpMlp *model, int p) {
-    const TpLayer *layer = &model->layers[p / 2];
-    const Tensor *part = model->params[p].value;
-    bool bias = p % 2 == 1, split = layer->kind == COLUMN_PARALLEL || (layer->kind == ROW_PARALLEL && !bias);
-    int T = model->tp->size, root = model->tp->rank == 0;
-    size_t n = tensor_numel(part), whole_n = (size_t)(bias ? 1 : layer->out) * (bias ? layer->out : layer->in);
-    CHECK(n <= 1u << 30, "%s: %zu floats in one message", model->params[p].name, n);
-    float *mine = xmalloc(n * sizeof(float)), *parts = root ? xmalloc(whole_n * sizeof(float)) : NULL;
-    tensor_to_host(part, mine);
-    if (!split) {  // whole on every rank
-        if (root) memcpy(parts, mine, n * sizeof(float));
-        free(mine);
-        return parts;
+// whole_model_gather's: layer `layer`'s weight and bias whole on the group's rank 0 (pair's values
+// there), from every rank's part. Collective over the tensor-parallel group.
+static void gather_layer(void *tp_mlp, int layer, Param pair[2]) {
+    const TpMlp *model = tp_mlp;
+    const TpLayer *part = &model->layers[layer];
+    int T = model->tp->size;
+    for (int k = 0; k < 2; k++) {  // the weight, then the bias
+        const Tensor *mine = k ? &part->part.bias : &part->part.weight;
+        bool bias = k == 1, split = part->kind == COLUMN_PARALLEL || (part->kind == ROW_PARALLEL && !bias);
+        Tensor *whole = pair[k].value;  // NULL but on the group's rank 0
+        if (!split) {                   // whole on every rank
+            if (whole) tensor_copy(whole, mine);
+            continue;
+        }
+        size_t n = tensor_numel(mine);
+        CHECK(n <= 1u << 30, "%s: %zu floats in one message", model->params[2 * layer + k].name, n);
+        float *values = xmalloc(n * sizeof(float)), *parts = whole ? xmalloc(n * T * sizeof(float)) : NULL;
+        tensor_to_host(mine, values);
+        CHECK_MPI(MPI_Gather(values, (int)n, MPI_FLOAT, parts, (int)n, MPI_FLOAT, 0, model->tp->mpi));
+        if (whole && part->kind == COLUMN_PARALLEL) {  // rows: the parts follow each other
+            memcpy(whole->data, parts, n * T * sizeof(float));
+        } else if (whole) {  // a row-parallel weight: rank t's part is columns [t in/T, (t+1) in/T) of every row
+            int cols = part->in / T;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < part->out; r++)
+                    memcpy(&whole->data[(size_t)r * part->in + (size_t)t * cols], &parts[((size_t)t * part->out + r) * cols],
+                           (size_t)cols * sizeof(float));
+        }
+        free(values), free(parts);
     }
-    CHECK_MPI(MPI_Gather(mine, (int)n, MPI_FLOAT, parts, (int)n, MPI_FLOAT, 0, model->tp->mpi));
-    free(mine);
-    if (!root || layer->kind == COLUMN_PARALLEL) return parts;  // rows: the parts follow each other
-    // Row-parallel weight: rank t's part is columns [t in/T, (t+1) in/T) of every row.
-    float *whole = xmalloc(whole_n * sizeof(float));
-    int cols = layer->in / T;
-    for (int t = 0; t < T; t++)
-        for (int r = 0; r < layer->out; r++)
-            memcpy(&whole[(size_t)r * layer->in + (size_t)t * cols], &parts[((size_t)t * layer->out + r) * cols],
-                   (size_t)cols * sizeof(float));
-    free(parts);
-    return whole;
 }
 
 // --init: each layer read whole from a state_dict file, every rank keeping its part.
@@ -325,8 +300,7 @@ static void load_parts(const char *path, TpMlp *model) {
         TpLayer *layer = &model->layers[l];
         Tensor weight = tensor_zeros(layer->out, layer->in, DEVICE_CPU), bias = tensor_zeros(1, layer->out, DEVICE_CPU);
         Param whole[2] = {{.value = &weight}, {.value = &bias}};
-        snprintf(whole[0].name, sizeof whole[0].name, "fc.%d.weight", 2 * l);
-        snprintf(whole[1].name, sizeof whole[1].name, "fc.%d.bias", 2 * l);
+        mlp_name_layer(whole, l);
         h5_load_params(path, whole, 2);
         float *part = xmalloc(tensor_numel(&layer->part.weight) * sizeof(float));
         size_t kept = 0;
@@ -341,11 +315,6 @@ static void load_parts(const char *path, TpMlp *model) {
         tensor_free(&weight), tensor_free(&bias);
     }
 }
-
-// The reports, after main: the whole model's checksum and --save, both from the
-// parts gathered on the group's rank 0.
-static unsigned long long whole_model_checksum(const TpMlp *model);
-static void save_whole_model(const char *path, const TpMlp *model);
 
 static size_t params_bytes(const Param *params, int n) {
     size_t bytes = 0;
@@ -369,10 +338,10 @@ int main(int argc, char **argv) {
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");
     int rank = dist_rank(), world = dist_world_size();
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes), n_layers = n_sizes - 1;
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     size_t weights = 0, split_weights = 0;  // the whole model's, and of those the ones split T ways
     for (int l = 0; l < n_layers; l++) {
         size_t layer = (size_t)sizes[l] * sizes[l + 1] + sizes[l + 1];
@@ -507,8 +476,7 @@ int main(int argc, char **argv) {
     mine[1] = mine[0];  // a gradient per parameter, its shape
     for (int i = 0; i < optimizer.n_params; i++)
         mine[2] += (double)(tensor_numel(&optimizer.exp_avg[i]) + tensor_numel(&optimizer.exp_avg_sq[i])) * sizeof(float);
-    double *all = xmalloc((size_t)(4 * world) * sizeof(double));
-    CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    double *all = group_gather_figures(group_world(), mine, 4, false);
     print0("Memory per rank (MB): the model's state held, its theory 16 B x (%zu / T + %zu) weights, DDP's 16 B x %zu\n",
            split_weights, weights - split_weights, weights);
     print0("rank  parameters  gradients  Adam's moments    total   theory    DDP's  %s\n",
@@ -546,13 +514,15 @@ int main(int argc, char **argv) {
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (replicas > 1) print0("DDP (rank 0's): %s\n", overlap);
-    unsigned long long checksum = whole_model_checksum(&model);
+    // The whole model's checksum and --save (replica 0's file, in step 6's layout, so that weights go
+    // freely between steps 6, 16 and 17), from the parts gathered on the group's rank 0 layer by layer.
+    unsigned long long checksum = whole_model_gather(&tensor_parallel, sizes, n_sizes, WHOLE_ON_ROOT, gather_layer,
+                                                     &model, replica == 0 ? opt.save : NULL);
     if (tp_rank == 0)
         print_rank("parameter checksum %016llx (the whole model, from tensor-parallel ranks 0 to %d of replica %d)\n",
                    checksum, tp - 1, replica);
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
-    if (opt.save && replica == 0) save_whole_model(opt.save, &model);
     if (rank == 0 && opt.plot && *opt.plot && losses.n > 0) {
         char title[96];
         snprintf(title, sizeof title, "Step 17: MNIST training loss, %d tensor-parallel x %d replica%s", tp, replicas,
@@ -579,43 +549,4 @@ int main(int argc, char **argv) {
     mnist_free(&test);
     dist_finalize();
     return 0;
-}
-
-// ------------------------------------------------------------------ the reports
-
-// The whole model's parameter checksum: every parameter gathered whole on the
-// group's rank 0 and hashed in state_dict order, as step 6's params_checksum.
-static unsigned long long whole_model_checksum(const TpMlp *model) {
-    unsigned long long hash = PARAMS_CHECKSUM_START;
-    for (int p = 0; p < model->n_params; p++) {
-        float *whole = gather_whole(model, p);
-        if (!whole) continue;
-        const TpLayer *layer = &model->layers[p / 2];
-        Tensor t = {.data = whole, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
-                    .device = DEVICE_CPU};
-        Param one = {.value = &t};
-        hash = params_checksum_continue(hash, &one, 1);
-        free(whole);
-    }
-    return hash;
-}
-
-// --save: the whole model in one state_dict file, written by rank 0 from its
-// replica's parts: the layout of step 6's files, so weights go freely between
-// steps 6, 16 and 17. Collective over the replica's group.
-static void save_whole_model(const char *path, const TpMlp *model) {
-    Param *whole = xcalloc((size_t)model->n_params, sizeof(Param));
-    Tensor *values = xcalloc((size_t)model->n_params, sizeof(Tensor));
-    for (int p = 0; p < model->n_params; p++) {
-        float *data = gather_whole(model, p);
-        const TpLayer *layer = &model->layers[p / 2];
-        values[p] = (Tensor){.data = data, .rows = p % 2 ? 1 : layer->out, .cols = p % 2 ? layer->out : layer->in,
-                             .device = DEVICE_CPU};
-        whole[p] = (Param){.value = &values[p]};
-        memcpy(whole[p].name, model->params[p].name, sizeof whole[p].name);
-    }
-    if (model->tp->rank == 0) h5_save_params(path, whole, model->n_params);
-    for (int p = 0; p < model->n_params; p++) free(values[p].data);
-    free(values);
-    free(whole);
 }

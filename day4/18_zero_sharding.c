@@ -57,45 +57,20 @@
 #include "base/check.h"             // CHECK, xmalloc, usage_error: fail fast, on every rank
 #include "base/timer.h"             // wall_seconds
 #include "comm/collectives.h"       // group_reduce_scatter, group_all_gather: the shards' two collectives
+#include "comm/group.h"             // group_world, group_gather_figures: the per-rank table
 #include "data/mnist.h"             // mnist_load, DistributedSampler, mnist_batch: the data
 #include "models/nn.h"              // Linear, linear_forward, linear_backward, adam_new: the layers and DDP's Adam
 #include "parallel/ddp.h"           // ddp_wrap: --zero 0 is step 6's DDP
-#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
-
-enum { MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the classes
-
-// --hidden 512,512,512 -> sizes {784, 512, 512, 512, 10}; returns how many.
-static int model_sizes(const char *hidden, int *sizes) {
-    int n = 0;
-    sizes[n++] = MNIST_PIXELS;
-    for (const char *p = hidden; *p;) {
-        char *end = NULL;
-        long width = strtol(p, &end, 10);
-        if (end == p || width < 1 || width > 1 << 20 || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
-            n == MAX_SIZES - 1)
-            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
-                        hidden, MAX_SIZES - 2, 1 << 20);
-        sizes[n++] = (int)width;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
-    sizes[n++] = MNIST_CLASSES;
-    return n;
-}
-
-// "784-512-512-10"
-static void describe_sizes(const int *sizes, int n, char *out, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < n && used < size; i++) used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
-}
 
 // ------------------------------------------------------------------ the flat units
 
@@ -202,13 +177,12 @@ static Sharded sharded_new(const int *sizes, int n_sizes, int zero, bool prefetc
         s.grad_outputs[i] = tensor_zeros(max_batch, u->out, device);
         if (zero <= 2) {  // named views, for DDP, Adam (stage 0), --init, --save and the checksum
             Linear layer = unit_linear(u, &u->full, zero <= 1 ? &u->grad : NULL);
-            Param *w = &s.params[2 * i], *b = &s.params[2 * i + 1];
-            *w = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
-            *b = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
-            *w->value = layer.weight, *b->value = layer.bias;
-            if (zero <= 1) *w->grad = layer.grad_weight, *b->grad = layer.grad_bias;
-            snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
-            snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
+            Param *pair = &s.params[2 * i];  // its weight and bias
+            for (int k = 0; k < 2; k++)
+                pair[k] = (Param){.value = xmalloc(sizeof(Tensor)), .grad = zero <= 1 ? xmalloc(sizeof(Tensor)) : NULL};
+            *pair[0].value = layer.weight, *pair[1].value = layer.bias;
+            if (zero <= 1) *pair[0].grad = layer.grad_weight, *pair[1].grad = layer.grad_bias;
+            mlp_name_layer(pair, i);
         }
     }
     size_t any = largest[0] > largest[1] ? largest[0] : largest[1];
@@ -404,15 +378,12 @@ static double sharded_accuracy(Sharded *s, const Tensor *images, const int *labe
 }
 
 // The memory check and the reports, after main.
-typedef void (*LayerUse)(Sharded *s, int layer, Param *pair, const Tensor *whole, void *context);
-static void each_layer_whole(Sharded *s, LayerUse use, void *context);
 static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
                             int max_batch);  // the memory check, beside report_memory's theory
 static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Device device);
 static void report_traffic(const Sharded *s, long steps, size_t weights, const Ddp *ddp);
-static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path);
-static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *all);
-static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *hash);
+static void load_whole(Sharded *s, const char *path);
+static void gather_unit(void *sharded, int layer, Param pair[2]);
 static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
 
 int main(int argc, char **argv) {
@@ -434,10 +405,10 @@ int main(int argc, char **argv) {
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
-    int sizes[MAX_SIZES];
-    int n_sizes = model_sizes(hidden, sizes);
+    int sizes[MLP_MAX_SIZES];
+    int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
     char model_name[128];
-    describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
+    mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
     // Memory: what this stage keeps on each rank (the theory the report shows at the end), refused
@@ -462,7 +433,7 @@ int main(int argc, char **argv) {
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);  // torch.manual_seed(seed)
     Sharded model = sharded_new(sizes, n_sizes, zero, prefetch, opt.batch_size, &rng, device);
-    if (opt.init) each_layer_whole(&model, load_whole, (void *)opt.init);
+    if (opt.init) load_whole(&model, opt.init);
     size_t weights = 0, padded = 0, block = 0;
     for (int i = 0; i < model.n_units; i++)
         weights += model.units[i].numel, padded += model.units[i].padded, block += model.units[i].block;
@@ -543,18 +514,13 @@ int main(int argc, char **argv) {
                1e3 * (train_seconds - first_step_seconds) / (double)(steps - 1), 1e3 * first_step_seconds);
     report_memory(&model, zero == 0 ? &ddp : NULL, weights, device);
     report_traffic(&model, steps, weights, zero == 0 ? &ddp : NULL);
-    unsigned long long checksum = PARAMS_CHECKSUM_START;
-    each_layer_whole(&model, hash_whole, &checksum);
+    // The checksum, each rank's of its whole copy (gathered layer by layer at stage 3), and --save: the
+    // whole state_dict, written by rank 0.
+    unsigned long long checksum = whole_model_gather(group_world(), sizes, n_sizes, WHOLE_ON_EVERY_RANK, gather_unit,
+                                                     &model, opt.save);
     print_rank("parameter checksum %016llx\n", checksum);
 
     if (rank == 0 && opt.losses) loss_log_write_csv(&losses, opt.losses);
-    if (opt.save) {  // the whole state_dict, gathered layer by layer, written by rank 0
-        Param *all = xcalloc((size_t)(2 * model.n_units), sizeof(Param));
-        each_layer_whole(&model, save_whole, all);
-        if (rank == 0) h5_save_params(opt.save, all, 2 * model.n_units);
-        for (int p = 0; p < 2 * model.n_units && rank == 0; p++) tensor_free(all[p].value), free(all[p].value);
-        free(all);
-    }
     if (rank == 0 && opt.plot && *opt.plot) {
         char title[96];
         snprintf(title, sizeof title, "Step 18: MNIST training loss, %s on %d rank%s", stage_name[zero], world,
@@ -582,43 +548,33 @@ int main(int argc, char **argv) {
 
 // ------------------------------------------------------------------ the reports
 
-// Calls use() with each layer's whole weight and bias, in order: views of
-// the unit (stages 0-2), or of its gathered copy (stage 3). Collective.
-static void each_layer_whole(Sharded *s, LayerUse use, void *context) {
+// --init: each layer read whole, by name, into the unit (stages 0-2) or its gathered copy, of
+// which stage 3 keeps this rank's block. Collective.
+static void load_whole(Sharded *s, const char *path) {
     for (int i = 0; i < s->n_units; i++) {
+        const Unit *u = &s->units[i];
         Tensor whole = unit_weights(s, i);
-        Linear layer = unit_linear(&s->units[i], &whole, NULL);
+        Linear layer = unit_linear(u, &whole, NULL);
         Param pair[2] = {{.value = &layer.weight}, {.value = &layer.bias}};
-        snprintf(pair[0].name, sizeof pair[0].name, "fc.%d.weight", 2 * i);
-        snprintf(pair[1].name, sizeof pair[1].name, "fc.%d.bias", 2 * i);
-        use(s, i, pair, &whole, context);
+        mlp_name_layer(pair, i);
+        h5_load_params(path, pair, 2);
+        if (s->zero == 3) {
+            Tensor mine = flat_view(&whole, (size_t)s->rank * u->block, u->block);
+            tensor_copy(&s->units[i].param_block, &mine);
+        }
         reshard(s, i);
     }
 }
 
-// --init: each layer read whole, by name, into the unit (stages 0-2) or its
-// gathered copy, of which stage 3 keeps this rank's block.
-static void load_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *path) {
-    h5_load_params((const char *)path, pair, 2);
-    const Unit *u = &s->units[layer];
-    if (s->zero == 3) {
-        Tensor mine = flat_view(whole, (size_t)s->rank * u->block, u->block);
-        tensor_copy(&s->units[layer].param_block, &mine);
-    }
-}
-
-// --save: a host copy of each layer, for rank 0 to write.
-static void save_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *all) {
-    (void)whole;
-    if (s->rank != 0) return;
-    Param *params = all;
-    for (int k = 0; k < 2; k++) {
-        Param *p = &params[2 * layer + k];
-        *p = (Param){.value = xmalloc(sizeof(Tensor))};
-        *p->value = tensor_zeros(pair[k].value->rows, pair[k].value->cols, DEVICE_CPU);
-        tensor_copy(p->value, pair[k].value);
-        memcpy(p->name, pair[k].name, sizeof p->name);
-    }
+// whole_model_gather's: layer `layer` whole on every rank (its own at stages 0-2, all-gathered at
+// stage 3), copied into pair's host tensors. Collective.
+static void gather_unit(void *sharded, int layer, Param pair[2]) {
+    Sharded *s = sharded;
+    Tensor whole = unit_weights(s, layer);
+    Linear view = unit_linear(&s->units[layer], &whole, NULL);
+    tensor_copy(pair[0].value, &view.weight);
+    tensor_copy(pair[1].value, &view.bias);
+    reshard(s, layer);
 }
 
 // The weights this rank holds, checked finite (collective): whole at stages 0-2, its blocks at stage 3,
@@ -635,13 +591,6 @@ static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracki
     }
     check_weights_finite(blocks, s->n_units, steps, epochs, run);
     free(blocks);
-}
-
-// The checksum: step 6's params_checksum over fc.0.weight, fc.0.bias, ..., layer after layer.
-static void hash_whole(Sharded *s, int layer, Param *pair, const Tensor *whole, void *hash) {
-    (void)s, (void)layer, (void)whole;
-    unsigned long long *h = hash;
-    *h = params_checksum_continue(*h, pair, 2);
 }
 
 // The theory of each stage, per weight: the bytes of its value, its gradient
@@ -698,8 +647,7 @@ static void report_memory(const Sharded *s, const Ddp *ddp, size_t weights, Devi
                                 s->prefetch ? "2 layers gathered, 2 layers' whole gradients"
                                             : "1 layer gathered, 2 layers' whole gradients"};
     double mine[5] = {params, grads, adam, working, device_peak_memory_bytes(device)};
-    double *all = xmalloc((size_t)(5 * s->world) * sizeof(double));
-    CHECK_MPI(MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    double *all = group_gather_figures(group_world(), mine, 5, false);
     double theory = (per_weight[0] + per_weight[1] + per_weight[2]) * (double)weights;
     print0("Memory per rank (MB): parameters + gradients + Adam = model state, beside the theory %s B/param x %zu "
            "(N = %d); working buffers (%s); peak resident set\n", formula[s->zero], weights, s->world,

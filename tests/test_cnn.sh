@@ -93,13 +93,19 @@ run day3/14_cnn_ddp --max_steps -2 > "$tmp/bad" 2>&1
 status=$?
 expect "--max_steps -2: exit $status (2), one line naming the flag: $(head -1 "$tmp/bad")" \
     test $status -eq 2 -a "$(wc -l < "$tmp/bad")" -eq 1 -a "$(grep -c -- '--max_steps' "$tmp/bad")" -eq 1
-# A batch whose activations cannot fit (2^20 samples of about 1 MB each, on 2 ranks) is refused
-# before anything is allocated, with one line, not killed by the OOM killer.
+# A batch whose activations cannot fit (50000 samples of about 1 MB each, where ulimit -v leaves
+# 4 GB) is refused before anything is allocated, with one line, not killed by the OOM killer.
+(ulimit -v 4000000; mpi 2 day3/14_cnn_ddp --batch_size 50000 --plot '') > "$tmp/bad" 2>&1
+status=$?
+expect "--batch_size 50000 on 2 ranks under ulimit -v 4 GB: exit $status (2), one line naming the flag: $(grep -m1 -- '--batch_size' "$tmp/bad")" \
+    test $status -eq 2 -a "$(grep -c '^error' "$tmp/bad")" -eq 1 -a \
+    "$(grep -cE -- '^error: --batch_size 50000 needs about [0-9.]+ [GT]B per rank \(.*activations [0-9.]+ [GT]B.*\), more than ' "$tmp/bad")" -eq 1
+# A batch past the first pool's int indexes (2^20) is refused as such, whatever the memory: the
+# model's limit comes before the memory estimate (a GPU of 141 GB would hold 85598 samples).
 mpi 2 day3/14_cnn_ddp --batch_size 1048576 --plot '' > "$tmp/bad" 2>&1
 status=$?
-expect "--batch_size 1048576 on 2 ranks: exit $status (2), one line naming the flag: $(grep -m1 -- '--batch_size' "$tmp/bad")" \
-    test $status -eq 2 -a "$(grep -c '^error' "$tmp/bad")" -eq 1 -a \
-    "$(grep -cE -- '^error: --batch_size 1048576 needs about [0-9.]+ [GT]B per rank \(.*activations [0-9.]+ [GT]B.*\), more than ' "$tmp/bad")" -eq 1
+expect "--batch_size 1048576 on 2 ranks: exit $status (1), one line naming the pooling indexes: $(grep -m1 -- '--batch_size' "$tmp/bad")" \
+    test $status -eq 1 -a "$(grep -c -- '--batch_size 1048576: the SimpleCNN takes at most 85598 (its pooling indexes are ints)' "$tmp/bad")" -eq 1
 if /usr/bin/python3 -c 'import h5py, numpy' 2> /dev/null; then
     # A conv weight stored 2-D [32, 9] (the tensor's shape, not the state_dict's) is refused.
     /usr/bin/python3 - "$tmp/one.h5" "$tmp/flat.h5" << 'PY'

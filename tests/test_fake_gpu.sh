@@ -57,4 +57,4 @@ for gpus in 1 4; do
     relabelled test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done
 # A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
-run test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh
+relabelled test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh

@@ -222,7 +222,8 @@ expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$
 if thorough; then  # make test-all: the stop signals through run_with_restarts.sh, rank 0 killed mid-write
 for signal in USR1 TERM; do
     out=$tmp/restart_$signal.out
-    RUN_TIMEOUT=300 run "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
+    # timeout itself, not lib.sh's run: $! must be timeout's pid, whose child is the script signalled below.
+    timeout 300 "${restarts[@]}" $MPIRUN -np 2 day3/13_fault_tolerant_ddp --data="$DATA" --total_epochs=$EPOCHS --plot= \
         --snapshot="$tmp/restart_$signal.h5" > "$out" 2>&1 &
     run_pid=$!
     background+=("$run_pid")

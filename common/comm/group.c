@@ -47,3 +47,11 @@ int group_world_rank(const Group *group, int rank) {
     CHECK(rank >= 0 && rank < group->size, "group_world_rank: rank %d of a group of %d", rank, group->size);
     return group->world_ranks ? group->world_ranks[rank] : rank;
 }
+
+double *group_gather_figures(const Group *group, const double *mine, int n, bool to_every_rank) {
+    bool arrive = to_every_rank || group->rank == 0;
+    double *all = arrive ? xmalloc((size_t)group->size * (size_t)n * sizeof(double)) : NULL;
+    if (to_every_rank) CHECK_MPI(MPI_Allgather(mine, n, MPI_DOUBLE, all, n, MPI_DOUBLE, group->mpi));
+    else CHECK_MPI(MPI_Gather(mine, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, group->mpi));
+    return all;
+}

@@ -16,6 +16,7 @@
 // and ddp take the group they work over.
 #pragma once
 #include <mpi.h>
+#include <stdbool.h>
 
 #include "base/check.h"  // HAVE_CUDA, and NCCL's types with it
 
@@ -36,3 +37,7 @@ Group group_split(int color, int key);
 void group_free(Group *group);
 // The world rank of the group's member `rank`.
 int group_world_rank(const Group *group, int rank);
+// The figures of a per-rank table (a report's memory, times, idle shares): every member's
+// `n` doubles, member by member ([size x n]), on the group's rank 0, or with to_every_rank on
+// every member (a newly allocated array, to free()); NULL where they do not arrive. Collective.
+double *group_gather_figures(const Group *group, const double *mine, int n, bool to_every_rank);

@@ -31,7 +31,21 @@ static double words_per_sample(void) {
     return activations + columns + argmax;
 }
 
+// The first pool's argmax are int indices into its C1 x batch x 28 x 28 input:
+// past INT_MAX they would wrap, and its backward write out of bounds. A limit of
+// the model, whatever the memory (a GPU of 141 GB holds that batch), so it is
+// checked before the memory estimate, which would otherwise refuse the batch on
+// smaller machines for another reason.
+static void require_int_pooling_indexes(int max_batch) {
+    char too_large[128];
+    int most = (int)(INT_MAX / ((long)C1 * SIDE * SIDE));
+    snprintf(too_large, sizeof too_large, "--batch_size %d: the SimpleCNN takes at most %d (its pooling indexes are ints)",
+             max_batch, most);
+    check_all_ranks(max_batch <= most, too_large);
+}
+
 void cnn_add_memory_need(MemoryNeed *need, int max_batch) {
+    require_int_pooling_indexes(max_batch);
     const double weights = (9.0 * 1 * C1 + C1) + (9.0 * C1 * C2 + C2) + ((double)FLAT * HIDDEN + HIDDEN) +
                            ((double)HIDDEN * CLASSES + CLASSES);  // conv1, conv2, fc1, fc2: cnn_num_weights's
     memory_need_add(need, "parameters", weights * sizeof(float));
@@ -42,15 +56,7 @@ void cnn_add_memory_need(MemoryNeed *need, int max_batch) {
 
 Cnn *cnn_new(int max_batch, Rng *rng, Device device) {
     CHECK(max_batch > 0, "SimpleCNN for batches of %d", max_batch);
-    // The first pool's argmax are int indices into its C1 x batch x 28 x 28
-    // input: past INT_MAX they would wrap, and its backward write out of bounds
-    // (a GPU of 141 GB holds that batch; the program's memory check,
-    // cnn_add_memory_need, refuses it first on smaller ones).
-    char too_large[128];
-    int most = (int)(INT_MAX / ((long)C1 * SIDE * SIDE));
-    snprintf(too_large, sizeof too_large, "--batch_size %d: the SimpleCNN takes at most %d (its pooling indexes are ints)",
-             max_batch, most);
-    check_all_ranks(max_batch <= most, too_large);
+    require_int_pooling_indexes(max_batch);
     Cnn *m = xcalloc(1, sizeof(Cnn));
     m->max_batch = max_batch;
     m->n_params = CNN_PARAMS;

@@ -47,7 +47,8 @@ typedef struct {
 // would not fit is the caller's to refuse first (cnn_add_memory_need).
 Cnn *cnn_new(int max_batch, Rng *rng, Device device);
 // What cnn_new(max_batch) and its training with Adam will hold, added to `need`
-// (memory_budget.h) before anything is allocated: the parameters, their
+// (memory_budget.h) before anything is allocated, after refusing a batch past the
+// pooling indexes (ints) whatever the memory: the parameters, their
 // gradients, Adam's moments, and about 1 MB a sample of activations, their
 // gradients, both convolutions' columns and the pools' argmax.
 void cnn_add_memory_need(MemoryNeed *need, int max_batch);

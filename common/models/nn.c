@@ -61,14 +61,44 @@ Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device devic
         linear_init(layer, sizes[i], sizes[i + 1], rng, device);
         model.outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
         model.grad_outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
-        // nn.Sequential counts the ReLUs too: the Linears are fc.0, fc.2, fc.4...
-        Param *w = &model.params[2 * i], *b = &model.params[2 * i + 1];
-        *w = (Param){.value = &layer->weight, .grad = &layer->grad_weight};
-        *b = (Param){.value = &layer->bias, .grad = &layer->grad_bias};
-        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * i);
-        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * i);
+        Param *pair = &model.params[2 * i];  // its weight and bias
+        pair[0] = (Param){.value = &layer->weight, .grad = &layer->grad_weight};
+        pair[1] = (Param){.value = &layer->bias, .grad = &layer->grad_bias};
+        mlp_name_layer(pair, i);
     }
     return model;
+}
+
+int mlp_sizes_from_hidden(const char *hidden, int inputs, int outputs, int sizes[MLP_MAX_SIZES]) {
+    enum { MAX_WIDTH = 1 << 20 };
+    int n = 0;
+    sizes[n++] = inputs;
+    for (const char *p = hidden; *p;) {
+        char *end = NULL;
+        long width = strtol(p, &end, 10);
+        if (end == p || width < 1 || width > MAX_WIDTH || (*end != ',' && *end != '\0') || (*end == ',' && !end[1]) ||
+            n == MLP_MAX_SIZES - 1)
+            usage_error("--hidden %s: expected up to %d layer widths from 1 to %d, separated by commas (e.g. 512,512,512)",
+                        hidden, MLP_MAX_SIZES - 2, MAX_WIDTH);
+        sizes[n++] = (int)width;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 1) usage_error("--hidden '': expected at least one layer width (e.g. 128)");
+    sizes[n++] = outputs;
+    return n;
+}
+
+void mlp_describe_sizes(const int *sizes, int n_sizes, char *out, size_t size) {
+    size_t used = 0;
+    if (size > 0) out[0] = '\0';
+    for (int i = 0; i < n_sizes && used < size; i++)
+        used += (size_t)snprintf(out + used, size - used, "%s%d", i ? "-" : "", sizes[i]);
+}
+
+void mlp_name_layer(Param pair[2], int layer) {
+    // nn.Sequential counts the ReLUs too: the Linears are fc.0, fc.2, fc.4...
+    snprintf(pair[0].name, sizeof pair[0].name, "fc.%d.weight", 2 * layer);
+    snprintf(pair[1].name, sizeof pair[1].name, "fc.%d.bias", 2 * layer);
 }
 
 void mlp_free(Mlp *model) {

@@ -64,6 +64,15 @@ typedef struct {
 typedef void (*GradReadyHook)(void *context, int index);
 
 // sizes = {784, 128, 10}: Linear(784,128), ReLU, Linear(128,10).
+enum { MLP_MAX_SIZES = 17 };  // the input, up to 15 hidden widths, the output
+// The widths of --hidden W,W,...: "512,512,512" -> {inputs, 512, 512, 512, outputs}; returns
+// how many. A malformed list is a usage error that names the flag (usage_error: exit 2, every rank).
+int mlp_sizes_from_hidden(const char *hidden, int inputs, int outputs, int sizes[MLP_MAX_SIZES]);
+// The MLP's name in the programs' settings lines: "784-512-512-10".
+void mlp_describe_sizes(const int *sizes, int n_sizes, char *out, size_t size);
+// Layer i's state_dict names, which the HDF5 files use too: pair[0] "fc.<2i>.weight", pair[1]
+// "fc.<2i>.bias". Every model made of the MLP's layers, whole or split (Day 4), names them here.
+void mlp_name_layer(Param pair[2], int layer);
 Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device device);
 void mlp_free(Mlp *model);
 const Tensor *mlp_forward(Mlp *model, const Tensor *x);  // returns the logits [B, classes]

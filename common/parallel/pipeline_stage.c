@@ -55,11 +55,10 @@ Stage stage_new(const int *sizes, int n_sizes, int first_layer, int end_layer, i
         int l = g - first_layer;
         linear_init(&stage.layers[l], sizes[g], sizes[g + 1], rng, device);
         stage.grad_scratch[l] = tensor_zeros(rows, sizes[g + 1], device);
-        Param *w = &stage.params[2 * l], *b = &stage.params[2 * l + 1];
-        *w = (Param){.value = &stage.layers[l].weight, .grad = &stage.layers[l].grad_weight};
-        *b = (Param){.value = &stage.layers[l].bias, .grad = &stage.layers[l].grad_bias};
-        snprintf(w->name, sizeof w->name, "fc.%d.weight", 2 * g);  // the whole model's names
-        snprintf(b->name, sizeof b->name, "fc.%d.bias", 2 * g);
+        Param *pair = &stage.params[2 * l];  // its weight and bias
+        pair[0] = (Param){.value = &stage.layers[l].weight, .grad = &stage.layers[l].grad_weight};
+        pair[1] = (Param){.value = &stage.layers[l].bias, .grad = &stage.layers[l].grad_bias};
+        mlp_name_layer(pair, g);  // the whole model's names
     }
     if (!stage.is_first) stage.grad_input = tensor_zeros(rows, stage.in_features, device);
     return stage;

@@ -228,13 +228,6 @@ static void tensor_field(SnapshotIo *io, const char *name, Tensor *t) {
     }
 }
 
-// "784-128-10"
-static void describe_sizes(char *out, size_t size, const int *sizes, int n) {
-    int len = 0;
-    out[0] = '\0';
-    for (int i = 0; i < n && len < (int)size; i++) len += snprintf(out + len, size - (size_t)len, "%s%d", i ? "-" : "", sizes[i]);
-}
-
 // LOAD: the snapshot's settings against this run's.
 static void check_settings(SnapshotIo *io, const SnapshotSettings *run, const SnapshotSettings *saved) {
     if (io->err[0]) return;
@@ -242,8 +235,8 @@ static void check_settings(SnapshotIo *io, const SnapshotSettings *run, const Sn
     for (int i = 0; same_model && i < run->n_sizes; i++) same_model = saved->sizes[i] == run->sizes[i];
     if (!same_model) {
         char theirs[128], ours[128];
-        describe_sizes(theirs, sizeof theirs, saved->sizes, saved->n_sizes);
-        describe_sizes(ours, sizeof ours, run->sizes, run->n_sizes);
+        mlp_describe_sizes(saved->sizes, saved->n_sizes, theirs, sizeof theirs);
+        mlp_describe_sizes(run->sizes, run->n_sizes, ours, sizeof ours);
         fail(io, "%s: a snapshot of an MLP %s; this run builds an MLP %s", io->path, theirs, ours);
         return;
     }

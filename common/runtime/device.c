@@ -320,11 +320,14 @@ size_t device_peak_bytes(void) { return g_peak_bytes; }
 size_t device_peak_bytes(void) { return 0; }
 #endif
 
-double device_peak_memory_bytes(Device device) {
-    if (device == DEVICE_CUDA) return (double)device_peak_bytes();
+double host_peak_resident_bytes(void) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     return usage.ru_maxrss * 1024.0;  // Linux reports KiB (its "kilobytes")
+}
+
+double device_peak_memory_bytes(Device device) {
+    return device == DEVICE_CUDA ? (double)device_peak_bytes() : host_peak_resident_bytes();
 }
 
 void *device_alloc(size_t bytes) {

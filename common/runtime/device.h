@@ -65,8 +65,12 @@ void device_free(void *pointer);
 // counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
 // CUDA context, cuBLAS and NCCL keep for themselves.
 size_t device_peak_bytes(void);
+// The process's peak resident set, in bytes (getrusage): the most host memory it held at once, the
+// data and the libraries included. The one measure of host memory: step 15's load line, the traces'
+// per-rank peaks (profile.c) and device_peak_memory_bytes on a CPU rank.
+double host_peak_resident_bytes(void);
 // The peak of the memory that holds this rank's model: on a GPU rank device_peak_bytes(); on a CPU rank
-// the process's peak resident set (getrusage), the data and the libraries included.
+// host_peak_resident_bytes().
 double device_peak_memory_bytes(Device device);
 void *device_host_alloc(size_t bytes);
 void device_host_free(void *pointer);

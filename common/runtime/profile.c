@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "base/check.h"
 #include "base/paths.h"
@@ -117,12 +116,6 @@ void profile_mark(const char *name) {
 
 // ------------------------------------------------------------------ gathering
 
-static double peak_rss_mb(void) {
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss * 1024.0 / 1e6;  // Linux reports KiB; MB are 10^6 bytes, as every size we print
-}
-
 // A record as it travels to rank 0: fixed size, the name copied in, so MPI
 // moves whole records (a contiguous datatype) and nobody parses text.
 typedef struct {
@@ -151,7 +144,7 @@ static Gathered gather_records(void) {
         mine[i] = (WireRecord){.thread = r->thread, .depth = r->depth, .start = r->start, .end = r->end};
         snprintf(mine[i].name, sizeof mine[i].name, "%s", r->name);
     }
-    RankInfo info = {.peak_rss_mb = peak_rss_mb()};
+    RankInfo info = {.peak_rss_mb = host_peak_resident_bytes() / 1e6};  // MB are 10^6 bytes, as every size we print
     snprintf(info.host, sizeof info.host, "%s", dist_hostname());
 
     Gathered all = {0};

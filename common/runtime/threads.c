@@ -1,6 +1,7 @@
 // threads.c: how many threads a rank computes with. See threads.h.
 #include "runtime/threads.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
