@@ -636,3 +636,265 @@ void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int
         weight, exp_avg, exp_avg_sq, rows, grad, n, dim, minus_step_size, one_minus_beta1, one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }
+
+// ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
+// transformer_ops.c's loops, operation for operation: __fmul_rn and __fadd_rn wherever a product
+// meets a sum (nvcc would fuse them into one FMA; the CPU build rounds twice), IEEE division and
+// square root (nvcc's defaults without --use_fast_math): the same bits as the CPU. A thread owns
+// each sum and adds its terms in the CPU's order: no atomics, the same bits every run.
+
+__global__ void layernorm_forward_kernel(const float *x, const float *weight, const float *bias, int rows, int cols,
+                                         float *y, float *mean, float *rstd) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        const float *xr = x + (size_t)r * cols;
+        float *yr = y + (size_t)r * cols;
+        float sum = 0.0f;
+        for (int c = 0; c < cols; c++) sum = __fadd_rn(sum, xr[c]);
+        float m = __fdiv_rn(sum, (float)cols);
+        float var = 0.0f;
+        for (int c = 0; c < cols; c++) {
+            float d = __fsub_rn(xr[c], m);
+            var = __fadd_rn(var, __fmul_rn(d, d));
+        }
+        float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(var, (float)cols), 1e-5f)));
+        for (int c = 0; c < cols; c++) {
+            float normalised = __fmul_rn(__fsub_rn(xr[c], m), s);
+            yr[c] = __fadd_rn(__fmul_rn(normalised, weight[c]), bias ? bias[c] : 0.0f);
+        }
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+// dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)), g = grad_y * weight, a thread per row.
+__global__ void layernorm_backward_rows_kernel(const float *x, const float *weight, const float *mean,
+                                               const float *rstd, const float *grad_y, int rows, int cols,
+                                               float *grad_x) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        const float *xr = x + (size_t)r * cols, *gy = grad_y + (size_t)r * cols;
+        float *gx = grad_x + (size_t)r * cols;
+        float m = mean[r], s = rstd[r];
+        float g_mean = 0.0f, g_xhat_mean = 0.0f;
+        for (int c = 0; c < cols; c++) {
+            float g = __fmul_rn(gy[c], weight[c]);
+            g_mean = __fadd_rn(g_mean, g);
+            g_xhat_mean = __fadd_rn(g_xhat_mean, __fmul_rn(g, __fmul_rn(__fsub_rn(xr[c], m), s)));
+        }
+        g_mean = __fdiv_rn(g_mean, (float)cols);
+        g_xhat_mean = __fdiv_rn(g_xhat_mean, (float)cols);
+        for (int c = 0; c < cols; c++) {
+            float x_hat = __fmul_rn(__fsub_rn(xr[c], m), s);
+            float inner = __fsub_rn(__fsub_rn(__fmul_rn(gy[c], weight[c]), g_mean), __fmul_rn(x_hat, g_xhat_mean));
+            gx[c] = __fadd_rn(gx[c], __fmul_rn(s, inner));
+        }
+    }
+}
+
+// The weights' gradients: a thread per column sums it over the rows in row order, then adds the
+// sum to the gradient (the CPU's block of columns does the same per column).
+__global__ void layernorm_backward_columns_kernel(const float *x, const float *mean, const float *rstd,
+                                                  const float *grad_y, int rows, int cols, float *grad_weight,
+                                                  float *grad_bias) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int r = 0; r < rows; r++) {
+            float gy = grad_y[(size_t)r * cols + c];
+            dw = __fadd_rn(dw, __fmul_rn(gy, __fmul_rn(__fsub_rn(x[(size_t)r * cols + c], mean[r]), rstd[r])));
+            db = __fadd_rn(db, gy);
+        }
+        grad_weight[c] = __fadd_rn(grad_weight[c], dw);
+        if (grad_bias) grad_bias[c] = __fadd_rn(grad_bias[c], db);
+    }
+}
+
+__global__ void causal_softmax_kernel(float *att, int pairs, int T) {
+    size_t rows = (size_t)pairs * T;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i % T);
+        float *row = att + i * T;  // row t of pair i / T: rows of T are contiguous
+        float max = row[0];
+        for (int u = 1; u <= t; u++) max = row[u] > max ? row[u] : max;
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) {
+            row[u] = expf(row[u] - max);
+            sum = __fadd_rn(sum, row[u]);
+        }
+        float inv_sum = __fdiv_rn(1.0f, sum);
+        for (int u = 0; u <= t; u++) row[u] = __fmul_rn(row[u], inv_sum);
+        for (int u = t + 1; u < T; u++) row[u] = 0.0f;
+    }
+}
+
+__global__ void causal_softmax_backward_kernel(const float *att, float *grad, int pairs, int T, float scale) {
+    size_t rows = (size_t)pairs * T;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i % T);
+        const float *row = att + i * T;
+        float *g = grad + i * T;
+        float weighted = 0.0f;
+        for (int u = 0; u <= t; u++) weighted = __fadd_rn(weighted, __fmul_rn(row[u], g[u]));
+        for (int u = 0; u <= t; u++) g[u] = __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale);
+        for (int u = t + 1; u < T; u++) g[u] = 0.0f;
+    }
+}
+
+// transformer_ops.c's erf_rational and exp_nonpositive, rounding for rounding (that file says why
+// they are rational functions and not libm's).
+__device__ static float erf_rational(float a) {
+    float x = a > 4.0f ? 4.0f : (a < -4.0f ? -4.0f : a);
+    float x2 = __fmul_rn(x, x);
+    float p = __fadd_rn(__fmul_rn(x2, -2.72614225801306e-10f), 2.77068142495902e-08f);
+    p = __fadd_rn(__fmul_rn(x2, p), -2.10102402082508e-06f);
+    p = __fadd_rn(__fmul_rn(x2, p), -5.69250639462346e-05f);
+    p = __fadd_rn(__fmul_rn(x2, p), -7.34990630326855e-04f);
+    p = __fadd_rn(__fmul_rn(x2, p), -2.95459980854025e-03f);
+    p = __fadd_rn(__fmul_rn(x2, p), -1.60960333262415e-02f);
+    float q = __fadd_rn(__fmul_rn(x2, -1.45660718464996e-05f), -2.13374055278905e-04f);
+    q = __fadd_rn(__fmul_rn(x2, q), -1.68282697438203e-03f);
+    q = __fadd_rn(__fmul_rn(x2, q), -7.37332916720468e-03f);
+    q = __fadd_rn(__fmul_rn(x2, q), -1.42647390514189e-02f);
+    return __fdiv_rn(__fmul_rn(x, p), q);
+}
+
+__device__ static float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float round_magic = 12582912.0f;
+    float n = __fsub_rn(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), round_magic), round_magic);
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0.693145751953125f)), __fmul_rn(n, 1.428606765330187045e-06f));
+    float p = 1.0f / 5040.0f;
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 720.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 6.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+}
+
+#define GELU_INV_SQRT2 0.70710678118654752440f
+#define GELU_INV_SQRT_2PI 0.39894228040143267794f
+
+__global__ void gelu_forward_kernel(const float *x, size_t n, float *y) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(__fmul_rn(0.5f, x[i]), __fadd_rn(1.0f, erf_rational(__fmul_rn(x[i], GELU_INV_SQRT2))));
+}
+
+__global__ void gelu_backward_kernel(const float *x, const float *grad_y, size_t n, float *grad_x) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float cdf = __fmul_rn(0.5f, __fadd_rn(1.0f, erf_rational(__fmul_rn(x[i], GELU_INV_SQRT2))));
+        float pdf = __fmul_rn(GELU_INV_SQRT_2PI, exp_nonpositive(__fmul_rn(__fmul_rn(-0.5f, x[i]), x[i])));
+        grad_x[i] = __fmul_rn(grad_y[i], __fadd_rn(cdf, __fmul_rn(x[i], pdf)));
+    }
+}
+
+__global__ void add_kernel(const float *a, const float *b, size_t n, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+__global__ void multiply_kernel(const float *a, const float *b, size_t n, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] * b[i];
+}
+
+__global__ void embedding_forward_kernel(const int *tokens, const float *wte, const float *wpe, int T, int C,
+                                         size_t n, float *x) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / C, c = i % C;
+        x[i] = wte[(size_t)tokens[row] * C + c] + wpe[(row % T) * C + c];
+    }
+}
+
+__global__ void embedding_backward_wte_kernel(const float *grad_x, const int *row_start, const int *positions,
+                                              int vocab_size, int C, float *grad_wte) {
+    size_t n = (size_t)vocab_size * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t v = i / C, c = i % C;
+        float sum = grad_wte[i];
+        for (int k = row_start[v]; k < row_start[v + 1]; k++) sum = __fadd_rn(sum, grad_x[(size_t)positions[k] * C + c]);
+        grad_wte[i] = sum;
+    }
+}
+
+__global__ void embedding_backward_wpe_kernel(const float *grad_x, int B, int T, int C, float *grad_wpe) {
+    size_t n = (size_t)T * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float sum = grad_wpe[i];
+        for (int b = 0; b < B; b++) sum = __fadd_rn(sum, grad_x[(size_t)b * T * C + i]);  // row b * T + t, column c
+        grad_wpe[i] = sum;
+    }
+}
+
+void gpu_layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols, float *y,
+                           float *mean, float *rstd, cudaStream_t stream) {
+    if (rows <= 0) return;
+    layernorm_forward_kernel<<<blocks_for((size_t)rows), THREADS, 0, stream>>>(x, weight, bias, rows, cols, y, mean, rstd);
+    CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+void gpu_layernorm_backward(const float *x, const float *weight, const float *mean, const float *rstd,
+                            const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
+                            float *grad_bias, cudaStream_t stream) {
+    if (rows <= 0) return;
+    layernorm_backward_rows_kernel<<<blocks_for((size_t)rows), THREADS, 0, stream>>>(x, weight, mean, rstd, grad_y,
+                                                                                     rows, cols, grad_x);
+    CHECK_LAUNCH("layernorm_backward_rows_kernel");
+    layernorm_backward_columns_kernel<<<blocks_for((size_t)cols), THREADS, 0, stream>>>(x, mean, rstd, grad_y, rows,
+                                                                                        cols, grad_weight, grad_bias);
+    CHECK_LAUNCH("layernorm_backward_columns_kernel");
+}
+
+void gpu_causal_softmax(float *att, int pairs, int T, cudaStream_t stream) {
+    if (pairs <= 0) return;
+    causal_softmax_kernel<<<blocks_for((size_t)pairs * T), THREADS, 0, stream>>>(att, pairs, T);
+    CHECK_LAUNCH("causal_softmax_kernel");
+}
+
+void gpu_causal_softmax_backward(const float *att, float *grad, int pairs, int T, float scale, cudaStream_t stream) {
+    if (pairs <= 0) return;
+    causal_softmax_backward_kernel<<<blocks_for((size_t)pairs * T), THREADS, 0, stream>>>(att, grad, pairs, T, scale);
+    CHECK_LAUNCH("causal_softmax_backward_kernel");
+}
+
+void gpu_gelu_forward(const float *x, size_t n, float *y, cudaStream_t stream) {
+    if (n == 0) return;
+    gelu_forward_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, n, y);
+    CHECK_LAUNCH("gelu_forward_kernel");
+}
+
+void gpu_gelu_backward(const float *x, const float *grad_y, size_t n, float *grad_x, cudaStream_t stream) {
+    if (n == 0) return;
+    gelu_backward_kernel<<<blocks_for(n), THREADS, 0, stream>>>(x, grad_y, n, grad_x);
+    CHECK_LAUNCH("gelu_backward_kernel");
+}
+
+void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t stream) {
+    if (n == 0) return;
+    add_kernel<<<blocks_for(n), THREADS, 0, stream>>>(a, b, n, out);
+    CHECK_LAUNCH("add_kernel");
+}
+
+void gpu_multiply(const float *a, const float *b, size_t n, float *out, cudaStream_t stream) {
+    if (n == 0) return;
+    multiply_kernel<<<blocks_for(n), THREADS, 0, stream>>>(a, b, n, out);
+    CHECK_LAUNCH("multiply_kernel");
+}
+
+void gpu_embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C, float *x,
+                           cudaStream_t stream) {
+    size_t n = (size_t)B * T * C;
+    if (n == 0) return;
+    embedding_forward_kernel<<<blocks_for(n), THREADS, 0, stream>>>(tokens, wte, wpe, T, C, n, x);
+    CHECK_LAUNCH("embedding_forward_kernel");
+}
+
+void gpu_embedding_backward_tables(const float *grad_x, const int *row_start, const int *positions, int vocab_size,
+                                   int B, int T, int C, float *grad_wte, float *grad_wpe, cudaStream_t stream) {
+    if ((size_t)B * T * C == 0) return;
+    embedding_backward_wte_kernel<<<blocks_for((size_t)vocab_size * C), THREADS, 0, stream>>>(grad_x, row_start, positions,
+                                                                                              vocab_size, C, grad_wte);
+    CHECK_LAUNCH("embedding_backward_wte_kernel");
+    embedding_backward_wpe_kernel<<<blocks_for((size_t)T * C), THREADS, 0, stream>>>(grad_x, B, T, C, grad_wpe);
+    CHECK_LAUNCH("embedding_backward_wpe_kernel");
+}

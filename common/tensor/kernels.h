@@ -116,6 +116,43 @@ void gpu_embedding_backward(const float *forward, float scale, const int *start,
 void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
                      float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
 
+// ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
+// transformer_ops.c's CPU loops, operation for operation, with __fmul_rn and __fadd_rn where nvcc
+// would fuse a * b + c into one FMA (the CPU build rounds twice), IEEE division and square root
+// (nvcc's defaults): the same bits as the CPU's, except the softmax's expf (CUDA's own; the
+// simulated GPU's is the host's). Every sum adds in the CPU's order: no atomics. The attention's
+// products are cuBLAS's (transformer_ops.c), not kernels.
+// LayerNorm over each row of x [rows, cols] (bias NULL: none), a thread per row: y, and each
+// row's mean and 1 / sqrt(var + 1e-5).
+void gpu_layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols, float *y,
+                           float *mean, float *rstd, cudaStream_t stream);
+// Its backward: grad_x += d/dx (a thread per row), grad_weight and grad_bias (NULL: none) += the
+// sums over the rows (a thread per column, the rows in order).
+void gpu_layernorm_backward(const float *x, const float *weight, const float *mean, const float *rstd,
+                            const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
+                            float *grad_bias, cudaStream_t stream);
+// The causal softmax of each row t of the [T, T] score blocks of `pairs` (sequence, head) pairs, in
+// place, a thread per row: positions u <= t softmaxed, u > t set to 0.
+void gpu_causal_softmax(float *att, int pairs, int T, cudaStream_t stream);
+// Its backward, in place on grad (d att in, d scores out): grad = att (grad - sum_u att grad) * scale
+// on u <= t, 0 beyond.
+void gpu_causal_softmax_backward(const float *att, float *grad, int pairs, int T, float scale, cudaStream_t stream);
+// GELU (exact: erf) and its backward over n values, as transformer_ops.c's rational erf and exp;
+// grad_x may be grad_y.
+void gpu_gelu_forward(const float *x, size_t n, float *y, cudaStream_t stream);
+void gpu_gelu_backward(const float *x, const float *grad_y, size_t n, float *grad_x, cudaStream_t stream);
+// out = a + b and out = a * b, elementwise over n values (out may be a).
+void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t stream);
+void gpu_multiply(const float *a, const float *b, size_t n, float *out, cudaStream_t stream);
+// x [B * T, C] = wte[tokens] + wpe[position].
+void gpu_embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C, float *x,
+                           cudaStream_t stream);
+// grad_wte[v] += the rows of grad_x at positions[row_start[v] .. row_start[v + 1]) in that order
+// (where token v occurs), a thread per element of the table; grad_wpe[t] += rows b * T + t of
+// grad_x for b = 0, 1, ..., B - 1 in order.
+void gpu_embedding_backward_tables(const float *grad_x, const int *row_start, const int *positions, int vocab_size,
+                                   int B, int T, int C, float *grad_wte, float *grad_wpe, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

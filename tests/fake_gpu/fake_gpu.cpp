@@ -747,6 +747,49 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// batchCount GEMMs, matrix i of A, B and C at i times its stride (in floats), as cuBLAS's: each
+// the GEMM above, one after the other (cuBLAS may run them side by side; they write disjoint C's).
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float *alpha, const float *A, int lda,
+                                         long long int strideA, const float *B, int ldb, long long int strideB,
+                                         const float *beta, float *C, int ldc, long long int strideC, int batchCount) {
+    Guard guard(big_lock);
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };
+    if (m < 0 || n < 0 || k < 0 || batchCount < 0 || strideA < 0 || strideB < 0 || strideC < 0 ||
+        lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) || ldc < at_least(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+    // Every matrix of the batch in device memory: the last one's end bounds them all.
+    size_t last = (size_t)(batchCount - 1);
+    if (k > 0) {
+        require_device(A, last * strideA * sizeof(float) + matrix_bytes(ta ? k : m, ta ? m : k, lda),
+                       "cublasSgemmStridedBatched's A");
+        require_device(B, last * strideB * sizeof(float) + matrix_bytes(tb ? n : k, tb ? k : n, ldb),
+                       "cublasSgemmStridedBatched's B");
+    }
+    require_device(C, last * strideC * sizeof(float) + matrix_bytes(m, n, ldc), "cublasSgemmStridedBatched's C");
+    require_host(alpha, sizeof *alpha, "cublasSgemmStridedBatched's alpha");
+    require_host(beta, sizeof *beta, "cublasSgemmStridedBatched's beta");
+    float a = *alpha, b = *beta;
+    enqueue(handle->stream, [=] {
+        Window open;
+        for (int i = 0; i < batchCount; i++) {
+            const float *A_i = A + (size_t)i * strideA, *B_i = B + (size_t)i * strideB;
+            float *C_i = C + (size_t)i * strideC;
+            if (b == 0.0f)  // C is not read then (a NaN there must not show)
+                for (int j = 0; j < n; j++) memset(C_i + (size_t)j * ldc, 0, (size_t)m * sizeof *C_i);
+            if (m && n && k)
+                cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A_i, lda, B_i, ldb, b,
+                            C_i, ldc);
+            else if (b != 1.0f && b != 0.0f)
+                for (int j = 0; j < n; j++)
+                    for (int r = 0; r < m; r++) C_i[(size_t)j * ldc + r] *= b;
+        }
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
                               const float *A, int lda, const float *x, int incx, const float *beta, float *y, int incy) {
     Guard guard(big_lock);

@@ -10,6 +10,7 @@
 #pragma once
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 #include <functional>
@@ -28,6 +29,13 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+// The bits of an int as a float (a reinterpretation, not a conversion).
+static inline float __int_as_float(int bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
 
 namespace fake_gpu {
 
