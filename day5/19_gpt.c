@@ -20,6 +20,11 @@
 // kernel does, from a generator seeded for each micro-batch of the global batch (seed x 2^32 + 2^31 +
 // its index in the run), so that the twin, seeding torch alike, drops the same values.
 //
+// Where: --device auto (the default) computes on the GPU where every rank has one (cuBLAS and the
+// kernels of common/tensor/kernels.cu, the choice made inside each operation: nothing here changes),
+// and the dropout masks are drawn on the host as on the CPU, so that both devices take the same
+// steps (day5/README.md, On GPUs).
+//
 // Defaults: nanoGPT's "baby GPT" for a laptop CPU (its README): 4 layers, 4 heads, 128 wide,
 // context 64, batch 12, 2000 iterations, lr 1e-3 decaying over 2000 to 1e-4, warm-up 100,
 // betas (0.9, 0.99), weight decay 0.1, no dropout, no biases. nanoGPT reports a validation loss
@@ -30,6 +35,7 @@
 //   day5/19_gpt --max_iters 100 --eval_interval 50 --sample 0   # a first look: 100 iterations
 //   day5/19_gpt                                          # the baby GPT: 2000 iterations, then a sample
 //   mpirun -np 2 day5/19_gpt                             # DDP on 2 ranks (add --oversubscribe on fewer cores)
+//   mpirun -np 4 day5/19_gpt                             # on a node of 4 GPUs: a GPU per rank, NCCL's allreduce
 //   day5/19_gpt --max_iters 0 --init gpt.h5 --sample 500 # text from a saved model (--save gpt.h5)
 //
 // Expected output (the first look, 1 process on 2 cores; times vary; day5/README.md shows the
@@ -64,7 +70,7 @@
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
-#include "tensor/flops.h"           // cpu_sgemm_peak_flops: the yardstick of MFU
+#include "tensor/flops.h"           // sgemm_peak_flops: the yardstick of MFU
 #include "train/divergence.h"       // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
@@ -108,13 +114,15 @@ static void sample_text(Gpt *model, const CharText *text, const int *prompt, int
     int *context = xmalloc((size_t)capacity * sizeof(int));
     memcpy(context, prompt, (size_t)prompt_length * sizeof(int));
     double *probs = xmalloc((size_t)V * sizeof(double));
-    float *sorted = xmalloc((size_t)V * sizeof(float));
+    float *logits = xmalloc((size_t)V * sizeof(float)), *sorted = xmalloc((size_t)V * sizeof(float));
     char *out = xmalloc((size_t)capacity + 1);
     for (int i = 0; i < prompt_length; i++) out[i] = (char)text->chars[prompt[i]];
     gpt_set_training(model, false);  // model.eval(): no dropout
     for (int n = prompt_length; n < capacity; n++) {
         int T = n < o->block_size ? n : o->block_size;
-        const float *logits = gpt_forward(model, context + n - T, 1, T) + (size_t)(T - 1) * V;  // the last position
+        gpt_forward(model, context + n - T, 1, T);
+        gpt_logits_row(model, T - 1, logits);  // the last position's
+
         // The k-th largest logit: everything below it is out (torch.topk, then logits < v[-1]).
         int k = o->top_k < V ? o->top_k : V;
         memcpy(sorted, logits, (size_t)V * sizeof(float));
@@ -136,7 +144,7 @@ static void sample_text(Gpt *model, const CharText *text, const int *prompt, int
     }
     out[capacity] = '\0';
     print0("%s\n", out);
-    free(context), free(probs), free(sorted), free(out);
+    free(context), free(probs), free(logits), free(sorted), free(out);
 }
 
 // What a rank holds, each part beside its formula (L layers, C wide, V characters, T context,
@@ -205,7 +213,7 @@ int main(int argc, char **argv) {
         {"temperature", ARG_FLOAT, &o.temperature, "X", "the sample's temperature (< 1: more likely characters)", 0, NULL},
         {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
-        {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the CPU, until step 19's GPU kernels are written)", 0, "cpu|cuda|auto"},
+        {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
         TRACKING_FLAGS(o.tracking),
     };
@@ -213,12 +221,7 @@ int main(int argc, char **argv) {
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
-    // Step 19's GPU kernels are not written yet: auto takes the CPU, and cuda is refused.
-    if (!strcmp(o.device, "cuda") && device_gpu_count() > 0)
-        usage_error("--device cuda: step 19 runs on the CPU only so far (its GPU kernels are not written yet): use --device cpu");
-    bool gpu_skipped = !strcmp(o.device, "auto") && device_gpu_count() > 0;
-    Device device = device_from_flag(!strcmp(o.device, "auto") ? "cpu" : o.device);
-    if (gpu_skipped) print0("note: step 19 computes on the CPU (its GPU kernels are not written yet), though this node has a GPU\n");
+    Device device = device_from_flag(o.device);
     threads_init(o.threads);
     int rank = dist_rank(), world = dist_world_size();
 
@@ -240,13 +243,13 @@ int main(int argc, char **argv) {
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d", o.n_layer, o.n_embd,
                                   o.block_size, o.batch_size);
     gpt_add_memory_need(&need, &config, o.batch_size);
-    memory_need_add(&need, "data", (double)text.n);
+    if (device == DEVICE_CPU) memory_need_add(&need, "data", (double)text.n);  // (on a GPU rank the text stays on the host)
     memory_require(&need, device);
 
     // Model, DDP and optimizer.
     Rng init_rng;
     rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
-    Gpt *model = gpt_new(&config, o.batch_size, &init_rng);  // model = GPT(gptconf)
+    Gpt *model = gpt_new(&config, o.batch_size, &init_rng, device);  // model = GPT(gptconf).to(device)
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, model->params, model->n_params, (const char *const[]){"lm_head.weight", NULL});
     Ddp ddp = ddp_wrap(model->params, model->n_params, o.bucket_mb);  // model = DDP(model)
@@ -271,9 +274,10 @@ int main(int argc, char **argv) {
            o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", world, world == 1 ? "" : "s",
            global_batch * o.block_size, device_name(device), threads_describe());
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
-    // MFU's yardstick: this machine's sgemm peak on this rank's threads, measured now.
+    // MFU's yardstick: this rank's sgemm peak on its device, measured now (a GPU needs a larger
+    // product than a CPU to be busy).
     double flops_per_iter = gpt_flops_per_token(model, o.block_size) * global_batch * o.block_size;
-    double peak = o.max_iters > 0 ? cpu_sgemm_peak_flops(1024, 5) : 0.0;
+    double peak = o.max_iters > 0 ? sgemm_peak_flops(device, device == DEVICE_CUDA ? 2048 : 1024, 5) : 0.0;
     if (o.max_iters > 0)
         print0("%.2f GFLOP per iteration (6 N + 12 L H Q T per token, as nanoGPT counts); this rank's sgemm peak %.1f "
                "GFLOP/s, measured\n", flops_per_iter / 1e9, peak / 1e9);

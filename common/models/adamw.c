@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "runtime/profile.h"
+#include "tensor/tensor_ops.h"
 
 // A parameter's dimensions as its state_dict has them (h5.c stores it so): a bias or a
 // LayerNorm weight [1, n] is 1-D, a matrix 2-D, a Param with its own dims as many as it names.
@@ -52,29 +53,12 @@ void adamw_free(AdamW *o) {
     free(o->decays);
 }
 
-// Blocks of a fixed size, each a thread's, summed in block order: the same bits on any number of threads.
-enum { NORM_BLOCK = 4096 };
-
 double clip_grad_norm(const Param *params, int n_params, double max_norm) {
     profile_push("clip_grad_norm");
-    double total = 0.0;
-    for (int i = 0; i < n_params; i++) {
-        const Tensor *g = params[i].grad;
-        CHECK(!tensor_on_gpu(g), "clip_grad_norm: %s is on the GPU (step 19's GPU path is not written yet)", params[i].name);
-        size_t n = tensor_numel(g);
-        long blocks = (long)((n + NORM_BLOCK - 1) / NORM_BLOCK);
-        double *partial = xmalloc((size_t)(blocks ? blocks : 1) * sizeof(double));
-#pragma omp parallel for schedule(static)
-        for (long b = 0; b < blocks; b++) {
-            size_t end = (size_t)(b + 1) * NORM_BLOCK < n ? (size_t)(b + 1) * NORM_BLOCK : n;
-            double sum = 0.0;
-            for (size_t k = (size_t)b * NORM_BLOCK; k < end; k++) sum += (double)g->data[k] * g->data[k];
-            partial[b] = sum;
-        }
-        for (long b = 0; b < blocks; b++) total += partial[b];
-        free(partial);
-    }
-    double norm = sqrt(total);
+    Tensor **grads = xmalloc((size_t)(n_params ? n_params : 1) * sizeof(Tensor *));
+    for (int i = 0; i < n_params; i++) grads[i] = params[i].grad;
+    double norm = sqrt(sum_of_squares(grads, n_params));  // (on a GPU, the host waits for it here)
+    free(grads);
     // clip_coef = max_norm / (total_norm + 1e-6), clamped to 1: a float32 tensor in torch.
     float coef = (float)(max_norm / ((float)norm + 1e-6));
     if (coef < 1.0f)

@@ -1,4 +1,4 @@
-// gpt.c: nanoGPT's GPT on the CPU: gemm for the Linears, transformer_ops for the rest. See gpt.h.
+// gpt.c: nanoGPT's GPT on the CPU or a GPU: gemm for the Linears, transformer_ops for the rest. See gpt.h.
 #include "models/gpt.h"
 
 #include <math.h>
@@ -48,16 +48,22 @@ void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
     double params = 12 * L * C * C + (V + T) * C + (2 * L + 1) * C + (c->bias ? 11 * L * C + C : 0);
     double kept = N * (16 * L * C + 4 * L + 2 * C + 2 + 2 * V) + L * B * H * T * T;  // gpt_activation_floats
     if (c->dropout > 0) kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;             // its masks
-    double scratch = N * C * (10 + (c->dropout > 0 ? 2 : 0));  // backward's [N, C..4C] buffers
+    double scratch = N * C * (10 + (c->dropout > 0 ? 2 : 0)) + B * H * T * T;  // backward's [N, C..4C] buffers, d att
+    // The batch's tokens, and on a GPU their index by token (transformer_ops.h's TokenBatch), 4 bytes each.
+    double tokens = N + V + 1 + N;
     memory_need_add(need, "parameters", 4 * params);
     memory_need_add(need, "gradients", 4 * params);
     memory_need_add(need, "AdamW's moments", 8 * params);
     memory_need_add(need, "DDP's buckets", 4 * params);
-    memory_need_add(need, "activations", 4 * (kept + scratch));
+    memory_need_add(need, "activations", 4 * (kept + scratch + tokens));
 }
 
+// Drawn on the host whatever the device, so that one seed gives one model on either.
 static void fill_normal(Tensor *t, Rng *rng, float std) {
-    for (size_t i = 0; i < tensor_numel(t); i++) t->data[i] = std * rng_normal(rng);
+    float *values = xmalloc(tensor_numel(t) * sizeof(float) + 1);
+    for (size_t i = 0; i < tensor_numel(t); i++) values[i] = std * rng_normal(rng);
+    tensor_from_host(t, values);
+    free(values);
 }
 
 static void add_param(Gpt *m, const char *name, Tensor *value, Tensor *grad, int index_slot) {
@@ -71,20 +77,21 @@ static void add_param(Gpt *m, const char *name, Tensor *value, Tensor *grad, int
     m->param_index[index_slot] = m->n_params++;
 }
 
-Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng) {
+Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
     CHECK(!gpt_config_problem(config), "%s", gpt_config_problem(config));
     Gpt *m = xcalloc(1, sizeof *m);
     m->config = *config;
     m->max_batch = max_batch;
+    m->device = device;
     m->training = true;
     rng_seed(&m->dropout_rng, 0);
     const GptConfig *c = &m->config;
     const int V = c->vocab_size, C = c->n_embd, L = c->n_layer, T = c->block_size, H = c->n_head;
     const int N = max_batch * T;
-    m->wte = tensor_zeros(V, C, DEVICE_CPU), m->grad_wte = tensor_zeros(V, C, DEVICE_CPU);
-    m->wpe = tensor_zeros(T, C, DEVICE_CPU), m->grad_wpe = tensor_zeros(T, C, DEVICE_CPU);
-    m->ln_f_weight = tensor_zeros(1, C, DEVICE_CPU), m->grad_ln_f_weight = tensor_zeros(1, C, DEVICE_CPU);
-    if (c->bias) m->ln_f_bias = tensor_zeros(1, C, DEVICE_CPU), m->grad_ln_f_bias = tensor_zeros(1, C, DEVICE_CPU);
+    m->wte = tensor_zeros(V, C, device), m->grad_wte = tensor_zeros(V, C, device);
+    m->wpe = tensor_zeros(T, C, device), m->grad_wpe = tensor_zeros(T, C, device);
+    m->ln_f_weight = tensor_zeros(1, C, device), m->grad_ln_f_weight = tensor_zeros(1, C, device);
+    if (c->bias) m->ln_f_bias = tensor_zeros(1, C, device), m->grad_ln_f_bias = tensor_zeros(1, C, device);
     m->blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->grad_blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->params = xcalloc((size_t)L * GPT_BLOCK_TENSORS + TOP_TENSORS, sizeof(Param));
@@ -104,8 +111,8 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng) {
             int rows, cols;
             block_shape(c, kind, &rows, &cols);
             Tensor *value = &m->blocks[l * GPT_BLOCK_TENSORS + kind], *grad = &m->grad_blocks[l * GPT_BLOCK_TENSORS + kind];
-            *value = tensor_zeros(rows, cols, DEVICE_CPU);
-            *grad = tensor_zeros(rows, cols, DEVICE_CPU);
+            *value = tensor_zeros(rows, cols, device);
+            *grad = tensor_zeros(rows, cols, device);
             char name[64];
             snprintf(name, sizeof name, "transformer.h.%d.%s", l, BLOCK_NAMES[kind]);
             add_param(m, name, value, grad, l * GPT_BLOCK_TENSORS + kind);
@@ -118,44 +125,45 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng) {
     if (c->bias) add_param(m, "transformer.ln_f.bias", &m->ln_f_bias, &m->grad_ln_f_bias, top + TOP_LN_F_BIAS);
 
     // Activations and scratch for N tokens.
-    m->inputs = xmalloc((size_t)N * sizeof(int));
+    m->tokens = token_batch_new(N, V, device);
     m->targets = xmalloc((size_t)N * sizeof(int));
-    m->embedded = tensor_zeros(N, C, DEVICE_CPU);
+    m->embedded = tensor_zeros(N, C, device);
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
     for (int l = 0; l < L; l++) {
         GptBlockActivations *a = &m->acts[l];
-        a->ln_1 = tensor_zeros(N, C, DEVICE_CPU), a->ln_1_mean = tensor_zeros(1, N, DEVICE_CPU);
-        a->ln_1_rstd = tensor_zeros(1, N, DEVICE_CPU);
-        a->qkv = tensor_zeros(N, 3 * C, DEVICE_CPU);
-        a->att = tensor_zeros(max_batch * H, T * T, DEVICE_CPU);
-        a->attn_y = tensor_zeros(N, C, DEVICE_CPU);
-        a->residual_1 = tensor_zeros(N, C, DEVICE_CPU);
-        a->ln_2 = tensor_zeros(N, C, DEVICE_CPU), a->ln_2_mean = tensor_zeros(1, N, DEVICE_CPU);
-        a->ln_2_rstd = tensor_zeros(1, N, DEVICE_CPU);
-        a->fc = tensor_zeros(N, 4 * C, DEVICE_CPU);
-        a->fc_gelu = tensor_zeros(N, 4 * C, DEVICE_CPU);
-        a->residual_2 = tensor_zeros(N, C, DEVICE_CPU);
+        a->ln_1 = tensor_zeros(N, C, device), a->ln_1_mean = tensor_zeros(1, N, device);
+        a->ln_1_rstd = tensor_zeros(1, N, device);
+        a->qkv = tensor_zeros(N, 3 * C, device);
+        a->att = tensor_zeros(max_batch * H, T * T, device);
+        a->attn_y = tensor_zeros(N, C, device);
+        a->residual_1 = tensor_zeros(N, C, device);
+        a->ln_2 = tensor_zeros(N, C, device), a->ln_2_mean = tensor_zeros(1, N, device);
+        a->ln_2_rstd = tensor_zeros(1, N, device);
+        a->fc = tensor_zeros(N, 4 * C, device);
+        a->fc_gelu = tensor_zeros(N, 4 * C, device);
+        a->residual_2 = tensor_zeros(N, C, device);
         if (c->dropout > 0) {
-            a->att_mask = tensor_zeros(max_batch * H, T * T, DEVICE_CPU);
-            a->att_dropped = tensor_zeros(max_batch * H, T * T, DEVICE_CPU);
-            a->attn_proj_mask = tensor_zeros(N, C, DEVICE_CPU);
-            a->mlp_proj_mask = tensor_zeros(N, C, DEVICE_CPU);
+            a->att_mask = tensor_zeros(max_batch * H, T * T, device);
+            a->att_dropped = tensor_zeros(max_batch * H, T * T, device);
+            a->attn_proj_mask = tensor_zeros(N, C, device);
+            a->mlp_proj_mask = tensor_zeros(N, C, device);
         }
     }
     if (c->dropout > 0) {
-        m->embed_mask = tensor_zeros(N, C, DEVICE_CPU);
-        m->proj_out = tensor_zeros(N, C, DEVICE_CPU);
-        m->grad_proj_out = tensor_zeros(N, C, DEVICE_CPU);
+        m->embed_mask = tensor_zeros(N, C, device);
+        m->proj_out = tensor_zeros(N, C, device);
+        m->grad_proj_out = tensor_zeros(N, C, device);
     }
-    m->ln_f = tensor_zeros(N, C, DEVICE_CPU), m->ln_f_mean = tensor_zeros(1, N, DEVICE_CPU);
-    m->ln_f_rstd = tensor_zeros(1, N, DEVICE_CPU);
-    m->logits = tensor_zeros(N, V, DEVICE_CPU);
-    m->grad_logits = tensor_zeros(N, V, DEVICE_CPU);
-    m->grad_residual = tensor_zeros(N, C, DEVICE_CPU);
-    m->grad_ln = tensor_zeros(N, C, DEVICE_CPU);
-    m->grad_qkv = tensor_zeros(N, 3 * C, DEVICE_CPU);
-    m->grad_attn_y = tensor_zeros(N, C, DEVICE_CPU);
-    m->grad_fc = tensor_zeros(N, 4 * C, DEVICE_CPU);
+    m->ln_f = tensor_zeros(N, C, device), m->ln_f_mean = tensor_zeros(1, N, device);
+    m->ln_f_rstd = tensor_zeros(1, N, device);
+    m->logits = tensor_zeros(N, V, device);
+    m->grad_logits = tensor_zeros(N, V, device);
+    m->grad_residual = tensor_zeros(N, C, device);
+    m->grad_ln = tensor_zeros(N, C, device);
+    m->grad_qkv = tensor_zeros(N, 3 * C, device);
+    m->grad_attn_y = tensor_zeros(N, C, device);
+    m->grad_fc = tensor_zeros(N, 4 * C, device);
+    m->grad_att = tensor_zeros(max_batch * H, T * T, device);
     return m;
 }
 
@@ -184,10 +192,11 @@ void gpt_free(Gpt *m) {
     }
     Tensor *rest[] = {&m->embedded, &m->ln_f, &m->ln_f_mean, &m->ln_f_rstd, &m->logits, &m->grad_logits,
                       &m->grad_residual, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc,
-                      &m->embed_mask, &m->proj_out, &m->grad_proj_out};
+                      &m->embed_mask, &m->proj_out, &m->grad_proj_out, &m->grad_att};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) tensor_free(rest[i]);
     free(m->acts), free(m->blocks), free(m->grad_blocks), free(m->params), free(m->param_index);
-    free(m->inputs), free(m->targets);
+    token_batch_free(&m->tokens);
+    free(m->targets);
     free(m);
 }
 
@@ -216,7 +225,7 @@ static Tensor rows_of(const Tensor *t, int rows) { return tensor_rows(t, rows); 
 
 static Tensor *block_tensor(Gpt *m, int layer, int kind) { return &m->blocks[layer * GPT_BLOCK_TENSORS + kind]; }
 static Tensor *block_grad(Gpt *m, int layer, int kind) { return &m->grad_blocks[layer * GPT_BLOCK_TENSORS + kind]; }
-static const float *bias_data(Gpt *m, int layer, int kind) { return m->config.bias ? block_tensor(m, layer, kind)->data : NULL; }
+static const Tensor *bias_of(Gpt *m, int layer, int kind) { return m->config.bias ? block_tensor(m, layer, kind) : NULL; }
 
 // y [N, out] = x @ weight^T (+ bias): nn.Linear.
 static void linear(Gpt *m, int layer, int weight_kind, const Tensor *x, Tensor *y) {
@@ -236,10 +245,19 @@ static void linear_back(Gpt *m, int layer, int weight_kind, const Tensor *x, con
 void gpt_set_training(Gpt *m, bool training) { m->training = training; }
 void gpt_seed_dropout(Gpt *m, uint64_t seed) { rng_seed(&m->dropout_rng, seed); }
 
-// Dropout on the first n values of x, its mask drawn now into mask's first n (nn.Dropout in training).
-static void dropout_forward(Gpt *m, Tensor *mask, float *x, long n) {
-    dropout_mask(&m->dropout_rng, m->config.dropout, n, mask->data);
-    multiply_by_mask(x, mask->data, n);
+// The masks of a forward of [B, T] in training, drawn in nanoGPT's order (the embeddings', then per
+// block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes: on a GPU
+// they are drawn on the host and copied (transformer_ops.h's dropout_draw), and so the host waits
+// for the GPU once per forward, not once per mask.
+static void draw_dropout_masks(Gpt *m, int B, int T) {
+    const double p = m->config.dropout;
+    const long tokens = (long)B * T * m->config.n_embd, scores = (long)B * m->config.n_head * T * T;
+    dropout_draw(&m->dropout_rng, p, tokens, &m->embed_mask);
+    for (int l = 0; l < m->config.n_layer; l++) {
+        dropout_draw(&m->dropout_rng, p, scores, &m->acts[l].att_mask);
+        dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].attn_proj_mask);
+        dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].mlp_proj_mask);
+    }
 }
 
 // residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.
@@ -254,50 +272,54 @@ static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor
     }
     Tensor projected = rows_of(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
     linear(m, layer, weight_kind, y, &projected);
-    dropout_forward(m, mask, projected.data, (long)tensor_numel(&projected));
-    add_elementwise(residual_in->data, projected.data, (long)tensor_numel(&projected), residual_out->data);
+    multiply_by_mask(&projected, mask);
+    add_elementwise(residual_in, &projected, residual_out);
 }
 
-const float *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
+const Tensor *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
     CHECK(B >= 1 && B <= m->max_batch && T >= 1 && T <= c->block_size, "gpt_forward: batch [%d, %d] beyond [%d, %d]",
           B, T, m->max_batch, c->block_size);
-    const int C = c->n_embd, N = B * T;
-    for (int i = 0; i < N; i++)
-        CHECK(inputs[i] >= 0 && inputs[i] < c->vocab_size, "token %d at %d: not in the vocabulary of %d", inputs[i], i,
-              c->vocab_size);
+    const int N = B * T, H = c->n_head;
     m->B = B, m->T = T;
-    memcpy(m->inputs, inputs, (size_t)N * sizeof(int));
+    token_batch_set(&m->tokens, inputs, N);  // (each token checked against the vocabulary)
     const bool dropout = m->training && c->dropout > 0;
+    if (dropout) draw_dropout_masks(m, B, T);
     Tensor x = rows_of(&m->embedded, N);  // [N, C]
-    embedding_forward(inputs, m->wte.data, m->wpe.data, B, T, C, x.data);
-    if (dropout) dropout_forward(m, &m->embed_mask, x.data, (long)N * C);  // transformer.drop
+    embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
+    if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
     for (int l = 0; l < c->n_layer; l++) {
         GptBlockActivations *a = &m->acts[l];
         Tensor ln_1 = rows_of(&a->ln_1, N), qkv = rows_of(&a->qkv, N), attn_y = rows_of(&a->attn_y, N);
         Tensor residual_1 = rows_of(&a->residual_1, N), ln_2 = rows_of(&a->ln_2, N), fc = rows_of(&a->fc, N);
         Tensor fc_gelu = rows_of(&a->fc_gelu, N), residual_2 = rows_of(&a->residual_2, N);
         // x = x + attn(ln_1(x))
-        layernorm_forward(x.data, block_tensor(m, l, GPT_LN_1_WEIGHT)->data, bias_data(m, l, GPT_LN_1_BIAS), N, C,
-                          ln_1.data, a->ln_1_mean.data, a->ln_1_rstd.data);
+        layernorm_forward(&x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &ln_1, &a->ln_1_mean,
+                          &a->ln_1_rstd);
         linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &qkv);                   // [N, 3C]
-        if (dropout) dropout_mask(&m->dropout_rng, c->dropout, (long)B * c->n_head * T * T, a->att_mask.data);  // attn_dropout
-        attention_forward(qkv.data, B, T, C, c->n_head, a->att.data, dropout ? a->att_mask.data : NULL,
-                          dropout ? a->att_dropped.data : NULL, attn_y.data);
+        attention_forward(&qkv, B, T, H, &a->att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
+                          &attn_y);                                   // attn_dropout's mask drawn above
         projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &x, &residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
         // x = x + mlp(ln_2(x))
-        layernorm_forward(residual_1.data, block_tensor(m, l, GPT_LN_2_WEIGHT)->data, bias_data(m, l, GPT_LN_2_BIAS), N,
-                          C, ln_2.data, a->ln_2_mean.data, a->ln_2_rstd.data);
+        layernorm_forward(&residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &ln_2,
+                          &a->ln_2_mean, &a->ln_2_rstd);
         linear(m, l, GPT_FC_WEIGHT, &ln_2, &fc);                      // [N, 4C]
-        gelu_forward(fc.data, (long)N * 4 * C, fc_gelu.data);
+        gelu_forward(&fc, &fc_gelu);
         projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &residual_1, &residual_2, &a->mlp_proj_mask, dropout);
         x = residual_2;
     }
-    Tensor ln_f = rows_of(&m->ln_f, N), logits = rows_of(&m->logits, N);
-    layernorm_forward(x.data, m->ln_f_weight.data, c->bias ? m->ln_f_bias.data : NULL, N, C, ln_f.data,
-                      m->ln_f_mean.data, m->ln_f_rstd.data);
-    gemm(false, true, 1.0f, &ln_f, &m->wte, 0.0f, &logits);  // lm_head: ln_f(x) @ wte^T, [N, V]
-    return logits.data;
+    Tensor ln_f = rows_of(&m->ln_f, N);
+    m->last_logits = rows_of(&m->logits, N);
+    layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f, &m->ln_f_mean, &m->ln_f_rstd);
+    gemm(false, true, 1.0f, &ln_f, &m->wte, 0.0f, &m->last_logits);  // lm_head: ln_f(x) @ wte^T, [N, V]
+    return &m->last_logits;
+}
+
+void gpt_logits_row(const Gpt *m, int row, float *host) {
+    CHECK(row >= 0 && row < m->last_logits.rows, "gpt_logits_row: row %d of %d", row, m->last_logits.rows);
+    const int V = m->config.vocab_size;
+    Tensor one = {.data = m->last_logits.data + (size_t)row * V, .rows = 1, .cols = V, .device = m->device};
+    tensor_to_host(&one, host);
 }
 
 float gpt_loss(Gpt *m, const int *targets) {
@@ -318,7 +340,7 @@ static Tensor dropout_back(Gpt *m, const Tensor *mask, const Tensor *grad_residu
     if (!(m->training && m->config.dropout > 0)) return *grad_residual;
     Tensor masked = rows_of(&m->grad_proj_out, grad_residual->rows);
     tensor_copy(&masked, grad_residual);
-    multiply_by_mask(masked.data, mask->data, (long)tensor_numel(&masked));
+    multiply_by_mask(&masked, mask);
     return masked;
 }
 
@@ -328,7 +350,7 @@ static void ready(Gpt *m, int slot, GradReadyHook hook, void *context) {
 
 void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
     const GptConfig *c = &m->config;
-    const int B = m->B, T = m->T, C = c->n_embd, N = B * T, L = c->n_layer, top = L * GPT_BLOCK_TENSORS;
+    const int B = m->B, T = m->T, N = B * T, L = c->n_layer, top = L * GPT_BLOCK_TENSORS;
     const bool dropout = m->training && c->dropout > 0;  // as the forward had it
     Tensor grad_logits = rows_of(&m->grad_logits, N), ln_f = rows_of(&m->ln_f, N);
     Tensor grad_residual = rows_of(&m->grad_residual, N), grad_ln = rows_of(&m->grad_ln, N);
@@ -338,15 +360,15 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
     gemm(true, false, 1.0f, &grad_logits, &ln_f, 1.0f, &m->grad_wte);  // [V, N] @ [N, C]
     gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
     // ln_f: the residual stream's gradient starts here.
-    const Tensor *x_last = L ? &m->acts[L - 1].residual_2 : &m->embedded;
+    Tensor x_last = rows_of(L ? &m->acts[L - 1].residual_2 : &m->embedded, N);
     tensor_fill(&grad_residual, 0.0f);
-    layernorm_backward(x_last->data, m->ln_f_weight.data, m->ln_f_mean.data, m->ln_f_rstd.data, grad_ln.data, N, C,
-                       grad_residual.data, m->grad_ln_f_weight.data, c->bias ? m->grad_ln_f_bias.data : NULL);
+    layernorm_backward(&x_last, &m->ln_f_weight, &m->ln_f_mean, &m->ln_f_rstd, &grad_ln, &grad_residual,
+                       &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
     ready(m, top + TOP_LN_F_WEIGHT, hook, context);
     ready(m, top + TOP_LN_F_BIAS, hook, context);
     for (int l = L - 1; l >= 0; l--) {
         GptBlockActivations *a = &m->acts[l];
-        const Tensor *x_in = l ? &m->acts[l - 1].residual_2 : &m->embedded;  // the block's input
+        Tensor x_in = rows_of(l ? &m->acts[l - 1].residual_2 : &m->embedded, N);  // the block's input
         Tensor ln_1 = rows_of(&a->ln_1, N), attn_y = rows_of(&a->attn_y, N), residual_1 = rows_of(&a->residual_1, N);
         Tensor ln_2 = rows_of(&a->ln_2, N), fc = rows_of(&a->fc, N), fc_gelu = rows_of(&a->fc_gelu, N);
         int slot = l * GPT_BLOCK_TENSORS;
@@ -354,29 +376,29 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
         Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
         linear_back(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]
         ready(m, slot + GPT_FC_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_FC_PROJ_BIAS, hook, context);
-        gelu_backward(fc.data, grad_fc.data, (long)N * 4 * C, grad_fc.data);
+        gelu_backward(&fc, &grad_fc, &grad_fc);
         linear_back(m, l, GPT_FC_WEIGHT, &ln_2, &grad_fc, &grad_ln, false);                // d ln_2(x)
         ready(m, slot + GPT_FC_WEIGHT, hook, context), ready(m, slot + GPT_FC_BIAS, hook, context);
-        layernorm_backward(residual_1.data, block_tensor(m, l, GPT_LN_2_WEIGHT)->data, a->ln_2_mean.data,
-                           a->ln_2_rstd.data, grad_ln.data, N, C, grad_residual.data,
-                           block_grad(m, l, GPT_LN_2_WEIGHT)->data,
-                           c->bias ? block_grad(m, l, GPT_LN_2_BIAS)->data : NULL);
+        layernorm_backward(&residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), &a->ln_2_mean, &a->ln_2_rstd, &grad_ln,
+                           &grad_residual, block_grad(m, l, GPT_LN_2_WEIGHT),
+                           c->bias ? block_grad(m, l, GPT_LN_2_BIAS) : NULL);
         ready(m, slot + GPT_LN_2_WEIGHT, hook, context), ready(m, slot + GPT_LN_2_BIAS, hook, context);
         // x = x + attn(ln_1(x))
         Tensor grad_attn_out = dropout_back(m, &a->attn_proj_mask, &grad_residual);  // d attn.c_proj's output
         linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &grad_attn_out, &grad_attn_y, false);
         ready(m, slot + GPT_ATTN_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_PROJ_BIAS, hook, context);
-        attention_backward(a->qkv.data, a->att.data, dropout ? a->att_mask.data : NULL, dropout ? a->att_dropped.data : NULL,
-                           grad_attn_y.data, B, T, C, c->n_head, grad_qkv.data);
+        Tensor qkv = rows_of(&a->qkv, N);
+        attention_backward(&qkv, &a->att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL, &grad_attn_y,
+                           B, T, c->n_head, &m->grad_att, &grad_qkv);
         linear_back(m, l, GPT_ATTN_WEIGHT, &ln_1, &grad_qkv, &grad_ln, false);
         ready(m, slot + GPT_ATTN_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_BIAS, hook, context);
-        layernorm_backward(x_in->data, block_tensor(m, l, GPT_LN_1_WEIGHT)->data, a->ln_1_mean.data, a->ln_1_rstd.data,
-                           grad_ln.data, N, C, grad_residual.data, block_grad(m, l, GPT_LN_1_WEIGHT)->data,
-                           c->bias ? block_grad(m, l, GPT_LN_1_BIAS)->data : NULL);
+        layernorm_backward(&x_in, block_tensor(m, l, GPT_LN_1_WEIGHT), &a->ln_1_mean, &a->ln_1_rstd, &grad_ln,
+                           &grad_residual, block_grad(m, l, GPT_LN_1_WEIGHT),
+                           c->bias ? block_grad(m, l, GPT_LN_1_BIAS) : NULL);
         ready(m, slot + GPT_LN_1_WEIGHT, hook, context), ready(m, slot + GPT_LN_1_BIAS, hook, context);
     }
-    if (dropout) multiply_by_mask(grad_residual.data, m->embed_mask.data, (long)N * C);  // through transformer.drop
-    embedding_backward(m->inputs, grad_residual.data, B, T, C, m->grad_wte.data, m->grad_wpe.data);
+    if (dropout) multiply_by_mask(&grad_residual, &m->embed_mask);  // through transformer.drop
+    embedding_backward(&m->tokens, &grad_residual, B, T, &m->grad_wte, &m->grad_wpe);
     ready(m, top + TOP_WPE, hook, context);
     ready(m, top + TOP_WTE, hook, context);
 }

@@ -12,9 +12,11 @@
 // appears once in the list, as in model.parameters(); gpt_state_dict adds its name for --save.
 // Gradients accumulate as in PyTorch: gpt_zero_grad before a step's first micro-batch.
 //
-// The CPU computes it: gemm (tensor.h) for the Linears and the head, transformer_ops.h for the
-// rest, the cross-entropy of tensor_ops.h. Activations for batch max_batch at block_size are
-// allocated once, as llm.c does, and kept from forward to backward (the memory is gpt_memory's).
+// gemm (tensor.h) computes the Linears and the head, transformer_ops.h the rest, tensor_ops.h the
+// cross-entropy, each on the device where the model lives (gpt_new's): the CPU's threads, or a GPU
+// (cuBLAS and kernels.cu; the host then only launches, copies each batch's tokens in and reads the
+// loss back). Activations for batch max_batch at block_size are allocated once, as llm.c does, and
+// kept from forward to backward (the memory is gpt_add_memory_need's).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -22,6 +24,7 @@
 
 #include "runtime/memory_budget.h"  // MemoryNeed
 #include "models/nn.h"  // Param, Tensor, GradReadyHook, Rng
+#include "tensor/transformer_ops.h"  // TokenBatch
 
 typedef struct {
     int vocab_size, block_size, n_layer, n_head, n_embd;
@@ -55,6 +58,7 @@ typedef struct {
 typedef struct {
     GptConfig config;
     int max_batch;
+    Device device;                                 // where every tensor below lives
     // Parameters and their gradients.
     Tensor wte, wpe, ln_f_weight, ln_f_bias;       // [V, C], [block_size, C], [1, C], [1, C]
     Tensor grad_wte, grad_wpe, grad_ln_f_weight, grad_ln_f_bias;
@@ -68,31 +72,35 @@ typedef struct {
     Rng dropout_rng;
     // The last forward's batch and activations.
     int B, T;
-    int *inputs, *targets;                         // [max_batch * block_size]
+    TokenBatch tokens;                             // the batch's inputs, on the device
+    int *targets;                                  // [max_batch * block_size], on the host (the loss copies them)
     Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout)
     Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
     Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0)
     GptBlockActivations *acts;                     // [n_layer]
     Tensor ln_f, ln_f_mean, ln_f_rstd;
     Tensor logits;                                 // [N, V]
+    Tensor last_logits;                            // the last forward's rows of logits
     Tensor grad_logits;                            // [N, V]: d loss / d logits, set by gpt_loss
     // Backward's scratch, [N, ...].
     Tensor grad_residual, grad_ln, grad_qkv, grad_attn_y, grad_fc;
     Tensor grad_proj_out;                          // [N, C]: d c_proj's output, through its dropout (dropout > 0)
+    Tensor grad_att;                               // [B * n_head, T * T]: d att, then d scores (attention_backward's)
 } Gpt;
 
 // Config check for the flags: NULL when it is a model, else what is wrong ("--n_embd 100 is not
 // divisible by --n_head 3").
 const char *gpt_config_problem(const GptConfig *config);
-// What gpt_new(config, max_batch) and its training will allocate, by part, for memory_require
-// (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the activations with
-// backward's scratch, before anything is allocated.
+// What gpt_new(config, max_batch) and its training will allocate on its device, by part, for
+// memory_require (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the
+// activations with backward's scratch and the batch's tokens, before anything is allocated.
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
 // The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
 // 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
 // (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)
-// Activations for batches of up to max_batch sequences.
-Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng);
+// Activations for batches of up to max_batch sequences. Every tensor on `device`; the weights are
+// drawn on the host, so that one rng gives the same model on either device.
+Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device);
 void gpt_free(Gpt *model);
 // nanoGPT's get_num_params(): every parameter, the position embedding left out when non_embedding
 // (the head's weights are wte's and count once).
@@ -104,9 +112,12 @@ void gpt_set_training(Gpt *model, bool training);
 // the embeddings', then per block attention's probabilities, after attn.c_proj, after mlp.c_proj.
 void gpt_seed_dropout(Gpt *model, uint64_t seed);
 
-// Forward of B sequences of T <= block_size tokens each (inputs [B * T], values < vocab_size):
-// fills the logits [B * T, V] and returns them (valid until the next forward).
-const float *gpt_forward(Gpt *model, const int *inputs, int B, int T);
+// Forward of B sequences of T <= block_size tokens each (inputs [B * T] on the host, values <
+// vocab_size): fills the logits [B * T, V] and returns them, on the model's device (valid until
+// the next forward).
+const Tensor *gpt_forward(Gpt *model, const int *inputs, int B, int T);
+// Row `row` of the last forward's logits [V], copied to the host (the host waits for the forward).
+void gpt_logits_row(const Gpt *model, int row, float *host);
 // F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.
 // Keeps d loss / d logits for backward.
 float gpt_loss(Gpt *model, const int *targets);

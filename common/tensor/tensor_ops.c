@@ -239,6 +239,53 @@ CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {
     for (size_t k = 0; k < n; k++) p[k] -= lr * g[k];
 }
 
+#if HAVE_CUDA
+// sum_of_squares's per-tensor sums on the GPU, grown to the most tensors seen, as scratch_terms.
+static double *g_tensor_sums;
+static int g_tensor_sums_count;
+#endif
+
+// Blocks of a fixed size, each a thread's, summed in block order: the same bits on any number of threads.
+enum { SQUARES_BLOCK = 4096 };
+
+double sum_of_squares(Tensor *const *tensors, int n) {
+    for (int i = 0; i < n; i++)
+        CHECK(tensors[i]->device == tensors[0]->device, "sum_of_squares: tensor %d is on another device than tensor 0", i);
+    if (n > 0 && tensor_on_gpu(tensors[0])) {
+        double total = 0.0;
+#if HAVE_CUDA
+        if (n > g_tensor_sums_count) {
+            device_free(g_tensor_sums);
+            g_tensor_sums = device_alloc((size_t)n * sizeof(double));
+            g_tensor_sums_count = n;
+        }
+        for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, g_tensor_sums + i, device_stream());
+        double *sums = xmalloc((size_t)n * sizeof(double));
+        device_read_to_host(sums, g_tensor_sums, (size_t)n * sizeof(double), "the gradients' norm");
+        total = sum_in_order(sums, (size_t)n);
+        free(sums);
+#endif
+        return total;
+    }
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        const float *values = tensors[i]->data;
+        size_t count = tensor_numel(tensors[i]);
+        long blocks = (long)((count + SQUARES_BLOCK - 1) / SQUARES_BLOCK);
+        double *partial = xmalloc((size_t)(blocks ? blocks : 1) * sizeof(double));
+#pragma omp parallel for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            size_t end = (size_t)(b + 1) * SQUARES_BLOCK < count ? (size_t)(b + 1) * SQUARES_BLOCK : count;
+            double sum = 0.0;
+            for (size_t k = (size_t)b * SQUARES_BLOCK; k < end; k++) sum += (double)values[k] * values[k];
+            partial[b] = sum;
+        }
+        for (long b = 0; b < blocks; b++) total += partial[b];  // one running sum over every tensor's blocks
+        free(partial);
+    }
+    return total;
+}
+
 // ------------------------------------------------------------------ the CNN's operations
 
 Tensor tensor_view(const Tensor *t, int rows, int cols) {
@@ -261,6 +308,18 @@ void int_buffer_free(IntBuffer *buffer) {
     if (HAVE_CUDA && buffer->device == DEVICE_CUDA) device_free(buffer->data);
     else free(buffer->data);
     *buffer = (IntBuffer){0};
+}
+
+void int_buffer_from_host(IntBuffer *buffer, const int *host, size_t n) {
+    CHECK(n <= buffer->count, "int_buffer_from_host: %zu values into a buffer of %zu", n, buffer->count);
+    if (n == 0) return;
+    if (HAVE_CUDA && buffer->device == DEVICE_CUDA) {
+#if HAVE_CUDA
+        CHECK_CUDA(cudaMemcpyAsync(buffer->data, host, n * sizeof(int), cudaMemcpyHostToDevice, device_stream()));
+#endif
+        return;
+    }
+    memcpy(buffer->data, host, n * sizeof(int));
 }
 
 int conv_out_height(const ConvGeometry *g) { return g->height + 2 * g->padding - g->kernel + 1; }

@@ -57,6 +57,11 @@ typedef struct {
 void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq, const AdamCoefficients *c);
 // SGD without momentum: param -= lr * grad.
 void sgd_update(Tensor *param, const Tensor *grad, float lr);
+// The sum of the squares of every value of tensors[0 .. n), in double (clip_grad_norm's norm), all
+// on one device: on the CPU each tensor in blocks of 4096 values, each block summed in order, then
+// one running sum over the blocks of every tensor in turn (the same bits at any thread count); on the GPU gpu_sum's
+// fixed tree per tensor, the tensors in order, read back once (the host waits, as for a loss).
+double sum_of_squares(Tensor *const *tensors, int n);
 
 // ------------------------------------------------------------------ the CNN's operations
 //
@@ -81,6 +86,9 @@ typedef struct {
 } IntBuffer;
 IntBuffer int_buffer_new(size_t count, Device device);
 void int_buffer_free(IntBuffer *buffer);
+// buffer's first n = host's n (a batch's tokens): queued on the compute stream on a GPU, the host
+// array staged by the copy (free to reuse on return, as cudaMemcpyAsync from pageable memory has it).
+void int_buffer_from_host(IntBuffer *buffer, const int *host, size_t n);
 
 // A convolution's geometry: stride 1, a kernel x kernel window, `padding`
 // zeros around each image (padding = (kernel - 1) / 2 keeps H x W).

@@ -1,4 +1,4 @@
-// transformer_ops.c: LayerNorm, causal attention, GELU and the embeddings on the CPU. See transformer_ops.h.
+// transformer_ops.c: LayerNorm, causal attention, GELU and the embeddings, on the CPU or the GPU. See transformer_ops.h.
 #include "tensor/transformer_ops.h"
 
 #include <math.h>
@@ -10,13 +10,16 @@
 
 #include "base/check.h"
 #include "base/cpu_dispatch.h"
+#if HAVE_CUDA
+#include "tensor/kernels.h"
+#endif
 
 #define LAYERNORM_EPS 1e-5f
 
 // Rows are independent: each thread takes whole rows, and a row's statistics are summed in
 // column order, whatever thread computes them.
-CPU_DISPATCHED void layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols,
-                                      float *y, float *mean, float *rstd) {
+CPU_DISPATCHED static void cpu_layernorm_forward(const float *x, const float *weight, const float *bias, int rows,
+                                                 int cols, float *y, float *mean, float *rstd) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * cols;
@@ -42,9 +45,9 @@ CPU_DISPATCHED void layernorm_forward(const float *x, const float *weight, const
 // Blocks of this many columns per thread for the weights' gradients: a cache line of each row.
 enum { COLUMN_BLOCK = 16 };
 
-CPU_DISPATCHED void layernorm_backward(const float *x, const float *weight, const float *mean, const float *rstd,
-                                       const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
-                                       float *grad_bias) {
+CPU_DISPATCHED static void cpu_layernorm_backward(const float *x, const float *weight, const float *mean,
+                                                  const float *rstd, const float *grad_y, int rows, int cols,
+                                                  float *grad_x, float *grad_weight, float *grad_bias) {
     // grad_x, row by row: with x_hat = (x - mean) * rstd and g = grad_y * weight,
     // dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)).
 #pragma omp parallel for schedule(static)
@@ -93,8 +96,8 @@ CPU_DISPATCHED void layernorm_backward(const float *x, const float *weight, cons
 // C for y), as llm.c's CPU attention loops but with BLAS's kernels: the whole [T, T] block is
 // computed and the part above the diagonal then masked, which costs 2x the causal FLOPs of the
 // scores but runs at GEMM speed.
-void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, const float *dropout_mask,
-                       float *att_dropped, float *y) {
+static void cpu_attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att,
+                                  const float *dropout_mask, float *att_dropped, float *y) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
 #pragma omp parallel for schedule(static)
@@ -127,44 +130,40 @@ void attention_forward(const float *qkv, int B, int T, int C, int n_head, float 
     }
 }
 
-void attention_backward(const float *qkv, const float *att, const float *dropout_mask, const float *att_dropped,
-                        const float *grad_y, int B, int T, int C, int n_head, float *grad_qkv) {
+static void cpu_attention_backward(const float *qkv, const float *att, const float *dropout_mask,
+                                   const float *att_dropped, const float *grad_y, int B, int T, int C, int n_head,
+                                   float *grad_att, float *grad_qkv) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
-#pragma omp parallel
-    {
-        float *grad_scores = malloc((size_t)T * T * sizeof(float));  // this thread's [T, T]
-        CHECK(grad_scores, "out of memory: attention's scores");
-#pragma omp for schedule(static)
-        for (int pair = 0; pair < B * n_head; pair++) {
-            int b = pair / n_head, h = pair % n_head;
-            const float *q = qkv + (size_t)b * T * stride + h * head_dim, *k = q + C, *v = q + 2 * C;
-            float *grad_q = grad_qkv + (size_t)b * T * stride + h * head_dim, *grad_k = grad_q + C, *grad_v = grad_q + 2 * C;
-            const float *scores = att + (size_t)pair * T * T;
-            const float *weights = dropout_mask ? att_dropped + (size_t)pair * T * T : scores;  // what multiplied v
-            const float *gy = grad_y + (size_t)b * T * C + h * head_dim;
-            // y = weights v: d weights = dy v^T, dv = weights^T dy; under dropout, d att = d weights * mask
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, head_dim, 1.0f, gy, C, v, stride, 0.0f, grad_scores, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, gy, C, 0.0f, grad_v, stride);
-            if (dropout_mask) {
-                const float *mask = dropout_mask + (size_t)pair * T * T;
-                for (int i = 0; i < T * T; i++) grad_scores[i] *= mask[i];
-            }
-            // Softmax's backward, then the scale: d score = att (d att - sum_u att d att) / sqrt(head_dim);
-            // 0 above the diagonal, where att is 0.
-            for (int t = 0; t < T; t++) {
-                const float *row = scores + (size_t)t * T;
-                float *g = grad_scores + (size_t)t * T;
-                float weighted = 0.0f;
-                for (int u = 0; u <= t; u++) weighted += row[u] * g[u];
-                for (int u = 0; u <= t; u++) g[u] = row[u] * (g[u] - weighted) * scale;
-                for (int u = t + 1; u < T; u++) g[u] = 0.0f;
-            }
-            // scores = q k^T: dq = d score k, dk = d score^T q
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, k, stride, 0.0f, grad_q, stride);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, q, stride, 0.0f, grad_k, stride);
+#pragma omp parallel for schedule(static)
+    for (int pair = 0; pair < B * n_head; pair++) {
+        float *grad_scores = grad_att + (size_t)pair * T * T;  // this pair's [T, T]
+        int b = pair / n_head, h = pair % n_head;
+        const float *q = qkv + (size_t)b * T * stride + h * head_dim, *k = q + C, *v = q + 2 * C;
+        float *grad_q = grad_qkv + (size_t)b * T * stride + h * head_dim, *grad_k = grad_q + C, *grad_v = grad_q + 2 * C;
+        const float *scores = att + (size_t)pair * T * T;
+        const float *weights = dropout_mask ? att_dropped + (size_t)pair * T * T : scores;  // what multiplied v
+        const float *gy = grad_y + (size_t)b * T * C + h * head_dim;
+        // y = weights v: d weights = dy v^T, dv = weights^T dy; under dropout, d att = d weights * mask
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, head_dim, 1.0f, gy, C, v, stride, 0.0f, grad_scores, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, gy, C, 0.0f, grad_v, stride);
+        if (dropout_mask) {
+            const float *mask = dropout_mask + (size_t)pair * T * T;
+            for (int i = 0; i < T * T; i++) grad_scores[i] *= mask[i];
         }
-        free(grad_scores);
+        // Softmax's backward, then the scale: d score = att (d att - sum_u att d att) / sqrt(head_dim);
+        // 0 above the diagonal, where att is 0.
+        for (int t = 0; t < T; t++) {
+            const float *row = scores + (size_t)t * T;
+            float *g = grad_scores + (size_t)t * T;
+            float weighted = 0.0f;
+            for (int u = 0; u <= t; u++) weighted += row[u] * g[u];
+            for (int u = 0; u <= t; u++) g[u] = row[u] * (g[u] - weighted) * scale;
+            for (int u = t + 1; u < T; u++) g[u] = 0.0f;
+        }
+        // scores = q k^T: dq = d score k, dk = d score^T q
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, k, stride, 0.0f, grad_q, stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, q, stride, 0.0f, grad_k, stride);
     }
 }
 
@@ -178,12 +177,12 @@ void dropout_mask(Rng *rng, double p, long n, float *mask) {
     }
 }
 
-CPU_DISPATCHED void multiply_by_mask(float *x, const float *mask, long n) {
+CPU_DISPATCHED static void cpu_multiply(float *x, const float *mask, long n) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) x[i] *= mask[i];
 }
 
-CPU_DISPATCHED void add_elementwise(const float *a, const float *b, long n, float *out) {
+CPU_DISPATCHED static void cpu_add(const float *a, const float *b, long n, float *out) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -234,12 +233,12 @@ static inline float exp_nonpositive(float x) {
     return p * two_to_n.value;
 }
 
-CPU_DISPATCHED void gelu_forward(const float *x, long n, float *y) {
+CPU_DISPATCHED static void cpu_gelu_forward(const float *x, long n, float *y) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erf_rational(x[i] * INV_SQRT2));
 }
 
-CPU_DISPATCHED void gelu_backward(const float *x, const float *grad_y, long n, float *grad_x) {
+CPU_DISPATCHED static void cpu_gelu_backward(const float *x, const float *grad_y, long n, float *grad_x) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) {
         float cdf = 0.5f * (1.0f + erf_rational(x[i] * INV_SQRT2));
@@ -248,8 +247,8 @@ CPU_DISPATCHED void gelu_backward(const float *x, const float *grad_y, long n, f
     }
 }
 
-CPU_DISPATCHED void embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C,
-                                      float *x) {
+CPU_DISPATCHED static void cpu_embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T,
+                                                 int C, float *x) {
 #pragma omp parallel for schedule(static)
     for (int row = 0; row < B * T; row++) {
         const float *token = wte + (size_t)tokens[row] * C, *position = wpe + (size_t)(row % T) * C;
@@ -261,8 +260,8 @@ CPU_DISPATCHED void embedding_forward(const int *tokens, const float *wte, const
 // Threads own blocks of columns of both tables and walk every row in order: each table row's
 // sum over its tokens is then in token order, whatever the thread count, and no two threads
 // write one value (a thread per token row would race where a character repeats).
-CPU_DISPATCHED void embedding_backward(const int *tokens, const float *grad_x, int B, int T, int C, float *grad_wte,
-                                       float *grad_wpe) {
+CPU_DISPATCHED static void cpu_embedding_backward(const int *tokens, const float *grad_x, int B, int T, int C,
+                                                  float *grad_wte, float *grad_wpe) {
     int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int block = 0; block < blocks; block++) {
@@ -277,4 +276,298 @@ CPU_DISPATCHED void embedding_backward(const int *tokens, const float *grad_x, i
             }
         }
     }
+}
+
+// ------------------------------------------------------------------ the operations on Tensors: CPU or GPU
+
+static bool same_device(const Tensor *a, const Tensor *b) { return !b || a->device == b->device; }
+
+void layernorm_forward(const Tensor *x, const Tensor *weight, const Tensor *bias, Tensor *y, Tensor *mean,
+                       Tensor *rstd) {
+    const int rows = x->rows, cols = x->cols;
+    CHECK(tensor_numel(weight) == (size_t)cols && (!bias || tensor_numel(bias) == (size_t)cols) &&
+              y->rows == rows && y->cols == cols && tensor_numel(mean) >= (size_t)rows && tensor_numel(rstd) >= (size_t)rows,
+          "layernorm_forward: x [%d, %d], weight %zu, y [%d, %d], mean %zu", rows, cols, tensor_numel(weight), y->rows,
+          y->cols, tensor_numel(mean));
+    CHECK(same_device(x, weight) && same_device(x, bias) && same_device(x, y) && same_device(x, mean) &&
+              same_device(x, rstd), "layernorm_forward: operands on different devices");
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_layernorm_forward(x->data, weight->data, bias ? bias->data : NULL, rows, cols, y->data, mean->data,
+                              rstd->data, device_stream());
+#endif
+        return;
+    }
+    cpu_layernorm_forward(x->data, weight->data, bias ? bias->data : NULL, rows, cols, y->data, mean->data, rstd->data);
+}
+
+void layernorm_backward(const Tensor *x, const Tensor *weight, const Tensor *mean, const Tensor *rstd,
+                        const Tensor *grad_y, Tensor *grad_x, Tensor *grad_weight, Tensor *grad_bias) {
+    const int rows = x->rows, cols = x->cols;
+    CHECK(tensor_numel(weight) == (size_t)cols && tensor_numel(grad_weight) == (size_t)cols &&
+              (!grad_bias || tensor_numel(grad_bias) == (size_t)cols) && grad_y->rows == rows && grad_y->cols == cols &&
+              grad_x->rows == rows && grad_x->cols == cols && tensor_numel(mean) >= (size_t)rows &&
+              tensor_numel(rstd) >= (size_t)rows,
+          "layernorm_backward: x [%d, %d], grad_y [%d, %d], grad_x [%d, %d]", rows, cols, grad_y->rows, grad_y->cols,
+          grad_x->rows, grad_x->cols);
+    CHECK(same_device(x, weight) && same_device(x, mean) && same_device(x, rstd) && same_device(x, grad_y) &&
+              same_device(x, grad_x) && same_device(x, grad_weight) && same_device(x, grad_bias),
+          "layernorm_backward: operands on different devices");
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_layernorm_backward(x->data, weight->data, mean->data, rstd->data, grad_y->data, rows, cols, grad_x->data,
+                               grad_weight->data, grad_bias ? grad_bias->data : NULL, device_stream());
+#endif
+        return;
+    }
+    cpu_layernorm_backward(x->data, weight->data, mean->data, rstd->data, grad_y->data, rows, cols, grad_x->data,
+                           grad_weight->data, grad_bias ? grad_bias->data : NULL);
+}
+
+static void check_attention(const char *what, const Tensor *qkv, int B, int T, int n_head, const Tensor *att,
+                            const Tensor *dropout_mask, const Tensor *att_dropped, const Tensor *y) {
+    const size_t scores = (size_t)B * n_head * T * T;
+    CHECK(qkv->rows == B * T && qkv->cols % 3 == 0 && (qkv->cols / 3) % n_head == 0 && y->rows == B * T &&
+              y->cols == qkv->cols / 3 && tensor_numel(att) >= scores && (!dropout_mask) == (!att_dropped) &&
+              (!dropout_mask || (tensor_numel(dropout_mask) >= scores && tensor_numel(att_dropped) >= scores)),
+          "%s: qkv [%d, %d], y [%d, %d], %d heads of %d sequences of %d, attention buffer of %zu", what, qkv->rows,
+          qkv->cols, y->rows, y->cols, n_head, B, T, tensor_numel(att));
+    CHECK(same_device(qkv, att) && same_device(qkv, y) && same_device(qkv, dropout_mask) && same_device(qkv, att_dropped),
+          "%s: operands on different devices", what);
+}
+
+#if HAVE_CUDA
+// Row-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, operand i at i times its stride:
+// cuBLAS's strided batch, with the operands swapped as tensor.c's gemm swaps them (a row-major
+// matrix is its column-major transpose). The attention's products, a batch of heads per sequence:
+// head h's q, k, v and y are the columns h * head_dim .. of their rows, so their stride is head_dim.
+static void gemm_batched(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
+                         long long stride_a, const float *b, int ldb, long long stride_b, float beta, float *c, int ldc,
+                         long long stride_c, int batch) {
+    CHECK_CUBLAS(cublasSgemmStridedBatched(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, stride_b,
+                                           a, lda, stride_a, &beta, c, ldc, stride_c, batch));
+}
+#endif
+
+void attention_forward(const Tensor *qkv, int B, int T, int n_head, Tensor *att, const Tensor *dropout_mask,
+                       Tensor *att_dropped, Tensor *y) {
+    check_attention("attention_forward", qkv, B, T, n_head, att, dropout_mask, att_dropped, y);
+    const int C = y->cols;
+    if (tensor_on_gpu(qkv)) {
+#if HAVE_CUDA
+        // The CPU's products, per sequence a batch of its heads: scores = q k^T / sqrt(head_dim),
+        // the causal softmax over every row at once, then y = att v (or (att * mask) v).
+        const int head_dim = C / n_head, stride = 3 * C;
+        const float scale = 1.0f / sqrtf((float)head_dim);
+        const long long square = (long long)T * T;
+        for (int b = 0; b < B; b++) {
+            const float *q = qkv->data + (size_t)b * T * stride, *k = q + C;
+            gemm_batched(false, true, T, T, head_dim, scale, q, stride, head_dim, k, stride, head_dim, 0.0f,
+                         att->data + (size_t)b * n_head * square, T, square, n_head);
+        }
+        gpu_causal_softmax(att->data, B * n_head, T, device_stream());
+        const float *weights = att->data;
+        if (dropout_mask) {
+            gpu_multiply(att->data, dropout_mask->data, (size_t)B * n_head * square, att_dropped->data, device_stream());
+            weights = att_dropped->data;
+        }
+        for (int b = 0; b < B; b++) {
+            const float *v = qkv->data + (size_t)b * T * stride + 2 * C;
+            gemm_batched(false, false, T, head_dim, T, 1.0f, weights + (size_t)b * n_head * square, T, square, v, stride,
+                         head_dim, 0.0f, y->data + (size_t)b * T * C, C, head_dim, n_head);
+        }
+#endif
+        return;
+    }
+    cpu_attention_forward(qkv->data, B, T, C, n_head, att->data, dropout_mask ? dropout_mask->data : NULL,
+                          att_dropped ? att_dropped->data : NULL, y->data);
+}
+
+void attention_backward(const Tensor *qkv, const Tensor *att, const Tensor *dropout_mask, const Tensor *att_dropped,
+                        const Tensor *grad_y, int B, int T, int n_head, Tensor *grad_att, Tensor *grad_qkv) {
+    check_attention("attention_backward", qkv, B, T, n_head, att, dropout_mask, att_dropped, grad_y);
+    CHECK(grad_qkv->rows == qkv->rows && grad_qkv->cols == qkv->cols && tensor_numel(grad_att) >= (size_t)B * n_head * T * T &&
+              same_device(qkv, grad_qkv) && same_device(qkv, grad_att),
+          "attention_backward: grad_qkv [%d, %d] for qkv [%d, %d], scratch of %zu", grad_qkv->rows, grad_qkv->cols,
+          qkv->rows, qkv->cols, tensor_numel(grad_att));
+    const int C = grad_y->cols;
+    if (tensor_on_gpu(qkv)) {
+#if HAVE_CUDA
+        const int head_dim = C / n_head, stride = 3 * C;
+        const float scale = 1.0f / sqrtf((float)head_dim);
+        const long long square = (long long)T * T;
+        const float *weights = dropout_mask ? att_dropped->data : att->data;  // what multiplied v
+        // y = weights v: d weights = dy v^T, dv = weights^T dy.
+        for (int b = 0; b < B; b++) {
+            const float *v = qkv->data + (size_t)b * T * stride + 2 * C, *gy = grad_y->data + (size_t)b * T * C;
+            float *grad_scores = grad_att->data + (size_t)b * n_head * square;
+            gemm_batched(false, true, T, T, head_dim, 1.0f, gy, C, head_dim, v, stride, head_dim, 0.0f, grad_scores, T,
+                         square, n_head);
+            gemm_batched(true, false, T, head_dim, T, 1.0f, weights + (size_t)b * n_head * square, T, square, gy, C,
+                         head_dim, 0.0f, grad_qkv->data + (size_t)b * T * stride + 2 * C, stride, head_dim, n_head);
+        }
+        size_t n = (size_t)B * n_head * square;
+        if (dropout_mask) gpu_multiply(grad_att->data, dropout_mask->data, n, grad_att->data, device_stream());
+        gpu_causal_softmax_backward(att->data, grad_att->data, B * n_head, T, scale, device_stream());
+        // scores = q k^T: dq = d score k, dk = d score^T q.
+        for (int b = 0; b < B; b++) {
+            const float *q = qkv->data + (size_t)b * T * stride, *k = q + C;
+            const float *grad_scores = grad_att->data + (size_t)b * n_head * square;
+            float *grad_q = grad_qkv->data + (size_t)b * T * stride;
+            gemm_batched(false, false, T, head_dim, T, 1.0f, grad_scores, T, square, k, stride, head_dim, 0.0f, grad_q,
+                         stride, head_dim, n_head);
+            gemm_batched(true, false, T, head_dim, T, 1.0f, grad_scores, T, square, q, stride, head_dim, 0.0f,
+                         grad_q + C, stride, head_dim, n_head);
+        }
+#endif
+        return;
+    }
+    cpu_attention_backward(qkv->data, att->data, dropout_mask ? dropout_mask->data : NULL,
+                           att_dropped ? att_dropped->data : NULL, grad_y->data, B, T, C, n_head, grad_att->data,
+                           grad_qkv->data);
+}
+
+// dropout_draw's host copy of a mask on its way to the GPU, grown to the largest.
+static float *g_mask_staging;
+static long g_mask_staging_count;
+
+void dropout_draw(Rng *rng, double p, long n, Tensor *mask) {
+    CHECK(n >= 0 && (size_t)n <= tensor_numel(mask), "dropout_draw: %ld values into a mask of %zu", n, tensor_numel(mask));
+    if (!tensor_on_gpu(mask)) {
+        dropout_mask(rng, p, n, mask->data);
+        return;
+    }
+    if (n > g_mask_staging_count) {
+        free(g_mask_staging);
+        g_mask_staging = xmalloc((size_t)n * sizeof(float));
+        g_mask_staging_count = n;
+    }
+    dropout_mask(rng, p, n, g_mask_staging);
+    Tensor drawn = tensor_view(mask, 1, (int)n);
+    tensor_from_host(&drawn, g_mask_staging);
+}
+
+void multiply_by_mask(Tensor *x, const Tensor *mask) {
+    size_t n = tensor_numel(x);
+    CHECK(tensor_numel(mask) >= n && same_device(x, mask), "multiply_by_mask: %zu values, a mask of %zu", n,
+          tensor_numel(mask));
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_multiply(x->data, mask->data, n, x->data, device_stream());
+#endif
+        return;
+    }
+    cpu_multiply(x->data, mask->data, (long)n);
+}
+
+void add_elementwise(const Tensor *a, const Tensor *b, Tensor *out) {
+    size_t n = tensor_numel(out);
+    CHECK(tensor_numel(a) == n && tensor_numel(b) == n && same_device(out, a) && same_device(out, b),
+          "add_elementwise: %zu + %zu values into %zu", tensor_numel(a), tensor_numel(b), n);
+    if (tensor_on_gpu(out)) {
+#if HAVE_CUDA
+        gpu_add(a->data, b->data, n, out->data, device_stream());
+#endif
+        return;
+    }
+    cpu_add(a->data, b->data, (long)n, out->data);
+}
+
+void gelu_forward(const Tensor *x, Tensor *y) {
+    size_t n = tensor_numel(x);
+    CHECK(tensor_numel(y) == n && same_device(x, y), "gelu_forward: %zu values into %zu", n, tensor_numel(y));
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_gelu_forward(x->data, n, y->data, device_stream());
+#endif
+        return;
+    }
+    cpu_gelu_forward(x->data, (long)n, y->data);
+}
+
+void gelu_backward(const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
+    size_t n = tensor_numel(x);
+    CHECK(tensor_numel(grad_y) == n && tensor_numel(grad_x) == n && same_device(x, grad_y) && same_device(x, grad_x),
+          "gelu_backward: %zu values, gradients of %zu and %zu", n, tensor_numel(grad_y), tensor_numel(grad_x));
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_gelu_backward(x->data, grad_y->data, n, grad_x->data, device_stream());
+#endif
+        return;
+    }
+    cpu_gelu_backward(x->data, grad_y->data, (long)n, grad_x->data);
+}
+
+TokenBatch token_batch_new(int capacity, int vocab_size, Device device) {
+    TokenBatch batch = {.capacity = capacity, .vocab_size = vocab_size, .device = device};
+    batch.tokens = int_buffer_new((size_t)capacity, device);
+    if (HAVE_CUDA && device == DEVICE_CUDA) {
+        batch.row_start = int_buffer_new((size_t)vocab_size + 1, device);
+        batch.positions = int_buffer_new((size_t)capacity, device);
+        batch.host_index = xmalloc(((size_t)vocab_size + 1 + (size_t)capacity) * sizeof(int));
+    }
+    return batch;
+}
+
+void token_batch_set(TokenBatch *batch, const int *tokens, int n) {
+    CHECK(n >= 0 && n <= batch->capacity, "token_batch_set: %d tokens, room for %d", n, batch->capacity);
+    for (int i = 0; i < n; i++)
+        CHECK(tokens[i] >= 0 && tokens[i] < batch->vocab_size, "token %d at %d: not in the vocabulary of %d", tokens[i],
+              i, batch->vocab_size);
+    batch->n = n;
+    int_buffer_from_host(&batch->tokens, tokens, (size_t)n);
+    if (!batch->host_index) return;  // the CPU's backward walks the tokens themselves
+    // A stable counting sort of the positions by token: row_start from the counts, then each
+    // position in increasing order into its token's run.
+    int *row_start = batch->host_index, *positions = batch->host_index + batch->vocab_size + 1;
+    memset(row_start, 0, ((size_t)batch->vocab_size + 1) * sizeof(int));
+    for (int i = 0; i < n; i++) row_start[tokens[i] + 1]++;
+    for (int v = 0; v < batch->vocab_size; v++) row_start[v + 1] += row_start[v];
+    for (int i = 0; i < n; i++) positions[row_start[tokens[i]]++] = i;
+    for (int v = batch->vocab_size; v > 0; v--) row_start[v] = row_start[v - 1];  // each run's end back to its start
+    row_start[0] = 0;
+    int_buffer_from_host(&batch->row_start, row_start, (size_t)batch->vocab_size + 1);
+    int_buffer_from_host(&batch->positions, positions, (size_t)n);
+}
+
+void token_batch_free(TokenBatch *batch) {
+    int_buffer_free(&batch->tokens);
+    if (batch->host_index) int_buffer_free(&batch->row_start), int_buffer_free(&batch->positions);
+    free(batch->host_index);
+    *batch = (TokenBatch){0};
+}
+
+static void check_embedding(const char *what, const TokenBatch *tokens, const Tensor *wte, const Tensor *wpe, int B,
+                            int T, const Tensor *x) {
+    CHECK(tokens->n == B * T && x->rows == B * T && wte->cols == x->cols && wpe->cols == x->cols &&
+              wte->rows == tokens->vocab_size && wpe->rows >= T,
+          "%s: %d tokens for [%d, %d], x [%d, %d], wte [%d, %d], wpe [%d, %d]", what, tokens->n, B, T, x->rows, x->cols,
+          wte->rows, wte->cols, wpe->rows, wpe->cols);
+    CHECK(tokens->device == x->device && same_device(x, wte) && same_device(x, wpe), "%s: operands on different devices",
+          what);
+}
+
+void embedding_forward(const TokenBatch *tokens, const Tensor *wte, const Tensor *wpe, int B, int T, Tensor *x) {
+    check_embedding("embedding_forward", tokens, wte, wpe, B, T, x);
+    if (tensor_on_gpu(x)) {
+#if HAVE_CUDA
+        gpu_embedding_forward(tokens->tokens.data, wte->data, wpe->data, B, T, x->cols, x->data, device_stream());
+#endif
+        return;
+    }
+    cpu_embedding_forward(tokens->tokens.data, wte->data, wpe->data, B, T, x->cols, x->data);
+}
+
+void embedding_backward(const TokenBatch *tokens, const Tensor *grad_x, int B, int T, Tensor *grad_wte,
+                        Tensor *grad_wpe) {
+    check_embedding("embedding_backward", tokens, grad_wte, grad_wpe, B, T, grad_x);
+    if (tensor_on_gpu(grad_x)) {
+#if HAVE_CUDA
+        gpu_embedding_backward_tables(grad_x->data, tokens->row_start.data, tokens->positions.data, tokens->vocab_size, B,
+                                      T, grad_x->cols, grad_wte->data, grad_wpe->data, device_stream());
+#endif
+        return;
+    }
+    cpu_embedding_backward(tokens->tokens.data, grad_x->data, B, T, grad_x->cols, grad_wte->data, grad_wpe->data);
 }

@@ -11,23 +11,29 @@
 // input gradients into what the caller gives them (grad_x +=), as autograd accumulates into a
 // residual stream, and add their parameter gradients too (grad_weight +=), as .grad accumulates.
 //
-// These are the CPU's loops, on the rank's OpenMP threads; every reduction (a LayerNorm's
-// statistics, a column sum for a weight's gradient, an embedding row's sum over the batch) runs
-// in a fixed order, so the bits do not depend on the thread count. (Step 19's GPU kernels are
-// not written yet: the program refuses --device cuda; see day5/README.md.)
+// Each operation makes the CPU/GPU choice once, inside, from where its tensors live (as
+// tensor_ops.h's do): on the CPU, loops on the rank's OpenMP threads; on the GPU, the kernels of
+// kernels.h on the compute stream, and cuBLAS's strided-batched GEMMs for the attention's
+// products. Every reduction (a LayerNorm's statistics, a column sum for a weight's gradient, an
+// embedding row's sum over the batch) runs in a fixed order, so the bits depend neither on the
+// thread count nor on the run; the kernels do the CPU's operations in the CPU's order, so that
+// LayerNorm, GELU, the embeddings and the elementwise operations are the CPU's bits on a GPU too
+// (tests/unit/test_gpu.c checks it), the attention's GEMMs and exp to rounding.
+// A tensor bigger than an operation's batch (a buffer allocated for the largest one) is used from
+// its start: rows_of a [max N, C] buffer, the first B n_head T^2 values of an attention buffer.
 #pragma once
 #include "base/rng.h"
+#include "tensor/tensor_ops.h"  // Tensor, IntBuffer
 
 // y = (x - mean) / sqrt(var + 1e-5) * weight + bias over each row of x [N, C] (var: the biased
-// variance, as nn.LayerNorm). Keeps each row's mean and 1/sqrt(var + eps) [N] for backward.
-// bias may be NULL (nanoGPT's bias=False).
-void layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols, float *y,
-                       float *mean, float *rstd);
+// variance, as nn.LayerNorm). Keeps each row's mean and 1/sqrt(var + eps) (the first N values of
+// mean and rstd) for backward. bias may be NULL (nanoGPT's bias=False).
+void layernorm_forward(const Tensor *x, const Tensor *weight, const Tensor *bias, Tensor *y, Tensor *mean,
+                       Tensor *rstd);
 // grad_x += d/dx, grad_weight += sum over rows of grad_y * x_hat, grad_bias += sum of grad_y
 // (grad_bias NULL: no bias).
-void layernorm_backward(const float *x, const float *weight, const float *mean, const float *rstd,
-                        const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
-                        float *grad_bias);
+void layernorm_backward(const Tensor *x, const Tensor *weight, const Tensor *mean, const Tensor *rstd,
+                        const Tensor *grad_y, Tensor *grad_x, Tensor *grad_weight, Tensor *grad_bias);
 
 // Attention of qkv [B * T, 3C] (c_attn's output: q, then k, then v, each [C] = n_head heads of
 // C / n_head) into y [B * T, C] (heads side by side, as y.transpose(1, 2).view(B, T, C)):
@@ -35,31 +41,51 @@ void layernorm_backward(const float *x, const float *weight, const float *mean, 
 // Keeps att [B, n_head, T, T] (zero above the diagonal) for backward. With dropout_mask [B, n_head,
 // T, T] (each value 0 or 1 / (1 - p): nanoGPT's attn_dropout), y = (att * mask) v, and att_dropped
 // keeps att * mask; both NULL: no dropout.
-void attention_forward(const float *qkv, int B, int T, int C, int n_head, float *att, const float *dropout_mask,
-                       float *att_dropped, float *y);
+void attention_forward(const Tensor *qkv, int B, int T, int n_head, Tensor *att, const Tensor *dropout_mask,
+                       Tensor *att_dropped, Tensor *y);
 // grad_qkv [B * T, 3C] = the gradient of q, k and v (overwritten, not added: qkv has no other use).
-// dropout_mask and att_dropped as forward had them (NULL: no dropout).
-void attention_backward(const float *qkv, const float *att, const float *dropout_mask, const float *att_dropped,
-                        const float *grad_y, int B, int T, int C, int n_head, float *grad_qkv);
+// dropout_mask and att_dropped as forward had them (NULL: no dropout). grad_att: scratch of B
+// n_head T^2 values, the gradient of the probabilities and then of the scores.
+void attention_backward(const Tensor *qkv, const Tensor *att, const Tensor *dropout_mask, const Tensor *att_dropped,
+                        const Tensor *grad_y, int B, int T, int n_head, Tensor *grad_att, Tensor *grad_qkv);
 
 // nn.Dropout(p) in training, as PyTorch's CPU kernel draws it (a build without MKL, as Debian's):
 // mask[i] = (u_i < 1 - p) / (1 - p) in float, u_i = the 53-bit uniform of one 64-bit draw (two 32-bit
 // numbers of the generator, the first the high half), in the tensor's order: torch's
 // bernoulli_(1 - p), then div_(1 - p). Serial: a generator is a sequence.
 void dropout_mask(Rng *rng, double p, long n, float *mask);
-// x *= mask, elementwise over n values (forward: the dropout; backward: its gradient).
-void multiply_by_mask(float *x, const float *mask, long n);
-// out = a + b, elementwise over n values (a residual: x + dropout(c_proj(y))).
-void add_elementwise(const float *a, const float *b, long n, float *out);
+// The first n values of mask drawn as dropout_mask draws them: on the host whatever the device (the
+// same generator, so the same masks on a GPU), then copied there (the host waits for the copy).
+void dropout_draw(Rng *rng, double p, long n, Tensor *mask);
+// x *= mask, elementwise over x's values (forward: the dropout; backward: its gradient).
+void multiply_by_mask(Tensor *x, const Tensor *mask);
+// out = a + b, elementwise over out's values (a residual: x + dropout(c_proj(y))).
+void add_elementwise(const Tensor *a, const Tensor *b, Tensor *out);
 
-// y = GELU(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), elementwise over n values.
-void gelu_forward(const float *x, long n, float *y);
+// y = GELU(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), elementwise over x's values.
+void gelu_forward(const Tensor *x, Tensor *y);
 // grad_x = grad_y * GELU'(x), where GELU'(x) = Phi(x) + x * phi(x); grad_x may be grad_y.
-void gelu_backward(const float *x, const float *grad_y, long n, float *grad_x);
+void gelu_backward(const Tensor *x, const Tensor *grad_y, Tensor *grad_x);
+
+// A batch's tokens where the embeddings read them: tokens [n] in batch order on the model's device,
+// and, on a GPU, the same positions grouped by token, for embedding_backward: positions[row_start[v]
+// .. row_start[v + 1]) are where token v occurs, in increasing order (a stable counting sort on the
+// host), so that a thread per value of wte's row v sums them in the CPU's order, with no atomics.
+typedef struct {
+    int n, capacity, vocab_size;
+    Device device;
+    IntBuffer tokens, row_start, positions;  // [capacity], and on a GPU [vocab_size + 1], [capacity]
+    int *host_index;                         // on a GPU: the index built here, [vocab_size + 1 + capacity]
+} TokenBatch;
+TokenBatch token_batch_new(int capacity, int vocab_size, Device device);
+// The batch's n tokens, from the host (each checked to be in [0, vocab_size)).
+void token_batch_set(TokenBatch *batch, const int *tokens, int n);
+void token_batch_free(TokenBatch *batch);
 
 // x [B * T, C] = wte[tokens] + wpe[position]: transformer.wte(idx) + transformer.wpe(pos).
-void embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C, float *x);
+void embedding_forward(const TokenBatch *tokens, const Tensor *wte, const Tensor *wpe, int B, int T, Tensor *x);
 // grad_wte[token] += each of its rows of grad_x, grad_wpe[t] += the sum over the batch of row t.
-// Each row of a table is summed in token order (nothing atomic): the same bits on any thread count.
-void embedding_backward(const int *tokens, const float *grad_x, int B, int T, int C, float *grad_wte,
-                        float *grad_wpe);
+// Each row of a table is summed in token order (nothing atomic): the same bits on any thread count
+// and on either device.
+void embedding_backward(const TokenBatch *tokens, const Tensor *grad_x, int B, int T, Tensor *grad_wte,
+                        Tensor *grad_wpe);

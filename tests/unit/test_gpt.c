@@ -31,7 +31,7 @@ static int inputs[B * T], targets[B * T];
 // for every forward, so that the finite differences see one function.
 static double loss_in_double(Gpt *m) {
     gpt_seed_dropout(m, 99);
-    const float *logits = gpt_forward(m, inputs, B, T);
+    const float *logits = gpt_forward(m, inputs, B, T)->data;  // (on the CPU)
     const int V = m->config.vocab_size;
     double total = 0;
     for (int r = 0; r < B * T; r++) {
@@ -67,7 +67,7 @@ static void test_gradients(bool bias, double dropout) {
                         .dropout = dropout};
     Rng init;
     rng_seed(&init, 7);
-    Gpt *m = gpt_new(&config, B, &init);
+    Gpt *m = gpt_new(&config, B, &init, DEVICE_CPU);
     const char *what = dropout > 0 ? ", dropout 0.3" : "";
     randomise(m);
     for (int i = 0; i < B * T; i++) inputs[i] = (int)(rng_next_u32(&data_rng) % 11), targets[i] = (int)(rng_next_u32(&data_rng) % 11);
@@ -115,7 +115,7 @@ static void test_accumulation(void) {
     GptConfig config = {.vocab_size = 11, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = 8, .bias = true};
     Rng init;
     rng_seed(&init, 8);
-    Gpt *m = gpt_new(&config, B, &init);
+    Gpt *m = gpt_new(&config, B, &init, DEVICE_CPU);
     randomise(m);
     gpt_zero_grad(m);
     gpt_forward(m, inputs, B, T);
@@ -147,7 +147,7 @@ static void test_names(void) {
     GptConfig config = {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = false};
     Rng init;
     rng_seed(&init, 1337);
-    Gpt *m = gpt_new(&config, 1, &init);
+    Gpt *m = gpt_new(&config, 1, &init, DEVICE_CPU);
     EXPECT(m->n_params == 2 + 4 * 6 + 1 && !strcmp(m->params[0].name, "transformer.wte.weight") &&
            !strcmp(m->params[1].name, "transformer.wpe.weight") && !strcmp(m->params[2].name, "transformer.h.0.ln_1.weight") &&
            !strcmp(m->params[3].name, "transformer.h.0.attn.c_attn.weight") &&
