@@ -7,7 +7,8 @@
 # losses on the CPU and the GPU; steps 2, 4, 6, 8 and 11 on the GPU, several
 # ranks sharing it through the MPI fallback; step 12's collectives on GPU
 # buffers at 1-4 ranks (NCCL, or MPI on host copies); step 13's snapshots of
-# GPU tensors; step 14; step 15's three kinds of embeddings; compute-sanitizer on short runs (TEST_LEVEL=all only:
+# GPU tensors; step 14; step 15's three kinds of embeddings; step 19's GPT
+# against the CPU at 1 and 4 ranks; compute-sanitizer on short runs (TEST_LEVEL=all only:
 # make test-all, make test-gpu).
 # Without one each of those prints "SKIP ... (skipped: no GPU)", or fails
 # under REQUIRE_GPU=1 (make test-gpu).
@@ -61,6 +62,11 @@ status=$?
 lines=$(grep -c -- '--device cuda' "$tmp/cuda4")
 expect "--device cuda without a GPU on 4 ranks: exit $status, no hang, the reason said once ($lines line)" \
     test $status -ne 0 -a $status -ne 124 -a "$lines" -eq 1
+# Step 19 computes on the GPU now: without one, --device cuda is refused as in every step.
+no_gpu day5/19_gpt --device cuda --max_iters 1 > "$tmp/cuda19" 2>&1
+status=$?
+expect "step 19 --device cuda without a GPU: one line, exit $status: $(head -1 "$tmp/cuda19")" \
+    eval '[ $status -ne 0 ] && [ $status -ne 124 ] && [ "$(wc -l < "$tmp/cuda19")" -eq 1 ] && grep -q -- "--device cuda" "$tmp/cuda19"'
 no_gpu day1/2_mnist_training --epochs 1 --plot '' > "$tmp/auto" 2>&1
 expect "--device auto without a GPU trains on the CPU: $(head -1 "$tmp/auto" | grep -o '; cpu, .*')" \
     grep -q '; cpu, [0-9]* threads\?, ' "$tmp/auto"
@@ -105,6 +111,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 15 on the GPU: dense, sparse and sharded embeddings take the CPU's steps at 1 and 2 ranks"
+    "step 19 on the GPU: the CPU's losses, validation loss and weights (1 rank; 4 ranks, NCCL, with 4 GPUs)"
     "step 13 on the GPU: a kill and a restart end as the run without one"
     "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses"
     "NCCL between ranks (DDP, step 12, a lost peer): needs 2 GPUs or more" "compute-sanitizer")
@@ -359,6 +366,37 @@ else
     done
 fi
 
+# Step 19 on the GPU: nanoGPT's GPT (cuBLAS for the Linears, the head and attention's products;
+# kernels for LayerNorm, the causal softmax, GELU, the embeddings, the residuals; AdamW and
+# clip_grad_norm on GPU tensors) takes the CPU's steps from the same seed (the weights and the
+# dropout masks are drawn on the host): every iteration's loss within 1e-5, the validation loss
+# after the last to its 4 printed decimals, the saved weights within 1e-5 (||GPU - CPU|| / ||CPU||),
+# with biases and dropout on; on 1 rank, and on 4 ranks (DDP's allreduce by NCCL) with 4 GPUs. The
+# GPU run takes --device auto, which must pick the GPU. (On the simulated GPU the kernels do the
+# CPU's operations and its cuBLAS is OpenBLAS: the verdict says whether the bits were the same.)
+val_loss19() { sed -n "s/^step $2: train loss [0-9.]*, val loss \([0-9.]*\)$/\1/p" "$1"; }
+if [ ! -f data/shakespeare/input.txt ]; then
+    skip "step 19 on the GPU (no data/shakespeare/input.txt: make shakespeare)"
+else
+    s19=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
+         --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --dropout 0.1 --sample 20 --plot '')
+    for np in 1 $([ "$gpus" -ge 4 ] && echo 4); do
+        batch=$((8 / np))  # the same global batch of 8 windows at either world size
+        mpi $np "${s19[@]}" --batch_size $batch --device cpu --losses "$tmp/g19c_$np.csv" --save "$tmp/g19c_$np.h5" > "$tmp/g19c_$np" 2>&1
+        mpi $np "${s19[@]}" --batch_size $batch --losses "$tmp/g19g_$np.csv" --save "$tmp/g19g_$np.h5" > "$tmp/g19g_$np" 2>&1
+        status=$?
+        verdict=$(same_losses "$tmp/g19c_$np.csv" "$tmp/g19g_$np.csv" 1e-5)
+        same=$?
+        weights=$(build/tools/compare_h5_weights "$tmp/g19c_$np.h5" "$tmp/g19g_$np.h5" 1e-5 2>&1)
+        close=$?
+        bits=$([ "$(checksum "$tmp/g19c_$np")" = "$(checksum "$tmp/g19g_$np")" ] && echo "the same bits" || echo "not bit for bit")
+        cpu_val=$(val_loss19 "$tmp/g19c_$np" 12) gpu_val=$(val_loss19 "$tmp/g19g_$np" 12)
+        expect "step 19 on the GPU, $np rank(s), 12 iterations with biases and dropout 0.1: the CPU's losses ($verdict), val loss ${gpu_val:-none} (CPU ${cpu_val:-none}), weights: $weights ($bits)" \
+            eval '[ $status -eq 0 ] && [ $same -eq 0 ] && [ $close -eq 0 ] && grep -q "; cuda:" "$tmp/g19g_$np" &&
+                  [ -n "$cpu_val" ] && [ "$gpu_val" = "$cpu_val" ] && [ "$(checksum "$tmp/g19g_$np" | wc -w)" -eq 1 ]'
+    done
+fi
+
 # Step 13 on the GPU: the snapshot holds GPU tensors (the weights, Adam's
 # moments), copied to the host to be written and back when loaded. A run
 # killed in epoch 2 (--fail_at_epoch), then started again, resumes from its
@@ -462,6 +500,14 @@ elif [ -n "$sanitizer" ]; then
     status=$?
     expect "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs14"
+    # Step 19's kernels and strided-batched GEMMs: LayerNorm, attention, GELU, the embeddings, dropout, AdamW, sampling.
+    if [ -f data/shakespeare/input.txt ]; then
+        "$sanitizer" --error-exitcode 9 day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+            --max_iters 3 --eval_interval 3 --eval_iters 1 --bias --dropout 0.1 --sample 10 --plot '' > "$tmp/cs19" 2>&1
+        status=$?
+        expect "compute-sanitizer on step 19 (3 iterations with biases and dropout, the evaluation, a sample), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs19")" \
+            grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs19"
+    fi
     # Step 15's kernels: the row gathers and scatters, the per-row sums, SparseAdam; sharded's own rows copied on the GPU.
     if [ -f data/movielens/ratings.csv ]; then
         "$sanitizer" --error-exitcode 9 day3/15_recommender_ddp --embeddings sharded --max_steps 20 --plot '' > "$tmp/cs15" 2>&1

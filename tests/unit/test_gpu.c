@@ -19,12 +19,15 @@ static const char *test_name = "test_gpu";
 #include <string.h>
 
 #include "data/mnist.h"
+#include "models/adamw.h"
 #include "models/cnn.h"
+#include "models/gpt.h"
 #include "models/mf.h"
 #include "models/nn.h"
 #include "records/h5.h"
 #include "runtime/device.h"
 #include "runtime/dist.h"
+#include "tensor/transformer_ops.h"
 #include "test.h"
 #if HAVE_CUDA
 #include "tensor/kernels.h"  // gpu_row_sum_chunks: how add_sum_of_rows cuts a row on the GPU
@@ -469,6 +472,183 @@ static void test_mf(void) {
     }
 }
 
+// A CPU tensor of uniform values and its GPU copy.
+typedef struct {
+    Tensor cpu, gpu;
+} Pair;
+static Pair pair_uniform(int rows, int cols, float low, float high) {
+    Pair p = {.cpu = tensor_zeros(rows, cols, DEVICE_CPU)};
+    fill_uniform(&p.cpu, low, high);
+    p.gpu = on_gpu(&p.cpu);
+    return p;
+}
+static void pair_free(Pair *p) { tensor_free(&p->cpu), tensor_free(&p->gpu); }
+
+// Step 19's transformer operations (transformer_ops.h). The kernels do the CPU's float operations
+// in the CPU's order with no FMA contraction (kernels.cu), so LayerNorm, GELU, the embeddings
+// (sums over a batch with repeated tokens), the residual adds and the dropout masks must be the
+// CPU's bits: a kernel that sums in another order or lets nvcc fuse a multiply-add fails here on a
+// real GPU. The attention's products are cuBLAS's GEMMs against OpenBLAS's, and its exp CUDA's:
+// there the tolerance is a GEMM's, 1e-5 of the tensor's scale (a float32 dot product of head_dim
+// or T terms in another order: a few units in the last place).
+static void test_transformer_ops(void) {
+    enum { B = 3, T = 7, C = 12, HEADS = 3, V = 11, N = B * T, T_MAX = 9 };
+    // LayerNorm, with and without a bias, forward and backward (the gradients accumulate into
+    // what is there).
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        Pair x = pair_uniform(N, C, -2, 3), weight = pair_uniform(1, C, 0.5f, 1.5f), bias = pair_uniform(1, C, -1, 1);
+        Pair y = pair_uniform(N, C, 0, 0), mean = pair_uniform(1, N + 5, 0, 0), rstd = pair_uniform(1, N + 5, 0, 0);
+        Pair grad_y = pair_uniform(N, C, -1, 1), grad_x = pair_uniform(N, C, -1, 1);
+        Pair grad_weight = pair_uniform(1, C, -1, 1), grad_bias = pair_uniform(1, C, -1, 1);
+        layernorm_forward(&x.cpu, &weight.cpu, with_bias ? &bias.cpu : NULL, &y.cpu, &mean.cpu, &rstd.cpu);
+        layernorm_forward(&x.gpu, &weight.gpu, with_bias ? &bias.gpu : NULL, &y.gpu, &mean.gpu, &rstd.gpu);
+        size_t forward = bits_differ(&y.gpu, &y.cpu) + bits_differ(&mean.gpu, &mean.cpu) + bits_differ(&rstd.gpu, &rstd.cpu);
+        layernorm_backward(&x.cpu, &weight.cpu, &mean.cpu, &rstd.cpu, &grad_y.cpu, &grad_x.cpu, &grad_weight.cpu,
+                           with_bias ? &grad_bias.cpu : NULL);
+        layernorm_backward(&x.gpu, &weight.gpu, &mean.gpu, &rstd.gpu, &grad_y.gpu, &grad_x.gpu, &grad_weight.gpu,
+                           with_bias ? &grad_bias.gpu : NULL);
+        size_t backward = bits_differ(&grad_x.gpu, &grad_x.cpu) + bits_differ(&grad_weight.gpu, &grad_weight.cpu) +
+                          bits_differ(&grad_bias.gpu, &grad_bias.cpu);
+        EXPECT(forward == 0 && backward == 0,
+               "LayerNorm [%d, %d]%s on the GPU: forward (y, mean, rstd) and backward (grad_x +=, grad_weight +=%s) are "
+               "the CPU's bits (%zu and %zu values differ)", N, C, with_bias ? " with a bias" : "",
+               with_bias ? ", grad_bias +=" : "", forward, backward);
+        Pair *all[] = {&x, &weight, &bias, &y, &mean, &rstd, &grad_y, &grad_x, &grad_weight, &grad_bias};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pair_free(all[i]);
+    }
+
+    // GELU over values from -6 to 6 (erf's tails included), and its backward in place.
+    Pair gx = pair_uniform(1, 20000, -6, 6), gy = pair_uniform(1, 20000, 0, 0), ggrad = pair_uniform(1, 20000, -1, 1);
+    gelu_forward(&gx.cpu, &gy.cpu), gelu_forward(&gx.gpu, &gy.gpu);
+    size_t gelu = bits_differ(&gy.gpu, &gy.cpu);
+    gelu_backward(&gx.cpu, &ggrad.cpu, &ggrad.cpu), gelu_backward(&gx.gpu, &ggrad.gpu, &ggrad.gpu);
+    size_t gelu_back = bits_differ(&ggrad.gpu, &ggrad.cpu);
+    EXPECT(gelu == 0 && gelu_back == 0, "GELU (erf) on 20000 values in [-6, 6]: forward and backward (in place) are the "
+           "CPU's bits (%zu and %zu differ)", gelu, gelu_back);
+
+    // The residual add and the mask product.
+    Pair sum = pair_uniform(1, 20000, 0, 0);
+    add_elementwise(&gx.cpu, &ggrad.cpu, &sum.cpu), add_elementwise(&gx.gpu, &ggrad.gpu, &sum.gpu);
+    multiply_by_mask(&gy.cpu, &gx.cpu), multiply_by_mask(&gy.gpu, &gx.gpu);
+    size_t elementwise = bits_differ(&sum.gpu, &sum.cpu) + bits_differ(&gy.gpu, &gy.cpu);
+    EXPECT(elementwise == 0, "add_elementwise and multiply_by_mask on the GPU: the CPU's bits (%zu differ)", elementwise);
+    pair_free(&gx), pair_free(&gy), pair_free(&ggrad), pair_free(&sum);
+
+    // Embeddings: 21 tokens of 11, so rows repeat; the gradients accumulate into what is there,
+    // each table row in token order on both.
+    int tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = (int)(rng_next_u32(&data_rng) % 5) * 2;  // 0, 2, .., 8: rows repeat, some absent
+    TokenBatch batch_cpu = token_batch_new(N + 4, V, DEVICE_CPU), batch_gpu = token_batch_new(N + 4, V, DEVICE_CUDA);
+    token_batch_set(&batch_cpu, tokens, N), token_batch_set(&batch_gpu, tokens, N);
+    Pair wte = pair_uniform(V, C, -1, 1), wpe = pair_uniform(T_MAX, C, -1, 1), embedded = pair_uniform(N, C, 0, 0);
+    embedding_forward(&batch_cpu, &wte.cpu, &wpe.cpu, B, T, &embedded.cpu);
+    embedding_forward(&batch_gpu, &wte.gpu, &wpe.gpu, B, T, &embedded.gpu);
+    size_t lookups = bits_differ(&embedded.gpu, &embedded.cpu);
+    Pair grad_embedded = pair_uniform(N, C, -1, 1);
+    embedding_backward(&batch_cpu, &grad_embedded.cpu, B, T, &wte.cpu, &wpe.cpu);  // (wte, wpe as the gradients here)
+    embedding_backward(&batch_gpu, &grad_embedded.gpu, B, T, &wte.gpu, &wpe.gpu);
+    size_t sums = bits_differ(&wte.gpu, &wte.cpu) + bits_differ(&wpe.gpu, &wpe.cpu);
+    EXPECT(lookups == 0 && sums == 0, "embeddings on the GPU, %d tokens with repeats: wte[idx] + wpe[pos] and the "
+           "tables' gradients (summed in token order, no atomics) are the CPU's bits (%zu and %zu differ)", N, lookups, sums);
+    token_batch_free(&batch_cpu), token_batch_free(&batch_gpu);
+    pair_free(&wte), pair_free(&wpe), pair_free(&embedded), pair_free(&grad_embedded);
+
+    // Attention, in buffers sized for T_MAX (used from their start), without and with dropout.
+    for (int dropout = 0; dropout < 2; dropout++) {
+        Pair qkv = pair_uniform(N, 3 * C, -1.5f, 1.5f), y = pair_uniform(N, C, 0, 0);
+        Pair att = pair_uniform(B * HEADS, T_MAX * T_MAX, 0, 0), dropped = pair_uniform(B * HEADS, T_MAX * T_MAX, 0, 0);
+        Pair mask = pair_uniform(B * HEADS, T_MAX * T_MAX, 0, 0), scratch = pair_uniform(B * HEADS, T_MAX * T_MAX, 0, 0);
+        Pair grad_y = pair_uniform(N, C, -1, 1), grad_qkv = pair_uniform(N, 3 * C, 0, 0);
+        size_t masks = 0;
+        if (dropout) {
+            Rng rng_cpu, rng_gpu;
+            rng_seed(&rng_cpu, 5), rng_seed(&rng_gpu, 5);
+            dropout_draw(&rng_cpu, 0.3, B * HEADS * T * T, &mask.cpu), dropout_draw(&rng_gpu, 0.3, B * HEADS * T * T, &mask.gpu);
+            masks = bits_differ(&mask.gpu, &mask.cpu);
+        }
+        attention_forward(&qkv.cpu, B, T, HEADS, &att.cpu, dropout ? &mask.cpu : NULL, dropout ? &dropped.cpu : NULL, &y.cpu);
+        attention_forward(&qkv.gpu, B, T, HEADS, &att.gpu, dropout ? &mask.gpu : NULL, dropout ? &dropped.gpu : NULL, &y.gpu);
+        double err_att = relative_error(&att.gpu, &att.cpu), err_y = relative_error(&y.gpu, &y.cpu);
+        attention_backward(&qkv.cpu, &att.cpu, dropout ? &mask.cpu : NULL, dropout ? &dropped.cpu : NULL, &grad_y.cpu, B,
+                           T, HEADS, &scratch.cpu, &grad_qkv.cpu);
+        attention_backward(&qkv.gpu, &att.gpu, dropout ? &mask.gpu : NULL, dropout ? &dropped.gpu : NULL, &grad_y.gpu, B,
+                           T, HEADS, &scratch.gpu, &grad_qkv.gpu);
+        double err_grad = relative_error(&grad_qkv.gpu, &grad_qkv.cpu);
+        EXPECT(err_att < 1e-5 && err_y < 1e-5 && err_grad < 1e-5 && masks == 0,
+               "causal attention on the GPU (cuBLAS strided batches, softmax kernels)%s, %d sequences x %d heads x %d "
+               "positions: probabilities, y and grad_qkv within 1e-5 of the CPU's (%.1e, %.1e, %.1e)%s",
+               dropout ? " with dropout 0.3" : "", B, HEADS, T, err_att, err_y, err_grad,
+               dropout ? ", the masks drawn on the host the CPU's bits" : "");
+        Pair *all[] = {&qkv, &y, &att, &dropped, &mask, &scratch, &grad_y, &grad_qkv};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pair_free(all[i]);
+    }
+
+    // clip_grad_norm's sum of squares: in double on both, in another order on the GPU.
+    Pair parts[3] = {pair_uniform(37, 41, -1, 1), pair_uniform(1, 9000, -3, 3), pair_uniform(5, 3, -1, 1)};
+    Tensor *cpu_parts[3] = {&parts[0].cpu, &parts[1].cpu, &parts[2].cpu};
+    Tensor *gpu_parts[3] = {&parts[0].gpu, &parts[1].gpu, &parts[2].gpu};
+    double squares_cpu = sum_of_squares(cpu_parts, 3), squares_gpu = sum_of_squares(gpu_parts, 3);
+    EXPECT(fabs(squares_gpu - squares_cpu) <= 1e-12 * squares_cpu,
+           "sum_of_squares of 3 tensors (clip_grad_norm's): %.15g on the GPU, %.15g on the CPU (within 1e-12: double sums)",
+           squares_gpu, squares_cpu);
+    for (int i = 0; i < 3; i++) pair_free(&parts[i]);
+}
+
+// Step 19's GPT on both devices from one seed (drawn on the host: the same weights): batches
+// smaller than its buffers, biases and dropout on, AdamW with clipping. Each step's logits, loss
+// and gradients within a GEMM's rounding of the CPU's; then both optimizers get the CPU's
+// gradients (as in test_mlp_cross_entropy_adam), so that the weights compare clip_grad_norm
+// (which clips here: max_norm 0.1) and AdamW's kernels, not the GEMMs' rounding amplified by Adam.
+static void test_gpt_model(void) {
+    GptConfig config = {.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16, .bias = true,
+                        .dropout = 0.2};
+    enum { MAX_BATCH = 3, STEPS = 4 };
+    Rng init_cpu, init_gpu;
+    rng_seed(&init_cpu, 3), rng_seed(&init_gpu, 3);
+    Gpt *cpu = gpt_new(&config, MAX_BATCH, &init_cpu, DEVICE_CPU), *gpu = gpt_new(&config, MAX_BATCH, &init_gpu, DEVICE_CUDA);
+    EXPECT(params_checksum(cpu->params, cpu->n_params) == params_checksum(gpu->params, gpu->n_params),
+           "step 19's GPT: one seed draws the same weights on either device (drawn on the host)");
+    AdamW opt_cpu = adamw_new(cpu->params, cpu->n_params, 0.1, 0.9, 0.99);
+    AdamW opt_gpu = adamw_new(gpu->params, gpu->n_params, 0.1, 0.9, 0.99);
+    int inputs[MAX_BATCH * 8], targets[MAX_BATCH * 8];
+    double worst_logits = 0, worst_loss = 0, worst_grad = 0, worst_norm = 0;
+    for (int step = 0; step < STEPS; step++) {
+        int B = step == 1 ? 2 : MAX_BATCH, T = step == 2 ? 5 : 8;  // smaller batches use the buffers' start
+        for (int i = 0; i < B * T; i++) inputs[i] = (int)(rng_next_u32(&data_rng) % 13), targets[i] = (int)(rng_next_u32(&data_rng) % 13);
+        gpt_zero_grad(cpu), gpt_zero_grad(gpu);
+        gpt_seed_dropout(cpu, 100 + step), gpt_seed_dropout(gpu, 100 + step);
+        const Tensor *logits_cpu = gpt_forward(cpu, inputs, B, T), *logits_gpu = gpt_forward(gpu, inputs, B, T);
+        worst_logits = fmax(worst_logits, relative_error(logits_gpu, logits_cpu));
+        float loss_cpu = gpt_loss(cpu, targets), loss_gpu = gpt_loss(gpu, targets);
+        worst_loss = fmax(worst_loss, fabs(loss_gpu - loss_cpu) / loss_cpu);
+        gpt_scale_loss(cpu, 0.5f), gpt_scale_loss(gpu, 0.5f);
+        gpt_backward(cpu, NULL, NULL), gpt_backward(gpu, NULL, NULL);
+        for (int i = 0; i < cpu->n_params; i++)
+            worst_grad = fmax(worst_grad, relative_error(gpu->params[i].grad, cpu->params[i].grad));
+        for (int i = 0; i < cpu->n_params; i++) tensor_copy(gpu->params[i].grad, cpu->params[i].grad);
+        double norm_cpu = clip_grad_norm(cpu->params, cpu->n_params, 0.1);
+        double norm_gpu = clip_grad_norm(gpu->params, gpu->n_params, 0.1);
+        worst_norm = fmax(worst_norm, fabs(norm_gpu - norm_cpu) / norm_cpu);
+        adamw_step(&opt_cpu, 1e-2), adamw_step(&opt_gpu, 1e-2);
+    }
+    double worst_weights = 0;
+    for (int i = 0; i < cpu->n_params; i++)
+        worst_weights = fmax(worst_weights, relative_error(gpu->params[i].value, cpu->params[i].value));
+    EXPECT(worst_logits < 1e-5 && worst_loss < 1e-5 && worst_grad < 1e-4,
+           "step 19's GPT on the GPU (biases, dropout 0.2, batches of [3, 8], [2, 8], [3, 5]): logits, loss and every "
+           "gradient within a GEMM's rounding of the CPU's: rel err %.1e, %.1e, %.1e", worst_logits, worst_loss, worst_grad);
+    EXPECT(worst_norm < 1e-12 && worst_weights < 1e-5,
+           "step 19's optimizer on the GPU from the CPU's gradients, %d steps: clip_grad_norm's norm (rel err %.1e) and "
+           "the weights after AdamW (rel err %.1e)", STEPS, worst_norm, worst_weights);
+    float host_row[13], host_expected[13];
+    gpt_logits_row(gpu, 4, host_row), gpt_logits_row(cpu, 4, host_expected);
+    double row_err = 0;
+    for (int c = 0; c < 13; c++) row_err = fmax(row_err, fabs(host_row[c] - host_expected[c]));
+    EXPECT(row_err < 1e-4, "gpt_logits_row copies a row of the GPU's logits to the host (max difference %.1e)", row_err);
+    adamw_free(&opt_cpu), adamw_free(&opt_gpu);
+    gpt_free(cpu), gpt_free(gpu);
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
 #if HAVE_CUDA
@@ -500,6 +680,8 @@ int main(int argc, char **argv) {
 #endif
     test_cnn_model();
     test_mf();
+    test_transformer_ops();
+    test_gpt_model();
 #if HAVE_CUDA
     // The grid-stride kernels index in 32 bits where a tensor allows
     // (kernels.cu): their 64-bit versions, which only tensors of over 4 G
