@@ -1,4 +1,4 @@
-// kernels.cu: the CUDA kernels behind tensor, nn and mnist. See kernels.h.
+// kernels.cu: the CUDA kernels behind tensor, tensor_ops, transformer_ops, mf, ddp and mnist. See kernels.h.
 //
 // Plain CUDA, no libraries: one thread per element (grid-stride loops) for
 // the elementwise work, one thread per row where a row is a unit (softmax over

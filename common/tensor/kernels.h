@@ -1,4 +1,4 @@
-// kernels.h: the CUDA kernels behind tensor, tensor_ops, ddp and mnist, callable from C.
+// kernels.h: the CUDA kernels behind tensor, tensor_ops, transformer_ops, mf, ddp and mnist, callable from C.
 //
 // Each function launches its kernel (two for long rows' sums) on `stream` and
 // returns at once; errors in the launch end the job (check.h's fatal_at).
