@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/check.h"
+#include "base/cpu_dispatch.h"
 #include "runtime/profile.h"
 
 // A parameter's dimensions as its state_dict has them (h5.c stores it so): a bias or a
@@ -55,6 +56,23 @@ void adamw_free(AdamW *o) {
 // Blocks of a fixed size, each a thread's, summed in block order: the same bits on any number of threads.
 enum { NORM_BLOCK = 4096 };
 
+// The sum of squares of x[0..n) in double, in an order fixed by n: 8 running sums (sum j takes
+// x[j], x[j + 8], ...), added pairwise, then the last n % 8 values. One running sum was a chain
+// of dependent additions, 4 cycles a value (without -ffast-math the compiler may not reorder
+// them): 3% of step 19's training step at 1 thread (perf); 8 lanes vectorise.
+CPU_DISPATCHED static double sum_of_squares(const float *restrict x, size_t n) {
+    enum { LANES = 8 };
+    double lane[LANES] = {0};
+    size_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int j = 0; j < LANES; j++) lane[j] += (double)x[k + j] * x[k + j];
+    for (int width = LANES / 2; width >= 1; width /= 2)
+        for (int j = 0; j < width; j++) lane[j] += lane[j + width];
+    double sum = lane[0];
+    for (; k < n; k++) sum += (double)x[k] * x[k];
+    return sum;
+}
+
 double clip_grad_norm(const Param *params, int n_params, double max_norm) {
     profile_push("clip_grad_norm");
     double total = 0.0;
@@ -66,10 +84,8 @@ double clip_grad_norm(const Param *params, int n_params, double max_norm) {
         double *partial = xmalloc((size_t)(blocks ? blocks : 1) * sizeof(double));
 #pragma omp parallel for schedule(static)
         for (long b = 0; b < blocks; b++) {
-            size_t end = (size_t)(b + 1) * NORM_BLOCK < n ? (size_t)(b + 1) * NORM_BLOCK : n;
-            double sum = 0.0;
-            for (size_t k = (size_t)b * NORM_BLOCK; k < end; k++) sum += (double)g->data[k] * g->data[k];
-            partial[b] = sum;
+            size_t start = (size_t)b * NORM_BLOCK, end = start + NORM_BLOCK < n ? start + NORM_BLOCK : n;
+            partial[b] = sum_of_squares(g->data + start, end - start);
         }
         for (long b = 0; b < blocks; b++) total += partial[b];
         free(partial);
