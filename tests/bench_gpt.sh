@@ -34,7 +34,11 @@ for threads in 1 $([ "$cores" -gt 1 ] && echo "$cores"); do
     for ((r = 0; r < repeats; r++)); do
         day5/19_gpt --data "$DATA" "${common[@]}" --sample 0 --plot '' --threads "$threads" > "$tmp/c.out"
         ours+=($(sed -n 's/^training: [0-9]* iterations in \([0-9.]*\) s.*/\1/p' "$tmp/c.out"))
-        "$PYTHON" tests/torch_gpt.py "$DATA" 1 "${common[@]}" --threads "$threads" > "$tmp/t.out"
+        # The same cores for the twin's GEMMs: torch.set_num_threads sets torch's OpenMP threads,
+        # not Debian's OpenBLAS's (to torch a "generic" BLAS), which otherwise starts one thread per
+        # core. At --threads 1 the twin's GEMMs then ran on 2 threads (the second took a fifth of
+        # the first's CPU time), and on a loaded machine were 3.5x slower waiting on each other.
+        OPENBLAS_NUM_THREADS=$threads "$PYTHON" tests/torch_gpt.py "$DATA" 1 "${common[@]}" --threads "$threads" > "$tmp/t.out"
         theirs+=($(tail -1 "$tmp/t.out" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["train_seconds"])'))
     done
     o=$(printf '%s\n' "${ours[@]}" | median) t=$(printf '%s\n' "${theirs[@]}" | median)
