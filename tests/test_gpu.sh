@@ -405,7 +405,15 @@ lost_peer() {  # PLACE NP AT PROGRAM FLAGS...: PLACE is node or nodes
     local named others left t
     named=$(grep -cE "^\[rank [0-9]+ @ [^]]*\] .*$expected" "$out")
     others=$(grep -E '^\[rank [0-9]+ @ ' "$out" | grep -cvE "$expected")
-    for ((t = 0; t < 50; t++)); do left=$(pgrep -f "$program" | wc -l); [ "$left" = 0 ] && break; sleep 0.1; done
+    # The ranks left of this run: processes of the program started in this tree (another checkout's
+    # tests may run the same program on this machine at the same time).
+    local pid
+    for ((t = 0; t < 50; t++)); do
+        left=0
+        for pid in $(pgrep -f "$program"); do [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PWD" ] && left=$((left + 1)); done
+        [ "$left" = 0 ] && break
+        sleep 0.1
+    done
     local what="a lost peer, ${program##*/} on $np GPUs, $([ "$place" = node ] && echo "one node (NCCL silent, GPU_WAIT_TIMEOUT=3)" || echo "across nodes (NCCL's error after 1 s)")"
     if [ $status -ne 0 ] && [ $status -ne 124 ] && grep -q "^lost_peer: rank 1 makes no NCCL operation from number $at " "$out" &&
         [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "$left" -eq 0 ]; then
