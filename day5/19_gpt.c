@@ -49,7 +49,7 @@
 //   step 100: train loss 2.5974, val loss 2.5982
 //   training: 100 iterations in 3.91 s, 19642 tokens/s, MFU 67.6%
 //   ...
-//   [rank 0] parameter checksum 880c6b31a0ed43d0
+//   [rank 0] parameter checksum 390f1934b70e4738
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

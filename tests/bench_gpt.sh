@@ -6,8 +6,10 @@
 #   tests/bench_gpt.sh [REPEATS] [ITERS]      (defaults 3 and 100)
 #
 # Prints per thread count the median training-loop time of each (evaluation and start-up left
-# out: each program times its iterations), the ratio of the medians, its spread over the runs, and
-# the load average before and after: on a shared machine read the ratio with it.
+# out: each program times its iterations), the ratio of the medians, the median of the runs' own
+# ratios (each run of ours against the twin's run right after it, which met the same load: on a
+# shared machine the steadier of the two), its spread over the runs, and the load average before
+# and after: on a shared machine read the ratios with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -26,18 +28,24 @@ common=(--init "$tmp/init.h5" --max_iters "$iters" --eval_interval 1000000 --eva
 day5/19_gpt --data "$DATA" --max_iters 0 --eval_iters 1 --sample 0 --plot '' --save "$tmp/init.h5" > /dev/null
 echo "step 19 (the baby GPT: 4 layers, 4 heads, 128 wide, context 64, batch 12) vs its PyTorch twin, $iters iterations from the same --init; medians of $repeats runs, alternating"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $cores cores"
-printf '%-8s  %12s  %12s  %8s  %s\n' threads "ours (s)" "PyTorch (s)" ratio "spread over the runs"
+printf '%-8s  %12s  %12s  %8s  %10s  %s\n' threads "ours (s)" "PyTorch (s)" ratio "run ratio" "spread over the runs"
 for threads in 1 $([ "$cores" -gt 1 ] && echo "$cores"); do
     ours=() theirs=()
     for ((r = 0; r < repeats; r++)); do
         day5/19_gpt --data "$DATA" "${common[@]}" --sample 0 --plot '' --threads "$threads" > "$tmp/c.out"
         ours+=($(sed -n 's/^training: [0-9]* iterations in \([0-9.]*\) s.*/\1/p' "$tmp/c.out"))
-        "$PYTHON" tests/torch_gpt.py "$DATA" 1 "${common[@]}" --threads "$threads" > "$tmp/t.out"
+        # The same cores for the twin's GEMMs: torch.set_num_threads sets torch's OpenMP threads,
+        # not Debian's OpenBLAS's (to torch a "generic" BLAS), which otherwise starts one thread per
+        # core. At --threads 1 the twin's GEMMs then ran on 2 threads (the second took a fifth of
+        # the first's CPU time), and on a loaded machine were 3.5x slower waiting on each other.
+        OPENBLAS_NUM_THREADS=$threads "$PYTHON" tests/torch_gpt.py "$DATA" 1 "${common[@]}" --threads "$threads" > "$tmp/t.out"
         theirs+=($(tail -1 "$tmp/t.out" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["train_seconds"])'))
     done
     o=$(printf '%s\n' "${ours[@]}" | median) t=$(printf '%s\n' "${theirs[@]}" | median)
+    paired=$(for ((r = 0; r < repeats; r++)); do awk "BEGIN { print ${theirs[r]} / ${ours[r]} }"; done | median)
     lo=$(awk "BEGIN { print $(printf '%s\n' "${theirs[@]}" | sort -g | head -1) / $(printf '%s\n' "${ours[@]}" | sort -g | tail -1) }")
     hi=$(awk "BEGIN { print $(printf '%s\n' "${theirs[@]}" | sort -g | tail -1) / $(printf '%s\n' "${ours[@]}" | sort -g | head -1) }")
-    printf '%-8s  %12.2f  %12.2f  %7.2fx  %.2fx to %.2fx\n' "$threads" "$o" "$t" "$(awk "BEGIN { print $t / $o }")" "$lo" "$hi"
+    printf '%-8s  %12.2f  %12.2f  %7.2fx  %9.2fx  %.2fx to %.2fx\n' "$threads" "$o" "$t" "$(awk "BEGIN { print $t / $o }")" \
+        "$paired" "$lo" "$hi"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

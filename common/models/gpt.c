@@ -330,6 +330,7 @@ float gpt_loss(Gpt *m, const int *targets) {
 }
 
 void gpt_scale_loss(Gpt *m, float factor) {
+    if (factor == 1.0f) return;  // x * 1 is x: a pass over [N, V] saved (no accumulation, one rank)
     Tensor grad_logits = rows_of(&m->grad_logits, m->B * m->T);
     tensor_scale(&grad_logits, factor);
 }

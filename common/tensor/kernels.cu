@@ -643,23 +643,71 @@ void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int
 // square root (nvcc's defaults without --use_fast_math): the same bits as the CPU. A thread owns
 // each sum and adds its terms in the CPU's order: no atomics, the same bits every run.
 
+// transformer_ops.c's fixed-order row sums: LANES running sums (lane j takes the values j,
+// j + LANES, ... of the whole chunks), the lanes added pairwise, then the rest in order.
+#define LANES 16
+
+__device__ static float sum_of_lanes(float *lane) {
+    for (int width = LANES / 2; width >= 1; width /= 2)
+        for (int j = 0; j < width; j++) lane[j] = __fadd_rn(lane[j], lane[j + width]);
+    return lane[0];
+}
+
+__device__ static float row_sum(const float *x, int n) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int j = 0; j < LANES; j++) lane[j] = __fadd_rn(lane[j], x[c + j]);
+    float sum = sum_of_lanes(lane);
+    for (; c < n; c++) sum = __fadd_rn(sum, x[c]);
+    return sum;
+}
+
+__device__ static float row_dot(const float *a, const float *b, int n) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int j = 0; j < LANES; j++) lane[j] = __fadd_rn(lane[j], __fmul_rn(a[c + j], b[c + j]));
+    float sum = sum_of_lanes(lane);
+    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(a[c], b[c]));
+    return sum;
+}
+
+// sum over c of (g[c] w[c]) ((x[c] - m) s): LayerNorm backward's g * x_hat.
+__device__ static float row_dot_normalised(const float *g, const float *w, const float *x, float m, float s, int n) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int j = 0; j < LANES; j++)
+            lane[j] = __fadd_rn(lane[j], __fmul_rn(__fmul_rn(g[c + j], w[c + j]), __fmul_rn(__fsub_rn(x[c + j], m), s)));
+    float sum = sum_of_lanes(lane);
+    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(g[c], w[c]), __fmul_rn(__fsub_rn(x[c], m), s)));
+    return sum;
+}
+
+__device__ static float row_sum_of_squares(const float *x, float m, int n) {
+    float lane[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int j = 0; j < LANES; j++) {
+            float d = __fsub_rn(x[c + j], m);
+            lane[j] = __fadd_rn(lane[j], __fmul_rn(d, d));
+        }
+    float sum = sum_of_lanes(lane);
+    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
+    return sum;
+}
+
 __global__ void layernorm_forward_kernel(const float *x, const float *weight, const float *bias, int rows, int cols,
                                          float *y, float *mean, float *rstd) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
         const float *xr = x + (size_t)r * cols;
         float *yr = y + (size_t)r * cols;
-        float sum = 0.0f;
-        for (int c = 0; c < cols; c++) sum = __fadd_rn(sum, xr[c]);
-        float m = __fdiv_rn(sum, (float)cols);
-        float var = 0.0f;
+        float m = __fdiv_rn(row_sum(xr, cols), (float)cols);
+        float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(row_sum_of_squares(xr, m, cols), (float)cols), 1e-5f)));
         for (int c = 0; c < cols; c++) {
-            float d = __fsub_rn(xr[c], m);
-            var = __fadd_rn(var, __fmul_rn(d, d));
-        }
-        float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(var, (float)cols), 1e-5f)));
-        for (int c = 0; c < cols; c++) {
-            float normalised = __fmul_rn(__fsub_rn(xr[c], m), s);
-            yr[c] = __fadd_rn(__fmul_rn(normalised, weight[c]), bias ? bias[c] : 0.0f);
+            float scaled = __fmul_rn(__fmul_rn(__fsub_rn(xr[c], m), s), weight[c]);
+            yr[c] = bias ? __fadd_rn(scaled, bias[c]) : scaled;
         }
         mean[r] = m;
         rstd[r] = s;
@@ -674,14 +722,8 @@ __global__ void layernorm_backward_rows_kernel(const float *x, const float *weig
         const float *xr = x + (size_t)r * cols, *gy = grad_y + (size_t)r * cols;
         float *gx = grad_x + (size_t)r * cols;
         float m = mean[r], s = rstd[r];
-        float g_mean = 0.0f, g_xhat_mean = 0.0f;
-        for (int c = 0; c < cols; c++) {
-            float g = __fmul_rn(gy[c], weight[c]);
-            g_mean = __fadd_rn(g_mean, g);
-            g_xhat_mean = __fadd_rn(g_xhat_mean, __fmul_rn(g, __fmul_rn(__fsub_rn(xr[c], m), s)));
-        }
-        g_mean = __fdiv_rn(g_mean, (float)cols);
-        g_xhat_mean = __fdiv_rn(g_xhat_mean, (float)cols);
+        float g_mean = __fdiv_rn(row_dot(gy, weight, cols), (float)cols);
+        float g_xhat_mean = __fdiv_rn(row_dot_normalised(gy, weight, xr, m, s, cols), (float)cols);
         for (int c = 0; c < cols; c++) {
             float x_hat = __fmul_rn(__fsub_rn(xr[c], m), s);
             float inner = __fsub_rn(__fsub_rn(__fmul_rn(gy[c], weight[c]), g_mean), __fmul_rn(x_hat, g_xhat_mean));
@@ -707,55 +749,8 @@ __global__ void layernorm_backward_columns_kernel(const float *x, const float *m
     }
 }
 
-__global__ void causal_softmax_kernel(float *att, int pairs, int T) {
-    size_t rows = (size_t)pairs * T;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(i % T);
-        float *row = att + i * T;  // row t of pair i / T: rows of T are contiguous
-        float max = row[0];
-        for (int u = 1; u <= t; u++) max = row[u] > max ? row[u] : max;
-        float sum = 0.0f;
-        for (int u = 0; u <= t; u++) {
-            row[u] = expf(row[u] - max);
-            sum = __fadd_rn(sum, row[u]);
-        }
-        float inv_sum = __fdiv_rn(1.0f, sum);
-        for (int u = 0; u <= t; u++) row[u] = __fmul_rn(row[u], inv_sum);
-        for (int u = t + 1; u < T; u++) row[u] = 0.0f;
-    }
-}
-
-__global__ void causal_softmax_backward_kernel(const float *att, float *grad, int pairs, int T, float scale) {
-    size_t rows = (size_t)pairs * T;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(i % T);
-        const float *row = att + i * T;
-        float *g = grad + i * T;
-        float weighted = 0.0f;
-        for (int u = 0; u <= t; u++) weighted = __fadd_rn(weighted, __fmul_rn(row[u], g[u]));
-        for (int u = 0; u <= t; u++) g[u] = __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale);
-        for (int u = t + 1; u < T; u++) g[u] = 0.0f;
-    }
-}
-
-// transformer_ops.c's erf_rational and exp_nonpositive, rounding for rounding (that file says why
-// they are rational functions and not libm's).
-__device__ static float erf_rational(float a) {
-    float x = a > 4.0f ? 4.0f : (a < -4.0f ? -4.0f : a);
-    float x2 = __fmul_rn(x, x);
-    float p = __fadd_rn(__fmul_rn(x2, -2.72614225801306e-10f), 2.77068142495902e-08f);
-    p = __fadd_rn(__fmul_rn(x2, p), -2.10102402082508e-06f);
-    p = __fadd_rn(__fmul_rn(x2, p), -5.69250639462346e-05f);
-    p = __fadd_rn(__fmul_rn(x2, p), -7.34990630326855e-04f);
-    p = __fadd_rn(__fmul_rn(x2, p), -2.95459980854025e-03f);
-    p = __fadd_rn(__fmul_rn(x2, p), -1.60960333262415e-02f);
-    float q = __fadd_rn(__fmul_rn(x2, -1.45660718464996e-05f), -2.13374055278905e-04f);
-    q = __fadd_rn(__fmul_rn(x2, q), -1.68282697438203e-03f);
-    q = __fadd_rn(__fmul_rn(x2, q), -7.37332916720468e-03f);
-    q = __fadd_rn(__fmul_rn(x2, q), -1.42647390514189e-02f);
-    return __fdiv_rn(__fmul_rn(x, p), q);
-}
-
+// transformer_ops.c's exp_nonpositive (that file says why not libm's), rounding for rounding: the
+// softmax's and GELU's exp.
 __device__ static float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
     const float round_magic = 12582912.0f;
@@ -770,6 +765,72 @@ __device__ static float exp_nonpositive(float x) {
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+}
+
+// The end of row t's work (n = t + 1 positions): whole chunks of LANES, at most T (causal_end).
+__device__ static int causal_end(int n, int T) {
+    int end = (n + LANES - 1) / LANES * LANES;
+    return end < T ? end : T;
+}
+
+// transformer_ops.c's causal_softmax_row: the max (exact in any order), exp_nonpositive, the sum
+// in LANES over whole chunks (the positions past t adding 0), then the last partial chunk in order.
+__global__ void causal_softmax_kernel(float *att, int pairs, int T) {
+    size_t rows = (size_t)pairs * T;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
+        const int n = (int)(i % T) + 1, end = causal_end(n, T);
+        float *row = att + i * T;  // row t of pair i / T: rows of T are contiguous
+        float max = row[0];
+        for (int u = 1; u < n; u++) max = row[u] > max ? row[u] : max;
+        float sums[LANES] = {0};
+        int u = 0;
+        for (; u + LANES <= end; u += LANES)
+            for (int j = 0; j < LANES; j++) {
+                float e = u + j < n ? exp_nonpositive(__fsub_rn(row[u + j], max)) : 0.0f;
+                row[u + j] = e;
+                sums[j] = __fadd_rn(sums[j], e);
+            }
+        float sum = sum_of_lanes(sums);
+        for (; u < end; u++) {
+            float e = u < n ? exp_nonpositive(__fsub_rn(row[u], max)) : 0.0f;
+            row[u] = e;
+            sum = __fadd_rn(sum, e);
+        }
+        float inv_sum = __fdiv_rn(1.0f, sum);
+        for (u = 0; u < end; u++) row[u] = __fmul_rn(row[u], inv_sum);
+        for (; u < T; u++) row[u] = 0.0f;
+    }
+}
+
+// Its backward: the dot product as row_dot's over causal_end's chunks (att is 0 past t).
+__global__ void causal_softmax_backward_kernel(const float *att, float *grad, int pairs, int T, float scale) {
+    size_t rows = (size_t)pairs * T;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
+        const int n = (int)(i % T) + 1, end = causal_end(n, T);
+        const float *row = att + i * T;
+        float *g = grad + i * T;
+        float weighted = row_dot(row, g, end);
+        for (int u = 0; u < end; u++) g[u] = u < n ? __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale) : 0.0f;
+        for (int u = end; u < T; u++) g[u] = 0.0f;
+    }
+}
+
+// transformer_ops.c's erf_rational, rounding for rounding (that file says why a rational function
+// and not libm's).
+__device__ static float erf_rational(float a) {
+    float x = a > 4.0f ? 4.0f : (a < -4.0f ? -4.0f : a);
+    float x2 = __fmul_rn(x, x);
+    float p = __fadd_rn(__fmul_rn(x2, -2.72614225801306e-10f), 2.77068142495902e-08f);
+    p = __fadd_rn(__fmul_rn(x2, p), -2.10102402082508e-06f);
+    p = __fadd_rn(__fmul_rn(x2, p), -5.69250639462346e-05f);
+    p = __fadd_rn(__fmul_rn(x2, p), -7.34990630326855e-04f);
+    p = __fadd_rn(__fmul_rn(x2, p), -2.95459980854025e-03f);
+    p = __fadd_rn(__fmul_rn(x2, p), -1.60960333262415e-02f);
+    float q = __fadd_rn(__fmul_rn(x2, -1.45660718464996e-05f), -2.13374055278905e-04f);
+    q = __fadd_rn(__fmul_rn(x2, q), -1.68282697438203e-03f);
+    q = __fadd_rn(__fmul_rn(x2, q), -7.37332916720468e-03f);
+    q = __fadd_rn(__fmul_rn(x2, q), -1.42647390514189e-02f);
+    return __fdiv_rn(__fmul_rn(x, p), q);
 }
 
 #define GELU_INV_SQRT2 0.70710678118654752440f

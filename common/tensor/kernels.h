@@ -119,9 +119,9 @@ void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int
 // ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
 // transformer_ops.c's CPU loops, operation for operation, with __fmul_rn and __fadd_rn where nvcc
 // would fuse a * b + c into one FMA (the CPU build rounds twice), IEEE division and square root
-// (nvcc's defaults): the same bits as the CPU's, except the softmax's expf (CUDA's own; the
-// simulated GPU's is the host's). Every sum adds in the CPU's order: no atomics. The attention's
-// products are cuBLAS's (transformer_ops.c), not kernels.
+// (nvcc's defaults), the CPU's own exp and erf (transformer_ops.c's rational functions, not CUDA's
+// expf): the same bits as the CPU's. Every sum adds in the CPU's order (its fixed lanes, then the
+// rest): no atomics. The attention's products are cuBLAS's (transformer_ops.c), not kernels.
 // LayerNorm over each row of x [rows, cols] (bias NULL: none), a thread per row: y, and each
 // row's mean and 1 / sqrt(var + 1e-5).
 void gpu_layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols, float *y,
@@ -132,7 +132,8 @@ void gpu_layernorm_backward(const float *x, const float *weight, const float *me
                             const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
                             float *grad_bias, cudaStream_t stream);
 // The causal softmax of each row t of the [T, T] score blocks of `pairs` (sequence, head) pairs, in
-// place, a thread per row: positions u <= t softmaxed, u > t set to 0.
+// place, a thread per row: positions u <= t softmaxed, u > t set to 0 (transformer_ops.c's
+// causal_softmax_row, its sum in the same lanes).
 void gpu_causal_softmax(float *att, int pairs, int T, cudaStream_t stream);
 // Its backward, in place on grad (d att in, d scores out): grad = att (grad - sum_u att grad) * scale
 // on u <= t, 0 beyond.

@@ -58,7 +58,7 @@ void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp
 // SGD without momentum: param -= lr * grad.
 void sgd_update(Tensor *param, const Tensor *grad, float lr);
 // The sum of the squares of every value of tensors[0 .. n), in double (clip_grad_norm's norm), all
-// on one device: on the CPU each tensor in blocks of 4096 values, each block summed in order, then
+// on one device: on the CPU each tensor in blocks of 4096 values, each block in 8 fixed lanes, then
 // one running sum over the blocks of every tensor in turn (the same bits at any thread count); on the GPU gpu_sum's
 // fixed tree per tensor, the tensors in order, read back once (the host waits, as for a loss).
 double sum_of_squares(Tensor *const *tensors, int n);

@@ -17,8 +17,8 @@
 // products. Every reduction (a LayerNorm's statistics, a column sum for a weight's gradient, an
 // embedding row's sum over the batch) runs in a fixed order, so the bits depend neither on the
 // thread count nor on the run; the kernels do the CPU's operations in the CPU's order, so that
-// LayerNorm, GELU, the embeddings and the elementwise operations are the CPU's bits on a GPU too
-// (tests/unit/test_gpu.c checks it), the attention's GEMMs and exp to rounding.
+// LayerNorm, the causal softmax, GELU, the embeddings and the elementwise operations are the CPU's
+// bits on a GPU too (tests/unit/test_gpu.c checks it), the attention's GEMMs to rounding.
 // A tensor bigger than an operation's batch (a buffer allocated for the largest one) is used from
 // its start: rows_of a [max N, C] buffer, the first B n_head T^2 values of an attention buffer.
 #pragma once

@@ -488,11 +488,12 @@ static void pair_free(Pair *p) { tensor_free(&p->cpu), tensor_free(&p->gpu); }
 // in the CPU's order with no FMA contraction (kernels.cu), so LayerNorm, GELU, the embeddings
 // (sums over a batch with repeated tokens), the residual adds and the dropout masks must be the
 // CPU's bits: a kernel that sums in another order or lets nvcc fuse a multiply-add fails here on a
-// real GPU. The attention's products are cuBLAS's GEMMs against OpenBLAS's, and its exp CUDA's:
-// there the tolerance is a GEMM's, 1e-5 of the tensor's scale (a float32 dot product of head_dim
-// or T terms in another order: a few units in the last place).
+// real GPU. The attention's products are cuBLAS's GEMMs against OpenBLAS's (its softmax is the
+// CPU's arithmetic): there the tolerance is a GEMM's, 1e-5 of the tensor's scale (a float32 dot
+// product of head_dim or T terms in another order: a few units in the last place).
 static void test_transformer_ops(void) {
-    enum { B = 3, T = 7, C = 12, HEADS = 3, V = 11, N = B * T, T_MAX = 9 };
+    // C and T past transformer_ops.c's 16 lanes, with a rest: whole chunks, the lanes' tree and the tail.
+    enum { B = 3, T = 19, C = 40, HEADS = 4, V = 11, N = B * T, T_MAX = 21 };
     // LayerNorm, with and without a bias, forward and backward (the gradients accumulate into
     // what is there).
     for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -534,7 +535,7 @@ static void test_transformer_ops(void) {
     EXPECT(elementwise == 0, "add_elementwise and multiply_by_mask on the GPU: the CPU's bits (%zu differ)", elementwise);
     pair_free(&gx), pair_free(&gy), pair_free(&ggrad), pair_free(&sum);
 
-    // Embeddings: 21 tokens of 11, so rows repeat; the gradients accumulate into what is there,
+    // Embeddings: 57 tokens of 11, so rows repeat; the gradients accumulate into what is there,
     // each table row in token order on both.
     int tokens[N];
     for (int i = 0; i < N; i++) tokens[i] = (int)(rng_next_u32(&data_rng) % 5) * 2;  // 0, 2, .., 8: rows repeat, some absent
@@ -600,7 +601,7 @@ static void test_transformer_ops(void) {
 // gradients (as in test_mlp_cross_entropy_adam), so that the weights compare clip_grad_norm
 // (which clips here: max_norm 0.1) and AdamW's kernels, not the GEMMs' rounding amplified by Adam.
 static void test_gpt_model(void) {
-    GptConfig config = {.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16, .bias = true,
+    GptConfig config = {.vocab_size = 13, .block_size = 20, .n_layer = 2, .n_head = 2, .n_embd = 24, .bias = true,
                         .dropout = 0.2};
     enum { MAX_BATCH = 3, STEPS = 4 };
     Rng init_cpu, init_gpu;
@@ -610,10 +611,10 @@ static void test_gpt_model(void) {
            "step 19's GPT: one seed draws the same weights on either device (drawn on the host)");
     AdamW opt_cpu = adamw_new(cpu->params, cpu->n_params, 0.1, 0.9, 0.99);
     AdamW opt_gpu = adamw_new(gpu->params, gpu->n_params, 0.1, 0.9, 0.99);
-    int inputs[MAX_BATCH * 8], targets[MAX_BATCH * 8];
+    int inputs[MAX_BATCH * 20], targets[MAX_BATCH * 20];
     double worst_logits = 0, worst_loss = 0, worst_grad = 0, worst_norm = 0;
     for (int step = 0; step < STEPS; step++) {
-        int B = step == 1 ? 2 : MAX_BATCH, T = step == 2 ? 5 : 8;  // smaller batches use the buffers' start
+        int B = step == 1 ? 2 : MAX_BATCH, T = step == 2 ? 17 : 20;  // smaller batches use the buffers' start
         for (int i = 0; i < B * T; i++) inputs[i] = (int)(rng_next_u32(&data_rng) % 13), targets[i] = (int)(rng_next_u32(&data_rng) % 13);
         gpt_zero_grad(cpu), gpt_zero_grad(gpu);
         gpt_seed_dropout(cpu, 100 + step), gpt_seed_dropout(gpu, 100 + step);
@@ -635,7 +636,7 @@ static void test_gpt_model(void) {
     for (int i = 0; i < cpu->n_params; i++)
         worst_weights = fmax(worst_weights, relative_error(gpu->params[i].value, cpu->params[i].value));
     EXPECT(worst_logits < 1e-5 && worst_loss < 1e-5 && worst_grad < 1e-4,
-           "step 19's GPT on the GPU (biases, dropout 0.2, batches of [3, 8], [2, 8], [3, 5]): logits, loss and every "
+           "step 19's GPT on the GPU (biases, dropout 0.2, batches of [3, 20], [2, 20], [3, 17]): logits, loss and every "
            "gradient within a GEMM's rounding of the CPU's: rel err %.1e, %.1e, %.1e", worst_logits, worst_loss, worst_grad);
     EXPECT(worst_norm < 1e-12 && worst_weights < 1e-5,
            "step 19's optimizer on the GPU from the CPU's gradients, %d steps: clip_grad_norm's norm (rel err %.1e) and "
@@ -647,6 +648,23 @@ static void test_gpt_model(void) {
     EXPECT(row_err < 1e-4, "gpt_logits_row copies a row of the GPU's logits to the host (max difference %.1e)", row_err);
     adamw_free(&opt_cpu), adamw_free(&opt_gpu);
     gpt_free(cpu), gpt_free(gpu);
+}
+
+// The scratch buffers' one type: it grows past a request by half again, keeps its memory (and its
+// address) for any smaller request, and counts in the peak as every allocation does.
+static void test_device_buffer(void) {
+    DeviceBuffer buffer = {0};
+    size_t mb = 1 << 20;
+    void *first = device_buffer_reserve(&buffer, 8 * mb);
+    size_t first_bytes = buffer.bytes;
+    void *smaller = device_buffer_reserve(&buffer, 2 * mb);
+    void *larger = device_buffer_reserve(&buffer, 16 * mb);
+    size_t larger_bytes = buffer.bytes, peak = device_peak_bytes();
+    device_buffer_free(&buffer);
+    EXPECT(first && first_bytes >= 12 * mb && smaller == first && larger && larger_bytes >= 24 * mb
+               && peak >= larger_bytes && !buffer.data && buffer.bytes == 0,
+           "DeviceBuffer: 8 MB reserves %.1f MB; 2 MB reuses it (%s); 16 MB grows it to %.1f MB; freed, it is empty",
+           (double)first_bytes / mb, smaller == first ? "same address" : "moved", (double)larger_bytes / mb);
 }
 
 int main(int argc, char **argv) {
@@ -670,6 +688,7 @@ int main(int argc, char **argv) {
     rng_seed(&data_rng, 2024);
     test_copies_and_elementwise();
     test_peak_bytes();
+    test_device_buffer();
     test_gemm();
     test_mlp_cross_entropy_adam();
     test_mlp_mse_sgd();
