@@ -113,15 +113,14 @@ double memory_cgroup_limit(const char *root, const char *self_cgroup) {
     return limit;
 }
 
-// What a resource limit leaves this process: the limit less what /proc/self/statm's
-// field (0: the whole address space, 5: data + stack) says it uses already.
-static double rlimit_room(int resource, int statm_field) {
+double memory_rlimit_room(int resource) {
     struct rlimit limit;
     if (getrlimit(resource, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INFINITY;
+    int statm_field = resource == RLIMIT_AS ? 0 : 5;  // statm: size, resident, shared, text, lib, data + stack
     double used = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (f) {
-        unsigned long pages[7] = {0};
+        unsigned long pages[6] = {0};
         if (fscanf(f, "%lu %lu %lu %lu %lu %lu", &pages[0], &pages[1], &pages[2], &pages[3], &pages[4], &pages[5]) == 6)
             used = (double)pages[statm_field] * (double)sysconf(_SC_PAGESIZE);
         fclose(f);
@@ -151,10 +150,10 @@ MemoryShare memory_share_of_host(int local_ranks, const char *host) {
                  FORMAT_BYTES(whole), local_ranks, local_ranks == 1 ? "" : "s", host);
     }
     // A limit of this process alone (not shared with the node's other ranks).
-    const struct { int resource, statm_field; const char *name; } limits[] = {
-        {RLIMIT_AS, 0, "RLIMIT_AS (ulimit -v)"}, {RLIMIT_DATA, 5, "RLIMIT_DATA (ulimit -d)"}};
+    const struct { int resource; const char *name; } limits[] = {
+        {RLIMIT_AS, "RLIMIT_AS (ulimit -v)"}, {RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)"}};
     for (int i = 0; i < 2; i++) {
-        double room = rlimit_room(limits[i].resource, limits[i].statm_field);
+        double room = memory_rlimit_room(limits[i].resource);
         if (room < share.bytes) {
             share.bytes = room;
             snprintf(share.why, sizeof share.why, "what %s leaves this process: %s", limits[i].name, FORMAT_BYTES(room));

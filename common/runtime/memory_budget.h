@@ -60,6 +60,11 @@ typedef struct {
 // A CPU rank's share of its node: MemTotal or the cgroup's limit (the smaller)
 // over `local_ranks`, or what RLIMIT_AS / RLIMIT_DATA leave this process when less.
 MemoryShare memory_share_of_host(int local_ranks, const char *host);
+// What a resource limit leaves this process to map: the limit (RLIMIT_AS: ulimit -v;
+// RLIMIT_DATA: ulimit -d) less what /proc/self/statm says it maps already (its whole
+// address space, or data + stack). INFINITY without a limit. (threads.c asks it too,
+// for the stacks of --threads.)
+double memory_rlimit_room(int resource);
 // A GPU rank's share: the GPU's `gpu_bytes` over the `ranks_on_gpu` ranks that use it.
 MemoryShare memory_share_of_gpu(double gpu_bytes, int ranks_on_gpu, const char *gpu_name);
 // This rank's share on `device` (the GPU's where it computes on one).

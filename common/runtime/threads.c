@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "runtime/dist.h"
+#include "runtime/memory_budget.h"  // memory_rlimit_room
 
 static int g_threads = 1;
 static int g_share = 1;  // cores / ranks on the node, when a CPU binding allowed fewer
@@ -108,25 +109,11 @@ static double thread_stack_bytes(void) {
     return (double)size;
 }
 
-// What RLIMIT_AS leaves this process to map (INFINITY without a limit).
-static double address_space_room(void) {
-    struct rlimit limit;
-    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INFINITY;
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
-        fclose(f);
-    }
-    double used = (double)pages * (double)sysconf(_SC_PAGESIZE);
-    return used < (double)limit.rlim_cur ? (double)limit.rlim_cur - used : 0;
-}
-
 // Refuse (exit 2, one line, every rank) a --threads whose stacks would take
 // more than half of what the address-space limit leaves: the other half is the
 // model's, which the program's memory estimate checks next.
 static void require_room_for_stacks(int requested) {
-    double figures[2] = {(requested - 1) * thread_stack_bytes(), -address_space_room()};  // need, -room
+    double figures[2] = {(requested - 1) * thread_stack_bytes(), -memory_rlimit_room(RLIMIT_AS)};  // need, -room
     if (dist_world_size() > 1)  // the most needed and the least room of any rank
         CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     double need = figures[0], room = -figures[1];
