@@ -608,12 +608,8 @@ static hid_t open_shard(Loading *l, int file, char *err) {
     }
     char format[128];
     uint64_t id = 0, rank = 0;
-    if (!get_text(h, "format", format, sizeof format) || strcmp(format, FORMAT) != 0 || !get_u64(h, "rank", &rank)) {
+    if (!get_text(h, "format", format, sizeof format) || strcmp(format, FORMAT) != 0 || !get_u64(h, "rank", &rank))
         fail(err, "%s: not a shard of a sharded checkpoint (expected the attributes format '%s' and rank)", path, FORMAT);
-    } else if (!get_u64(h, "checkpoint_id", &id) || id != l->id || rank != (uint64_t)file) {
-        fail(err, "%s: a shard of another checkpoint (its id %016llx, rank %llu; the index's %016llx, rank %d)", path,
-             (unsigned long long)id, (unsigned long long)rank, (unsigned long long)l->id, file);
-    }
     for (int t = 0; t < l->index.n_tensors && !err[0]; t++) {
         const IndexTensor *tensor = &l->index.tensors[t];
         for (long p = 0; p < tensor->n_pieces && !err[0]; p++) {
@@ -634,6 +630,10 @@ static hid_t open_shard(Loading *l, int file, char *err) {
                      "that disagrees with its shards)", path, name, ndim < 0 ? "missing" : found, expected);
         }
     }
+    // The shapes first (a shard of another model says so), then whether it is this checkpoint's.
+    if (!err[0] && (!get_u64(h, "checkpoint_id", &id) || id != l->id || rank != (uint64_t)file))
+        fail(err, "%s: a shard of another checkpoint (its id %016llx, rank %llu; the index's %016llx, rank %d)", path,
+             (unsigned long long)id, (unsigned long long)rank, (unsigned long long)l->id, file);
     if (err[0]) {
         H5Fclose(h);
         return H5I_INVALID_HID;
