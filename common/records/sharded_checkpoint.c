@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -149,6 +150,21 @@ static hid_t create_file(const char *path) {
     H5Pclose(access);
     return file;
 }
+
+// Reserves disk for what HDF5 will write into a file it has just created (fallocate, the file's
+// size unchanged), so that a full disk fails here, cleanly, and not in HDF5's own writes: HDF5
+// 1.10 crashes at exit (in H5_term_library) after a close that failed to flush. A file system
+// that cannot reserve (EOPNOTSUPP) is written as it comes.
+static bool reserve_space(hid_t file, double bytes) {
+    int *descriptor = NULL;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, (void **)&descriptor) < 0 || !descriptor) return true;
+    if (fallocate(*descriptor, FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) == 0) return true;
+    return errno == EOPNOTSUPP || errno == ENOSYS;
+}
+
+// What a file of `values` floats in `datasets` datasets takes at most: its data, and generous
+// room for HDF5's metadata (a superblock, object headers, groups' heaps and trees).
+static double file_bytes(double values, int datasets) { return values * sizeof(float) + 32768.0 + 2048.0 * datasets; }
 
 static hid_t open_file(const char *path) {
     if (access(path, R_OK) != 0 || input_file_problem(path)) return H5I_INVALID_HID;
@@ -388,7 +404,11 @@ static void write_shard(const char *path, const CheckpointPiece *pieces, int n, 
         fail(err, "%s: cannot create the file (is the folder writable?)", path);
         return;
     }
-    bool ok = set_text(file, "format", FORMAT) && set_u64(file, "checkpoint_id", id) && set_u64(file, "rank", (uint64_t)rank);
+    double values = 0;
+    for (int i = 0; i < n; i++) values += (double)tensor_numel(&pieces[i].values);
+    bool ok = reserve_space(file, file_bytes(values, n));
+    if (!ok) fail(err, "%s: cannot reserve %.2f MB for it: %s", path, file_bytes(values, n) / 1e6, strerror(errno));
+    ok = ok && set_text(file, "format", FORMAT) && set_u64(file, "checkpoint_id", id) && set_u64(file, "rank", (uint64_t)rank);
     for (int i = 0; i < n && ok; i++) {
         const CheckpointPiece *p = &pieces[i];
         PieceRecord *r = &records[i];
@@ -432,7 +452,10 @@ static void write_index(const char *path, const PieceRecord *records, int n_reco
     }
     char layout[sizeof state->layout];
     snprintf(layout, sizeof layout, "%s", state->layout);
-    bool ok = set_text(file, "format", FORMAT) && set_text(file, "program", state->program) &&
+    double values = (double)n_records * ROW * 2 + 624 + 2.0 * state->losses->n + 64;  // (in floats' room)
+    if (!reserve_space(file, file_bytes(values, 2 * n_records + 16)))
+        fail(err, "%s: cannot reserve %.2f MB for it: %s", path, file_bytes(values, 2 * n_records + 16) / 1e6, strerror(errno));
+    bool ok = !err[0] && set_text(file, "format", FORMAT) && set_text(file, "program", state->program) &&
               set_text(file, "layout", layout) && set_u64(file, "world_size", (uint64_t)dist_world_size()) &&
               set_u64(file, "checkpoint_id", id) && (!state->mlflow_run_id[0] || set_text(file, "mlflow_run_id", state->mlflow_run_id));
     // Each tensor once, its pieces in rank order.
