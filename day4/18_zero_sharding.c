@@ -481,8 +481,8 @@ int main(int argc, char **argv) {
     long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
     if (checkpoint) {
         double start = wall_seconds(), bytes = 0;
-        char saved_layout[sizeof state.layout];
-        snprintf(saved_layout, sizeof saved_layout, "%s", state.layout);
+        char this_layout[sizeof state.layout];  // (the load replaces state.layout with the checkpoint's)
+        snprintf(this_layout, sizeof this_layout, "%s", state.layout);
         if (sharded_checkpoint_load(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, &bytes)) {
             double range[2] = {-bytes, bytes};  // the least and the most a rank read
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
@@ -496,7 +496,7 @@ int main(int argc, char **argv) {
             rng = state.generator;
             print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
                    "%.2f MB read per rank in %.1f ms\n", checkpoint, steps, state.layout, steps, first_epoch + 1,
-                   first_position, train.n, strcmp(state.layout, saved_layout) ? "resharded, " : "", -range[0] / 1e6,
+                   first_position, train.n, strcmp(state.layout, this_layout) ? "resharded, " : "", -range[0] / 1e6,
                    range[1] / 1e6, 1e3 * (wall_seconds() - start));
             if (state.global_batch != (long)opt.batch_size * world)
                 print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
