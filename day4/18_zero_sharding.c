@@ -25,12 +25,22 @@
 // order, and the losses agree to 1e-5). What it costs: stages 1 and 2 send what
 // DDP's allreduce sends (a reduce-scatter and an all-gather are its two halves),
 // stage 3 half as much again (a second all-gather, for backward).
+// Checkpoints (--checkpoint DIR) are sharded too, as torch.distributed.checkpoint's:
+// no rank gathers the model to save it. Every rank writes its blocks of the
+// weights and of Adam's moments to a file of its own, beside an index of where
+// each piece lies (common/records/sharded_checkpoint.h), every --save_every
+// steps and after the last; the same command resumes from DIR's current one,
+// mid-epoch, bit for bit. Another --zero stage or world size resumes it too,
+// each rank reading only the slices its own blocks need (at the same global
+// batch, --batch_size x ranks, it takes the same steps, within 1e-5).
 //
 // Build and run:
 //   make day4/18_zero_sharding
 //   mpirun -np 2 day4/18_zero_sharding --zero 1                  (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day4/18_zero_sharding --zero 3 --hidden 4096,4096,4096,4096 --batch_size 64 --max_steps 5 --prefetch
 //   mpirun -np 2 day4/18_zero_sharding --zero 3 --epochs 1 --trace log_zero/18.json   # gathers in Perfetto
+//   mpirun -np 4 day4/18_zero_sharding --zero 3 --batch_size 3000 --max_steps 4 --checkpoint checkpoints/zero
+//   mpirun -np 2 day4/18_zero_sharding --zero 0 --batch_size 6000 --checkpoint checkpoints/zero   # resumed as DDP
 //
 // Expected output (2 ranks on 2 cores; times and the peak resident set vary):
 //   Step 18: ZeRO-1 on 2 ranks: MLP 784-128-10, 101770 weights in 2 flat units padded to 101770 (a block of 50885 per rank); Adam lr 0.001; batch 6400 per rank; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, OpenBLAS 0.3.21 (SkylakeX kernels)
@@ -520,7 +530,7 @@ int main(int argc, char **argv) {
     if (trace) profile_start(trace);
     long saved_step = resumed_step, first_steps = steps;
     double train_start = wall_seconds(), first_step_seconds = 0;
-    for (int epoch = first_epoch; epoch < epochs && steps != max_steps; epoch++) {
+    for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
         long skipped = epoch == first_epoch ? first_position : 0;  // a resumed epoch goes on where it stopped
         sampler_set_epoch_from(&sampler, epoch, skipped);
@@ -529,7 +539,7 @@ int main(int argc, char **argv) {
         double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
         for (int i = 0; i < losses.n; i++)
             if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
-        for (int b = 0; b < n_batches && steps != max_steps; b++) {
+        for (int b = 0; b < n_batches && (max_steps < 0 || steps < max_steps); b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             if (zero <= 1)  // optimizer.zero_grad() (stages 2-3: each layer's gradient starts at zero in backward)
                 for (int i = 0; i < model.n_units; i++) tensor_fill(&model.units[i].grad, 0.0f);
