@@ -566,6 +566,7 @@ int main(int argc, char **argv) {
             state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
             state.samples_done = epoch_done ? 0 : skipped + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
+                check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
                 print_saved(&written, steps);
                 saved_step = steps;
@@ -812,10 +813,13 @@ static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, Checkpoin
     return n;
 }
 
-// One line per save: what the ranks wrote (the least and the most) and how long it took.
+// One line per save: what the ranks wrote (the least and the most), how long it took, and on GPUs
+// the largest host copy a rank made of a piece on its way to the file.
 static void print_saved(const CheckpointWrite *written, long step) {
-    double figures[3] = {-written->bytes, written->bytes, written->seconds};
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files), index %.3f MB; %.1f ms\n", step,
-           written->folder, -figures[0] / 1e6, figures[1] / 1e6, written->index_bytes / 1e6, 1e3 * figures[2]);
+    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    char staged[64] = "";
+    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
+    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
+           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
 }

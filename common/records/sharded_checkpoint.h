@@ -92,7 +92,7 @@ typedef struct {
     double seconds;          // the whole save on this rank, from the start to `current` replaced
     double bytes;            // what this rank wrote (its shard file; rank 0's index aside)
     double index_bytes;      // rank 0: the index
-    double staged_bytes;     // host memory the save took beside the model (a GPU piece's copy)
+    double staged_bytes;     // host memory the save took beside the model: the largest GPU piece's copy
     char folder[4096];       // DIR/step-NNNNNN
 } CheckpointWrite;
 
@@ -100,7 +100,8 @@ typedef struct {
 // at its first save): else one line, exit 1. No `current` in DIR (on every rank): returns false,
 // and changes nothing but a stale tmp-* a crashed save left (removed, said once). Otherwise
 // fills every piece's values from the checkpoint, resharding as needed, fills `state` (the run's
-// settings must match those given), says on rank 0 where it resumed from, and returns true.
+// settings must match those given), sets *bytes_read to what this rank read of the shard files,
+// and returns true. The caller says where it resumed from (state->layout: the saving layout).
 bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
                              double *bytes_read);
 
