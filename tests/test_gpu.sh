@@ -386,6 +386,12 @@ expect "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exi
 # line that names what it waited for, and no rank is left running. (A host
 # wait that skips the polling, such as a copy into pageable memory queued
 # behind the collective, would hang here until the `timeout` below.)
+# ranks_here PROGRAM: the processes of PROGRAM started in this tree, one pid a line (another
+# checkout's tests may run the same program on this machine at the same time: not theirs).
+ranks_here() {
+    local pid
+    for pid in $(pgrep -f "$1"); do [ "$(readlink "/proc/$pid/cwd" 2> /dev/null)" = "$PWD" ] && echo "$pid"; done
+}
 lost_peer() {  # PLACE NP AT PROGRAM FLAGS...: PLACE is node or nodes
     local place=$1 np=$2 at=$3 program=$4 out status start seconds expected settings; shift 3
     out=$tmp/lost_${program##*/}_${np}_$place
@@ -405,14 +411,14 @@ lost_peer() {  # PLACE NP AT PROGRAM FLAGS...: PLACE is node or nodes
     local named others left t
     named=$(grep -cE "^\[rank [0-9]+ @ [^]]*\] .*$expected" "$out")
     others=$(grep -E '^\[rank [0-9]+ @ ' "$out" | grep -cvE "$expected")
-    for ((t = 0; t < 50; t++)); do left=$(pgrep -f "$program" | wc -l); [ "$left" = 0 ] && break; sleep 0.1; done
+    for ((t = 0; t < 50; t++)); do left=$(ranks_here "$program" | wc -l); [ "$left" = 0 ] && break; sleep 0.1; done
     local what="a lost peer, ${program##*/} on $np GPUs, $([ "$place" = node ] && echo "one node (NCCL silent, GPU_WAIT_TIMEOUT=3)" || echo "across nodes (NCCL's error after 1 s)")"
     if [ $status -ne 0 ] && [ $status -ne 124 ] && grep -q "^lost_peer: rank 1 makes no NCCL operation from number $at " "$out" &&
         [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "$left" -eq 0 ]; then
         pass "$what: exit $status after $seconds s, $named rank(s) each one line: $(grep -m1 -oE "waited( [0-9]+ s)? for .+ on the GPU" "$out")"
     else
         fail "$what: exit $status after $seconds s ($([ $status = 124 ] && echo 'it hung'), $named line(s) naming the wait, $others other error line(s), $left process(es) left): $(grep -vE '^(Step|epoch|World|DDP|Data|\[rank [0-9]+\] parameter)' "$out" | head -4 | tr '\n' ' ')"
-        pkill -9 -f "$program" 2> /dev/null
+        ranks_here "$program" | xargs -r kill -9 2> /dev/null
     fi
 }
 if [ "$gpus" -ge 2 ]; then

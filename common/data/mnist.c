@@ -221,7 +221,7 @@ MnistSplit mnist_load(const char *dir, MnistPart part) {
 
 void mnist_free(MnistSplit *split) {
     device_free(split->device_images);
-    device_free(split->device_indices);
+    device_buffer_free(&split->device_indices);
     free(split->images);
     free(split->labels);
     *split = (MnistSplit){0};
@@ -240,16 +240,12 @@ static void gather_on_gpu(MnistSplit *split, const int *indices, int rows, Tenso
         split->device_images = device_alloc(bytes);
         CHECK_CUDA(cudaMemcpyAsync(split->device_images, split->images, bytes, cudaMemcpyHostToDevice, stream));
     }
-    if (rows > split->device_indices_room) {
-        device_free(split->device_indices);
-        split->device_indices = device_alloc((size_t)rows * sizeof(int));
-        split->device_indices_room = rows;
-    }
+    int *device_indices = device_buffer_reserve(&split->device_indices, (size_t)rows * sizeof(int));
     // 4 bytes an index go over, not 3136 bytes an image. (From pageable memory
     // the copy is staged before it returns: `indices` may change right after.)
-    CHECK_CUDA(cudaMemcpyAsync(split->device_indices, indices, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
+    CHECK_CUDA(cudaMemcpyAsync(device_indices, indices, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
                                stream));
-    gpu_gather_pixels(split->device_images, split->device_indices, rows, MNIST_PIXELS, images->data, stream);
+    gpu_gather_pixels(split->device_images, device_indices, rows, MNIST_PIXELS, images->data, stream);
 }
 #endif
 

@@ -41,8 +41,7 @@ typedef struct {
     // On a GPU rank the first gather onto the GPU uploads the pixels, once
     // (uint8: 47 MB for the training set); batches are gathered there after.
     uint8_t *device_images;  // [n, 784] device memory, or NULL
-    int *device_indices;     // [device_indices_room]: a batch's sample indices
-    int device_indices_room;
+    DeviceBuffer device_indices;  // a batch's sample indices
 } MnistSplit;
 
 // Loads train-* or t10k-* from dir (each file plain or .gz). Collective: every

@@ -31,20 +31,15 @@ static bool on_gpu(const Mf *model) { return HAVE_CUDA && model->device == DEVIC
 
 #if HAVE_CUDA
 // ------------------------------------------------------------------ GPU memory
-// At least `bytes` of b's device memory (its old contents are dropped when it grows).
-static void *device_buffer(DeviceBuffer *b, size_t bytes) {
-    if (bytes > b->bytes || !b->data) {
-        device_free(b->data);
-        b->bytes = bytes + bytes / 2 + 256;
-        b->data = device_alloc(b->bytes);
-    }
-    return b->data;
+// Room for n rows of dim floats in b (one more: n may be 0).
+static float *device_rows(DeviceBuffer *b, size_t n, int dim) {
+    return device_buffer_reserve(b, (n + 1) * (size_t)dim * sizeof(float));
 }
 
 // n ints from the host into b; returns their device copy. The host array may
 // be reused on return (the wait is polled, as every wait here).
 static int *upload_ints(DeviceBuffer *b, const int *host, int n, const char *what) {
-    int *device_ints = device_buffer(b, ((size_t)n + 1) * sizeof(int));
+    int *device_ints = device_buffer_reserve(b, ((size_t)n + 1) * sizeof(int));
     if (n > 0) {
         CHECK_CUDA(cudaMemcpyAsync(device_ints, host, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, device_stream()));
         device_wait_stream(device_stream(), what);
@@ -56,11 +51,6 @@ static void upload_floats(float *device_floats, const float *host, size_t n, con
     if (n == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(device_floats, host, n * sizeof(float), cudaMemcpyHostToDevice, device_stream()));
     device_wait_stream(device_stream(), what);
-}
-
-static void device_buffer_free(DeviceBuffer *b) {
-    device_free(b->data);
-    *b = (DeviceBuffer){0};
 }
 
 // Rows to every rank and from every rank (send_count[r] rows from send +
@@ -327,7 +317,7 @@ static void table_fetch_sharded(Mf *model, EmbeddingTable *t) {
     free(ids);
 #if HAVE_CUDA
     if (on_gpu(model)) {  // the owners gather the rows asked, which travel by NCCL, and land in place
-        float *reply = device_buffer(&t->gpu_exchange, (2 * (size_t)rows_needed + 1) * dim * sizeof(float));
+        float *reply = device_rows(&t->gpu_exchange, 2 * (size_t)rows_needed, dim);
         float *received = reply + (size_t)rows_needed * dim;
         int *asked = upload_ints(&t->gpu_asked, t->asked, t->n_asked, "the rows asked of this rank");
         gpu_gather_rows(t->gpu_weight, asked, t->n_asked, dim, reply, device_stream());
@@ -337,7 +327,7 @@ static void table_fetch_sharded(Mf *model, EmbeddingTable *t) {
         device_wait_stream(device_stream(), "the embedding rows of the batch (all-to-all)");
         model->comm_seconds += wall_seconds() - start;
         int *order = upload_ints(&t->gpu_ask_order, t->ask_order, t->n_touched, "the rows' order");
-        gpu_scatter_rows(received, order, t->n_touched, dim, device_buffer(&t->gpu_looked_up, ((size_t)t->n_touched + 1) * dim * sizeof(float)),
+        gpu_scatter_rows(received, order, t->n_touched, dim, device_rows(&t->gpu_looked_up, t->n_touched, dim),
                          device_stream());
         return;
     }
@@ -367,7 +357,7 @@ static void table_lookup(Mf *model, EmbeddingTable *t, const int *index, int n) 
         }
         int *touched = upload_ints(&t->gpu_touched, t->touched, t->n_touched, "the batch's rows");
         gpu_gather_rows(t->gpu_weight, touched, t->n_touched, t->dim,
-                        device_buffer(&t->gpu_looked_up, ((size_t)t->n_touched + 1) * t->dim * sizeof(float)), device_stream());
+                        device_rows(&t->gpu_looked_up, t->n_touched, t->dim), device_stream());
         return;
     }
 #endif
@@ -413,9 +403,9 @@ static void upload_grouped(DeviceBuffer *start_buffer, DeviceBuffer *item_buffer
 static void forward_backward_gpu(Mf *model, const float *rating, int n, float scale, float decay) {
     EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
     int dim = model->dim;
-    float *device_rating = device_buffer(&model->gpu_rating, ((size_t)n + 1) * sizeof(float));
+    float *device_rating = device_buffer_reserve(&model->gpu_rating, ((size_t)n + 1) * sizeof(float));
     upload_floats(device_rating, rating, (size_t)n, "the batch's ratings");
-    float *forward = device_buffer(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
+    float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
     gpu_mf_forward(P->gpu_looked_up.data, P->gpu_sample_slot.data, Q->gpu_looked_up.data, Q->gpu_sample_slot.data,
                    BU->gpu_looked_up.data, BU->gpu_sample_slot.data, BI->gpu_looked_up.data, BI->gpu_sample_slot.data,
                    device_rating, n, dim, model->global_mean.data[0], forward, device_stream());
@@ -423,7 +413,7 @@ static void forward_backward_gpu(Mf *model, const float *rating, int n, float sc
         EmbeddingTable *table = table_of(model, t), *other = t == 0 ? Q : t == 1 ? P : NULL;
         upload_grouped(&table->gpu_sample_start, &table->gpu_sample, table->sample_slot, NULL, n, table->n_touched,
                        "the batch's samples per row");
-        float *grad = device_buffer(&table->gpu_grad, ((size_t)table->n_touched + 1) * table->dim * sizeof(float));
+        float *grad = device_rows(&table->gpu_grad, table->n_touched, table->dim);
         gpu_embedding_backward(forward, scale, table->gpu_sample_start.data, table->gpu_sample.data, table->n_touched,
                                table->dim, other ? table->gpu_looked_up.data : NULL, other ? other->gpu_looked_up.data : NULL,
                                other ? other->gpu_sample_slot.data : NULL, decay, grad, device_stream());
@@ -597,7 +587,7 @@ static void sum_into_updates(EmbeddingTable *t, const int *local, const int *sou
     upload_grouped(&t->gpu_update_start, &t->gpu_update_source, slot, source, n, t->n_update, "the rows to update");
     upload_ints(&t->gpu_update, t->update, t->n_update, "the rows to update");
     gpu_sum_rows(rows, t->gpu_update_start.data, t->gpu_update_source.data, t->n_update, t->dim,
-                 device_buffer(&t->gpu_update_grad, ((size_t)t->n_update + 1) * t->dim * sizeof(float)), device_stream());
+                 device_rows(&t->gpu_update_grad, t->n_update, t->dim), device_stream());
     free(slot);
 }
 
@@ -625,7 +615,7 @@ static void exchange_dense_gpu(Mf *model, EmbeddingTable *t) {
     }
     int *update = upload_ints(&t->gpu_update, t->update, t->n_update, "the rows to update");
     gpu_gather_rows(t->gpu_dense_grad, update, t->n_update, dim,
-                    device_buffer(&t->gpu_update_grad, ((size_t)t->n_update + 1) * dim * sizeof(float)), device_stream());
+                    device_rows(&t->gpu_update_grad, t->n_update, dim), device_stream());
     gpu_fill(t->gpu_dense_grad, (size_t)t->rows * dim, 0.0f, device_stream());
 }
 
@@ -644,7 +634,7 @@ static void exchange_sparse_gpu(Mf *model, EmbeddingTable *t) {
     CHECK_MPI(MPI_Allgatherv(t->touched, t->n_touched, MPI_INT, ids, count, offset, MPI_INT, MPI_COMM_WORLD));
     float *gathered = t->gpu_grad.data;
     if (world > 1 && most > 0) {
-        gathered = device_buffer(&t->gpu_exchange, ((size_t)world * most + 1) * dim * sizeof(float));
+        gathered = device_rows(&t->gpu_exchange, (size_t)world * most, dim);
         Tensor mine = {.data = gathered + (size_t)rank * most * dim, .rows = most, .cols = dim, .device = DEVICE_CUDA};
         Tensor all = {.data = gathered, .rows = world * most, .cols = dim, .device = DEVICE_CUDA};
         if (t->n_touched > 0)
@@ -670,7 +660,7 @@ static void exchange_sparse_gpu(Mf *model, EmbeddingTable *t) {
 static void exchange_sharded_gpu(Mf *model, EmbeddingTable *t) {
     int rank = dist_rank(), dim = t->dim;
     int rows_needed = t->n_asked > t->n_touched ? t->n_asked : t->n_touched;
-    float *send = device_buffer(&t->gpu_exchange, (2 * (size_t)rows_needed + 1) * dim * sizeof(float));
+    float *send = device_rows(&t->gpu_exchange, 2 * (size_t)rows_needed, dim);
     float *received = send + (size_t)rows_needed * dim;
     gpu_gather_rows(t->gpu_grad.data, t->gpu_ask_order.data, t->n_touched, dim, send, device_stream());
     device_wait_stream(device_stream(), "the gradients");
@@ -749,7 +739,7 @@ void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) 
 #if HAVE_CUDA
     if (on_gpu(model)) {
         EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
-        float *forward = device_buffer(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
+        float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
         gpu_mf_forward(P->gpu_looked_up.data, P->gpu_sample_slot.data, Q->gpu_looked_up.data, Q->gpu_sample_slot.data,
                        BU->gpu_looked_up.data, BU->gpu_sample_slot.data, BI->gpu_looked_up.data, BI->gpu_sample_slot.data,
                        NULL, n, model->dim, model->global_mean.data[0], forward, device_stream());

@@ -58,12 +58,6 @@
 #include "base/rng.h"
 #include "models/nn.h"
 
-// Device memory that grows as needed (step 15's per-step rows and ids).
-typedef struct {
-    void *data;
-    size_t bytes;
-} DeviceBuffer;
-
 typedef enum { EMBEDDINGS_DENSE, EMBEDDINGS_SPARSE, EMBEDDINGS_SHARDED } EmbeddingsMode;
 
 typedef struct {

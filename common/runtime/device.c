@@ -371,6 +371,20 @@ void device_free(void *pointer) {
 #endif
 }
 
+void *device_buffer_reserve(DeviceBuffer *buffer, size_t bytes) {
+    if (bytes > buffer->bytes || !buffer->data) {
+        device_free(buffer->data);
+        buffer->bytes = bytes + bytes / 2 + 256;
+        buffer->data = device_alloc(buffer->bytes);
+    }
+    return buffer->data;
+}
+
+void device_buffer_free(DeviceBuffer *buffer) {
+    device_free(buffer->data);
+    *buffer = (DeviceBuffer){0};
+}
+
 void *device_host_alloc(size_t bytes) {
 #if HAVE_CUDA
     if (g_pinned_host) {

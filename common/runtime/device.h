@@ -61,6 +61,17 @@ void device_release(void);
 // the GPU copies fastest (page-locked on a GPU rank, plain malloc otherwise).
 void *device_alloc(size_t bytes);
 void device_free(void *pointer);
+// Scratch memory on the GPU that grows to the largest request and is kept between calls (a loss's
+// per-row terms, a batch's indices, step 15's rows): a cudaMalloc (and its wait) for each new
+// largest size, not for each call. device_buffer_reserve returns at least `bytes` of it; when it
+// must grow it takes half as much again (sizes that creep up step by step then reallocate rarely),
+// and what it held is dropped. A zeroed DeviceBuffer is an empty one.
+typedef struct {
+    void *data;
+    size_t bytes;
+} DeviceBuffer;
+void *device_buffer_reserve(DeviceBuffer *buffer, size_t bytes);
+void device_buffer_free(DeviceBuffer *buffer);
 // The most bytes device_alloc held at once on this rank's GPU, as torch.cuda.max_memory_allocated()
 // counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
 // CUDA context, cuBLAS and NCCL keep for themselves.

@@ -249,17 +249,13 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
 #if HAVE_CUDA
 // A vector of ones on the GPU, as long as the longest x seen: the sum over
 // rows is then one GEMV, x^T @ ones, which cuBLAS does at memory speed.
-static float *g_ones;
-static size_t g_ones_count;
+static DeviceBuffer g_ones;
 
 static const float *ones(size_t count) {
-    if (count > g_ones_count) {
-        device_free(g_ones);
-        g_ones = device_alloc(count * sizeof(float));
-        gpu_fill(g_ones, count, 1.0f, device_stream());
-        g_ones_count = count;
-    }
-    return g_ones;
+    size_t held = g_ones.bytes;
+    float *ones = device_buffer_reserve(&g_ones, count * sizeof(float));
+    if (g_ones.bytes != held) gpu_fill(ones, g_ones.bytes / sizeof(float), 1.0f, device_stream());  // grown
+    return ones;
 }
 #endif
 

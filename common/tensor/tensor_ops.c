@@ -72,29 +72,14 @@ static double sum_in_order(const double *terms, size_t n) {
 // The losses' and argmax's scratch on the GPU: labels or predictions, per-row
 // or per-element terms, and their sum. Grown to the largest call, as tensor.c
 // keeps its GEMM scratch, and kept for the process's life.
-static int *g_indices;
-static size_t g_indices_count;
-static float *g_terms;
-static size_t g_terms_count;
+static DeviceBuffer g_indices, g_terms;
 static double *g_sum;
 
-static int *scratch_indices(size_t count) {
-    if (count > g_indices_count) {
-        device_free(g_indices);
-        g_indices = device_alloc(count * sizeof(int));
-        g_indices_count = count;
-    }
-    return g_indices;
-}
+static int *scratch_indices(size_t count) { return device_buffer_reserve(&g_indices, count * sizeof(int)); }
 
 static float *scratch_terms(size_t count) {
-    if (count > g_terms_count) {
-        device_free(g_terms);
-        g_terms = device_alloc(count * sizeof(float));
-        g_terms_count = count;
-    }
     if (!g_sum) g_sum = device_alloc(sizeof(double));
-    return g_terms;
+    return device_buffer_reserve(&g_terms, count * sizeof(float));
 }
 
 // gpu_sum's result in g_sum, read by the host: like PyTorch's loss.item(), it
@@ -399,16 +384,10 @@ CPU_DISPATCHED void add_row_bias(Tensor *y, const Tensor *bias, bool relu) {
 #if HAVE_CUDA
 // The GPU's sums of long rows leave a sum per chunk of each row here between
 // their two kernels (kernels.h): grown to the largest call, as scratch_terms.
-static double *g_row_partials;
-static size_t g_row_partials_count;
+static DeviceBuffer g_row_partials;
 
 static double *scratch_row_partials(size_t count) {
-    if (count > g_row_partials_count) {
-        device_free(g_row_partials);
-        g_row_partials = device_alloc(count * sizeof(double));
-        g_row_partials_count = count;
-    }
-    return g_row_partials;
+    return device_buffer_reserve(&g_row_partials, count * sizeof(double));
 }
 #endif
 

@@ -469,6 +469,23 @@ static void test_mf(void) {
     }
 }
 
+// The scratch buffers' one type: it grows past a request by half again, keeps its memory (and its
+// address) for any smaller request, and counts in the peak as every allocation does.
+static void test_device_buffer(void) {
+    DeviceBuffer buffer = {0};
+    size_t mb = 1 << 20;
+    void *first = device_buffer_reserve(&buffer, 8 * mb);
+    size_t first_bytes = buffer.bytes;
+    void *smaller = device_buffer_reserve(&buffer, 2 * mb);
+    void *larger = device_buffer_reserve(&buffer, 16 * mb);
+    size_t larger_bytes = buffer.bytes, peak = device_peak_bytes();
+    device_buffer_free(&buffer);
+    EXPECT(first && first_bytes >= 12 * mb && smaller == first && larger && larger_bytes >= 24 * mb
+               && peak >= larger_bytes && !buffer.data && buffer.bytes == 0,
+           "DeviceBuffer: 8 MB reserves %.1f MB; 2 MB reuses it (%s); 16 MB grows it to %.1f MB; freed, it is empty",
+           (double)first_bytes / mb, smaller == first ? "same address" : "moved", (double)larger_bytes / mb);
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
 #if HAVE_CUDA
@@ -490,6 +507,7 @@ int main(int argc, char **argv) {
     rng_seed(&data_rng, 2024);
     test_copies_and_elementwise();
     test_peak_bytes();
+    test_device_buffer();
     test_gemm();
     test_mlp_cross_entropy_adam();
     test_mlp_mse_sgd();
