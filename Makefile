@@ -244,6 +244,14 @@ $(LOST_PEER): tests/lost_peer.c $(FLAGS_STAMP)
 all: $(LOST_PEER)
 endif
 
+# A rank that dies in the middle of a checkpoint save, preloaded into the ranks by
+# tests/test_checkpoint.sh to show that the last good checkpoint survives.
+CRASH_IN_SAVE := $(BUILD)/lib/libcrash_in_save.so
+$(CRASH_IN_SAVE): tests/crash_in_save.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -fPIC -shared $< -o $@ -ldl
+all: $(CRASH_IN_SAVE)
+
 $(BUILD)/common $(BUILD)/tests $(BUILD)/tests_mpi $(BUILD)/tools:
 	mkdir -p $@
 

@@ -25,12 +25,22 @@
 // order, and the losses agree to 1e-5). What it costs: stages 1 and 2 send what
 // DDP's allreduce sends (a reduce-scatter and an all-gather are its two halves),
 // stage 3 half as much again (a second all-gather, for backward).
+// Checkpoints (--checkpoint DIR) are sharded too, as torch.distributed.checkpoint's:
+// no rank gathers the model to save it. Every rank writes its blocks of the
+// weights and of Adam's moments to a file of its own, beside an index of where
+// each piece lies (common/records/sharded_checkpoint.h), every --save_every
+// steps and after the last; the same command resumes from DIR's current one,
+// mid-epoch, bit for bit. Another --zero stage or world size resumes it too,
+// each rank reading only the slices its own blocks need (at the same global
+// batch, --batch_size x ranks, it takes the same steps, within 1e-5).
 //
 // Build and run:
 //   make day4/18_zero_sharding
 //   mpirun -np 2 day4/18_zero_sharding --zero 1                  (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day4/18_zero_sharding --zero 3 --hidden 4096,4096,4096,4096 --batch_size 64 --max_steps 5 --prefetch
 //   mpirun -np 2 day4/18_zero_sharding --zero 3 --epochs 1 --trace log_zero/18.json   # gathers in Perfetto
+//   mpirun -np 4 day4/18_zero_sharding --zero 3 --batch_size 3000 --max_steps 4 --checkpoint checkpoints/zero
+//   mpirun -np 2 day4/18_zero_sharding --zero 0 --batch_size 6000 --checkpoint checkpoints/zero   # resumed as DDP
 //
 // Expected output (2 ranks on 2 cores; times and the peak resident set vary):
 //   Step 18: ZeRO-1 on 2 ranks: MLP 784-128-10, 101770 weights in 2 flat units padded to 101770 (a block of 50885 per rank); Adam lr 0.001; batch 6400 per rank; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, OpenBLAS 0.3.21 (SkylakeX kernels)
@@ -63,12 +73,14 @@
 #include "parallel/ddp.h"           // ddp_wrap: --zero 0 is step 6's DDP
 #include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _load: each rank its shards, any layout resumes
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
@@ -322,6 +334,18 @@ static void sharded_backward(Sharded *s, const Tensor *x, Ddp *ddp) {
     profile_pop();
 }
 
+// Stages 1-2: every rank's updated blocks gathered back into every rank's whole layers, in place.
+static void gather_blocks(Sharded *s) {
+    profile_push("all-gather");
+    for (int i = 0; i < s->n_units; i++) {
+        Unit *u = &s->units[i];
+        u->reduce = group_all_gather_start(group_world(), &u->param_block, &u->full);  // in place
+        if (s->counting) s->sent_all_gather += (double)(s->world - 1) / s->world * (double)u->padded * sizeof(float);
+    }
+    for (int i = 0; i < s->n_units; i++) group_wait(&s->units[i].reduce);
+    profile_pop();
+}
+
 // optimizer.step() on the blocks: the reduced gradients divided by N (DDP's
 // mean), Adam on this rank's block of every layer with the scalars of
 // adam_step, then (stages 1-2) every rank's blocks gathered back in place.
@@ -344,16 +368,7 @@ static void sharded_adam_step(Sharded *s, long step, double lr) {
         adam_update(&u->param_block, &u->grad_block, &u->exp_avg, &u->exp_avg_sq, &coefficients);
     }
     profile_pop();
-    if (s->zero <= 2) {
-        profile_push("all-gather");
-        for (int i = 0; i < s->n_units; i++) {
-            Unit *u = &s->units[i];
-            u->reduce = group_all_gather_start(group_world(), &u->param_block, &u->full);  // in place
-            if (s->counting) s->sent_all_gather += (double)(s->world - 1) / s->world * (double)u->padded * sizeof(float);
-        }
-        for (int i = 0; i < s->n_units; i++) group_wait(&s->units[i].reduce);
-        profile_pop();
-    }
+    if (s->zero <= 2) gather_blocks(s);
 }
 
 // The test set, each rank its 1/N share in chunks of the batch size (every
@@ -385,12 +400,15 @@ static void report_traffic(const Sharded *s, long steps, size_t weights, const D
 static void load_whole(Sharded *s, const char *path);
 static void gather_unit(void *sharded, int layer, Param pair[2]);
 static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
+static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, CheckpointPiece *pieces);
+static void print_saved(const CheckpointWrite *written, long step);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/18_zero_sharding.png");
     int zero = 0, prefetch = 0, max_steps = -1;
-    const char *hidden = "128", *trace = NULL;
+    const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
+    int save_every = 0, keep = 2;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -400,11 +418,17 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "--zero 0: DDP's gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
+        {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 18: sharded data parallelism, ZeRO stages 1-3 (FSDP): the optimizer state, gradients and parameters split across ranks.");
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
+    if (!checkpoint && (args_given("save_every") || args_given("keep")))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
     char model_name[128];
@@ -418,7 +442,6 @@ int main(int argc, char **argv) {
     add_memory_need(&need, sizes, n_sizes, zero, prefetch, dist_world_size(), opt.batch_size);
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: 60000 training and 10000 test images, pixels / 255 as float32.
@@ -455,20 +478,68 @@ int main(int argc, char **argv) {
            opt.lr, opt.batch_size, epochs, epochs == 1 ? "" : "s", steps_text, opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
+    // --checkpoint: resume from DIR's current checkpoint, whatever layout saved it. Each rank
+    // reads the slices of the saved shards that its own blocks (or, under DDP, whole layers) need.
+    LossLog losses = {0};
+    CheckpointState state = {.program = "day4/18_zero_sharding", .world_size = world,
+                             .global_batch = (long)opt.batch_size * world, .seed = opt.seed, .shuffle = !opt.no_shuffle,
+                             .train_samples = train.n, .lr = opt.lr, .generator = rng, .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "%s on %d rank%s", stage_name[zero], world, world == 1 ? "" : "s");
+    CheckpointPiece *pieces = xcalloc((size_t)(12 * model.n_units), sizeof(CheckpointPiece));
+    long steps = 0, resumed_step = -1;
+    int first_epoch = 0;
+    long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
+    if (checkpoint) {
+        double start = wall_seconds(), bytes = 0;
+        char this_layout[sizeof state.layout];  // (the load replaces state.layout with the checkpoint's)
+        snprintf(this_layout, sizeof this_layout, "%s", state.layout);
+        if (sharded_checkpoint_load(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, &bytes)) {
+            double range[2] = {-bytes, bytes};  // the least and the most a rank read
+            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+            steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
+            optimizer.step = steps;  // (stages 1-3 count Adam's steps with `steps`)
+            if (zero == 1 || zero == 2) {  // each rank read its blocks; every rank holds them all
+                model.counting = false;  // (not training's traffic)
+                gather_blocks(&model);
+                model.counting = true;
+            }
+            rng = state.generator;
+            print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
+                   "%.2f MB read per rank in %.1f ms\n", checkpoint, steps, state.layout, steps, first_epoch + 1,
+                   first_position, train.n, strcmp(state.layout, this_layout) ? "resharded, " : "", -range[0] / 1e6,
+                   range[1] / 1e6, 1e3 * (wall_seconds() - start));
+            if (state.global_batch != (long)opt.batch_size * world)
+                print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
+                       "uninterrupted run's (--batch_size %ld on %d ranks keeps them)\n", state.global_batch,
+                       (long)opt.batch_size * world, state.global_batch / world, world);
+            if (opt.init) print0("--init %s is not used: the checkpoint's weights are the run's\n", opt.init);
+        } else {
+            print0("No checkpoint in %s: training from the start\n", checkpoint);
+        }
+    }
+    // The MLflow run: a resume logs into the checkpoint's, its losses so far sent again where the
+    // store lacks them (the process that saved it may have died with them queued).
+    Tracking *run = tracking_start(&opt.tracking, "day4/18_zero_sharding.c", device_name(device),
+                                   state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
+
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
-    LossLog losses = {0};
 
     if (trace) profile_start(trace);
-    long steps = 0;
+    long saved_step = resumed_step, first_steps = steps;
     double train_start = wall_seconds(), first_step_seconds = 0;
-    for (int epoch = 0; epoch < epochs; epoch++) {
+    for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
-        sampler_set_epoch(&sampler, epoch);
-        int epoch_steps = 0;
+        long skipped = epoch == first_epoch ? first_position : 0;  // a resumed epoch goes on where it stopped
+        sampler_set_epoch_from(&sampler, epoch, skipped);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size), epoch_steps = 0;
         long samples = 0;
-        double loss_sum = 0.0;
-        for (int b = 0; b < steps_per_epoch && steps != max_steps; b++) {
+        double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
+        for (int i = 0; i < losses.n; i++)
+            if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
+        for (int b = 0; b < n_batches && (max_steps < 0 || steps < max_steps); b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             if (zero <= 1)  // optimizer.zero_grad() (stages 2-3: each layer's gradient starts at zero in backward)
                 for (int i = 0; i < model.n_units; i++) tensor_fill(&model.units[i].grad, 0.0f);
@@ -489,9 +560,20 @@ int main(int argc, char **argv) {
             loss_sum += loss;
             samples += (long)x.rows * world;
             epoch_steps++;
-            if (++steps == 1) first_step_seconds = wall_seconds() - train_start;
+            if (++steps == first_steps + 1) first_step_seconds = wall_seconds() - train_start;
+            // Where the run stands: the data position is the sampler positions of the batches done.
+            bool epoch_done = b + 1 == n_batches;
+            state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
+            state.samples_done = epoch_done ? 0 : skipped + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
+            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+                check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
+                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
+                print_saved(&written, steps);
+                saved_step = steps;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
+        if (samples == 0) continue;  // (a resume at the end of an epoch)
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, samples / seconds);
         tracking_log_metric(run, "epoch_mean_loss", epoch_steps ? loss_sum / epoch_steps : 0.0, epoch);
@@ -501,6 +583,12 @@ int main(int argc, char **argv) {
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
     check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
+    if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
+        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
+        print_saved(&written, steps);
+    } else if (checkpoint && steps == resumed_step) {
+        print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
+    }
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
     profile_push("evaluation");  // in a trace, the test set's forwards (and gathers) apart from training's
@@ -509,11 +597,12 @@ int main(int argc, char **argv) {
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%.0f of %d)\n", world,
            train_seconds, 100 * accuracy, accuracy * test.n, test.n);
     tracking_log_metric(run, "test_accuracy", accuracy, epochs);
-    if (steps > 1)
+    long taken = steps - first_steps;  // by this run (a resumed one took the others before)
+    if (taken > 1)
         print0("Step time: %.1f ms (the mean after the first step, which took %.1f ms)\n",
-               1e3 * (train_seconds - first_step_seconds) / (double)(steps - 1), 1e3 * first_step_seconds);
+               1e3 * (train_seconds - first_step_seconds) / (double)(taken - 1), 1e3 * first_step_seconds);
     report_memory(&model, zero == 0 ? &ddp : NULL, weights, device);
-    report_traffic(&model, steps, weights, zero == 0 ? &ddp : NULL);
+    report_traffic(&model, taken, weights, zero == 0 ? &ddp : NULL);
     // The checksum, each rank's of its whole copy (gathered layer by layer at stage 3), and --save: the
     // whole state_dict, written by rank 0.
     unsigned long long checksum = whole_model_gather(group_world(), sizes, n_sizes, WHOLE_ON_EVERY_RANK, gather_unit,
@@ -537,6 +626,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    free(pieces);
     if (zero == 0) adam_free(&optimizer), ddp_free(&ddp);
     sharded_free(&model);
     sampler_free(&sampler);
@@ -679,4 +769,57 @@ static void report_traffic(const Sharded *s, long steps, size_t weights, const D
            "%.2fx DDP's allreduce; theory %.0f x (N - 1)/N x %.2f MB of weights = %.2f (%.2fx DDP's)\n",
            allreduce / 1e6, reduce_scatter / 1e6, all_gather / 1e6, total / 1e6, total / (2 * ring * model_bytes),
            passes[s->zero], model_bytes / 1e6, passes[s->zero] * ring * model_bytes / 1e6, passes[s->zero] / 2);
+}
+
+// ------------------------------------------------------------------ the sharded checkpoint
+
+// This rank's pieces of the model and of Adam's moments, as boxes of the state_dict's tensors
+// (sharded_checkpoint.h): saving, its 1/N of every flat unit (its block at stages 1-3; under DDP,
+// where every rank holds everything, the same split, so that the ranks share the writing);
+// loading, the blocks it holds (stages 1-3) or the whole layers (DDP). Returns their count.
+static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, CheckpointPiece *pieces) {
+    static char names[MLP_MAX_SIZES][6][64];  // fc.0.weight, fc.0.bias, optimizer/exp_avg/..., .../exp_avg_sq/...
+    int n = 0;
+    for (int i = 0; i < s->n_units; i++) {
+        const Unit *u = &s->units[i];
+        for (int k = 0; k < 6; k++)
+            snprintf(names[i][k], sizeof names[i][k], "%sfc.%d.%s", k < 2 ? "" : k < 4 ? "optimizer/exp_avg/" : "optimizer/exp_avg_sq/",
+                     2 * i, k % 2 ? "bias" : "weight");
+        size_t weight_numel = (size_t)u->out * u->in, share = s->zero == 0 ? (u->numel + s->world - 1) / s->world : u->block;
+        size_t first = s->zero == 0 && !saving ? 0 : (size_t)s->rank * share;
+        size_t end = s->zero == 0 && !saving ? u->numel : first + share < u->numel ? first + share : u->numel;
+        if (first >= end) continue;  // (a rank past the last element: a padded unit on many ranks)
+        // Where flat element k of each state lies: stages 1-3 in the rank's blocks (from `first`);
+        // DDP in the whole unit (values) and in Adam's tensors, one per parameter.
+        const Tensor *values = s->zero == 0 ? &u->full : &u->param_block;
+        size_t base = s->zero == 0 ? 0 : first;
+        const Tensor *sources[3][2] = {
+            {values, values},
+            {s->zero == 0 ? &optimizer->exp_avg[2 * i] : &u->exp_avg, s->zero == 0 ? &optimizer->exp_avg[2 * i + 1] : &u->exp_avg},
+            {s->zero == 0 ? &optimizer->exp_avg_sq[2 * i] : &u->exp_avg_sq, s->zero == 0 ? &optimizer->exp_avg_sq[2 * i + 1] : &u->exp_avg_sq},
+        };
+        for (int state = 0; state < 3; state++) {
+            bool separate = s->zero == 0 && state > 0;  // DDP's Adam: the bias's moments in a tensor of their own
+            if (first < weight_numel)
+                n += checkpoint_flat_pieces(names[i][2 * state], u->out, u->in, first, end < weight_numel ? end : weight_numel,
+                                            sources[state][0], first - (separate ? 0 : base), &pieces[n]);
+            if (end > weight_numel) {
+                size_t from = first > weight_numel ? first : weight_numel;
+                n += checkpoint_flat_pieces(names[i][2 * state + 1], u->out, 0, from - weight_numel, end - weight_numel,
+                                            sources[state][1], separate ? from - weight_numel : from - base, &pieces[n]);
+            }
+        }
+    }
+    return n;
+}
+
+// One line per save: what the ranks wrote (the least and the most), how long it took, and on GPUs
+// the largest host copy a rank made of a piece on its way to the file.
+static void print_saved(const CheckpointWrite *written, long step) {
+    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    char staged[64] = "";
+    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
+    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
+           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
 }

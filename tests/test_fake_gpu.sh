@@ -58,3 +58,16 @@ for gpus in 1 4; do
 done
 # A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
 relabelled test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh
+# Step 18's sharded checkpoint from GPU memory (each shard through a host copy): a ZeRO-3 run on 2
+# simulated GPUs stopped at step 7 and resumed ends bit for bit, and the checkpoint loads on the CPU.
+gpu_ck=(day4/18_zero_sharding --data "$DATA" --batch_size 2000 --epochs 1 --plot '' --zero 3 --device cuda)
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --losses "$tmp/ck_ref.csv") > "$tmp/ck_ref.out" 2>&1
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --max_steps 7 --checkpoint "$tmp/gpu_ck") > /dev/null 2>&1
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --checkpoint "$tmp/gpu_ck" --losses "$tmp/ck_res.csv") > "$tmp/ck_res.out" 2>&1
+expect "fake GPU x2: step 18's sharded checkpoint, saved at step 7 from GPU memory, resumes bit for bit (checksum $(checksum "$tmp/ck_res.out"))" \
+    test -n "$(checksum "$tmp/ck_ref.out")" -a "$(checksum "$tmp/ck_res.out")" = "$(checksum "$tmp/ck_ref.out")" -a -n "$(grep '^Resumed' "$tmp/ck_res.out")" \
+    -a "$(cat "$tmp/ck_res.csv" 2> /dev/null)" = "$(cat "$tmp/ck_ref.csv")"
+mpi 1 day4/18_zero_sharding --data "$DATA" --batch_size 4000 --epochs 1 --plot '' --zero 0 --device cpu --checkpoint "$tmp/gpu_ck" \
+    > "$tmp/ck_cpu.out" 2>&1
+expect "... and the GPU run's checkpoint loads on the CPU, resharded to DDP on 1 rank, with its weights (checksum $(checksum "$tmp/ck_cpu.out"))" \
+    test "$(checksum "$tmp/ck_cpu.out")" = "$(checksum "$tmp/ck_ref.out")"

@@ -52,8 +52,10 @@ for o in build/common/*/*.o; do
     [ -f "${source%.o}.c" ] || [ -f "${source%.o}.cu" ] && objects+=("$o")
 done
 name() { local o=${1#build/common/}; echo "${o%.o}"; }  # build/common/runtime/dist.o -> runtime/dist
+# (threads.c defines getenv in libc's place, to answer libgomp's GOMP_SPINCOUNT: a file that calls
+# getenv uses libc, not threads, and is not counted as threads' user.)
 for o in "${objects[@]}"; do
-    nm --defined-only -g "$o" | awk -v f="$(name "$o")" 'NF == 3 { print $3, f }'
+    nm --defined-only -g "$o" | awk -v f="$(name "$o")" 'NF == 3 && $3 != "getenv" { print $3, f }'
 done | sort -u > "$tmp/defined"
 for o in "${objects[@]}"; do
     user=$(name "$o")

@@ -1,0 +1,856 @@
+// sharded_checkpoint.c: every rank writes its shards, an index says where they lie, a load reads
+// the overlaps its new layout needs. See sharded_checkpoint.h.
+#include "records/sharded_checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "base/args.h"
+#include "base/check.h"
+#include "base/paths.h"
+#include "base/timer.h"
+#include "runtime/dist.h"
+
+#define FORMAT "ddp-workshop sharded checkpoint, version 1"
+#define ERROR_SIZE 1536
+#define NAME_SIZE 128
+#define ROW (2 + 2 * CHECKPOINT_MAX_DIMS)  // an index row: rank, number, offsets, sizes
+
+// A tensor as the index has it: its shape and every saved piece of it.
+typedef struct {
+    char name[NAME_SIZE];
+    int ndim;
+    long long shape[CHECKPOINT_MAX_DIMS];
+    long n_pieces;
+    long long *rows;  // [n_pieces][ROW]
+} IndexTensor;
+
+typedef struct {
+    IndexTensor *tensors;
+    int n_tensors, capacity;
+} Index;
+
+// A piece as it travels to rank 0, which writes the index.
+typedef struct {
+    char name[NAME_SIZE];
+    long long ndim, number, shape[CHECKPOINT_MAX_DIMS], offset[CHECKPOINT_MAX_DIMS], count[CHECKPOINT_MAX_DIMS];
+} PieceRecord;
+
+static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+__attribute__((format(printf, 2, 3))) static void fail(char *err, const char *fmt, ...) {
+    if (err[0]) return;  // the first problem is the one said
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, ERROR_SIZE, fmt, ap);
+    va_end(ap);
+}
+
+static long long volume(int ndim, const long long *count) {
+    long long v = 1;
+    for (int d = 0; d < ndim; d++) v *= count[d];
+    return v;
+}
+
+// "[128, 784]"
+static void format_dims(char *out, size_t size, int ndim, const long long *dims) {
+    int len = snprintf(out, size, "[");
+    for (int d = 0; d < ndim && len < (int)size; d++) len += snprintf(out + len, size - (size_t)len, "%s%lld", d ? ", " : "", dims[d]);
+    if (len < (int)size) snprintf(out + len, size - (size_t)len, "]");
+}
+
+// ---------------------------------------------------------------- pieces of a flat run
+int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
+                           size_t at, CheckpointPiece *out) {
+    int n = 0;
+    bool vector = cols == 0;
+    size_t width = vector ? (size_t)rows : (size_t)cols;
+    while (first < end) {
+        size_t row = vector ? 0 : first / width, col = vector ? first : first % width;
+        size_t take = col > 0 || end - first < width ? (end - first < width - col ? end - first : width - col)
+                                                     : (end - first) / width * width;  // whole rows
+        CheckpointPiece *p = &out[n++];
+        *p = (CheckpointPiece){.name = name, .ndim = vector ? 1 : 2};
+        p->values = (Tensor){.data = source->data + at, .rows = 1, .cols = (int)take, .device = source->device};
+        if (vector) {
+            p->shape[0] = rows, p->offset[0] = (long long)col, p->count[0] = (long long)take;
+        } else {
+            p->shape[0] = rows, p->shape[1] = cols;
+            p->offset[0] = (long long)row, p->offset[1] = (long long)col;
+            p->count[0] = col > 0 || take < width ? 1 : (long long)(take / width);
+            p->count[1] = col > 0 || take < width ? (long long)take : (long long)width;
+        }
+        first += take, at += take;
+    }
+    return n;
+}
+
+// ---------------------------------------------------------------- HDF5 small things
+static bool set_text(hid_t object, const char *name, const char *text) {
+    hid_t scalar = H5Screate(H5S_SCALAR), type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, strlen(text) + 1);
+    hid_t attribute = H5Acreate2(object, name, type, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    bool ok = attribute >= 0 && H5Awrite(attribute, type, text) >= 0;
+    if (attribute >= 0) H5Aclose(attribute);
+    H5Tclose(type), H5Sclose(scalar);
+    return ok;
+}
+
+static bool get_text(hid_t object, const char *name, char *out, size_t size) {
+    out[0] = '\0';
+    if (H5Aexists(object, name) <= 0) return false;
+    hid_t attribute = H5Aopen(object, name, H5P_DEFAULT), stored = H5Aget_type(attribute), type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, size);
+    bool ok = H5Tget_class(stored) == H5T_STRING && H5Tget_size(stored) <= size && H5Aread(attribute, type, out) >= 0;
+    H5Tclose(type), H5Tclose(stored), H5Aclose(attribute);
+    out[size - 1] = '\0';
+    return ok;
+}
+
+static bool set_u64(hid_t object, const char *name, uint64_t value) {
+    hid_t scalar = H5Screate(H5S_SCALAR);
+    hid_t attribute = H5Acreate2(object, name, H5T_STD_U64LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    bool ok = attribute >= 0 && H5Awrite(attribute, H5T_NATIVE_UINT64, &value) >= 0;
+    if (attribute >= 0) H5Aclose(attribute);
+    H5Sclose(scalar);
+    return ok;
+}
+
+static bool get_u64(hid_t object, const char *name, uint64_t *value) {
+    if (H5Aexists(object, name) <= 0) return false;
+    hid_t attribute = H5Aopen(object, name, H5P_DEFAULT);
+    bool ok = H5Aread(attribute, H5T_NATIVE_UINT64, value) >= 0;
+    H5Aclose(attribute);
+    return ok;
+}
+
+// A new HDF5 file with metadata checksums (object header and superblock versions of 1.8 on):
+// HDF5 then refuses a damaged header itself.
+static hid_t create_file(const char *path) {
+    hid_t access = H5Pcreate(H5P_FILE_ACCESS);
+#if H5_VERSION_GE(1, 10, 0)
+    H5Pset_libver_bounds(access, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+#else
+    H5Pset_libver_bounds(access, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+#endif
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, access);
+    H5Pclose(access);
+    return file;
+}
+
+// Reserves disk for what HDF5 will write into a file it has just created (fallocate, the file's
+// size unchanged), so that a full disk fails here, cleanly, and not in HDF5's own writes: HDF5
+// 1.10 crashes at exit (in H5_term_library) after a close that failed to flush. A file system
+// that cannot reserve (EOPNOTSUPP) is written as it comes.
+static bool reserve_space(hid_t file, double bytes) {
+    int *descriptor = NULL;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, (void **)&descriptor) < 0 || !descriptor) return true;
+    if (fallocate(*descriptor, FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) == 0) return true;
+    return errno == EOPNOTSUPP || errno == ENOSYS;
+}
+
+// What a file of `values` floats in `datasets` datasets takes at most: its data, and generous
+// room for HDF5's metadata (a superblock, object headers, groups' heaps and trees).
+static double file_bytes(double values, int datasets) { return values * sizeof(float) + 32768.0 + 2048.0 * datasets; }
+
+static hid_t open_file(const char *path) {
+    if (access(path, R_OK) != 0 || input_file_problem(path)) return H5I_INVALID_HID;
+#if H5_VERSION_GE(1, 12, 0)
+    if (H5Fis_accessible(path, H5P_DEFAULT) <= 0) return H5I_INVALID_HID;
+#else
+    if (H5Fis_hdf5(path) <= 0) return H5I_INVALID_HID;
+#endif
+    return H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+}
+
+// A dataset of `ndim` dims (0: a scalar), groups on the way created.
+static bool write_dataset(hid_t file, const char *name, hid_t file_type, hid_t memory_type, int ndim,
+                          const hsize_t *dims, const void *data) {
+    hid_t links = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(links, 1);
+    hid_t space = ndim == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(ndim, dims, NULL);
+    hid_t dataset = H5Dcreate2(file, name, file_type, space, links, H5P_DEFAULT, H5P_DEFAULT);
+    bool ok = dataset >= 0 && H5Dwrite(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    if (dataset >= 0) H5Dclose(dataset);
+    H5Sclose(space), H5Pclose(links);
+    return ok;
+}
+
+// The dims of dataset `name` (its rank returned; -1 if it is not there).
+static int dataset_dims(hid_t file, const char *name, hsize_t dims[H5S_MAX_RANK]) {
+    if (H5Lexists(file, name, H5P_DEFAULT) <= 0) return -1;  // (also when a group on the way is missing)
+    hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+    if (dataset < 0) return -1;
+    hid_t space = H5Dget_space(dataset);
+    int ndim = H5Sget_simple_extent_ndims(space);
+    if (ndim >= 0) H5Sget_simple_extent_dims(space, dims, NULL);
+    H5Sclose(space), H5Dclose(dataset);
+    return ndim;
+}
+
+// A dataset read whole, after its shape is checked against `ndim`/`dims` (dims NULL with ndim 1:
+// any length up to *length, which is then set).
+static bool read_dataset(hid_t file, const char *path, const char *name, hid_t memory_type, int ndim,
+                         const hsize_t *dims, long *length, void *data, char *err) {
+    hsize_t stored[H5S_MAX_RANK] = {0};
+    int stored_ndim = dataset_dims(file, name, stored);
+    if (stored_ndim < 0) {
+        fail(err, "%s: no dataset '%s': an incomplete index", path, name);
+        return false;
+    }
+    bool same = stored_ndim == ndim;
+    for (int d = 0; same && dims && d < ndim; d++) same = stored[d] == dims[d];
+    if (same && length) same = (long)stored[0] <= *length, *length = (long)stored[0];
+    if (!same) {
+        fail(err, "%s: '%s' has another shape than the index's format gives it: a damaged index", path, name);
+        return false;
+    }
+    hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+    bool ok = H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    H5Dclose(dataset);
+    if (!ok) fail(err, "%s: cannot read '%s' (a corrupt file?)", path, name);
+    return ok;
+}
+
+// ---------------------------------------------------------------- the folder
+static void step_folder(char *out, size_t size, const char *prefix, long step) { snprintf(out, size, "%s-%06ld", prefix, step); }
+
+// Removes a folder of files (a checkpoint's: no subfolders). False with errno set where it could not.
+static bool remove_folder(const char *path) {
+    DIR *folder = opendir(path);
+    if (!folder) return errno == ENOENT;
+    struct dirent *entry;
+    char file[PATH_MAX];
+    bool ok = true;
+    while ((entry = readdir(folder)))
+        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) {
+            snprintf(file, sizeof file, "%s/%s", path, entry->d_name);
+            ok = unlink(file) == 0 && ok;
+        }
+    closedir(folder);
+    return rmdir(path) == 0 && ok;
+}
+
+// DIR/current's checkpoint name ("step-000010"); false when there is none.
+static bool read_current(const char *dir, char *name, size_t size) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/current", dir);
+    FILE *file = fopen(path, "r");
+    if (!file) return false;
+    bool ok = fgets(name, (int)size, file) != NULL;
+    fclose(file);
+    if (ok) name[strcspn(name, "\n")] = '\0';
+    return ok && name[0];
+}
+
+// DIR/current replaced by rename, through current.tmp, synced: it names `name` or the one before.
+static bool write_current(const char *dir, const char *name) {
+    char path[PATH_MAX], temp[PATH_MAX];
+    snprintf(path, sizeof path, "%s/current", dir);
+    snprintf(temp, sizeof temp, "%s/current.tmp", dir);
+    FILE *file = fopen(temp, "w");
+    if (!file) return false;
+    bool ok = fprintf(file, "%s\n", name) > 0;
+    ok = fclose(file) == 0 && ok;
+    ok = ok && sync_path(temp, false) && rename(temp, path) == 0 && sync_path(dir, true);
+    if (!ok) unlink(temp);
+    return ok;
+}
+
+// Every "PREFIX-NNNNNN" in DIR: their steps, sorted up; returns how many (at most `room`).
+static int list_steps(const char *dir, const char *prefix, long *steps, int room) {
+    DIR *folder = opendir(dir);
+    if (!folder) return 0;
+    int n = 0;
+    size_t length = strlen(prefix);
+    struct dirent *entry;
+    while ((entry = readdir(folder)) && n < room) {
+        char *end;
+        if (strncmp(entry->d_name, prefix, length) != 0 || entry->d_name[length] != '-') continue;
+        long step = strtol(entry->d_name + length + 1, &end, 10);
+        if (*end == '\0' && end != entry->d_name + length + 1) steps[n++] = step;
+    }
+    closedir(folder);
+    for (int i = 1; i < n; i++)  // insertion sort: a handful
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            long t = steps[j];
+            steps[j] = steps[j - 1], steps[j - 1] = t;
+        }
+    return n;
+}
+
+// ---------------------------------------------------------------- the index in memory
+static IndexTensor *index_find(const Index *index, const char *name) {
+    for (int t = 0; t < index->n_tensors; t++)
+        if (strcmp(index->tensors[t].name, name) == 0) return &index->tensors[t];
+    return NULL;
+}
+
+static IndexTensor *index_add(Index *index, const char *name) {
+    if (index->n_tensors == index->capacity) {
+        index->capacity = index->capacity ? 2 * index->capacity : 16;
+        index->tensors = realloc(index->tensors, (size_t)index->capacity * sizeof(IndexTensor));
+        CHECK(index->tensors != NULL, "out of memory for the checkpoint's index");
+    }
+    IndexTensor *t = &index->tensors[index->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return t;
+}
+
+static void index_free(Index *index) {
+    for (int t = 0; t < index->n_tensors; t++) free(index->tensors[t].rows);
+    free(index->tensors);
+    *index = (Index){0};
+}
+
+// Do the pieces tile their tensor: each inside it, none overlapping another, all of them its
+// size? (Then every element is in exactly one piece.) `files`: how many shard files there are.
+static void check_tiling(const IndexTensor *t, int files, const char *path, char *err) {
+    long long covered = 0;
+    char shape[96];
+    format_dims(shape, sizeof shape, t->ndim, t->shape);
+    for (long p = 0; p < t->n_pieces && !err[0]; p++) {
+        const long long *row = &t->rows[p * ROW], *offset = row + 2, *count = row + 2 + CHECKPOINT_MAX_DIMS;
+        if (row[0] < 0 || row[0] >= files) fail(err, "%s: '%s' piece %ld is in shard file %lld of %d", path, t->name, p, row[0], files);
+        for (int d = 0; d < t->ndim && !err[0]; d++)
+            if (offset[d] < 0 || count[d] < 1 || offset[d] + count[d] > t->shape[d])
+                fail(err, "%s: '%s' piece %ld lies outside the tensor's %s: a damaged index", path, t->name, p, shape);
+        covered += volume(t->ndim, count);
+        for (long q = 0; q < p && !err[0]; q++) {
+            const long long *other = &t->rows[q * ROW];
+            bool overlap = true;
+            for (int d = 0; d < t->ndim; d++)
+                overlap = overlap && offset[d] < other[2 + d] + other[2 + CHECKPOINT_MAX_DIMS + d] &&
+                          other[2 + d] < offset[d] + count[d];
+            if (overlap) fail(err, "%s: '%s' pieces %ld and %ld overlap: a damaged index", path, t->name, q, p);
+        }
+    }
+    if (!err[0] && covered != volume(t->ndim, t->shape))
+        fail(err, "%s: the pieces of '%s' hold %lld of its %lld elements %s: a damaged index", path, t->name, covered,
+             volume(t->ndim, t->shape), shape);
+}
+
+// H5Lvisit over "tensors": every ".../pieces" dataset names a tensor.
+typedef struct {
+    hid_t group;
+    Index *index;
+    const char *path;
+    char *err;
+} VisitIndex;
+
+static herr_t visit_tensor(hid_t group, const char *name, const H5L_info_t *info, void *data) {
+    (void)group, (void)info;
+    VisitIndex *visit = data;
+    size_t length = strlen(name);
+    if (length < 7 || strcmp(name + length - 7, "/pieces") != 0) return 0;
+    if (length - 7 >= NAME_SIZE) {
+        fail(visit->err, "%s: a tensor's name is longer than %d characters", visit->path, NAME_SIZE - 1);
+        return 1;
+    }
+    char tensor[NAME_SIZE], field[NAME_SIZE + 16];
+    snprintf(tensor, sizeof tensor, "%.*s", (int)(length - 7), name);
+    IndexTensor *t = index_add(visit->index, tensor);
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    snprintf(field, sizeof field, "%s/shape", tensor);
+    t->ndim = dataset_dims(visit->group, field, dims);
+    if (t->ndim != 1 || dims[0] < 1 || dims[0] > CHECKPOINT_MAX_DIMS) {
+        fail(visit->err, "%s: tensor '%s' has no shape of 1 to %d dimensions: a damaged index", visit->path, tensor,
+             CHECKPOINT_MAX_DIMS);
+        return 1;
+    }
+    t->ndim = (int)dims[0];
+    snprintf(field, sizeof field, "tensors/%s/shape", tensor);
+    hid_t file = H5Iget_file_id(visit->group);
+    bool ok = read_dataset(file, visit->path, field, H5T_NATIVE_LLONG, 1, dims, NULL, t->shape, visit->err);
+    snprintf(field, sizeof field, "%s/pieces", tensor);
+    int ndim = dataset_dims(visit->group, field, dims);
+    if (ok && (ndim != 2 || dims[1] != ROW || dims[0] < 1)) {
+        fail(visit->err, "%s: tensor '%s' has no list of pieces [n, %d]: a damaged index", visit->path, tensor, ROW);
+        ok = false;
+    }
+    if (ok) {
+        t->n_pieces = (long)dims[0];
+        t->rows = xmalloc((size_t)t->n_pieces * ROW * sizeof(long long));
+        snprintf(field, sizeof field, "tensors/%s/pieces", tensor);
+        ok = read_dataset(file, visit->path, field, H5T_NATIVE_LLONG, 2, dims, NULL, t->rows, visit->err);
+    }
+    for (int d = 0; ok && d < t->ndim; d++)
+        if (t->shape[d] < 1) fail(visit->err, "%s: tensor '%s' has a dimension of %lld", visit->path, tensor, t->shape[d]), ok = false;
+    H5Fclose(file);
+    return ok ? 0 : 1;
+}
+
+// ---------------------------------------------------------------- save
+// This rank's file: each piece a dataset "<name>/<number>" shaped as its box. A piece on a GPU
+// goes through a host copy, one piece at a time.
+static void write_shard(const char *path, const CheckpointPiece *pieces, int n, uint64_t id, int rank,
+                        PieceRecord *records, double *staged, char *err) {
+    hid_t file = create_file(path);
+    if (file < 0) {
+        fail(err, "%s: cannot create the file (is the folder writable?)", path);
+        return;
+    }
+    double values = 0;
+    for (int i = 0; i < n; i++) values += (double)tensor_numel(&pieces[i].values);
+    bool ok = reserve_space(file, file_bytes(values, n));
+    if (!ok) fail(err, "%s: cannot reserve %.2f MB for it: %s", path, file_bytes(values, n) / 1e6, strerror(errno));
+    ok = ok && set_text(file, "format", FORMAT) && set_u64(file, "checkpoint_id", id) && set_u64(file, "rank", (uint64_t)rank);
+    for (int i = 0; i < n && ok; i++) {
+        const CheckpointPiece *p = &pieces[i];
+        PieceRecord *r = &records[i];
+        memset(r, 0, sizeof *r);
+        CHECK(strlen(p->name) < NAME_SIZE && p->ndim >= 1 && p->ndim <= CHECKPOINT_MAX_DIMS, "checkpoint piece '%s'", p->name);
+        snprintf(r->name, sizeof r->name, "%s", p->name);
+        r->ndim = p->ndim;
+        for (int j = 0; j < i; j++) r->number += strcmp(pieces[j].name, p->name) == 0;
+        hsize_t dims[CHECKPOINT_MAX_DIMS];
+        for (int d = 0; d < CHECKPOINT_MAX_DIMS; d++) {
+            r->shape[d] = d < p->ndim ? p->shape[d] : 1;
+            r->offset[d] = d < p->ndim ? p->offset[d] : 0;
+            r->count[d] = d < p->ndim ? p->count[d] : 1;
+            dims[d] = (hsize_t)r->count[d];
+        }
+        size_t numel = tensor_numel(&p->values);
+        CHECK((long long)numel == volume(p->ndim, p->count), "checkpoint piece '%s': %zu values for its box", p->name, numel);
+        float *host = tensor_on_gpu(&p->values) ? xmalloc(numel * sizeof(float)) : p->values.data;
+        if (host != p->values.data) {
+            tensor_to_host(&p->values, host);
+            *staged = fmax(*staged, (double)numel * sizeof(float));
+        }
+        char name[NAME_SIZE + 24];
+        snprintf(name, sizeof name, "%s/%lld", p->name, r->number);
+        ok = write_dataset(file, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, p->ndim, dims, host);
+        if (host != p->values.data) free(host);
+        if (!ok) fail(err, "%s: cannot write '%s': %s", path, name, errno ? strerror(errno) : "an HDF5 error");
+    }
+    if (!ok) fail(err, "%s: cannot write the file's attributes", path);
+    if (H5Fclose(file) < 0) fail(err, "%s: cannot finish the file: %s", path, errno ? strerror(errno) : "an HDF5 error");
+    if (!err[0] && !sync_path(path, false)) fail(err, "%s: cannot flush it to disk: %s", path, strerror(errno));
+}
+
+// Rank 0: the index, from every rank's records.
+static void write_index(const char *path, const PieceRecord *records, int n_records, const int *rank_of, uint64_t id,
+                        const CheckpointState *state, char *err) {
+    hid_t file = create_file(path);
+    if (file < 0) {
+        fail(err, "%s: cannot create the file (is the folder writable?)", path);
+        return;
+    }
+    char layout[sizeof state->layout];
+    snprintf(layout, sizeof layout, "%s", state->layout);
+    double values = (double)n_records * ROW * 2 + 624 + 2.0 * state->losses->n + 64;  // (in floats' room)
+    if (!reserve_space(file, file_bytes(values, 2 * n_records + 16)))
+        fail(err, "%s: cannot reserve %.2f MB for it: %s", path, file_bytes(values, 2 * n_records + 16) / 1e6, strerror(errno));
+    bool ok = !err[0] && set_text(file, "format", FORMAT) && set_text(file, "program", state->program) &&
+              set_text(file, "layout", layout) && set_u64(file, "world_size", (uint64_t)dist_world_size()) &&
+              set_u64(file, "checkpoint_id", id) && (!state->mlflow_run_id[0] || set_text(file, "mlflow_run_id", state->mlflow_run_id));
+    // Each tensor once, its pieces in rank order.
+    bool *done = xcalloc((size_t)n_records + 1, sizeof(bool));
+    long long *rows = xmalloc(((size_t)n_records + 1) * ROW * sizeof(long long));
+    for (int i = 0; i < n_records && ok; i++) {
+        if (done[i]) continue;
+        IndexTensor t = {.ndim = (int)records[i].ndim, .rows = rows};
+        snprintf(t.name, sizeof t.name, "%s", records[i].name);
+        memcpy(t.shape, records[i].shape, sizeof t.shape);
+        for (int j = i; j < n_records; j++) {
+            if (done[j] || strcmp(records[j].name, t.name) != 0) continue;
+            CHECK(memcmp(records[j].shape, t.shape, sizeof t.shape) == 0, "'%s': ranks disagree on its shape", t.name);
+            done[j] = true;
+            long long *row = &rows[t.n_pieces++ * ROW];
+            row[0] = rank_of[j], row[1] = records[j].number;
+            memcpy(row + 2, records[j].offset, sizeof records[j].offset);
+            memcpy(row + 2 + CHECKPOINT_MAX_DIMS, records[j].count, sizeof records[j].count);
+        }
+        char check[ERROR_SIZE] = "";
+        check_tiling(&t, dist_world_size(), path, check);  // a program's own pieces: a bug if they do not tile
+        CHECK(!check[0], "%s", check);
+        char name[NAME_SIZE + 24];
+        hsize_t shape_dims[1] = {(hsize_t)t.ndim}, row_dims[2] = {(hsize_t)t.n_pieces, ROW};
+        snprintf(name, sizeof name, "tensors/%s/shape", t.name);
+        ok = write_dataset(file, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, 1, shape_dims, t.shape);
+        snprintf(name, sizeof name, "tensors/%s/pieces", t.name);
+        ok = ok && write_dataset(file, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, 2, row_dims, rows);
+    }
+    free(done), free(rows);
+    // The run's state.
+    long long scalars[] = {state->step, state->epoch, state->samples_done, state->seed, state->shuffle,
+                           state->train_samples, state->global_batch};
+    const char *names[] = {"state/step", "state/epoch", "state/samples_done", "state/seed", "state/shuffle",
+                           "state/train_samples", "state/global_batch"};
+    for (int k = 0; k < ARRAY_LEN(names) && ok; k++)
+        ok = write_dataset(file, names[k], H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &scalars[k]);
+    ok = ok && write_dataset(file, "state/lr", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &state->lr);
+    hsize_t words = 624, n_losses = (hsize_t)state->losses->n;
+    long long next = state->generator.next;
+    ok = ok && write_dataset(file, "state/generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words, state->generator.state);
+    ok = ok && write_dataset(file, "state/generator/index", H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &next);
+    ok = ok && write_dataset(file, "state/losses/epoch", H5T_STD_I32LE, H5T_NATIVE_INT, 1, &n_losses, state->losses->epoch);
+    ok = ok && write_dataset(file, "state/losses/loss", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, &n_losses, state->losses->loss);
+    if (!ok) fail(err, "%s: cannot write the index: %s", path, errno ? strerror(errno) : "an HDF5 error");
+    if (H5Fclose(file) < 0) fail(err, "%s: cannot finish the file: %s", path, errno ? strerror(errno) : "an HDF5 error");
+    if (!err[0] && !sync_path(path, false)) fail(err, "%s: cannot flush it to disk: %s", path, strerror(errno));
+}
+
+// Rank 0: all but the newest `keep` checkpoints go (never the current one).
+static void keep_newest(const char *dir, int keep, const char *current) {
+    long steps[4096];
+    int n = list_steps(dir, "step", steps, ARRAY_LEN(steps));
+    for (int i = 0; i < n - keep; i++) {
+        char name[64], path[PATH_MAX];
+        step_folder(name, sizeof name, "step", steps[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (strcmp(name, current) != 0) remove_folder(path);
+    }
+}
+
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
+                                        const CheckpointState *state) {
+    quiet_hdf5();
+    double start = wall_seconds();
+    int rank = dist_rank(), world = dist_world_size();
+    CheckpointWrite written = {0};
+    char err[ERROR_SIZE] = "", name[64], temp[64], shard[PATH_MAX + 128], current[64] = "";
+    step_folder(name, sizeof name, "step", state->step);
+    snprintf(written.folder, sizeof written.folder, "%s/%s", dir, name);
+    step_folder(temp, sizeof temp, "tmp", state->step);
+    char temp_path[PATH_MAX + 72];
+    snprintf(temp_path, sizeof temp_path, "%s/%s", dir, temp);
+
+    // An id that this save stamps into every file: a shard of another checkpoint is refused.
+    uint64_t id = 0;
+    if (rank == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        id = ((uint64_t)now.tv_sec * 1000000007ULL) ^ ((uint64_t)now.tv_nsec << 20) ^ (uint64_t)getpid();
+        read_current(dir, current, sizeof current);
+        CHECK(strcmp(current, name) != 0, "%s is already the current checkpoint", written.folder);
+        if (!remove_folder(temp_path) || mkdir(temp_path, 0777) != 0)  // a crashed save of this step may be there
+            fail(err, "%s: cannot create the folder %s: %s", dir, temp_path, strerror(errno));
+    }
+    CHECK_MPI(MPI_Bcast(&id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    check_all_ranks(!err[0], err);
+
+    snprintf(shard, sizeof shard, "%s/shard-%05d.h5", temp_path, rank);
+    PieceRecord *records = xmalloc(((size_t)n_pieces + 1) * sizeof(PieceRecord));
+    errno = 0;
+    write_shard(shard, pieces, n_pieces, id, rank, records, &written.staged_bytes, err);
+    struct stat info;
+    if (!err[0] && stat(shard, &info) == 0) written.bytes = (double)info.st_size;
+    int all_ok = !err[0];
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!all_ok) {  // nothing becomes current: the partial folder goes, the last checkpoint stays
+        unlink(shard);
+        dist_barrier();
+        if (rank == 0) remove_folder(temp_path);
+        check_all_ranks(!err[0], err);
+        check_all_ranks(false, "a checkpoint save failed on another rank");  // (not reached: some rank failed above)
+    }
+
+    // The index: every rank's pieces, gathered on rank 0 (a few hundred bytes each).
+    int mine = n_pieces * (int)sizeof(PieceRecord), *counts = NULL, *displs = NULL, total = 0;
+    PieceRecord *all = NULL;
+    int *rank_of = NULL;
+    if (rank == 0) counts = xmalloc((size_t)world * sizeof(int)), displs = xmalloc((size_t)world * sizeof(int));
+    CHECK_MPI(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (rank == 0) {
+        for (int r = 0; r < world; r++) displs[r] = total, total += counts[r];
+        all = xmalloc((size_t)total + 1);
+        rank_of = xmalloc(((size_t)total / sizeof(PieceRecord) + 1) * sizeof(int));
+        for (int r = 0; r < world; r++)
+            for (int k = 0; k < counts[r] / (int)sizeof(PieceRecord); k++) rank_of[displs[r] / (int)sizeof(PieceRecord) + k] = r;
+    }
+    CHECK_MPI(MPI_Gatherv(records, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
+    free(records);
+    if (rank == 0) {
+        char index[PATH_MAX + 128];
+        snprintf(index, sizeof index, "%s/index.h5", temp_path);
+        errno = 0;
+        write_index(index, all, total / (int)sizeof(PieceRecord), rank_of, id, state, err);
+        if (!err[0] && stat(index, &info) == 0) written.index_bytes = (double)info.st_size;
+        // The switch: the folder gets its final name, then `current` names it.
+        if (!err[0] && !sync_path(temp_path, true)) fail(err, "%s: cannot flush the folder: %s", temp_path, strerror(errno));
+        if (!err[0] && !remove_folder(written.folder))  // a whole one that a crash kept from becoming current
+            fail(err, "%s: cannot remove the stale %s: %s", dir, written.folder, strerror(errno));
+        if (!err[0] && rename(temp_path, written.folder) != 0)
+            fail(err, "%s: cannot rename %s to %s: %s", dir, temp, name, strerror(errno));
+        if (!err[0] && !sync_path(dir, true)) fail(err, "%s: cannot flush the folder: %s", dir, strerror(errno));
+        if (!err[0] && !write_current(dir, name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
+        if (err[0]) remove_folder(temp_path);
+        else keep_newest(dir, keep, name);
+        free(all), free(rank_of), free(counts), free(displs);
+    }
+    check_all_ranks(!err[0], err);
+    written.seconds = wall_seconds() - start;
+    return written;
+}
+
+// ---------------------------------------------------------------- load
+typedef struct {
+    const char *dir;
+    char folder[PATH_MAX];   // DIR/step-NNNNNN
+    Index index;
+    uint64_t id;
+    int files;               // the saved world size: shard-00000 .. shard-(files - 1)
+    hid_t *open;             // [files]: the shard files this rank opened (lazily)
+} Loading;
+
+static void shard_path(const Loading *l, int file, char *out, size_t size) {
+    snprintf(out, size, "%s/shard-%05d.h5", l->folder, file);
+}
+
+// Opens shard file `file` and checks that it is this checkpoint's and that it holds every piece
+// the index places there, shaped as the index says. On a problem, err (and a negative id).
+static hid_t open_shard(Loading *l, int file, char *err) {
+    if (l->open[file] >= 0) return l->open[file];
+    char path[PATH_MAX + 32];
+    shard_path(l, file, path, sizeof path);
+    struct stat info;
+    if (stat(path, &info) != 0) {
+        fail(err, "%s: missing (expected rank %d's shards of %s: %s)", path, file, l->folder, strerror(errno));
+        return H5I_INVALID_HID;
+    }
+    hid_t h = open_file(path);
+    if (h < 0) {
+        fail(err, "%s: not a readable HDF5 file (%lld bytes): truncated or corrupt (expected rank %d's shards)", path,
+             (long long)info.st_size, file);
+        return H5I_INVALID_HID;
+    }
+    char format[128];
+    uint64_t id = 0, rank = 0;
+    if (!get_text(h, "format", format, sizeof format) || strcmp(format, FORMAT) != 0 || !get_u64(h, "rank", &rank))
+        fail(err, "%s: not a shard of a sharded checkpoint (expected the attributes format '%s' and rank)", path, FORMAT);
+    for (int t = 0; t < l->index.n_tensors && !err[0]; t++) {
+        const IndexTensor *tensor = &l->index.tensors[t];
+        for (long p = 0; p < tensor->n_pieces && !err[0]; p++) {
+            const long long *row = &tensor->rows[p * ROW], *count = row + 2 + CHECKPOINT_MAX_DIMS;
+            if (row[0] != file) continue;
+            char name[NAME_SIZE + 24], found[96] = "none", expected[96];
+            snprintf(name, sizeof name, "%s/%lld", tensor->name, row[1]);
+            hsize_t dims[H5S_MAX_RANK];
+            int ndim = dataset_dims(h, name, dims);
+            bool same = ndim == tensor->ndim;
+            long long stored[H5S_MAX_RANK];
+            for (int d = 0; d < ndim && d < H5S_MAX_RANK; d++) stored[d] = (long long)dims[d];
+            for (int d = 0; same && d < ndim; d++) same = stored[d] == count[d];
+            if (ndim >= 0) format_dims(found, sizeof found, ndim, stored);
+            format_dims(expected, sizeof expected, tensor->ndim, count);
+            if (!same)
+                fail(err, "%s: dataset '%s' is %s, the index expects float32 %s (a shard of another model, or an index "
+                     "that disagrees with its shards)", path, name, ndim < 0 ? "missing" : found, expected);
+        }
+    }
+    // The shapes first (a shard of another model says so), then whether it is this checkpoint's.
+    if (!err[0] && (!get_u64(h, "checkpoint_id", &id) || id != l->id || rank != (uint64_t)file))
+        fail(err, "%s: a shard of another checkpoint (its id %016llx, rank %llu; the index's %016llx, rank %d)", path,
+             (unsigned long long)id, (unsigned long long)rank, (unsigned long long)l->id, file);
+    if (err[0]) {
+        H5Fclose(h);
+        return H5I_INVALID_HID;
+    }
+    return l->open[file] = h;
+}
+
+// Reads every saved piece of `p`'s tensor that overlaps p's box, each overlap a hyperslab of
+// the file that holds it into its place in p's values.
+static double read_piece(Loading *l, const IndexTensor *t, const CheckpointPiece *p, char *err) {
+    size_t numel = tensor_numel(&p->values);
+    float *host = tensor_on_gpu(&p->values) ? xmalloc(numel * sizeof(float)) : p->values.data;
+    long long got = 0;
+    hsize_t memory_dims[CHECKPOINT_MAX_DIMS];
+    for (int d = 0; d < p->ndim; d++) memory_dims[d] = (hsize_t)p->count[d];
+    for (long k = 0; k < t->n_pieces && !err[0]; k++) {
+        const long long *row = &t->rows[k * ROW], *offset = row + 2, *count = row + 2 + CHECKPOINT_MAX_DIMS;
+        hsize_t in_file[CHECKPOINT_MAX_DIMS], in_memory[CHECKPOINT_MAX_DIMS], size[CHECKPOINT_MAX_DIMS];
+        bool overlap = true;
+        for (int d = 0; d < p->ndim; d++) {
+            long long low = offset[d] > p->offset[d] ? offset[d] : p->offset[d];
+            long long high = offset[d] + count[d] < p->offset[d] + p->count[d] ? offset[d] + count[d] : p->offset[d] + p->count[d];
+            overlap = overlap && high > low;
+            in_file[d] = (hsize_t)(low - offset[d]), in_memory[d] = (hsize_t)(low - p->offset[d]);
+            size[d] = high > low ? (hsize_t)(high - low) : 0;
+        }
+        if (!overlap) continue;
+        hid_t file = open_shard(l, (int)row[0], err);
+        if (file < 0) break;
+        char name[NAME_SIZE + 24], path[PATH_MAX + 32];
+        snprintf(name, sizeof name, "%s/%lld", t->name, row[1]);
+        hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT), file_space = H5Dget_space(dataset);
+        hid_t memory_space = H5Screate_simple(p->ndim, memory_dims, NULL);
+        bool ok = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, in_file, NULL, size, NULL) >= 0 &&
+                  H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, in_memory, NULL, size, NULL) >= 0 &&
+                  H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space, file_space, H5P_DEFAULT, host) >= 0;
+        H5Sclose(memory_space), H5Sclose(file_space), H5Dclose(dataset);
+        shard_path(l, (int)row[0], path, sizeof path);
+        if (!ok) fail(err, "%s: cannot read '%s' (truncated or corrupt)", path, name);
+        long long overlap_volume = 1;
+        for (int d = 0; d < p->ndim; d++) overlap_volume *= (long long)size[d];
+        got += overlap_volume;
+    }
+    for (size_t k = 0; !err[0] && k < numel; k++)
+        if (!isfinite(host[k])) fail(err, "%s: '%s' holds %s: a checkpoint holds finite numbers", l->folder, p->name, isnan(host[k]) ? "nan" : "inf");
+    if (!err[0] && got != (long long)numel)  // (the tiling check makes this a bug)
+        fail(err, "%s: '%s': read %lld of the box's %zu elements", l->folder, p->name, got, numel);
+    if (!err[0] && host != p->values.data) tensor_from_host((Tensor *)&p->values, host);
+    if (host != p->values.data) free(host);
+    return (double)got * sizeof(float);
+}
+
+// Every rank reads the index whole (its tensors' shapes and pieces, the state): a few kB.
+static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state, char *err) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/index.h5", l->folder);
+    struct stat info;
+    if (stat(path, &info) != 0) {
+        fail(err, "%s: missing: %s (every checkpoint folder has its index)", path, strerror(errno));
+        return;
+    }
+    hid_t file = open_file(path);
+    if (file < 0) {
+        fail(err, "%s: not a readable HDF5 file (%lld bytes): truncated or corrupt", path, (long long)info.st_size);
+        return;
+    }
+    char format[128], program[128];
+    uint64_t world = 0;
+    if (!get_text(file, "format", format, sizeof format) || strcmp(format, FORMAT) != 0)
+        fail(err, "%s: not a sharded checkpoint's index (expected the format '%s')", path, FORMAT);
+    else if (!get_text(file, "program", program, sizeof program) || strcmp(program, state->program) != 0)
+        fail(err, "%s: a checkpoint of %s, not of %s", path, program[0] ? program : "an unnamed program", state->program);
+    else if (!get_u64(file, "checkpoint_id", &l->id) || !get_u64(file, "world_size", &world) || world < 1 || world > 1000000 ||
+             !get_text(file, "layout", state->layout, sizeof state->layout))
+        fail(err, "%s: an index without its checkpoint_id, world_size and layout attributes", path);
+    if (!get_text(file, "mlflow_run_id", state->mlflow_run_id, sizeof state->mlflow_run_id)) state->mlflow_run_id[0] = '\0';
+    l->files = (int)world;
+    if (!err[0] && H5Lexists(file, "tensors", H5P_DEFAULT) > 0) {
+        hid_t group = H5Gopen2(file, "tensors", H5P_DEFAULT);
+        VisitIndex visit = {.group = group, .index = &l->index, .path = path, .err = err};
+        H5Lvisit(group, H5_INDEX_NAME, H5_ITER_NATIVE, visit_tensor, &visit);
+        H5Gclose(group);
+    }
+    for (int t = 0; t < l->index.n_tensors && !err[0]; t++) check_tiling(&l->index.tensors[t], l->files, path, err);
+    // The tensors this run wants, with the shapes it has.
+    for (int i = 0; i < n_pieces && !err[0]; i++) {
+        const CheckpointPiece *p = &pieces[i];
+        const IndexTensor *t = index_find(&l->index, p->name);
+        char want[96], have[96];
+        format_dims(want, sizeof want, p->ndim, p->shape);
+        if (!t) {
+            fail(err, "%s: no tensor '%s' (expected %s): a checkpoint of another model", path, p->name, want);
+            break;
+        }
+        format_dims(have, sizeof have, t->ndim, t->shape);
+        if (strcmp(want, have) != 0)
+            fail(err, "%s: tensor '%s' is %s, this model's is %s: a checkpoint of another model", path, p->name, have, want);
+    }
+    // The state.
+    long long scalars[7] = {0};
+    const char *names[] = {"state/step", "state/epoch", "state/samples_done", "state/seed", "state/shuffle",
+                           "state/train_samples", "state/global_batch"};
+    for (int k = 0; k < ARRAY_LEN(names) && !err[0]; k++)
+        read_dataset(file, path, names[k], H5T_NATIVE_LLONG, 0, NULL, NULL, &scalars[k], err);
+    double lr = 0;
+    hsize_t words = 624;
+    long long next = 0;
+    if (!err[0]) read_dataset(file, path, "state/lr", H5T_NATIVE_DOUBLE, 0, NULL, NULL, &lr, err);
+    if (!err[0]) read_dataset(file, path, "state/generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, state->generator.state, err);
+    if (!err[0]) read_dataset(file, path, "state/generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &next, err);
+    long steps = scalars[0] >= 0 && scalars[0] < INT_MAX ? (long)scalars[0] : 0;
+    int *epochs = xmalloc(((size_t)steps + 1) * sizeof(int));
+    float *losses = xmalloc(((size_t)steps + 1) * sizeof(float));
+    long n_epochs = steps, n_losses = steps;
+    if (!err[0]) read_dataset(file, path, "state/losses/epoch", H5T_NATIVE_INT, 1, NULL, &n_epochs, epochs, err);
+    if (!err[0]) read_dataset(file, path, "state/losses/loss", H5T_NATIVE_FLOAT, 1, NULL, &n_losses, losses, err);
+    H5Fclose(file);
+    if (!err[0] && (n_epochs != steps || n_losses != steps || next < 0 || next > 624 || scalars[2] < 0 ||
+                    scalars[1] < 0 || scalars[2] >= scalars[5]))
+        fail(err, "%s: inconsistent: step %lld, %ld losses logged, epoch %lld with %lld samples done", path, scalars[0],
+             n_losses, scalars[1], scalars[2]);
+    // The run must be the same one (its world size and batch aside).
+    if (!err[0] && (scalars[3] != state->seed || scalars[4] != state->shuffle || scalars[5] != state->train_samples || lr != state->lr))
+        fail(err, "%s: a checkpoint of another run: seed %lld, shuffle %lld, %lld training samples, lr %g (this run: "
+             "seed %d, shuffle %d, %d, lr %g)", path, scalars[3], scalars[4], scalars[5], lr, state->seed, state->shuffle,
+             state->train_samples, state->lr);
+    if (!err[0]) {
+        state->step = steps, state->epoch = (int)scalars[1], state->samples_done = (long)scalars[2];
+        state->global_batch = (long)scalars[6], state->world_size = l->files, state->generator.next = (int)next;
+        loss_log_free(state->losses);
+        for (long i = 0; i < steps; i++) loss_log_add(state->losses, epochs[i], losses[i]);
+    }
+    free(epochs), free(losses);
+}
+
+// Rank 0, before anything else: DIR exists and takes a file, and stale saves go.
+static void prepare_folder(const char *dir, char *err) {
+    char probe[PATH_MAX];
+    snprintf(probe, sizeof probe, "%s/.writable.%ld", dir, (long)getpid());
+    FILE *file = NULL;
+    if (!make_dirs(dir) || !(file = fopen(probe, "w")) || fclose(file) != 0) {
+        fail(err, "%s: the checkpoint folder is not writable: %s", dir, strerror(errno));
+        return;
+    }
+    unlink(probe);
+    long steps[256];
+    int n = list_steps(dir, "tmp", steps, ARRAY_LEN(steps));
+    for (int i = 0; i < n; i++) {
+        char name[64], path[PATH_MAX];
+        step_folder(name, sizeof name, "tmp", steps[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        print0("%s: removing an unfinished checkpoint (a run died while saving it; the current one is untouched)\n", path);
+        remove_folder(path);
+    }
+}
+
+bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                             double *bytes_read) {
+    quiet_hdf5();
+    char err[ERROR_SIZE] = "", name[64] = "";
+    *bytes_read = 0;
+    if (dist_rank() == 0) prepare_folder(dir, err);
+    check_all_ranks(!err[0], err);
+
+    // Every rank resumes, or none: they must all see the same `current`.
+    int here = read_current(dir, name, sizeof name), seen_by = here, world = dist_world_size();
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seen_by, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+    if (seen_by == 0) return false;
+    char first[64] = "";
+    memcpy(first, name, sizeof first);
+    CHECK_MPI(MPI_Bcast(first, sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD));
+    if (!here || strcmp(first, name) != 0)
+        fail(err, "%s/current: %d of %d ranks see it, and rank 0 reads '%s', this rank '%s': every rank must see the "
+             "same folder (a shared file system)", dir, seen_by, world, first, name);
+    else if (strncmp(name, "step-", 5) != 0 || strchr(name, '/'))
+        fail(err, "%s/current names '%s', expected a step-NNNNNN folder", dir, name);
+    check_all_ranks(!err[0], err);
+
+    Loading l = {.dir = dir};
+    snprintf(l.folder, sizeof l.folder, "%s/%s", dir, name);
+    read_index(&l, pieces, n_pieces, state, err);
+    check_all_ranks(!err[0], err);
+    l.open = xmalloc((size_t)l.files * sizeof(hid_t));
+    for (int f = 0; f < l.files; f++) l.open[f] = H5I_INVALID_HID;
+    // Every shard file checked by one rank (its headers: a few kB), so that a missing or foreign
+    // file is found whatever this layout reads; then each rank reads its overlaps.
+    for (int f = dist_rank(); f < l.files && !err[0]; f += world) open_shard(&l, f, err);
+    check_all_ranks(!err[0], err);
+    for (int i = 0; i < n_pieces && !err[0]; i++)
+        *bytes_read += read_piece(&l, index_find(&l.index, pieces[i].name), &pieces[i], err);
+    for (int f = 0; f < l.files; f++)
+        if (l.open[f] >= 0) H5Fclose(l.open[f]);
+    free(l.open);
+    index_free(&l.index);
+    check_all_ranks(!err[0], err);
+    return true;
+}

@@ -1,0 +1,118 @@
+// sharded_checkpoint.h: a checkpoint of a split model that no rank gathers: every rank writes its
+// own shards, an index says where each piece of each tensor lies, and a load under any other
+// layout reads only the slices its own new shards need (torch.distributed.checkpoint's design).
+//
+//   CheckpointPiece saved[...], wanted[...];   // this rank's boxes of the global tensors
+//   CheckpointState state = {...};            // the step, the data position, the generator, ...
+//   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
+//   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
+//
+// The folder, as `ls -R` shows it:
+//   DIR/current                  "step-000010": the checkpoint a resume loads (a small file,
+//                                replaced by rename, as a symbolic link would be but on any
+//                                shared file system)
+//   DIR/step-000010/index.h5     rank 0's: every tensor's global shape and, for each piece,
+//                                its file and its box (offsets and sizes); the run's state
+//   DIR/step-000010/shard-00000.h5 ... shard-0000W.h5   one per rank: its pieces, each a dataset
+//   DIR/tmp-000020/              a save in progress; one that a crash left is removed on load
+// index.h5, as h5py lists it:
+//   tensors/<name>/shape         int64 [ndim]       the global shape ("fc.0.weight": [128, 784])
+//   tensors/<name>/pieces        int64 [n, 2 + 8]   per piece: the rank whose file holds it, its
+//                                number there (dataset "<name>/<number>" of shard-RRRRR.h5),
+//                                then 4 offsets and 4 sizes (unused dimensions 0 and 1)
+//   state/step, epoch, samples_done, seed, shuffle, train_samples, global_batch   int64
+//   state/lr                     float64
+//   state/losses/epoch, state/losses/loss   int64, float32 [step]: the loss log so far
+//   state/generator/mt19937, state/generator/index   the generator (rng.h)
+//   attributes of the root: format, program (a checkpoint of another program is refused),
+//   layout ("ZeRO-3 on 4 ranks"), world_size, checkpoint_id (also in every shard file: a shard of
+//   another checkpoint is refused), mlflow_run_id (a tracked run)
+//
+// One HDF5 file per rank, not one file written by all: the project links Debian's serial HDF5
+// (libhdf5-dev), and the parallel build (libhdf5-openmpi-dev, whose H5Pset_fapl_mpio writes one
+// file collectively over MPI-IO) installs the same headers and library names, so one build links
+// one or the other, and every other HDF5 user here (--init, --save, step 11's stream, step 13's
+// snapshots) would move to the MPI build with it. A file per rank needs nothing of MPI-IO, writes
+// in parallel on any shared file system, and costs an index: DCP's choice too.
+//
+// Atomic: every rank writes and fsyncs its file in DIR/tmp-STEP; the ranks agree; rank 0 writes
+// and fsyncs the index, renames tmp-STEP to step-STEP, and then replaces `current` by rename,
+// fsyncing the folder after each. A crash at any moment leaves `current` naming the last whole
+// checkpoint. --keep N then removes the oldest step-* beyond N.
+//
+// Resharding: a piece is a box of a global tensor (a ZeRO block of a flat layer is up to three
+// boxes of its weight: a partial row, whole rows, a partial row; and one of its bias). A load
+// intersects each box this rank wants with every saved box of the same tensor and reads each
+// overlap as an HDF5 hyperslab of the file that holds it, so a rank reads only what its new
+// shards hold (a rank that holds a whole tensor, DDP's, reads it whole).
+//
+// Errors: a missing or truncated shard file, a piece whose shape the index does not give, a
+// tensor of another shape, an index whose pieces do not tile its tensors, a checkpoint of
+// another program or of another run (seed, lr, shuffle, data): one line naming the file and what
+// was expected, every rank exits(1) (check_all_ranks), nothing written. A save that fails (an
+// unwritable folder, a full disk): one line, exit 1, `current` and its checkpoint untouched.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/rng.h"
+#include "records/loss_log.h"
+#include "tensor/tensor.h"
+
+#define CHECKPOINT_MAX_DIMS 4
+
+// One box of a global tensor that this rank writes (save) or wants (load).
+typedef struct {
+    const char *name;                        // the state_dict name: "fc.0.weight", "optimizer/exp_avg/fc.0.bias"
+    int ndim;                                // of the global tensor (1 to CHECKPOINT_MAX_DIMS)
+    long long shape[CHECKPOINT_MAX_DIMS];    // the global tensor's
+    long long offset[CHECKPOINT_MAX_DIMS];   // the box's first element
+    long long count[CHECKPOINT_MAX_DIMS];    // the box's sizes
+    Tensor values;  // the box's elements, row-major and contiguous, on the CPU or a GPU (a [1, n] view)
+} CheckpointPiece;
+
+// The run's state beside the tensors: what an exact resume needs.
+typedef struct {
+    const char *program;     // "day4/18_zero_sharding": another program's checkpoint is refused
+    char layout[64];         // "ZeRO-3 on 4 ranks" (load: the saved one's, for the resume line)
+    long step;               // optimizer steps done
+    int epoch;               // the epoch in progress (or the next)
+    long samples_done;       // positions of that epoch's sampler order already trained on
+    int world_size;          // load: the saved run's
+    long global_batch;       // samples per step (load: the saved run's; another one is allowed)
+    // The run: a resume must match these (another world size and batch aside, an elastic restart).
+    int seed, shuffle, train_samples;
+    double lr;
+    Rng generator;
+    LossLog *losses;         // the loss of every step so far (load: replaced)
+    char mlflow_run_id[33];  // "" for an untracked run
+} CheckpointState;
+
+typedef struct {
+    double seconds;          // the whole save on this rank, from the start to `current` replaced
+    double bytes;            // what this rank wrote (its shard file; rank 0's index aside)
+    double index_bytes;      // rank 0: the index
+    double staged_bytes;     // host memory the save took beside the model: the largest GPU piece's copy
+    char folder[4096];       // DIR/step-NNNNNN
+} CheckpointWrite;
+
+// Collective. DIR must be writable (checked first, so that a run never trains for hours to fail
+// at its first save): else one line, exit 1. No `current` in DIR (on every rank): returns false,
+// and changes nothing but a stale tmp-* a crashed save left (removed, said once). Otherwise
+// fills every piece's values from the checkpoint, resharding as needed, fills `state` (the run's
+// settings must match those given), sets *bytes_read to what this rank read of the shard files,
+// and returns true. The caller says where it resumed from (state->layout: the saving layout).
+bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                             double *bytes_read);
+
+// Collective. Writes this rank's pieces and (rank 0) the index as DIR/step-<state->step>, makes
+// it current, and keeps the newest `keep` checkpoints.
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
+                                        const CheckpointState *state);
+
+// The boxes that a run of flat elements [first, end) of a tensor [rows, cols] covers (cols 0: a
+// vector of `rows`): up to 3 for a matrix (a partial row, whole rows, a partial row), 1 for a
+// vector. Each box's values are `source`'s elements from `at` on, in order. Returns the count
+// written to `out` (which has room for 3).
+int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
+                           size_t at, CheckpointPiece *out);

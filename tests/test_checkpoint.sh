@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Step 18's sharded checkpoints (common/records/sharded_checkpoint.h): a run stopped at step k
+# (--max_steps, kill -9 of a rank, a rank killed in the middle of a save) and resumed with the
+# same layout takes the uninterrupted run's steps bit for bit, mid-epoch; resumed under another
+# layout (another --zero stage, another world size at the same global batch), within 1e-5;
+# --keep; a checkpoint missing a shard, with a shard of another model or of another checkpoint,
+# truncated, whose index disagrees with its shards, of another program, model or run: one line
+# naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
+# folder: one line, exit 1, the previous checkpoint intact.
+set -u
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+suite checkpoint
+needs_built day4/18_zero_sharding build/tools/edit_checkpoint_index build/tools/compare_weights
+needs_mnist
+scratch
+program=day4/18_zero_sharding
+# 2 epochs of 15 steps on 2 ranks: the stops below fall mid-epoch.
+common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
+
+# zero18 NP NAME FLAGS...: the run's output, losses and weights as $tmp/NAME.out, .csv and .h5.
+zero18() {
+    local np=$1 name=$2; shift 2
+    mpi "$np" $program "${common[@]}" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" "$@" > "$tmp/$name.out" 2>&1
+}
+# same_as_reference WHAT NAME: NAME ended with the reference's checksum and took its losses, bit for bit.
+same_as_reference() {
+    expect "$1: checksum $(checksum "$tmp/$2.out") (uninterrupted: $(checksum "$tmp/ref.out")), the same losses bit for bit" \
+        test -n "$(checksum "$tmp/ref.out")" -a "$(checksum "$tmp/$2.out")" = "$(checksum "$tmp/ref.out")" \
+        -a -s "$tmp/$2.csv" -a "$(cat "$tmp/$2.csv" 2> /dev/null)" = "$(cat "$tmp/ref.csv")"
+}
+# resumed_at NAME: the step NAME's run resumed from ("" if it did not resume).
+resumed_at() { sed -n 's/^Resumed from .*: step \([0-9]*\), epoch.*/\1/p' "$tmp/$1.out"; }
+
+zero18 2 ref --zero 3
+expect "the uninterrupted run (ZeRO-3 on 2 ranks, 30 steps) ends with one checksum" test "$(checksum "$tmp/ref.out" | wc -w)" -eq 1
+
+# ---------------------------------------------------------------- stop at step k, resume
+zero18 2 first --zero 3 --max_steps 17 --checkpoint "$tmp/ck" --save_every 5
+expect "--max_steps 17 --save_every 5 saves steps 5, 10, 15 and 17, one line each" \
+    test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/first.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 10 15 17"
+expect "--keep 2 (the default) leaves the newest two and current naming the last: $(ls "$tmp/ck" | paste -sd ' ')" \
+    test "$(ls "$tmp/ck" | paste -sd ' ')" = "current step-000015 step-000017" -a "$(cat "$tmp/ck/current")" = step-000017
+expect "one shard file per rank and the index" test "$(ls "$tmp/ck/step-000017" | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5"
+zero18 2 resumed --zero 3 --checkpoint "$tmp/ck" --save_every 5
+expect "the resume says where: $(grep '^Resumed' "$tmp/resumed.out")" \
+    grep -q '^Resumed from .*/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;' "$tmp/resumed.out"
+same_as_reference "stopped at step 17 (mid-epoch 2) and resumed, ZeRO-3 on 2 ranks" resumed
+
+# ---------------------------------------------------------------- kill -9 of a rank, then resume
+# The rank dies after the save of step 10 appears, as a node would: the same command then resumes.
+: > "$tmp/killed.out"
+timeout "$RUN_TIMEOUT" $MPIRUN $MPI_FLAGS -np 2 $program "${common[@]}" --zero 1 --checkpoint "$tmp/ck9" --save_every 5 \
+    --batch_size 1000 > "$tmp/killed.out" 2>&1 &
+job=$!
+for ((t = 0; t < 600; t++)); do grep -q '^Checkpoint of step 10 ' "$tmp/killed.out" && break; sleep 0.05; done
+launcher=$(pgrep -P "$job" | head -1)
+victim=$(pgrep -P "${launcher:-0}" | tail -1)
+[ -n "$victim" ] && kill -KILL "$victim"
+wait "$job"
+status=$?
+expect "kill -9 of rank pid ${victim:-none} after step 10's save ends the run unfinished (exit $status)" \
+    test -n "$victim" -a $status -ne 0 -a $status -ne 124 -a -z "$(grep 'Training completed' "$tmp/killed.out")"
+zero18 2 ref1000 --zero 1 --batch_size 1000
+zero18 2 after_kill --zero 1 --checkpoint "$tmp/ck9" --save_every 5 --batch_size 1000
+expect "... the same command resumes (from step $(resumed_at after_kill)) and ends with the uninterrupted run's checksum $(checksum "$tmp/ref1000.out") and losses" \
+    test -n "$(resumed_at after_kill)" -a -n "$(checksum "$tmp/ref1000.out")" -a "$(checksum "$tmp/after_kill.out")" = "$(checksum "$tmp/ref1000.out")" \
+    -a "$(cat "$tmp/after_kill.csv")" = "$(cat "$tmp/ref1000.csv")"
+
+# ---------------------------------------------------------------- a rank killed during a save
+# build/lib/libcrash_in_save.so: rank 1 SIGKILLs itself as it syncs its shard of step 10, its file
+# written, nothing after it done; step 5 stays current and the resume takes the uninterrupted steps.
+crash_lib=build/lib/libcrash_in_save.so
+if [ -f $crash_lib ]; then
+    RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 $program "${common[@]}" --zero 3 \
+        --checkpoint "$tmp/ckc" --save_every 5 > "$tmp/crashed.out" 2>&1
+    status=$?
+    expect "a rank killed while writing its shard of step 10 (exit $status): current still names step 5, the unfinished tmp-000010 left beside it" \
+        test $status -ne 0 -a "$(cat "$tmp/ckc/current")" = step-000005 -a -d "$tmp/ckc/tmp-000010" -a -n "$(grep -m1 '^crash_in_save' "$tmp/crashed.out")"
+    zero18 2 after_crash --zero 3 --checkpoint "$tmp/ckc" --save_every 5
+    expect "... the resume removes tmp-000010, saying so, and goes on from step 5" \
+        test "$(resumed_at after_crash)" = 5 -a ! -d "$tmp/ckc/tmp-000010" -a -n "$(grep 'removing an unfinished checkpoint' "$tmp/after_crash.out")"
+    same_as_reference "... and takes the uninterrupted run's steps" after_crash
+    if thorough; then
+        # Rank 0 killed in the second save between the step's folder's rename and `current`'s.
+        RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=current.tmp -x CRASH_IN_SAVE_COUNT=2 $program \
+            "${common[@]}" --zero 2 --checkpoint "$tmp/ckr" --save_every 5 > "$tmp/crashed_r.out" 2>&1
+        expect "rank 0 killed after renaming step 10's folder, before replacing current: current names step 5" \
+            test "$(cat "$tmp/ckr/current")" = step-000005 -a -d "$tmp/ckr/step-000010"
+        zero18 2 after_crash_r --zero 2 --checkpoint "$tmp/ckr" --save_every 5
+        expect "... the resume goes on from step 5, and saves step 10 again over the stray folder" \
+            test "$(resumed_at after_crash_r)" = 5 -a "$(grep -c '^Checkpoint of step 10 ' "$tmp/after_crash_r.out")" = 1
+        same_as_reference "... and takes the uninterrupted run's steps" after_crash_r
+    fi
+else
+    fail "$crash_lib is not built (make)"
+fi
+
+# ---------------------------------------------------------------- another layout
+# A global batch of 2000 x 2 taken by 4000 x 1: the same steps, summed in another order.
+zero18 1 reshard_1 --zero 0 --batch_size 4000 --checkpoint "$tmp/ck"
+expect "ZeRO-3 on 2 ranks resumed as DDP on 1 rank says it resharded" grep -q '^Resumed from .*saved by ZeRO-3 on 2 ranks: .*resharded' "$tmp/reshard_1.out"
+expect_same_losses "... and takes the uninterrupted run's losses within 1e-5" "$tmp/ref.csv" "$tmp/reshard_1.csv" 1e-5
+same_weights "... and ends with its weights within 1e-5" "$tmp/reshard_1.h5" "$tmp/ref.h5" 1e-5
+if thorough; then
+    # ZeRO-3 on 4 ranks stopped at step 4 of 10 (a global batch of 12000: 3000 x 4, 6000 x 2, 4000 x 3).
+    common=(--data "$DATA" --epochs 2 --plot '')
+    zero18 4 ref4 --zero 3 --batch_size 3000
+    zero18 4 stop4 --zero 3 --batch_size 3000 --max_steps 4 --checkpoint "$tmp/ck4"
+    cp -r "$tmp/ck4" "$tmp/ck4b"
+    for target in "2 ddp2 --zero 0 --batch_size 6000 --checkpoint $tmp/ck4" "3 z1_3 --zero 1 --batch_size 4000 --checkpoint $tmp/ck4b" \
+                  "4 z2_4 --zero 2 --batch_size 3000 --checkpoint $tmp/ck4"; do
+        set -- $target
+        zero18 "$@"
+        expect_same_losses "ZeRO-3 on 4 ranks resumed at step 4 as $3 $4 on $1 ranks: the uninterrupted losses within 1e-5" \
+            "$tmp/ref4.csv" "$tmp/$2.csv" 1e-5
+        same_weights "... and its weights within 1e-5" "$tmp/$2.h5" "$tmp/ref4.h5" 1e-5
+        rm -rf "$tmp/ck4" && cp -r "$tmp/ck4b" "$tmp/ck4"  # (each resume saves on; start the next from step 4)
+    done
+    common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
+fi
+
+# ---------------------------------------------------------------- bad checkpoints
+# A checkpoint of 2 steps, and copies of it damaged one way each.
+mpi 2 $program "${common[@]}" --zero 3 --max_steps 2 --checkpoint "$tmp/good" > /dev/null 2>&1
+mpi 2 $program "${common[@]}" --zero 3 --max_steps 2 --checkpoint "$tmp/other" --hidden 64 > /dev/null 2>&1
+mpi 2 $program "${common[@]}" --zero 3 --max_steps 2 --checkpoint "$tmp/later" --seed 0 --lr 0.001 > /dev/null 2>&1
+damaged() { rm -rf "$tmp/broken"; cp -r "$tmp/good" "$tmp/broken"; }
+# refused WHAT PATTERN [FLAGS...]: a resume from $tmp/broken exits 1 with one line matching PATTERN,
+# and leaves the folder as it was.
+refused() {
+    local what=$1 pattern=$2 before lines; shift 2
+    before=$(cd "$tmp/broken" && find . -type f | sort | xargs md5sum)
+    RUN_TIMEOUT=60 mpi 2 $program "${common[@]}" --zero 3 --checkpoint "$tmp/broken" "$@" > "$tmp/err" 2>&1
+    local status=$?
+    lines=$(grep -c '^\[rank [0-9]* @ ' "$tmp/err")
+    if [ $status -eq 1 ] && [ "$lines" -eq 1 ] && grep -qE "$pattern" "$tmp/err" && ! grep -qiE 'segmentation|core dumped' "$tmp/err" &&
+        [ "$(cd "$tmp/broken" && find . -type f | sort | xargs md5sum)" = "$before" ]; then
+        pass "$what: exit 1, nothing changed, one line: $(grep '^\[rank' "$tmp/err" | sed "s|$tmp/||g")"
+    else
+        fail "$what: exit $status, $lines error line(s): $(head -3 "$tmp/err" | tr '\n' ' ')"
+    fi
+}
+damaged; rm "$tmp/broken/step-000002/shard-00001.h5"
+refused "a missing shard file" 'broken/step-000002/shard-00001.h5: missing \(expected rank 1.s shards'
+damaged; cp "$tmp/other/step-000002/shard-00001.h5" "$tmp/broken/step-000002/"
+refused "a shard of another model" "shard-00001.h5: dataset 'fc.0.weight/0' is \[1, 752\], the index expects float32 \[1, 720\]"
+damaged; cp "$tmp/later/step-000002/shard-00000.h5" "$tmp/broken/step-000002/"
+refused "a shard of another checkpoint of the same model" 'shard-00000.h5: a shard of another checkpoint'
+damaged; truncate -s 20000 "$tmp/broken/step-000002/shard-00000.h5"
+refused "a truncated shard file" 'shard-00000.h5: not a readable HDF5 file \(20000 bytes\): truncated'
+damaged; build/tools/edit_checkpoint_index "$tmp/broken/step-000002/index.h5" piece fc.2.bias 0 1 5
+refused "an index that names a dataset the shard file lacks" "shard-00001.h5: dataset 'fc.2.bias/5' is missing, the index expects"
+damaged; build/tools/edit_checkpoint_index "$tmp/broken/step-000002/index.h5" piece fc.0.weight 0 6 1000
+refused "an index whose piece lies outside its tensor" "index.h5: 'fc.0.weight' piece 0 lies outside the tensor's \[128, 784\]"
+damaged; build/tools/edit_checkpoint_index "$tmp/broken/step-000002/index.h5" piece fc.0.weight 0 2 1
+refused "an index whose pieces overlap" "index.h5: 'fc.0.weight' pieces [0-9]+ and [0-9]+ overlap"
+damaged; build/tools/edit_checkpoint_index "$tmp/broken/step-000002/index.h5" attr program day4/17_tensor_parallel
+refused "a checkpoint of another program" 'index.h5: a checkpoint of day4/17_tensor_parallel, not of day4/18_zero_sharding'
+damaged; rm "$tmp/broken/step-000002/index.h5"
+refused "a checkpoint without its index" 'step-000002/index.h5: missing'
+damaged
+refused "a checkpoint of another model (--hidden 64)" "index.h5: tensor 'fc.0.weight' is \[128, 784\], this model's is \[64, 784\]" --hidden 64
+refused "a checkpoint of another run (--seed 3)" 'index.h5: a checkpoint of another run: seed 0' --seed 3
+
+# ---------------------------------------------------------------- a full disk, an unwritable folder
+if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=2m tmpfs "$tmp/small" 2> /dev/null; then
+    at_exit 'umount "$tmp/small" 2> /dev/null'
+    # A checkpoint takes 1.3 MB: the first fits, the second does not.
+    mpi 2 $program "${common[@]}" --zero 1 --max_steps 4 --save_every 2 --checkpoint "$tmp/small/ck" > "$tmp/full.out" 2>&1
+    status=$?
+    expect "a full disk at the second save: exit $status, one line ($(grep '^\[rank' "$tmp/full.out" | sed "s|$tmp/||g")), step 2 still current, no tmp-* left" \
+        test $status -eq 1 -a "$(grep -c '^\[rank' "$tmp/full.out")" -eq 1 -a "$(cat "$tmp/small/ck/current")" = step-000002 \
+        -a -z "$(ls -d "$tmp"/small/ck/tmp-* 2> /dev/null)" -a -z "$(grep -iE 'segmentation|core dumped' "$tmp/full.out")"
+    grep -q 'No space left on device' "$tmp/full.out" || fail "the full disk's line does not say 'No space left on device'"
+    mount -o remount,ro "$tmp/small"
+    mpi 2 $program "${common[@]}" --zero 1 --max_steps 4 --checkpoint "$tmp/small/ck" > "$tmp/ro.out" 2>&1
+    status=$?
+    expect "a read-only folder: exit $status before training, one line: $(grep '^\[rank' "$tmp/ro.out" | sed "s|$tmp/||g")" \
+        test $status -eq 1 -a "$(grep -c '^\[rank' "$tmp/ro.out")" -eq 1 -a -n "$(grep 'the checkpoint folder is not writable: Read-only file system' "$tmp/ro.out")" \
+        -a -z "$(grep '^epoch' "$tmp/ro.out")"
+    mount -o remount,rw "$tmp/small"
+    mpi 2 $program "${common[@]}" --zero 1 --max_steps 2 --checkpoint "$tmp/small/ck" > "$tmp/intact.out" 2>&1
+    expect "... the checkpoint of step 2 is intact: it loads" grep -q '^Nothing left to train: the checkpoint is at step 2' "$tmp/intact.out"
+else
+    skip "a full disk and a read-only folder (needs root to mount a small tmpfs)"
+fi
+mkdir -p "$tmp/afile" && : > "$tmp/afile/ck"
+expect_error 1 'afile/ck: the checkpoint folder is not writable' mpi 2 $program "${common[@]}" --max_steps 1 --checkpoint "$tmp/afile/ck"
+
+# ---------------------------------------------------------------- flags
+expect_refused_flags $program 2 "--save_every without --checkpoint" '--save_every: only with --checkpoint DIR' --save_every 5
+expect_refused_flags $program 2 "--keep 0" '--keep' --checkpoint "$tmp/ck" --keep 0
+exit_status
