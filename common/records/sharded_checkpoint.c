@@ -22,6 +22,7 @@
 #include "base/check.h"
 #include "base/paths.h"
 #include "base/timer.h"
+#include "records/h5_file.h"
 #include "runtime/dist.h"
 
 #define FORMAT "ddp-workshop sharded checkpoint, version 1"
@@ -135,20 +136,6 @@ static bool get_u64(hid_t object, const char *name, uint64_t *value) {
     bool ok = H5Aread(attribute, H5T_NATIVE_UINT64, value) >= 0;
     H5Aclose(attribute);
     return ok;
-}
-
-// A new HDF5 file with metadata checksums (object header and superblock versions of 1.8 on):
-// HDF5 then refuses a damaged header itself.
-static hid_t create_file(const char *path) {
-    hid_t access = H5Pcreate(H5P_FILE_ACCESS);
-#if H5_VERSION_GE(1, 10, 0)
-    H5Pset_libver_bounds(access, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-#else
-    H5Pset_libver_bounds(access, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-#endif
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, access);
-    H5Pclose(access);
-    return file;
 }
 
 // Reserves disk for what HDF5 will write into a file it has just created (fallocate, the file's
@@ -399,7 +386,7 @@ static herr_t visit_tensor(hid_t group, const char *name, const H5L_info_t *info
 // goes through a host copy, one piece at a time.
 static void write_shard(const char *path, const CheckpointPiece *pieces, int n, uint64_t id, int rank,
                         PieceRecord *records, double *staged, char *err) {
-    hid_t file = create_file(path);
+    hid_t file = h5_create_checksummed(path);
     if (file < 0) {
         fail(err, "%s: cannot create the file (is the folder writable?)", path);
         return;
@@ -445,7 +432,7 @@ static void write_shard(const char *path, const CheckpointPiece *pieces, int n, 
 // Rank 0: the index, from every rank's records.
 static void write_index(const char *path, const PieceRecord *records, int n_records, const int *rank_of, uint64_t id,
                         const CheckpointState *state, char *err) {
-    hid_t file = create_file(path);
+    hid_t file = h5_create_checksummed(path);
     if (file < 0) {
         fail(err, "%s: cannot create the file (is the folder writable?)", path);
         return;

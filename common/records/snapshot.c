@@ -21,6 +21,7 @@
 #include "base/check.h"
 #include "base/paths.h"
 #include "base/timer.h"
+#include "records/h5_file.h"
 #include "runtime/dist.h"
 
 #define SNAPSHOT_FORMAT "ddp-workshop training snapshot, version 1"
@@ -379,16 +380,7 @@ static void write_snapshot(SnapshotIo *io, const SnapshotSettings *run, const Sn
     else *slash = '\0';
     make_parent_dirs(file);
 
-    // Metadata checksums (object header and superblock versions of HDF5 1.8 on):
-    // HDF5 then refuses a damaged header itself. The data is covered by ours.
-    hid_t access = H5Pcreate(H5P_FILE_ACCESS);
-#if H5_VERSION_GE(1, 10, 0)
-    H5Pset_libver_bounds(access, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-#else
-    H5Pset_libver_bounds(access, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-#endif
-    io->file = H5Fcreate(temp, H5F_ACC_TRUNC, H5P_DEFAULT, access);
-    H5Pclose(access);
+    io->file = h5_create_checksummed(temp);  // HDF5 checks the headers; the data is covered by ours
     if (io->file < 0) {
         fail(io, "%s: cannot create %s (is the folder writable?)", io->path, temp);
         return;
