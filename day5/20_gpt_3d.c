@@ -52,6 +52,7 @@
 #include "models/gpt.h"             // Gpt, gpt_new_part, gpt_stage_forward, gpt_stage_backward: the model and its parts
 #include "parallel/ddp.h"           // ddp_wrap_group, ddp_grad_ready, ddp_finish, ddp_set_sync: DDP per part
 #include "parallel/schedule.h"      // Schedule: each stage's forwards and backwards, in order
+#include "parallel/zero1.h"         // Zero1, zero1_step: AdamW's moments sharded over the replicas (--zero 1)
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
 #include "records/plot.h"           // plot_png: the train and validation curves
@@ -69,7 +70,7 @@ typedef struct {
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
     double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
-    int dp, tp, pp, micro_batches;
+    int dp, tp, pp, micro_batches, zero;
     TrackingOptions tracking;
 } Options;
 
@@ -217,7 +218,7 @@ static void gather_whole(const Gpt *part, Gpt *whole, const Grid *grid) {
 // float32, 4 bytes each). The activations are those kept from forward for backward, for one
 // micro-step (all its M micro-batches: what GPipe holds at once), and the rank's line in a table
 // of every rank, on rank 0.
-static void print_memory(const Gpt *model, const Grid *grid, const Options *o) {
+static void print_memory(const Gpt *model, const Grid *grid, const Options *o, double adam_floats) {
     const GptConfig *c = &model->config;
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
     const double H = c->n_head, B = o->batch_size, N = B * T;
@@ -226,23 +227,26 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o) {
                     (first ? T * C : 0) + (last ? (c->bias ? 2 : 1) * C : 0);
     double activations = N * (Ls * (4 * C + 4 + 12 * C / Tp) + C) + (last ? N * (C + 2 + 2 * V) : 0) + Ls * B * H / Tp * T * T;
     double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
-    CHECK(params == (double)gpt_num_params(model, false) && activations + masks == (double)gpt_activation_floats(model),
+    // AdamW's moments: 2 P_r, or with --zero 1 2 x this rank's blocks of ceil(n / D) of every tensor, about 2 P_r / D.
+    CHECK(params == (double)gpt_num_params(model, false) && activations + masks == (double)gpt_activation_floats(model) &&
+          (o->zero == 1 ? adam_floats <= 2 * params / o->dp + 2 * model->n_params : adam_floats == 2 * params),
           "the memory formulas disagree with the model: %.0f and %.0f floats", params, activations);
     print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
            "embeddings, [last]: the last stage's ln_f and head):\n"
            "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
-           "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)\n"
+           "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)%s\n"
            "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n"
            "  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's\n",
            model->n_blocks, o->tp, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
+           o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
            masks > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
-    double mine[6] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * (activations + masks) / 1e6,
-                      4 * Ls * B * H / Tp * T * T / 1e6};
-    double *all = group_gather_figures(group_world(), mine, 6, false);
+    double mine[7] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * adam_floats / 1e6,
+                      4 * (activations + masks) / 1e6, 4 * Ls * B * H / Tp * T * T / 1e6};
+    double *all = group_gather_figures(group_world(), mine, 7, false);
     for (int r = 0; all && r < dist_world_size(); r++) {
-        const double *f = all + 6 * r;
+        const double *f = all + 7 * r;
         print0("  %4d  %7.0f  %5.0f  %2.0f  %13.2f  %12.2f  %8.2f  %14.2f  %20.2f\n", r, f[0], f[1], f[2], f[3], f[3],
-               2 * f[3], f[4], f[5]);
+               f[4], f[5], f[6]);
     }
     free(all);
 }
@@ -260,6 +264,7 @@ int main(int argc, char **argv) {
         {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
         {"pp", ARG_INT, &o.pp, "P", "pipeline stages (a divisor of --n_layer)", 1, NULL},
         {"micro_batches", ARG_INT, &o.micro_batches, "M", "micro-batches per micro-step through the pipeline (a divisor of --batch_size)", 1, NULL},
+        {"zero", ARG_INT, &o.zero, "STAGE", "1: AdamW's moments sharded over the data-parallel group (ZeRO-1); 0: none", 0, NULL},
         {"schedule", ARG_STRING, &o.schedule, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -312,6 +317,8 @@ int main(int argc, char **argv) {
                     "and 4 n_embd / T of the MLP)", o.tp, o.n_head);
     if (o.n_layer % o.pp != 0)
         usage_error("--pp %d: --n_layer %d is not a multiple of it (each stage holds n_layer / P blocks)", o.pp, o.n_layer);
+    if (o.zero > 1)
+        usage_error("--zero %d: expected 0 or 1 (ZeRO-1: AdamW's moments sharded; stages 2 and 3 are step 18's)", o.zero);
     if (o.batch_size % o.micro_batches != 0)
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", o.micro_batches, o.batch_size);
     if (o.dropout > 0 && o.tp * o.pp * o.micro_batches > 1)
@@ -368,7 +375,11 @@ int main(int argc, char **argv) {
     if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
     Gpt *model = gpt_new_part(whole, o.batch_size, &split, device);  // its part, .to(device)
     Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
-    AdamW optimizer = adamw_new(model->params, model->n_params, o.weight_decay, o.beta1, o.beta2);
+    // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
+    AdamW optimizer = {0};
+    Zero1 zero = {0};
+    if (o.zero == 1) zero = zero1_new(model->params, model->n_params, &grid.data_parallel, o.weight_decay, o.beta1, o.beta2);
+    else optimizer = adamw_new(model->params, model->n_params, o.weight_decay, o.beta1, o.beta2);
     bool *owned = xmalloc((size_t)model->n_params * sizeof(bool));  // what counts once in the gradients' norm
     for (int i = 0; i < model->n_params; i++) owned[i] = gpt_owns(model, i);
     LrSchedule schedule = {.lr = o.learning_rate, .min_lr = o.min_lr, .warmup_iters = o.warmup_iters,
@@ -376,18 +387,15 @@ int main(int argc, char **argv) {
     Schedule pipeline_schedule = schedule_new(schedule_kind, o.pp, o.micro_batches);
 
     int global_batch = o.batch_size * o.accum_steps * o.dp;
-    int decay_tensors, other_tensors;
-    long decay_values, other_values;
-    adamw_count(&optimizer, &decay_tensors, &decay_values, &other_tensors, &other_values);
     print0("Step 20: a GPT on %d rank%s, %d replica%s x %d tensor-parallel x %d pipeline stage%s: %d layers, %d heads, "
            "%d wide, context %d, vocabulary %d: %.2fM parameters (%zu, and %zu in wpe)\n", world, world == 1 ? "" : "s",
            o.dp, o.dp == 1 ? "" : "s", o.tp, o.pp, o.pp == 1 ? "" : "s", o.n_layer, o.n_head, o.n_embd, o.block_size,
            text.vocab_size, gpt_num_params(whole, true) / 1e6, gpt_num_params(whole, true),
            gpt_num_params(whole, false) - gpt_num_params(whole, true));
-    print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g, clip %g; %d iterations of "
+    print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g, clip %g%s; %d iterations of "
            "%d windows (%d per replica x %d micro-step%s x %d replica%s; %d micro-batch%s of %d, %s), %d tokens each; "
            "%s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2, o.weight_decay,
-           o.grad_clip, o.max_iters, global_batch, o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", o.dp,
+           o.grad_clip, o.zero == 1 ? ", its moments sharded over the replicas (ZeRO-1)" : "", o.max_iters, global_batch, o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", o.dp,
            o.dp == 1 ? "" : "s", o.micro_batches, o.micro_batches == 1 ? "" : "es", o.batch_size / o.micro_batches,
            schedule_kind_name(schedule_kind), global_batch * o.block_size, device_name(device), threads_describe());
     for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
@@ -457,7 +465,8 @@ int main(int argc, char **argv) {
             if (o.tp * o.pp == 1) clip_grad_norm(model->params, model->n_params, o.grad_clip);
             else clip_grad_norm_split(model->params, model->n_params, owned, &grid.model, o.grad_clip);
         }
-        adamw_step(&optimizer, lr);                           // optimizer.step()
+        if (o.zero == 1) zero1_step(&zero, lr);               // optimizer.step(): my 1/D, then all-gathered
+        else adamw_step(&optimizer, lr);                      // optimizer.step()
         float loss = (float)loss_over_world(&grid, loss_sum); // for the log: the loss of the global batch
         loss /= (float)(o.accum_steps * o.dp);
         check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
@@ -473,7 +482,7 @@ int main(int argc, char **argv) {
         print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", o.max_iters, train_seconds,
                (double)o.max_iters * tokens_per_iter / train_seconds,
                100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
-    print_memory(model, &grid, &o);
+    print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
@@ -521,7 +530,8 @@ int main(int argc, char **argv) {
     free(offsets), free(inputs), free(targets), free(prompt), free(owned);
     loss_log_free(&losses);
     schedule_free(&pipeline_schedule);
-    adamw_free(&optimizer);
+    if (o.zero == 1) zero1_free(&zero);
+    else adamw_free(&optimizer);
     ddp_free(&ddp);
     gpt_free(model);
     gpt_free(whole);

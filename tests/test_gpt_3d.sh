@@ -4,7 +4,8 @@
 # losses within 1e-5 over 20 iterations, and the gathered model (--save, the whole model in step
 # 19's state_dict names) within 1e-5 of step 19's weights; the sample of the gathered model; bad
 # grids refused in one line, exit 2.
-# make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2, --tp 2, --pp 2 with 1F1B); make test-all:
+# --zero 1 (AdamW's moments sharded over the replicas) takes DDP's steps bit for bit, with half the moments.
+# make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2, --pp 2 with 1F1B); make test-all:
 # the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --bias and
 # --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
 set -u
@@ -61,6 +62,12 @@ expect "... and its parameter checksum: $(checksum "$tmp/one.out") (step 19: $(c
 grid 2 s19dp2 dp2 --dp 2
 expect "--dp 2: step 19's checksum on 2 ranks, bit for bit, from both replicas: $(checksum "$tmp/dp2.out") (step 19: $(checksum "$tmp/s19dp2.out"))" \
     test "$(grep -c 'parameter checksum' "$tmp/dp2.out")" -eq 2 -a "$(checksum "$tmp/dp2.out")" = "$(checksum "$tmp/s19dp2.out")"
+# ZeRO-1: AdamW elementwise on each replica's 1/D of every tensor, then all-gathered: DDP's bits.
+grid 2 s19dp2 dp2zero --dp 2 --zero 1
+expect "--dp 2 --zero 1: step 19's checksum on 2 ranks, bit for bit: $(checksum "$tmp/dp2zero.out")" \
+    test "$(checksum "$tmp/dp2zero.out")" = "$(checksum "$tmp/s19dp2.out")"
+expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print $7 " MB of AdamW for " $6 " MB of gradients (without: twice)" }')" \
+    test "$(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print ($7 <= $6 * 1.001 && $7 >= $6 * 0.999) }')" = 1
 grid 2 s19 tp2 --tp 2
 grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 
@@ -82,6 +89,9 @@ if thorough; then
     grid 4 s19 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
     grid 4 s19 tp4 --tp 4
     grid 8 s19dp2 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
+    grid 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
+    expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
+        test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
     # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
     # micro-steps and micro-batches): step 19 with the same flags.
     run day5/19_gpt --data "$SHAKESPEARE" --plot '' --sample 0 --max_iters 0 --eval_iters 1 --bias --save "$tmp/init_bias.h5" > /dev/null 2>&1
@@ -100,5 +110,6 @@ expect_refused_flags day5/20_gpt_3d 2 "--tp not dividing --n_head" "error: --tp 
 expect_refused_flags day5/20_gpt_3d 2 "--pp not dividing --n_layer" "error: --pp 2: --n_layer 3 is not a multiple of it" --pp 2 --n_layer 3
 expect_refused_flags day5/20_gpt_3d 2 "--micro_batches not dividing --batch_size" "error: --micro_batches 5: expected a divisor of --batch_size 12" --pp 2 --micro_batches 5
 expect_refused_flags day5/20_gpt_3d 2 "an unknown --schedule" "error: --schedule expects one of gpipe|1f1b, got 'zigzag'" --pp 2 --schedule zigzag
+expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or 1" --dp 2 --zero 2
 expect_refused_flags day5/20_gpt_3d 2 "--dropout with a split model" "error: --dropout 0.1: only with whole models" --tp 2 --dropout 0.1
 exit_status
