@@ -31,11 +31,22 @@
 //
 // Build and run:
 //   make day5/20_gpt_3d && make shakespeare
-//   mpirun -np 2 day5/20_gpt_3d --tp 2 --max_iters 100 --eval_interval 50 --sample 0   (add --oversubscribe on fewer cores)
+//   mpirun -np 2 day5/20_gpt_3d --tp 2 --accum_steps 2 --max_iters 50 --eval_interval 50 --sample 0 --plot ''   (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day5/20_gpt_3d --dp 2 --pp 2 --micro_batches 4 --schedule 1f1b
-//   mpirun -np 8 day5/20_gpt_3d --dp 2 --tp 2 --pp 2                # on a node of 8 GPUs: NCCL in every group
+//   mpirun -np 8 day5/20_gpt_3d --dp 2 --tp 2 --pp 2 --zero 1    # on a node of 8 GPUs: NCCL in every group
 //
-// Expected output: day5/README.md, step 20.
+// Expected output (the first, 2 ranks on 2 cores; times vary): step 19's losses with --accum_steps 2
+// on 1 rank (day5/README.md shows them), and the grid, rank by rank; day5/README.md, step 20, shows more.
+//   Step 20: a GPT on 2 ranks, 1 replica x 2 tensor-parallel x 1 pipeline stage: 4 layers, 4 heads, 128 wide, context 64, vocabulary 65: 0.80M parameters (795904, and 8192 in wpe)
+//   ...
+//   rank 0: replica 0, stage 0 (blocks 0-3, embeddings, ln_f and head), tensor-parallel rank 0: heads 0-1, MLP columns 0-255
+//   rank 1: replica 0, stage 0 (blocks 0-3, embeddings, ln_f and head), tensor-parallel rank 1: heads 2-3, MLP columns 256-511
+//   ...
+//   iter 40: loss 3.0713, ...
+//   iter 49: loss 2.8742, ...
+//   step 50: train loss 2.8581, val loss 2.8750
+//   ...
+//   [rank 0] parameter checksum aa7599618f277e3b (the whole model, from replica 0's 2 ranks)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
