@@ -401,7 +401,6 @@ static void load_whole(Sharded *s, const char *path);
 static void gather_unit(void *sharded, int layer, Param pair[2]);
 static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
 static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, CheckpointPiece *pieces);
-static void print_saved(const CheckpointWrite *written, long step);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -489,33 +488,15 @@ int main(int argc, char **argv) {
     long steps = 0, resumed_step = -1;
     int first_epoch = 0;
     long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
-    if (checkpoint) {
-        double start = wall_seconds(), bytes = 0;
-        char this_layout[sizeof state.layout];  // (the load replaces state.layout with the checkpoint's)
-        snprintf(this_layout, sizeof this_layout, "%s", state.layout);
-        if (sharded_checkpoint_load(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, &bytes)) {
-            double range[2] = {-bytes, bytes};  // the least and the most a rank read
-            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-            steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
-            optimizer.step = steps;  // (stages 1-3 count Adam's steps with `steps`)
-            if (zero == 1 || zero == 2) {  // each rank read its blocks; every rank holds them all
-                model.counting = false;  // (not training's traffic)
-                gather_blocks(&model);
-                model.counting = true;
-            }
-            rng = state.generator;
-            print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
-                   "%.2f MB read per rank in %.1f ms\n", checkpoint, steps, state.layout, steps, first_epoch + 1,
-                   first_position, train.n, strcmp(state.layout, this_layout) ? "resharded, " : "", -range[0] / 1e6,
-                   range[1] / 1e6, 1e3 * (wall_seconds() - start));
-            if (state.global_batch != (long)opt.batch_size * world)
-                print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
-                       "uninterrupted run's (--batch_size %ld on %d ranks keeps them)\n", state.global_batch,
-                       (long)opt.batch_size * world, state.global_batch / world, world);
-            if (opt.init) print0("--init %s is not used: the checkpoint's weights are the run's\n", opt.init);
-        } else {
-            print0("No checkpoint in %s: training from the start\n", checkpoint);
+    if (checkpoint && sharded_checkpoint_resume(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, opt.init)) {
+        steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
+        optimizer.step = steps;  // (stages 1-3 count Adam's steps with `steps`)
+        if (zero == 1 || zero == 2) {  // each rank read its blocks; every rank holds them all
+            model.counting = false;  // (not training's traffic)
+            gather_blocks(&model);
+            model.counting = true;
         }
+        rng = state.generator;
     }
     // The MLflow run: a resume logs into the checkpoint's, its losses so far sent again where the
     // store lacks them (the process that saved it may have died with them queued).
@@ -568,7 +549,7 @@ int main(int argc, char **argv) {
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
                 check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-                print_saved(&written, steps);
+                sharded_checkpoint_print_saved(&written, steps);
                 saved_step = steps;
             }
         }
@@ -585,7 +566,7 @@ int main(int argc, char **argv) {
     check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
         CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-        print_saved(&written, steps);
+        sharded_checkpoint_print_saved(&written, steps);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
     }
@@ -811,15 +792,4 @@ static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, Checkpoin
         }
     }
     return n;
-}
-
-// One line per save: what the ranks wrote (the least and the most), how long it took, and on GPUs
-// the largest host copy a rank made of a piece on its way to the file.
-static void print_saved(const CheckpointWrite *written, long step) {
-    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    char staged[64] = "";
-    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
-    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
-           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
 }

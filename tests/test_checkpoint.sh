@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Step 18's sharded checkpoints (common/records/sharded_checkpoint.h): a run stopped at step k
+# Steps 16, 17 and 18's sharded checkpoints (common/records/sharded_checkpoint.h): a run stopped at step k
 # (--max_steps, kill -9 of a rank, a rank killed in the middle of a save) and resumed with the
 # same layout takes the uninterrupted run's steps bit for bit, mid-epoch; resumed under another
 # layout (another --zero stage, another world size at the same global batch), within 1e-5;
 # --keep; a checkpoint missing a shard, with a shard of another model or of another checkpoint,
 # truncated, whose index disagrees with its shards, of another program, model or run: one line
 # naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
-# folder: one line, exit 1, the previous checkpoint intact.
+# folder: one line, exit 1, the previous checkpoint intact. Steps 16 and 17 (the same module and
+# flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
+# arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
+# 4 stages (within 1e-5).
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 suite checkpoint
-needs_built day4/18_zero_sharding build/tools/edit_checkpoint_index build/tools/compare_weights
+needs_built day4/16_pipeline_ddp day4/17_tensor_parallel day4/18_zero_sharding build/tools/edit_checkpoint_index \
+    build/tools/compare_weights
 needs_mnist
 scratch
 program=day4/18_zero_sharding
@@ -117,6 +121,60 @@ if thorough; then
         same_weights "... and its weights within 1e-5" "$tmp/$2.h5" "$tmp/ref4.h5" 1e-5
         rm -rf "$tmp/ck4" && cp -r "$tmp/ck4b" "$tmp/ck4"  # (each resume saves on; start the next from step 4)
     done
+    common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
+fi
+
+# ---------------------------------------------------------------- steps 16 and 17: the same flags, the same module
+# split NP NAME PROGRAM FLAGS...: as zero18, for another program.
+split() {
+    local np=$1 name=$2; shift 2
+    mpi "$np" "$@" "${common[@]}" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
+}
+# same_run WHAT NAME REF: NAME ended with REF's checksum and took its losses, bit for bit.
+same_run() {
+    expect "$1: checksum $(checksum "$tmp/$2.out") ($3: $(checksum "$tmp/$3.out")), the same losses bit for bit" \
+        test -n "$(checksum "$tmp/$3.out")" -a "$(checksum "$tmp/$2.out")" = "$(checksum "$tmp/$3.out")" \
+        -a -s "$tmp/$2.csv" -a "$(cat "$tmp/$2.csv" 2> /dev/null)" = "$(cat "$tmp/$3.csv")"
+}
+for step in "16 day4/16_pipeline_ddp --pp" "17 day4/17_tensor_parallel --tp"; do
+    set -- $step
+    n=$1 prog=$2 split_flag=$3
+    split 2 ref$n $prog $split_flag 2
+    split 2 stop$n $prog $split_flag 2 --max_steps 17 --save_every 10 --checkpoint "$tmp/ck$n"
+    expect "step $n: one shard file per rank, each rank's $(sed -n 's/^Checkpoint of step 17 .*: \(.* MB per rank\).*/\1/p' "$tmp/stop$n.out")" \
+        test "$(ls "$tmp/ck$n/step-000017" | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5" -a "$(cat "$tmp/ck$n/current")" = step-000017
+    cp -r "$tmp/ck$n" "$tmp/ck${n}b"
+    split 2 resumed$n $prog $split_flag 2 --checkpoint "$tmp/ck$n"
+    expect "step $n: the resume says where: $(grep '^Resumed' "$tmp/resumed$n.out")" \
+        grep -q "^Resumed from .*/step-000017, saved by 2 .* x 1 replica: step 17, epoch 1, 34000 of its 60000 samples done;" "$tmp/resumed$n.out"
+    same_run "step $n: stopped at step 17 (mid-epoch 1) and resumed with the same layout" resumed$n ref$n
+    split 1 whole$n $prog $split_flag 1 --checkpoint "$tmp/ck${n}b"
+    expect "step $n: $split_flag 2 resumed as $split_flag 1 says it resharded" grep -q '^Resumed from .*saved by 2 .*: step 17, .*resharded' "$tmp/whole$n.out"
+done
+# 2 stages on 1 replica and 1 stage do the same operations in the same order: the same bits.
+same_run "step 16: 2 stages resumed as 1 stage takes the uninterrupted run's steps" whole16 ref16
+# Tensor parallelism sums the row-parallel layer's 2 partial products in another order than one GEMM.
+expect_same_losses "step 17: tensor-parallel 2 resumed as 1 rank: the uninterrupted losses within 1e-5" "$tmp/ref17.csv" "$tmp/whole17.csv" 1e-5
+same_weights "... and its weights within 1e-5" "$tmp/whole17.h5" "$tmp/ref17.h5" 1e-5
+if thorough; then
+    common=(--data "$DATA" --epochs 2 --plot '')
+    # 2 stages x 2 replicas (batch 1000 each) stopped at step 7, resumed as 4 stages x 1 (batch 2000).
+    split 4 ref16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000
+    split 4 stop16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck16x2"
+    expect "step 16: 2 stages x 2 replicas write 4 shard files: $(sed -n 's/^Checkpoint of step 7 .*: \(.* MB per rank\).*/\1/p' "$tmp/stop16x2.out")" \
+        test "$(ls "$tmp/ck16x2/step-000007" | wc -l)" = 5
+    split 4 pp4 day4/16_pipeline_ddp --pp 4 --hidden 128,128,128 --batch_size 2000 --checkpoint "$tmp/ck16x2"
+    expect "... resumed as 4 stages x 1 replica: $(grep '^Resumed' "$tmp/pp4.out")" grep -q '^Resumed from .*saved by 2 pipeline stages x 2 replicas: step 7, .*resharded' "$tmp/pp4.out"
+    expect_same_losses "... the uninterrupted losses within 1e-5" "$tmp/ref16x2.csv" "$tmp/pp4.csv" 1e-5
+    # Tensor-parallel 2 x 2 replicas stopped at step 7, resumed as 4 x 1 replica and as 1 x 2 replicas.
+    split 4 ref17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000
+    split 4 stop17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck17x2"
+    cp -r "$tmp/ck17x2" "$tmp/ck17x2b"
+    split 4 tp4 day4/17_tensor_parallel --tp 4 --batch_size 2000 --checkpoint "$tmp/ck17x2"
+    expect_same_losses "step 17: tensor-parallel 2 x 2 replicas resumed as 4 x 1: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp4.csv" 1e-5
+    split 2 tp1x2 day4/17_tensor_parallel --tp 1 --batch_size 1000 --checkpoint "$tmp/ck17x2b"
+    expect_same_losses "... resumed as 1 x 2 replicas: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp1x2.csv" 1e-5
+    same_weights "... and its weights within 1e-5" "$tmp/tp1x2.h5" "$tmp/ref17x2.h5" 1e-5
     common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
 fi
 

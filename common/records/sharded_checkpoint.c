@@ -841,3 +841,82 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
     check_all_ranks(!err[0], err);
     return true;
 }
+
+// ---------------------------------------------------------------- parameters and Adam, as pieces
+CheckpointBox checkpoint_whole_box(const Tensor *value, int writer, int writers) {
+    CheckpointBox box = {.ndim = value->rows == 1 ? 1 : 2, .writer = writer, .writers = writers};
+    box.shape[0] = box.ndim == 1 ? value->cols : value->rows, box.shape[1] = value->cols;
+    return box;
+}
+
+CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_avg, const Tensor *exp_avg_sq,
+                                         int n_params, const CheckpointBox *boxes, bool saving) {
+    CheckpointPieces list = {.piece = xcalloc((size_t)(3 * n_params) + 1, sizeof(CheckpointPiece)),
+                             .names = xcalloc((size_t)(3 * n_params) + 1, sizeof *list.names)};
+    for (int i = 0; i < n_params; i++) {
+        const Tensor *value = params[i].value;
+        CheckpointBox box = boxes[i];
+        CHECK(box.ndim == 1 || box.ndim == 2, "%s: a box of %d dimensions (expected 1 or 2)", params[i].name, box.ndim);
+        int writer = saving && box.writers > 1 ? box.writer : 0, writers = saving && box.writers > 1 ? box.writers : 1;
+        long long count[2] = {box.ndim == 1 ? (long long)tensor_numel(value) : value->rows, value->cols};
+        // This writer's rows of the box (of its elements, for a vector): a contiguous run of its values.
+        long long lead = count[0], row_size = box.ndim == 1 ? 1 : count[1];
+        long long first = lead * writer / writers, end = lead * (writer + 1) / writers;
+        if (first >= end) continue;
+        const Tensor *states[3] = {value, exp_avg ? &exp_avg[i] : NULL, exp_avg_sq ? &exp_avg_sq[i] : NULL};
+        const char *prefixes[3] = {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+        for (int k = 0; k < 3; k++) {
+            if (!states[k]) continue;
+            CheckpointPiece *p = &list.piece[list.n];
+            snprintf(list.names[list.n], sizeof *list.names, "%s%s", prefixes[k], params[i].name);
+            *p = (CheckpointPiece){.name = list.names[list.n], .ndim = box.ndim};
+            for (int d = 0; d < box.ndim; d++)
+                p->shape[d] = box.shape[d], p->offset[d] = box.offset[d], p->count[d] = count[d];
+            p->offset[0] += first, p->count[0] = end - first;
+            p->values = (Tensor){.data = states[k]->data + first * row_size, .rows = 1,
+                                 .cols = (int)((end - first) * row_size), .device = states[k]->device};
+            list.n++;
+        }
+    }
+    return list;
+}
+
+void checkpoint_pieces_free(CheckpointPieces *pieces) {
+    free(pieces->piece);
+    free(pieces->names);
+    *pieces = (CheckpointPieces){0};
+}
+
+// ---------------------------------------------------------------- what the programs print
+bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                               const char *init) {
+    double start = wall_seconds(), bytes = 0;
+    char this_layout[sizeof state->layout];  // (the load replaces state->layout with the checkpoint's)
+    snprintf(this_layout, sizeof this_layout, "%s", state->layout);
+    long global_batch = state->global_batch;
+    if (!sharded_checkpoint_load(dir, pieces, n_pieces, state, &bytes)) {
+        print0("No checkpoint in %s: training from the start\n", dir);
+        return false;
+    }
+    double range[2] = {-bytes, bytes};  // the least and the most a rank read
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
+           "%.2f MB read per rank in %.1f ms\n", dir, state->step, state->layout, state->step, state->epoch + 1,
+           state->samples_done, state->train_samples, strcmp(state->layout, this_layout) ? "resharded, " : "",
+           -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
+    if (state->global_batch != global_batch)
+        print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
+               "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
+               state->global_batch);
+    if (init) print0("--init %s is not used: the checkpoint's weights are the run's\n", init);
+    return true;
+}
+
+void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
+    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    char staged[64] = "";
+    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
+    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
+           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
+}

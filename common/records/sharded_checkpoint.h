@@ -56,6 +56,7 @@
 #include <stddef.h>
 
 #include "base/rng.h"
+#include "models/nn.h"
 #include "records/loss_log.h"
 #include "tensor/tensor.h"
 
@@ -116,3 +117,48 @@ CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const Checkpo
 // written to `out` (which has room for 3).
 int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
                            size_t at, CheckpointPiece *out);
+
+// ---------------------------------------------------------------- parameters and Adam, as pieces
+// Steps 16 and 17 (and 18 under DDP) hold parameters as tensors that are each one box of a global
+// tensor: a whole layer (a pipeline stage), or a tensor-parallel shard of one. These build their
+// pieces, and Adam's moments' ("optimizer/exp_avg/<name>", "optimizer/exp_avg_sq/<name>"), once.
+
+// Where a parameter's tensor lies in the global tensor: its state_dict shape and the offsets of
+// the tensor's first element (the box's sizes are the tensor's own: [rows, cols], or a bias's
+// [cols] when ndim is 1); and, when several ranks hold the same box (the replicas of a
+// data-parallel group, the ranks of a tensor-parallel group for a tensor it does not split), which
+// of them this rank is: they share its writing, each its 1/writers of the leading dimension, so
+// that every element lies in one file.
+typedef struct {
+    int ndim;
+    long long shape[CHECKPOINT_MAX_DIMS], offset[CHECKPOINT_MAX_DIMS];
+    int writer, writers;  // this rank is writer `writer` (0 to writers - 1) of the box's holders
+} CheckpointBox;
+
+// A whole tensor, of its state_dict shape (a bias [1, out] is [out]), held by `writers` ranks.
+CheckpointBox checkpoint_whole_box(const Tensor *value, int writer, int writers);
+
+// A list of pieces and the names it made for them.
+typedef struct {
+    CheckpointPiece *piece;
+    int n;
+    char (*names)[96];
+} CheckpointPieces;
+
+// Parameter i is the box boxes[i]; exp_avg and exp_avg_sq, Adam's moments of each (NULL: the
+// parameters alone). Saving: this rank's share of every box; loading: every box whole.
+CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_avg, const Tensor *exp_avg_sq,
+                                         int n_params, const CheckpointBox *boxes, bool saving);
+void checkpoint_pieces_free(CheckpointPieces *pieces);
+
+// ---------------------------------------------------------------- what the programs print
+// Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
+// DIR/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;
+// [resharded, ]0.61 to 0.61 MB read per rank in 19.7 ms" (a line more when the global batch
+// changed, or --init is not used), or "No checkpoint in DIR: training from the start".
+bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                               const char *init);
+
+// Collective: one line for a save: what the ranks wrote (the least and the most), how long it
+// took, and on GPUs the largest host copy a rank made of a piece on its way to the file.
+void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step);
