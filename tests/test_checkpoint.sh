@@ -9,13 +9,14 @@
 # folder: one line, exit 1, the previous checkpoint intact. Steps 16 and 17 (the same module and
 # flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
 # arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
-# 4 stages (within 1e-5).
+# 4 stages (within 1e-5). tools/checkpoint_to_state_dict makes a checkpoint of each one whole
+# state_dict file: the weights of --save at the same step, bit for bit, which --init and torch load.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 suite checkpoint
 needs_built day4/16_pipeline_ddp day4/17_tensor_parallel day4/18_zero_sharding build/tools/edit_checkpoint_index \
-    build/tools/compare_weights
+    build/tools/compare_weights build/tools/compare_h5_weights tools/checkpoint_to_state_dict
 needs_mnist
 scratch
 program=day4/18_zero_sharding
@@ -41,6 +42,7 @@ expect "the uninterrupted run (ZeRO-3 on 2 ranks, 30 steps) ends with one checks
 
 # ---------------------------------------------------------------- stop at step k, resume
 zero18 2 first --zero 3 --max_steps 17 --checkpoint "$tmp/ck" --save_every 5
+cp -r "$tmp/ck" "$tmp/ck18c"  # (for tools/checkpoint_to_state_dict, below)
 expect "--max_steps 17 --save_every 5 saves steps 5, 10, 15 and 17, one line each" \
     test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/first.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 10 15 17"
 expect "--keep 2 (the default) leaves the newest two and current naming the last: $(ls "$tmp/ck" | paste -sd ' ')" \
@@ -144,6 +146,7 @@ for step in "16 day4/16_pipeline_ddp --pp" "17 day4/17_tensor_parallel --tp"; do
     expect "step $n: one shard file per rank, each rank's $(sed -n 's/^Checkpoint of step 17 .*: \(.* MB per rank\).*/\1/p' "$tmp/stop$n.out")" \
         test "$(ls "$tmp/ck$n/step-000017" | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5" -a "$(cat "$tmp/ck$n/current")" = step-000017
     cp -r "$tmp/ck$n" "$tmp/ck${n}b"
+    cp -r "$tmp/ck$n" "$tmp/ck${n}c"
     split 2 resumed$n $prog $split_flag 2 --checkpoint "$tmp/ck$n"
     expect "step $n: the resume says where: $(grep '^Resumed' "$tmp/resumed$n.out")" \
         grep -q "^Resumed from .*/step-000017, saved by 2 .* x 1 replica: step 17, epoch 1, 34000 of its 60000 samples done;" "$tmp/resumed$n.out"
@@ -166,6 +169,8 @@ if thorough; then
     split 4 pp4 day4/16_pipeline_ddp --pp 4 --hidden 128,128,128 --batch_size 2000 --checkpoint "$tmp/ck16x2"
     expect "... resumed as 4 stages x 1 replica: $(grep '^Resumed' "$tmp/pp4.out")" grep -q '^Resumed from .*saved by 2 pipeline stages x 2 replicas: step 7, .*resharded' "$tmp/pp4.out"
     expect_same_losses "... the uninterrupted losses within 1e-5" "$tmp/ref16x2.csv" "$tmp/pp4.csv" 1e-5
+    verdict=$(build/tools/compare_h5_weights "$tmp/pp4.h5" "$tmp/ref16x2.h5" 1e-5 2>&1)
+    expect "... and its weights within 1e-5: $verdict" test $? = 0
     # Tensor-parallel 2 x 2 replicas stopped at step 7, resumed as 4 x 1 replica and as 1 x 2 replicas.
     split 4 ref17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000
     split 4 stop17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck17x2"
@@ -177,6 +182,52 @@ if thorough; then
     same_weights "... and its weights within 1e-5" "$tmp/tp1x2.h5" "$tmp/ref17x2.h5" 1e-5
     common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
 fi
+
+# ---------------------------------------------------------------- tools/checkpoint_to_state_dict
+# Each step's checkpoint of step 17 made one state_dict: --save's file of the same run, bit for bit
+# (whatever split wrote it), and --init of it starts the program from the same weights (its checksum).
+for step in "16 day4/16_pipeline_ddp --pp 2" "17 day4/17_tensor_parallel --tp 2" "18 day4/18_zero_sharding --zero 3"; do
+    set -- $step
+    n=$1 prog=$2
+    shift 2
+    tools/checkpoint_to_state_dict "$tmp/ck${n}c" "$tmp/whole$n.state.h5" > "$tmp/convert$n.out" 2>&1
+    status=$?
+    saved=$tmp/stop$n.h5 saved_out=$tmp/stop$n.out
+    [ "$n" = 18 ] && saved=$tmp/first.h5 saved_out=$tmp/first.out
+    expect "step $n's checkpoint converted (exit $status): $(sed "s|$tmp/||g" "$tmp/convert$n.out")" \
+        test $status = 0 -a -n "$(grep "^$tmp/ck${n}c/step-000017 (.*step 17): 4 tensors, 101770 weights, written whole" "$tmp/convert$n.out")"
+    verdict=$(build/tools/compare_h5_weights "$tmp/whole$n.state.h5" "$saved" 0 2>&1)
+    status=$?
+    expect "... the same weights as --save at step 17, bit for bit: $verdict" test $status = 0
+    RUN_TIMEOUT=60 mpi 2 $prog "$@" --data "$DATA" --plot '' --init "$tmp/whole$n.state.h5" --max_steps 0 > "$tmp/init$n.out" 2>&1
+    expect "... --init of it, no step taken: checksum $(checksum "$tmp/init$n.out"), the stopped run's $(checksum "$saved_out")" \
+        test -n "$(checksum "$saved_out")" -a "$(checksum "$tmp/init$n.out")" = "$(checksum "$saved_out")"
+done
+if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
+    "$PYTHON" - "$tmp/whole18.state.h5" "$tmp/first.h5" > "$tmp/torch.out" 2>&1 <<'PY'
+import sys, h5py, torch, torch.nn as nn
+class Net(nn.Module):  # the workshop's model
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+model = Net()
+with h5py.File(sys.argv[1], "r") as f:
+    model.load_state_dict({k: torch.from_numpy(f[k][...]) for k in f})  # strict: every key, no other
+with h5py.File(sys.argv[2], "r") as f:
+    same = all(torch.equal(p, torch.from_numpy(f[k][...])) for k, p in model.state_dict().items())
+print(f"{'ok' if same else 'MISMATCH'}: {len(model.state_dict())} tensors loaded, equal to --save's: {same}")
+sys.exit(0 if same else 1)
+PY
+    expect "torch loads the converted ZeRO-3 checkpoint (strict load_state_dict): $(tail -1 "$tmp/torch.out")" test $? = 0
+else
+    skip "torch loads a converted checkpoint (needs $PYTHON with torch and h5py: ./setup.sh --with-reference)"
+fi
+rm -rf "$tmp/ck18d" && cp -r "$tmp/ck18c" "$tmp/ck18d" && rm "$tmp/ck18d/step-000017/shard-00001.h5"
+tools/checkpoint_to_state_dict "$tmp/ck18d" "$tmp/none.h5" > "$tmp/convert_bad.out" 2>&1
+status=$?
+expect "a checkpoint missing a shard: exit $status, one line, no file written: $(sed "s|$tmp/||g" "$tmp/convert_bad.out")" \
+    test $status = 1 -a "$(wc -l < "$tmp/convert_bad.out")" = 1 -a ! -e "$tmp/none.h5" \
+    -a -n "$(grep 'shard-00001.h5: missing' "$tmp/convert_bad.out")" -a -z "$(ls "$tmp" | grep 'none.h5.tmp')"
 
 # ---------------------------------------------------------------- bad checkpoints
 # A checkpoint of 2 steps, and copies of it damaged one way each.

@@ -26,7 +26,7 @@
 #include "runtime/dist.h"
 
 #define FORMAT "ddp-workshop sharded checkpoint, version 1"
-#define ERROR_SIZE 1536
+#define ERROR_SIZE CHECKPOINT_ERROR_SIZE
 #define NAME_SIZE 128
 #define ROW (2 + 2 * CHECKPOINT_MAX_DIMS)  // an index row: rank, number, offsets, sizes
 
@@ -592,6 +592,7 @@ typedef struct {
     Index index;
     uint64_t id;
     int files;               // the saved world size: shard-00000 .. shard-(files - 1)
+    char program[128];       // the program that saved it
     hid_t *open;             // [files]: the shard files this rank opened (lazily)
 } Loading;
 
@@ -710,12 +711,14 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
         fail(err, "%s: not a readable HDF5 file (%lld bytes): truncated or corrupt", path, (long long)info.st_size);
         return;
     }
-    char format[128], program[128];
+    char format[128], *program = l->program;
     uint64_t world = 0;
     if (!get_text(file, "format", format, sizeof format) || strcmp(format, FORMAT) != 0)
         fail(err, "%s: not a sharded checkpoint's index (expected the format '%s')", path, FORMAT);
-    else if (!get_text(file, "program", program, sizeof program) || strcmp(program, state->program) != 0)
-        fail(err, "%s: a checkpoint of %s, not of %s", path, program[0] ? program : "an unnamed program", state->program);
+    else if (!get_text(file, "program", program, sizeof l->program))
+        fail(err, "%s: an index without its program attribute", path);
+    else if (state->program && strcmp(program, state->program) != 0)  // (NULL: a reader, outside a run)
+        fail(err, "%s: a checkpoint of %s, not of %s", path, program, state->program);
     else if (!get_u64(file, "checkpoint_id", &l->id) || !get_u64(file, "world_size", &world) || world < 1 || world > 1000000 ||
              !get_text(file, "layout", state->layout, sizeof state->layout))
         fail(err, "%s: an index without its checkpoint_id, world_size and layout attributes", path);
@@ -766,7 +769,7 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
         fail(err, "%s: inconsistent: step %lld, %ld losses logged, epoch %lld with %lld samples done", path, scalars[0],
              n_losses, scalars[1], scalars[2]);
     // The run must be the same one (its world size and batch aside).
-    if (!err[0] && (scalars[3] != state->seed || scalars[4] != state->shuffle || scalars[5] != state->train_samples || lr != state->lr))
+    if (!err[0] && state->program && (scalars[3] != state->seed || scalars[4] != state->shuffle || scalars[5] != state->train_samples || lr != state->lr))
         fail(err, "%s: a checkpoint of another run: seed %lld, shuffle %lld, %lld training samples, lr %g (this run: "
              "seed %d, shuffle %d, %d, lr %g)", path, scalars[3], scalars[4], scalars[5], lr, state->seed, state->shuffle,
              state->train_samples, state->lr);
@@ -919,4 +922,68 @@ void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
     if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
     print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
            step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
+}
+
+// ---------------------------------------------------------------- reading outside a run
+struct CheckpointReader {
+    Loading l;
+    CheckpointState state;
+    LossLog losses;
+};
+
+CheckpointReader *checkpoint_reader_open(const char *dir, char err[CHECKPOINT_ERROR_SIZE]) {
+    quiet_hdf5();
+    err[0] = '\0';
+    CheckpointReader *r = xcalloc(1, sizeof *r);
+    r->l.dir = dir;
+    r->state.losses = &r->losses;
+    char name[64] = "", index[PATH_MAX + 16];
+    snprintf(index, sizeof index, "%s/index.h5", dir);
+    struct stat info;
+    if (stat(index, &info) == 0) {  // a step-NNNNNN folder itself
+        snprintf(r->l.folder, sizeof r->l.folder, "%s", dir);
+    } else if (read_current(dir, name, sizeof name) && strncmp(name, "step-", 5) == 0 && !strchr(name, '/')) {
+        snprintf(r->l.folder, sizeof r->l.folder, "%s/%s", dir, name);
+    } else {
+        fail(err, "%s: no checkpoint (expected a checkpoint folder with a current file, or a step-NNNNNN folder with "
+             "its index.h5)", dir);
+    }
+    if (!err[0]) read_index(&r->l, NULL, 0, &r->state, err);
+    if (err[0]) {
+        checkpoint_reader_close(r);
+        return NULL;
+    }
+    r->state.program = r->l.program;
+    r->l.open = xmalloc((size_t)r->l.files * sizeof(hid_t));
+    for (int f = 0; f < r->l.files; f++) r->l.open[f] = H5I_INVALID_HID;
+    return r;
+}
+
+const CheckpointState *checkpoint_reader_state(const CheckpointReader *r) { return &r->state; }
+const char *checkpoint_reader_folder(const CheckpointReader *r) { return r->l.folder; }
+int checkpoint_reader_tensors(const CheckpointReader *r) { return r->l.index.n_tensors; }
+
+const char *checkpoint_reader_tensor(const CheckpointReader *r, int t, int *ndim, long long shape[CHECKPOINT_MAX_DIMS]) {
+    const IndexTensor *tensor = &r->l.index.tensors[t];
+    *ndim = tensor->ndim;
+    for (int d = 0; d < CHECKPOINT_MAX_DIMS; d++) shape[d] = d < tensor->ndim ? tensor->shape[d] : 0;
+    return tensor->name;
+}
+
+bool checkpoint_reader_read(CheckpointReader *r, const CheckpointPiece *piece, char err[CHECKPOINT_ERROR_SIZE]) {
+    err[0] = '\0';
+    const IndexTensor *t = index_find(&r->l.index, piece->name);
+    if (!t) fail(err, "%s: no tensor '%s'", r->l.folder, piece->name);
+    else read_piece(&r->l, t, piece, err);
+    return !err[0];
+}
+
+void checkpoint_reader_close(CheckpointReader *r) {
+    if (!r) return;
+    for (int f = 0; r->l.open && f < r->l.files; f++)
+        if (r->l.open[f] >= 0) H5Fclose(r->l.open[f]);
+    free(r->l.open);
+    index_free(&r->l.index);
+    loss_log_free(&r->losses);
+    free(r);
 }

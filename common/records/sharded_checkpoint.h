@@ -61,6 +61,7 @@
 #include "tensor/tensor.h"
 
 #define CHECKPOINT_MAX_DIMS 4
+#define CHECKPOINT_ERROR_SIZE 1536  // an error line's room
 
 // One box of a global tensor that this rank writes (save) or wants (load).
 typedef struct {
@@ -162,3 +163,19 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
 // Collective: one line for a save: what the ranks wrote (the least and the most), how long it
 // took, and on GPUs the largest host copy a rank made of a piece on its way to the file.
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step);
+
+// ---------------------------------------------------------------- reading outside a run
+// One process, no MPI (tools/checkpoint_to_state_dict): a checkpoint's tensors, any box of any of
+// them read from the shards that hold it, with the checks a load makes (a missing, foreign or
+// truncated shard, an index that disagrees with its shards); the run's settings are not checked.
+typedef struct CheckpointReader CheckpointReader;
+// DIR: a checkpoint folder (its current checkpoint) or a step-NNNNNN folder. NULL, and err, if not.
+CheckpointReader *checkpoint_reader_open(const char *dir, char err[CHECKPOINT_ERROR_SIZE]);
+const CheckpointState *checkpoint_reader_state(const CheckpointReader *r);  // program, layout, step, ...
+const char *checkpoint_reader_folder(const CheckpointReader *r);           // DIR/step-NNNNNN
+int checkpoint_reader_tensors(const CheckpointReader *r);
+// Tensor t's name (weights' and "optimizer/..."), dimensions and global shape.
+const char *checkpoint_reader_tensor(const CheckpointReader *r, int t, int *ndim, long long shape[CHECKPOINT_MAX_DIMS]);
+// Fills piece->values (on the CPU) with the box it names; false, and err, on a problem.
+bool checkpoint_reader_read(CheckpointReader *r, const CheckpointPiece *piece, char err[CHECKPOINT_ERROR_SIZE]);
+void checkpoint_reader_close(CheckpointReader *r);
