@@ -9,7 +9,8 @@
 # folder: one line, exit 1, the previous checkpoint intact. Steps 16 and 17 (the same module and
 # flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
 # arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
-# 4 stages (within 1e-5). tools/checkpoint_to_state_dict makes a checkpoint of each one whole
+# 4 stages (within 1e-5). Step 19 (the GPT) resumed bit for bit, and on 1 rank within 1e-5.
+# tools/checkpoint_to_state_dict makes a checkpoint of each one whole
 # state_dict file: the weights of --save at the same step, bit for bit, which --init and torch load.
 set -u
 cd "$(dirname "$0")/.."
@@ -181,6 +182,29 @@ if thorough; then
     expect_same_losses "... resumed as 1 x 2 replicas: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp1x2.csv" 1e-5
     same_weights "... and its weights within 1e-5" "$tmp/tp1x2.h5" "$tmp/ref17x2.h5" 1e-5
     common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
+fi
+
+# ---------------------------------------------------------------- step 19: the GPT, its two generators
+# A small GPT (30 iterations, evaluated every 10) stopped at step 17 and resumed: the uninterrupted
+# run's evaluations, losses and weights, bit for bit (the training and evaluation windows' generators
+# travel in the checkpoint); on 1 rank with the same global batch, within 1e-5.
+if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
+    gpt=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --max_iters 30 --lr_decay_iters 30 --eval_interval 10
+         --eval_iters 2 --sample 0 --plot '')
+    mpi 2 "${gpt[@]}" --losses "$tmp/gpt_ref.csv" > "$tmp/gpt_ref.out" 2>&1
+    mpi 2 "${gpt[@]}" --max_iters 17 --save_every 5 --checkpoint "$tmp/ckg" > "$tmp/gpt_stop.out" 2>&1
+    cp -r "$tmp/ckg" "$tmp/ckg1"
+    mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckg" --losses "$tmp/gpt_res.csv" > "$tmp/gpt_res.out" 2>&1
+    evals() { grep '^step [0-9]*: train loss' "$1" | grep -v '^step 0:\|^step 10:' | paste -sd ' '; }
+    expect "step 19 stopped at step 17 and resumed ($(grep -o '^Resumed from .*restored' "$tmp/gpt_res.out" | sed "s|$tmp/||")): checksum $(checksum "$tmp/gpt_res.out") (uninterrupted: $(checksum "$tmp/gpt_ref.out")), the same losses and evaluations bit for bit" \
+        test -n "$(checksum "$tmp/gpt_ref.out")" -a "$(checksum "$tmp/gpt_res.out")" = "$(checksum "$tmp/gpt_ref.out")" \
+        -a -n "$(grep '^Resumed from .*step-000017, saved by DDP on 2 ranks: step 17, the windows' "$tmp/gpt_res.out")" \
+        -a -s "$tmp/gpt_res.csv" -a "$(cat "$tmp/gpt_res.csv" 2> /dev/null)" = "$(cat "$tmp/gpt_ref.csv")" \
+        -a -n "$(evals "$tmp/gpt_res.out")" -a "$(evals "$tmp/gpt_res.out")" = "$(evals "$tmp/gpt_ref.out")"
+    mpi 1 "${gpt[@]}" --batch_size 24 --checkpoint "$tmp/ckg1" --losses "$tmp/gpt_1.csv" > "$tmp/gpt_1.out" 2>&1
+    expect_same_losses "... resumed on 1 rank (batch 24 = 12 x 2), resharded: the uninterrupted losses within 1e-5" "$tmp/gpt_ref.csv" "$tmp/gpt_1.csv" 1e-5
+else
+    skip "step 19's checkpoints (needs day5/19_gpt and data/shakespeare: make shakespeare)"
 fi
 
 # ---------------------------------------------------------------- tools/checkpoint_to_state_dict

@@ -485,6 +485,12 @@ static void write_index(const char *path, const PieceRecord *records, int n_reco
     long long next = state->generator.next;
     ok = ok && write_dataset(file, "state/generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words, state->generator.state);
     ok = ok && write_dataset(file, "state/generator/index", H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &next);
+    long long eval_next = state->eval_generator.next;
+    if (state->eval_generator_kept) {
+        ok = ok && write_dataset(file, "state/eval_generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words,
+                                 state->eval_generator.state);
+        ok = ok && write_dataset(file, "state/eval_generator/index", H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &eval_next);
+    }
     ok = ok && write_dataset(file, "state/losses/epoch", H5T_STD_I32LE, H5T_NATIVE_INT, 1, &n_losses, state->losses->epoch);
     ok = ok && write_dataset(file, "state/losses/loss", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, &n_losses, state->losses->loss);
     if (!ok) fail(err, "%s: cannot write the index: %s", path, errno ? strerror(errno) : "an HDF5 error");
@@ -757,6 +763,14 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     if (!err[0]) read_dataset(file, path, "state/lr", H5T_NATIVE_DOUBLE, 0, NULL, NULL, &lr, err);
     if (!err[0]) read_dataset(file, path, "state/generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, state->generator.state, err);
     if (!err[0]) read_dataset(file, path, "state/generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &next, err);
+    Rng eval_generator = {0};
+    long long eval_next = 0;
+    if (!err[0] && state->eval_generator_kept) {
+        read_dataset(file, path, "state/eval_generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, eval_generator.state, err);
+        if (!err[0]) read_dataset(file, path, "state/eval_generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &eval_next, err);
+        if (!err[0] && (eval_next < 0 || eval_next > 624)) fail(err, "%s: inconsistent: the evaluation generator's index %lld", path, eval_next);
+        eval_generator.next = (int)eval_next;
+    }
     long steps = scalars[0] >= 0 && scalars[0] < INT_MAX ? (long)scalars[0] : 0;
     int *epochs = xmalloc(((size_t)steps + 1) * sizeof(int));
     float *losses = xmalloc(((size_t)steps + 1) * sizeof(float));
@@ -776,6 +790,7 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     if (!err[0]) {
         state->step = steps, state->epoch = (int)scalars[1], state->samples_done = (long)scalars[2];
         state->global_batch = (long)scalars[6], state->world_size = l->files, state->generator.next = (int)next;
+        if (state->eval_generator_kept) state->eval_generator = eval_generator;
         loss_log_free(state->losses);
         for (long i = 0; i < steps; i++) loss_log_add(state->losses, epochs[i], losses[i]);
     }
@@ -903,9 +918,12 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     }
     double range[2] = {-bytes, bytes};  // the least and the most a rank read
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
-           "%.2f MB read per rank in %.1f ms\n", dir, state->step, state->layout, state->step, state->epoch + 1,
-           state->samples_done, state->train_samples, strcmp(state->layout, this_layout) ? "resharded, " : "",
+    char position[128];  // the data's: the sampler's, or (random windows) the generator's, restored with it
+    if (state->random_windows) snprintf(position, sizeof position, "the windows' generator restored");
+    else snprintf(position, sizeof position, "epoch %d, %ld of its %d samples done", state->epoch + 1, state->samples_done,
+                  state->train_samples);
+    print0("Resumed from %s/step-%06ld, saved by %s: step %ld, %s; %s%.2f to %.2f MB read per rank in %.1f ms\n", dir,
+           state->step, state->layout, state->step, position, strcmp(state->layout, this_layout) ? "resharded, " : "",
            -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
     if (state->global_batch != global_batch)
         print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "

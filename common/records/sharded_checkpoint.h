@@ -24,6 +24,7 @@
 //   state/lr                     float64
 //   state/losses/epoch, state/losses/loss   int64, float32 [step]: the loss log so far
 //   state/generator/mt19937, state/generator/index   the generator (rng.h)
+//   state/eval_generator/...     a second one, where the program keeps it (step 19's evaluation)
 //   attributes of the root: format, program (a checkpoint of another program is refused),
 //   layout ("ZeRO-3 on 4 ranks"), world_size, checkpoint_id (also in every shard file: a shard of
 //   another checkpoint is refused), mlflow_run_id (a tracked run)
@@ -80,12 +81,15 @@ typedef struct {
     long step;               // optimizer steps done
     int epoch;               // the epoch in progress (or the next)
     long samples_done;       // positions of that epoch's sampler order already trained on
+    bool random_windows;     // step 19: the data are windows drawn by the generator, no epochs (0 and 0)
     int world_size;          // load: the saved run's
     long global_batch;       // samples per step (load: the saved run's; another one is allowed)
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
     Rng generator;
+    Rng eval_generator;        // step 19's evaluation windows, drawn apart from training's:
+    bool eval_generator_kept;  // kept too (state/eval_generator) where this is true
     LossLog *losses;         // the loss of every step so far (load: replaced)
     char mlflow_run_id[33];  // "" for an untracked run
 } CheckpointState;
