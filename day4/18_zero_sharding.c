@@ -407,7 +407,7 @@ int main(int argc, char **argv) {
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/18_zero_sharding.png");
     int zero = 0, prefetch = 0, max_steps = -1;
     const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
-    int save_every = 0, keep = 2;
+    int save_every = 0, keep = 2, async_save = 0;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -420,13 +420,14 @@ int main(int argc, char **argv) {
         {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
         {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
         {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
+        {"async_save", ARG_SWITCH, &async_save, NULL, "--checkpoint: copy the shards to host memory and write them from a thread while training goes on", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 18: sharded data parallelism, ZeRO stages 1-3 (FSDP): the optimizer state, gradients and parameters split across ranks.");
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
-    if (!checkpoint && (args_given("save_every") || args_given("keep")))
-        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (!checkpoint && (args_given("save_every") || args_given("keep") || async_save))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : args_given("keep") ? "keep" : "async_save");
     if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
@@ -510,6 +511,7 @@ int main(int argc, char **argv) {
 
     if (trace) profile_start(trace);
     long saved_step = resumed_step, first_steps = steps;
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     double train_start = wall_seconds(), first_step_seconds = 0;
     for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
@@ -548,8 +550,14 @@ int main(int argc, char **argv) {
             state.samples_done = epoch_done ? 0 : skipped + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
                 check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
-                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-                sharded_checkpoint_print_saved(&written, steps);
+                int n_pieces = checkpoint_pieces(&model, &optimizer, true, pieces);
+                CheckpointWrite written;
+                if (!async_save) {
+                    written = sharded_checkpoint_save(checkpoint, keep, pieces, n_pieces, &state);
+                    sharded_checkpoint_print_saved(&written, steps);
+                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, pieces, n_pieces, &state, &written)) {
+                    sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
+                }
                 saved_step = steps;
             }
         }
@@ -564,8 +572,10 @@ int main(int argc, char **argv) {
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
     check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
+    CheckpointWrite written;
+    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
+        written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
         sharded_checkpoint_print_saved(&written, steps);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);

@@ -6,7 +6,8 @@
 # --keep; a checkpoint missing a shard, with a shard of another model or of another checkpoint,
 # truncated, whose index disagrees with its shards, of another program, model or run: one line
 # naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
-# folder: one line, exit 1, the previous checkpoint intact. Steps 16 and 17 (the same module and
+# folder: one line, exit 1, the previous checkpoint intact; --async_save, the same steps, and a
+# rank killed while its thread writes leaves the previous checkpoint current. Steps 16 and 17 (the same module and
 # flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
 # arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
 # 4 stages (within 1e-5). Step 19 (the GPT) resumed bit for bit, and on 1 rank within 1e-5.
@@ -88,6 +89,18 @@ if [ -f $crash_lib ]; then
     expect "... the resume removes tmp-000010, saying so, and goes on from step 5" \
         test "$(resumed_at after_crash)" = 5 -a ! -d "$tmp/ckc/tmp-000010" -a -n "$(grep 'removing an unfinished checkpoint' "$tmp/after_crash.out")"
     same_as_reference "... and takes the uninterrupted run's steps" after_crash
+    # --async_save: rank 1 SIGKILLed as its writer thread syncs its shard of step 10 while training
+    # goes on; step 5, made current when step 10's save began, loads, and the steps are the same.
+    RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 $program "${common[@]}" --zero 3 \
+        --checkpoint "$tmp/cka" --save_every 5 --async_save > "$tmp/crashed_a.out" 2>&1
+    status=$?
+    expect "--async_save: a rank killed while its thread writes its shard of step 10 (exit $status): current still names step 5" \
+        test $status -ne 0 -a "$(cat "$tmp/cka/current")" = step-000005 -a -n "$(grep -m1 '^crash_in_save' "$tmp/crashed_a.out")" \
+        -a -n "$(grep '^Checkpoint of step 5 .*written by a thread from host copies), .*the training stalled .* ms, the thread wrote for .* ms$' "$tmp/crashed_a.out")"
+    zero18 2 after_crash_a --zero 3 --checkpoint "$tmp/cka" --save_every 5 --async_save
+    expect "... the resume goes on from step 5, saving asynchronously" \
+        test "$(resumed_at after_crash_a)" = 5 -a "$(grep -c '^Checkpoint of step .*written by a thread' "$tmp/after_crash_a.out")" = 5
+    same_as_reference "... and takes the uninterrupted run's steps" after_crash_a
     if thorough; then
         # Rank 0 killed in the second save between the step's folder's rename and `current`'s.
         RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=current.tmp -x CRASH_IN_SAVE_COUNT=2 $program \
@@ -324,4 +337,5 @@ expect_error 1 'afile/ck: the checkpoint folder is not writable' mpi 2 $program 
 # ---------------------------------------------------------------- flags
 expect_refused_flags $program 2 "--save_every without --checkpoint" '--save_every: only with --checkpoint DIR' --save_every 5
 expect_refused_flags $program 2 "--keep 0" '--keep' --checkpoint "$tmp/ck" --keep 0
+expect_refused_flags $program 2 "--async_save without --checkpoint" '--async_save: only with --checkpoint DIR' --async_save
 exit_status

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "base/paths.h"
 #include "base/timer.h"
 #include "records/h5_file.h"
+#include "runtime/device.h"
 #include "runtime/dist.h"
 
 #define FORMAT "ddp-workshop sharded checkpoint, version 1"
@@ -510,45 +512,95 @@ static void keep_newest(const char *dir, int keep, const char *current) {
     }
 }
 
-CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
-                                        const CheckpointState *state) {
-    quiet_hdf5();
-    double start = wall_seconds();
-    int rank = dist_rank(), world = dist_world_size();
-    CheckpointWrite written = {0};
-    char err[ERROR_SIZE] = "", name[64], temp[64], shard[PATH_MAX + 128], current[64] = "";
-    step_folder(name, sizeof name, "step", state->step);
-    snprintf(written.folder, sizeof written.folder, "%s/%s", dir, name);
-    step_folder(temp, sizeof temp, "tmp", state->step);
-    char temp_path[PATH_MAX + 72];
-    snprintf(temp_path, sizeof temp_path, "%s/%s", dir, temp);
+// A save in flight: begun by every rank together (the folder, the id), its shard written (by the
+// caller, or by a thread for --async_save), then committed together (the agreement, the index, the
+// renames).
+struct CheckpointSave {
+    const char *dir;              // the caller's (it outlives the save: a flag's value)
+    char name[64], temp[64], temp_path[PATH_MAX + 72], shard[PATH_MAX + 128];
+    int keep;
+    uint64_t id;
+    double start;
+    CheckpointState state;        // as it was at the save (a copy, with its own loss log)
+    LossLog losses;
+    PieceRecord *records;
+    int n_pieces;
+    CheckpointPiece *host_pieces;  // --async_save: the pieces' host copies, which the thread writes
+    float *host_values;
+    pthread_t thread;
+    bool threaded;
+    char err[ERROR_SIZE];
+    CheckpointWrite written;
+};
 
+static CheckpointSave *save_begin(const char *dir, int keep, int n_pieces, const CheckpointState *state) {
+    quiet_hdf5();
+    CheckpointSave *save = xcalloc(1, sizeof *save);
+    save->start = wall_seconds();
+    int rank = dist_rank();
+    char current[64] = "";
+    save->dir = dir;
+    save->keep = keep, save->n_pieces = n_pieces;
+    save->state = *state;
+    for (int i = 0; i < state->losses->n; i++) loss_log_add(&save->losses, state->losses->epoch[i], state->losses->loss[i]);
+    save->state.losses = &save->losses;
+    step_folder(save->name, sizeof save->name, "step", state->step);
+    snprintf(save->written.folder, sizeof save->written.folder, "%s/%s", dir, save->name);
+    save->written.step = state->step;
+    step_folder(save->temp, sizeof save->temp, "tmp", state->step);
+    snprintf(save->temp_path, sizeof save->temp_path, "%s/%s", dir, save->temp);
+    snprintf(save->shard, sizeof save->shard, "%s/shard-%05d.h5", save->temp_path, rank);
+    save->records = xmalloc(((size_t)n_pieces + 1) * sizeof(PieceRecord));
     // An id that this save stamps into every file: a shard of another checkpoint is refused.
-    uint64_t id = 0;
     if (rank == 0) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        id = ((uint64_t)now.tv_sec * 1000000007ULL) ^ ((uint64_t)now.tv_nsec << 20) ^ (uint64_t)getpid();
+        save->id = ((uint64_t)now.tv_sec * 1000000007ULL) ^ ((uint64_t)now.tv_nsec << 20) ^ (uint64_t)getpid();
         read_current(dir, current, sizeof current);
-        CHECK(strcmp(current, name) != 0, "%s is already the current checkpoint", written.folder);
-        if (!remove_folder(temp_path) || mkdir(temp_path, 0777) != 0)  // a crashed save of this step may be there
-            fail(err, "%s: cannot create the folder %s: %s", dir, temp_path, strerror(errno));
+        CHECK(strcmp(current, save->name) != 0, "%s is already the current checkpoint", save->written.folder);
+        if (!remove_folder(save->temp_path) || mkdir(save->temp_path, 0777) != 0)  // a crashed save of this step may be there
+            fail(save->err, "%s: cannot create the folder %s: %s", dir, save->temp_path, strerror(errno));
     }
-    CHECK_MPI(MPI_Bcast(&id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
-    check_all_ranks(!err[0], err);
+    CHECK_MPI(MPI_Bcast(&save->id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    check_all_ranks(!save->err[0], save->err);
+    return save;
+}
 
-    snprintf(shard, sizeof shard, "%s/shard-%05d.h5", temp_path, rank);
-    PieceRecord *records = xmalloc(((size_t)n_pieces + 1) * sizeof(PieceRecord));
+// This rank's shard file, and its size.
+static void save_write(CheckpointSave *save, const CheckpointPiece *pieces) {
+    double start = wall_seconds();
     errno = 0;
-    write_shard(shard, pieces, n_pieces, id, rank, records, &written.staged_bytes, err);
+    write_shard(save->shard, pieces, save->n_pieces, save->id, dist_rank(), save->records, &save->written.staged_bytes,
+                save->err);
     struct stat info;
-    if (!err[0] && stat(shard, &info) == 0) written.bytes = (double)info.st_size;
+    if (!save->err[0] && stat(save->shard, &info) == 0) save->written.bytes = (double)info.st_size;
+    save->written.write_seconds = wall_seconds() - start;
+}
+
+static void *save_write_thread(void *save) {
+    save_write(save, ((CheckpointSave *)save)->host_pieces);
+    return NULL;
+}
+
+static void save_free(CheckpointSave *save) {
+    loss_log_free(&save->losses);
+    free(save->records);
+    free(save->host_pieces);
+    if (save->host_values) device_host_free(save->host_values);
+    free(save);
+}
+
+// Collective: every rank's shard is whole, or the save fails on every rank; then rank 0 writes the
+// index and makes the checkpoint current.
+static CheckpointWrite save_commit(CheckpointSave *save) {
+    int rank = dist_rank(), world = dist_world_size(), n_pieces = save->n_pieces;
+    char *err = save->err;
     int all_ok = !err[0];
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (!all_ok) {  // nothing becomes current: the partial folder goes, the last checkpoint stays
-        unlink(shard);
+        unlink(save->shard);
         dist_barrier();
-        if (rank == 0) remove_folder(temp_path);
+        if (rank == 0) remove_folder(save->temp_path);
         check_all_ranks(!err[0], err);
         check_all_ranks(false, "a checkpoint save failed on another rank");  // (not reached: some rank failed above)
     }
@@ -566,29 +618,79 @@ CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const Checkpo
         for (int r = 0; r < world; r++)
             for (int k = 0; k < counts[r] / (int)sizeof(PieceRecord); k++) rank_of[displs[r] / (int)sizeof(PieceRecord) + k] = r;
     }
-    CHECK_MPI(MPI_Gatherv(records, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
-    free(records);
+    CHECK_MPI(MPI_Gatherv(save->records, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
+    CheckpointWrite written = save->written;
     if (rank == 0) {
         char index[PATH_MAX + 128];
-        snprintf(index, sizeof index, "%s/index.h5", temp_path);
+        struct stat info;
+        snprintf(index, sizeof index, "%s/index.h5", save->temp_path);
         errno = 0;
-        write_index(index, all, total / (int)sizeof(PieceRecord), rank_of, id, state, err);
+        write_index(index, all, total / (int)sizeof(PieceRecord), rank_of, save->id, &save->state, err);
         if (!err[0] && stat(index, &info) == 0) written.index_bytes = (double)info.st_size;
         // The switch: the folder gets its final name, then `current` names it.
-        if (!err[0] && !sync_path(temp_path, true)) fail(err, "%s: cannot flush the folder: %s", temp_path, strerror(errno));
+        const char *dir = save->dir;
+        if (!err[0] && !sync_path(save->temp_path, true)) fail(err, "%s: cannot flush the folder: %s", save->temp_path, strerror(errno));
         if (!err[0] && !remove_folder(written.folder))  // a whole one that a crash kept from becoming current
             fail(err, "%s: cannot remove the stale %s: %s", dir, written.folder, strerror(errno));
-        if (!err[0] && rename(temp_path, written.folder) != 0)
-            fail(err, "%s: cannot rename %s to %s: %s", dir, temp, name, strerror(errno));
+        if (!err[0] && rename(save->temp_path, written.folder) != 0)
+            fail(err, "%s: cannot rename %s to %s: %s", dir, save->temp, save->name, strerror(errno));
         if (!err[0] && !sync_path(dir, true)) fail(err, "%s: cannot flush the folder: %s", dir, strerror(errno));
-        if (!err[0] && !write_current(dir, name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
-        if (err[0]) remove_folder(temp_path);
-        else keep_newest(dir, keep, name);
+        if (!err[0] && !write_current(dir, save->name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
+        if (err[0]) remove_folder(save->temp_path);
+        else keep_newest(dir, save->keep, save->name);
         free(all), free(rank_of), free(counts), free(displs);
     }
     check_all_ranks(!err[0], err);
-    written.seconds = wall_seconds() - start;
+    written.seconds = wall_seconds() - save->start;
+    save_free(save);
     return written;
+}
+
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
+                                        const CheckpointState *state) {
+    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+    save_write(save, pieces);
+    return save_commit(save);
+}
+
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
+                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished) {
+    bool any = sharded_checkpoint_finish(in_flight, finished);
+    double start = wall_seconds();
+    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+    // The stall: this rank's pieces copied into one host buffer (page-locked on a GPU rank), which
+    // the thread writes while the training changes the originals.
+    size_t total = 0;
+    for (int i = 0; i < n_pieces; i++) total += tensor_numel(&pieces[i].values);
+    save->host_values = device_host_alloc((total + 1) * sizeof(float));
+    save->host_pieces = xmalloc(((size_t)n_pieces + 1) * sizeof(CheckpointPiece));
+    size_t at = 0;
+    for (int i = 0; i < n_pieces; i++) {
+        size_t numel = tensor_numel(&pieces[i].values);
+        save->host_pieces[i] = pieces[i];
+        save->host_pieces[i].values = (Tensor){.data = save->host_values + at, .rows = 1, .cols = (int)numel, .device = DEVICE_CPU};
+        tensor_to_host(&pieces[i].values, save->host_values + at);
+        at += numel;
+    }
+    save->written.staged_bytes = (double)total * sizeof(float);
+    save->written.asynchronous = true;
+    save->written.stall_seconds = wall_seconds() - start;
+    CHECK(pthread_create(&save->thread, NULL, save_write_thread, save) == 0, "cannot start the checkpoint's writer thread");
+    save->threaded = true;
+    *in_flight = save;
+    return any;
+}
+
+bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *finished) {
+    CheckpointSave *save = *in_flight;
+    if (!save) return false;
+    *in_flight = NULL;
+    double start = wall_seconds();
+    if (save->threaded) CHECK(pthread_join(save->thread, NULL) == 0, "cannot join the checkpoint's writer thread");
+    double waited = wall_seconds() - start;
+    *finished = save_commit(save);
+    finished->stall_seconds += waited;  // the copy, and a wait for the thread where it had not finished
+    return true;
 }
 
 // ---------------------------------------------------------------- load
@@ -937,9 +1039,19 @@ void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
     double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     char staged[64] = "";
-    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
-    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
-           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
+    if (figures[3] > 0 && !written->asynchronous)
+        snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
+    if (!written->asynchronous) {
+        print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
+               step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
+        return;
+    }
+    // Asynchronous: the training stalled for the host copy (and any wait for the thread); the thread wrote.
+    double times[2] = {written->stall_seconds, written->write_seconds};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files, written by a thread from "
+           "host copies), index %.3f MB; the training stalled %.1f ms, the thread wrote for %.1f ms\n", step,
+           written->folder, -figures[0] / 1e6, figures[1] / 1e6, written->index_bytes / 1e6, 1e3 * times[0], 1e3 * times[1]);
 }
 
 // ---------------------------------------------------------------- reading outside a run

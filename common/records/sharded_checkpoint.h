@@ -100,6 +100,10 @@ typedef struct {
     double index_bytes;      // rank 0: the index
     double staged_bytes;     // host memory the save took beside the model: the largest GPU piece's copy
     char folder[4096];       // DIR/step-NNNNNN
+    long step;               // the step it holds
+    bool asynchronous;       // written by a thread (--async_save):
+    double stall_seconds;    //   the training's wait: the host copy, and the thread where it had not finished
+    double write_seconds;    //   the shard file's writing, on the thread (or in line)
 } CheckpointWrite;
 
 // Collective. DIR must be writable (checked first, so that a run never trains for hours to fail
@@ -115,6 +119,19 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
 // it current, and keeps the newest `keep` checkpoints.
 CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
                                         const CheckpointState *state);
+
+// --async_save (DCP's async_save): the save in flight, or NULL.
+typedef struct CheckpointSave CheckpointSave;
+// Collective. Finishes the save in flight, if any (its CheckpointWrite in *finished: returns true),
+// then begins one: rank 0 makes DIR/tmp-STEP, every rank copies its pieces into one host buffer
+// (page-locked on a GPU rank: the training's stall) and starts a thread that writes its shard file
+// while the training goes on. The new save is *in_flight until the next call or
+// sharded_checkpoint_finish. A crash before that leaves `current` naming the previous checkpoint.
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
+                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished);
+// Collective. Waits for the thread, then the ranks agree, rank 0 writes the index and makes the
+// checkpoint current (as a save does). False when nothing was in flight.
+bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *finished);
 
 // The boxes that a run of flat elements [first, end) of a tensor [rows, cols] covers (cols 0: a
 // vector of `rows`): up to 3 for a matrix (a partial row, whole rows, a partial row), 1 for a
