@@ -29,7 +29,8 @@
 // no rank gathers the model to save it. Every rank writes its blocks of the
 // weights and of Adam's moments to a file of its own, beside an index of where
 // each piece lies (common/records/sharded_checkpoint.h), every --save_every
-// steps and after the last; the same command resumes from DIR's current one,
+// steps and after the last (--async_save: copied to host memory, then written
+// by a thread while training goes on); the same command resumes from DIR's current one,
 // mid-epoch, bit for bit. Another --zero stage or world size resumes it too,
 // each rank reading only the slices its own blocks need (at the same global
 // batch, --batch_size x ranks, it takes the same steps, within 1e-5).
