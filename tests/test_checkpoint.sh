@@ -142,9 +142,10 @@ fi
 
 # ---------------------------------------------------------------- steps 16 and 17: the same flags, the same module
 # split NP NAME PROGRAM FLAGS...: as zero18, for another program.
+split_common=(--data "$DATA" --batch_size 2000 --epochs 1 --plot '')  # 30 steps: step 17 is mid-epoch
 split() {
     local np=$1 name=$2; shift 2
-    mpi "$np" "$@" "${common[@]}" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
+    mpi "$np" "$@" "${split_common[@]}" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
 }
 # same_run WHAT NAME REF: NAME ended with REF's checksum and took its losses, bit for bit.
 same_run() {
@@ -174,7 +175,7 @@ same_run "step 16: 2 stages resumed as 1 stage takes the uninterrupted run's ste
 expect_same_losses "step 17: tensor-parallel 2 resumed as 1 rank: the uninterrupted losses within 1e-5" "$tmp/ref17.csv" "$tmp/whole17.csv" 1e-5
 same_weights "... and its weights within 1e-5" "$tmp/whole17.h5" "$tmp/ref17.h5" 1e-5
 if thorough; then
-    common=(--data "$DATA" --epochs 2 --plot '')
+    split_common=(--data "$DATA" --epochs 2 --plot '')
     # 2 stages x 2 replicas (batch 1000 each) stopped at step 7, resumed as 4 stages x 1 (batch 2000).
     split 4 ref16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000
     split 4 stop16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck16x2"
@@ -194,7 +195,6 @@ if thorough; then
     split 2 tp1x2 day4/17_tensor_parallel --tp 1 --batch_size 1000 --checkpoint "$tmp/ck17x2b"
     expect_same_losses "... resumed as 1 x 2 replicas: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp1x2.csv" 1e-5
     same_weights "... and its weights within 1e-5" "$tmp/tp1x2.h5" "$tmp/ref17x2.h5" 1e-5
-    common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
 fi
 
 # ---------------------------------------------------------------- step 19: the GPT, its two generators
