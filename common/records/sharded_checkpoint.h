@@ -6,6 +6,10 @@
 //   CheckpointState state = {...};            // the step, the data position, the generator, ...
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
+// Steps 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
+// blocks), sharded_checkpoint_resume and _print_saved for the lines they print, and step 18's
+// --async_save sharded_checkpoint_save_async and _finish (a thread writes the shard). One process
+// outside a run reads a checkpoint with checkpoint_reader_* (tools/checkpoint_to_state_dict).
 //
 // The folder, as `ls -R` shows it:
 //   DIR/current                  "step-000010": the checkpoint a resume loads (a small file,
