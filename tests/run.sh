@@ -33,8 +33,10 @@ if [ "$TEST_LEVEL" = quick ]; then
 fi
 
 log=$(mktemp)
-times=$(mktemp)  # seconds and name of each suite, for the budget line at the end
-trap 'rm -f "$log" "$times"' EXIT
+# Seconds and name of each suite, for the budget line at the end; TEST_TIMES=FILE keeps them there.
+times=${TEST_TIMES:-$(mktemp)}
+: > "$times"
+trap 'rm -f "$log"; [ -n "${TEST_TIMES:-}" ] || rm -f "$times"' EXIT
 crashed=0
 run() {
     local name=$1; shift
