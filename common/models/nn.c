@@ -259,6 +259,7 @@ void adam_step(Adam *adam) {
         adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
                     &coefficients);
     profile_pop();
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
 void adam_free(Adam *adam) {
@@ -274,4 +275,5 @@ void sgd_step(const Param *params, int n_params, double lr) {
     profile_push("optimizer");
     for (int i = 0; i < n_params; i++) sgd_update(params[i].value, params[i].grad, (float)lr);
     profile_pop();
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
