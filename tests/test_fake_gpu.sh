@@ -56,7 +56,7 @@ relabelled test_gpu "fake GPU" build/tests/test_gpu
 for gpus in 1 4; do
     relabelled test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done
-# A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
+# A diverged training stops on the GPU path too (where its losses are read back: each step, or at its epoch's end: divergence.h).
 relabelled test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh
 # Step 18's sharded checkpoint from GPU memory (each shard through a host copy): a ZeRO-3 run on 2
 # simulated GPUs stopped at step 7 and resumed ends bit for bit, and the checkpoint loads on the CPU.
@@ -71,3 +71,14 @@ mpi 1 day4/18_zero_sharding --data "$DATA" --batch_size 4000 --epochs 1 --plot '
     > "$tmp/ck_cpu.out" 2>&1
 expect "... and the GPU run's checkpoint loads on the CPU, resharded to DDP on 1 rank, with its weights (checksum $(checksum "$tmp/ck_cpu.out"))" \
     test "$(checksum "$tmp/ck_cpu.out")" = "$(checksum "$tmp/ck_ref.out")"
+# No host wait inside a training step (issue 40): every GPU training program trains a few steps on
+# 2 simulated GPUs, counting per step what its host waits for and launches (tests/fake_gpu/step_counts.sh
+# prints one line each); the programs named here must make none in a steady step.
+zero_wait_steps="2 3 4 6 7 8 10"
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=600 MPIRUN="$MPIRUN" DATA="$DATA" bash tests/fake_gpu/step_counts.sh "$tmp/counts") \
+    > "$tmp/step_counts" 2>&1
+grep -v '^zero-wait ' "$tmp/step_counts" | sed 's/^/  /'
+for step in $zero_wait_steps; do
+    waits=$(sed -n "s/^zero-wait step $step: //p" "$tmp/step_counts")
+    expect "fake GPU x2: step $step's steady training step makes no host wait (${waits:-no count}; launches above)" test "$waits" = 0
+done

@@ -138,6 +138,15 @@ float mlp_loss(Mlp *model, const int *labels) {
     return loss;
 }
 
+void mlp_loss_to(Mlp *model, const int *labels, const int *device_labels, LossSlot slot) {
+    profile_push("loss");
+    const Tensor *logits = &model->outputs[model->n_layers - 1];
+    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];  // kept for backward
+    grad_logits->rows = logits->rows;
+    softmax_cross_entropy_to(logits, labels, device_labels, grad_logits, slot);
+    profile_pop();
+}
+
 float mlp_mse_loss(Mlp *model, const Tensor *target) {
     profile_push("loss");
     const Tensor *output = &model->outputs[model->n_layers - 1];

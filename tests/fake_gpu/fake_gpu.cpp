@@ -90,7 +90,11 @@ namespace {
 }
 
 std::recursive_mutex big_lock;  // one caller at a time: the state below is shared
-using Guard = std::lock_guard<std::recursive_mutex>;
+thread_local unsigned long long api_calls;  // this thread's calls into the simulation (FAKE_GPU_COUNTS)
+struct Guard {
+    std::lock_guard<std::recursive_mutex> held;
+    explicit Guard(std::recursive_mutex &lock) : held(lock) { api_calls++; }
+};
 
 double now_seconds() {
     struct timespec t;
@@ -107,7 +111,10 @@ struct Counts {
 Counts current_counts;                   // since the last step mark
 std::vector<Counts> counted_windows;     // [0]: before the first mark; then one per step
 int counts_rank = -1;
-const void *spinning_on;                 // the stream or event a query found unfinished last
+// The last query of the main thread: its stream or event, whether that was unfinished, its call.
+const void *queried;
+bool queried_unfinished, counted_loop;
+unsigned long long queried_at;
 
 bool on_main_thread() { return syscall(SYS_gettid) == getpid(); }
 
@@ -120,14 +127,17 @@ void count_wait(const char *kind) {
     current_counts.wait_kinds[kind]++;
 }
 
-// A query that finds `object`'s work unfinished: the first of a polling loop is one wait.
+// A polling loop is a query that finds the work unfinished followed at once (no other call in
+// between) by another query of the same stream or event: one wait, however long it spins. A query
+// alone (a probe: is it done yet?) is no wait.
 void count_query(const void *object, bool ready, const char *kind) {
-    if (ready) {
-        if (spinning_on == object) spinning_on = nullptr;
-        return;
-    }
-    if (spinning_on != object) count_wait(kind);
-    spinning_on = object;
+    if (!on_main_thread()) return;
+    bool loop = queried == object && queried_unfinished && queried_at + 1 == api_calls;
+    if (loop && !counted_loop) count_wait(kind);
+    counted_loop = loop;
+    queried = object;
+    queried_unfinished = !ready;
+    queried_at = api_calls;
 }
 
 void count_launch() { current_counts.launches++; }
