@@ -370,6 +370,7 @@ static void sharded_adam_step(Sharded *s, long step, double lr) {
     }
     profile_pop();
     if (s->zero <= 2) gather_blocks(s);
+    device_mark_step();  // the step is queued (the simulated GPU counts per step), as adam_step's
 }
 
 // The test set, each rank its 1/N share in chunks of the batch size (every

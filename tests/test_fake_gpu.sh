@@ -56,7 +56,7 @@ relabelled test_gpu "fake GPU" build/tests/test_gpu
 for gpus in 1 4; do
     relabelled test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done
-# A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
+# A diverged training stops on the GPU path too (where its losses are read back: each step, or at its epoch's end: divergence.h).
 relabelled test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh
 # Step 18's sharded checkpoint from GPU memory (each shard through a host copy): a ZeRO-3 run on 2
 # simulated GPUs stopped at step 7 and resumed ends bit for bit, and the checkpoint loads on the CPU.
@@ -85,4 +85,15 @@ for split in "day4/16_pipeline_ddp --pp 2" "day4/17_tensor_parallel --tp 1" "day
     expect "fake GPU x2: ${split%% *}'s sharded checkpoint (${split#* }${saving[2]:+ ${saving[*]:2}}), saved at step 7 from GPU memory, resumes bit for bit (checksum $(checksum "$tmp/ck_res.out"))" \
         test -n "$(checksum "$tmp/ck_ref.out")" -a "$(checksum "$tmp/ck_res.out")" = "$(checksum "$tmp/ck_ref.out")" -a -n "$(grep '^Resumed' "$tmp/ck_res.out")" \
         -a "$(cat "$tmp/ck_res.csv" 2> /dev/null)" = "$(cat "$tmp/ck_ref.csv")"
+done
+# No host wait inside a training step (issue 40): every GPU training program trains a few steps on
+# 2 simulated GPUs, counting per step what its host waits for and launches (tests/fake_gpu/step_counts.sh
+# prints one line each); the programs named here must make none in a steady step.
+zero_wait_steps="2 3 4 6 7 8 10 13 14"
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=600 MPIRUN="$MPIRUN" DATA="$DATA" bash tests/fake_gpu/step_counts.sh "$tmp/counts") \
+    > "$tmp/step_counts" 2>&1
+grep -v '^zero-wait ' "$tmp/step_counts" | sed 's/^/  /'
+for step in $zero_wait_steps; do
+    waits=$(sed -n "s/^zero-wait step $step: //p" "$tmp/step_counts")
+    expect "fake GPU x2: step $step's steady training step makes no host wait (${waits:-no count}; launches above)" test "$waits" = 0
 done
