@@ -397,6 +397,29 @@ else
     done
 fi
 
+# Step 20 on the GPU: the split GPT (tensor-parallel f and g, pipeline exchanges, the tied wte's
+# sum, ZeRO-1's all-gather, the gathered model copied to the host) takes the CPU's steps for the
+# same grid: every iteration's loss within 1e-5, the saved whole model within 1e-5. On 2 ranks
+# (--tp 2), and with 4 GPUs on 4 (--dp 2 --pp 2 --zero 1 with 2 micro-batches; --tp 2 --pp 2).
+if [ -f data/shakespeare/input.txt ]; then
+    s20=(day5/20_gpt_3d --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
+         --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --batch_size 8 --sample 20 --plot '')
+    grids=("2 --tp 2")
+    [ "$gpus" -ge 4 ] && grids+=("4 --dp 2 --pp 2 --micro_batches 2 --zero 1" "4 --tp 2 --pp 2 --micro_batches 2")
+    for grid in "${grids[@]}"; do
+        read -r np flags <<< "$grid"
+        mpi $np "${s20[@]}" $flags --device cpu --losses "$tmp/g20c.csv" --save "$tmp/g20c.h5" > "$tmp/g20c" 2>&1
+        mpi $np "${s20[@]}" $flags --losses "$tmp/g20g.csv" --save "$tmp/g20g.h5" > "$tmp/g20g" 2>&1
+        status=$?
+        verdict=$(same_losses "$tmp/g20c.csv" "$tmp/g20g.csv" 1e-5)
+        same=$?
+        weights=$(build/tools/compare_h5_weights "$tmp/g20c.h5" "$tmp/g20g.h5" 1e-5 2>&1)
+        close=$?
+        expect "step 20 on the GPU, $np ranks, $flags: the CPU's losses ($verdict), the gathered model: $weights" \
+            eval '[ $status -eq 0 ] && [ $same -eq 0 ] && [ $close -eq 0 ] && grep -q "; cuda:" "$tmp/g20g"'
+    done
+fi
+
 # Step 13 on the GPU: the snapshot holds GPU tensors (the weights, Adam's
 # moments), copied to the host to be written and back when loaded. A run
 # killed in epoch 2 (--fail_at_epoch), then started again, resumes from its

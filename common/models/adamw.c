@@ -54,10 +54,18 @@ void adamw_free(AdamW *o) {
 }
 
 double clip_grad_norm(const Param *params, int n_params, double max_norm) {
+    return clip_grad_norm_split(params, n_params, NULL, NULL, max_norm);
+}
+
+double clip_grad_norm_split(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm) {
     profile_push("clip_grad_norm");
     Tensor **grads = xmalloc((size_t)(n_params ? n_params : 1) * sizeof(Tensor *));
-    for (int i = 0; i < n_params; i++) grads[i] = params[i].grad;
-    double norm = sqrt(sum_of_squares(grads, n_params));  // (on a GPU, the host waits for it here)
+    int n_owned = 0;
+    for (int i = 0; i < n_params; i++)
+        if (!owned || owned[i]) grads[n_owned++] = params[i].grad;
+    double squares = sum_of_squares(grads, n_owned);  // (on a GPU, the host waits for it here)
+    if (group && group->size > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squares, 1, MPI_DOUBLE, MPI_SUM, group->mpi));
+    double norm = sqrt(squares);
     free(grads);
     // clip_coef = max_norm / (total_norm + 1e-6), clamped to 1: a float32 tensor in torch.
     float coef = (float)(max_norm / ((float)norm + 1e-6));

@@ -12,6 +12,7 @@
 #pragma once
 #include <stdbool.h>
 
+#include "comm/group.h"  // Group: the ranks a split model's norm is summed over
 #include "models/nn.h"  // Adam, Param
 
 typedef struct {
@@ -31,3 +32,8 @@ void adamw_count(const AdamW *optimizer, int *decay_tensors, long *decay_values,
 // parameter (squares summed in double, in a fixed order), and, when it exceeds max_norm, every
 // gradient scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
 double clip_grad_norm(const Param *params, int n_params, double max_norm);
+// The same for a model split across `group`'s ranks (step 20: a replica's tensor- and pipeline-
+// parallel ranks): the squares of the gradients this rank owns (owned[i]; a replicated tensor is
+// owned by one rank only) summed over the group make the global norm, and every rank scales all of
+// its own gradients. Collective over the group.
+double clip_grad_norm_split(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm);

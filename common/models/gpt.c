@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "comm/collectives.h"
 #include "tensor/tensor_ops.h"
 #include "tensor/transformer_ops.h"
 
@@ -18,15 +19,6 @@ static const char *const BLOCK_NAMES[GPT_BLOCK_TENSORS] = {
 enum { TOP_WTE, TOP_WPE, TOP_LN_F_WEIGHT, TOP_LN_F_BIAS, TOP_TENSORS };
 
 static bool is_bias(int kind) { return kind % 2 == 1; }  // the enum alternates weight, bias
-
-// A block tensor's shape [rows, cols] (a bias or a LayerNorm weight is [1, n], stored [n]).
-static void block_shape(const GptConfig *c, int kind, int *rows, int *cols) {
-    int C = c->n_embd;
-    static const int out_width[GPT_BLOCK_TENSORS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};  // in units of C
-    static const int in_width[GPT_BLOCK_TENSORS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};   // 0: a vector
-    if (in_width[kind] == 0) *rows = 1, *cols = out_width[kind] * C;
-    else *rows = out_width[kind] * C, *cols = in_width[kind] * C;
-}
 
 const char *gpt_config_problem(const GptConfig *c) {
     static char problem[160];
@@ -42,20 +34,49 @@ const char *gpt_config_problem(const GptConfig *c) {
     return problem;
 }
 
-void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
-    const double L = c->n_layer, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head;
+// The floats a part holds: n_blocks blocks split tp ways, with or without the embeddings and the
+// head, activations for max_batch sequences (the formulas behind gpt_activation_floats and the
+// parameter counts; gpt_add_memory_need's whole model is n_layer blocks, tp 1, both ends).
+typedef struct {
+    double params, kept, scratch, tokens;
+} PartFloats;
+
+static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, int tp, bool embeddings, bool head) {
+    const double L = n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head / tp;
     const double N = (double)max_batch * T, B = max_batch;
-    double params = 12 * L * C * C + (V + T) * C + (2 * L + 1) * C + (c->bias ? 11 * L * C + C : 0);
-    double kept = N * (16 * L * C + 4 * L + 2 * C + 2 + 2 * V) + L * B * H * T * T;  // gpt_activation_floats
-    if (c->dropout > 0) kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;             // its masks
-    double scratch = N * C * (10 + (c->dropout > 0 ? 2 : 0)) + B * H * T * T;  // backward's [N, C..4C] buffers, d att
-    // The batch's tokens, and on a GPU their index by token (transformer_ops.h's TokenBatch), 4 bytes each.
-    double tokens = N + V + 1 + N;
-    memory_need_add(need, "parameters", 4 * params);
-    memory_need_add(need, "gradients", 4 * params);
-    memory_need_add(need, "AdamW's moments", 8 * params);
-    memory_need_add(need, "DDP's buckets", 4 * params);
-    memory_need_add(need, "activations", 4 * (kept + scratch + tokens));
+    PartFloats f;
+    // Per block: 12 C^2 / tp of the Linears, 2 C of the LayerNorms; biases 7 C / tp of the
+    // column-parallel Linears, C + C of the row-parallel ones' and the LayerNorms' (replicated).
+    f.params = L * (12 * C * C / tp + 2 * C + (c->bias ? 7 * C / tp + 4 * C : 0)) + (embeddings || head ? V * C : 0) +
+               (embeddings ? T * C : 0) + (head ? (c->bias ? 2 : 1) * C : 0);
+    // Per block and token: ln_1, residual_1, ln_2, residual_2 (4 C), their 4 statistics, and split
+    // tp ways: qkv 3C, attn_y C, fc and its GELU 8C; attention's probabilities H T^2 per sequence.
+    f.kept = N * L * (4 * C + 4 + 12 * C / tp) + L * B * H * T * T + N * C + (head ? N * (C + 2 + 2 * V) : 0);
+    if (c->dropout > 0) f.kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;  // its masks
+    // Backward's [N, C..4C] buffers (grad_residual, grad_ln; split: grad_qkv, grad_attn_y, grad_fc),
+    // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient).
+    f.scratch = N * (2 * C + 8 * C / tp) + B * H * T * T + (c->dropout > 0 ? 2 * N * C : tp > 1 ? N * C : 0) +
+                (head ? 0 : N * C);  // a stage's d output, received
+    // The batch's tokens, and on a GPU their index by token (transformer_ops.h's TokenBatch).
+    f.tokens = embeddings ? N + V + 1 + N : 0;
+    return f;
+}
+
+static void add_part_need(MemoryNeed *need, PartFloats f) {
+    memory_need_add(need, "parameters", 4 * f.params);
+    memory_need_add(need, "gradients", 4 * f.params);
+    memory_need_add(need, "AdamW's moments", 8 * f.params);
+    memory_need_add(need, "DDP's buckets", 4 * f.params);
+    memory_need_add(need, "activations", 4 * (f.kept + f.scratch + f.tokens));
+}
+
+void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
+    add_part_need(need, part_floats(c, max_batch, c->n_layer, 1, true, true));
+}
+
+void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch, int n_blocks, int tp_size,
+                              bool has_embeddings, bool has_head) {
+    add_part_need(need, part_floats(c, max_batch, n_blocks, tp_size, has_embeddings, has_head));
 }
 
 // Drawn on the host whatever the device, so that one seed gives one model on either.
@@ -77,7 +98,68 @@ static void add_param(Gpt *m, const char *name, Tensor *value, Tensor *grad, int
     m->param_index[index_slot] = m->n_params++;
 }
 
-Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
+// How Megatron splits a block tensor over T tensor-parallel ranks: along its rows or its columns,
+// in `groups` equal groups each cut T ways (c_attn's rows: q, k and v, each by heads), or not at all
+// (groups 0: the LayerNorms and the row-parallel Linears' biases, replicated).
+typedef struct {
+    int groups;
+    bool by_columns;
+} ShardLayout;
+
+static ShardLayout shard_layout(int kind) {
+    switch (kind) {
+    case GPT_ATTN_WEIGHT: return (ShardLayout){3, false};      // column-parallel: its output rows, by heads
+    case GPT_ATTN_BIAS: return (ShardLayout){3, true};         // (a bias is stored [1, out])
+    case GPT_FC_WEIGHT: return (ShardLayout){1, false};
+    case GPT_FC_BIAS: return (ShardLayout){1, true};
+    case GPT_ATTN_PROJ_WEIGHT: case GPT_FC_PROJ_WEIGHT: return (ShardLayout){1, true};  // row-parallel: its input columns
+    default: return (ShardLayout){0, false};
+    }
+}
+
+// Copies between a whole tensor [rows, cols] and rank `rank`'s shard of it (of `size`), on the host:
+// whole -> shard with to_shard, else shard -> whole.
+static void shard_copy(ShardLayout layout, float *whole, int rows, int cols, float *shard, int rank, int size,
+                       bool to_shard) {
+    if (layout.groups == 0 || size == 1) {
+        if (to_shard) memcpy(shard, whole, (size_t)rows * cols * sizeof(float));
+        else memcpy(whole, shard, (size_t)rows * cols * sizeof(float));
+        return;
+    }
+    if (!layout.by_columns) {  // whole rows: groups of rows / groups, each cut in `size` runs
+        int group_rows = rows / layout.groups, piece = group_rows / size;
+        for (int g = 0; g < layout.groups; g++) {
+            float *w = whole + ((size_t)g * group_rows + (size_t)rank * piece) * cols, *s = shard + (size_t)g * piece * cols;
+            if (to_shard) memcpy(s, w, (size_t)piece * cols * sizeof(float));
+            else memcpy(w, s, (size_t)piece * cols * sizeof(float));
+        }
+        return;
+    }
+    int group_cols = cols / layout.groups, piece = group_cols / size, shard_cols = cols / size;
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < layout.groups; g++) {
+            float *w = whole + (size_t)r * cols + (size_t)g * group_cols + (size_t)rank * piece;
+            float *s = shard + (size_t)r * shard_cols + (size_t)g * piece;
+            if (to_shard) memcpy(s, w, (size_t)piece * sizeof(float));
+            else memcpy(w, s, (size_t)piece * sizeof(float));
+        }
+}
+
+// A block tensor's shape [rows, cols] on one of tp ranks (a bias or a LayerNorm weight is [1, n],
+// stored [n]).
+static void block_shape(const GptConfig *c, int kind, int tp, int *rows, int *cols) {
+    int C = c->n_embd;
+    static const int out_width[GPT_BLOCK_TENSORS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};  // in units of C
+    static const int in_width[GPT_BLOCK_TENSORS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};   // 0: a vector
+    if (in_width[kind] == 0) *rows = 1, *cols = out_width[kind] * C;
+    else *rows = out_width[kind] * C, *cols = in_width[kind] * C;
+    ShardLayout layout = shard_layout(kind);
+    if (layout.groups && layout.by_columns) *cols /= tp;
+    else if (layout.groups) *rows /= tp;
+}
+
+// The tensors of the part (zeros, named), in model.parameters()' order, and its activations.
+static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit *split, Device device) {
     CHECK(!gpt_config_problem(config), "%s", gpt_config_problem(config));
     Gpt *m = xcalloc(1, sizeof *m);
     m->config = *config;
@@ -86,12 +168,19 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
     m->training = true;
     rng_seed(&m->dropout_rng, 0);
     const GptConfig *c = &m->config;
-    const int V = c->vocab_size, C = c->n_embd, L = c->n_layer, T = c->block_size, H = c->n_head;
-    const int N = max_batch * T;
-    m->wte = tensor_zeros(V, C, device), m->grad_wte = tensor_zeros(V, C, device);
-    m->wpe = tensor_zeros(T, C, device), m->grad_wpe = tensor_zeros(T, C, device);
-    m->ln_f_weight = tensor_zeros(1, C, device), m->grad_ln_f_weight = tensor_zeros(1, C, device);
-    if (c->bias) m->ln_f_bias = tensor_zeros(1, C, device), m->grad_ln_f_bias = tensor_zeros(1, C, device);
+    m->first_layer = split ? split->first_layer : 0;
+    m->n_blocks = split ? split->end_layer - split->first_layer : c->n_layer;
+    m->has_embeddings = m->first_layer == 0;
+    m->has_head = m->first_layer + m->n_blocks == c->n_layer;
+    m->tensor_group = split && split->tensor_group && split->tensor_group->size > 1 ? split->tensor_group : NULL;
+    m->tp_rank = m->tensor_group ? m->tensor_group->rank : 0;
+    m->tp_size = m->tensor_group ? m->tensor_group->size : 1;
+    m->tokens_micro_batch = -1;
+    const int V = c->vocab_size, C = c->n_embd, L = m->n_blocks, T = c->block_size, tp = m->tp_size;
+    const int H = c->n_head / tp, N = max_batch * T;
+    CHECK(m->first_layer >= 0 && L >= 1 && m->first_layer + L <= c->n_layer && c->n_head % tp == 0 &&
+          (4 * C) % tp == 0, "gpt: blocks [%d, %d) of %d split %d ways", m->first_layer, m->first_layer + L,
+          c->n_layer, tp);
     m->blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->grad_blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->params = xcalloc((size_t)L * GPT_BLOCK_TENSORS + TOP_TENSORS, sizeof(Param));
@@ -99,33 +188,37 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
     for (int i = 0; i < L * GPT_BLOCK_TENSORS + TOP_TENSORS; i++) m->param_index[i] = -1;
     int top = L * GPT_BLOCK_TENSORS;  // param_index's slots of the four top tensors start here
 
-    // nanoGPT's _init_weights, then its c_proj rule; the draws in model.parameters()' order.
-    const float std = 0.02f, proj_std = (float)(0.02 / sqrt(2.0 * L));
-    add_param(m, "transformer.wte.weight", &m->wte, &m->grad_wte, top + TOP_WTE);
-    fill_normal(&m->wte, rng, std);
-    add_param(m, "transformer.wpe.weight", &m->wpe, &m->grad_wpe, top + TOP_WPE);
-    fill_normal(&m->wpe, rng, std);
+    if (m->has_embeddings || m->has_head) {  // the head's weight is wte's: on the last stage too
+        m->wte = tensor_zeros(V, C, device), m->grad_wte = tensor_zeros(V, C, device);
+        add_param(m, "transformer.wte.weight", &m->wte, &m->grad_wte, top + TOP_WTE);
+    }
+    if (m->has_embeddings) {
+        m->wpe = tensor_zeros(T, C, device), m->grad_wpe = tensor_zeros(T, C, device);
+        add_param(m, "transformer.wpe.weight", &m->wpe, &m->grad_wpe, top + TOP_WPE);
+    }
     for (int l = 0; l < L; l++)
         for (int kind = 0; kind < GPT_BLOCK_TENSORS; kind++) {
             if (is_bias(kind) && !c->bias) continue;
             int rows, cols;
-            block_shape(c, kind, &rows, &cols);
+            block_shape(c, kind, tp, &rows, &cols);
             Tensor *value = &m->blocks[l * GPT_BLOCK_TENSORS + kind], *grad = &m->grad_blocks[l * GPT_BLOCK_TENSORS + kind];
             *value = tensor_zeros(rows, cols, device);
             *grad = tensor_zeros(rows, cols, device);
             char name[64];
-            snprintf(name, sizeof name, "transformer.h.%d.%s", l, BLOCK_NAMES[kind]);
+            snprintf(name, sizeof name, "transformer.h.%d.%s", m->first_layer + l, BLOCK_NAMES[kind]);
             add_param(m, name, value, grad, l * GPT_BLOCK_TENSORS + kind);
-            if (kind == GPT_LN_1_WEIGHT || kind == GPT_LN_2_WEIGHT) tensor_fill(value, 1.0f);
-            else if (kind == GPT_ATTN_PROJ_WEIGHT || kind == GPT_FC_PROJ_WEIGHT) fill_normal(value, rng, proj_std);
-            else if (!is_bias(kind)) fill_normal(value, rng, std);
         }
-    add_param(m, "transformer.ln_f.weight", &m->ln_f_weight, &m->grad_ln_f_weight, top + TOP_LN_F_WEIGHT);
-    tensor_fill(&m->ln_f_weight, 1.0f);
-    if (c->bias) add_param(m, "transformer.ln_f.bias", &m->ln_f_bias, &m->grad_ln_f_bias, top + TOP_LN_F_BIAS);
+    if (m->has_head) {
+        m->ln_f_weight = tensor_zeros(1, C, device), m->grad_ln_f_weight = tensor_zeros(1, C, device);
+        add_param(m, "transformer.ln_f.weight", &m->ln_f_weight, &m->grad_ln_f_weight, top + TOP_LN_F_WEIGHT);
+        if (c->bias) {
+            m->ln_f_bias = tensor_zeros(1, C, device), m->grad_ln_f_bias = tensor_zeros(1, C, device);
+            add_param(m, "transformer.ln_f.bias", &m->ln_f_bias, &m->grad_ln_f_bias, top + TOP_LN_F_BIAS);
+        }
+    }
 
-    // Activations and scratch for N tokens.
-    m->tokens = token_batch_new(N, V, device);
+    // Activations and scratch for N tokens (a later stage's input is `embedded`).
+    if (m->has_embeddings) m->tokens = token_batch_new(N, V, device);
     m->targets = xmalloc((size_t)N * sizeof(int));
     m->embedded = tensor_zeros(N, C, device);
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
@@ -133,14 +226,14 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
         GptBlockActivations *a = &m->acts[l];
         a->ln_1 = tensor_zeros(N, C, device), a->ln_1_mean = tensor_zeros(1, N, device);
         a->ln_1_rstd = tensor_zeros(1, N, device);
-        a->qkv = tensor_zeros(N, 3 * C, device);
+        a->qkv = tensor_zeros(N, 3 * C / tp, device);
         a->att = tensor_zeros(max_batch * H, T * T, device);
-        a->attn_y = tensor_zeros(N, C, device);
+        a->attn_y = tensor_zeros(N, C / tp, device);
         a->residual_1 = tensor_zeros(N, C, device);
         a->ln_2 = tensor_zeros(N, C, device), a->ln_2_mean = tensor_zeros(1, N, device);
         a->ln_2_rstd = tensor_zeros(1, N, device);
-        a->fc = tensor_zeros(N, 4 * C, device);
-        a->fc_gelu = tensor_zeros(N, 4 * C, device);
+        a->fc = tensor_zeros(N, 4 * C / tp, device);
+        a->fc_gelu = tensor_zeros(N, 4 * C / tp, device);
         a->residual_2 = tensor_zeros(N, C, device);
         if (c->dropout > 0) {
             a->att_mask = tensor_zeros(max_batch * H, T * T, device);
@@ -151,26 +244,98 @@ Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
     }
     if (c->dropout > 0) {
         m->embed_mask = tensor_zeros(N, C, device);
-        m->proj_out = tensor_zeros(N, C, device);
         m->grad_proj_out = tensor_zeros(N, C, device);
     }
-    m->ln_f = tensor_zeros(N, C, device), m->ln_f_mean = tensor_zeros(1, N, device);
-    m->ln_f_rstd = tensor_zeros(1, N, device);
-    m->logits = tensor_zeros(N, V, device);
-    m->grad_logits = tensor_zeros(N, V, device);
+    if (c->dropout > 0 || tp > 1) m->proj_out = tensor_zeros(N, C, device);
+    if (m->has_head) {
+        m->ln_f = tensor_zeros(N, C, device), m->ln_f_mean = tensor_zeros(1, N, device);
+        m->ln_f_rstd = tensor_zeros(1, N, device);
+        m->logits = tensor_zeros(N, V, device);
+        m->grad_logits = tensor_zeros(N, V, device);
+    }
     m->grad_residual = tensor_zeros(N, C, device);
+    if (!m->has_head) m->grad_output = tensor_zeros(N, C, device);
     m->grad_ln = tensor_zeros(N, C, device);
-    m->grad_qkv = tensor_zeros(N, 3 * C, device);
-    m->grad_attn_y = tensor_zeros(N, C, device);
-    m->grad_fc = tensor_zeros(N, 4 * C, device);
+    m->grad_qkv = tensor_zeros(N, 3 * C / tp, device);
+    m->grad_attn_y = tensor_zeros(N, C / tp, device);
+    m->grad_fc = tensor_zeros(N, 4 * C / tp, device);
     m->grad_att = tensor_zeros(max_batch * H, T * T, device);
     return m;
+}
+
+Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device) {
+    Gpt *m = gpt_allocate(config, max_batch, NULL, device);
+    // nanoGPT's _init_weights, then its c_proj rule; the draws in model.parameters()' order.
+    const float std = 0.02f, proj_std = (float)(0.02 / sqrt(2.0 * config->n_layer));
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        if (strstr(p->name, "ln_") && strstr(p->name, ".weight")) tensor_fill(p->value, 1.0f);   // LayerNorms: 1
+        else if (strstr(p->name, "c_proj.weight")) fill_normal(p->value, rng, proj_std);
+        else if (!strstr(p->name, ".bias")) fill_normal(p->value, rng, std);                     // biases: 0
+    }
+    return m;
+}
+
+// The tensor of `whole` that a part's params[index] is (a part of): the same name.
+static const Param *whole_param(const Gpt *whole, const char *name) {
+    for (int i = 0; i < whole->n_params; i++)
+        if (strcmp(whole->params[i].name, name) == 0) return &whole->params[i];
+    CHECK(false, "gpt: the whole model has no %s", name);
+    return NULL;
+}
+
+// The block tensor kind of a name ("transformer.h.3.attn.c_attn.weight": GPT_ATTN_WEIGHT), -1 for the
+// tensors outside the blocks.
+static int kind_of(const char *name) {
+    const char *dot = strncmp(name, "transformer.h.", 14) == 0 ? strchr(name + 14, '.') : NULL;
+    if (!dot) return -1;
+    for (int kind = 0; kind < GPT_BLOCK_TENSORS; kind++)
+        if (strcmp(dot + 1, BLOCK_NAMES[kind]) == 0) return kind;
+    return -1;
+}
+
+Gpt *gpt_new_part(const Gpt *whole, int max_batch, const GptSplit *split, Device device) {
+    CHECK(whole->n_blocks == whole->config.n_layer && whole->device == DEVICE_CPU, "gpt_new_part: a whole model on the host");
+    CHECK(whole->config.dropout == 0, "gpt_new_part: dropout's masks are drawn for the whole model, not per part");
+    Gpt *m = gpt_allocate(&whole->config, max_batch, split, device);
+    for (int i = 0; i < m->n_params; i++) {
+        Param *p = &m->params[i];
+        const Param *w = whole_param(whole, p->name);
+        int kind = kind_of(p->name);
+        float *shard = xmalloc(tensor_numel(p->value) * sizeof(float));
+        shard_copy(shard_layout(kind < 0 ? GPT_LN_1_WEIGHT : kind), w->value->data, w->value->rows, w->value->cols, shard,
+                   m->tp_rank, m->tp_size, true);
+        tensor_from_host(p->value, shard);
+        free(shard);
+    }
+    return m;
+}
+
+bool gpt_owns(const Gpt *m, int index) {
+    const char *name = m->params[index].name;
+    if (strcmp(name, "transformer.wte.weight") == 0 && !m->has_embeddings) return false;  // the tied head's copy
+    int kind = kind_of(name);
+    return m->tp_rank == 0 || (kind >= 0 && shard_layout(kind).groups > 0);
+}
+
+void gpt_part_to_whole(const Gpt *m, Gpt *whole) {
+    CHECK(whole->device == DEVICE_CPU, "gpt_part_to_whole: a whole model on the host");
+    for (int i = 0; i < m->n_params; i++) {
+        if (!gpt_owns(m, i)) continue;
+        const Param *p = &m->params[i], *w = whole_param(whole, p->name);
+        int kind = kind_of(p->name);
+        float *shard = xmalloc(tensor_numel(p->value) * sizeof(float));
+        tensor_to_host(p->value, shard);
+        shard_copy(shard_layout(kind < 0 ? GPT_LN_1_WEIGHT : kind), w->value->data, w->value->rows, w->value->cols, shard,
+                   m->tp_rank, m->tp_size, false);
+        free(shard);
+    }
 }
 
 size_t gpt_activation_floats(const Gpt *m) {
     size_t total = tensor_numel(&m->embedded) + tensor_numel(&m->ln_f) + tensor_numel(&m->ln_f_mean) +
                    tensor_numel(&m->ln_f_rstd) + tensor_numel(&m->logits) + tensor_numel(&m->grad_logits);
-    for (int l = 0; l < m->config.n_layer; l++) {
+    for (int l = 0; l < m->n_blocks; l++) {
         const GptBlockActivations *a = &m->acts[l];
         const Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
                                &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
@@ -183,7 +348,7 @@ size_t gpt_activation_floats(const Gpt *m) {
 void gpt_free(Gpt *m) {
     if (!m) return;
     for (int i = 0; i < m->n_params; i++) tensor_free(m->params[i].value), tensor_free(m->params[i].grad);
-    for (int l = 0; l < m->config.n_layer; l++) {
+    for (int l = 0; l < m->n_blocks; l++) {
         GptBlockActivations *a = &m->acts[l];
         Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
                          &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
@@ -191,7 +356,7 @@ void gpt_free(Gpt *m) {
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     }
     Tensor *rest[] = {&m->embedded, &m->ln_f, &m->ln_f_mean, &m->ln_f_rstd, &m->logits, &m->grad_logits,
-                      &m->grad_residual, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc,
+                      &m->grad_residual, &m->grad_output, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc,
                       &m->embed_mask, &m->proj_out, &m->grad_proj_out, &m->grad_att};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) tensor_free(rest[i]);
     free(m->acts), free(m->blocks), free(m->grad_blocks), free(m->params), free(m->param_index);
@@ -220,12 +385,31 @@ Param *gpt_state_dict(const Gpt *m, int *n) {
     return all;
 }
 
-// The first `rows` rows of a [capacity, cols] buffer: this batch's part of it.
-static Tensor rows_of(const Tensor *t, int rows) { return tensor_rows(t, rows); }
+// Rows [first, first + rows) of a [capacity, cols] buffer: one micro-batch's part of it.
+static Tensor rows_at(const Tensor *t, int first, int rows) {
+    Tensor view = *t;
+    view.data += (size_t)first * t->cols;
+    view.rows = rows;
+    return view;
+}
+// Values [first, first + n) of a buffer as [1, n] (a LayerNorm's statistics), or as [rows, n / rows]
+// (attention's probabilities of a micro-batch's sequences).
+static Tensor values_at(const Tensor *t, size_t first, int rows, int cols) {
+    Tensor view = *t;
+    view.data += first;
+    view.rows = rows, view.cols = cols;
+    return view;
+}
 
 static Tensor *block_tensor(Gpt *m, int layer, int kind) { return &m->blocks[layer * GPT_BLOCK_TENSORS + kind]; }
 static Tensor *block_grad(Gpt *m, int layer, int kind) { return &m->grad_blocks[layer * GPT_BLOCK_TENSORS + kind]; }
 static const Tensor *bias_of(Gpt *m, int layer, int kind) { return m->config.bias ? block_tensor(m, layer, kind) : NULL; }
+
+// Megatron's g in forward and f in backward: the sum over the tensor-parallel ranks of their
+// partial results, in place (nothing with whole blocks).
+static void tensor_parallel_sum(Gpt *m, Tensor *t) {
+    if (m->tensor_group) group_all_reduce(m->tensor_group, t);
+}
 
 // y [N, out] = x @ weight^T (+ bias): nn.Linear.
 static void linear(Gpt *m, int layer, int weight_kind, const Tensor *x, Tensor *y) {
@@ -248,12 +432,12 @@ void gpt_seed_dropout(Gpt *m, uint64_t seed) { rng_seed(&m->dropout_rng, seed); 
 // The masks of a forward of [B, T] in training, drawn in nanoGPT's order (the embeddings', then per
 // block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes: on a GPU
 // they are drawn on the host and copied (transformer_ops.h's dropout_draw), and so the host waits
-// for the GPU once per forward, not once per mask.
+// for the GPU once per forward, not once per mask. (A whole model's: gpt_new_part refuses dropout.)
 static void draw_dropout_masks(Gpt *m, int B, int T) {
     const double p = m->config.dropout;
     const long tokens = (long)B * T * m->config.n_embd, scores = (long)B * m->config.n_head * T * T;
     dropout_draw(&m->dropout_rng, p, tokens, &m->embed_mask);
-    for (int l = 0; l < m->config.n_layer; l++) {
+    for (int l = 0; l < m->n_blocks; l++) {
         dropout_draw(&m->dropout_rng, p, scores, &m->acts[l].att_mask);
         dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].attn_proj_mask);
         dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].mlp_proj_mask);
@@ -261,58 +445,103 @@ static void draw_dropout_masks(Gpt *m, int B, int T) {
 }
 
 // residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.
-// Without dropout in one GEMM that adds onto a copy of residual_in.
+// Without dropout and split, in one GEMM that adds onto a copy of residual_in. Row-parallel (T > 1):
+// each rank's y holds its heads (or its MLP columns), so y @ weight^T is a partial sum, summed over
+// the ranks (g) before the bias, which is added once.
 static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor *y, const Tensor *residual_in,
                                 Tensor *residual_out, Tensor *mask, bool dropout) {
-    if (!dropout) {
+    if (!dropout && !m->tensor_group) {
         tensor_copy(residual_out, residual_in);
         gemm(false, true, 1.0f, y, block_tensor(m, layer, weight_kind), 1.0f, residual_out);
         if (m->config.bias) add_column_bias(residual_out, block_tensor(m, layer, weight_kind + 1), false);
         return;
     }
-    Tensor projected = rows_of(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
-    linear(m, layer, weight_kind, y, &projected);
-    multiply_by_mask(&projected, mask);
+    Tensor projected = tensor_rows(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
+    gemm(false, true, 1.0f, y, block_tensor(m, layer, weight_kind), 0.0f, &projected);
+    tensor_parallel_sum(m, &projected);  // g
+    if (m->config.bias) add_column_bias(&projected, block_tensor(m, layer, weight_kind + 1), false);
+    if (dropout) multiply_by_mask(&projected, mask);
     add_elementwise(residual_in, &projected, residual_out);
 }
 
-const Tensor *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
+// Micro-batch micro's views of a block's activations (B sequences of T at rows micro * B * T).
+typedef struct {
+    Tensor ln_1, ln_1_mean, ln_1_rstd, qkv, att, attn_y, residual_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu, residual_2;
+} BlockViews;
+
+static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
+    const GptBlockActivations *a = &m->acts[l];
+    const int N = B * T, first = micro * N, H = m->config.n_head / m->tp_size;
+    const size_t scores = (size_t)B * H * T * T;
+    return (BlockViews){
+        .ln_1 = rows_at(&a->ln_1, first, N), .ln_1_mean = values_at(&a->ln_1_mean, first, 1, N),
+        .ln_1_rstd = values_at(&a->ln_1_rstd, first, 1, N), .qkv = rows_at(&a->qkv, first, N),
+        .att = values_at(&a->att, micro * scores, B * H, T * T), .attn_y = rows_at(&a->attn_y, first, N),
+        .residual_1 = rows_at(&a->residual_1, first, N), .ln_2 = rows_at(&a->ln_2, first, N),
+        .ln_2_mean = values_at(&a->ln_2_mean, first, 1, N), .ln_2_rstd = values_at(&a->ln_2_rstd, first, 1, N),
+        .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N),
+        .residual_2 = rows_at(&a->residual_2, first, N)};
+}
+
+static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
+    CHECK(B >= 1 && T >= 1 && T <= m->config.block_size && micro >= 0 &&
+          (long)(micro + 1) * B * T <= (long)m->max_batch * m->config.block_size,
+          "gpt: micro-batch %d of [%d, %d] beyond the buffers of [%d, %d]", micro, B, T, m->max_batch, m->config.block_size);
+}
+
+Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
+    check_micro_batch(m, micro, B, T);
+    return rows_at(&m->embedded, micro * B * T, B * T);
+}
+
+const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
-    CHECK(B >= 1 && B <= m->max_batch && T >= 1 && T <= c->block_size, "gpt_forward: batch [%d, %d] beyond [%d, %d]",
-          B, T, m->max_batch, c->block_size);
-    const int N = B * T, H = c->n_head;
+    check_micro_batch(m, micro, B, T);
+    const int N = B * T, H = c->n_head / m->tp_size, first = micro * N;
     m->B = B, m->T = T;
-    token_batch_set(&m->tokens, inputs, N);  // (each token checked against the vocabulary)
     const bool dropout = m->training && c->dropout > 0;
     if (dropout) draw_dropout_masks(m, B, T);
-    Tensor x = rows_of(&m->embedded, N);  // [N, C]
-    embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
-    if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
-    for (int l = 0; l < c->n_layer; l++) {
-        GptBlockActivations *a = &m->acts[l];
-        Tensor ln_1 = rows_of(&a->ln_1, N), qkv = rows_of(&a->qkv, N), attn_y = rows_of(&a->attn_y, N);
-        Tensor residual_1 = rows_of(&a->residual_1, N), ln_2 = rows_of(&a->ln_2, N), fc = rows_of(&a->fc, N);
-        Tensor fc_gelu = rows_of(&a->fc_gelu, N), residual_2 = rows_of(&a->residual_2, N);
-        // x = x + attn(ln_1(x))
-        layernorm_forward(&x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &ln_1, &a->ln_1_mean,
-                          &a->ln_1_rstd);
-        linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &qkv);                   // [N, 3C]
-        attention_forward(&qkv, B, T, H, &a->att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
-                          &attn_y);                                   // attn_dropout's mask drawn above
-        projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &x, &residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
-        // x = x + mlp(ln_2(x))
-        layernorm_forward(&residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &ln_2,
-                          &a->ln_2_mean, &a->ln_2_rstd);
-        linear(m, l, GPT_FC_WEIGHT, &ln_2, &fc);                      // [N, 4C]
-        gelu_forward(&fc, &fc_gelu);
-        projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &residual_1, &residual_2, &a->mlp_proj_mask, dropout);
-        x = residual_2;
+    Tensor x = rows_at(&m->embedded, first, N);  // [N, C]
+    if (m->has_embeddings) {
+        token_batch_set(&m->tokens, inputs, N);  // (each token checked against the vocabulary)
+        m->tokens_micro_batch = micro;
+        embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
+        if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
     }
-    Tensor ln_f = rows_of(&m->ln_f, N);
-    m->last_logits = rows_of(&m->logits, N);
-    layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f, &m->ln_f_mean, &m->ln_f_rstd);
+    for (int l = 0; l < m->n_blocks; l++) {
+        GptBlockActivations *a = &m->acts[l];
+        BlockViews v = block_views(m, l, micro, B, T);
+        // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
+        layernorm_forward(&x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
+                          &v.ln_1_rstd);
+        linear(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &v.qkv);               // [N, 3C]
+        attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
+                          &v.attn_y);                                 // attn_dropout's mask drawn above
+        projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &x, &v.residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
+        // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
+        layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
+                          &v.ln_2_mean, &v.ln_2_rstd);
+        linear(m, l, GPT_FC_WEIGHT, &v.ln_2, &v.fc);                  // [N, 4C]
+        gelu_forward(&v.fc, &v.fc_gelu);
+        projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &a->mlp_proj_mask, dropout);
+        x = v.residual_2;
+    }
+    if (!m->has_head) {
+        m->last_logits = (Tensor){0};
+        m->stage_output = x;
+        return &m->stage_output;
+    }
+    Tensor ln_f = rows_at(&m->ln_f, first, N);
+    Tensor ln_f_mean = values_at(&m->ln_f_mean, first, 1, N), ln_f_rstd = values_at(&m->ln_f_rstd, first, 1, N);
+    m->last_logits = rows_at(&m->logits, first, N);
+    layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f, &ln_f_mean, &ln_f_rstd);
     gemm(false, true, 1.0f, &ln_f, &m->wte, 0.0f, &m->last_logits);  // lm_head: ln_f(x) @ wte^T, [N, V]
     return &m->last_logits;
+}
+
+const Tensor *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
+    CHECK(m->has_embeddings && m->has_head, "gpt_forward: a whole model (a stage: gpt_stage_forward)");
+    return gpt_stage_forward(m, 0, inputs, B, T);
 }
 
 void gpt_logits_row(const Gpt *m, int row, float *host) {
@@ -322,24 +551,38 @@ void gpt_logits_row(const Gpt *m, int row, float *host) {
     tensor_to_host(&one, host);
 }
 
+float gpt_stage_loss(Gpt *m, int micro, const int *targets, int B, int T, float factor) {
+    CHECK(m->has_head, "gpt_stage_loss: the last stage's");
+    check_micro_batch(m, micro, B, T);
+    const int N = B * T;
+    Tensor logits = rows_at(&m->logits, micro * N, N), grad_logits = rows_at(&m->grad_logits, micro * N, N);
+    float loss = softmax_cross_entropy(&logits, targets, &grad_logits);  // the mean over B * T tokens
+    if (factor != 1.0f) tensor_scale(&grad_logits, factor);  // x * 1 is x: a pass over [N, V] saved
+    return loss;
+}
+
 float gpt_loss(Gpt *m, const int *targets) {
     const int N = m->B * m->T;
     memcpy(m->targets, targets, (size_t)N * sizeof(int));
-    Tensor logits = rows_of(&m->logits, N), grad_logits = rows_of(&m->grad_logits, N);
-    return softmax_cross_entropy(&logits, targets, &grad_logits);  // the mean over B * T tokens
+    return gpt_stage_loss(m, 0, targets, m->B, m->T, 1.0f);
 }
 
 void gpt_scale_loss(Gpt *m, float factor) {
     if (factor == 1.0f) return;  // x * 1 is x: a pass over [N, V] saved (no accumulation, one rank)
-    Tensor grad_logits = rows_of(&m->grad_logits, m->B * m->T);
+    Tensor grad_logits = tensor_rows(&m->grad_logits, m->B * m->T);
     tensor_scale(&grad_logits, factor);
+}
+
+Tensor gpt_stage_grad_output(Gpt *m, int B, int T) {
+    CHECK(!m->has_head, "gpt_stage_grad_output: the last stage starts backward from its loss");
+    return tensor_rows(&m->grad_output, B * T);
 }
 
 // The gradient of a c_proj's output, through its dropout: grad_residual itself without dropout,
 // else grad_residual * mask in a scratch (the residual stream's gradient goes on unmasked).
 static Tensor dropout_back(Gpt *m, const Tensor *mask, const Tensor *grad_residual) {
     if (!(m->training && m->config.dropout > 0)) return *grad_residual;
-    Tensor masked = rows_of(&m->grad_proj_out, grad_residual->rows);
+    Tensor masked = tensor_rows(&m->grad_proj_out, grad_residual->rows);
     tensor_copy(&masked, grad_residual);
     multiply_by_mask(&masked, mask);
     return masked;
@@ -349,59 +592,84 @@ static void ready(Gpt *m, int slot, GradReadyHook hook, void *context) {
     if (hook && m->param_index[slot] >= 0) hook(context, m->param_index[slot]);
 }
 
-void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
+const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, int T, GradReadyHook hook,
+                                 void *context) {
     const GptConfig *c = &m->config;
-    const int B = m->B, T = m->T, N = B * T, L = c->n_layer, top = L * GPT_BLOCK_TENSORS;
+    check_micro_batch(m, micro, B, T);
+    const int N = B * T, L = m->n_blocks, top = L * GPT_BLOCK_TENSORS, first = micro * N, H = c->n_head / m->tp_size;
     const bool dropout = m->training && c->dropout > 0;  // as the forward had it
-    Tensor grad_logits = rows_of(&m->grad_logits, N), ln_f = rows_of(&m->ln_f, N);
-    Tensor grad_residual = rows_of(&m->grad_residual, N), grad_ln = rows_of(&m->grad_ln, N);
-    Tensor grad_qkv = rows_of(&m->grad_qkv, N), grad_attn_y = rows_of(&m->grad_attn_y, N);
-    Tensor grad_fc = rows_of(&m->grad_fc, N);
-    // The head: wte's gradient gets its first part here (its last comes from the embedding).
-    gemm(true, false, 1.0f, &grad_logits, &ln_f, 1.0f, &m->grad_wte);  // [V, N] @ [N, C]
-    gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
-    // ln_f: the residual stream's gradient starts here.
-    Tensor x_last = rows_of(L ? &m->acts[L - 1].residual_2 : &m->embedded, N);
-    tensor_fill(&grad_residual, 0.0f);
-    layernorm_backward(&x_last, &m->ln_f_weight, &m->ln_f_mean, &m->ln_f_rstd, &grad_ln, &grad_residual,
-                       &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
-    ready(m, top + TOP_LN_F_WEIGHT, hook, context);
-    ready(m, top + TOP_LN_F_BIAS, hook, context);
+    Tensor grad_residual = tensor_rows(&m->grad_residual, N), grad_ln = tensor_rows(&m->grad_ln, N);
+    Tensor grad_qkv = tensor_rows(&m->grad_qkv, N), grad_attn_y = tensor_rows(&m->grad_attn_y, N);
+    Tensor grad_fc = tensor_rows(&m->grad_fc, N);
+    if (m->has_head) {
+        Tensor grad_logits = rows_at(&m->grad_logits, first, N), ln_f = rows_at(&m->ln_f, first, N);
+        Tensor ln_f_mean = values_at(&m->ln_f_mean, first, 1, N), ln_f_rstd = values_at(&m->ln_f_rstd, first, 1, N);
+        // The head: wte's gradient gets its first part here (its last comes from the embedding).
+        gemm(true, false, 1.0f, &grad_logits, &ln_f, 1.0f, &m->grad_wte);  // [V, N] @ [N, C]
+        gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
+        // ln_f: the residual stream's gradient starts here.
+        Tensor x_last = L ? block_views(m, L - 1, micro, B, T).residual_2 : rows_at(&m->embedded, first, N);
+        tensor_fill(&grad_residual, 0.0f);
+        layernorm_backward(&x_last, &m->ln_f_weight, &ln_f_mean, &ln_f_rstd, &grad_ln, &grad_residual,
+                           &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
+        ready(m, top + TOP_LN_F_WEIGHT, hook, context);
+        ready(m, top + TOP_LN_F_BIAS, hook, context);
+    } else {
+        // d output, from the next stage: a buffer of its own, as the exchange that brings it in may
+        // still be sending the last backward's d input (grad_residual) out.
+        Tensor grad_output = tensor_rows(&m->grad_output, N);
+        tensor_copy(&grad_residual, &grad_output);
+    }
     for (int l = L - 1; l >= 0; l--) {
         GptBlockActivations *a = &m->acts[l];
-        Tensor x_in = rows_of(l ? &m->acts[l - 1].residual_2 : &m->embedded, N);  // the block's input
-        Tensor ln_1 = rows_of(&a->ln_1, N), attn_y = rows_of(&a->attn_y, N), residual_1 = rows_of(&a->residual_1, N);
-        Tensor ln_2 = rows_of(&a->ln_2, N), fc = rows_of(&a->fc, N), fc_gelu = rows_of(&a->fc_gelu, N);
+        BlockViews v = block_views(m, l, micro, B, T);
+        Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, first, N);  // the block's input
         int slot = l * GPT_BLOCK_TENSORS;
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
         Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
-        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]
+        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]
         ready(m, slot + GPT_FC_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_FC_PROJ_BIAS, hook, context);
-        gelu_backward(&fc, &grad_fc, &grad_fc);
-        linear_back(m, l, GPT_FC_WEIGHT, &ln_2, &grad_fc, &grad_ln, false);                // d ln_2(x)
+        gelu_backward(&v.fc, &grad_fc, &grad_fc);
+        linear_back(m, l, GPT_FC_WEIGHT, &v.ln_2, &grad_fc, &grad_ln, false);                // d ln_2(x)
+        tensor_parallel_sum(m, &grad_ln);  // f: every rank's columns contribute to d ln_2(x)
         ready(m, slot + GPT_FC_WEIGHT, hook, context), ready(m, slot + GPT_FC_BIAS, hook, context);
-        layernorm_backward(&residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), &a->ln_2_mean, &a->ln_2_rstd, &grad_ln,
+        layernorm_backward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), &v.ln_2_mean, &v.ln_2_rstd, &grad_ln,
                            &grad_residual, block_grad(m, l, GPT_LN_2_WEIGHT),
                            c->bias ? block_grad(m, l, GPT_LN_2_BIAS) : NULL);
         ready(m, slot + GPT_LN_2_WEIGHT, hook, context), ready(m, slot + GPT_LN_2_BIAS, hook, context);
         // x = x + attn(ln_1(x))
         Tensor grad_attn_out = dropout_back(m, &a->attn_proj_mask, &grad_residual);  // d attn.c_proj's output
-        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &attn_y, &grad_attn_out, &grad_attn_y, false);
+        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &grad_attn_out, &grad_attn_y, false);
         ready(m, slot + GPT_ATTN_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_PROJ_BIAS, hook, context);
-        Tensor qkv = rows_of(&a->qkv, N);
-        attention_backward(&qkv, &a->att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL, &grad_attn_y,
-                           B, T, c->n_head, &m->grad_att, &grad_qkv);
-        linear_back(m, l, GPT_ATTN_WEIGHT, &ln_1, &grad_qkv, &grad_ln, false);
+        attention_backward(&v.qkv, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL, &grad_attn_y,
+                           B, T, H, &m->grad_att, &grad_qkv);
+        linear_back(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &grad_qkv, &grad_ln, false);
+        tensor_parallel_sum(m, &grad_ln);  // f: every rank's heads contribute to d ln_1(x)
         ready(m, slot + GPT_ATTN_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_BIAS, hook, context);
-        layernorm_backward(&x_in, block_tensor(m, l, GPT_LN_1_WEIGHT), &a->ln_1_mean, &a->ln_1_rstd, &grad_ln,
+        layernorm_backward(&x_in, block_tensor(m, l, GPT_LN_1_WEIGHT), &v.ln_1_mean, &v.ln_1_rstd, &grad_ln,
                            &grad_residual, block_grad(m, l, GPT_LN_1_WEIGHT),
                            c->bias ? block_grad(m, l, GPT_LN_1_BIAS) : NULL);
         ready(m, slot + GPT_LN_1_WEIGHT, hook, context), ready(m, slot + GPT_LN_1_BIAS, hook, context);
     }
+    if (!m->has_embeddings) {
+        ready(m, top + TOP_WTE, hook, context);  // the tied head's wte, on a last stage that is not the first
+        m->grad_input = grad_residual;
+        return &m->grad_input;
+    }
     if (dropout) multiply_by_mask(&grad_residual, &m->embed_mask);  // through transformer.drop
+    if (m->tokens_micro_batch != micro) {  // a pipeline's backward follows other micro-batches' forwards
+        token_batch_set(&m->tokens, inputs, N);
+        m->tokens_micro_batch = micro;
+    }
     embedding_backward(&m->tokens, &grad_residual, B, T, &m->grad_wte, &m->grad_wpe);
     ready(m, top + TOP_WPE, hook, context);
     ready(m, top + TOP_WTE, hook, context);
+    return NULL;
+}
+
+void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
+    CHECK(m->has_embeddings && m->has_head, "gpt_backward: a whole model (a stage: gpt_stage_backward)");
+    gpt_stage_backward(m, 0, NULL, m->B, m->T, hook, context);
 }
 
 void gpt_zero_grad(Gpt *m) {

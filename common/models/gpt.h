@@ -17,11 +17,23 @@
 // (cuBLAS and kernels.cu; the host then only launches, copies each batch's tokens in and reads the
 // loss back). Activations for batch max_batch at block_size are allocated once, as llm.c does, and
 // kept from forward to backward (the memory is gpt_add_memory_need's).
+//
+// Split (step 20, gpt_new_part): a rank may hold a part of the model, as Megatron-LM cuts it:
+// a pipeline stage's run of blocks (the embeddings with the first block, ln_f and the head with the
+// last, wte on both when they differ: the tied head), each block split over a tensor-parallel group
+// (c_attn and mlp.c_fc column-parallel: n_head / T heads' q, k, v and 4C / T of the MLP's columns
+// per rank; attn.c_proj and mlp.c_proj row-parallel, their partial sums allreduced: g; the
+// gradient of each column-parallel Linear's input allreduced in backward: f; LayerNorms, biases of
+// the row-parallel Linears, embeddings and head replicated, their gradients computed alike on every
+// rank of the group from the same values). A stage runs micro-batches (gpt_stage_forward /
+// gpt_stage_backward), each at its own rows of the activation buffers, so that a pipeline schedule
+// may hold several at once. The names stay the whole model's (transformer.h.<global layer>...).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/group.h"  // Group: the tensor-parallel ranks of a split model
 #include "runtime/memory_budget.h"  // MemoryNeed
 #include "models/nn.h"  // Param, Tensor, GradReadyHook, Rng
 #include "tensor/transformer_ops.h"  // TokenBatch
@@ -55,35 +67,51 @@ typedef struct {
     Tensor attn_proj_mask, mlp_proj_mask;  // [N, C]: resid_dropout's after attn.c_proj, the MLP's after mlp.c_proj
 } GptBlockActivations;
 
+// A rank's part of the model (gpt_new_part): blocks [first_layer, end_layer) of a pipeline stage,
+// each split over tensor_group's ranks (NULL: whole blocks).
+typedef struct {
+    int first_layer, end_layer;
+    const Group *tensor_group;
+} GptSplit;
+
 typedef struct {
     GptConfig config;
     int max_batch;
+    // The part held (gpt_new: all of it): blocks [first_layer, first_layer + n_blocks); the
+    // embeddings (the first stage) and ln_f with the head (the last); the tensor-parallel group.
+    int first_layer, n_blocks;
+    bool has_embeddings, has_head;
+    const Group *tensor_group;                     // NULL: whole blocks
+    int tp_rank, tp_size;
     Device device;                                 // where every tensor below lives
     // Parameters and their gradients.
     Tensor wte, wpe, ln_f_weight, ln_f_bias;       // [V, C], [block_size, C], [1, C], [1, C]
     Tensor grad_wte, grad_wpe, grad_ln_f_weight, grad_ln_f_bias;
-    Tensor *blocks, *grad_blocks;                  // [n_layer * GPT_BLOCK_TENSORS]
+    Tensor *blocks, *grad_blocks;                  // [n_blocks * GPT_BLOCK_TENSORS]
     int n_params;
     Param *params;                                 // model.parameters()
-    int *param_index;                              // [n_layer * GPT_BLOCK_TENSORS + 4]: where each tensor is in params (-1: absent)
+    int *param_index;                              // [n_blocks * GPT_BLOCK_TENSORS + 4]: where each tensor is in params (-1: absent)
     // model.train() / model.eval(): dropout acts in training only. Its masks come from dropout_rng,
     // which the caller seeds (gpt_seed_dropout) before each forward whose masks it wants to pin.
     bool training;
     Rng dropout_rng;
     // The last forward's batch and activations.
     int B, T;
-    TokenBatch tokens;                             // the batch's inputs, on the device
+    TokenBatch tokens;                             // the batch's inputs, on the device (the first stage)
+    int tokens_micro_batch;                        // whose tokens `tokens` holds (a stage's backward may need another's)
     int *targets;                                  // [max_batch * block_size], on the host (the loss copies them)
-    Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout)
+    Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout); a later stage's input
     Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
-    Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0)
-    GptBlockActivations *acts;                     // [n_layer]
+    Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0) or its allreduce (T > 1)
+    GptBlockActivations *acts;                     // [n_blocks]
     Tensor ln_f, ln_f_mean, ln_f_rstd;
     Tensor logits;                                 // [N, V]
     Tensor last_logits;                            // the last forward's rows of logits
+    Tensor stage_output, grad_input;               // a stage's last output and input gradient (views)
     Tensor grad_logits;                            // [N, V]: d loss / d logits, set by gpt_loss
     // Backward's scratch, [N, ...].
     Tensor grad_residual, grad_ln, grad_qkv, grad_attn_y, grad_fc;
+    Tensor grad_output;                            // [N, C]: d the stage's output, from the next stage (not the last)
     Tensor grad_proj_out;                          // [N, C]: d c_proj's output, through its dropout (dropout > 0)
     Tensor grad_att;                               // [B * n_head, T * T]: d att, then d scores (attention_backward's)
 } Gpt;
@@ -95,12 +123,27 @@ const char *gpt_config_problem(const GptConfig *config);
 // memory_require (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the
 // activations with backward's scratch and the batch's tokens, before anything is allocated.
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
+// The same for gpt_new_part's part: n_blocks blocks split tp_size ways, with or without the
+// embeddings and the head; DDP's buckets as in gpt_add_memory_need.
+void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch, int n_blocks, int tp_size,
+                              bool has_embeddings, bool has_head);
 // The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
 // 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
 // (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)
 // Activations for batches of up to max_batch sequences. Every tensor on `device`; the weights are
 // drawn on the host, so that one rng gives the same model on either device.
 Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device);
+// A rank's part of `whole` (a model on the host, gpt_new's or loaded): its blocks, and its tensor-
+// parallel rank's slices of them, copied; activations for max_batch sequences. Collective over
+// nothing: every rank cuts its own part. Dropout is refused (its masks are drawn whole-model-wide).
+Gpt *gpt_new_part(const Gpt *whole, int max_batch, const GptSplit *split, Device device);
+// The reverse, for a checksum and --save: the part's values put at their places in `whole` (a model
+// on the host), only those this rank owns (gpt_owns): the rest of whole is left as it is.
+void gpt_part_to_whole(const Gpt *part, Gpt *whole);
+// Whether params[index] counts on this rank when the ranks of a replica sum something over the
+// whole model (the gradients' norm, the gathered model): a replicated tensor on tensor-parallel
+// rank 0 only, the tied wte on the first stage only.
+bool gpt_owns(const Gpt *model, int index);
 void gpt_free(Gpt *model);
 // nanoGPT's get_num_params(): every parameter, the position embedding left out when non_embedding
 // (the head's weights are wte's and count once).
@@ -116,6 +159,24 @@ void gpt_seed_dropout(Gpt *model, uint64_t seed);
 // vocab_size): fills the logits [B * T, V] and returns them, on the model's device (valid until
 // the next forward).
 const Tensor *gpt_forward(Gpt *model, const int *inputs, int B, int T);
+// A pipeline stage's micro-batch `micro` of B sequences of T tokens, at rows micro * B * T of the
+// activation buffers (B * T * (micro + 1) <= max_batch * block_size). Forward: the first stage
+// from inputs [B * T] on the host; a later one from gpt_stage_input's view, which the caller fills
+// with the previous stage's output. Returns the stage's output: the logits on the last stage (then
+// gpt_stage_loss), else the last block's output [B * T, C], to send on.
+Tensor gpt_stage_input(Gpt *model, int micro, int B, int T);
+const Tensor *gpt_stage_forward(Gpt *model, int micro, const int *inputs, int B, int T);
+// The last stage: F.cross_entropy of micro-batch micro's logits (its mean), and its gradient times
+// factor (its share of the step) kept for backward.
+float gpt_stage_loss(Gpt *model, int micro, const int *targets, int B, int T, float factor);
+// Not the last stage: where the caller puts d loss / d output [B * T, C] before gpt_stage_backward.
+Tensor gpt_stage_grad_output(Gpt *model, int B, int T);
+// Backward of micro-batch micro (inputs: the same as its forward's, for the first stage's
+// embeddings). Returns d loss / d the stage's input [B * T, C] for the previous stage (NULL on the
+// first stage). The hook as gpt_backward's, for every gradient of the part, each time.
+const Tensor *gpt_stage_backward(Gpt *model, int micro, const int *inputs, int B, int T, GradReadyHook hook,
+                                 void *context);
+
 // Row `row` of the last forward's logits [V], copied to the host (the host waits for the forward).
 void gpt_logits_row(const Gpt *model, int row, float *host);
 // F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.

@@ -1,0 +1,543 @@
+// Step 20: step 19's GPT split three ways at once: data x tensor x pipeline parallelism.
+//                                   PyTorch twin: Megatron-LM's and picotron's 3D grid
+//                                   (picotron's process_group_manager.py, tensor_parallel.py,
+//                                   pipeline_parallel.py, data_parallel.py)
+//
+// What it changes from step 19 (diff the two files): the world is a grid of D x T x P ranks
+// (--dp D --tp T --pp P), rank = (replica x P + stage) x T + tensor-parallel rank, tensor-parallel
+// ranks neighbours (they talk at every block: on one node, over NVLink), pipeline stages next,
+// replicas outermost (they talk once a step). Each rank holds a part of the model
+// (common/models/gpt.h's gpt_new_part):
+//   - tensor parallelism (step 17's, on a transformer block as Megatron-LM splits it): c_attn
+//     column-parallel by heads (each rank computes the q, k, v of n_head / T heads and their
+//     attention, all local), attn.c_proj row-parallel (its T partial sums allreduced: g), mlp.c_fc
+//     column- and mlp.c_proj row-parallel alike; in backward the gradient of each column-parallel
+//     Linear's input allreduced (f). LayerNorms, the row-parallel biases, the embeddings and the
+//     head are whole on every rank of the group, their gradients the same on each (computed from
+//     the same allreduced values);
+//   - pipeline parallelism (step 16's): the n_layer blocks cut into P stages of n_layer / P, the
+//     embeddings on the first, ln_f and the head on the last; each replica's batch cut into
+//     --micro_batches M, run in --schedule gpipe|1f1b's order (common/parallel/schedule.h). The head
+//     is tied to wte, which the first and the last stage both hold: after backward their two
+//     gradients are summed, as Megatron's embedding group does, so both take the same step;
+//   - data parallelism (step 19's DDP, over the D ranks that hold the same part).
+// The gradients' norm for clipping is summed over a replica's T x P ranks, each tensor counted
+// once. The data are step 19's: one global batch of batch_size x accum_steps x D windows a step,
+// replica d's micro-step a taking slice d x accum_steps + a, so D x T x P ranks take the steps of
+// step 19 on D ranks. --init and --save are the whole model in step 19's state_dict names,
+// whatever the grid: each rank cuts its part from the whole model, and the parts are summed back
+// into it at the end (each value owned by one rank of the replica) for the checksum, --save and
+// the sample.
+//
+// Build and run:
+//   make day5/20_gpt_3d && make shakespeare
+//   mpirun -np 2 day5/20_gpt_3d --tp 2 --max_iters 100 --eval_interval 50 --sample 0   (add --oversubscribe on fewer cores)
+//   mpirun -np 4 day5/20_gpt_3d --dp 2 --pp 2 --micro_batches 4 --schedule 1f1b
+//   mpirun -np 8 day5/20_gpt_3d --dp 2 --tp 2 --pp 2                # on a node of 8 GPUs: NCCL in every group
+//
+// Expected output: day5/README.md, step 20.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/args.h"              // args_parse: the flags and --help
+#include "base/check.h"             // xmalloc, usage_error
+#include "base/quote.h"             // QUOTE, PATH_SHOWN: a flag's value in a message
+#include "base/timer.h"             // wall_seconds
+#include "comm/collectives.h"       // group_all_reduce, group_exchange: the tied embedding, stage to stage
+#include "comm/group.h"             // group_split, group_gather_figures: the grid's groups, the per-rank table
+#include "data/char_text.h"         // CharText, the windows: the data
+#include "models/adamw.h"           // AdamW, clip_grad_norm_split: nanoGPT's optimizer step, over the parts
+#include "models/gpt.h"             // Gpt, gpt_new_part, gpt_stage_forward, gpt_stage_backward: the model and its parts
+#include "parallel/ddp.h"           // ddp_wrap_group, ddp_grad_ready, ddp_finish, ddp_set_sync: DDP per part
+#include "parallel/schedule.h"      // Schedule: each stage's forwards and backwards, in order
+#include "parallel/zero1.h"         // Zero1, zero1_step: AdamW's moments sharded over the replicas (--zero 1)
+#include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
+#include "records/plot.h"           // plot_png: the train and validation curves
+#include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
+#include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
+#include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
+#include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "tensor/flops.h"           // sgemm_peak_flops: the yardstick of MFU
+#include "train/divergence.h"       // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
+#include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
+
+typedef struct {
+    const char *data, *init, *save, *losses, *plot, *device, *prompt, *schedule;
+    int n_layer, n_head, n_embd, block_size, batch_size, bias;
+    double dropout;
+    int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
+    double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
+    int dp, tp, pp, micro_batches, zero;
+    TrackingOptions tracking;
+} Options;
+
+// Where this rank sits in the grid, and the groups it talks in.
+typedef struct {
+    int replica, stage, tp_rank;  // d, p, t: rank = (d P + p) T + t
+    int stages;
+    Group tensor_parallel;        // my replica's and stage's T ranks: f and g, every block
+    Group pipeline;               // my replica's P stages of my tensor-parallel rank: activations and their gradients
+    Group data_parallel;          // the D ranks that hold my part: DDP
+    Group model;                  // my replica's T x P ranks: the gradients' norm, the whole model
+    Group embedding;              // the first and the last stage (P > 1): the tied wte's gradient
+} Grid;
+
+// One micro-step of a replica through the pipeline: its batch of B windows in M micro-batches,
+// each stage running its schedule's list; before each action, one exchange with the neighbouring
+// stages (what the last action produced goes out, what this one needs comes in), as step 16 does.
+// With `train` false, forwards only, in order (evaluation). Returns the sum over the micro-batches
+// of their mean losses, on the last stage (0 elsewhere).
+static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedule, const int *inputs, const int *targets,
+                            int B, int T, float factor, bool train, bool sync, Ddp *ddp) {
+    const int M = schedule->micro_batches, Bm = B / M;
+    const bool first = grid->stage == 0, last = grid->stage == grid->stages - 1;
+    const Action *actions = schedule_actions(schedule, grid->stage);
+    P2pSend send = {0};
+    int n_send = 0;
+    double loss = 0.0;
+    Tensor received;
+    for (int k = 0; k < (train ? 2 * M : M); k++) {
+        Action action = train ? actions[k] : (Action){ACTION_FORWARD, k};
+        const int i = action.micro_batch, offset = i * Bm * T;
+        const bool forward = action.kind == ACTION_FORWARD;
+        P2pReceive receive = {0};
+        int n_receive = 0;
+        if (forward && !first) received = gpt_stage_input(model, i, Bm, T), receive = (P2pReceive){&received, grid->stage - 1}, n_receive = 1;
+        if (!forward && !last) received = gpt_stage_grad_output(model, Bm, T), receive = (P2pReceive){&received, grid->stage + 1}, n_receive = 1;
+        if (n_send + n_receive > 0) {
+            group_exchange(&grid->pipeline, &send, n_send, &receive, n_receive);
+            device_synchronize();  // (tests/fake_gpu runs a stream only when waited for)
+        }
+        n_send = 0;
+        if (forward) {
+            const Tensor *out = gpt_stage_forward(model, i, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
+            if (last) loss += gpt_stage_loss(model, i, targets + offset, Bm, T, factor);
+            else send = (P2pSend){out, grid->stage + 1}, n_send = 1;
+        } else {
+            // DDP averages this part's gradients over its replicas in the last micro-batch's backward
+            // of the last micro-step (model.no_sync() for the others).
+            ddp_set_sync(ddp, sync && i == M - 1);
+            const Tensor *grad_input = gpt_stage_backward(model, i, inputs + offset, Bm, T, ddp_grad_ready, ddp);
+            if (!first) send = (P2pSend){grad_input, grid->stage - 1}, n_send = 1;
+        }
+    }
+    if (n_send) {
+        group_exchange(&grid->pipeline, &send, n_send, NULL, 0);  // the last action's output
+        device_synchronize();
+    }
+    return loss;
+}
+
+// The loss that the ranks of a replica's last stage (its tensor-parallel rank 0) hold, summed over
+// the world: every rank learns the global batch's.
+static double loss_over_world(const Grid *grid, double loss) {
+    float mine = grid->stage == grid->stages - 1 && grid->tp_rank == 0 ? (float)loss : 0.0f;
+    dist_allreduce_sum(&mine, 1);
+    return mine;
+}
+
+// estimate_loss(): the mean loss over eval_iters global batches of the split, each replica
+// evaluating its slice (as in training), in micro-steps of batch_size through its pipeline; no gradients.
+static double estimate_loss(Gpt *model, const Grid *grid, const Schedule *schedule, const CharText *text,
+                            TextSplit split, Rng *eval_rng, const Options *o, long *offsets, int *inputs, int *targets) {
+    int per_replica = o->batch_size * o->accum_steps, global = per_replica * o->dp;
+    double sum = 0.0;
+    gpt_set_training(model, false);  // model.eval(): no dropout
+    for (int k = 0; k < o->eval_iters; k++) {
+        char_text_draw_offsets(eval_rng, char_text_split_length(text, split), o->block_size, global, offsets);
+        for (int m = 0; m < o->accum_steps; m++) {
+            char_text_windows(text, split, offsets + (size_t)(grid->replica * o->accum_steps + m) * o->batch_size,
+                              o->batch_size, o->block_size, inputs, targets);
+            sum += pipeline_step(model, grid, schedule, inputs, targets, o->batch_size, o->block_size, 1.0f, false,
+                                 false, NULL) / o->micro_batches;
+        }
+    }
+    gpt_set_training(model, true);   // model.train()
+    return loss_over_world(grid, sum) / ((double)o->eval_iters * o->accum_steps * o->dp);
+}
+
+// nanoGPT's generate(): each new character from the last block_size ones; logits / temperature,
+// all but the top_k set to -inf, softmax, one draw.
+static void sample_text(Gpt *model, const CharText *text, const int *prompt, int prompt_length, const Options *o,
+                        Rng *rng) {
+    int capacity = prompt_length + o->sample, V = model->config.vocab_size;
+    int *context = xmalloc((size_t)capacity * sizeof(int));
+    memcpy(context, prompt, (size_t)prompt_length * sizeof(int));
+    double *probs = xmalloc((size_t)V * sizeof(double));
+    float *logits = xmalloc((size_t)V * sizeof(float)), *sorted = xmalloc((size_t)V * sizeof(float));
+    char *out = xmalloc((size_t)capacity + 1);
+    for (int i = 0; i < prompt_length; i++) out[i] = (char)text->chars[prompt[i]];
+    gpt_set_training(model, false);  // model.eval(): no dropout
+    for (int n = prompt_length; n < capacity; n++) {
+        int T = n < o->block_size ? n : o->block_size;
+        gpt_forward(model, context + n - T, 1, T);
+        gpt_logits_row(model, T - 1, logits);  // the last position's
+
+        // The k-th largest logit: everything below it is out (torch.topk, then logits < v[-1]).
+        int k = o->top_k < V ? o->top_k : V;
+        memcpy(sorted, logits, (size_t)V * sizeof(float));
+        for (int i = 0; i < k; i++)  // a partial selection sort: k is small
+            for (int j = i + 1; j < V; j++)
+                if (sorted[j] > sorted[i]) { float swap = sorted[i]; sorted[i] = sorted[j]; sorted[j] = swap; }
+        float threshold = sorted[k - 1], max = sorted[0];
+        double total = 0.0;
+        for (int c = 0; c < V; c++) total += probs[c] = logits[c] < threshold ? 0.0 : exp((logits[c] - max) / o->temperature);
+        double u = rng_uniform(rng, 0.0f, 1.0f) * total, cumulative = 0.0;
+        int next = 0;
+        for (int c = 0; c < V; c++) {
+            cumulative += probs[c];
+            if (probs[c] > 0.0) next = c;  // the last possible one, should rounding leave u beyond the sum
+            if (u < cumulative && probs[c] > 0.0) break;
+        }
+        context[n] = next;
+        out[n] = (char)text->chars[next];
+    }
+    out[capacity] = '\0';
+    print0("%s\n", out);
+    free(context), free(probs), free(logits), free(sorted), free(out);
+}
+
+// The whole model again, on the model group's rank 0 (a replica's stage 0, tensor-parallel rank 0):
+// every rank of the replica puts the values it owns into a zeroed whole model and the group sums
+// them, tensor by tensor (x + 0 is x: the sum is exact). Collective over the model group.
+static void gather_whole(const Gpt *part, Gpt *whole, const Grid *grid) {
+    for (int i = 0; i < whole->n_params; i++) tensor_fill(whole->params[i].value, 0.0f);
+    gpt_part_to_whole(part, whole);
+    for (int i = 0; i < whole->n_params; i++) {
+        Tensor *t = whole->params[i].value;
+        CHECK_MPI(MPI_Reduce(grid->model.rank == 0 ? MPI_IN_PLACE : t->data, t->data, (int)tensor_numel(t), MPI_FLOAT,
+                             MPI_SUM, 0, grid->model.mpi));
+    }
+}
+
+// What a rank holds, each part beside its formula (L_s = n_layer / P blocks of its stage, C wide,
+// V characters, T context, B windows per micro-step of its replica, H heads, split T_p = --tp ways;
+// float32, 4 bytes each). The activations are those kept from forward for backward, for one
+// micro-step (all its M micro-batches: what GPipe holds at once), and the rank's line in a table
+// of every rank, on rank 0.
+static void print_memory(const Gpt *model, const Grid *grid, const Options *o, double adam_floats) {
+    const GptConfig *c = &model->config;
+    const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
+    const double H = c->n_head, B = o->batch_size, N = B * T;
+    const bool first = model->has_embeddings, last = model->has_head;
+    double params = Ls * (12 * C * C / Tp + 2 * C + (c->bias ? 7 * C / Tp + 4 * C : 0)) + (first || last ? V * C : 0) +
+                    (first ? T * C : 0) + (last ? (c->bias ? 2 : 1) * C : 0);
+    double activations = N * (Ls * (4 * C + 4 + 12 * C / Tp) + C) + (last ? N * (C + 2 + 2 * V) : 0) + Ls * B * H / Tp * T * T;
+    double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
+    // AdamW's moments: 2 P_r, or with --zero 1 2 x this rank's blocks of ceil(n / D) of every tensor, about 2 P_r / D.
+    CHECK(params == (double)gpt_num_params(model, false) && activations + masks == (double)gpt_activation_floats(model) &&
+          (o->zero == 1 ? adam_floats <= 2 * params / o->dp + 2 * model->n_params : adam_floats == 2 * params),
+          "the memory formulas disagree with the model: %.0f and %.0f floats", params, activations);
+    print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
+           "embeddings, [last]: the last stage's ln_f and head):\n"
+           "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
+           "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)%s\n"
+           "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n"
+           "  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's\n",
+           model->n_blocks, o->tp, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
+           o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
+           masks > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
+    double mine[7] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * adam_floats / 1e6,
+                      4 * (activations + masks) / 1e6, 4 * Ls * B * H / Tp * T * T / 1e6};
+    double *all = group_gather_figures(group_world(), mine, 7, false);
+    for (int r = 0; all && r < dist_world_size(); r++) {
+        const double *f = all + 7 * r;
+        print0("  %4d  %7.0f  %5.0f  %2.0f  %13.2f  %12.2f  %8.2f  %14.2f  %20.2f\n", r, f[0], f[1], f[2], f[3], f[3],
+               f[4], f[5], f[6]);
+    }
+    free(all);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    Options o = {.data = "data/shakespeare", .plot = "img/20_gpt_3d.png", .device = "auto", .schedule = "1f1b",
+                 .n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 64, .batch_size = 12,
+                 .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
+                 .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
+                 .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1};
+    ArgSpec flags[] = {
+        {"dp", ARG_INT, &o.dp, "D", "data-parallel replicas (world = D x T x P)", 1, NULL},
+        {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
+        {"pp", ARG_INT, &o.pp, "P", "pipeline stages (a divisor of --n_layer)", 1, NULL},
+        {"micro_batches", ARG_INT, &o.micro_batches, "M", "micro-batches per micro-step through the pipeline (a divisor of --batch_size)", 1, NULL},
+        {"zero", ARG_INT, &o.zero, "STAGE", "1: AdamW's moments sharded over the data-parallel group (ZeRO-1); 0: none", 0, NULL},
+        {"schedule", ARG_STRING, &o.schedule, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
+        {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
+        {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
+        {"n_head", ARG_INT, &o.n_head, "N", "attention heads per block", 1, NULL},
+        {"n_embd", ARG_INT, &o.n_embd, "N", "width of the residual stream (a multiple of --n_head)", 1, NULL},
+        {"block_size", ARG_INT, &o.block_size, "N", "context: characters the model sees", 1, NULL},
+        {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per replica", 1, NULL},
+        {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
+        {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (the whole model only: D ranks, no --tp, --pp or --micro_batches)", 0, NULL},
+        {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
+        {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
+        {"min_lr", ARG_FLOAT_GE, &o.min_lr, "X", "the learning rate at the end of the cosine decay", 0, NULL},
+        {"warmup_iters", ARG_INT, &o.warmup_iters, "N", "linear warm-up iterations", 0, NULL},
+        {"lr_decay_iters", ARG_INT, &o.lr_decay_iters, "N", "the iteration where the cosine decay reaches --min_lr", 0, NULL},
+        {"weight_decay", ARG_FLOAT_GE, &o.weight_decay, "X", "AdamW's decoupled weight decay (matrices only)", 0, NULL},
+        {"beta1", ARG_FLOAT_GE, &o.beta1, "X", "AdamW's beta1", 0, NULL},
+        {"beta2", ARG_FLOAT_GE, &o.beta2, "X", "AdamW's beta2", 0, NULL},
+        {"grad_clip", ARG_FLOAT_GE, &o.grad_clip, "X", "clip the gradients' global norm to X (0: no clipping)", 0, NULL},
+        {"accum_steps", ARG_INT, &o.accum_steps, "N", "micro-steps per optimizer step (gradient accumulation)", 1, NULL},
+        {"eval_interval", ARG_INT, &o.eval_interval, "N", "evaluate every N iterations, and after the last", 1, NULL},
+        {"eval_iters", ARG_INT, &o.eval_iters, "N", "global batches per split and evaluation", 1, NULL},
+        {"seed", ARG_INT, &o.seed, "N", "seeds the weights and the windows", 0, NULL},
+        {"init", ARG_PATH, &o.init, "FILE.h5", "start from these weights (nanoGPT's state_dict names, the whole model)", 0, NULL},
+        {"save", ARG_OUTPUT, &o.save, "FILE.h5", "write the final weights (the whole model)", 0, NULL},
+        {"losses", ARG_OUTPUT, &o.losses, "FILE.csv", "write step,epoch,loss per iteration (rank 0)", 0, NULL},
+        {"plot", ARG_OUTPUT_OR_NONE, &o.plot, "FILE.png", "train and validation loss curves ('' for none)", 0, NULL},
+        {"sample", ARG_INT, &o.sample, "N", "characters to generate at the end (0: none)", 0, NULL},
+        {"prompt", ARG_STRING, &o.prompt, "TEXT", "the text the sample goes on from (none: a newline, as nanoGPT's sample.py)", 0, NULL},
+        {"temperature", ARG_FLOAT, &o.temperature, "X", "the sample's temperature (< 1: more likely characters)", 0, NULL},
+        {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
+        {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
+        {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
+        {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
+        TRACKING_FLAGS(o.tracking),
+    };
+    args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 20: step 19's GPT split data x tensor x pipeline parallel (Megatron-LM's 3D grid).");
+    GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
+                        .bias = o.bias, .dropout = o.dropout};
+    if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
+    int rank = dist_rank(), world = dist_world_size();
+    // The grid, refused in one line (exit 2, every rank alike) where it cannot be.
+    ScheduleKind schedule_kind;
+    if (!schedule_kind_from_name(o.schedule, &schedule_kind)) usage_error("--schedule %s: expected gpipe or 1f1b", QUOTE(o.schedule));
+    if ((long)o.dp * o.tp * o.pp != world)
+        usage_error("--dp %d --tp %d --pp %d: a grid of %ld ranks, but the world has %d (D x T x P must be the world size)",
+                    o.dp, o.tp, o.pp, (long)o.dp * o.tp * o.pp, world);
+    // (T dividing n_head divides n_embd = n_head x head_dim, and so the MLP's 4 n_embd too.)
+    if (o.n_head % o.tp != 0)
+        usage_error("--tp %d: --n_head %d is not a multiple of it (each tensor-parallel rank computes n_head / T heads "
+                    "and 4 n_embd / T of the MLP)", o.tp, o.n_head);
+    if (o.n_layer % o.pp != 0)
+        usage_error("--pp %d: --n_layer %d is not a multiple of it (each stage holds n_layer / P blocks)", o.pp, o.n_layer);
+    if (o.zero > 1)
+        usage_error("--zero %d: expected 0 or 1 (ZeRO-1: AdamW's moments sharded; stages 2 and 3 are step 18's)", o.zero);
+    if (o.batch_size % o.micro_batches != 0)
+        usage_error("--micro_batches %d: expected a divisor of --batch_size %d", o.micro_batches, o.batch_size);
+    if (o.dropout > 0 && o.tp * o.pp * o.micro_batches > 1)
+        usage_error("--dropout %g: only with whole models (no --tp, --pp or --micro_batches): step 19 draws the masks of "
+                    "a whole micro-step, which a split would draw otherwise", o.dropout);
+    Device device = device_from_flag(o.device);
+    threads_init(o.threads);
+
+    // Data: the text's characters are the vocabulary; 90% trains, 10% validates.
+    CharText text = char_text_load(o.data, o.block_size);
+    config.vocab_size = text.vocab_size;
+    if (!o.prompt) o.prompt = "\n";
+    int prompt_length = (int)strlen(o.prompt);
+    int *prompt = xmalloc(((size_t)prompt_length + 1) * sizeof(int));
+    int bad = 0;
+    if (o.sample > 0 && (prompt_length == 0 || !char_text_encode(&text, o.prompt, prompt, &bad))) {
+        if (prompt_length == 0) usage_error("--prompt '': the sample needs at least one character to go on from");
+        usage_error("--prompt %s: its character %d, %s, is not in the vocabulary of %s/input.txt (%d characters)",
+                    QUOTE(o.prompt), bad + 1, QUOTE_N(o.prompt + bad, 1), PATH_SHOWN(o.data), text.vocab_size);
+    }
+    Tracking *run = tracking_start(&o.tracking, "day5/20_gpt_3d.c", device_name(device), NULL, args_values());  // mlflow.start_run(); log_params
+
+    // The grid, as Megatron's and picotron's: tensor-parallel ranks innermost (neighbours: one
+    // node), then the stages, then the replicas.
+    Grid grid = {.tp_rank = rank % o.tp, .stage = rank / o.tp % o.pp, .replica = rank / (o.tp * o.pp), .stages = o.pp};
+    grid.tensor_parallel = group_split(grid.replica * o.pp + grid.stage, grid.tp_rank);
+    grid.pipeline = group_split(grid.replica * o.tp + grid.tp_rank, grid.stage);
+    grid.data_parallel = group_split(grid.stage * o.tp + grid.tp_rank, grid.replica);
+    grid.model = group_split(grid.replica, grid.stage * o.tp + grid.tp_rank);
+    bool tied_ends = grid.stage == 0 || grid.stage == o.pp - 1;  // a singleton group for the stages in between
+    grid.embedding = group_split(tied_ends ? grid.replica * o.tp + grid.tp_rank : world + rank, grid.stage);
+    int blocks = o.n_layer / o.pp;
+    GptSplit split = {.first_layer = grid.stage * blocks, .end_layer = (grid.stage + 1) * blocks,
+                      .tensor_group = &grid.tensor_parallel};
+
+    // What this rank's part will take, refused in one line if it would not fit (before anything is allocated).
+    MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d --tp %d --pp %d", o.n_layer,
+                                  o.n_embd, o.block_size, o.batch_size, o.tp, o.pp);
+    gpt_add_part_memory_need(&need, &config, o.batch_size, blocks, o.tp, grid.stage == 0, grid.stage == o.pp - 1);
+    MemoryNeed whole_need = memory_need("the whole model");
+    gpt_add_memory_need(&whole_need, &config, 1);
+    if (device == DEVICE_CPU) {  // (on a GPU rank the text and the whole model stay on the host)
+        memory_need_add(&need, "the whole model, on the host", memory_need_bytes(&whole_need));
+        memory_need_add(&need, "data", (double)text.n);
+    }
+    memory_require(&need, device);
+
+    // Model: the whole model made on the host as step 19 makes it (or loaded), and this rank's part
+    // cut from it; DDP over the replicas of the part; the optimizer over the part.
+    Rng init_rng;
+    rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
+    Gpt *whole = gpt_new(&config, 1, &init_rng, DEVICE_CPU);  // model = GPT(gptconf)
+    // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
+    if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
+    Gpt *model = gpt_new_part(whole, o.batch_size, &split, device);  // its part, .to(device)
+    Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
+    // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
+    AdamW optimizer = {0};
+    Zero1 zero = {0};
+    if (o.zero == 1) zero = zero1_new(model->params, model->n_params, &grid.data_parallel, o.weight_decay, o.beta1, o.beta2);
+    else optimizer = adamw_new(model->params, model->n_params, o.weight_decay, o.beta1, o.beta2);
+    bool *owned = xmalloc((size_t)model->n_params * sizeof(bool));  // what counts once in the gradients' norm
+    for (int i = 0; i < model->n_params; i++) owned[i] = gpt_owns(model, i);
+    LrSchedule schedule = {.lr = o.learning_rate, .min_lr = o.min_lr, .warmup_iters = o.warmup_iters,
+                           .lr_decay_iters = o.lr_decay_iters, .decay = true};
+    Schedule pipeline_schedule = schedule_new(schedule_kind, o.pp, o.micro_batches);
+
+    int global_batch = o.batch_size * o.accum_steps * o.dp;
+    print0("Step 20: a GPT on %d rank%s, %d replica%s x %d tensor-parallel x %d pipeline stage%s: %d layers, %d heads, "
+           "%d wide, context %d, vocabulary %d: %.2fM parameters (%zu, and %zu in wpe)\n", world, world == 1 ? "" : "s",
+           o.dp, o.dp == 1 ? "" : "s", o.tp, o.pp, o.pp == 1 ? "" : "s", o.n_layer, o.n_head, o.n_embd, o.block_size,
+           text.vocab_size, gpt_num_params(whole, true) / 1e6, gpt_num_params(whole, true),
+           gpt_num_params(whole, false) - gpt_num_params(whole, true));
+    print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g, clip %g%s; %d iterations of "
+           "%d windows (%d per replica x %d micro-step%s x %d replica%s; %d micro-batch%s of %d, %s), %d tokens each; "
+           "%s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2, o.weight_decay,
+           o.grad_clip, o.zero == 1 ? ", its moments sharded over the replicas (ZeRO-1)" : "", o.max_iters, global_batch, o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", o.dp,
+           o.dp == 1 ? "" : "s", o.micro_batches, o.micro_batches == 1 ? "" : "es", o.batch_size / o.micro_batches,
+           schedule_kind_name(schedule_kind), global_batch * o.block_size, device_name(device), threads_describe());
+    for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
+        int t = r % o.tp, p = r / o.tp % o.pp, d = r / (o.tp * o.pp), H = o.n_head / o.tp;
+        print0("rank %d: replica %d, stage %d (blocks %d-%d%s%s), tensor-parallel rank %d: heads %d-%d, MLP columns %d-%d\n",
+               r, d, p, p * blocks, (p + 1) * blocks - 1, p == 0 ? ", embeddings" : "", p == o.pp - 1 ? ", ln_f and head" : "",
+               t, t * H, (t + 1) * H - 1, t * 4 * o.n_embd / o.tp, (t + 1) * 4 * o.n_embd / o.tp - 1);
+    }
+    print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
+    // MFU's yardstick: this rank's sgemm peak on its device, measured now.
+    double flops_per_iter = gpt_flops_per_token(whole, o.block_size) * global_batch * o.block_size;
+    double peak = o.max_iters > 0 ? sgemm_peak_flops(device, device == DEVICE_CUDA ? 2048 : 1024, 5) : 0.0;
+    if (o.max_iters > 0)
+        print0("%.2f GFLOP per iteration (6 N + 12 L H Q T per token, as nanoGPT counts); this rank's sgemm peak %.1f "
+               "GFLOP/s, measured\n", flops_per_iter / 1e9, peak / 1e9);
+
+    Rng train_rng, eval_rng;
+    rng_seed(&train_rng, (uint64_t)o.seed);      // the training windows
+    rng_seed(&eval_rng, (uint64_t)o.seed + 1);   // the evaluation's
+    long *offsets = xmalloc((size_t)global_batch * sizeof(long));
+    int *inputs = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));   // [B, T]
+    int *targets = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));  // [B, T]
+    LossLog losses = {0};
+    int n_evals = o.max_iters / o.eval_interval + 2;
+    float *eval_steps = xmalloc((size_t)n_evals * sizeof(float)), *train_evals = xmalloc((size_t)n_evals * sizeof(float));
+    float *val_evals = xmalloc((size_t)n_evals * sizeof(float));
+    int evals = 0;
+    double train_seconds = 0.0;
+    long tokens_per_iter = (long)global_batch * o.block_size;
+    const float factor = 1.0f / (float)(o.accum_steps * o.micro_batches);  // each micro-batch's share of the step
+
+    for (int iter = 0;; iter++) {
+        if (iter % o.eval_interval == 0 || iter == o.max_iters) {
+            double train_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
+            double val_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
+            char what[64];
+            snprintf(what, sizeof what, "the train loss at iteration %d", iter);
+            check_result_finite(train_loss, what, 0, run);  // (the same on every rank: allreduced)
+            snprintf(what, sizeof what, "the val loss at iteration %d", iter);
+            check_result_finite(val_loss, what, 0, run);
+            print0("step %d: train loss %.4f, val loss %.4f\n", iter, train_loss, val_loss);
+            tracking_log_metric(run, "train_loss", train_loss, iter);
+            tracking_log_metric(run, "val_loss", val_loss, iter);
+            eval_steps[evals] = (float)iter, train_evals[evals] = (float)train_loss, val_evals[evals++] = (float)val_loss;
+        }
+        if (iter == o.max_iters) break;
+        double start = wall_seconds();
+        double lr = lr_at(&schedule, iter);
+        // One global batch of windows; this replica's micro-steps take its slices.
+        char_text_draw_offsets(&train_rng, text.n_train, o.block_size, global_batch, offsets);
+        gpt_zero_grad(model);                                 // optimizer.zero_grad(set_to_none=True)
+        double loss_sum = 0.0;
+        for (int m = 0; m < o.accum_steps; m++) {
+            char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(grid.replica * o.accum_steps + m) * o.batch_size,
+                              o.batch_size, o.block_size, inputs, targets);
+            // The dropout masks of micro-batch (iteration, slice), as step 19 draws them (whole models only).
+            int slice = grid.replica * o.accum_steps + m, slices = o.accum_steps * o.dp;
+            gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
+            // Forward, loss and backward of the micro-step's M micro-batches, in the schedule's order.
+            loss_sum += pipeline_step(model, &grid, &pipeline_schedule, inputs, targets, o.batch_size, o.block_size,
+                                      factor, true, m == o.accum_steps - 1, &ddp) / o.micro_batches;
+        }
+        ddp_finish(&ddp);                                     // every gradient the mean over replicas
+        // The tied wte: the first stage's gradient (the embedding's) and the last's (the head's) summed.
+        if (o.pp > 1 && tied_ends) group_all_reduce(&grid.embedding, model->params[0].grad);
+        if (o.grad_clip > 0) {
+            if (o.tp * o.pp == 1) clip_grad_norm(model->params, model->n_params, o.grad_clip);
+            else clip_grad_norm_split(model->params, model->n_params, owned, &grid.model, o.grad_clip);
+        }
+        if (o.zero == 1) zero1_step(&zero, lr);               // optimizer.step(): my 1/D, then all-gathered
+        else adamw_step(&optimizer, lr);                      // optimizer.step()
+        float loss = (float)loss_over_world(&grid, loss_sum); // for the log: the loss of the global batch
+        loss /= (float)(o.accum_steps * o.dp);
+        check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
+        double seconds = wall_seconds() - start;
+        train_seconds += seconds;
+        loss_log_add(&losses, 0, loss);
+        tracking_log_metric(run, "loss", loss, iter);
+        if (iter % 10 == 0 || iter == o.max_iters - 1)
+            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
+                   tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
+    }
+    if (o.max_iters > 0)
+        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", o.max_iters, train_seconds,
+               (double)o.max_iters * tokens_per_iter / train_seconds,
+               100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
+    print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
+    check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
+    char overlap[256];
+    ddp_describe_overlap(&ddp, overlap, sizeof overlap);
+    if (o.max_iters > 0) print0("DDP (rank 0's part): %s\n", overlap);
+    // The whole model again: on each replica's first rank, its checksum (step 19's, of the same weights).
+    gather_whole(model, whole, &grid);
+    if (grid.model.rank == 0)
+        print_rank("parameter checksum %016llx (the whole model, from replica %d's %d rank%s)\n",
+                   params_checksum(whole->params, whole->n_params), grid.replica, o.tp * o.pp, o.tp * o.pp == 1 ? "" : "s");
+
+    if (rank == 0 && o.sample > 0) {
+        Rng sample_rng;
+        rng_seed(&sample_rng, (uint64_t)o.seed + 2);  // (the dropout's seeds are above 2^31)
+        print0("sample (%d characters, temperature %g, top_k %d):\n", o.sample, o.temperature, o.top_k);
+        sample_text(whole, &text, prompt, prompt_length, &o, &sample_rng);
+    }
+    if (rank == 0 && o.losses) loss_log_write_csv(&losses, o.losses);
+    if (rank == 0 && o.save) {
+        int n_state;
+        Param *state_dict = gpt_state_dict(whole, &n_state);
+        h5_save_params(o.save, state_dict, n_state);
+        free(state_dict);
+    }
+    if (rank == 0 && o.plot && *o.plot && losses.n > 0) {
+        float *steps = xmalloc((size_t)losses.n * sizeof(float));
+        for (int i = 0; i < losses.n; i++) steps[i] = (float)i;
+        PlotSeries series[] = {
+            {.label = "train loss (each iteration)", .x = steps, .y = losses.loss, .n = losses.n},
+            {.label = "train loss (evaluation)", .x = eval_steps, .y = train_evals, .n = evals},
+            {.label = "validation loss (evaluation)", .x = eval_steps, .y = val_evals, .n = evals},
+        };
+        char title[96];
+        snprintf(title, sizeof title, "Step 20: GPT on Tiny Shakespeare, %d x %d x %d ranks", o.dp, o.tp, o.pp);
+        PlotSpec spec = {.title = title, .xlabel = "iteration", .ylabel = "loss"};
+        plot_png(o.plot, &spec, series, 3);
+        free(steps);
+        print0("Loss curves: %s\n", o.plot);
+    }
+    tracking_log_artifact(run, o.losses);
+    tracking_log_artifact(run, o.save);
+    tracking_log_artifact(run, o.plot);
+    tracking_end(run, TRACKING_FINISHED);
+
+    free(eval_steps), free(train_evals), free(val_evals);
+    free(offsets), free(inputs), free(targets), free(prompt), free(owned);
+    loss_log_free(&losses);
+    schedule_free(&pipeline_schedule);
+    if (o.zero == 1) zero1_free(&zero);
+    else adamw_free(&optimizer);
+    ddp_free(&ddp);
+    gpt_free(model);
+    gpt_free(whole);
+    group_free(&grid.embedding), group_free(&grid.model), group_free(&grid.data_parallel);
+    group_free(&grid.pipeline), group_free(&grid.tensor_parallel);
+    char_text_free(&text);
+    dist_finalize();
+    return 0;
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Step 20 (step 19's GPT split data x tensor x pipeline parallel), against step 19 from the same
+# --init: at D = T = P = 1 step 19's losses and checksum bit for bit; every grid its per-iteration
+# losses within 1e-5 over 20 iterations, and the gathered model (--save, the whole model in step
+# 19's state_dict names) within 1e-5 of step 19's weights; the sample of the gathered model; bad
+# grids refused in one line, exit 2.
+# --zero 1 (AdamW's moments sharded over the replicas) takes DDP's steps bit for bit, with half the moments.
+# make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2, --pp 2 with 1F1B); make test-all:
+# the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --bias and
+# --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
+set -u
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+suite gpt_3d
+needs_built day5/19_gpt
+needs_built day5/20_gpt_3d
+needs_built build/tools/compare_h5_weights
+scratch
+RUN_TIMEOUT=300
+MPI_FLAGS="--bind-to none"  # mpirun would bind each rank to one core, whatever --threads asks
+SHAKESPEARE=${SHAKESPEARE_DATA:-data/shakespeare}
+if [ ! -f "$SHAKESPEARE/input.txt" ]; then
+    skip "step 20 (no $SHAKESPEARE/input.txt: make shakespeare, or SHAKESPEARE_MIRROR=DIR make shakespeare)"
+    exit 0
+fi
+# same_gpt_weights WHAT A.h5 B.h5 TOLERANCE: lib.sh's same_weights for any state_dict (the GPT's).
+same_gpt_weights() {
+    local verdict
+    verdict=$(build/tools/compare_h5_weights "$2" "$3" "$4" 2>&1)
+    if [ $? -eq 0 ]; then pass "$1: $verdict"; else fail "$1: $verdict (tolerance $4)"; fi
+}
+short=(--data "$SHAKESPEARE" --plot '' --sample 0 --max_iters 20 --eval_interval 20 --eval_iters 2 --threads 1)
+
+# ---------------------------------------------------------------- the references: step 19 on 1 and 2 ranks
+run day5/19_gpt --data "$SHAKESPEARE" --plot '' --sample 0 --max_iters 0 --eval_iters 1 --save "$tmp/init.h5" > /dev/null 2>&1
+run day5/19_gpt "${short[@]}" --init "$tmp/init.h5" --losses "$tmp/s19.csv" --save "$tmp/s19.h5" > "$tmp/s19.out" 2>&1 ||
+    fail "step 19 did not run: $(tail -1 "$tmp/s19.out")"
+mpi 2 day5/19_gpt "${short[@]}" --init "$tmp/init.h5" --losses "$tmp/s19dp2.csv" --save "$tmp/s19dp2.h5" > "$tmp/s19dp2.out" 2>&1 ||
+    fail "step 19 did not run on 2 ranks: $(tail -1 "$tmp/s19dp2.out")"
+
+# grid NP REFERENCE NAME FLAGS...: step 20 on NP ranks with FLAGS from the same --init takes the
+# steps of step 19's REFERENCE run (s19: 1 rank; s19dp2: 2 ranks) and ends with its weights.
+grid() {
+    local np=$1 reference=$2 name=$3 verdict
+    shift 3
+    if ! mpi "$np" day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" "$@" > "$tmp/$name.out" 2>&1; then
+        fail "$np ranks, $*: exit status $?: $(grep -a -m1 'error\|rank [0-9]* @' "$tmp/$name.out")"
+        return
+    fi
+    verdict=$(same_losses "$tmp/$reference.csv" "$tmp/$name.csv" 1e-5)
+    expect "$np ranks, $*: step 19's per-iteration losses ($reference): $verdict (<= 1e-5)" test $? -eq 0
+    same_gpt_weights "... and the gathered model's weights (--save) are step 19's" "$tmp/$name.h5" "$tmp/$reference.h5" 1e-5
+}
+
+# ---------------------------------------------------------------- 1 rank: step 19 itself
+run day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --losses "$tmp/one.csv" > "$tmp/one.out" 2>&1
+expect "D = T = P = 1: step 19's losses bit for bit (20 iterations)" cmp -s "$tmp/s19.csv" "$tmp/one.csv"
+expect "... and its parameter checksum: $(checksum "$tmp/one.out") (step 19: $(checksum "$tmp/s19.out"))" \
+    test -n "$(checksum "$tmp/one.out")" -a "$(checksum "$tmp/one.out")" = "$(checksum "$tmp/s19.out")"
+
+# ---------------------------------------------------------------- 2 ranks: one axis each
+grid 2 s19dp2 dp2 --dp 2
+expect "--dp 2: step 19's checksum on 2 ranks, bit for bit, from both replicas: $(checksum "$tmp/dp2.out") (step 19: $(checksum "$tmp/s19dp2.out"))" \
+    test "$(grep -c 'parameter checksum' "$tmp/dp2.out")" -eq 2 -a "$(checksum "$tmp/dp2.out")" = "$(checksum "$tmp/s19dp2.out")"
+# ZeRO-1: AdamW elementwise on each replica's 1/D of every tensor, then all-gathered: DDP's bits.
+grid 2 s19dp2 dp2zero --dp 2 --zero 1
+expect "--dp 2 --zero 1: step 19's checksum on 2 ranks, bit for bit: $(checksum "$tmp/dp2zero.out")" \
+    test "$(checksum "$tmp/dp2zero.out")" = "$(checksum "$tmp/s19dp2.out")"
+expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print $7 " MB of AdamW for " $6 " MB of gradients (without: twice)" }')" \
+    test "$(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print ($7 <= $6 * 1.001 && $7 >= $6 * 0.999) }')" = 1
+grid 2 s19 tp2 --tp 2
+grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
+
+# The gathered model is the whole model: from an --init, without training, --save gives it back
+# as it was, and the sample is step 19's.
+mpi 2 day5/20_gpt_3d --data "$SHAKESPEARE" --plot '' --max_iters 0 --eval_iters 1 --tp 2 --init "$tmp/init.h5" --save "$tmp/back.h5" \
+    --sample 100 --prompt 'ROMEO:' > "$tmp/sample20.out" 2>&1
+run day5/19_gpt --data "$SHAKESPEARE" --plot '' --max_iters 0 --eval_iters 1 --init "$tmp/init.h5" --sample 100 --prompt 'ROMEO:' > "$tmp/sample19.out" 2>&1
+same_gpt_weights "--tp 2 --max_iters 0: --save is the --init, gathered from the 2 ranks' parts" "$tmp/back.h5" "$tmp/init.h5" 0
+sample20=$(sed -n '/^sample (100 characters/,$p' "$tmp/sample20.out") sample19=$(sed -n '/^sample (100 characters/,$p' "$tmp/sample19.out")
+expect "... and its sample is step 19's ($(printf '%s' "$sample20" | wc -c) bytes)" test -n "$sample20" -a "$sample20" = "$sample19"
+
+# ---------------------------------------------------------------- 4 and 8 ranks (make test-all)
+if thorough; then
+    grid 4 s19dp2 dp2tp2 --dp 2 --tp 2
+    grid 4 s19 tp2pp2 --tp 2 --pp 2 --micro_batches 2 --schedule gpipe
+    grid 4 s19dp2 dp2pp2 --dp 2 --pp 2 --micro_batches 3 --schedule 1f1b
+    grid 4 s19 pp4 --pp 4 --micro_batches 4 --schedule 1f1b
+    grid 4 s19 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
+    grid 4 s19 tp4 --tp 4
+    grid 8 s19dp2 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
+    grid 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
+    expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
+        test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
+    # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
+    # micro-steps and micro-batches): step 19 with the same flags.
+    run day5/19_gpt --data "$SHAKESPEARE" --plot '' --sample 0 --max_iters 0 --eval_iters 1 --bias --save "$tmp/init_bias.h5" > /dev/null 2>&1
+    run day5/19_gpt "${short[@]}" --bias --init "$tmp/init_bias.h5" --accum_steps 2 --batch_size 6 --losses "$tmp/s19bias.csv" --save "$tmp/s19bias.h5" > /dev/null 2>&1
+    short+=(--bias --accum_steps 2 --batch_size 6)
+    mpi 4 day5/20_gpt_3d "${short[@]}" --init "$tmp/init_bias.h5" --tp 2 --pp 2 --micro_batches 3 --losses "$tmp/bias.csv" --save "$tmp/bias.h5" > "$tmp/bias.out" 2>&1
+    verdict=$(same_losses "$tmp/s19bias.csv" "$tmp/bias.csv" 1e-5)
+    expect "4 ranks, --tp 2 --pp 2 --micro_batches 3 --bias --accum_steps 2: step 19's losses: $verdict (<= 1e-5)" test $? -eq 0
+    same_gpt_weights "... and its weights" "$tmp/bias.h5" "$tmp/s19bias.h5" 1e-5
+fi
+
+# ---------------------------------------------------------------- bad grids: one line, exit 2
+DATA=$SHAKESPEARE
+expect_refused_flags day5/20_gpt_3d 2 "a grid that is not the world" "error: --dp 1 --tp 1 --pp 1: a grid of 1 ranks, but the world has 2"
+expect_refused_flags day5/20_gpt_3d 2 "--tp not dividing --n_head" "error: --tp 2: --n_head 3 is not a multiple of it" --tp 2 --n_head 3 --n_embd 96
+expect_refused_flags day5/20_gpt_3d 2 "--pp not dividing --n_layer" "error: --pp 2: --n_layer 3 is not a multiple of it" --pp 2 --n_layer 3
+expect_refused_flags day5/20_gpt_3d 2 "--micro_batches not dividing --batch_size" "error: --micro_batches 5: expected a divisor of --batch_size 12" --pp 2 --micro_batches 5
+expect_refused_flags day5/20_gpt_3d 2 "an unknown --schedule" "error: --schedule expects one of gpipe|1f1b, got 'zigzag'" --pp 2 --schedule zigzag
+expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or 1" --dp 2 --zero 2
+expect_refused_flags day5/20_gpt_3d 2 "--dropout with a split model" "error: --dropout 0.1: only with whole models" --tp 2 --dropout 0.1
+exit_status
