@@ -160,6 +160,8 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/*
 # MPI unit tests: run under mpirun by tests/test_mpi_units.sh, not directly.
 MPI_TESTS  := $(patsubst tests/unit_mpi/%.c,$(BUILD)/tests_mpi/%,$(wildcard tests/unit_mpi/*.c))
 TOOLS      := $(patsubst tests/tools/%.c,$(BUILD)/tools/%,$(wildcard tests/tools/*.c))
+# Attendees' tools, built in place as the programs are: tools/checkpoint_to_state_dict.
+USER_TOOLS := $(patsubst %.c,%,$(wildcard tools/*.c))
 # Step 2 with common/'s CPU_DISPATCHED loops compiled for one instruction set
 # alone, the x86-64 baseline (SSE2) and x86-64-v3 (AVX2): tests/test_threads.sh
 # checks that each ends with the bits of the build that picks a clone at run time.
@@ -172,7 +174,7 @@ endif
 .PHONY: all check-deps data movielens shakespeare demo test test-all test-gpu test-container fuzz bench scaling clean FORCE
 # The objects are prerequisites of pattern rules only; keep make from deleting them.
 .SECONDARY: $(COMMON_OBJ)
-all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
+all: check-deps $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) $(USER_TOOLS) $(UNIT_TESTS) $(MPI_TESTS) $(TOOLS) $(ONE_ISA)
 
 check-deps:
 	@if [ -n "$(MISSING)" ]; then \
@@ -216,6 +218,9 @@ day4/%: day4/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 day5/%: day5/%.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
+
+tools/%: tools/%.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(COMMON_LIB) $(FLAGS_STAMP) | $(BUILD)/tests
@@ -322,7 +327,7 @@ test-container: all
 	@MPIRUN="$(MPIRUN)" TEST_LEVEL=all tests/run.sh tests/container/test_container.sh
 
 clean:
-	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) day1/1_dist_allreduce_gpu
+	rm -rf $(BUILD) $(DAY1) $(DAY2) $(DAY3) $(DAY4) $(DAY5) $(USER_TOOLS) day1/1_dist_allreduce_gpu
 
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
 # with the sgemm peak and step 5's profile at 1 and all threads, then step 19's

@@ -36,6 +36,7 @@
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/accum.h"            // micro_batch: which micro-batches make one optimizer step
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take: each step's loss, read when the program prints
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
@@ -85,6 +86,8 @@ int main(int argc, char **argv) {
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     LossLog losses = {0};
+    // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
+    StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
 
     double train_start = wall_seconds();
     for (int epoch = 0; epoch < opt.epochs; epoch++) {
@@ -93,29 +96,29 @@ int main(int argc, char **argv) {
         int n_batches = sampler_num_batches(&sampler, opt.batch_size);
         int n_steps = (n_batches + accum_steps - 1) / accum_steps;
         double loss_sum = 0.0;
-        float loss = 0.0f;
         for (int b = 0; b < n_batches; b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             // accum_steps micro-batches make a step; each weighs by its share of the step's samples.
             MicroBatch micro = micro_batch(b, accum_steps, sampler.num_samples, opt.batch_size);
-            if (micro.first) {
-                mlp_zero_grad(&model);                     // optimizer.zero_grad()
-                loss = 0.0f;
-            }
+            if (micro.first) mlp_zero_grad(&model);        // optimizer.zero_grad()
             ddp_set_sync(&ddp, micro.last);                // with model.no_sync() on the others
             mlp_forward(&model, &x);                       // output = model(data)
-            loss += micro.weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                        step_losses_next_share(&pending, micro.weight, micro.first));  // (its share of the step's)
             mlp_scale_loss(&model, micro.weight);
             mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
             if (micro.last) {
                 ddp_finish(&ddp);                          // all buckets reduced, grads averaged
                 adam_step(&optimizer);                     // optimizer.step()
-                dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
-                loss /= (float)world;
-                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-                loss_log_add(&losses, epoch, loss);
-                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-                loss_sum += loss;
+                // loss.item(): at once on a CPU, for the whole epoch at its end on a GPU.
+                for (float loss; step_losses_take(&pending, b == n_batches - 1, &loss);) {
+                    dist_allreduce_sum(&loss, 1);          // for the log: the loss of the global batch
+                    loss /= (float)world;
+                    check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
+                    loss_log_add(&losses, epoch, loss);
+                    tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                    loss_sum += loss;
+                }
             }
         }
         double seconds = wall_seconds() - epoch_start;
@@ -156,6 +159,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    step_losses_free(&pending);
     adam_free(&optimizer);
     ddp_free(&ddp);
     mlp_free(&model);

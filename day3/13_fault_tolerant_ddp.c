@@ -55,6 +55,7 @@
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/accum.h"            // micro_batch, rows_in_batches: --accum_steps micro-batches make a step
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take: each step's loss, read when the program prints
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // --fail_at_epoch: this rank vanishes as a node that loses power does: no
@@ -134,6 +135,8 @@ int main(int argc, char **argv) {
     SnapshotSettings saved;
     SnapshotProgress progress = {0};  // epochs done, and samples done of the next
     LossLog losses = {0};
+    // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
+    StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
     bool resumed = snapshot_load(snapshot_path, &settings, &saved, &progress, &optimizer, &losses, &rng);
     if (resumed) {
         if (progress.samples_done == 0)
@@ -184,34 +187,36 @@ int main(int argc, char **argv) {
         int epoch_steps = 0;
         for (int i = 0; i < losses.n; i++)
             if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
-        float loss = 0.0f;
         for (int b = 0; b < n_batches; b++) {
             if (epoch + 1 == fail_at_epoch && !resumed && rank == fail_rank && b == n_steps / 2 * accum_steps)
                 die_like_a_dead_node(fail_at_epoch, n_steps / 2);
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             // accum_steps micro-batches make a step; each weighs by its share of the step's samples.
             MicroBatch micro = micro_batch(b, accum_steps, sampler.num_samples, opt.batch_size);
-            if (micro.first) {
-                mlp_zero_grad(&model);                     // optimizer.zero_grad()
-                loss = 0.0f;
-            }
+            if (micro.first) mlp_zero_grad(&model);        // optimizer.zero_grad()
             ddp_set_sync(&ddp, micro.last);                // with model.no_sync() on the others
             mlp_forward(&model, &x);                       // output = model(data)
-            loss += micro.weight * mlp_loss(&model, batch_labels);  // loss = criterion(output, target)
+            mlp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                        step_losses_next_share(&pending, micro.weight, micro.first));  // (its share of the step's)
             mlp_scale_loss(&model, micro.weight);
             mlp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
             if (micro.last) {
                 ddp_finish(&ddp);                          // all buckets reduced, grads averaged
                 adam_step(&optimizer);                     // optimizer.step()
-                dist_allreduce_sum(&loss, 1);              // for the log: the loss of the global batch
-                loss /= (float)world;
-                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-                loss_log_add(&losses, epoch, loss);
-                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-                loss_sum += loss;
                 epoch_steps++;
                 // SIGUSR1/SIGTERM on any rank: all ranks stop after this same step, with the samples it took.
-                if ((stopped_by = stop_signal_agreed())) {
+                stopped_by = stop_signal_agreed();
+                // loss.item(): at once on a CPU; on a GPU for the whole epoch at its end, or at a stop
+                // (the snapshot holds every step's loss).
+                for (float loss; step_losses_take(&pending, b == n_batches - 1 || stopped_by, &loss);) {
+                    dist_allreduce_sum(&loss, 1);          // for the log: the loss of the global batch
+                    loss /= (float)world;
+                    check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
+                    loss_log_add(&losses, epoch, loss);
+                    tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                    loss_sum += loss;
+                }
+                if (stopped_by) {
                     progress.samples_done =
                         first_position + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
                     break;
@@ -287,6 +292,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    step_losses_free(&pending);
     adam_free(&optimizer);
     ddp_free(&ddp);
     mlp_free(&model);

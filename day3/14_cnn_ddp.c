@@ -55,6 +55,7 @@
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take: each step's loss, read when the program prints
 #include "train/metrics.h"          // ConfusionMatrix, classification_report: the evaluation's tables
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
@@ -107,6 +108,8 @@ int main(int argc, char **argv) {
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]: B images of 1 x 28 x 28
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     LossLog losses = {0};
+    // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
+    StepLosses pending = step_losses_new(steps_per_epoch, device);
 
     int steps = 0;
     double train_start = wall_seconds();
@@ -120,19 +123,23 @@ int main(int argc, char **argv) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             cnn_zero_grad(model);                         // optimizer.zero_grad()
             cnn_forward(model, &x);                       // output = model(data)
-            float loss = cnn_loss(model, batch_labels);   // loss = criterion(output, target)
+            cnn_loss_to(model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                        step_losses_next(&pending));
             cnn_backward(model, ddp_grad_ready, &ddp);    // loss.backward(): buckets start here
             ddp_finish(&ddp);                             // all buckets reduced, grads averaged
             adam_step(&optimizer);                        // optimizer.step()
-            dist_allreduce_sum(&loss, 1);                 // for the log: the loss of the global batch
-            loss /= (float)world;
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-            loss_log_add(&losses, epoch, loss);
-            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
             samples += (long)x.rows * world;
             epoch_steps++;
             steps++;
+            // loss.item(): at once on a CPU, for the whole epoch at its end on a GPU.
+            for (float loss; step_losses_take(&pending, b == steps_per_epoch - 1 || steps == max_steps, &loss);) {
+                dist_allreduce_sum(&loss, 1);             // for the log: the loss of the global batch
+                loss /= (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
+                loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                loss_sum += loss;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
@@ -195,6 +202,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    step_losses_free(&pending);
     adam_free(&optimizer);
     ddp_free(&ddp);
     cnn_free(model);

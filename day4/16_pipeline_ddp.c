@@ -22,6 +22,11 @@
 //
 // With the same seed and flags, P stages x D replicas take the steps of step 6
 // on D ranks (with M = 1, bit for bit: the same operations in the same order).
+// Checkpoints (--checkpoint DIR) are sharded, as step 18's: every stage writes its
+// own layers and Adam's moments of them (its D replicas sharing the rows), beside
+// an index of where each piece lies; the same command resumes mid-epoch, bit for
+// bit, and another --pp resumes it too, each stage reading the layers it now holds
+// (common/records/sharded_checkpoint.h).
 //
 // Build and run:
 //   make day4/16_pipeline_ddp
@@ -29,6 +34,8 @@
 //   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --schedule gpipe
 //   mpirun -np 4 day4/16_pipeline_ddp --pp 4 --hidden 512,512,512 --micro_batches 8 --print_schedule
 //   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --hidden 1024,1024,1024 --micro_batches 4 --timeline img/16_timeline.png
+//   mpirun -np 2 day4/16_pipeline_ddp --pp 2 --max_steps 12 --checkpoint checkpoints/pp
+//   mpirun -np 1 day4/16_pipeline_ddp --pp 1 --checkpoint checkpoints/pp      # resumed as one stage
 //
 // Expected output (2 ranks on 2 cores; times and idle shares vary):
 //   Step 16: 2 pipeline stages x 1 replica: MLP 784-128-10, 101770 weights; 1f1b schedule, 1 micro-batch of 6400 rows; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
@@ -62,12 +69,14 @@
 #include "records/h5.h"               // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"         // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _resume: each rank its shards, any layout resumes
 #include "records/tracking.h"         // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "records/whole_model.h"      // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"             // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"    // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"          // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
+#include "train/accum.h"              // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
@@ -216,8 +225,9 @@ static void draw_timeline(const char *path, const Schedule *schedule, const Step
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/16_pipeline_ddp.png");
-    int pp = 1, micro_batches = 1, print_schedule = 0;
-    const char *hidden = "128", *schedule_flag = "1f1b", *trace = NULL, *timeline = NULL;
+    int pp = 1, micro_batches = 1, print_schedule = 0, max_steps = -1;
+    const char *hidden = "128", *schedule_flag = "1f1b", *trace = NULL, *timeline = NULL, *checkpoint = NULL;
+    int save_every = 0, keep = 2;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -225,12 +235,19 @@ int main(int argc, char **argv) {
         {"micro_batches", ARG_INT, &micro_batches, "M", "micro-batches a batch is cut into (a divisor of --batch_size)", 1, NULL},
         {"schedule", ARG_STRING, &schedule_flag, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"hidden", ARG_STRING, &hidden, "W,W,...", "the hidden layers' widths (512,512,512: four Linears)", 0, NULL},
+        {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size of each stage's DDP; 0: one bucket per tensor", 0, NULL},
         {"print_schedule", ARG_SWITCH, &print_schedule, NULL, "print each stage's actions", 0, NULL},
         {"timeline", ARG_OUTPUT_OR_NONE, &timeline, "FILE.png", "the last full step's timeline, and both schedules replayed", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
+        {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 16: the MLP split into pipeline stages across ranks (GPipe, 1F1B), each stage under DDP.");
+    if (!checkpoint && (args_given("save_every") || args_given("keep")))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     int rank = dist_rank(), world = dist_world_size();
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
@@ -260,7 +277,6 @@ int main(int argc, char **argv) {
                           opt.batch_size / micro_batches, schedule_max_in_flight(&schedule, my_stage));
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid: rank = replica x P + stage. A replica's stages are neighbours,
     // so on a node its activations go through shared memory (or NVLink).
@@ -277,6 +293,8 @@ int main(int argc, char **argv) {
     if (last_rows < micro_batches)
         usage_error("--micro_batches %d: each replica's last batch has %d rows (%d samples in batches of %d), fewer "
                     "than the micro-batches", micro_batches, last_rows, sampler.num_samples, opt.batch_size);
+    int steps_per_epoch = sampler_num_batches(&sampler, opt.batch_size);
+    int epochs = max_steps < 0 ? opt.epochs : (max_steps + steps_per_epoch - 1) / steps_per_epoch;
 
     // Model: this rank's stage, layers [first, end) of the MLP, initialised as
     // the whole model would be (every rank draws every layer's weights in order).
@@ -288,11 +306,13 @@ int main(int argc, char **argv) {
     Ddp ddp = ddp_wrap_group(stage.params, stage.n_params, bucket_mb, &data_parallel);  // DDP(stage, process_group)
     Adam optimizer = adam_new(stage.params, stage.n_params, opt.lr);
 
+    char steps_text[64] = "";
+    if (max_steps >= 0) snprintf(steps_text, sizeof steps_text, " (--max_steps %d)", max_steps);
     print0("Step 16: %d pipeline stage%s x %d replica%s: MLP %s, %zu weights; %s schedule, %d micro-batch%s of %d "
-           "rows; Adam lr %g; batch %d per replica; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           "rows; Adam lr %g; batch %d per replica; %d epoch%s%s; shuffle %s (seed %d); %s, %s\n",
            pp, pp == 1 ? "" : "s", replicas, replicas == 1 ? "" : "s", model_name, weights, schedule_kind_name(kind),
            micro_batches, micro_batches == 1 ? "" : "es", opt.batch_size / micro_batches, opt.lr, opt.batch_size,
-           opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed, device_name(device),
+           epochs, epochs == 1 ? "" : "s", steps_text, opt.no_shuffle ? "off" : "on", opt.seed, device_name(device),
            threads_describe());
     for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
         char layers[64];
@@ -306,6 +326,34 @@ int main(int argc, char **argv) {
         print0("%s", text);
     }
 
+    // --checkpoint: resume from DIR's current checkpoint, whatever --pp saved it. Each stage reads
+    // the layers it holds now; saving, each writes its own layers and Adam's moments of them, its
+    // D replicas sharing the writing (each its 1/D of every tensor's rows).
+    LossLog losses = {0};
+    CheckpointState state = {.program = "day4/16_pipeline_ddp", .world_size = world,
+                             .global_batch = (long)opt.batch_size * replicas, .seed = opt.seed, .shuffle = !opt.no_shuffle,
+                             .train_samples = train.n, .lr = opt.lr, .generator = rng, .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "%d pipeline stage%s x %d replica%s", pp, pp == 1 ? "" : "s", replicas,
+             replicas == 1 ? "" : "s");
+    CheckpointBox *boxes = xcalloc((size_t)stage.n_params + 1, sizeof(CheckpointBox));
+    for (int i = 0; i < stage.n_params; i++) boxes[i] = checkpoint_whole_box(stage.params[i].value, replica, replicas);
+    CheckpointPieces wanted = checkpoint_param_pieces(stage.params, optimizer.exp_avg, optimizer.exp_avg_sq, stage.n_params, boxes, false);
+    CheckpointPieces saved = checkpoint_param_pieces(stage.params, optimizer.exp_avg, optimizer.exp_avg_sq, stage.n_params, boxes, true);
+    long steps = 0, resumed_step = -1;
+    int first_epoch = 0;
+    long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
+    if (checkpoint && sharded_checkpoint_resume(checkpoint, wanted.piece, wanted.n, &state, opt.init)) {
+        steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
+        optimizer.step = steps;
+        rng = state.generator;
+    }
+    // The MLflow run: a resume logs into the checkpoint's, its losses so far sent again where the
+    // store lacks them (the process that saved it may have died with them queued).
+    Tracking *run = tracking_start(&opt.tracking, "day4/16_pipeline_ddp.c", device_name(device),
+                                   state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
+
     Tensor batch_images = tensor_zeros(stage.is_first ? opt.batch_size : 0, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));                               // [B]
     StepTimes times = {.start = xcalloc((size_t)(2 * micro_batches), sizeof(double)),
@@ -314,17 +362,21 @@ int main(int argc, char **argv) {
                           .end = xcalloc((size_t)(2 * micro_batches), sizeof(double))};
     double total_forward = 0, total_backward = 0, total_idle = 0, total_all = 0;
     long total_steps = 0;
-    LossLog losses = {0};
 
     if (trace) profile_start(trace);
+    long saved_step = resumed_step;
     double train_start = wall_seconds();
-    for (int epoch = 0; epoch < opt.epochs; epoch++) {
+    for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
-        sampler_set_epoch(&sampler, epoch);
-        int n_batches = sampler_num_batches(&sampler, opt.batch_size);
-        double loss_sum = 0.0;
+        long skipped = epoch == first_epoch ? first_position : 0;  // a resumed epoch goes on where it stopped
+        sampler_set_epoch_from(&sampler, epoch, skipped);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size), epoch_steps = 0, taken = 0;
+        long samples = 0;
+        double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
+        for (int i = 0; i < losses.n; i++)
+            if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
         times.forward = times.backward = times.idle = times.all = 0;
-        for (int b = 0; b < n_batches; b++) {
+        for (int b = 0; b < n_batches && (max_steps < 0 || steps < max_steps); b++) {
             Tensor x = {0};
             int rows = stage.is_first ? (x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels)).rows
                                       : mnist_batch_labels(&train, &sampler, b, opt.batch_size, batch_labels);
@@ -347,25 +399,44 @@ int main(int argc, char **argv) {
             loss_log_add(&losses, epoch, loss);
             tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
             loss_sum += loss;
+            samples += (long)rows * replicas;
+            epoch_steps++, taken++;
+            steps++;
+            // Where the run stands: the data position is the sampler positions of the batches done.
+            bool epoch_done = b + 1 == n_batches;
+            state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
+            state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
+            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+                check_weights_finite(stage.params, stage.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
+                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
+                sharded_checkpoint_print_saved(&written, steps);
+                saved_step = steps;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
+        if (samples == 0) continue;  // (a resume at the end of an epoch)
         // Each stage's idle share this epoch: the bubble, measured.
         double idle = times.idle / times.all, *idle_of = group_gather_figures(&pipeline, &idle, 1, false);
         char shares[256] = "";
         for (int s = 0, used = 0; idle_of && s < pp && used < (int)sizeof shares; s++)
             used += snprintf(shares + used, sizeof shares - used, "%sstage %d %.0f%%", s ? ", " : "", s, 100 * idle_of[s]);
         free(idle_of);
-        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, opt.epochs,
-               loss_sum / n_batches, n_batches, n_batches == 1 ? "" : "s", seconds,
-               (double)sampler.num_samples * replicas / seconds, shares);
-        tracking_log_metric(run, "epoch_mean_loss", loss_sum / n_batches, epoch);
-        tracking_log_metric(run, "samples_per_second", (double)sampler.num_samples * replicas / seconds, epoch);
+        print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s; idle: %s\n", epoch + 1, epochs,
+               loss_sum / epoch_steps, epoch_steps, epoch_steps == 1 ? "" : "s", seconds, samples / seconds, shares);
+        tracking_log_metric(run, "epoch_mean_loss", loss_sum / epoch_steps, epoch);
+        tracking_log_metric(run, "samples_per_second", samples / seconds, epoch);
         total_forward += times.forward, total_backward += times.backward, total_idle += times.idle, total_all += times.all;
-        total_steps += n_batches;
+        total_steps += taken;
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
-    check_weights_finite(stage.params, stage.n_params, losses.n, opt.epochs, run);  // the last step's update
+    check_weights_finite(stage.params, stage.n_params, losses.n, epochs, run);  // the last step's update
+    if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
+        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
+        sharded_checkpoint_print_saved(&written, steps);
+    } else if (checkpoint && steps == resumed_step) {
+        print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
+    }
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]
@@ -374,14 +445,14 @@ int main(int argc, char **argv) {
     profile_pop();
     print0("World Size: %d. Training completed in %.2f seconds. Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, 100.0 * correct / test.n, correct, test.n);
-    tracking_log_metric(run, "test_accuracy", (double)correct / test.n, opt.epochs);
+    tracking_log_metric(run, "test_accuracy", (double)correct / test.n, epochs);
 
     // Per stage: its share of the work, its times per micro-batch, and its idle
     // share measured beside the replay's prediction and the textbook's.
-    double per_micro = 1.0 / ((double)total_steps * micro_batches);
+    double per_micro = total_steps ? 1.0 / ((double)total_steps * micro_batches) : 0;  // (0: a resume with nothing left)
     enum { FIGURES = 6 };
     double mine[FIGURES] = {stage_flops_per_sample(&stage), total_forward * per_micro, total_backward * per_micro,
-                            total_idle / total_all, stage.peak_live, (double)peak_activations};
+                            total_all ? total_idle / total_all : 0, stage.peak_live, (double)peak_activations};
     double *all = group_gather_figures(&pipeline, mine, FIGURES, true);  // every stage replays the schedule
     double *forward_of = xmalloc((size_t)pp * sizeof(double)), *backward_of = xmalloc((size_t)pp * sizeof(double));
     double flops = 0;
@@ -438,6 +509,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved), free(boxes);
     schedule_free(&schedule);
     adam_free(&optimizer);
     ddp_free(&ddp);

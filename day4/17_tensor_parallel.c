@@ -28,12 +28,19 @@
 // With the same seed and flags, T x D ranks take the steps of step 6 on D ranks:
 // bit for bit at T = 1; within 1e-5 at T > 1, where the row-parallel layer adds
 // its T partial sums in another order than one GEMM does.
+// Checkpoints (--checkpoint DIR) are sharded, as step 18's: every rank writes its
+// part of each layer (the replicas of a part share its rows) and Adam's moments of
+// it, beside an index of where each part lies in the whole layer; the same command
+// resumes mid-epoch, bit for bit, and another --tp resumes it too, each rank
+// reading only the rows or columns its new part needs (common/records/sharded_checkpoint.h).
 //
 // Build and run:
 //   make day4/17_tensor_parallel
 //   mpirun -np 2 day4/17_tensor_parallel --tp 2                       (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day4/17_tensor_parallel --tp 2                       (2 x 2: step 6's steps on 2 ranks)
 //   mpirun -np 2 day4/17_tensor_parallel --tp 2 --hidden 4096,4096,4096,4096 --max_steps 5 --plot ''
+//   mpirun -np 2 day4/17_tensor_parallel --tp 2 --max_steps 12 --checkpoint checkpoints/tp
+//   mpirun -np 1 day4/17_tensor_parallel --tp 1 --checkpoint checkpoints/tp      # resumed whole
 //
 // Expected output (2 ranks on 2 cores; times vary):
 //   Step 17: 2 tensor-parallel ranks x 1 replica: MLP 784-128-10, 101770 weights; Adam lr 0.001; batch 6400 per replica; 5 epochs; shuffle on (seed 0); cpu, 1 thread per rank, ...
@@ -70,12 +77,14 @@
 #include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
 #include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _resume: each rank its shards, any layout resumes
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace)
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
+#include "train/accum.h"            // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
@@ -316,6 +325,30 @@ static void load_parts(const char *path, TpMlp *model) {
     }
 }
 
+// Where each parameter of this rank's part lies in the whole layer's (the checkpoint's index): a
+// column-parallel weight and bias from row `first`, a row-parallel weight from column `first`, each
+// held by the D replicas; a tensor the layer does not split (a row-parallel bias, a whole layer),
+// by every rank. The ranks that hold the same box share its writing.
+static CheckpointBox *part_boxes(const TpMlp *model, int replica, int replicas) {
+    CheckpointBox *boxes = xcalloc((size_t)model->n_params, sizeof(CheckpointBox));
+    int rank = dist_rank(), world = dist_world_size();
+    for (int l = 0; l < model->n_layers; l++) {
+        const TpLayer *layer = &model->layers[l];
+        CheckpointBox *weight = &boxes[2 * l], *bias = &boxes[2 * l + 1];
+        *weight = checkpoint_whole_box(&layer->part.weight, rank, world);
+        *bias = checkpoint_whole_box(&layer->part.bias, rank, world);
+        weight->shape[0] = bias->shape[0] = layer->out, weight->shape[1] = layer->in;  // the whole layer's
+        if (layer->kind == COLUMN_PARALLEL) {
+            weight->offset[0] = bias->offset[0] = layer->first;
+            weight->writer = bias->writer = replica, weight->writers = bias->writers = replicas;
+        } else if (layer->kind == ROW_PARALLEL) {
+            weight->offset[1] = layer->first;
+            weight->writer = replica, weight->writers = replicas;
+        }
+    }
+    return boxes;
+}
+
 static size_t params_bytes(const Param *params, int n) {
     size_t bytes = 0;
     for (int i = 0; i < n; i++) bytes += tensor_numel(params[i].value) * sizeof(float);
@@ -326,7 +359,8 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/17_tensor_parallel.png");
     int tp = 1, max_steps = -1;
-    const char *hidden = "128", *trace = NULL;
+    const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
+    int save_every = 0, keep = 2;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -335,8 +369,14 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size of each shard's DDP; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
+        {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");
+    if (!checkpoint && (args_given("save_every") || args_given("keep")))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     int rank = dist_rank(), world = dist_world_size();
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
@@ -374,7 +414,6 @@ int main(int argc, char **argv) {
     memory_need_add(&need, "activations", activations * sizeof(float));
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
-    Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device), NULL, args_values());  // mlflow.start_run(); mlflow.log_params(vars(args))
 
     // The grid, as Megatron's and picotron's: rank = replica x T + tensor-parallel rank,
     // so that a group's ranks, which talk at every layer, are neighbours (one node, NVLink).
@@ -418,21 +457,50 @@ int main(int argc, char **argv) {
         print0("rank %d: tensor-parallel rank %d of %d, replica %d of %d: %s\n", r, t, tp, r / tp, replicas, parts + 2);
     }
 
+    // --checkpoint: resume from DIR's current checkpoint, whatever --tp saved it. Each rank reads
+    // the rows or columns of the saved parts that its own part needs; saving, each writes its part
+    // and Adam's moments of it, sharing the writing with the ranks that hold the same (part_boxes).
+    LossLog losses = {0};
+    CheckpointState state = {.program = "day4/17_tensor_parallel", .world_size = world,
+                             .global_batch = (long)opt.batch_size * replicas, .seed = opt.seed, .shuffle = !opt.no_shuffle,
+                             .train_samples = train.n, .lr = opt.lr, .generator = rng, .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "%d tensor-parallel rank%s x %d replica%s", tp, tp == 1 ? "" : "s",
+             replicas, replicas == 1 ? "" : "s");
+    CheckpointBox *boxes = part_boxes(&model, replica, replicas);
+    CheckpointPieces wanted = checkpoint_param_pieces(model.params, optimizer.exp_avg, optimizer.exp_avg_sq, model.n_params, boxes, false);
+    CheckpointPieces saved = checkpoint_param_pieces(model.params, optimizer.exp_avg, optimizer.exp_avg_sq, model.n_params, boxes, true);
+    long steps = 0, resumed_step = -1;
+    int first_epoch = 0;
+    long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
+    if (checkpoint && sharded_checkpoint_resume(checkpoint, wanted.piece, wanted.n, &state, opt.init)) {
+        steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
+        optimizer.step = steps;
+        rng = state.generator;
+    }
+    // The MLflow run: a resume logs into the checkpoint's, its losses so far sent again where the
+    // store lacks them (the process that saved it may have died with them queued).
+    Tracking *run = tracking_start(&opt.tracking, "day4/17_tensor_parallel.c", device_name(device),
+                                   state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
+
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     CommCount shown_f = {0}, shown_g = {0};  // the last full step's
-    LossLog losses = {0};
 
     if (trace) profile_start(trace);
-    int steps = 0;
+    long saved_step = resumed_step;
     double train_start = wall_seconds();
-    for (int epoch = 0; epoch < epochs; epoch++) {
+    for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
-        sampler_set_epoch(&sampler, epoch);
-        int epoch_steps = 0;
+        long skipped = epoch == first_epoch ? first_position : 0;  // a resumed epoch goes on where it stopped
+        sampler_set_epoch_from(&sampler, epoch, skipped);
+        int n_batches = sampler_num_batches(&sampler, opt.batch_size), epoch_steps = 0;
         long samples = 0;
-        double loss_sum = 0.0;
-        for (int b = 0; b < steps_per_epoch && steps != max_steps; b++) {
+        double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
+        for (int i = 0; i < losses.n; i++)
+            if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
+        for (int b = 0; b < n_batches && (max_steps < 0 || steps < max_steps); b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             model.f = model.g = (CommCount){0};
             tp_zero_grad(&model);                         // optimizer.zero_grad()
@@ -451,8 +519,19 @@ int main(int argc, char **argv) {
             samples += (long)x.rows * replicas;
             epoch_steps++;
             steps++;
+            // Where the run stands: the data position is the sampler positions of the batches done.
+            bool epoch_done = b + 1 == n_batches;
+            state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
+            state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
+            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+                check_weights_finite(model.params, model.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
+                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
+                sharded_checkpoint_print_saved(&written, steps);
+                saved_step = steps;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
+        if (samples == 0) continue;  // (a resume at the end of an epoch)
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, epochs,
                epoch_steps ? loss_sum / epoch_steps : 0.0, epoch_steps, epoch_steps == 1 ? "" : "s", seconds,
                samples / seconds);
@@ -462,10 +541,16 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
+    if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
+        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
+        sharded_checkpoint_print_saved(&written, steps);
+    } else if (checkpoint && steps == resumed_step) {
+        print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
+    }
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]: every rank of a replica takes part
     long correct = tp_correct(&model, &test_images, test.labels);
-    print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test accuracy: %.2f%% (%ld of %d)\n", world,
+    print0("World Size: %d. Training completed in %.2f seconds (%ld step%s). Test accuracy: %.2f%% (%ld of %d)\n", world,
            train_seconds, steps, steps == 1 ? "" : "s", 100.0 * correct / test.n, correct, test.n);
     tracking_log_metric(run, "test_accuracy", (double)correct / test.n, epochs);
 
@@ -539,6 +624,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved), free(boxes);
     adam_free(&optimizer);
     ddp_free(&ddp);
     tp_mlp_free(&model);

@@ -29,7 +29,8 @@
 // no rank gathers the model to save it. Every rank writes its blocks of the
 // weights and of Adam's moments to a file of its own, beside an index of where
 // each piece lies (common/records/sharded_checkpoint.h), every --save_every
-// steps and after the last; the same command resumes from DIR's current one,
+// steps and after the last (--async_save: copied to host memory, then written
+// by a thread while training goes on); the same command resumes from DIR's current one,
 // mid-epoch, bit for bit. Another --zero stage or world size resumes it too,
 // each rank reading only the slices its own blocks need (at the same global
 // batch, --batch_size x ranks, it takes the same steps, within 1e-5).
@@ -369,6 +370,7 @@ static void sharded_adam_step(Sharded *s, long step, double lr) {
     }
     profile_pop();
     if (s->zero <= 2) gather_blocks(s);
+    device_mark_step();  // the step is queued (the simulated GPU counts per step), as adam_step's
 }
 
 // The test set, each rank its 1/N share in chunks of the batch size (every
@@ -401,14 +403,13 @@ static void load_whole(Sharded *s, const char *path);
 static void gather_unit(void *sharded, int layer, Param pair[2]);
 static void check_held_weights_finite(Sharded *s, long steps, int epochs, Tracking *run);
 static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, CheckpointPiece *pieces);
-static void print_saved(const CheckpointWrite *written, long step);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/18_zero_sharding.png");
     int zero = 0, prefetch = 0, max_steps = -1;
     const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
-    int save_every = 0, keep = 2;
+    int save_every = 0, keep = 2, async_save = 0;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -421,13 +422,14 @@ int main(int argc, char **argv) {
         {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
         {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
         {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
+        {"async_save", ARG_SWITCH, &async_save, NULL, "--checkpoint: copy the shards to host memory and write them from a thread while training goes on", 0, NULL},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 18: sharded data parallelism, ZeRO stages 1-3 (FSDP): the optimizer state, gradients and parameters split across ranks.");
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
-    if (!checkpoint && (args_given("save_every") || args_given("keep")))
-        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (!checkpoint && (args_given("save_every") || args_given("keep") || async_save))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : args_given("keep") ? "keep" : "async_save");
     if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
@@ -489,33 +491,15 @@ int main(int argc, char **argv) {
     long steps = 0, resumed_step = -1;
     int first_epoch = 0;
     long first_position = 0;  // of first_epoch's sampler order, trained on before a resume
-    if (checkpoint) {
-        double start = wall_seconds(), bytes = 0;
-        char this_layout[sizeof state.layout];  // (the load replaces state.layout with the checkpoint's)
-        snprintf(this_layout, sizeof this_layout, "%s", state.layout);
-        if (sharded_checkpoint_load(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, &bytes)) {
-            double range[2] = {-bytes, bytes};  // the least and the most a rank read
-            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-            steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
-            optimizer.step = steps;  // (stages 1-3 count Adam's steps with `steps`)
-            if (zero == 1 || zero == 2) {  // each rank read its blocks; every rank holds them all
-                model.counting = false;  // (not training's traffic)
-                gather_blocks(&model);
-                model.counting = true;
-            }
-            rng = state.generator;
-            print0("Resumed from %s/step-%06ld, saved by %s: step %ld, epoch %d, %ld of its %d samples done; %s%.2f to "
-                   "%.2f MB read per rank in %.1f ms\n", checkpoint, steps, state.layout, steps, first_epoch + 1,
-                   first_position, train.n, strcmp(state.layout, this_layout) ? "resharded, " : "", -range[0] / 1e6,
-                   range[1] / 1e6, 1e3 * (wall_seconds() - start));
-            if (state.global_batch != (long)opt.batch_size * world)
-                print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
-                       "uninterrupted run's (--batch_size %ld on %d ranks keeps them)\n", state.global_batch,
-                       (long)opt.batch_size * world, state.global_batch / world, world);
-            if (opt.init) print0("--init %s is not used: the checkpoint's weights are the run's\n", opt.init);
-        } else {
-            print0("No checkpoint in %s: training from the start\n", checkpoint);
+    if (checkpoint && sharded_checkpoint_resume(checkpoint, pieces, checkpoint_pieces(&model, &optimizer, false, pieces), &state, opt.init)) {
+        steps = resumed_step = state.step, first_epoch = state.epoch, first_position = state.samples_done;
+        optimizer.step = steps;  // (stages 1-3 count Adam's steps with `steps`)
+        if (zero == 1 || zero == 2) {  // each rank read its blocks; every rank holds them all
+            model.counting = false;  // (not training's traffic)
+            gather_blocks(&model);
+            model.counting = true;
         }
+        rng = state.generator;
     }
     // The MLflow run: a resume logs into the checkpoint's, its losses so far sent again where the
     // store lacks them (the process that saved it may have died with them queued).
@@ -529,6 +513,7 @@ int main(int argc, char **argv) {
 
     if (trace) profile_start(trace);
     long saved_step = resumed_step, first_steps = steps;
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     double train_start = wall_seconds(), first_step_seconds = 0;
     for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
@@ -567,8 +552,14 @@ int main(int argc, char **argv) {
             state.samples_done = epoch_done ? 0 : skipped + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
                 check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
-                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-                print_saved(&written, steps);
+                int n_pieces = checkpoint_pieces(&model, &optimizer, true, pieces);
+                CheckpointWrite written;
+                if (!async_save) {
+                    written = sharded_checkpoint_save(checkpoint, keep, pieces, n_pieces, &state);
+                    sharded_checkpoint_print_saved(&written, steps);
+                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, pieces, n_pieces, &state, &written)) {
+                    sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
+                }
                 saved_step = steps;
             }
         }
@@ -583,9 +574,11 @@ int main(int argc, char **argv) {
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
     check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
+    CheckpointWrite written;
+    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-        print_saved(&written, steps);
+        written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
+        sharded_checkpoint_print_saved(&written, steps);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
     }
@@ -811,15 +804,4 @@ static int checkpoint_pieces(Sharded *s, Adam *optimizer, bool saving, Checkpoin
         }
     }
     return n;
-}
-
-// One line per save: what the ranks wrote (the least and the most), how long it took, and on GPUs
-// the largest host copy a rank made of a piece on its way to the file.
-static void print_saved(const CheckpointWrite *written, long step) {
-    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    char staged[64] = "";
-    if (figures[3] > 0) snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
-    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
-           step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
 }

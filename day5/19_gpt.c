@@ -37,6 +37,7 @@
 //   mpirun -np 2 day5/19_gpt                             # DDP on 2 ranks (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day5/19_gpt                             # on a node of 4 GPUs: a GPU per rank, NCCL's allreduce
 //   day5/19_gpt --max_iters 0 --init gpt.h5 --sample 500 # text from a saved model (--save gpt.h5)
+//   mpirun -np 2 day5/19_gpt --save_every 500 --checkpoint checkpoints/gpt   # stop it, then resume it
 //
 // Expected output (the first look, 1 process on 2 cores; times vary; day5/README.md shows the
 // whole baby run, its sample and the memory table):
@@ -64,6 +65,7 @@
 #include "models/gpt.h"             // Gpt: the model, forward, loss, backward
 #include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _resume: step 18's checkpoints, any world size resumes
 #include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
 #include "records/plot.h"           // plot_png: the train and validation curves
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
@@ -75,7 +77,8 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *prompt;
+    const char *data, *init, *save, *losses, *plot, *device, *prompt, *checkpoint;
+    int save_every, keep;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
@@ -181,7 +184,7 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8};
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -215,9 +218,15 @@ int main(int argc, char **argv) {
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
+        {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
+        {"save_every", ARG_INT, &o.save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
+        {"keep", ARG_INT, &o.keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
+    if (!o.checkpoint && (args_given("save_every") || args_given("keep")))
+        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
+    if (o.checkpoint && !o.checkpoint[0]) usage_error("--checkpoint '': expected a folder");
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
@@ -237,7 +246,6 @@ int main(int argc, char **argv) {
         usage_error("--prompt %s: its character %d, %s, is not in the vocabulary of %s/input.txt (%d characters)",
                     QUOTE(o.prompt), bad + 1, QUOTE_N(o.prompt + bad, 1), PATH_SHOWN(o.data), text.vocab_size);
     }
-    Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), NULL, args_values());  // mlflow.start_run(); log_params
 
     // What the model will take, refused in one line if it would not fit (before anything is allocated).
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d", o.n_layer, o.n_embd,
@@ -289,6 +297,30 @@ int main(int argc, char **argv) {
     int *inputs = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));   // [B, T]
     int *targets = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));  // [B, T]
     LossLog losses = {0};
+
+    // --checkpoint: resume from DIR's current checkpoint, saved on any number of ranks (step 18's
+    // module: every rank holds the whole model, as DDP's, and writes its 1/W of each tensor's rows).
+    CheckpointState state = {.program = "day5/19_gpt", .world_size = world, .global_batch = global_batch,
+                             .random_windows = true, .seed = o.seed, .shuffle = 1, .train_samples = (int)text.n_train,
+                             .lr = o.learning_rate, .generator = train_rng, .eval_generator = eval_rng,
+                             .eval_generator_kept = true, .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "DDP on %d rank%s", world, world == 1 ? "" : "s");
+    CheckpointBox *boxes = xcalloc((size_t)model->n_params, sizeof(CheckpointBox));
+    for (int i = 0; i < model->n_params; i++) boxes[i] = checkpoint_whole_box(model->params[i].value, rank, world);
+    CheckpointPieces wanted = checkpoint_param_pieces(model->params, optimizer.adam.exp_avg, optimizer.adam.exp_avg_sq,
+                                                      model->n_params, boxes, false);
+    CheckpointPieces saved = checkpoint_param_pieces(model->params, optimizer.adam.exp_avg, optimizer.adam.exp_avg_sq,
+                                                     model->n_params, boxes, true);
+    int first_iter = 0;
+    long saved_step = -1;
+    if (o.checkpoint && sharded_checkpoint_resume(o.checkpoint, wanted.piece, wanted.n, &state, o.init)) {
+        first_iter = (int)state.step, saved_step = state.step;
+        optimizer.adam.step = state.step;
+        train_rng = state.generator, eval_rng = state.eval_generator;
+    }
+    Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); log_params
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
     int n_evals = o.max_iters / o.eval_interval + 2;
     float *eval_steps = xmalloc((size_t)n_evals * sizeof(float)), *train_evals = xmalloc((size_t)n_evals * sizeof(float));
     float *val_evals = xmalloc((size_t)n_evals * sizeof(float));
@@ -296,7 +328,7 @@ int main(int argc, char **argv) {
     double train_seconds = 0.0;
     long tokens_per_iter = (long)global_batch * o.block_size;
 
-    for (int iter = 0;; iter++) {
+    for (int iter = first_iter;; iter++) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
             double train_loss = estimate_loss(model, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
             double val_loss = estimate_loss(model, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
@@ -344,13 +376,27 @@ int main(int argc, char **argv) {
         if (iter % 10 == 0 || iter == o.max_iters - 1)
             print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
                    tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
+        // Where the run stands: the generators as the next iteration will find them (before its evaluation).
+        state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
+        if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
+            check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
+            CheckpointWrite written = sharded_checkpoint_save(o.checkpoint, o.keep, saved.piece, saved.n, &state);
+            sharded_checkpoint_print_saved(&written, state.step);
+            saved_step = state.step;
+        }
     }
-    if (o.max_iters > 0)
-        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", o.max_iters, train_seconds,
-               (double)o.max_iters * tokens_per_iter / train_seconds,
-               100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
+    int taken = o.max_iters - first_iter;  // by this run (a resumed one took the others before)
+    if (taken > 0)
+        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", taken, train_seconds,
+               (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, o.batch_size);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
+    if (o.checkpoint && o.max_iters != saved_step) {  // the end of training, where no --save_every save fell
+        CheckpointWrite written = sharded_checkpoint_save(o.checkpoint, o.keep, saved.piece, saved.n, &state);
+        sharded_checkpoint_print_saved(&written, state.step);
+    } else if (o.checkpoint && o.max_iters == first_iter) {
+        print0("Nothing left to train: the checkpoint is at step %d\n", first_iter);
+    }
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (o.max_iters > 0) print0("DDP: %s\n", overlap);
@@ -392,6 +438,7 @@ int main(int argc, char **argv) {
     free(eval_steps), free(train_evals), free(val_evals);
     free(offsets), free(inputs), free(targets), free(prompt);
     loss_log_free(&losses);
+    checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved), free(boxes);
     adamw_free(&optimizer);
     ddp_free(&ddp);
     gpt_free(model);

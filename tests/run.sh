@@ -33,11 +33,14 @@ if [ "$TEST_LEVEL" = quick ]; then
 fi
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# Seconds and name of each suite, for the budget line at the end; TEST_TIMES=FILE keeps them there.
+times=${TEST_TIMES:-$(mktemp)}
+: > "$times"
+trap 'rm -f "$log"; [ -n "${TEST_TIMES:-}" ] || rm -f "$times"' EXIT
 crashed=0
 run() {
     local name=$1; shift
-    local out status
+    local out status started=$SECONDS
     out=$(mktemp)
     # The CPU tests run on the CPU wherever they run: GPUs are hidden from
     # them (--device auto would otherwise take one). The GPU tests see them.
@@ -47,6 +50,7 @@ run() {
     "${hide_gpus[@]}" "$@" 2>&1 | tee "$out" | grep --line-buffered -E '^(PASS|FAIL|SKIP) '
     status=${PIPESTATUS[0]}
     cat "$out" >> "$log"
+    echo "$((SECONDS - started)) $name" >> "$times"
     if [ "$status" -ne 0 ] && ! grep -q '^FAIL ' "$out"; then
         echo "FAIL $name: exited with status $status without a FAIL line; its output:"
         tail -20 "$out" | sed 's/^/    /'
@@ -110,6 +114,9 @@ passed=$(grep -c '^PASS ' "$log")
 failed=$(( $(grep -c '^FAIL ' "$log") + crashed ))
 skipped=$(grep -c '^SKIP ' "$log")
 echo
+# Where the time went, so that a suite that grows is seen before make test outgrows its
+# budget (docs/tests.md: 5 minutes on 2 cores).
+echo "($SECONDS s in all; the slowest: $(sort -rn "$times" | head -5 | awk '{printf "%s%s %d s", (NR > 1 ? ", " : ""), $2, $1}'))"
 if [ $# -eq 0 ] && [ "$TEST_LEVEL" = quick ]; then
     echo "(the essential checks: make test-all runs every check, and the slow suites $SLOW_SUITES)"
 fi

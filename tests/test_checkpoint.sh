@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Step 18's sharded checkpoints (common/records/sharded_checkpoint.h): a run stopped at step k
+# Steps 16, 17 and 18's sharded checkpoints (common/records/sharded_checkpoint.h): a run stopped at step k
 # (--max_steps, kill -9 of a rank, a rank killed in the middle of a save) and resumed with the
 # same layout takes the uninterrupted run's steps bit for bit, mid-epoch; resumed under another
 # layout (another --zero stage, another world size at the same global batch), within 1e-5;
 # --keep; a checkpoint missing a shard, with a shard of another model or of another checkpoint,
 # truncated, whose index disagrees with its shards, of another program, model or run: one line
 # naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
-# folder: one line, exit 1, the previous checkpoint intact.
+# folder: one line, exit 1, the previous checkpoint intact; --async_save, the same steps, and a
+# rank killed while its thread writes leaves the previous checkpoint current. Steps 16 and 17 (the same module and
+# flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
+# arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
+# 4 stages (within 1e-5). Step 19 (the GPT) resumed bit for bit, and on 1 rank within 1e-5.
+# tools/checkpoint_to_state_dict makes a checkpoint of each one whole
+# state_dict file: the weights of --save at the same step, bit for bit, which --init and torch load.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 suite checkpoint
-needs_built day4/18_zero_sharding build/tools/edit_checkpoint_index build/tools/compare_weights
+needs_built day4/16_pipeline_ddp day4/17_tensor_parallel day4/18_zero_sharding build/tools/edit_checkpoint_index \
+    build/tools/compare_weights build/tools/compare_h5_weights tools/checkpoint_to_state_dict
 needs_mnist
 scratch
 program=day4/18_zero_sharding
@@ -37,6 +44,7 @@ expect "the uninterrupted run (ZeRO-3 on 2 ranks, 30 steps) ends with one checks
 
 # ---------------------------------------------------------------- stop at step k, resume
 zero18 2 first --zero 3 --max_steps 17 --checkpoint "$tmp/ck" --save_every 5
+cp -r "$tmp/ck" "$tmp/ck18c"  # (for tools/checkpoint_to_state_dict, below)
 expect "--max_steps 17 --save_every 5 saves steps 5, 10, 15 and 17, one line each" \
     test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/first.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 10 15 17"
 expect "--keep 2 (the default) leaves the newest two and current naming the last: $(ls "$tmp/ck" | paste -sd ' ')" \
@@ -81,6 +89,17 @@ if [ -f $crash_lib ]; then
     expect "... the resume removes tmp-000010, saying so, and goes on from step 5" \
         test "$(resumed_at after_crash)" = 5 -a ! -d "$tmp/ckc/tmp-000010" -a -n "$(grep 'removing an unfinished checkpoint' "$tmp/after_crash.out")"
     same_as_reference "... and takes the uninterrupted run's steps" after_crash
+    # --async_save: rank 1 SIGKILLed as its writer thread syncs its shard of step 10 while training
+    # goes on; step 5, made current when step 10's save began, loads, and the steps are the same.
+    RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 $program "${common[@]}" --zero 3 \
+        --checkpoint "$tmp/cka" --save_every 5 --async_save > "$tmp/crashed_a.out" 2>&1
+    status=$?
+    expect "--async_save: a rank killed while its thread writes its shard of step 10 (exit $status): current still names step 5" \
+        test $status -ne 0 -a "$(cat "$tmp/cka/current")" = step-000005 -a -n "$(grep -m1 '^crash_in_save' "$tmp/crashed_a.out")"
+    zero18 2 after_crash_a --zero 3 --checkpoint "$tmp/cka" --save_every 5 --async_save
+    expect "... the resume goes on from step 5, saving steps 10 to 30 asynchronously, each line with its stall and write time" \
+        test "$(resumed_at after_crash_a)" = 5 -a "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread from host copies), index .*; the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms$' "$tmp/after_crash_a.out")" = 5
+    same_as_reference "... and takes the uninterrupted run's steps" after_crash_a
     if thorough; then
         # Rank 0 killed in the second save between the step's folder's rename and `current`'s.
         RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=current.tmp -x CRASH_IN_SAVE_COUNT=2 $program \
@@ -119,6 +138,132 @@ if thorough; then
     done
     common=(--data "$DATA" --batch_size 2000 --epochs 2 --plot '')
 fi
+
+# ---------------------------------------------------------------- steps 16 and 17: the same flags, the same module
+# split NP NAME PROGRAM FLAGS...: as zero18, for another program.
+split_common=(--data "$DATA" --batch_size 2000 --epochs 1 --plot '')  # 30 steps: step 17 is mid-epoch
+split() {
+    local np=$1 name=$2; shift 2
+    mpi "$np" "$@" "${split_common[@]}" --losses "$tmp/$name.csv" --save "$tmp/$name.h5" > "$tmp/$name.out" 2>&1
+}
+# same_run WHAT NAME REF: NAME ended with REF's checksum and took its losses, bit for bit.
+same_run() {
+    expect "$1: checksum $(checksum "$tmp/$2.out") ($3: $(checksum "$tmp/$3.out")), the same losses bit for bit" \
+        test -n "$(checksum "$tmp/$3.out")" -a "$(checksum "$tmp/$2.out")" = "$(checksum "$tmp/$3.out")" \
+        -a -s "$tmp/$2.csv" -a "$(cat "$tmp/$2.csv" 2> /dev/null)" = "$(cat "$tmp/$3.csv")"
+}
+for step in "16 day4/16_pipeline_ddp --pp" "17 day4/17_tensor_parallel --tp"; do
+    set -- $step
+    n=$1 prog=$2 split_flag=$3
+    split 2 ref$n $prog $split_flag 2
+    split 2 stop$n $prog $split_flag 2 --max_steps 17 --save_every 10 --checkpoint "$tmp/ck$n"
+    expect "step $n: one shard file per rank, each rank's $(sed -n 's/^Checkpoint of step 17 .*: \(.* MB per rank\).*/\1/p' "$tmp/stop$n.out")" \
+        test "$(ls "$tmp/ck$n/step-000017" | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5" -a "$(cat "$tmp/ck$n/current")" = step-000017
+    cp -r "$tmp/ck$n" "$tmp/ck${n}b"
+    cp -r "$tmp/ck$n" "$tmp/ck${n}c"
+    split 2 resumed$n $prog $split_flag 2 --checkpoint "$tmp/ck$n"
+    expect "step $n: the resume says where: $(grep '^Resumed' "$tmp/resumed$n.out")" \
+        grep -q "^Resumed from .*/step-000017, saved by 2 .* x 1 replica: step 17, epoch 1, 34000 of its 60000 samples done;" "$tmp/resumed$n.out"
+    same_run "step $n: stopped at step 17 (mid-epoch 1) and resumed with the same layout" resumed$n ref$n
+    split 1 whole$n $prog $split_flag 1 --checkpoint "$tmp/ck${n}b"
+    expect "step $n: $split_flag 2 resumed as $split_flag 1 says it resharded" grep -q '^Resumed from .*saved by 2 .*: step 17, .*resharded' "$tmp/whole$n.out"
+done
+# 2 stages on 1 replica and 1 stage do the same operations in the same order: the same bits.
+same_run "step 16: 2 stages resumed as 1 stage takes the uninterrupted run's steps" whole16 ref16
+# Tensor parallelism sums the row-parallel layer's 2 partial products in another order than one GEMM.
+expect_same_losses "step 17: tensor-parallel 2 resumed as 1 rank: the uninterrupted losses within 1e-5" "$tmp/ref17.csv" "$tmp/whole17.csv" 1e-5
+same_weights "... and its weights within 1e-5" "$tmp/whole17.h5" "$tmp/ref17.h5" 1e-5
+if thorough; then
+    split_common=(--data "$DATA" --epochs 2 --plot '')
+    # 2 stages x 2 replicas (batch 1000 each) stopped at step 7, resumed as 4 stages x 1 (batch 2000).
+    split 4 ref16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000
+    split 4 stop16x2 day4/16_pipeline_ddp --pp 2 --hidden 128,128,128 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck16x2"
+    expect "step 16: 2 stages x 2 replicas write 4 shard files: $(sed -n 's/^Checkpoint of step 7 .*: \(.* MB per rank\).*/\1/p' "$tmp/stop16x2.out")" \
+        test "$(ls "$tmp/ck16x2/step-000007" | wc -l)" = 5
+    split 4 pp4 day4/16_pipeline_ddp --pp 4 --hidden 128,128,128 --batch_size 2000 --checkpoint "$tmp/ck16x2"
+    expect "... resumed as 4 stages x 1 replica: $(grep '^Resumed' "$tmp/pp4.out")" grep -q '^Resumed from .*saved by 2 pipeline stages x 2 replicas: step 7, .*resharded' "$tmp/pp4.out"
+    expect_same_losses "... the uninterrupted losses within 1e-5" "$tmp/ref16x2.csv" "$tmp/pp4.csv" 1e-5
+    verdict=$(build/tools/compare_h5_weights "$tmp/pp4.h5" "$tmp/ref16x2.h5" 1e-5 2>&1)
+    expect "... and its weights within 1e-5: $verdict" test $? = 0
+    # Tensor-parallel 2 x 2 replicas stopped at step 7, resumed as 4 x 1 replica and as 1 x 2 replicas.
+    split 4 ref17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000
+    split 4 stop17x2 day4/17_tensor_parallel --tp 2 --batch_size 1000 --max_steps 7 --checkpoint "$tmp/ck17x2"
+    cp -r "$tmp/ck17x2" "$tmp/ck17x2b"
+    split 4 tp4 day4/17_tensor_parallel --tp 4 --batch_size 2000 --checkpoint "$tmp/ck17x2"
+    expect_same_losses "step 17: tensor-parallel 2 x 2 replicas resumed as 4 x 1: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp4.csv" 1e-5
+    split 2 tp1x2 day4/17_tensor_parallel --tp 1 --batch_size 1000 --checkpoint "$tmp/ck17x2b"
+    expect_same_losses "... resumed as 1 x 2 replicas: the uninterrupted losses within 1e-5" "$tmp/ref17x2.csv" "$tmp/tp1x2.csv" 1e-5
+    same_weights "... and its weights within 1e-5" "$tmp/tp1x2.h5" "$tmp/ref17x2.h5" 1e-5
+fi
+
+# ---------------------------------------------------------------- step 19: the GPT, its two generators
+# A small GPT (30 iterations, evaluated every 10) stopped at step 17 and resumed: the uninterrupted
+# run's evaluations, losses and weights, bit for bit (the training and evaluation windows' generators
+# travel in the checkpoint); on 1 rank with the same global batch, within 1e-5.
+if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
+    gpt=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --max_iters 30 --lr_decay_iters 30 --eval_interval 10
+         --eval_iters 2 --sample 0 --plot '')
+    mpi 2 "${gpt[@]}" --losses "$tmp/gpt_ref.csv" > "$tmp/gpt_ref.out" 2>&1
+    mpi 2 "${gpt[@]}" --max_iters 17 --save_every 5 --checkpoint "$tmp/ckg" > "$tmp/gpt_stop.out" 2>&1
+    cp -r "$tmp/ckg" "$tmp/ckg1"
+    mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckg" --losses "$tmp/gpt_res.csv" > "$tmp/gpt_res.out" 2>&1
+    evals() { grep '^step [0-9]*: train loss' "$1" | grep -v '^step 0:\|^step 10:' | paste -sd ' '; }
+    expect "step 19 stopped at step 17 and resumed ($(grep -o '^Resumed from .*restored' "$tmp/gpt_res.out" | sed "s|$tmp/||")): checksum $(checksum "$tmp/gpt_res.out") (uninterrupted: $(checksum "$tmp/gpt_ref.out")), the same losses and evaluations bit for bit" \
+        test -n "$(checksum "$tmp/gpt_ref.out")" -a "$(checksum "$tmp/gpt_res.out")" = "$(checksum "$tmp/gpt_ref.out")" \
+        -a -n "$(grep '^Resumed from .*step-000017, saved by DDP on 2 ranks: step 17, the windows' "$tmp/gpt_res.out")" \
+        -a -s "$tmp/gpt_res.csv" -a "$(cat "$tmp/gpt_res.csv" 2> /dev/null)" = "$(cat "$tmp/gpt_ref.csv")" \
+        -a -n "$(evals "$tmp/gpt_res.out")" -a "$(evals "$tmp/gpt_res.out")" = "$(evals "$tmp/gpt_ref.out")"
+    mpi 1 "${gpt[@]}" --batch_size 24 --checkpoint "$tmp/ckg1" --losses "$tmp/gpt_1.csv" > "$tmp/gpt_1.out" 2>&1
+    expect_same_losses "... resumed on 1 rank (batch 24 = 12 x 2), resharded: the uninterrupted losses within 1e-5" "$tmp/gpt_ref.csv" "$tmp/gpt_1.csv" 1e-5
+else
+    skip "step 19's checkpoints (needs day5/19_gpt and data/shakespeare: make shakespeare)"
+fi
+
+# ---------------------------------------------------------------- tools/checkpoint_to_state_dict
+# Each step's checkpoint of step 17 made one state_dict: --save's file of the same run, bit for bit
+# (whatever split wrote it), and --init of it starts the program from the same weights (its checksum).
+for step in "16 day4/16_pipeline_ddp --pp 2" "17 day4/17_tensor_parallel --tp 2" "18 day4/18_zero_sharding --zero 3"; do
+    set -- $step
+    n=$1 prog=$2
+    shift 2
+    tools/checkpoint_to_state_dict "$tmp/ck${n}c" "$tmp/whole$n.state.h5" > "$tmp/convert$n.out" 2>&1
+    status=$?
+    saved=$tmp/stop$n.h5 saved_out=$tmp/stop$n.out
+    [ "$n" = 18 ] && saved=$tmp/first.h5 saved_out=$tmp/first.out
+    expect "step $n's checkpoint converted (exit $status): $(sed "s|$tmp/||g" "$tmp/convert$n.out")" \
+        test $status = 0 -a -n "$(grep "^$tmp/ck${n}c/step-000017 (.*step 17): 4 tensors, 101770 weights, written whole" "$tmp/convert$n.out")"
+    verdict=$(build/tools/compare_h5_weights "$tmp/whole$n.state.h5" "$saved" 0 2>&1)
+    status=$?
+    expect "... the same weights as --save at step 17, bit for bit: $verdict" test $status = 0
+    RUN_TIMEOUT=60 mpi 2 $prog "$@" --data "$DATA" --plot '' --init "$tmp/whole$n.state.h5" --max_steps 0 > "$tmp/init$n.out" 2>&1
+    expect "... --init of it, no step taken: checksum $(checksum "$tmp/init$n.out"), the stopped run's $(checksum "$saved_out")" \
+        test -n "$(checksum "$saved_out")" -a "$(checksum "$tmp/init$n.out")" = "$(checksum "$saved_out")"
+done
+if "$PYTHON" -c 'import torch, h5py' 2> /dev/null; then
+    "$PYTHON" - "$tmp/whole18.state.h5" "$tmp/first.h5" > "$tmp/torch.out" 2>&1 <<'PY'
+import sys, h5py, torch, torch.nn as nn
+class Net(nn.Module):  # the workshop's model
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+model = Net()
+with h5py.File(sys.argv[1], "r") as f:
+    model.load_state_dict({k: torch.from_numpy(f[k][...]) for k in f})  # strict: every key, no other
+with h5py.File(sys.argv[2], "r") as f:
+    same = all(torch.equal(p, torch.from_numpy(f[k][...])) for k, p in model.state_dict().items())
+print(f"{'ok' if same else 'MISMATCH'}: {len(model.state_dict())} tensors loaded, equal to --save's: {same}")
+sys.exit(0 if same else 1)
+PY
+    expect "torch loads the converted ZeRO-3 checkpoint (strict load_state_dict): $(tail -1 "$tmp/torch.out")" test $? = 0
+else
+    skip "torch loads a converted checkpoint (needs $PYTHON with torch and h5py: ./setup.sh --with-reference)"
+fi
+rm -rf "$tmp/ck18d" && cp -r "$tmp/ck18c" "$tmp/ck18d" && rm "$tmp/ck18d/step-000017/shard-00001.h5"
+tools/checkpoint_to_state_dict "$tmp/ck18d" "$tmp/none.h5" > "$tmp/convert_bad.out" 2>&1
+status=$?
+expect "a checkpoint missing a shard: exit $status, one line, no file written: $(sed "s|$tmp/||g" "$tmp/convert_bad.out")" \
+    test $status = 1 -a "$(wc -l < "$tmp/convert_bad.out")" = 1 -a ! -e "$tmp/none.h5" \
+    -a -n "$(grep 'shard-00001.h5: missing' "$tmp/convert_bad.out")" -a -z "$(ls "$tmp" | grep 'none.h5.tmp')"
 
 # ---------------------------------------------------------------- bad checkpoints
 # A checkpoint of 2 steps, and copies of it damaged one way each.
@@ -191,4 +336,5 @@ expect_error 1 'afile/ck: the checkpoint folder is not writable' mpi 2 $program 
 # ---------------------------------------------------------------- flags
 expect_refused_flags $program 2 "--save_every without --checkpoint" '--save_every: only with --checkpoint DIR' --save_every 5
 expect_refused_flags $program 2 "--keep 0" '--keep' --checkpoint "$tmp/ck" --keep 0
+expect_refused_flags $program 2 "--async_save without --checkpoint" '--async_save: only with --checkpoint DIR' --async_save
 exit_status

@@ -56,7 +56,7 @@ relabelled test_gpu "fake GPU" build/tests/test_gpu
 for gpus in 1 4; do
     relabelled test_gpu.sh "fake GPU x$gpus" env FAKE_GPU_COUNT=$gpus MPIRUN="$MPIRUN" bash tests/test_gpu.sh
 done
-# A diverged training stops on the GPU path too (its loss is read back every step: divergence.h).
+# A diverged training stops on the GPU path too (where its losses are read back: each step, or at its epoch's end: divergence.h).
 relabelled test_nonfinite.sh "fake GPU x2" env FAKE_GPU_COUNT=2 NONFINITE_DEVICE=cuda MPIRUN="$MPIRUN" bash tests/test_nonfinite.sh
 # Step 18's sharded checkpoint from GPU memory (each shard through a host copy): a ZeRO-3 run on 2
 # simulated GPUs stopped at step 7 and resumed ends bit for bit, and the checkpoint loads on the CPU.
@@ -71,3 +71,29 @@ mpi 1 day4/18_zero_sharding --data "$DATA" --batch_size 4000 --epochs 1 --plot '
     > "$tmp/ck_cpu.out" 2>&1
 expect "... and the GPU run's checkpoint loads on the CPU, resharded to DDP on 1 rank, with its weights (checksum $(checksum "$tmp/ck_cpu.out"))" \
     test "$(checksum "$tmp/ck_cpu.out")" = "$(checksum "$tmp/ck_ref.out")"
+# Steps 16 and 17 the same way: 2 stages, and 2 replicas of one tensor-parallel rank (each writing
+# half of every tensor's rows: pieces that start inside a GPU buffer); and step 18's --async_save
+# (its host copy in page-locked memory).
+for split in "day4/16_pipeline_ddp --pp 2" "day4/17_tensor_parallel --tp 1" "day4/18_zero_sharding --zero 3"; do
+    gpu_ck=($split --data "$DATA" --batch_size 2000 --epochs 1 --plot '' --device cuda)
+    saving=(--checkpoint "$tmp/gpu_ck")
+    case $split in *18_zero*) saving+=(--save_every 3 --async_save) ;; esac
+    rm -rf "$tmp/gpu_ck"
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --losses "$tmp/ck_ref.csv") > "$tmp/ck_ref.out" 2>&1
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --max_steps 7 "${saving[@]}") > /dev/null 2>&1
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" "${saving[@]}" --losses "$tmp/ck_res.csv") > "$tmp/ck_res.out" 2>&1
+    expect "fake GPU x2: ${split%% *}'s sharded checkpoint (${split#* }${saving[2]:+ ${saving[*]:2}}), saved at step 7 from GPU memory, resumes bit for bit (checksum $(checksum "$tmp/ck_res.out"))" \
+        test -n "$(checksum "$tmp/ck_ref.out")" -a "$(checksum "$tmp/ck_res.out")" = "$(checksum "$tmp/ck_ref.out")" -a -n "$(grep '^Resumed' "$tmp/ck_res.out")" \
+        -a "$(cat "$tmp/ck_res.csv" 2> /dev/null)" = "$(cat "$tmp/ck_ref.csv")"
+done
+# No host wait inside a training step (issue 40): every GPU training program trains a few steps on
+# 2 simulated GPUs, counting per step what its host waits for and launches (tests/fake_gpu/step_counts.sh
+# prints one line each); the programs named here must make none in a steady step.
+zero_wait_steps="2 3 4 6 7 8 10 13 14"
+(cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=600 MPIRUN="$MPIRUN" DATA="$DATA" bash tests/fake_gpu/step_counts.sh "$tmp/counts") \
+    > "$tmp/step_counts" 2>&1
+grep -v '^zero-wait ' "$tmp/step_counts" | sed 's/^/  /'
+for step in $zero_wait_steps; do
+    waits=$(sed -n "s/^zero-wait step $step: //p" "$tmp/step_counts")
+    expect "fake GPU x2: step $step's steady training step makes no host wait (${waits:-no count}; launches above)" test "$waits" = 0
+done

@@ -141,7 +141,8 @@ sample=$(sed -n '/^sample (150 characters/,$p' "$tmp/s1.out" | tail -n +2)
 expect "--sample 150 --prompt 'ROMEO:' prints the prompt and 150 characters of the text's alphabet ($(printf '%s' "$sample" | wc -c) bytes)" \
     test "$(printf '%s' "$sample" | head -c 6)" = "ROMEO:" -a "$(printf '%s' "$sample" | wc -c)" -eq 156 -a \
     "$(printf '%s' "$sample" | LC_ALL=C tr -d "$(LC_ALL=C tr -d '\n' < "$SHAKESPEARE/input.txt" | fold -w1 | sort -u | tr -d '\n' | sed 's/[]\\[^-]/\\&/g')\n" | wc -c)" -eq 0
-expect "the same seed gives the same sample" cmp -s "$tmp/s1.out" "$tmp/s2.out"
+expect "the same seed gives the same sample$(cmp -s "$tmp/s1.out" "$tmp/s2.out" || diff "$tmp/s1.out" "$tmp/s2.out" | head -5 | tr '\n' ' ' | sed 's/^/: differs: /')" \
+    cmp -s "$tmp/s1.out" "$tmp/s2.out"
 
 # ---------------------------------------------------------------- bad input: one line, exit 1 or 2, nothing written
 # refused WHAT STATUS PATTERN ARGS...: day5/19_gpt with ARGS (--save and --losses added) exits STATUS,

@@ -14,8 +14,13 @@ scratch
 # The loop over an epoch's batches, from its `for` to its closing brace.
 loop_of() { awk '/^        for \(int b = 0; b < n_batches; b\+\+\) \{$/ { on = 1 } on { print } on && /^        }$/ { exit }' "$1"; }
 # What the steps mean to differ in: where the batch comes from (memory or the
-# HDF5 stream), and so how many samples this rank has.
-intended() { sed -e '2s/^\( *Tensor x = \).*/\1<the batch>/' -e 's/\brank_samples\b/sampler.num_samples/g'; }
+# HDF5 stream), and so how many samples this rank has, and whether its labels
+# are on the GPU already (mnist_batch gathers them there; the stream's come
+# from the host).
+intended() {
+    sed -e '2s/^\( *Tensor x = \).*/\1<the batch>/' -e 's/\brank_samples\b/sampler.num_samples/g' \
+        -e 's#^\( *mlp_loss_to(&model, batch_labels, \)\(mnist_batch_device_labels(&train), *\|NULL, *\)//.*#\1<the labels on the GPU>#'
+}
 
 loop_of day1/6_mnist_ddp.c | intended > "$tmp/6"
 lines=$(wc -l < "$tmp/6")

@@ -184,6 +184,68 @@ static GroupRequest nccl_started(void) {
 }
 #endif
 
+// ------------------------------------------------------------------ the ring (CPU tensors)
+
+// Step s (0 .. size - 2) of rank r: send the partial sum of block (r - s - 1) mod size to rank
+// r + 1, receive rank r - 1's partial sum of block (r - s - 2) mod size, add this rank's own
+// block to it. After the last step, the block received is block r, and the sum is complete.
+struct RingReduceScatter {
+    const Group *group;
+    const float *input;  // [size * count]: this rank's contribution
+    float *output;       // [count]: block r's sum, written at the last step
+    float *in_place;     // the input, when the output is its block r: each partial sum is kept at
+                         // its block (the rest of the input is left undefined); NULL: they go to the
+                         // output, which is free until the last step
+    float *received;     // [count]: the previous rank's partial sum, the one block the ring allocates
+    size_t count;
+    MPI_Request requests[2];  // the step in flight: its receive and its send
+};
+// The rings' tag, apart from group_exchange's (0): MPI matches the steps of several rings in flight
+// in the order each rank posts them, which program order makes the same on every rank.
+enum { RING_TAG = 0x5253 };
+
+static size_t block_at(const RingReduceScatter *ring, int offset) {  // block (rank + offset) mod size
+    int size = ring->group->size;
+    return (size_t)(((ring->group->rank + offset) % size + size) % size) * ring->count;
+}
+static float *partial_sum(const RingReduceScatter *ring, int offset) {
+    return ring->in_place ? ring->in_place + block_at(ring, offset) : ring->output;
+}
+
+static void ring_post(RingReduceScatter *ring, int s) {
+    int size = ring->group->size, rank = ring->group->rank;
+    const float *send = s == 0 ? ring->input + block_at(ring, -1) : partial_sum(ring, -s - 1);
+    CHECK_MPI(MPI_Irecv(ring->received, (int)ring->count, MPI_FLOAT, (rank - 1 + size) % size, RING_TAG,
+                        ring->group->mpi, &ring->requests[0]));
+    CHECK_MPI(MPI_Isend(send, (int)ring->count, MPI_FLOAT, (rank + 1) % size, RING_TAG, ring->group->mpi,
+                        &ring->requests[1]));
+}
+
+static RingReduceScatter *ring_start(const Group *group, const Tensor *input, Tensor *output, size_t count) {
+    RingReduceScatter *ring = xmalloc(sizeof *ring);
+    bool in_place = output->data == input->data + (size_t)group->rank * count;
+    *ring = (RingReduceScatter){.group = group, .input = input->data, .output = output->data,
+                                .in_place = in_place ? input->data : NULL, .count = count,
+                                .received = xmalloc(count * sizeof(float))};
+    ring_post(ring, 0);
+    return ring;
+}
+
+static void ring_finish(RingReduceScatter *ring) {
+    int last = ring->group->size - 2;
+    for (int s = 0;; s++) {  // step s is in flight
+        CHECK_MPI(MPI_Waitall(2, ring->requests, MPI_STATUSES_IGNORE));
+        // Read and written at the same index only: the sum may be the input's own block.
+        float *sum = s == last ? ring->output : partial_sum(ring, -s - 2);
+        const float *own = ring->input + block_at(ring, -s - 2);
+        for (size_t i = 0; i < ring->count; i++) sum[i] = ring->received[i] + own[i];
+        if (s == last) break;
+        ring_post(ring, s + 1);
+    }
+    free(ring->received);
+    free(ring);
+}
+
 GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output) {
     size_t count = block_count(group, input, output, "group_reduce_scatter");
     float *my_block = input->data + (size_t)group->rank * count;
@@ -194,10 +256,7 @@ GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input,
             if (!in_place) tensor_copy(output, input);
             return request;
         }
-        // MPI_IN_PLACE leaves the result at the start of the buffer: group_wait moves it to block `rank`.
-        if (in_place) request = (GroupRequest){.move_from = input->data, .move_to = my_block, .count = count};
-        CHECK_MPI(MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : input->data, in_place ? input->data : output->data,
-                                            (int)count, MPI_FLOAT, MPI_SUM, group->mpi, &request.request));
+        request.ring = ring_start(group, input, output, count);
         return request;
     }
 #if HAVE_CUDA
@@ -246,7 +305,7 @@ GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Ten
 
 void group_wait(GroupRequest *request) {
     if (request->request != MPI_REQUEST_NULL) CHECK_MPI(MPI_Wait(&request->request, MPI_STATUS_IGNORE));
-    if (request->move_from) memmove(request->move_to, request->move_from, request->count * sizeof(float));
+    if (request->ring) ring_finish(request->ring);
 #if HAVE_CUDA
     if (request->done) {  // the compute stream's next work waits for the collective; the host goes on
         bool *busy = request->done;

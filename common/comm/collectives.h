@@ -50,7 +50,7 @@ void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const
 // In place, as NCCL's: the reduce-scatter's output may be the input's own
 // block `rank` (the rest of the input is then left undefined), and the
 // all-gather's input may be the output's block `rank`. On CPUs: MPI
-// (MPI_Reduce_scatter_block, MPI_Allgather); on GPUs: NCCL on the
+// (the reduce-scatter our own ring, below; MPI_Allgather); on GPUs: NCCL on the
 // communication stream, or MPI on host copies where ranks share a GPU.
 //
 // _start starts one and returns at once; group_wait makes its result ready:
@@ -58,11 +58,21 @@ void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const
 // stream waits for it (the host does not), so that what the compute stream
 // queues between the two overlaps with the collective (FSDP's prefetch). Only
 // what was queued on the compute stream before _start goes into it.
+//
+// The CPU reduce-scatter is a ring, as NCCL's: size - 1 steps, in each of which
+// every rank sends one block's partial sum to the next rank and adds the
+// previous rank's to its own, so that it holds one block in flight and sends
+// (size - 1) / size of the buffer, the least any algorithm sends. Open MPI's
+// MPI_Ireduce_scatter_block reduces the whole buffer into one rank's copy of
+// it before scattering: under ZeRO-3 that copy made rank 0's peak the highest.
+// The ring sums each block in a fixed order (block b from rank b + 1 around to
+// rank b: on 2 ranks a + b, as MPI's), never one that depends on timing. _start
+// posts its first step; group_wait takes the rest.
+typedef struct RingReduceScatter RingReduceScatter;
 typedef struct {
-    MPI_Request request;  // CPU tensors: the non-blocking MPI collective
-    float *move_from, *move_to;  // an in-place reduce-scatter on MPI: where MPI put the block, where it goes
-    size_t count;
-    void *done;           // GPU tensors with NCCL: the slot of the event that marks its end
+    MPI_Request request;      // CPU all-gather: the non-blocking MPI collective
+    RingReduceScatter *ring;  // CPU reduce-scatter: the ring, its first step posted
+    void *done;               // GPU tensors with NCCL: the slot of the event that marks its end
 } GroupRequest;
 GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output);
 GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Tensor *output);

@@ -221,7 +221,14 @@ MnistSplit mnist_load(const char *dir, MnistPart part) {
 
 void mnist_free(MnistSplit *split) {
     device_free(split->device_images);
+    device_free(split->device_labels);
     device_buffer_free(&split->device_indices);
+    device_buffer_free(&split->device_order);
+    device_buffer_free(&split->device_batch_labels);
+#if HAVE_CUDA
+    if (split->order_copied) CHECK_CUDA(cudaEventDestroy((cudaEvent_t)split->order_copied));
+#endif
+    if (split->order_staging) device_host_free(split->order_staging);
     free(split->images);
     free(split->labels);
     *split = (MnistSplit){0};
@@ -233,13 +240,53 @@ CPU_DISPATCHED void mnist_pixels_to_float(const uint8_t *pixels, float *out, siz
 }
 
 #if HAVE_CUDA
-static void gather_on_gpu(MnistSplit *split, const int *indices, int rows, Tensor *images) {
+// The split on the GPU, once: pixels as uint8, and labels.
+static void upload_split(MnistSplit *split) {
     cudaStream_t stream = device_stream();
     if (!split->device_images) {
         size_t bytes = (size_t)split->n * MNIST_PIXELS;
         split->device_images = device_alloc(bytes);
         CHECK_CUDA(cudaMemcpyAsync(split->device_images, split->images, bytes, cudaMemcpyHostToDevice, stream));
     }
+    if (!split->device_labels) {
+        split->device_labels = device_alloc((size_t)split->n * sizeof(int));
+        CHECK_CUDA(cudaMemcpyAsync(split->device_labels, split->labels, (size_t)split->n * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream));
+    }
+}
+
+// The sampler's order for this epoch on the GPU: copied at the epoch's first batch, from
+// page-locked memory. The staging is refilled only once the previous epoch's copy is done
+// (its event: the one wait, once an epoch, long over on a GPU).
+static const int *epoch_order_on_gpu(MnistSplit *split, const DistributedSampler *sampler) {
+    if (split->order_sampler == (const void *)sampler && split->order_serial == sampler->serial)
+        return split->device_order.data;
+    cudaStream_t stream = device_stream();
+    size_t bytes = (size_t)sampler->num_samples * sizeof(int);
+    int *device_order = device_buffer_reserve(&split->device_order, bytes);
+    if (split->order_copied) {
+        device_wait_event((cudaEvent_t)split->order_copied, "the copy of the epoch's sample order");
+    } else {
+        cudaEvent_t copied;
+        CHECK_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+        split->order_copied = copied;
+    }
+    if (bytes > split->order_staging_bytes) {  // (as large as device_order: it grows with it)
+        if (split->order_staging) device_host_free(split->order_staging);
+        split->order_staging_bytes = split->device_order.bytes;
+        split->order_staging = device_host_alloc(split->order_staging_bytes);
+    }
+    memcpy(split->order_staging, sampler->indices, bytes);
+    CHECK_CUDA(cudaMemcpyAsync(device_order, split->order_staging, bytes, cudaMemcpyHostToDevice, stream));
+    CHECK_CUDA(cudaEventRecord((cudaEvent_t)split->order_copied, stream));
+    split->order_sampler = sampler;
+    split->order_serial = sampler->serial;
+    return device_order;
+}
+
+static void gather_on_gpu(MnistSplit *split, const int *indices, int rows, Tensor *images) {
+    cudaStream_t stream = device_stream();
+    upload_split(split);
     int *device_indices = device_buffer_reserve(&split->device_indices, (size_t)rows * sizeof(int));
     // 4 bytes an index go over, not 3136 bytes an image. (From pageable memory
     // the copy is staged before it returns: `indices` may change right after.)
@@ -320,6 +367,8 @@ void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_positio
     }
     // Position p of the padded list is order[p mod N]: the padding repeats the start.
     // The first first_position positions were trained on already (a resumed epoch).
+    static unsigned long serials;  // one count for every sampler: no two orders share a serial
+    s->serial = ++serials;
     long remaining = s->dataset_size - first_position;
     s->num_samples = (int)((remaining + s->world_size - 1) / s->world_size);
     for (int k = 0; k < s->num_samples; k++) {
@@ -354,7 +403,21 @@ Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int bat
     CHECK(rows > 0, "batch %d is past the end of this rank's %d samples", batch, sampler->num_samples);
     profile_push("data");
     Tensor images = tensor_rows(buffer, rows);
-    mnist_gather(split, sampler->indices + start, rows, &images, labels);
+    if (tensor_on_gpu(&images)) {
+#if HAVE_CUDA
+        CHECK(images.cols == MNIST_PIXELS, "gather %d rows into [%d, %d]", rows, images.rows, images.cols);
+        upload_split(split);
+        const int *order = epoch_order_on_gpu(split, sampler) + start;
+        int *device_labels = device_buffer_reserve(&split->device_batch_labels, (size_t)buffer->rows * sizeof(int));
+        gpu_gather_pixels(split->device_images, order, rows, MNIST_PIXELS, images.data, device_stream());
+        gpu_gather_ints(split->device_labels, order, rows, device_labels, device_stream());
+#endif
+        for (int r = 0; r < rows; r++) labels[r] = split->labels[sampler->indices[start + r]];
+    } else {
+        mnist_gather(split, sampler->indices + start, rows, &images, labels);
+    }
     profile_pop();
     return images;
 }
+
+const int *mnist_batch_device_labels(const MnistSplit *split) { return split->device_batch_labels.data; }

@@ -41,7 +41,18 @@ typedef struct {
     // On a GPU rank the first gather onto the GPU uploads the pixels, once
     // (uint8: 47 MB for the training set); batches are gathered there after.
     uint8_t *device_images;  // [n, 784] device memory, or NULL
-    DeviceBuffer device_indices;  // a batch's sample indices
+    int *device_labels;      // [n] device memory, or NULL (uploaded with the pixels)
+    DeviceBuffer device_indices;  // a batch's sample indices (mnist_gather)
+    // mnist_batch on a GPU rank: the sampler's epoch order goes over once per epoch (from page-locked
+    // memory, an event saying when that copy is done), and each batch is gathered by its slice of it,
+    // its labels too, so that no step copies anything from the host.
+    DeviceBuffer device_order;        // [num_samples] the epoch's order on the GPU
+    int *order_staging;               // page-locked copy of it
+    size_t order_staging_bytes;
+    void *order_copied;               // cudaEvent_t: the staging may be refilled
+    const void *order_sampler;        // the sampler and epoch that device_order holds
+    unsigned long order_serial;
+    DeviceBuffer device_batch_labels;  // [rows] the last mnist_batch's labels on the GPU
 } MnistSplit;
 
 // Loads train-* or t10k-* from dir (each file plain or .gz). Collective: every
@@ -78,6 +89,7 @@ typedef struct {
     int num_samples;  // per rank
     int *indices;     // [num_samples]: this rank's samples for the current epoch
     int *order;       // [dataset_size]: scratch for the permutation
+    unsigned long serial;  // new at each sampler_set_epoch_from, unique in the process: a new `indices`
 } DistributedSampler;
 
 DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool shuffle, uint64_t seed);
@@ -98,6 +110,8 @@ int sampler_num_batches(const DistributedSampler *sampler, int batch_size);
 // return the view of the rows filled: batch_size of them, fewer in the last batch.
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels);
+// The labels of the last mnist_batch of `split` on the GPU (for mlp_loss_to), NULL on a CPU rank.
+const int *mnist_batch_device_labels(const MnistSplit *split);
 // The labels of the same batch, without its images (a pipeline's last stage
 // needs them, not the pixels); returns its rows.
 int mnist_batch_labels(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,

@@ -146,6 +146,13 @@ float cnn_loss(Cnn *m, const int *labels) {
     return loss;
 }
 
+void cnn_loss_to(Cnn *m, const int *labels, const int *device_labels, LossSlot slot) {
+    profile_push("loss");
+    Tensor logits = rows(&m->logits, m->batch), grad_logits = rows(&m->grad_logits, m->batch);
+    softmax_cross_entropy_to(&logits, labels, device_labels, &grad_logits, slot);  // nn.CrossEntropyLoss()
+    profile_pop();
+}
+
 // The i-th layer with parameters (conv1, conv2, fc1, fc2) is done: its bias
 // (params[2i + 1]) and weight (params[2i]) gradients are final.
 static void gradients_ready(GradReadyHook hook, void *context, int layer) {

@@ -60,6 +60,8 @@ const Tensor *cnn_forward(Cnn *model, const Tensor *x);
 // Cross-entropy of the last forward's logits (the mean over the batch); keeps
 // d loss / d logits for backward.
 float cnn_loss(Cnn *model, const int *labels);
+// The same, written to `slot` (the host does not wait for it on a GPU: mlp_loss_to in nn.h).
+void cnn_loss_to(Cnn *model, const int *labels, const int *device_labels, LossSlot slot);
 // loss.backward(): every parameter's gradient, accumulated. hook(context, i)
 // is called as soon as params[i]'s gradient is final, the last layer's first,
 // so DDP can start sending while backward goes on (hook may be NULL).

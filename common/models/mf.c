@@ -728,6 +728,7 @@ void mf_adam_step(Mf *model) {
             }
         }
     }
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
 // ------------------------------------------------------------------ predictions

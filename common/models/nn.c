@@ -138,6 +138,15 @@ float mlp_loss(Mlp *model, const int *labels) {
     return loss;
 }
 
+void mlp_loss_to(Mlp *model, const int *labels, const int *device_labels, LossSlot slot) {
+    profile_push("loss");
+    const Tensor *logits = &model->outputs[model->n_layers - 1];
+    Tensor *grad_logits = &model->grad_outputs[model->n_layers - 1];  // kept for backward
+    grad_logits->rows = logits->rows;
+    softmax_cross_entropy_to(logits, labels, device_labels, grad_logits, slot);
+    profile_pop();
+}
+
 float mlp_mse_loss(Mlp *model, const Tensor *target) {
     profile_push("loss");
     const Tensor *output = &model->outputs[model->n_layers - 1];
@@ -259,6 +268,7 @@ void adam_step(Adam *adam) {
         adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
                     &coefficients);
     profile_pop();
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
 void adam_free(Adam *adam) {
@@ -274,4 +284,5 @@ void sgd_step(const Param *params, int n_params, double lr) {
     profile_push("optimizer");
     for (int i = 0; i < n_params; i++) sgd_update(params[i].value, params[i].grad, (float)lr);
     profile_pop();
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }

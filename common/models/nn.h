@@ -79,6 +79,10 @@ const Tensor *mlp_forward(Mlp *model, const Tensor *x);  // returns the logits [
 // Cross-entropy of the last forward's logits against labels (the mean over the
 // batch). Like autograd's graph, the model keeps d loss / d logits for backward.
 float mlp_loss(Mlp *model, const int *labels);
+// The same, with the loss written to `slot` instead of returned (on a GPU rank the host does not
+// wait for it: train/step_losses.h reads the step's losses when the program prints). device_labels:
+// the batch's labels on the GPU (mnist_batch_device_labels), or NULL.
+void mlp_loss_to(Mlp *model, const int *labels, const int *device_labels, LossSlot slot);
 // nn.MSELoss(): the mean over all elements of (output - target)^2, against the
 // last forward's output; keeps d loss / d output = 2 (output - target) / numel.
 float mlp_mse_loss(Mlp *model, const Tensor *target);

@@ -17,14 +17,22 @@
 typedef struct {
     float *device_buffer;               // [count]: packed here, reduced here by NCCL
     cudaEvent_t packed;                 // the compute stream has packed the bucket (and copied it to the host)
-    cudaEvent_t comm_start, comm_done;  // NCCL: the allreduce on the communication stream, timed
 } GpuBucket;
 
-struct DdpGpu {
-    GpuBucket *buckets;                    // [n_buckets], as ddp->buckets
-    cudaEvent_t step_start, backward_end;  // NCCL: the GPU timeline's marks, for the statistics
-    bool timing_pending;                   // the last step's events are not yet accounted for
+// NCCL: one step's marks on the GPU's timeline, for the statistics. They are read once they have
+// happened, a few steps later, so that no step waits for the GPU to get there: a ring of steps.
+enum { TIMED_STEPS = 32 };
+typedef struct {
+    cudaEvent_t step_start, backward_end;  // the step's first packing, and the end of its backward
+    cudaEvent_t *comm_start, *comm_done;   // [n_buckets]: each bucket's allreduce on the communication stream
     double step_start_host;                // while a profile records: step_start on the host's clock
+} TimedStep;
+
+struct DdpGpu {
+    GpuBucket *buckets;             // [n_buckets], as ddp->buckets
+    TimedStep timed[TIMED_STEPS];   // NCCL: a ring
+    int oldest, n_timed;            // the steps recorded and not yet accounted for, oldest first; the
+                                    // step in progress is recorded at timed[(oldest + n_timed) % TIMED_STEPS]
 };
 
 DdpGpu *ddp_gpu_new(const Ddp *ddp) {
@@ -34,13 +42,19 @@ DdpGpu *ddp_gpu_new(const Ddp *ddp) {
         GpuBucket *bucket = &gpu->buckets[b];
         bucket->device_buffer = device_alloc(ddp->buckets[b].count * sizeof(float));
         CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
-        CHECK_CUDA(cudaEventCreate(&bucket->comm_start));
-        CHECK_CUDA(cudaEventCreate(&bucket->comm_done));
     }
-    if (ddp->nccl) {  // NCCL's statistics come from the GPU's timeline: a step's first and last marks
-        CHECK_CUDA(cudaEventCreate(&gpu->step_start));
-        CHECK_CUDA(cudaEventCreate(&gpu->backward_end));
-    }
+    if (ddp->nccl)  // NCCL's statistics come from the GPU's timeline
+        for (int t = 0; t < TIMED_STEPS; t++) {
+            TimedStep *timed = &gpu->timed[t];
+            CHECK_CUDA(cudaEventCreate(&timed->step_start));
+            CHECK_CUDA(cudaEventCreate(&timed->backward_end));
+            timed->comm_start = xmalloc((size_t)ddp->n_buckets * sizeof(cudaEvent_t));
+            timed->comm_done = xmalloc((size_t)ddp->n_buckets * sizeof(cudaEvent_t));
+            for (int b = 0; b < ddp->n_buckets; b++) {
+                CHECK_CUDA(cudaEventCreate(&timed->comm_start[b]));
+                CHECK_CUDA(cudaEventCreate(&timed->comm_done[b]));
+            }
+        }
     return gpu;
 }
 
@@ -50,13 +64,19 @@ void ddp_gpu_free(Ddp *ddp) {
     for (int b = 0; b < ddp->n_buckets; b++) {
         device_free(gpu->buckets[b].device_buffer);
         CHECK_CUDA(cudaEventDestroy(gpu->buckets[b].packed));
-        CHECK_CUDA(cudaEventDestroy(gpu->buckets[b].comm_start));
-        CHECK_CUDA(cudaEventDestroy(gpu->buckets[b].comm_done));
     }
-    if (ddp->nccl) {
-        CHECK_CUDA(cudaEventDestroy(gpu->step_start));
-        CHECK_CUDA(cudaEventDestroy(gpu->backward_end));
-    }
+    if (ddp->nccl)
+        for (int t = 0; t < TIMED_STEPS; t++) {
+            TimedStep *timed = &gpu->timed[t];
+            CHECK_CUDA(cudaEventDestroy(timed->step_start));
+            CHECK_CUDA(cudaEventDestroy(timed->backward_end));
+            for (int b = 0; b < ddp->n_buckets; b++) {
+                CHECK_CUDA(cudaEventDestroy(timed->comm_start[b]));
+                CHECK_CUDA(cudaEventDestroy(timed->comm_done[b]));
+            }
+            free(timed->comm_start);
+            free(timed->comm_done);
+        }
     free(gpu->buckets);
     free(gpu);
     ddp->gpu = NULL;
@@ -91,64 +111,96 @@ static void divide_into_grads(Ddp *ddp, int b) {
 //
 // No thread and no host wait: a bucket's allreduce is queued on the
 // communication stream behind its packing, and the GPU overlaps the two
-// streams by itself. Times come from CUDA events on the GPU's timeline.
+// streams by itself. Times come from CUDA events on the GPU's timeline,
+// read once they have happened (a ring of steps), never waited for in a
+// step unless the host is TIMED_STEPS steps ahead of the GPU.
+
+static TimedStep *recording(DdpGpu *gpu) { return &gpu->timed[(gpu->oldest + gpu->n_timed) % TIMED_STEPS]; }
+
+// Has the event happened? A question, not a wait (cudaEventQuery once).
+static bool happened(cudaEvent_t event) {
+    cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) return false;
+    CHECK_CUDA(status);
+    return true;
+}
+
+// The oldest recorded step's statistics, its events waited for if `wait` (polled), or only if they
+// have all happened. Returns whether it was accounted for.
+static bool account_oldest(Ddp *ddp, bool wait) {
+    DdpGpu *gpu = ddp->gpu;
+    if (gpu->n_timed == 0) return false;
+    TimedStep *timed = &gpu->timed[gpu->oldest];
+    if (!wait) {
+        if (!happened(timed->backward_end)) return false;
+        for (int b = 0; b < ddp->n_buckets; b++)
+            if (!happened(timed->comm_done[b])) return false;
+    }
+    float backward_end_ms = 0, from_ms = 0, to_ms = 0;
+    device_wait_event(timed->backward_end, "the end of backward");
+    CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, timed->step_start, timed->backward_end));
+    double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
+    for (int b = 0; b < ddp->n_buckets; b++) {
+        device_wait_event(timed->comm_done[b], "DDP's allreduce of a bucket");
+        CHECK_CUDA(cudaEventElapsedTime(&from_ms, timed->step_start, timed->comm_start[b]));
+        CHECK_CUDA(cudaEventElapsedTime(&to_ms, timed->step_start, timed->comm_done[b]));
+        ddp_account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
+        if (profile_recording() && timed->step_start_host > 0)  // the trace's communication track, as on CPUs
+            profile_range_record("allreduce", PROFILE_COMM_THREAD, timed->step_start_host + 1e-3 * from_ms,
+                                 timed->step_start_host + 1e-3 * to_ms);
+        last_done = 1e-3 * to_ms > last_done ? 1e-3 * to_ms : last_done;
+    }
+    ddp->wait_seconds += last_done > backward_end ? last_done - backward_end : 0;  // the compute stream's wait
+    gpu->oldest = (gpu->oldest + 1) % TIMED_STEPS;
+    gpu->n_timed--;
+    return true;
+}
 
 void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
     DdpGpu *gpu = ddp->gpu;
-    GpuBucket *bucket = &gpu->buckets[b];
-    if (b == 0) {  // the step's first bucket: account for the last step, then mark this one's start
-        ddp_nccl_account_step(ddp);
+    if (b == 0) {  // the step's first bucket: account for the steps that are over, then mark this one's start
+        while (account_oldest(ddp, false)) {}
+        if (gpu->n_timed == TIMED_STEPS) account_oldest(ddp, true);  // the host is that far ahead
         if (profile_recording()) {  // with the GPU idle, step_start happens when the host records it
             device_synchronize();
-            gpu->step_start_host = wall_seconds();
+            recording(gpu)->step_start_host = wall_seconds();
+        } else {
+            recording(gpu)->step_start_host = 0;
         }
-        CHECK_CUDA(cudaEventRecord(gpu->step_start, device_stream()));
+        CHECK_CUDA(cudaEventRecord(recording(gpu)->step_start, device_stream()));
     }
+    GpuBucket *bucket = &gpu->buckets[b];
+    TimedStep *timed = recording(gpu);
     pack_on_gpu(ddp, b);
     CHECK_CUDA(cudaEventRecord(bucket->packed, device_stream()));
     // The allreduce on the communication stream, behind the packing.
     cudaStream_t comm = device_comm_stream();
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
-    CHECK_CUDA(cudaEventRecord(bucket->comm_start, comm));
+    CHECK_CUDA(cudaEventRecord(timed->comm_start[b], comm));
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, ddp->buckets[b].count, ncclFloat, ncclSum,
                              ddp->group->nccl, comm));
-    CHECK_CUDA(cudaEventRecord(bucket->comm_done, comm));
+    CHECK_CUDA(cudaEventRecord(timed->comm_done[b], comm));
 }
 
 // Nothing to wait for on the host: the compute stream waits for each bucket.
 void ddp_nccl_finish(Ddp *ddp) {
-    CHECK_CUDA(cudaEventRecord(ddp->gpu->backward_end, device_stream()));
+    DdpGpu *gpu = ddp->gpu;
+    TimedStep *timed = recording(gpu);
+    CHECK_CUDA(cudaEventRecord(timed->backward_end, device_stream()));
     for (int b = 0; b < ddp->n_buckets; b++) {
         CHECK(ddp->buckets[b].pending == 0, "ddp_finish: backward did not produce bucket %d", b);
-        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), ddp->gpu->buckets[b].comm_done, 0));
+        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), timed->comm_done[b], 0));
         divide_into_grads(ddp, b);
         ddp->buckets[b].pending = ddp->buckets[b].n_params;
     }
-    ddp->gpu->timing_pending = true;
+    gpu->n_timed++;
 }
 
-// NCCL's statistics, read off the GPU's timeline once a step's events have
-// happened, with the end of backward on the compute stream as the boundary
-// of "hidden". Times are seconds since the step's first bucket was packed.
+// NCCL's statistics of every recorded step, read off the GPU's timeline (waiting for it), with
+// the end of backward on the compute stream as the boundary of "hidden". Times are seconds since
+// the step's first bucket was packed.
 void ddp_nccl_account_step(Ddp *ddp) {
-    DdpGpu *gpu = ddp->gpu;
-    if (!gpu->timing_pending) return;
-    gpu->timing_pending = false;
-    float backward_end_ms = 0, from_ms = 0, to_ms = 0;
-    device_wait_event(gpu->backward_end, "the end of backward");
-    CHECK_CUDA(cudaEventElapsedTime(&backward_end_ms, gpu->step_start, gpu->backward_end));
-    double covered_until = 0, last_done = 0, backward_end = 1e-3 * backward_end_ms;
-    for (int b = 0; b < ddp->n_buckets; b++) {
-        device_wait_event(gpu->buckets[b].comm_done, "DDP's allreduce of a bucket");
-        CHECK_CUDA(cudaEventElapsedTime(&from_ms, gpu->step_start, gpu->buckets[b].comm_start));
-        CHECK_CUDA(cudaEventElapsedTime(&to_ms, gpu->step_start, gpu->buckets[b].comm_done));
-        ddp_account_bucket(ddp, 1e-3 * from_ms, 1e-3 * to_ms, backward_end, &covered_until);
-        if (profile_recording() && gpu->step_start_host > 0)  // the trace's communication track, as on CPUs
-            profile_range_record("allreduce", PROFILE_COMM_THREAD, gpu->step_start_host + 1e-3 * from_ms,
-                                 gpu->step_start_host + 1e-3 * to_ms);
-        last_done = 1e-3 * to_ms > last_done ? 1e-3 * to_ms : last_done;
-    }
-    ddp->wait_seconds += last_done > backward_end ? last_done - backward_end : 0;  // the compute stream's wait
+    while (account_oldest(ddp, true)) {}
 }
 
 // ------------------------------------------------------------------ 4. a shared GPU, through host copies

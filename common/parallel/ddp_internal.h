@@ -26,8 +26,10 @@ void ddp_gpu_free(Ddp *ddp);  // waits for the GPU first: no bucket may be in fl
 
 // 3. NCCL: pack bucket b on the compute stream and queue its allreduce on the
 // communication stream; finish makes the compute stream wait for each bucket
-// and divide. account_step reads the last finished step's events into the
-// statistics, once they have happened (it waits for them).
+// and divide. Each step's events are read into the statistics once they have
+// happened (asked at the next step's first bucket, never waited for there
+// unless the host runs 32 steps ahead); account_step reads every step's that
+// is left, waiting for them (for the report).
 void ddp_nccl_bucket_ready(Ddp *ddp, int b);
 void ddp_nccl_finish(Ddp *ddp);
 void ddp_nccl_account_step(Ddp *ddp);

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,10 +24,11 @@
 #include "base/paths.h"
 #include "base/timer.h"
 #include "records/h5_file.h"
+#include "runtime/device.h"
 #include "runtime/dist.h"
 
 #define FORMAT "ddp-workshop sharded checkpoint, version 1"
-#define ERROR_SIZE 1536
+#define ERROR_SIZE CHECKPOINT_ERROR_SIZE
 #define NAME_SIZE 128
 #define ROW (2 + 2 * CHECKPOINT_MAX_DIMS)  // an index row: rank, number, offsets, sizes
 
@@ -485,6 +487,12 @@ static void write_index(const char *path, const PieceRecord *records, int n_reco
     long long next = state->generator.next;
     ok = ok && write_dataset(file, "state/generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words, state->generator.state);
     ok = ok && write_dataset(file, "state/generator/index", H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &next);
+    long long eval_next = state->eval_generator.next;
+    if (state->eval_generator_kept) {
+        ok = ok && write_dataset(file, "state/eval_generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words,
+                                 state->eval_generator.state);
+        ok = ok && write_dataset(file, "state/eval_generator/index", H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &eval_next);
+    }
     ok = ok && write_dataset(file, "state/losses/epoch", H5T_STD_I32LE, H5T_NATIVE_INT, 1, &n_losses, state->losses->epoch);
     ok = ok && write_dataset(file, "state/losses/loss", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, &n_losses, state->losses->loss);
     if (!ok) fail(err, "%s: cannot write the index: %s", path, errno ? strerror(errno) : "an HDF5 error");
@@ -504,45 +512,95 @@ static void keep_newest(const char *dir, int keep, const char *current) {
     }
 }
 
-CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
-                                        const CheckpointState *state) {
-    quiet_hdf5();
-    double start = wall_seconds();
-    int rank = dist_rank(), world = dist_world_size();
-    CheckpointWrite written = {0};
-    char err[ERROR_SIZE] = "", name[64], temp[64], shard[PATH_MAX + 128], current[64] = "";
-    step_folder(name, sizeof name, "step", state->step);
-    snprintf(written.folder, sizeof written.folder, "%s/%s", dir, name);
-    step_folder(temp, sizeof temp, "tmp", state->step);
-    char temp_path[PATH_MAX + 72];
-    snprintf(temp_path, sizeof temp_path, "%s/%s", dir, temp);
+// A save in flight: begun by every rank together (the folder, the id), its shard written (by the
+// caller, or by a thread for --async_save), then committed together (the agreement, the index, the
+// renames).
+struct CheckpointSave {
+    const char *dir;              // the caller's (it outlives the save: a flag's value)
+    char name[64], temp[64], temp_path[PATH_MAX + 72], shard[PATH_MAX + 128];
+    int keep;
+    uint64_t id;
+    double start;
+    CheckpointState state;        // as it was at the save (a copy, with its own loss log)
+    LossLog losses;
+    PieceRecord *records;
+    int n_pieces;
+    CheckpointPiece *host_pieces;  // --async_save: the pieces' host copies, which the thread writes
+    float *host_values;
+    pthread_t thread;
+    bool threaded;
+    char err[ERROR_SIZE];
+    CheckpointWrite written;
+};
 
+static CheckpointSave *save_begin(const char *dir, int keep, int n_pieces, const CheckpointState *state) {
+    quiet_hdf5();
+    CheckpointSave *save = xcalloc(1, sizeof *save);
+    save->start = wall_seconds();
+    int rank = dist_rank();
+    char current[64] = "";
+    save->dir = dir;
+    save->keep = keep, save->n_pieces = n_pieces;
+    save->state = *state;
+    for (int i = 0; i < state->losses->n; i++) loss_log_add(&save->losses, state->losses->epoch[i], state->losses->loss[i]);
+    save->state.losses = &save->losses;
+    step_folder(save->name, sizeof save->name, "step", state->step);
+    snprintf(save->written.folder, sizeof save->written.folder, "%s/%s", dir, save->name);
+    save->written.step = state->step;
+    step_folder(save->temp, sizeof save->temp, "tmp", state->step);
+    snprintf(save->temp_path, sizeof save->temp_path, "%s/%s", dir, save->temp);
+    snprintf(save->shard, sizeof save->shard, "%s/shard-%05d.h5", save->temp_path, rank);
+    save->records = xmalloc(((size_t)n_pieces + 1) * sizeof(PieceRecord));
     // An id that this save stamps into every file: a shard of another checkpoint is refused.
-    uint64_t id = 0;
     if (rank == 0) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        id = ((uint64_t)now.tv_sec * 1000000007ULL) ^ ((uint64_t)now.tv_nsec << 20) ^ (uint64_t)getpid();
+        save->id = ((uint64_t)now.tv_sec * 1000000007ULL) ^ ((uint64_t)now.tv_nsec << 20) ^ (uint64_t)getpid();
         read_current(dir, current, sizeof current);
-        CHECK(strcmp(current, name) != 0, "%s is already the current checkpoint", written.folder);
-        if (!remove_folder(temp_path) || mkdir(temp_path, 0777) != 0)  // a crashed save of this step may be there
-            fail(err, "%s: cannot create the folder %s: %s", dir, temp_path, strerror(errno));
+        CHECK(strcmp(current, save->name) != 0, "%s is already the current checkpoint", save->written.folder);
+        if (!remove_folder(save->temp_path) || mkdir(save->temp_path, 0777) != 0)  // a crashed save of this step may be there
+            fail(save->err, "%s: cannot create the folder %s: %s", dir, save->temp_path, strerror(errno));
     }
-    CHECK_MPI(MPI_Bcast(&id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
-    check_all_ranks(!err[0], err);
+    CHECK_MPI(MPI_Bcast(&save->id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    check_all_ranks(!save->err[0], save->err);
+    return save;
+}
 
-    snprintf(shard, sizeof shard, "%s/shard-%05d.h5", temp_path, rank);
-    PieceRecord *records = xmalloc(((size_t)n_pieces + 1) * sizeof(PieceRecord));
+// This rank's shard file, and its size.
+static void save_write(CheckpointSave *save, const CheckpointPiece *pieces) {
+    double start = wall_seconds();
     errno = 0;
-    write_shard(shard, pieces, n_pieces, id, rank, records, &written.staged_bytes, err);
+    write_shard(save->shard, pieces, save->n_pieces, save->id, dist_rank(), save->records, &save->written.staged_bytes,
+                save->err);
     struct stat info;
-    if (!err[0] && stat(shard, &info) == 0) written.bytes = (double)info.st_size;
+    if (!save->err[0] && stat(save->shard, &info) == 0) save->written.bytes = (double)info.st_size;
+    save->written.write_seconds = wall_seconds() - start;
+}
+
+static void *save_write_thread(void *save) {
+    save_write(save, ((CheckpointSave *)save)->host_pieces);
+    return NULL;
+}
+
+static void save_free(CheckpointSave *save) {
+    loss_log_free(&save->losses);
+    free(save->records);
+    free(save->host_pieces);
+    if (save->host_values) device_host_free(save->host_values);
+    free(save);
+}
+
+// Collective: every rank's shard is whole, or the save fails on every rank; then rank 0 writes the
+// index and makes the checkpoint current.
+static CheckpointWrite save_commit(CheckpointSave *save) {
+    int rank = dist_rank(), world = dist_world_size(), n_pieces = save->n_pieces;
+    char *err = save->err;
     int all_ok = !err[0];
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (!all_ok) {  // nothing becomes current: the partial folder goes, the last checkpoint stays
-        unlink(shard);
+        unlink(save->shard);
         dist_barrier();
-        if (rank == 0) remove_folder(temp_path);
+        if (rank == 0) remove_folder(save->temp_path);
         check_all_ranks(!err[0], err);
         check_all_ranks(false, "a checkpoint save failed on another rank");  // (not reached: some rank failed above)
     }
@@ -560,29 +618,79 @@ CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const Checkpo
         for (int r = 0; r < world; r++)
             for (int k = 0; k < counts[r] / (int)sizeof(PieceRecord); k++) rank_of[displs[r] / (int)sizeof(PieceRecord) + k] = r;
     }
-    CHECK_MPI(MPI_Gatherv(records, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
-    free(records);
+    CHECK_MPI(MPI_Gatherv(save->records, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
+    CheckpointWrite written = save->written;
     if (rank == 0) {
         char index[PATH_MAX + 128];
-        snprintf(index, sizeof index, "%s/index.h5", temp_path);
+        struct stat info;
+        snprintf(index, sizeof index, "%s/index.h5", save->temp_path);
         errno = 0;
-        write_index(index, all, total / (int)sizeof(PieceRecord), rank_of, id, state, err);
+        write_index(index, all, total / (int)sizeof(PieceRecord), rank_of, save->id, &save->state, err);
         if (!err[0] && stat(index, &info) == 0) written.index_bytes = (double)info.st_size;
         // The switch: the folder gets its final name, then `current` names it.
-        if (!err[0] && !sync_path(temp_path, true)) fail(err, "%s: cannot flush the folder: %s", temp_path, strerror(errno));
+        const char *dir = save->dir;
+        if (!err[0] && !sync_path(save->temp_path, true)) fail(err, "%s: cannot flush the folder: %s", save->temp_path, strerror(errno));
         if (!err[0] && !remove_folder(written.folder))  // a whole one that a crash kept from becoming current
             fail(err, "%s: cannot remove the stale %s: %s", dir, written.folder, strerror(errno));
-        if (!err[0] && rename(temp_path, written.folder) != 0)
-            fail(err, "%s: cannot rename %s to %s: %s", dir, temp, name, strerror(errno));
+        if (!err[0] && rename(save->temp_path, written.folder) != 0)
+            fail(err, "%s: cannot rename %s to %s: %s", dir, save->temp, save->name, strerror(errno));
         if (!err[0] && !sync_path(dir, true)) fail(err, "%s: cannot flush the folder: %s", dir, strerror(errno));
-        if (!err[0] && !write_current(dir, name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
-        if (err[0]) remove_folder(temp_path);
-        else keep_newest(dir, keep, name);
+        if (!err[0] && !write_current(dir, save->name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
+        if (err[0]) remove_folder(save->temp_path);
+        else keep_newest(dir, save->keep, save->name);
         free(all), free(rank_of), free(counts), free(displs);
     }
     check_all_ranks(!err[0], err);
-    written.seconds = wall_seconds() - start;
+    written.seconds = wall_seconds() - save->start;
+    save_free(save);
     return written;
+}
+
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
+                                        const CheckpointState *state) {
+    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+    save_write(save, pieces);
+    return save_commit(save);
+}
+
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
+                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished) {
+    bool any = sharded_checkpoint_finish(in_flight, finished);
+    double start = wall_seconds();
+    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+    // The stall: this rank's pieces copied into one host buffer (page-locked on a GPU rank), which
+    // the thread writes while the training changes the originals.
+    size_t total = 0;
+    for (int i = 0; i < n_pieces; i++) total += tensor_numel(&pieces[i].values);
+    save->host_values = device_host_alloc((total + 1) * sizeof(float));
+    save->host_pieces = xmalloc(((size_t)n_pieces + 1) * sizeof(CheckpointPiece));
+    size_t at = 0;
+    for (int i = 0; i < n_pieces; i++) {
+        size_t numel = tensor_numel(&pieces[i].values);
+        save->host_pieces[i] = pieces[i];
+        save->host_pieces[i].values = (Tensor){.data = save->host_values + at, .rows = 1, .cols = (int)numel, .device = DEVICE_CPU};
+        tensor_to_host(&pieces[i].values, save->host_values + at);
+        at += numel;
+    }
+    save->written.staged_bytes = (double)total * sizeof(float);
+    save->written.asynchronous = true;
+    save->written.stall_seconds = wall_seconds() - start;
+    CHECK(pthread_create(&save->thread, NULL, save_write_thread, save) == 0, "cannot start the checkpoint's writer thread");
+    save->threaded = true;
+    *in_flight = save;
+    return any;
+}
+
+bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *finished) {
+    CheckpointSave *save = *in_flight;
+    if (!save) return false;
+    *in_flight = NULL;
+    double start = wall_seconds();
+    if (save->threaded) CHECK(pthread_join(save->thread, NULL) == 0, "cannot join the checkpoint's writer thread");
+    double waited = wall_seconds() - start;
+    *finished = save_commit(save);
+    finished->stall_seconds += waited;  // the copy, and a wait for the thread where it had not finished
+    return true;
 }
 
 // ---------------------------------------------------------------- load
@@ -592,6 +700,7 @@ typedef struct {
     Index index;
     uint64_t id;
     int files;               // the saved world size: shard-00000 .. shard-(files - 1)
+    char program[128];       // the program that saved it
     hid_t *open;             // [files]: the shard files this rank opened (lazily)
 } Loading;
 
@@ -710,12 +819,14 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
         fail(err, "%s: not a readable HDF5 file (%lld bytes): truncated or corrupt", path, (long long)info.st_size);
         return;
     }
-    char format[128], program[128];
+    char format[128], *program = l->program;
     uint64_t world = 0;
     if (!get_text(file, "format", format, sizeof format) || strcmp(format, FORMAT) != 0)
         fail(err, "%s: not a sharded checkpoint's index (expected the format '%s')", path, FORMAT);
-    else if (!get_text(file, "program", program, sizeof program) || strcmp(program, state->program) != 0)
-        fail(err, "%s: a checkpoint of %s, not of %s", path, program[0] ? program : "an unnamed program", state->program);
+    else if (!get_text(file, "program", program, sizeof l->program))
+        fail(err, "%s: an index without its program attribute", path);
+    else if (state->program && strcmp(program, state->program) != 0)  // (NULL: a reader, outside a run)
+        fail(err, "%s: a checkpoint of %s, not of %s", path, program, state->program);
     else if (!get_u64(file, "checkpoint_id", &l->id) || !get_u64(file, "world_size", &world) || world < 1 || world > 1000000 ||
              !get_text(file, "layout", state->layout, sizeof state->layout))
         fail(err, "%s: an index without its checkpoint_id, world_size and layout attributes", path);
@@ -754,6 +865,14 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     if (!err[0]) read_dataset(file, path, "state/lr", H5T_NATIVE_DOUBLE, 0, NULL, NULL, &lr, err);
     if (!err[0]) read_dataset(file, path, "state/generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, state->generator.state, err);
     if (!err[0]) read_dataset(file, path, "state/generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &next, err);
+    Rng eval_generator = {0};
+    long long eval_next = 0;
+    if (!err[0] && state->eval_generator_kept) {
+        read_dataset(file, path, "state/eval_generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, eval_generator.state, err);
+        if (!err[0]) read_dataset(file, path, "state/eval_generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &eval_next, err);
+        if (!err[0] && (eval_next < 0 || eval_next > 624)) fail(err, "%s: inconsistent: the evaluation generator's index %lld", path, eval_next);
+        eval_generator.next = (int)eval_next;
+    }
     long steps = scalars[0] >= 0 && scalars[0] < INT_MAX ? (long)scalars[0] : 0;
     int *epochs = xmalloc(((size_t)steps + 1) * sizeof(int));
     float *losses = xmalloc(((size_t)steps + 1) * sizeof(float));
@@ -766,13 +885,14 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
         fail(err, "%s: inconsistent: step %lld, %ld losses logged, epoch %lld with %lld samples done", path, scalars[0],
              n_losses, scalars[1], scalars[2]);
     // The run must be the same one (its world size and batch aside).
-    if (!err[0] && (scalars[3] != state->seed || scalars[4] != state->shuffle || scalars[5] != state->train_samples || lr != state->lr))
+    if (!err[0] && state->program && (scalars[3] != state->seed || scalars[4] != state->shuffle || scalars[5] != state->train_samples || lr != state->lr))
         fail(err, "%s: a checkpoint of another run: seed %lld, shuffle %lld, %lld training samples, lr %g (this run: "
              "seed %d, shuffle %d, %d, lr %g)", path, scalars[3], scalars[4], scalars[5], lr, state->seed, state->shuffle,
              state->train_samples, state->lr);
     if (!err[0]) {
         state->step = steps, state->epoch = (int)scalars[1], state->samples_done = (long)scalars[2];
         state->global_batch = (long)scalars[6], state->world_size = l->files, state->generator.next = (int)next;
+        if (state->eval_generator_kept) state->eval_generator = eval_generator;
         loss_log_free(state->losses);
         for (long i = 0; i < steps; i++) loss_log_add(state->losses, epochs[i], losses[i]);
     }
@@ -840,4 +960,160 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
     index_free(&l.index);
     check_all_ranks(!err[0], err);
     return true;
+}
+
+// ---------------------------------------------------------------- parameters and Adam, as pieces
+CheckpointBox checkpoint_whole_box(const Tensor *value, int writer, int writers) {
+    CheckpointBox box = {.ndim = value->rows == 1 ? 1 : 2, .writer = writer, .writers = writers};
+    box.shape[0] = box.ndim == 1 ? value->cols : value->rows, box.shape[1] = value->cols;
+    return box;
+}
+
+CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_avg, const Tensor *exp_avg_sq,
+                                         int n_params, const CheckpointBox *boxes, bool saving) {
+    CheckpointPieces list = {.piece = xcalloc((size_t)(3 * n_params) + 1, sizeof(CheckpointPiece)),
+                             .names = xcalloc((size_t)(3 * n_params) + 1, sizeof *list.names)};
+    for (int i = 0; i < n_params; i++) {
+        const Tensor *value = params[i].value;
+        CheckpointBox box = boxes[i];
+        CHECK(box.ndim == 1 || box.ndim == 2, "%s: a box of %d dimensions (expected 1 or 2)", params[i].name, box.ndim);
+        int writer = saving && box.writers > 1 ? box.writer : 0, writers = saving && box.writers > 1 ? box.writers : 1;
+        long long count[2] = {box.ndim == 1 ? (long long)tensor_numel(value) : value->rows, value->cols};
+        // This writer's rows of the box (of its elements, for a vector): a contiguous run of its values.
+        long long lead = count[0], row_size = box.ndim == 1 ? 1 : count[1];
+        long long first = lead * writer / writers, end = lead * (writer + 1) / writers;
+        if (first >= end) continue;
+        const Tensor *states[3] = {value, exp_avg ? &exp_avg[i] : NULL, exp_avg_sq ? &exp_avg_sq[i] : NULL};
+        const char *prefixes[3] = {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+        for (int k = 0; k < 3; k++) {
+            if (!states[k]) continue;
+            CheckpointPiece *p = &list.piece[list.n];
+            snprintf(list.names[list.n], sizeof *list.names, "%s%s", prefixes[k], params[i].name);
+            *p = (CheckpointPiece){.name = list.names[list.n], .ndim = box.ndim};
+            for (int d = 0; d < box.ndim; d++)
+                p->shape[d] = box.shape[d], p->offset[d] = box.offset[d], p->count[d] = count[d];
+            p->offset[0] += first, p->count[0] = end - first;
+            p->values = (Tensor){.data = states[k]->data + first * row_size, .rows = 1,
+                                 .cols = (int)((end - first) * row_size), .device = states[k]->device};
+            list.n++;
+        }
+    }
+    return list;
+}
+
+void checkpoint_pieces_free(CheckpointPieces *pieces) {
+    free(pieces->piece);
+    free(pieces->names);
+    *pieces = (CheckpointPieces){0};
+}
+
+// ---------------------------------------------------------------- what the programs print
+bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                               const char *init) {
+    double start = wall_seconds(), bytes = 0;
+    char this_layout[sizeof state->layout];  // (the load replaces state->layout with the checkpoint's)
+    snprintf(this_layout, sizeof this_layout, "%s", state->layout);
+    long global_batch = state->global_batch;
+    if (!sharded_checkpoint_load(dir, pieces, n_pieces, state, &bytes)) {
+        print0("No checkpoint in %s: training from the start\n", dir);
+        return false;
+    }
+    double range[2] = {-bytes, bytes};  // the least and the most a rank read
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    char position[128];  // the data's: the sampler's, or (random windows) the generator's, restored with it
+    if (state->random_windows) snprintf(position, sizeof position, "the windows' generator restored");
+    else snprintf(position, sizeof position, "epoch %d, %ld of its %d samples done", state->epoch + 1, state->samples_done,
+                  state->train_samples);
+    print0("Resumed from %s/step-%06ld, saved by %s: step %ld, %s; %s%.2f to %.2f MB read per rank in %.1f ms\n", dir,
+           state->step, state->layout, state->step, position, strcmp(state->layout, this_layout) ? "resharded, " : "",
+           -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
+    if (state->global_batch != global_batch)
+        print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
+               "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
+               state->global_batch);
+    if (init) print0("--init %s is not used: the checkpoint's weights are the run's\n", init);
+    return true;
+}
+
+void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
+    double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    char staged[64] = "";
+    if (figures[3] > 0 && !written->asynchronous)
+        snprintf(staged, sizeof staged, ", through host copies of up to %.2f MB", figures[3] / 1e6);
+    if (!written->asynchronous) {
+        print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files%s), index %.3f MB; %.1f ms\n",
+               step, written->folder, -figures[0] / 1e6, figures[1] / 1e6, staged, written->index_bytes / 1e6, 1e3 * figures[2]);
+        return;
+    }
+    // Asynchronous: the training stalled for the host copy (and any wait for the thread); the thread wrote.
+    double times[2] = {written->stall_seconds, written->write_seconds};
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    print0("Checkpoint of step %ld saved in %s: %.2f to %.2f MB per rank (the shard files, written by a thread from "
+           "host copies), index %.3f MB; the training stalled %.1f ms, the thread wrote for %.1f ms\n", step,
+           written->folder, -figures[0] / 1e6, figures[1] / 1e6, written->index_bytes / 1e6, 1e3 * times[0], 1e3 * times[1]);
+}
+
+// ---------------------------------------------------------------- reading outside a run
+struct CheckpointReader {
+    Loading l;
+    CheckpointState state;
+    LossLog losses;
+};
+
+CheckpointReader *checkpoint_reader_open(const char *dir, char err[CHECKPOINT_ERROR_SIZE]) {
+    quiet_hdf5();
+    err[0] = '\0';
+    CheckpointReader *r = xcalloc(1, sizeof *r);
+    r->l.dir = dir;
+    r->state.losses = &r->losses;
+    char name[64] = "", index[PATH_MAX + 16];
+    snprintf(index, sizeof index, "%s/index.h5", dir);
+    struct stat info;
+    if (stat(index, &info) == 0) {  // a step-NNNNNN folder itself
+        snprintf(r->l.folder, sizeof r->l.folder, "%s", dir);
+    } else if (read_current(dir, name, sizeof name) && strncmp(name, "step-", 5) == 0 && !strchr(name, '/')) {
+        snprintf(r->l.folder, sizeof r->l.folder, "%s/%s", dir, name);
+    } else {
+        fail(err, "%s: no checkpoint (expected a checkpoint folder with a current file, or a step-NNNNNN folder with "
+             "its index.h5)", dir);
+    }
+    if (!err[0]) read_index(&r->l, NULL, 0, &r->state, err);
+    if (err[0]) {
+        checkpoint_reader_close(r);
+        return NULL;
+    }
+    r->state.program = r->l.program;
+    r->l.open = xmalloc((size_t)r->l.files * sizeof(hid_t));
+    for (int f = 0; f < r->l.files; f++) r->l.open[f] = H5I_INVALID_HID;
+    return r;
+}
+
+const CheckpointState *checkpoint_reader_state(const CheckpointReader *r) { return &r->state; }
+const char *checkpoint_reader_folder(const CheckpointReader *r) { return r->l.folder; }
+int checkpoint_reader_tensors(const CheckpointReader *r) { return r->l.index.n_tensors; }
+
+const char *checkpoint_reader_tensor(const CheckpointReader *r, int t, int *ndim, long long shape[CHECKPOINT_MAX_DIMS]) {
+    const IndexTensor *tensor = &r->l.index.tensors[t];
+    *ndim = tensor->ndim;
+    for (int d = 0; d < CHECKPOINT_MAX_DIMS; d++) shape[d] = d < tensor->ndim ? tensor->shape[d] : 0;
+    return tensor->name;
+}
+
+bool checkpoint_reader_read(CheckpointReader *r, const CheckpointPiece *piece, char err[CHECKPOINT_ERROR_SIZE]) {
+    err[0] = '\0';
+    const IndexTensor *t = index_find(&r->l.index, piece->name);
+    if (!t) fail(err, "%s: no tensor '%s'", r->l.folder, piece->name);
+    else read_piece(&r->l, t, piece, err);
+    return !err[0];
+}
+
+void checkpoint_reader_close(CheckpointReader *r) {
+    if (!r) return;
+    for (int f = 0; r->l.open && f < r->l.files; f++)
+        if (r->l.open[f] >= 0) H5Fclose(r->l.open[f]);
+    free(r->l.open);
+    index_free(&r->l.index);
+    loss_log_free(&r->losses);
+    free(r);
 }

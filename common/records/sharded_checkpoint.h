@@ -6,6 +6,10 @@
 //   CheckpointState state = {...};            // the step, the data position, the generator, ...
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
+// Steps 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
+// blocks), sharded_checkpoint_resume and _print_saved for the lines they print, and step 18's
+// --async_save sharded_checkpoint_save_async and _finish (a thread writes the shard). One process
+// outside a run reads a checkpoint with checkpoint_reader_* (tools/checkpoint_to_state_dict).
 //
 // The folder, as `ls -R` shows it:
 //   DIR/current                  "step-000010": the checkpoint a resume loads (a small file,
@@ -24,6 +28,7 @@
 //   state/lr                     float64
 //   state/losses/epoch, state/losses/loss   int64, float32 [step]: the loss log so far
 //   state/generator/mt19937, state/generator/index   the generator (rng.h)
+//   state/eval_generator/...     a second one, where the program keeps it (step 19's evaluation)
 //   attributes of the root: format, program (a checkpoint of another program is refused),
 //   layout ("ZeRO-3 on 4 ranks"), world_size, checkpoint_id (also in every shard file: a shard of
 //   another checkpoint is refused), mlflow_run_id (a tracked run)
@@ -56,10 +61,12 @@
 #include <stddef.h>
 
 #include "base/rng.h"
+#include "models/nn.h"
 #include "records/loss_log.h"
 #include "tensor/tensor.h"
 
 #define CHECKPOINT_MAX_DIMS 4
+#define CHECKPOINT_ERROR_SIZE 1536  // an error line's room
 
 // One box of a global tensor that this rank writes (save) or wants (load).
 typedef struct {
@@ -78,12 +85,15 @@ typedef struct {
     long step;               // optimizer steps done
     int epoch;               // the epoch in progress (or the next)
     long samples_done;       // positions of that epoch's sampler order already trained on
+    bool random_windows;     // step 19: the data are windows drawn by the generator, no epochs (0 and 0)
     int world_size;          // load: the saved run's
     long global_batch;       // samples per step (load: the saved run's; another one is allowed)
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
     Rng generator;
+    Rng eval_generator;        // step 19's evaluation windows, drawn apart from training's:
+    bool eval_generator_kept;  // kept too (state/eval_generator) where this is true
     LossLog *losses;         // the loss of every step so far (load: replaced)
     char mlflow_run_id[33];  // "" for an untracked run
 } CheckpointState;
@@ -94,6 +104,10 @@ typedef struct {
     double index_bytes;      // rank 0: the index
     double staged_bytes;     // host memory the save took beside the model: the largest GPU piece's copy
     char folder[4096];       // DIR/step-NNNNNN
+    long step;               // the step it holds
+    bool asynchronous;       // written by a thread (--async_save):
+    double stall_seconds;    //   the training's wait: the host copy, and the thread where it had not finished
+    double write_seconds;    //   the shard file's writing, on the thread (or in line)
 } CheckpointWrite;
 
 // Collective. DIR must be writable (checked first, so that a run never trains for hours to fail
@@ -110,9 +124,83 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
 CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
                                         const CheckpointState *state);
 
+// --async_save (DCP's async_save): the save in flight, or NULL.
+typedef struct CheckpointSave CheckpointSave;
+// Collective. Finishes the save in flight, if any (its CheckpointWrite in *finished: returns true),
+// then begins one: rank 0 makes DIR/tmp-STEP, every rank copies its pieces into one host buffer
+// (page-locked on a GPU rank: the training's stall) and starts a thread that writes its shard file
+// while the training goes on. The new save is *in_flight until the next call or
+// sharded_checkpoint_finish. A crash before that leaves `current` naming the previous checkpoint.
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
+                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished);
+// Collective. Waits for the thread, then the ranks agree, rank 0 writes the index and makes the
+// checkpoint current (as a save does). False when nothing was in flight.
+bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *finished);
+
 // The boxes that a run of flat elements [first, end) of a tensor [rows, cols] covers (cols 0: a
 // vector of `rows`): up to 3 for a matrix (a partial row, whole rows, a partial row), 1 for a
 // vector. Each box's values are `source`'s elements from `at` on, in order. Returns the count
 // written to `out` (which has room for 3).
 int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
                            size_t at, CheckpointPiece *out);
+
+// ---------------------------------------------------------------- parameters and Adam, as pieces
+// Steps 16 and 17 (and 18 under DDP) hold parameters as tensors that are each one box of a global
+// tensor: a whole layer (a pipeline stage), or a tensor-parallel shard of one. These build their
+// pieces, and Adam's moments' ("optimizer/exp_avg/<name>", "optimizer/exp_avg_sq/<name>"), once.
+
+// Where a parameter's tensor lies in the global tensor: its state_dict shape and the offsets of
+// the tensor's first element (the box's sizes are the tensor's own: [rows, cols], or a bias's
+// [cols] when ndim is 1); and, when several ranks hold the same box (the replicas of a
+// data-parallel group, the ranks of a tensor-parallel group for a tensor it does not split), which
+// of them this rank is: they share its writing, each its 1/writers of the leading dimension, so
+// that every element lies in one file.
+typedef struct {
+    int ndim;
+    long long shape[CHECKPOINT_MAX_DIMS], offset[CHECKPOINT_MAX_DIMS];
+    int writer, writers;  // this rank is writer `writer` (0 to writers - 1) of the box's holders
+} CheckpointBox;
+
+// A whole tensor, of its state_dict shape (a bias [1, out] is [out]), held by `writers` ranks.
+CheckpointBox checkpoint_whole_box(const Tensor *value, int writer, int writers);
+
+// A list of pieces and the names it made for them.
+typedef struct {
+    CheckpointPiece *piece;
+    int n;
+    char (*names)[96];
+} CheckpointPieces;
+
+// Parameter i is the box boxes[i]; exp_avg and exp_avg_sq, Adam's moments of each (NULL: the
+// parameters alone). Saving: this rank's share of every box; loading: every box whole.
+CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_avg, const Tensor *exp_avg_sq,
+                                         int n_params, const CheckpointBox *boxes, bool saving);
+void checkpoint_pieces_free(CheckpointPieces *pieces);
+
+// ---------------------------------------------------------------- what the programs print
+// Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
+// DIR/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;
+// [resharded, ]0.61 to 0.61 MB read per rank in 19.7 ms" (a line more when the global batch
+// changed, or --init is not used), or "No checkpoint in DIR: training from the start".
+bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
+                               const char *init);
+
+// Collective: one line for a save: what the ranks wrote (the least and the most), how long it
+// took, and on GPUs the largest host copy a rank made of a piece on its way to the file.
+void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step);
+
+// ---------------------------------------------------------------- reading outside a run
+// One process, no MPI (tools/checkpoint_to_state_dict): a checkpoint's tensors, any box of any of
+// them read from the shards that hold it, with the checks a load makes (a missing, foreign or
+// truncated shard, an index that disagrees with its shards); the run's settings are not checked.
+typedef struct CheckpointReader CheckpointReader;
+// DIR: a checkpoint folder (its current checkpoint) or a step-NNNNNN folder. NULL, and err, if not.
+CheckpointReader *checkpoint_reader_open(const char *dir, char err[CHECKPOINT_ERROR_SIZE]);
+const CheckpointState *checkpoint_reader_state(const CheckpointReader *r);  // program, layout, step, ...
+const char *checkpoint_reader_folder(const CheckpointReader *r);           // DIR/step-NNNNNN
+int checkpoint_reader_tensors(const CheckpointReader *r);
+// Tensor t's name (weights' and "optimizer/..."), dimensions and global shape.
+const char *checkpoint_reader_tensor(const CheckpointReader *r, int t, int *ndim, long long shape[CHECKPOINT_MAX_DIMS]);
+// Fills piece->values (on the CPU) with the box it names; false, and err, on a problem.
+bool checkpoint_reader_read(CheckpointReader *r, const CheckpointPiece *piece, char err[CHECKPOINT_ERROR_SIZE]);
+void checkpoint_reader_close(CheckpointReader *r);

@@ -51,6 +51,15 @@ bool device_gpus_shared(int gpu);
 // Wait until the GPU has finished all queued work (nothing to do on the CPU).
 // Like every host wait on the GPU here, it polls (see device_wait_stream).
 void device_synchronize(void);
+// A training step is queued: the optimizer calls this after its update (adam_step, sgd_step,
+// step 15's SparseAdam). The simulated GPU (tests/fake_gpu, `make FAKE_GPU=1`) counts its host
+// waits and launches between two marks (FAKE_GPU_COUNTS); in every other build it is nothing.
+#if FAKE_GPU
+void fake_gpu_step_boundary(void);
+#define device_mark_step() fake_gpu_step_boundary()
+#else
+#define device_mark_step() ((void)0)
+#endif
 // A thread other than main() that calls CUDA must first bind to our GPU.
 void device_bind_thread(void);
 // Release the NCCL communicator, the streams and the cuBLAS handle.

@@ -121,6 +121,20 @@ __global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, 
     }
 }
 
+// out[r] = values[indices[r]]: a batch's labels, gathered from the resident set.
+__global__ void gather_ints_kernel(const int *values, const int *indices, int n, int *out) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) out[r] = values[indices[r]];
+}
+
+// *slot = weight * (float)(*sum / rows), or *slot + that: a step's mean loss (or a micro-batch's
+// share of it) where it stays, on the GPU, with the host's operations in the host's order (no FMA).
+__global__ void loss_to_slot_kernel(const double *sum, int rows, float weight, int accumulate, float *slot) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    float term = __fmul_rn(weight, (float)(*sum / rows));
+    *slot = accumulate ? __fadd_rn(*slot, term) : term;
+}
+
 // ------------------------------------------------------------------ a thread per row
 
 __global__ void cross_entropy_kernel(const float *logits, const int *labels, int rows, int cols, float *grad,
@@ -401,6 +415,17 @@ void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int 
     dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
     gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
     CHECK_LAUNCH("gather_pixels_kernel");
+}
+
+void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream) {
+    if (n == 0) return;
+    gather_ints_kernel<<<(n + THREADS - 1) / THREADS, THREADS, 0, stream>>>(values, indices, n, out);
+    CHECK_LAUNCH("gather_ints_kernel");
+}
+
+void gpu_loss_to_slot(const double *sum, int rows, float weight, int accumulate, float *slot, cudaStream_t stream) {
+    loss_to_slot_kernel<<<1, 1, 0, stream>>>(sum, rows, weight, accumulate, slot);
+    CHECK_LAUNCH("loss_to_slot_kernel");
 }
 
 void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream_t stream) {

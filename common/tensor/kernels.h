@@ -58,6 +58,12 @@ void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaSt
 void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
                        cudaStream_t stream);
 
+// out[r] = values[indices[r]]: a batch's labels gathered on the GPU from the resident set.
+void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream);
+// *slot = weight * (float)(*sum / rows) (accumulate: *slot += that), in float as the host computes
+// a step's loss from gpu_sum's result: the loss stays on the GPU until the host prints it.
+void gpu_loss_to_slot(const double *sum, int rows, float weight, int accumulate, float *slot, cudaStream_t stream);
+
 // out[i] = pixels[i] / 255 as float32: a streamed batch, copied to the GPU as
 // uint8 (4x fewer bytes over PCIe), converted there.
 void gpu_pixels_to_float(const uint8_t *pixels, size_t n, float *out, cudaStream_t stream);

@@ -135,6 +135,37 @@ CPU_DISPATCHED float softmax_cross_entropy(const Tensor *logits, const int *labe
     return (float)(total / rows);
 }
 
+void softmax_cross_entropy_to(const Tensor *logits, const int *labels, const int *device_labels, Tensor *grad_logits,
+                              LossSlot slot) {
+    if (!tensor_on_gpu(logits)) {
+        float loss = softmax_cross_entropy(logits, labels, grad_logits);
+        float term = slot.weight * loss;
+        *slot.value = slot.accumulate ? *slot.value + term : term;
+        return;
+    }
+#if HAVE_CUDA
+    CHECK(grad_logits->rows == logits->rows && grad_logits->cols == logits->cols &&
+          grad_logits->device == logits->device,
+          "cross-entropy: logits [%d, %d], gradient [%d, %d]", logits->rows, logits->cols, grad_logits->rows,
+          grad_logits->cols);
+    const int rows = logits->rows, classes = logits->cols;
+    cudaStream_t stream = device_stream();
+    float *row_loss = scratch_terms((size_t)rows);
+    if (!device_labels) {
+        for (int r = 0; r < rows; r++)
+            CHECK(labels[r] >= 0 && labels[r] < classes, "label %d of row %d: not a class of %d", labels[r], r, classes);
+        int *uploaded = scratch_indices((size_t)rows);
+        CHECK_CUDA(cudaMemcpyAsync(uploaded, labels, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, stream));
+        device_labels = uploaded;
+    }
+    gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, row_loss, stream);
+    gpu_sum(row_loss, (size_t)rows, 0, g_sum, stream);
+    gpu_loss_to_slot(g_sum, rows, slot.weight, slot.accumulate, slot.value, stream);
+#else
+    (void)labels, (void)device_labels, (void)grad_logits, (void)slot;
+#endif
+}
+
 CPU_DISPATCHED float mse_loss(const Tensor *output, const Tensor *target, Tensor *grad) {
     CHECK(output->rows == target->rows && output->cols == target->cols, "mse: output [%d, %d], target [%d, %d]",
           output->rows, output->cols, target->rows, target->cols);

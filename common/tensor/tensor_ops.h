@@ -37,6 +37,20 @@ void relu_backward(const Tensor *y, Tensor *grad);
 // = (softmax - onehot(label)) / B. The per-row terms are summed in double in a
 // fixed order. On the GPU the host waits for the sum, like loss.item().
 float softmax_cross_entropy(const Tensor *logits, const int *labels, Tensor *grad_logits);
+// Where a step's loss goes when the host is not to wait for it: on a GPU rank device memory that
+// the host reads when it prints (train/step_losses.h), on a CPU rank host memory. The loss written
+// is weight * loss, or added to the value there when `accumulate` (micro-batches' shares of a step).
+typedef struct {
+    float *value;
+    float weight;
+    bool accumulate;
+} LossSlot;
+// The same cross-entropy with the loss written to `slot` (float arithmetic, as the caller of
+// softmax_cross_entropy would do it: the same bits); the host never waits. device_labels: the labels
+// already on the GPU (mnist_batch_device_labels), or NULL to copy `labels` there. On a CPU rank the
+// plain function and a store.
+void softmax_cross_entropy_to(const Tensor *logits, const int *labels, const int *device_labels, Tensor *grad_logits,
+                              LossSlot slot);
 // nn.MSELoss: returns the mean over all elements of (output - target)^2 (the
 // terms summed in double in a fixed order), and sets grad = 2 (output -
 // target) / numel.

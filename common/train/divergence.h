@@ -21,8 +21,9 @@
 //   - check_loss_finite takes a loss that is already the same on every rank: the programs allreduce
 //     their loss for the log, and a NaN or inf on any rank makes that sum non-finite on all of them
 //     (an allreduce gives every rank the same bits). It costs a comparison: no communication, and on
-//     a GPU no host round trip, because the loss is on the host already (the cross-entropy's and the
-//     MSE's sums are read back every step, tensor_ops.c).
+//     a GPU no host round trip of its own: it takes the loss when the host has it, every step where
+//     the loss is read back every step (tensor_ops.c), at the epoch's end where the steps' losses stay
+//     on the GPU until then (train/step_losses.h: steps 2-4, 6-8, 10, 11, 13, 14), as late as a nan is noticed.
 //   - check_loss_finite_agreed is for a loss that each rank has alone (step 3's independent
 //     trainings, test_profile's rank-0 batch): one allreduce of an int per step, a few microseconds.
 //   - check_weights_finite (collective) reads every rank's weights once, after the last step, whose

@@ -34,6 +34,19 @@
 // memory (it keeps the last block's values), a stream overwriting what NCCL
 // has yet to send (NCCL reads when posted), or another host thread reading
 // device memory while a window is open. compute-sanitizer on a GPU does.
+//
+// FAKE_GPU_COUNTS=FILE: each process counts what its main thread asks of the
+// GPU, per training step (between two device_mark_step() calls: the optimizer
+// marks the end of each step, common/runtime/device.h), and writes the counts
+// to FILE.<rank> at exit. A host wait is a call that returns only once the GPU
+// has got somewhere: cudaDeviceSynchronize, cudaStreamSynchronize,
+// cudaEventSynchronize, cudaMemcpy, a cudaMemcpyAsync to or from pageable
+// memory (the driver waits for the stream, or may, to stage it), cudaMalloc,
+// cudaFree, cudaMallocHost, cudaFreeHost, and a loop of cudaStreamQuery or
+// cudaEventQuery that finds the work unfinished (one wait per loop). A launch
+// is a kernel, a cuBLAS call or an NCCL operation; copies and memsets are
+// counted apart. Waits of other threads (step 11's readers) are counted apart
+// too: they hold up no queueing of the step's work.
 // Fibers switch stacks with _longjmp, which glibc's fortified longjmp refuses.
 #undef _FORTIFY_SOURCE
 #include <cblas.h>
@@ -57,6 +70,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <sys/syscall.h>
 #include <vector>
 
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -75,12 +90,87 @@ namespace {
 }
 
 std::recursive_mutex big_lock;  // one caller at a time: the state below is shared
-using Guard = std::lock_guard<std::recursive_mutex>;
+thread_local unsigned long long api_calls;  // this thread's calls into the simulation (FAKE_GPU_COUNTS)
+struct Guard {
+    std::lock_guard<std::recursive_mutex> held;
+    explicit Guard(std::recursive_mutex &lock) : held(lock) { api_calls++; }
+};
 
 double now_seconds() {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// ------------------------------------------------------------------ counts (FAKE_GPU_COUNTS)
+
+struct Counts {
+    long waits = 0, other_thread_waits = 0, launches = 0, copies = 0;
+    std::map<std::string, long> wait_kinds;  // what the main thread waited in
+};
+Counts current_counts;                   // since the last step mark
+std::vector<Counts> counted_windows;     // [0]: before the first mark; then one per step
+int counts_rank = -1;
+// The last query of the main thread: its stream or event, whether that was unfinished, its call.
+const void *queried;
+bool queried_unfinished, counted_loop;
+unsigned long long queried_at;
+
+bool on_main_thread() { return syscall(SYS_gettid) == getpid(); }
+
+void count_wait(const char *kind) {
+    if (!on_main_thread()) {
+        current_counts.other_thread_waits++;
+        return;
+    }
+    current_counts.waits++;
+    current_counts.wait_kinds[kind]++;
+}
+
+// A polling loop is a query that finds the work unfinished followed at once (no other call in
+// between) by another query of the same stream or event: one wait, however long it spins. A query
+// alone (a probe: is it done yet?) is no wait.
+void count_query(const void *object, bool ready, const char *kind) {
+    if (!on_main_thread()) return;
+    bool loop = queried == object && queried_unfinished && queried_at + 1 == api_calls;
+    if (loop && !counted_loop) count_wait(kind);
+    counted_loop = loop;
+    queried = object;
+    queried_unfinished = !ready;
+    queried_at = api_calls;
+}
+
+void count_launch() { current_counts.launches++; }
+void count_copy() { current_counts.copies++; }
+
+void write_counts_line(FILE *f, const char *label, const Counts &c) {
+    fprintf(f, "%s: waits %ld launches %ld copies %ld other_thread_waits %ld", label, c.waits, c.launches, c.copies,
+            c.other_thread_waits);
+    for (const auto &kind : c.wait_kinds) fprintf(f, " [%s x%ld]", kind.first.c_str(), kind.second);
+    fprintf(f, "\n");
+}
+
+// At exit: FILE.<rank>, one line before the first mark ("setup"), one per step
+// (step 1: from the first mark to the second), one after the last ("after").
+void write_counts() {
+    const char *path = getenv("FAKE_GPU_COUNTS");
+    if (!path || !*path || counted_windows.empty()) return;
+    std::string name = std::string(path) + "." + std::to_string(counts_rank < 0 ? 0 : counts_rank);
+    FILE *f = fopen(name.c_str(), "w");
+    if (!f) {
+        fprintf(stderr, "fake GPU: cannot write FAKE_GPU_COUNTS to %s: %s\n", name.c_str(), strerror(errno));
+        return;
+    }
+    fprintf(f, "# fake GPU counts of rank %d's main thread: per training step, between two step marks\n",
+            counts_rank < 0 ? 0 : counts_rank);
+    write_counts_line(f, "setup", counted_windows[0]);
+    for (size_t i = 1; i < counted_windows.size(); i++) {
+        char label[32];
+        snprintf(label, sizeof label, "step %zu", i);
+        write_counts_line(f, label, counted_windows[i]);
+    }
+    write_counts_line(f, "after", current_counts);
+    fclose(f);
 }
 
 // ------------------------------------------------------------------ memory
@@ -373,6 +463,7 @@ void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t
         fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u) is invalid", kernel, grid.x, grid.y, grid.z,
              block.x, block.y, block.z);
     }
+    count_launch();
     enqueue(stream, [thread, synced, grid, block] {
         Window open;
         run_grid(thread, synced, grid, block);
@@ -383,6 +474,20 @@ void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t
 
 // ================================================================== the CUDA runtime
 extern "C" {
+
+// device_mark_step(): a training step has been queued (common/runtime/device.h).
+void fake_gpu_step_boundary(void) {
+    Guard guard(big_lock);
+    if (counted_windows.empty()) {
+        int initialized = 0, finalized = 0;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &counts_rank);
+        atexit(write_counts);
+    }
+    counted_windows.push_back(current_counts);
+    current_counts = Counts();
+}
 
 cudaError_t cudaGetDeviceCount(int *count) {
     *count = device_count();
@@ -415,6 +520,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     Guard guard(big_lock);
+    count_wait("cudaDeviceSynchronize");
     run_every_stream();
     return cudaSuccess;
 }
@@ -442,6 +548,7 @@ const char *cudaGetErrorString(cudaError_t error) {
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     Guard guard(big_lock);
     reserve_arena();
+    count_wait("cudaMalloc");
     size_t size = round_up(bytes ? bytes : 1, ALIGN);
     char *block = NULL;
     auto reuse = free_blocks.lower_bound(size);
@@ -465,6 +572,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 cudaError_t cudaFree(void *p) {
     Guard guard(big_lock);
     if (!p) return cudaSuccess;
+    count_wait("cudaFree");
     run_every_stream();  // cudaFree waits for the device
     auto it = device_blocks.find((const char *)p);
     if (it == device_blocks.end()) fail("cudaFree(%p): not the start of a live block of device memory", p);
@@ -477,6 +585,7 @@ cudaError_t cudaFree(void *p) {
 
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
     Guard guard(big_lock);
+    count_wait("cudaMallocHost");
     void *block = NULL;
     if (posix_memalign(&block, PAGE, round_up(bytes ? bytes : 1, PAGE)) != 0) return last_error = cudaErrorMemoryAllocation;
     memset(block, 0xFF, bytes);
@@ -488,6 +597,7 @@ cudaError_t cudaMallocHost(void **p, size_t bytes) {
 cudaError_t cudaFreeHost(void *p) {
     Guard guard(big_lock);
     if (!p) return cudaSuccess;
+    count_wait("cudaFreeHost");
     run_every_stream();
     if (!pinned_blocks.erase((const char *)p)) fail("cudaFreeHost(%p): not from cudaMallocHost", p);
     free(p);
@@ -526,6 +636,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     Guard guard(big_lock);
     if (!bytes) return cudaSuccess;
     checked_kind(dst, src, bytes, kind, "cudaMemcpy");
+    count_wait("cudaMemcpy");
     run_blocking_streams();  // the legacy default stream's copy
     copy_now(dst, src, bytes);
     return cudaSuccess;
@@ -537,15 +648,20 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     kind = checked_kind(dst, src, bytes, kind, "cudaMemcpyAsync");
     if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, bytes)) {
         // Into pageable memory the call returns when the copy is done.
+        count_wait("cudaMemcpyAsync to pageable memory");
         CUstream_st *s = stream_of(stream);
         if (s == &legacy_stream) run_blocking_streams();
         else run_all(s);
         copy_now(dst, src, bytes);
     } else if (kind == cudaMemcpyHostToDevice && !is_pinned(src, bytes)) {
-        // From pageable memory the source is staged before the call returns.
+        // From pageable memory the source is staged before the call returns (the driver may
+        // wait for the stream to stage it: CUDA's "API synchronization behavior").
+        count_wait("cudaMemcpyAsync from pageable memory");
+        count_copy();
         auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
         enqueue(stream, [dst, staged] { copy_now(dst, staged->data(), staged->size()); });
     } else {
+        count_copy();
         enqueue(stream, [dst, src, bytes] { copy_now(dst, src, bytes); });
     }
     return cudaSuccess;
@@ -555,6 +671,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
     Guard guard(big_lock);
     if (!bytes) return cudaSuccess;
     require_device(p, bytes, "cudaMemsetAsync");
+    count_copy();
     enqueue(stream, [p, value, bytes] {
         Window open;
         memset(p, value, bytes);
@@ -589,6 +706,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     Guard guard(big_lock);
+    count_wait("cudaStreamSynchronize");
     CUstream_st *s = stream_of(stream);
     if (s == &legacy_stream) run_blocking_streams();
     else run_all(s);
@@ -599,6 +717,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
+    count_query(s, s->done == s->queued, "a cudaStreamQuery loop");
     if (s->done == s->queued) return cudaSuccess;
     advance(s, s->queued);
     return cudaErrorNotReady;
@@ -638,6 +757,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     Guard guard(big_lock);
+    count_query(event, event_complete(event), "a cudaEventQuery loop");
     if (event_complete(event)) return cudaSuccess;
     advance(event->stream, event->position);
     return cudaErrorNotReady;
@@ -645,6 +765,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     Guard guard(big_lock);
+    count_wait("cudaEventSynchronize");
     if (!event_complete(event)) run_until(event->stream, event->position);
     return cudaSuccess;
 }
@@ -735,6 +856,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     require_host(alpha, sizeof *alpha, "cublasSgemm's alpha");
     require_host(beta, sizeof *beta, "cublasSgemm's beta");
     float a = *alpha, b = *beta;
+    count_launch();
     enqueue(handle->stream, [=] {
         Window open;
         if (b == 0.0f)  // cuBLAS does not read C then: a NaN there must not show
@@ -772,6 +894,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     require_host(alpha, sizeof *alpha, "cublasSgemmStridedBatched's alpha");
     require_host(beta, sizeof *beta, "cublasSgemmStridedBatched's beta");
     float a = *alpha, b = *beta;
+    count_launch();
     enqueue(handle->stream, [=] {
         Window open;
         for (int i = 0; i < batchCount; i++) {
@@ -801,6 +924,7 @@ cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, in
     if (len_x) require_device(x, ((size_t)(len_x - 1) * incx + 1) * sizeof *x, "cublasSgemv's x");
     if (len_y) require_device(y, ((size_t)(len_y - 1) * incy + 1) * sizeof *y, "cublasSgemv's y");
     float a = *alpha, b = *beta;
+    count_launch();
     enqueue(handle->stream, [=] {
         Window open;
         if (b == 0.0f)
@@ -941,6 +1065,7 @@ void queue_transfers(std::vector<Transfer> &transfers) {
 
 ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
+    count_launch();
     group.push_back(std::move(t));
     if (group_depth == 0) {
         std::vector<Transfer> now;

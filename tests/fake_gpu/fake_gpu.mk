@@ -16,6 +16,8 @@ CUBLAS_SONAME := libcublas.so.$(shell sed -n 's/^\#define CUBLAS_VER_MAJOR \([0-
 comma := ,
 LDLIBS := $(filter-out -L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR) -lnccl -lcudart_static,$(LDLIBS)) \
           -L$(FAKE_GPU_DIR) -Wl,-rpath,$(abspath $(FAKE_GPU_DIR)) -Wl,--disable-new-dtags -lfakegpu
+# device_mark_step() (common/runtime/device.h) reaches the simulation's per-step counts.
+CFLAGS += -DFAKE_GPU=1
 NVCC := tests/fake_gpu/nvcc
 NVCCFLAGS := -isystem $(CUDA_HOME)/include -Icommon
 

@@ -8,7 +8,8 @@
 //   reduce-scatter  rank r gets block r of the sum over ranks, out of place and
 //                   in place (the output is the input's own block r);
 //   all-gather      every rank gets block r from rank r, out of place and in place;
-//   overlapped      two started at once and waited for in the other order;
+//   overlapped      two started at once and waited for in the other order: a gather and a
+//                   reduce-scatter, and two reduce-scatters (two rings on the CPU);
 //   groups          the same over the even and the odd ranks (group_split);
 // for blocks of 1, 5 and 1000 floats (and 100,000 on the world: FSDP's units).
 #define TEST_NAME "test_collectives"
@@ -36,9 +37,11 @@ static Tensor filled(size_t n, Device device, float (*value)(int member, size_t 
     return t;
 }
 
-// Member m's contribution to the reduce-scatter, and the sum over a group of g members.
-static float contribution(int member, size_t k) { return (float)((member + 1) * (int)(k % 1000 + 1)); }
-static float summed(int members, size_t k) { return (float)(members * (members + 1) / 2 * (int)(k % 1000 + 1)); }
+// Member m's contribution to the reduce-scatter, and the sum over a group of g members: every
+// block different from every other (4093 is a prime that no block size here divides), so that a
+// block summed into the wrong place is seen.
+static float contribution(int member, size_t k) { return (float)((member + 1) * (int)(k % 4093 + 1)); }
+static float summed(int members, size_t k) { return (float)(members * (members + 1) / 2 * (int)(k % 4093 + 1)); }
 // Member m's block in the all-gather.
 static float gathered(int member, size_t k) { return (float)(member * 1000 + (int)(k % 997)); }
 
@@ -70,6 +73,23 @@ static void test_group(const Group *g, const char *name, size_t count, Device de
     wrong = wrong_in(&input, (size_t)g->rank * count, count, summed, g->size, (size_t)g->rank * count);
     EXPECT_ALL(wrong == 0, "reduce-scatter in place over %s: the sum lands in the input's own block (%ld wrong)",
                where, wrong);
+
+    // Two reduce-scatters in flight at once (ZeRO-2's backward), waited for in the other order:
+    // on CPUs two rings, whose steps MPI matches in the order every rank posts them.
+    Tensor second = filled(n, device, contribution, g->rank), second_out = tensor_zeros(1, (int)count, device);
+    tensor_free(&input);
+    input = filled(n, device, contribution, g->rank);
+    mine = block_of(&input, count, g->rank);
+    GroupRequest first_rs = group_reduce_scatter_start(g, &input, &mine);
+    GroupRequest second_rs = group_reduce_scatter_start(g, &second, &second_out);
+    group_wait(&second_rs);
+    group_wait(&first_rs);
+    wrong = wrong_in(&input, (size_t)g->rank * count, count, summed, g->size, (size_t)g->rank * count) +
+            wrong_in(&second_out, 0, count, summed, g->size, (size_t)g->rank * count);
+    EXPECT_ALL(wrong == 0, "two reduce-scatters in flight over %s, waited for in the other order (%ld wrong)", where,
+               wrong);
+    tensor_free(&second);
+    tensor_free(&second_out);
 
     // All-gather, out of place, then in place.
     Tensor gather_out = tensor_zeros(1, (int)n, device), shard = filled(count, device, gathered, g->rank);
