@@ -52,6 +52,10 @@ needs_built() {
 have_mnist() { [ -f "$DATA/train-images-idx3-ubyte.gz" ] || [ -f "$DATA/train-images-idx3-ubyte" ]; }
 # needs_mnist: SKIP the rest of the script, with a line saying so, without MNIST in $DATA.
 needs_mnist() { have_mnist || { skip "no MNIST in $DATA (make data)"; exit 0; }; }
+# free_port: a TCP port that nothing listens on now, from the kernel, for a PyTorch twin's
+# rendezvous (MASTER_PORT): a fixed one collides when two checkouts run their suites at once (the
+# gloo rendezvous then fails, or waits for the other run's ranks).
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # have_h5py: true if $PYTHON imports h5py and numpy (asked once).
 have_h5py() {
     [ -n "${h5py_answer:-}" ] || { "$PYTHON" -c 'import h5py, numpy' 2> /dev/null && h5py_answer=yes || h5py_answer=no; }

@@ -84,7 +84,7 @@ else
     # DDP against torch DDP (gloo): 2 ranks each, from the same --init (50 iterations in make test-all).
     iters=$(if thorough; then echo 50; else echo 20; fi)
     mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --losses "$tmp/c3.csv" > "$tmp/c3.out" 2>&1
-    run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 2 --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --port 29541 > "$tmp/t3.out" 2> "$tmp/t3.err" ||
+    run "$PYTHON" tests/torch_gpt.py "$SHAKESPEARE" 2 --init "$tmp/init.h5" --max_iters "$iters" --eval_interval "$iters" --eval_iters 2 --threads 1 --port "$(free_port)" > "$tmp/t3.out" 2> "$tmp/t3.err" ||
         fail "the twin did not run on 2 ranks: $(tail -1 "$tmp/t3.err")"
     twin_csv "$tmp/t3.out" > "$tmp/t3.csv"
     verdict=$(same_losses "$tmp/c3.csv" "$tmp/t3.csv" 1e-5)

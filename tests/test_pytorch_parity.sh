@@ -45,13 +45,13 @@ PY
 
 # 1. Step 2 with the default seed, shuffled: PyTorch's init and data order.
 day1/2_mnist_training --losses "$tmp/c1.csv" --plot '' > "$tmp/c1.out" 2>&1
-"$PYTHON" "$REFERENCE" "$DATA" 1 --port 29611 > "$tmp/t1.json" 2> "$tmp/t1.err" || { fail "reference run: $(tail -1 "$tmp/t1.err")"; exit 1; }
+"$PYTHON" "$REFERENCE" "$DATA" 1 --port "$(free_port)" > "$tmp/t1.json" 2> "$tmp/t1.err" || { fail "reference run: $(tail -1 "$tmp/t1.err")"; exit 1; }
 compare "$tmp/c1.csv" "$tmp/t1.json" 1e-5 "step 2 (seed 0, shuffled, 5 epochs) vs torch at 1 rank" "$(accuracy "$tmp/c1.out")"
 
 # 2. Step 4 on 2 ranks vs torch DDP on 2 ranks with lr x 2. torch logs rank 0's
 #    own loss, we log the global mean, so compare the end: test accuracy.
 $MPIRUN -np 2 day1/4_mnist_manual_ddp --plot '' > "$tmp/c2.out" 2>&1
-"$PYTHON" "$REFERENCE" "$DATA" 2 --lr-scale --port 29612 > "$tmp/t2.json" 2> "$tmp/t2.err" || { fail "reference run: $(tail -1 "$tmp/t2.err")"; exit 1; }
+"$PYTHON" "$REFERENCE" "$DATA" 2 --lr-scale --port "$(free_port)" > "$tmp/t2.json" 2> "$tmp/t2.err" || { fail "reference run: $(tail -1 "$tmp/t2.err")"; exit 1; }
 ours=$(accuracy "$tmp/c2.out")
 theirs=$("$PYTHON" -c "import json; print('%.2f' % (100 * json.loads(open('$tmp/t2.json').read().strip().splitlines()[-1])['test_acc']))")
 if [ "$ours" = "$theirs" ]; then pass "step 4 on 2 ranks vs torch DDP (lr x 2): test accuracy $ours% == $theirs%"
@@ -61,7 +61,7 @@ else fail "step 4 on 2 ranks vs torch DDP (lr x 2): test accuracy $ours% != $the
 #    state_dict names and shapes), and from them both take the same steps.
 day1/2_mnist_training --seed 123 --epochs 1 --save "$tmp/ours.h5" --plot '' > /dev/null 2>&1
 day1/2_mnist_training --init "$tmp/ours.h5" --no-shuffle --epochs 1 --losses "$tmp/c3.csv" --plot '' > /dev/null 2>&1
-"$PYTHON" "$REFERENCE" "$DATA" 1 --init "$tmp/ours.h5" --no-shuffle --epochs 1 --port 29613 > "$tmp/t3.json" 2> "$tmp/t3.err" || { fail "reference run from our checkpoint: $(tail -1 "$tmp/t3.err")"; exit 1; }
+"$PYTHON" "$REFERENCE" "$DATA" 1 --init "$tmp/ours.h5" --no-shuffle --epochs 1 --port "$(free_port)" > "$tmp/t3.json" 2> "$tmp/t3.err" || { fail "reference run from our checkpoint: $(tail -1 "$tmp/t3.err")"; exit 1; }
 compare "$tmp/c3.csv" "$tmp/t3.json" 1e-5 "from our --save checkpoint, loaded by torch via h5py (no shuffle, 1 epoch)" ""
 
 # 4. Step 14, the SimpleCNN. With the same seed we draw PyTorch's initial
@@ -74,13 +74,13 @@ if [ ! -f "$CNN_REFERENCE" ]; then
     exit 0
 fi
 RUN_TIMEOUT=300 run day3/14_cnn_ddp --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
-RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --max-steps 0 --save-init "$tmp/cnn_torch_init.h5" --port 29614 > /dev/null 2> "$tmp/t4.err" ||
+RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --max-steps 0 --save-init "$tmp/cnn_torch_init.h5" --port "$(free_port)" > /dev/null 2> "$tmp/t4.err" ||
     { fail "step 14 reference run: $(tail -1 "$tmp/t4.err")"; exit 1; }
 verdict=$(build/tools/compare_cnn_weights "$tmp/cnn_init.h5" "$tmp/cnn_torch_init.h5" 0 2>&1)
 if [ $? -eq 0 ]; then pass "step 14: seed 0 draws torch.manual_seed(0); SimpleCNN()'s weights bit for bit: $verdict"
 else fail "step 14: our initial weights differ from SimpleCNN()'s after torch.manual_seed(0): $verdict"; fi
 RUN_TIMEOUT=300 run day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 30 --losses "$tmp/c4.csv" --plot '' > "$tmp/c4.out" 2>&1
-RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --init "$tmp/cnn_init.h5" --no-shuffle --max-steps 30 --port 29615 > "$tmp/t4.json" 2> "$tmp/t4.err" ||
+RUN_TIMEOUT=300 run "$PYTHON" "$CNN_REFERENCE" "$DATA" 1 --init "$tmp/cnn_init.h5" --no-shuffle --max-steps 30 --port "$(free_port)" > "$tmp/t4.json" 2> "$tmp/t4.err" ||
     { fail "step 14 reference run from our --init: $(tail -1 "$tmp/t4.err")"; exit 1; }
 "$PYTHON" - "$tmp/c4.csv" "$tmp/t4.json" "$tmp/c4.out" << 'PY'
 import csv, json, re, sys
