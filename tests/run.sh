@@ -116,7 +116,7 @@ skipped=$(grep -c '^SKIP ' "$log")
 echo
 # Where the time went, so that a suite that grows is seen before make test outgrows its
 # budget (docs/tests.md: 5 minutes on 2 cores).
-echo "($SECONDS s in all; the slowest: $(sort -rn "$times" | head -5 | awk '{printf "%s%s %d s", (NR > 1 ? ", " : ""), $2, $1}'))"
+echo "($SECONDS s in all; the slowest: $(sort -rn "$times" | head -5 | sed -E 's/^([0-9]+) (.*)/\2 \1 s/' | paste -sd '|' | sed 's/|/, /g'))"
 if [ $# -eq 0 ] && [ "$TEST_LEVEL" = quick ]; then
     echo "(the essential checks: make test-all runs every check, and the slow suites $SLOW_SUITES)"
 fi
