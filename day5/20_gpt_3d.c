@@ -81,7 +81,7 @@ typedef struct {
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
     double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
-    int dp, tp, pp, micro_batches, zero;
+    int dp, tp, pp, micro_batches, zero, recompute;
     TrackingOptions tracking;
 } Options;
 
@@ -238,26 +238,46 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
                     (first ? T * C : 0) + (last ? (c->bias ? 2 : 1) * C : 0);
     double activations = N * (Ls * (4 * C + 4 + 12 * C / Tp) + C) + (last ? N * (C + 2 + 2 * V) : 0) + Ls * B * H / Tp * T * T;
     double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
+    // --recompute: each block's output (the next one's input) for every micro-batch, and one
+    // micro-batch's (B_m = B / M) inside, shared by the blocks, in place of every block's inside.
+    const double Bm = B / o->micro_batches;
+    double recomputed = N * (Ls * C + C) + (last ? N * (C + 2 + 2 * V) : 0) + Bm * T * (3 * C + 4 + 12 * C / Tp) +
+                        Bm * H / Tp * T * T;
+    double held = (double)gpt_activation_floats(model);  // measured: what the model allocated
     // AdamW's moments: 2 P_r, or with --zero 1 2 x this rank's blocks of ceil(n / D) of every tensor, about 2 P_r / D.
-    CHECK(params == (double)gpt_num_params(model, false) && activations + masks == (double)gpt_activation_floats(model) &&
+    CHECK(params == (double)gpt_num_params(model, false) && (o->recompute ? recomputed : activations + masks) == held &&
           (o->zero == 1 ? adam_floats <= 2 * params / o->dp + 2 * model->n_params : adam_floats == 2 * params),
-          "the memory formulas disagree with the model: %.0f and %.0f floats", params, activations);
+          "the memory formulas disagree with the model: %.0f and %.0f floats", params, held);
     print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
            "embeddings, [last]: the last stage's ln_f and head):\n"
            "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
            "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)%s\n"
-           "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n"
-           "  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's\n",
+           "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n",
            model->n_blocks, o->tp, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
            masks > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
-    double mine[7] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * adam_floats / 1e6,
-                      4 * (activations + masks) / 1e6, 4 * Ls * B * H / Tp * T * T / 1e6};
-    double *all = group_gather_figures(group_world(), mine, 7, false);
+    if (o->recompute)
+        print0("  --recompute  B T (L_s C + C) + [last] B T (C + 2 + 2 V) + B_m T (3 C + 4 + 12 C / T) + B_m (H / T) T^2, "
+               "B_m = B / M = %.0f: the blocks' outputs, one micro-batch's inside\n", Bm);
+    print0("  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's%s\n",
+           o->recompute ? "  without --recompute MB" : "");
+    double attention = o->recompute ? Bm * H / Tp * T * T : Ls * B * H / Tp * T * T;
+    double mine[8] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * adam_floats / 1e6,
+                      4 * held / 1e6, 4 * attention / 1e6, 4 * (activations + masks) / 1e6};
+    double *all = group_gather_figures(group_world(), mine, 8, false);
     for (int r = 0; all && r < dist_world_size(); r++) {
-        const double *f = all + 7 * r;
-        print0("  %4d  %7.0f  %5.0f  %2.0f  %13.2f  %12.2f  %8.2f  %14.2f  %20.2f\n", r, f[0], f[1], f[2], f[3], f[3],
+        const double *f = all + 8 * r;
+        print0("  %4d  %7.0f  %5.0f  %2.0f  %13.2f  %12.2f  %8.2f  %14.2f  %20.2f", r, f[0], f[1], f[2], f[3], f[3],
                f[4], f[5], f[6]);
+        if (o->recompute) print0("  %23.2f", f[7]);
+        print0("\n");
+    }
+    if (all && o->recompute) {
+        double most = 0, most_without = 0;
+        for (int r = 0; r < dist_world_size(); r++) most = fmax(most, all[8 * r + 5]), most_without = fmax(most_without, all[8 * r + 7]);
+        print0("--recompute: activations held at most %.2f MB a rank, %.2f MB without (%.0f%% less), for one more "
+               "forward of the blocks in backward (about +%.0f%% of the blocks' FLOPs)\n", most, most_without,
+               100.0 * (1.0 - most / most_without), 100.0 / 3.0);
     }
     free(all);
 }
@@ -276,6 +296,7 @@ int main(int argc, char **argv) {
         {"pp", ARG_INT, &o.pp, "P", "pipeline stages (a divisor of --n_layer)", 1, NULL},
         {"micro_batches", ARG_INT, &o.micro_batches, "M", "micro-batches per micro-step through the pipeline (a divisor of --batch_size)", 1, NULL},
         {"zero", ARG_INT, &o.zero, "STAGE", "1: AdamW's moments sharded over the data-parallel group (ZeRO-1); 0: none", 0, NULL},
+        {"recompute", ARG_SWITCH, &o.recompute, NULL, "activation checkpointing: keep each block's input, redo its forward just before its backward", 0, NULL},
         {"schedule", ARG_STRING, &o.schedule, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -335,6 +356,8 @@ int main(int argc, char **argv) {
     if (o.dropout > 0 && o.tp * o.pp * o.micro_batches > 1)
         usage_error("--dropout %g: only with whole models (no --tp, --pp or --micro_batches): step 19 draws the masks of "
                     "a whole micro-step, which a split would draw otherwise", o.dropout);
+    if (o.recompute && o.dropout > 0)
+        usage_error("--recompute with --dropout %g: the recomputed forward would need the masks drawn again", o.dropout);
     Device device = device_from_flag(o.device);
     threads_init(o.threads);
 
@@ -363,12 +386,14 @@ int main(int argc, char **argv) {
     grid.embedding = group_split(tied_ends ? grid.replica * o.tp + grid.tp_rank : world + rank, grid.stage);
     int blocks = o.n_layer / o.pp;
     GptSplit split = {.first_layer = grid.stage * blocks, .end_layer = (grid.stage + 1) * blocks,
-                      .tensor_group = &grid.tensor_parallel};
+                      .tensor_group = &grid.tensor_parallel,
+                      .recompute_batch = o.recompute ? o.batch_size / o.micro_batches : 0};
 
     // What this rank's part will take, refused in one line if it would not fit (before anything is allocated).
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d --tp %d --pp %d", o.n_layer,
                                   o.n_embd, o.block_size, o.batch_size, o.tp, o.pp);
-    gpt_add_part_memory_need(&need, &config, o.batch_size, blocks, o.tp, grid.stage == 0, grid.stage == o.pp - 1);
+    gpt_add_part_memory_need(&need, &config, o.batch_size, blocks, o.tp, grid.stage == 0, grid.stage == o.pp - 1,
+                             split.recompute_batch);
     MemoryNeed whole_need = memory_need("the whole model");
     gpt_add_memory_need(&whole_need, &config, 1);
     if (device == DEVICE_CPU) {  // (on a GPU rank the text and the whole model stay on the host)

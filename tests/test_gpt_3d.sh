@@ -5,6 +5,7 @@
 # 19's state_dict names) within 1e-5 of step 19's weights; the sample of the gathered model; bad
 # grids refused in one line, exit 2.
 # --zero 1 (AdamW's moments sharded over the replicas) takes DDP's steps bit for bit, with half the moments.
+# --recompute (activation checkpointing) takes the same grid's steps without it bit for bit, holding fewer activations.
 # make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2, --pp 2 with 1F1B); make test-all:
 # the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --bias and
 # --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
@@ -52,6 +53,30 @@ grid() {
     same_gpt_weights "... and the gathered model's weights (--save) are step 19's" "$tmp/$name.h5" "$tmp/$reference.h5" 1e-5
 }
 
+# recomputed NP NAME FLAGS...: the grid NAME ran with FLAGS, again with --recompute: the same float
+# operations redone, so its losses and checksum bit for bit; and each rank's activations, as
+# allocated (the memory table's figure, which the program checks against its formula), fewer.
+recomputed() {
+    local np=$1 name=$2 out
+    shift 2
+    out="$tmp/${name}_recompute"
+    if ! mpi "$np" day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --losses "$out.csv" "$@" --recompute > "$out.out" 2>&1; then
+        fail "$np ranks, $* --recompute: exit status $?: $(grep -a -m1 'error\|rank [0-9]* @' "$out.out")"
+        return
+    fi
+    local same_losses=no
+    test -s "$out.csv" && cmp -s "$tmp/$name.csv" "$out.csv" && same_losses=yes
+    expect "$np ranks, $* --recompute: the losses without it, bit for bit (20 iterations), and its checksum $(checksum "$out.out")" \
+        test "$same_losses" = yes -a -n "$(checksum "$out.out")" -a "$(checksum "$out.out")" = "$(checksum "$tmp/$name.out")"
+    local held
+    held=$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
+    expect "... each rank's activations, allocated, below those without (MB): $held" \
+        test -n "$held" -a "$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
+    expect "... and the ones without are what the run without --recompute held" \
+        test "$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $1, $10 }')" = \
+        "$(grep -A8 '^memory per rank' "$tmp/$name.out" | awk '$1 ~ /^[0-9]+$/ && NF == 9 { print $1, $8 }')"
+}
+
 # ---------------------------------------------------------------- 1 rank: step 19 itself
 run day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --losses "$tmp/one.csv" > "$tmp/one.out" 2>&1
 expect "D = T = P = 1: step 19's losses bit for bit (20 iterations)" cmp -s "$tmp/s19.csv" "$tmp/one.csv"
@@ -70,6 +95,7 @@ expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp
     test "$(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print ($7 <= $6 * 1.001 && $7 >= $6 * 0.999) }')" = 1
 grid 2 s19 tp2 --tp 2
 grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
+recomputed 2 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 
 # The gathered model is the whole model: from an --init, without training, --save gives it back
 # as it was, and the sample is step 19's.
@@ -88,8 +114,15 @@ if thorough; then
     grid 4 s19 pp4 --pp 4 --micro_batches 4 --schedule 1f1b
     grid 4 s19 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
     grid 4 s19 tp4 --tp 4
+    recomputed 4 dp2tp2 --dp 2 --tp 2
+    recomputed 4 tp2pp2 --tp 2 --pp 2 --micro_batches 2 --schedule gpipe
+    recomputed 4 dp2pp2 --dp 2 --pp 2 --micro_batches 3 --schedule 1f1b
+    recomputed 4 pp4 --pp 4 --micro_batches 4 --schedule 1f1b
+    recomputed 4 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
+    recomputed 4 tp4 --tp 4
     grid 8 s19dp2 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
     grid 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
+    recomputed 8 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
     expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
         test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
     # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
@@ -112,4 +145,5 @@ expect_refused_flags day5/20_gpt_3d 2 "--micro_batches not dividing --batch_size
 expect_refused_flags day5/20_gpt_3d 2 "an unknown --schedule" "error: --schedule expects one of gpipe|1f1b, got 'zigzag'" --pp 2 --schedule zigzag
 expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or 1" --dp 2 --zero 2
 expect_refused_flags day5/20_gpt_3d 2 "--dropout with a split model" "error: --dropout 0.1: only with whole models" --tp 2 --dropout 0.1
+expect_refused_flags day5/20_gpt_3d 1 "--recompute with --dropout" "error: --recompute with --dropout 0.1: the recomputed forward would need the masks drawn again" --recompute --dropout 0.1
 exit_status

@@ -41,7 +41,8 @@ typedef struct {
     double params, kept, scratch, tokens;
 } PartFloats;
 
-static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, int tp, bool embeddings, bool head) {
+static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, int tp, bool embeddings, bool head,
+                              int recompute_batch) {
     const double L = n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head / tp;
     const double N = (double)max_batch * T, B = max_batch;
     PartFloats f;
@@ -52,6 +53,10 @@ static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, i
     // Per block and token: ln_1, residual_1, ln_2, residual_2 (4 C), their 4 statistics, and split
     // tp ways: qkv 3C, attn_y C, fc and its GELU 8C; attention's probabilities H T^2 per sequence.
     f.kept = N * L * (4 * C + 4 + 12 * C / tp) + L * B * H * T * T + N * C + (head ? N * (C + 2 + 2 * V) : 0);
+    if (recompute_batch) {  // each block's output kept; one micro-batch's inside, shared
+        const double Bi = recompute_batch;
+        f.kept = N * L * C + Bi * T * (3 * C + 4 + 12 * C / tp) + Bi * H * T * T + N * C + (head ? N * (C + 2 + 2 * V) : 0);
+    }
     if (c->dropout > 0) f.kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;  // its masks
     // Backward's [N, C..4C] buffers (grad_residual, grad_ln; split: grad_qkv, grad_attn_y, grad_fc),
     // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient).
@@ -71,12 +76,12 @@ static void add_part_need(MemoryNeed *need, PartFloats f) {
 }
 
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
-    add_part_need(need, part_floats(c, max_batch, c->n_layer, 1, true, true));
+    add_part_need(need, part_floats(c, max_batch, c->n_layer, 1, true, true, 0));
 }
 
 void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch, int n_blocks, int tp_size,
-                              bool has_embeddings, bool has_head) {
-    add_part_need(need, part_floats(c, max_batch, n_blocks, tp_size, has_embeddings, has_head));
+                              bool has_embeddings, bool has_head, int recompute_batch) {
+    add_part_need(need, part_floats(c, max_batch, n_blocks, tp_size, has_embeddings, has_head, recompute_batch));
 }
 
 // Drawn on the host whatever the device, so that one seed gives one model on either.
@@ -175,6 +180,7 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->tensor_group = split && split->tensor_group && split->tensor_group->size > 1 ? split->tensor_group : NULL;
     m->tp_rank = m->tensor_group ? m->tensor_group->rank : 0;
     m->tp_size = m->tensor_group ? m->tensor_group->size : 1;
+    m->recompute_batch = split ? split->recompute_batch : 0;
     m->tokens_micro_batch = -1;
     const int V = c->vocab_size, C = c->n_embd, L = m->n_blocks, T = c->block_size, tp = m->tp_size;
     const int H = c->n_head / tp, N = max_batch * T;
@@ -222,19 +228,28 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->targets = xmalloc((size_t)N * sizeof(int));
     m->embedded = tensor_zeros(N, C, device);
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
+    // With recompute, block 0's inside is allocated for a micro-batch and the other blocks share it.
+    const int inside_batch = m->recompute_batch ? m->recompute_batch : max_batch, NI = inside_batch * T;
+    CHECK(inside_batch <= max_batch && (!m->recompute_batch || c->dropout == 0),
+          "gpt: recompute for micro-batches of %d sequences (of %d), without dropout", inside_batch, max_batch);
     for (int l = 0; l < L; l++) {
         GptBlockActivations *a = &m->acts[l];
-        a->ln_1 = tensor_zeros(N, C, device), a->ln_1_mean = tensor_zeros(1, N, device);
-        a->ln_1_rstd = tensor_zeros(1, N, device);
-        a->qkv = tensor_zeros(N, 3 * C / tp, device);
-        a->att = tensor_zeros(max_batch * H, T * T, device);
-        a->attn_y = tensor_zeros(N, C / tp, device);
-        a->residual_1 = tensor_zeros(N, C, device);
-        a->ln_2 = tensor_zeros(N, C, device), a->ln_2_mean = tensor_zeros(1, N, device);
-        a->ln_2_rstd = tensor_zeros(1, N, device);
-        a->fc = tensor_zeros(N, 4 * C / tp, device);
-        a->fc_gelu = tensor_zeros(N, 4 * C / tp, device);
         a->residual_2 = tensor_zeros(N, C, device);
+        if (m->recompute_batch && l > 0) {
+            Tensor kept = a->residual_2;
+            *a = m->acts[0], a->residual_2 = kept;
+            continue;
+        }
+        a->ln_1 = tensor_zeros(NI, C, device), a->ln_1_mean = tensor_zeros(1, NI, device);
+        a->ln_1_rstd = tensor_zeros(1, NI, device);
+        a->qkv = tensor_zeros(NI, 3 * C / tp, device);
+        a->att = tensor_zeros(inside_batch * H, T * T, device);
+        a->attn_y = tensor_zeros(NI, C / tp, device);
+        a->residual_1 = tensor_zeros(NI, C, device);
+        a->ln_2 = tensor_zeros(NI, C, device), a->ln_2_mean = tensor_zeros(1, NI, device);
+        a->ln_2_rstd = tensor_zeros(1, NI, device);
+        a->fc = tensor_zeros(NI, 4 * C / tp, device);
+        a->fc_gelu = tensor_zeros(NI, 4 * C / tp, device);
         if (c->dropout > 0) {
             a->att_mask = tensor_zeros(max_batch * H, T * T, device);
             a->att_dropped = tensor_zeros(max_batch * H, T * T, device);
@@ -337,6 +352,10 @@ size_t gpt_activation_floats(const Gpt *m) {
                    tensor_numel(&m->ln_f_rstd) + tensor_numel(&m->logits) + tensor_numel(&m->grad_logits);
     for (int l = 0; l < m->n_blocks; l++) {
         const GptBlockActivations *a = &m->acts[l];
+        if (m->recompute_batch && l > 0) {  // block 0's inside, shared
+            total += tensor_numel(&a->residual_2);
+            continue;
+        }
         const Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
                                &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
                                &a->att_mask, &a->att_dropped, &a->attn_proj_mask, &a->mlp_proj_mask};
@@ -350,6 +369,10 @@ void gpt_free(Gpt *m) {
     for (int i = 0; i < m->n_params; i++) tensor_free(m->params[i].value), tensor_free(m->params[i].grad);
     for (int l = 0; l < m->n_blocks; l++) {
         GptBlockActivations *a = &m->acts[l];
+        if (m->recompute_batch && l > 0) {  // block 0's inside, shared
+            tensor_free(&a->residual_2);
+            continue;
+        }
         Tensor *all[] = {&a->ln_1, &a->ln_1_mean, &a->ln_1_rstd, &a->qkv, &a->att, &a->attn_y, &a->residual_1,
                          &a->ln_2, &a->ln_2_mean, &a->ln_2_rstd, &a->fc, &a->fc_gelu, &a->residual_2,
                          &a->att_mask, &a->att_dropped, &a->attn_proj_mask, &a->mlp_proj_mask};
@@ -471,22 +494,47 @@ typedef struct {
 
 static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
     const GptBlockActivations *a = &m->acts[l];
-    const int N = B * T, first = micro * N, H = m->config.n_head / m->tp_size;
+    const int N = B * T, H = m->config.n_head / m->tp_size;
+    const int inside_micro = m->recompute_batch ? 0 : micro;  // recompute: one micro-batch's inside, at row 0
+    const int first = inside_micro * N;
     const size_t scores = (size_t)B * H * T * T;
-    return (BlockViews){
+    BlockViews views = {
         .ln_1 = rows_at(&a->ln_1, first, N), .ln_1_mean = values_at(&a->ln_1_mean, first, 1, N),
         .ln_1_rstd = values_at(&a->ln_1_rstd, first, 1, N), .qkv = rows_at(&a->qkv, first, N),
-        .att = values_at(&a->att, micro * scores, B * H, T * T), .attn_y = rows_at(&a->attn_y, first, N),
+        .att = values_at(&a->att, inside_micro * scores, B * H, T * T), .attn_y = rows_at(&a->attn_y, first, N),
         .residual_1 = rows_at(&a->residual_1, first, N), .ln_2 = rows_at(&a->ln_2, first, N),
         .ln_2_mean = values_at(&a->ln_2_mean, first, 1, N), .ln_2_rstd = values_at(&a->ln_2_rstd, first, 1, N),
-        .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N),
-        .residual_2 = rows_at(&a->residual_2, first, N)};
+        .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N)};
+    views.residual_2 = rows_at(&a->residual_2, micro * N, N);  // kept per micro-batch
+    return views;
 }
 
 static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
     CHECK(B >= 1 && T >= 1 && T <= m->config.block_size && micro >= 0 &&
           (long)(micro + 1) * B * T <= (long)m->max_batch * m->config.block_size,
           "gpt: micro-batch %d of [%d, %d] beyond the buffers of [%d, %d]", micro, B, T, m->max_batch, m->config.block_size);
+}
+
+// Block l's forward of micro-batch micro from its input x: its inside into its views (with
+// recompute, the shared set), its output into residual_2's rows. Returns the output.
+static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor *x, bool dropout) {
+    const int H = m->config.n_head / m->tp_size;
+    GptBlockActivations *a = &m->acts[l];
+    BlockViews v = block_views(m, l, micro, B, T);
+    // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
+    layernorm_forward(x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
+                      &v.ln_1_rstd);
+    linear(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &v.qkv);               // [N, 3C]
+    attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
+                      &v.attn_y);                                 // attn_dropout's mask drawn above
+    projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, x, &v.residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
+    // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
+    layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
+                      &v.ln_2_mean, &v.ln_2_rstd);
+    linear(m, l, GPT_FC_WEIGHT, &v.ln_2, &v.fc);                  // [N, 4C]
+    gelu_forward(&v.fc, &v.fc_gelu);
+    projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &a->mlp_proj_mask, dropout);
+    return v.residual_2;
 }
 
 Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
@@ -497,7 +545,9 @@ Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
 const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
     check_micro_batch(m, micro, B, T);
-    const int N = B * T, H = c->n_head / m->tp_size, first = micro * N;
+    const int N = B * T, first = micro * N;
+    CHECK(!m->recompute_batch || B <= m->recompute_batch, "gpt: a micro-batch of %d sequences, recompute's buffers hold %d",
+          B, m->recompute_batch);
     m->B = B, m->T = T;
     const bool dropout = m->training && c->dropout > 0;
     if (dropout) draw_dropout_masks(m, B, T);
@@ -508,24 +558,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
         embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
         if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
     }
-    for (int l = 0; l < m->n_blocks; l++) {
-        GptBlockActivations *a = &m->acts[l];
-        BlockViews v = block_views(m, l, micro, B, T);
-        // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
-        layernorm_forward(&x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
-                          &v.ln_1_rstd);
-        linear(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &v.qkv);               // [N, 3C]
-        attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
-                          &v.attn_y);                                 // attn_dropout's mask drawn above
-        projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &x, &v.residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
-        // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
-        layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
-                          &v.ln_2_mean, &v.ln_2_rstd);
-        linear(m, l, GPT_FC_WEIGHT, &v.ln_2, &v.fc);                  // [N, 4C]
-        gelu_forward(&v.fc, &v.fc_gelu);
-        projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &a->mlp_proj_mask, dropout);
-        x = v.residual_2;
-    }
+    for (int l = 0; l < m->n_blocks; l++) x = block_forward(m, l, micro, B, T, &x, dropout);
     if (!m->has_head) {
         m->last_logits = (Tensor){0};
         m->stage_output = x;
@@ -625,6 +658,7 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, in
         BlockViews v = block_views(m, l, micro, B, T);
         Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, first, N);  // the block's input
         int slot = l * GPT_BLOCK_TENSORS;
+        if (m->recompute_batch) block_forward(m, l, micro, B, T, &x_in, dropout);  // the inside again, from the kept input
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
         Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
         linear_back(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]

@@ -69,9 +69,15 @@ typedef struct {
 
 // A rank's part of the model (gpt_new_part): blocks [first_layer, end_layer) of a pipeline stage,
 // each split over tensor_group's ranks (NULL: whole blocks).
+// recompute_batch > 0: activation checkpointing (Megatron's full recompute, torch.utils.checkpoint
+// per block): each block keeps only its output (the next block's input) per micro-batch; its
+// inside (LayerNorms, qkv, attention's probabilities, the MLP's) lives in one set of buffers for
+// a micro-batch of recompute_batch sequences, shared by the blocks, and gpt_stage_backward redoes
+// a block's forward there just before that block's backward.
 typedef struct {
     int first_layer, end_layer;
     const Group *tensor_group;
+    int recompute_batch;
 } GptSplit;
 
 typedef struct {
@@ -83,6 +89,7 @@ typedef struct {
     bool has_embeddings, has_head;
     const Group *tensor_group;                     // NULL: whole blocks
     int tp_rank, tp_size;
+    int recompute_batch;                           // GptSplit's: 0 keeps every block's inside from forward to backward
     Device device;                                 // where every tensor below lives
     // Parameters and their gradients.
     Tensor wte, wpe, ln_f_weight, ln_f_bias;       // [V, C], [block_size, C], [1, C], [1, C]
@@ -124,9 +131,9 @@ const char *gpt_config_problem(const GptConfig *config);
 // activations with backward's scratch and the batch's tokens, before anything is allocated.
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
 // The same for gpt_new_part's part: n_blocks blocks split tp_size ways, with or without the
-// embeddings and the head; DDP's buckets as in gpt_add_memory_need.
+// embeddings and the head, recompute_batch as GptSplit's; DDP's buckets as in gpt_add_memory_need.
 void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch, int n_blocks, int tp_size,
-                              bool has_embeddings, bool has_head);
+                              bool has_embeddings, bool has_head, int recompute_batch);
 // The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
 // 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
 // (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)
