@@ -27,7 +27,10 @@
 // step 19 on D ranks. --init and --save are the whole model in step 19's state_dict names,
 // whatever the grid: each rank cuts its part from the whole model, and the parts are summed back
 // into it at the end (each value owned by one rank of the replica) for the checksum, --save and
-// the sample.
+// the sample. --recompute is activation checkpointing per block (Megatron's full recomputation):
+// forward keeps each block's output per micro-batch and one micro-batch's block inside, shared;
+// backward redoes each block's forward just before its backward (the same losses, bit for bit,
+// about a third more of the blocks' FLOPs); the memory table shows what it holds, and without it.
 //
 // Build and run:
 //   make day5/20_gpt_3d && make shakespeare
