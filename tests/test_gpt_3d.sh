@@ -53,6 +53,8 @@ grid() {
     same_gpt_weights "... and the gathered model's weights (--save) are step 19's" "$tmp/$name.h5" "$tmp/$reference.h5" 1e-5
 }
 
+# memory_rows OUT: the rank rows of OUT's memory table (on rank 0, after its header line).
+memory_rows() { sed -n '/^  rank  replica  stage/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
 # recomputed NP NAME FLAGS...: the grid NAME ran with FLAGS, again with --recompute: the same float
 # operations redone, so its losses and checksum bit for bit; and each rank's activations, as
 # allocated (the memory table's figure, which the program checks against its formula), fewer.
@@ -69,12 +71,12 @@ recomputed() {
     expect "$np ranks, $* --recompute: the losses without it, bit for bit (20 iterations), and its checksum $(checksum "$out.out")" \
         test "$same_losses" = yes -a -n "$(checksum "$out.out")" -a "$(checksum "$out.out")" = "$(checksum "$tmp/$name.out")"
     local held
-    held=$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
+    held=$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
     expect "... each rank's activations, allocated, below those without (MB): $held" \
-        test -n "$held" -a "$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
+        test -n "$held" -a "$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
     expect "... and the ones without are what the run without --recompute held" \
-        test "$(grep -A8 '^memory per rank' "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $1, $10 }')" = \
-        "$(grep -A8 '^memory per rank' "$tmp/$name.out" | awk '$1 ~ /^[0-9]+$/ && NF == 9 { print $1, $8 }')"
+        test -n "$(memory_rows "$tmp/$name.out")" -a "$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $1, $10 }')" = \
+        "$(memory_rows "$tmp/$name.out" | awk '$1 ~ /^[0-9]+$/ && NF == 9 { print $1, $8 }')"
 }
 
 # ---------------------------------------------------------------- 1 rank: step 19 itself
