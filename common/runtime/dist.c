@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -26,10 +27,14 @@ static int g_n_teardowns;
 // and ends, by _exit, which joins nothing. Under a launcher MPI_Init forks nothing, and
 // memory_require (memory_budget.h) refuses what does not fit, as it names the flags.
 enum { SINGLETON_START_MB = 200 };
+// (`environ` read here, not getenv: threads.c defines the program's getenv, and a call from here
+// would link it, and all it needs, into every program, step 0's too: tests/test_layers.sh.)
 static bool launched(void) {
-    static const char *const launchers[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++)
-        if (getenv(launchers[i])) return true;
+    extern char **environ;
+    static const char *const launchers[] = {"OMPI_COMM_WORLD_SIZE=", "PMIX_RANK=", "PMI_RANK=", "PMI_SIZE=", "SLURM_PROCID="};
+    for (char **entry = environ; entry && *entry; entry++)
+        for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++)
+            if (strncmp(*entry, launchers[i], strlen(launchers[i])) == 0) return true;
     return false;
 }
 static void refuse_singleton_without_room(const char *program) {
