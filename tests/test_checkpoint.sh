@@ -75,6 +75,30 @@ expect "... the same command resumes (from step $(resumed_at after_kill)) and en
     test -n "$(resumed_at after_kill)" -a -n "$(checksum "$tmp/ref1000.out")" -a "$(checksum "$tmp/after_kill.out")" = "$(checksum "$tmp/ref1000.out")" \
     -a "$(cat "$tmp/after_kill.csv")" = "$(cat "$tmp/ref1000.csv")"
 
+# ---------------------------------------------------------------- SIGTERM to mpirun (scancel, a preemption)
+# Open MPI's mpirun, sent SIGTERM, sends its ranks SIGCONT, then 1 s later SIGTERM, then SIGKILL: the
+# training runs on for that second (8 epochs of 60 steps leave it several) and dies wherever it is,
+# in a save or not. The same command then resumes from the last checkpoint (any unfinished tmp-*
+# removed) and takes the uninterrupted run's steps.
+if thorough; then
+    : > "$tmp/termed.out"
+    timeout "$RUN_TIMEOUT" $MPIRUN $MPI_FLAGS -np 2 $program "${common[@]}" --zero 2 --epochs 8 --checkpoint "$tmp/ckt" \
+        --save_every 5 --batch_size 500 > "$tmp/termed.out" 2>&1 &
+    job=$!
+    for ((t = 0; t < 600; t++)); do grep -q '^Checkpoint of step 10 ' "$tmp/termed.out" && break; sleep 0.05; done
+    launcher=$(pgrep -P "$job" | head -1)
+    [ -n "$launcher" ] && kill -TERM "$launcher"
+    wait "$job"
+    status=$?
+    expect "SIGTERM to mpirun (pid ${launcher:-none}) after step 10's save ends the run unfinished (exit $status, last checkpoint $(cat "$tmp/ckt/current" 2> /dev/null))" \
+        test -n "$launcher" -a $status -ne 0 -a $status -ne 124 -a -z "$(grep 'Training completed' "$tmp/termed.out")"
+    zero18 2 ref_term --zero 2 --epochs 8 --batch_size 500
+    zero18 2 after_term --zero 2 --epochs 8 --checkpoint "$tmp/ckt" --save_every 5 --batch_size 500
+    expect "... the same command resumes (from step $(resumed_at after_term)), no tmp-* left, and ends with the uninterrupted run's checksum $(checksum "$tmp/ref_term.out") and losses" \
+        test -n "$(resumed_at after_term)" -a -z "$(ls -d "$tmp"/ckt/tmp-* 2> /dev/null)" -a -n "$(checksum "$tmp/ref_term.out")" \
+        -a "$(checksum "$tmp/after_term.out")" = "$(checksum "$tmp/ref_term.out")" -a "$(cat "$tmp/after_term.csv")" = "$(cat "$tmp/ref_term.csv")"
+fi
+
 # ---------------------------------------------------------------- a rank killed during a save
 # build/lib/libcrash_in_save.so: rank 1 SIGKILLs itself as it syncs its shard of step 10, its file
 # written, nothing after it done; step 5 stays current and the resume takes the uninterrupted steps.
