@@ -55,7 +55,7 @@
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
-#include "train/step_losses.h"      // step_losses_take: each step's loss, read when the program prints
+#include "train/step_losses.h"      // step_losses_take_all: each step's loss, read when the program prints
 #include "train/metrics.h"          // ConfusionMatrix, classification_report: the evaluation's tables
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
@@ -132,9 +132,11 @@ int main(int argc, char **argv) {
             epoch_steps++;
             steps++;
             // loss.item(): at once on a CPU, for the whole epoch at its end on a GPU.
-            for (float loss; step_losses_take(&pending, b == steps_per_epoch - 1 || steps == max_steps, &loss);) {
-                dist_allreduce_sum(&loss, 1);             // for the log: the loss of the global batch
-                loss /= (float)world;
+            float *taken;
+            int n_taken = step_losses_take_all(&pending, b == steps_per_epoch - 1 || steps == max_steps, &taken);
+            dist_allreduce_sum(taken, (size_t)n_taken);  // for the log: each step's loss of the global batch, in one call
+            for (int i = 0; i < n_taken; i++) {
+                float loss = taken[i] / (float)world;
                 check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
                 loss_log_add(&losses, epoch, loss);
                 tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)

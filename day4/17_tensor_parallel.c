@@ -33,6 +33,7 @@
 // it, beside an index of where each part lies in the whole layer; the same command
 // resumes mid-epoch, bit for bit, and another --tp resumes it too, each rank
 // reading only the rows or columns its new part needs (common/records/sharded_checkpoint.h).
+// --async_save and --save_errors as step 18's.
 //
 // Build and run:
 //   make day4/17_tensor_parallel
@@ -359,8 +360,8 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/17_tensor_parallel.png");
     int tp = 1, max_steps = -1;
-    const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
-    int save_every = 0, keep = 2;
+    const char *hidden = "128", *trace = NULL, *checkpoint = NULL, *save_errors = "stop";
+    int save_every = 0, keep = 2, async_save = 0;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
@@ -369,14 +370,15 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size of each shard's DDP; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
-        {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
-        {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
-        {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", CHECKPOINT_HELP_DIR, 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
+        {"keep", ARG_INT, &keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
+        {"async_save", ARG_SWITCH, &async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
+        {"save_errors", ARG_STRING, &save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 17: the MLP's Linears split across ranks (Megatron's tensor parallelism), each shard under DDP.");
-    if (!checkpoint && (args_given("save_every") || args_given("keep")))
-        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
-    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
+    checkpoint_flags_check(checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    bool save_errors_continue = strcmp(save_errors, "continue") == 0;
     int rank = dist_rank(), world = dist_world_size();
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes), n_layers = n_sizes - 1;
@@ -490,6 +492,7 @@ int main(int argc, char **argv) {
 
     if (trace) profile_start(trace);
     long saved_step = resumed_step;
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     double train_start = wall_seconds();
     for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
         double epoch_start = wall_seconds();
@@ -525,8 +528,14 @@ int main(int argc, char **argv) {
             state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
                 check_weights_finite(model.params, model.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
-                CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
-                sharded_checkpoint_print_saved(&written, steps);
+                CheckpointWrite written;
+                if (!async_save) {
+                    written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
+                    sharded_checkpoint_print_saved(&written, steps);
+                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, save_errors_continue, saved.piece,
+                                                         saved.n, &state, &written)) {
+                    sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
+                }
                 saved_step = steps;
             }
         }
@@ -541,8 +550,10 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
+    CheckpointWrite written;
+    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        CheckpointWrite written = sharded_checkpoint_save(checkpoint, keep, saved.piece, saved.n, &state);
+        written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
         sharded_checkpoint_print_saved(&written, steps);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);

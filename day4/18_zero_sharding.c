@@ -30,7 +30,9 @@
 // weights and of Adam's moments to a file of its own, beside an index of where
 // each piece lies (common/records/sharded_checkpoint.h), every --save_every
 // steps and after the last (--async_save: copied to host memory, then written
-// by a thread while training goes on); the same command resumes from DIR's current one,
+// by a thread while training goes on; a save that fails, on a full disk, ends the
+// run, or with --save_errors continue warns and trains on, the last good checkpoint
+// current); the same command resumes from DIR's current one,
 // mid-epoch, bit for bit. Another --zero stage or world size resumes it too,
 // each rank reading only the slices its own blocks need (at the same global
 // batch, --batch_size x ranks, it takes the same steps, within 1e-5).
@@ -408,7 +410,7 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/18_zero_sharding.png");
     int zero = 0, prefetch = 0, max_steps = -1;
-    const char *hidden = "128", *trace = NULL, *checkpoint = NULL;
+    const char *hidden = "128", *trace = NULL, *checkpoint = NULL, *save_errors = "stop";
     int save_every = 0, keep = 2, async_save = 0;
     double bucket_mb = 25.0;
     ArgSpec flags[] = {
@@ -419,18 +421,18 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "--zero 0: DDP's gradient bucket size; 0: one bucket per tensor", 0, NULL},
         {"trace", ARG_OUTPUT_OR_NONE, &trace, "FILE.json", "Chrome trace of every rank's ranges (see step 5; '' for none)", 0, NULL},
-        {"checkpoint", ARG_STRING, &checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
-        {"save_every", ARG_INT, &save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
-        {"keep", ARG_INT, &keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
-        {"async_save", ARG_SWITCH, &async_save, NULL, "--checkpoint: copy the shards to host memory and write them from a thread while training goes on", 0, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", CHECKPOINT_HELP_DIR, 0, NULL},
+        {"save_every", ARG_INT, &save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
+        {"keep", ARG_INT, &keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
+        {"async_save", ARG_SWITCH, &async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
+        {"save_errors", ARG_STRING, &save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 18: sharded data parallelism, ZeRO stages 1-3 (FSDP): the optimizer state, gradients and parameters split across ranks.");
     if (zero > 3) usage_error("--zero %d: expected 0 (DDP), 1 (Adam's moments sharded), 2 (and the gradients) or 3 (and the parameters)", zero);
     if (prefetch && zero != 3) usage_error("--prefetch: only --zero 3 gathers weights before each layer (got --zero %d)", zero);
     if (args_given("bucket_mb") && zero != 0) usage_error("--bucket_mb: only --zero 0 (DDP) has buckets; stages 1-3 reduce layer by layer");
-    if (!checkpoint && (args_given("save_every") || args_given("keep") || async_save))
-        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : args_given("keep") ? "keep" : "async_save");
-    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
+    checkpoint_flags_check(checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    bool save_errors_continue = strcmp(save_errors, "continue") == 0;
     int sizes[MLP_MAX_SIZES];
     int n_sizes = mlp_sizes_from_hidden(hidden, MNIST_PIXELS, MNIST_CLASSES, sizes);
     char model_name[128];
@@ -555,9 +557,10 @@ int main(int argc, char **argv) {
                 int n_pieces = checkpoint_pieces(&model, &optimizer, true, pieces);
                 CheckpointWrite written;
                 if (!async_save) {
-                    written = sharded_checkpoint_save(checkpoint, keep, pieces, n_pieces, &state);
+                    written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, pieces, n_pieces, &state);
                     sharded_checkpoint_print_saved(&written, steps);
-                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, pieces, n_pieces, &state, &written)) {
+                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, save_errors_continue, pieces, n_pieces, &state,
+                                                         &written)) {
                     sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
                 }
                 saved_step = steps;
@@ -577,7 +580,8 @@ int main(int argc, char **argv) {
     CheckpointWrite written;
     if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        written = sharded_checkpoint_save(checkpoint, keep, pieces, checkpoint_pieces(&model, &optimizer, true, pieces), &state);
+        written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, pieces,
+                                          checkpoint_pieces(&model, &optimizer, true, pieces), &state);
         sharded_checkpoint_print_saved(&written, steps);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);

@@ -77,8 +77,8 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *prompt, *checkpoint;
-    int save_every, keep;
+    const char *data, *init, *save, *losses, *plot, *device, *prompt, *checkpoint, *save_errors;
+    int save_every, keep, async_save;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
@@ -184,7 +184,7 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2};
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop"};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -218,15 +218,16 @@ int main(int argc, char **argv) {
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
-        {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", "resume from DIR's current sharded checkpoint if it has one; save into DIR", 0, NULL},
-        {"save_every", ARG_INT, &o.save_every, "N", "--checkpoint: save every N optimizer steps (0: only after the last)", 0, NULL},
-        {"keep", ARG_INT, &o.keep, "N", "--checkpoint: keep the newest N checkpoints", 1, NULL},
+        {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", CHECKPOINT_HELP_DIR, 0, NULL},
+        {"save_every", ARG_INT, &o.save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
+        {"keep", ARG_INT, &o.keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
+        {"async_save", ARG_SWITCH, &o.async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
+        {"save_errors", ARG_STRING, &o.save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
-    if (!o.checkpoint && (args_given("save_every") || args_given("keep")))
-        usage_error("--%s: only with --checkpoint DIR", args_given("save_every") ? "save_every" : "keep");
-    if (o.checkpoint && !o.checkpoint[0]) usage_error("--checkpoint '': expected a folder");
+    checkpoint_flags_check(o.checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    bool save_errors_continue = strcmp(o.save_errors, "continue") == 0;
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
@@ -313,6 +314,7 @@ int main(int argc, char **argv) {
                                                      model->n_params, boxes, true);
     int first_iter = 0;
     long saved_step = -1;
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     if (o.checkpoint && sharded_checkpoint_resume(o.checkpoint, wanted.piece, wanted.n, &state, o.init)) {
         first_iter = (int)state.step, saved_step = state.step;
         optimizer.adam.step = state.step;
@@ -380,8 +382,14 @@ int main(int argc, char **argv) {
         state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
         if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
             check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
-            CheckpointWrite written = sharded_checkpoint_save(o.checkpoint, o.keep, saved.piece, saved.n, &state);
-            sharded_checkpoint_print_saved(&written, state.step);
+            CheckpointWrite written;
+            if (!o.async_save) {
+                written = sharded_checkpoint_save(o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
+                sharded_checkpoint_print_saved(&written, state.step);
+            } else if (sharded_checkpoint_save_async(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
+                                                     saved.n, &state, &written)) {
+                sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
+            }
             saved_step = state.step;
         }
     }
@@ -391,8 +399,10 @@ int main(int argc, char **argv) {
                (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, o.batch_size);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
+    CheckpointWrite written;
+    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
     if (o.checkpoint && o.max_iters != saved_step) {  // the end of training, where no --save_every save fell
-        CheckpointWrite written = sharded_checkpoint_save(o.checkpoint, o.keep, saved.piece, saved.n, &state);
+        written = sharded_checkpoint_save(o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
         sharded_checkpoint_print_saved(&written, state.step);
     } else if (o.checkpoint && o.max_iters == first_iter) {
         print0("Nothing left to train: the checkpoint is at step %d\n", first_iter);

@@ -6,11 +6,15 @@
 # --keep; a checkpoint missing a shard, with a shard of another model or of another checkpoint,
 # truncated, whose index disagrees with its shards, of another program, model or run: one line
 # naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
-# folder: one line, exit 1, the previous checkpoint intact; --async_save, the same steps, and a
-# rank killed while its thread writes leaves the previous checkpoint current. Steps 16 and 17 (the same module and
-# flags): stopped mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same
-# arithmetic), tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as
-# 4 stages (within 1e-5). Step 19 (the GPT) resumed bit for bit, and on 1 rank within 1e-5.
+# folder: one line, exit 1, the previous checkpoint intact; with --save_errors continue, a full disk
+# or one rank's failed fsync: one warning per failed save, the last good checkpoint current, the
+# uninterrupted steps; --async_save, the same steps, and a rank killed while its thread writes
+# leaves the previous checkpoint current; at TEST_LEVEL=all, SIGTERM to mpirun (scancel) and the
+# same command again resumes bit for bit. Steps 16 and 17 (the same module and flags): stopped
+# mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same arithmetic),
+# tensor-parallel 2 as 1 (within 1e-5); at TEST_LEVEL=all, 2 stages x 2 replicas as 4 stages
+# (within 1e-5), and --async_save stopped and resumed bit for bit. Step 19 (the GPT) resumed bit
+# for bit, on 1 rank within 1e-5, and with --async_save bit for bit.
 # tools/checkpoint_to_state_dict makes a checkpoint of each one whole
 # state_dict file: the weights of --save at the same step, bit for bit, which --init and torch load.
 set -u
@@ -75,6 +79,30 @@ expect "... the same command resumes (from step $(resumed_at after_kill)) and en
     test -n "$(resumed_at after_kill)" -a -n "$(checksum "$tmp/ref1000.out")" -a "$(checksum "$tmp/after_kill.out")" = "$(checksum "$tmp/ref1000.out")" \
     -a "$(cat "$tmp/after_kill.csv")" = "$(cat "$tmp/ref1000.csv")"
 
+# ---------------------------------------------------------------- SIGTERM to mpirun (scancel, a preemption)
+# Open MPI's mpirun, sent SIGTERM, sends its ranks SIGCONT, then 1 s later SIGTERM, then SIGKILL: the
+# training runs on for that second (8 epochs of 60 steps leave it several) and dies wherever it is,
+# in a save or not. The same command then resumes from the last checkpoint (any unfinished tmp-*
+# removed) and takes the uninterrupted run's steps.
+if thorough; then
+    : > "$tmp/termed.out"
+    timeout "$RUN_TIMEOUT" $MPIRUN $MPI_FLAGS -np 2 $program "${common[@]}" --zero 2 --epochs 8 --checkpoint "$tmp/ckt" \
+        --save_every 5 --batch_size 500 > "$tmp/termed.out" 2>&1 &
+    job=$!
+    for ((t = 0; t < 600; t++)); do grep -q '^Checkpoint of step 10 ' "$tmp/termed.out" && break; sleep 0.05; done
+    launcher=$(pgrep -P "$job" | head -1)
+    [ -n "$launcher" ] && kill -TERM "$launcher"
+    wait "$job"
+    status=$?
+    expect "SIGTERM to mpirun (pid ${launcher:-none}) after step 10's save ends the run unfinished (exit $status, last checkpoint $(cat "$tmp/ckt/current" 2> /dev/null))" \
+        test -n "$launcher" -a $status -ne 0 -a $status -ne 124 -a -z "$(grep 'Training completed' "$tmp/termed.out")"
+    zero18 2 ref_term --zero 2 --epochs 8 --batch_size 500
+    zero18 2 after_term --zero 2 --epochs 8 --checkpoint "$tmp/ckt" --save_every 5 --batch_size 500
+    expect "... the same command resumes (from step $(resumed_at after_term)), no tmp-* left, and ends with the uninterrupted run's checksum $(checksum "$tmp/ref_term.out") and losses" \
+        test -n "$(resumed_at after_term)" -a -z "$(ls -d "$tmp"/ckt/tmp-* 2> /dev/null)" -a -n "$(checksum "$tmp/ref_term.out")" \
+        -a "$(checksum "$tmp/after_term.out")" = "$(checksum "$tmp/ref_term.out")" -a "$(cat "$tmp/after_term.csv")" = "$(cat "$tmp/ref_term.csv")"
+fi
+
 # ---------------------------------------------------------------- a rank killed during a save
 # build/lib/libcrash_in_save.so: rank 1 SIGKILLs itself as it syncs its shard of step 10, its file
 # written, nothing after it done; step 5 stays current and the resume takes the uninterrupted steps.
@@ -100,7 +128,34 @@ if [ -f $crash_lib ]; then
     expect "... the resume goes on from step 5, saving steps 10 to 30 asynchronously, each line with its stall and write time" \
         test "$(resumed_at after_crash_a)" = 5 -a "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread from host copies), index .*; the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms$' "$tmp/after_crash_a.out")" = 5
     same_as_reference "... and takes the uninterrupted run's steps" after_crash_a
+    # --save_errors continue: rank 1 alone fails to sync its shard of step 10 (ENOSPC), its thread
+    # writing while training goes on; every rank agrees the save failed, one warning, tmp-000010
+    # removed, step 5 current until step 15's save succeeds; the run ends as the uninterrupted one.
+    mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 -x CRASH_IN_SAVE_ERRNO=28 $program "${common[@]}" \
+        --zero 3 --checkpoint "$tmp/ckf" --save_every 5 --async_save --save_errors continue --losses "$tmp/failed_one.csv" > "$tmp/failed_one.out" 2>&1
+    warned=$(grep '^warning: checkpoint of step' "$tmp/failed_one.out")
+    expect "--save_errors continue, --async_save: rank 1's sync of step 10 fails (ENOSPC), one warning: $(echo "$warned" | sed "s|$tmp/||g")" \
+        test "$(echo "$warned" | wc -l)" = 1 -a -n "$(echo "$warned" | grep "^warning: checkpoint of step 10 not saved in $tmp/ckf/step-000010, its unfinished folder removed; current still names step-000005; training goes on (--save_errors continue): $tmp/ckf/tmp-000010/shard-00001.h5: cannot flush it to disk: No space left on device$")"
+    expect "... steps 15 to 30 saved, step 30 current, no tmp-* left" \
+        test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/failed_one.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 15 20 25 30" \
+        -a "$(cat "$tmp/ckf/current")" = step-000030 -a -z "$(ls -d "$tmp"/ckf/tmp-* 2> /dev/null)"
+    same_as_reference "... and the run took the uninterrupted steps" failed_one
     if thorough; then
+        # The same, saving in line: one rank's failure, agreed by both, and the run goes on.
+        mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 -x CRASH_IN_SAVE_ERRNO=28 $program "${common[@]}" \
+            --zero 3 --checkpoint "$tmp/ckfs" --save_every 5 --save_errors continue --losses "$tmp/failed_sync.csv" > "$tmp/failed_sync.out" 2>&1
+        expect "--save_errors continue: rank 1's failed sync of step 10, one warning, steps 15 to 30 saved, step 30 current" \
+            test "$(grep -c '^warning: checkpoint of step 10 not saved.*No space left on device$' "$tmp/failed_sync.out")" = 1 \
+            -a "$(grep -c '^Checkpoint of step' "$tmp/failed_sync.out")" = 5 -a "$(cat "$tmp/ckfs/current")" = step-000030 \
+            -a -z "$(ls -d "$tmp"/ckfs/tmp-* 2> /dev/null)"
+        same_as_reference "... and the run took the uninterrupted steps" failed_sync
+        # --save_errors stop (the default): the same failure ends the run on every rank, one line, step 5 current.
+        RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 -x CRASH_IN_SAVE_ERRNO=28 $program \
+            "${common[@]}" --zero 3 --checkpoint "$tmp/ckfx" --save_every 5 > "$tmp/failed_stop.out" 2>&1
+        status=$?
+        expect "--save_errors stop: rank 1's failed sync of step 10 ends the run (exit $status), one line: $(grep '^\[rank' "$tmp/failed_stop.out" | sed "s|$tmp/||g")" \
+            test $status = 1 -a "$(grep -c '^\[rank' "$tmp/failed_stop.out")" = 1 -a "$(cat "$tmp/ckfx/current")" = step-000005 \
+            -a -z "$(ls -d "$tmp"/ckfx/tmp-* 2> /dev/null)" -a -z "$(grep 'Training completed' "$tmp/failed_stop.out")"
         # Rank 0 killed in the second save between the step's folder's rename and `current`'s.
         RUN_TIMEOUT=60 mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=current.tmp -x CRASH_IN_SAVE_COUNT=2 $program \
             "${common[@]}" --zero 2 --checkpoint "$tmp/ckr" --save_every 5 > "$tmp/crashed_r.out" 2>&1
@@ -165,6 +220,16 @@ for step in "16 day4/16_pipeline_ddp --pp" "17 day4/17_tensor_parallel --tp"; do
     expect "step $n: the resume says where: $(grep '^Resumed' "$tmp/resumed$n.out")" \
         grep -q "^Resumed from .*/step-000017, saved by 2 .* x 1 replica: step 17, epoch 1, 34000 of its 60000 samples done;" "$tmp/resumed$n.out"
     same_run "step $n: stopped at step 17 (mid-epoch 1) and resumed with the same layout" resumed$n ref$n
+    if thorough; then
+        # --async_save: the same steps, saved by a thread; stopped at step 17 and resumed (saving so too), bit for bit.
+        split 2 astop$n $prog $split_flag 2 --max_steps 17 --save_every 5 --async_save --checkpoint "$tmp/ck${n}a"
+        expect "step $n --async_save: steps 5, 10 and 15 written by a thread, each line with its stall and write time, step 17 current" \
+            test "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread from host copies), index .*; the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms$' "$tmp/astop$n.out")" = 3 \
+            -a "$(cat "$tmp/ck${n}a/current")" = step-000017
+        same_run "step $n --async_save: the steps of the run saving in line" astop$n stop$n
+        split 2 ares$n $prog $split_flag 2 --save_every 5 --async_save --checkpoint "$tmp/ck${n}a"
+        same_run "step $n --async_save: stopped at step 17 and resumed" ares$n ref$n
+    fi
     split 1 whole$n $prog $split_flag 1 --checkpoint "$tmp/ck${n}b"
     expect "step $n: $split_flag 2 resumed as $split_flag 1 says it resharded" grep -q '^Resumed from .*saved by 2 .*: step 17, .*resharded' "$tmp/whole$n.out"
 done
@@ -206,6 +271,7 @@ if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
     mpi 2 "${gpt[@]}" --losses "$tmp/gpt_ref.csv" > "$tmp/gpt_ref.out" 2>&1
     mpi 2 "${gpt[@]}" --max_iters 17 --save_every 5 --checkpoint "$tmp/ckg" > "$tmp/gpt_stop.out" 2>&1
     cp -r "$tmp/ckg" "$tmp/ckg1"
+    cp -r "$tmp/ckg" "$tmp/ckga"
     mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckg" --losses "$tmp/gpt_res.csv" > "$tmp/gpt_res.out" 2>&1
     evals() { grep '^step [0-9]*: train loss' "$1" | grep -v '^step 0:\|^step 10:' | paste -sd ' '; }
     expect "step 19 stopped at step 17 and resumed ($(grep -o '^Resumed from .*restored' "$tmp/gpt_res.out" | sed "s|$tmp/||")): checksum $(checksum "$tmp/gpt_res.out") (uninterrupted: $(checksum "$tmp/gpt_ref.out")), the same losses and evaluations bit for bit" \
@@ -215,6 +281,22 @@ if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
         -a -n "$(evals "$tmp/gpt_res.out")" -a "$(evals "$tmp/gpt_res.out")" = "$(evals "$tmp/gpt_ref.out")"
     mpi 1 "${gpt[@]}" --batch_size 24 --checkpoint "$tmp/ckg1" --losses "$tmp/gpt_1.csv" > "$tmp/gpt_1.out" 2>&1
     expect_same_losses "... resumed on 1 rank (batch 24 = 12 x 2), resharded: the uninterrupted losses within 1e-5" "$tmp/gpt_ref.csv" "$tmp/gpt_1.csv" 1e-5
+    # --async_save: resumed at step 17 and saving every 5 steps from a thread, the uninterrupted steps.
+    mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckga" --save_every 5 --async_save --losses "$tmp/gpt_ares.csv" > "$tmp/gpt_ares.out" 2>&1
+    expect "step 19 --async_save: resumed at step 17, steps 20, 25 and 30 written by a thread (stall and write time each), checksum $(checksum "$tmp/gpt_ares.out"), the uninterrupted losses bit for bit" \
+        test "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread from host copies), index .*; the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms$' "$tmp/gpt_ares.out")" = 3 \
+        -a "$(cat "$tmp/ckga/current")" = step-000030 -a -n "$(checksum "$tmp/gpt_ref.out")" -a "$(checksum "$tmp/gpt_ares.out")" = "$(checksum "$tmp/gpt_ref.out")" \
+        -a -n "$(grep '^Resumed from .*step-000017' "$tmp/gpt_ares.out")" -a "$(cat "$tmp/gpt_ares.csv" 2> /dev/null)" = "$(cat "$tmp/gpt_ref.csv")"
+    if thorough; then
+        # Stopped at step 17 saving from a thread (the same steps as saving in line), then resumed so, bit for bit.
+        mpi 2 "${gpt[@]}" --max_iters 17 --save_every 5 --async_save --checkpoint "$tmp/ckgb" > "$tmp/gpt_astop.out" 2>&1
+        expect "step 19 --async_save stopped at step 17: the checksum of the run saving in line ($(checksum "$tmp/gpt_stop.out")), step 17 current" \
+            test -n "$(checksum "$tmp/gpt_stop.out")" -a "$(checksum "$tmp/gpt_astop.out")" = "$(checksum "$tmp/gpt_stop.out")" -a "$(cat "$tmp/ckgb/current")" = step-000017
+        mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckgb" --save_every 5 --async_save --losses "$tmp/gpt_ares2.csv" > "$tmp/gpt_ares2.out" 2>&1
+        expect "... resumed, saving from a thread: checksum $(checksum "$tmp/gpt_ares2.out"), the uninterrupted losses and evaluations bit for bit" \
+            test "$(checksum "$tmp/gpt_ares2.out")" = "$(checksum "$tmp/gpt_ref.out")" -a "$(cat "$tmp/gpt_ares2.csv" 2> /dev/null)" = "$(cat "$tmp/gpt_ref.csv")" \
+            -a -n "$(evals "$tmp/gpt_ares2.out")" -a "$(evals "$tmp/gpt_ares2.out")" = "$(evals "$tmp/gpt_ref.out")"
+    fi
 else
     skip "step 19's checkpoints (needs day5/19_gpt and data/shakespeare: make shakespeare)"
 fi
@@ -311,7 +393,16 @@ refused "a checkpoint of another run (--seed 3)" 'index.h5: a checkpoint of anot
 # ---------------------------------------------------------------- a full disk, an unwritable folder
 if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=2m tmpfs "$tmp/small" 2> /dev/null; then
     at_exit 'umount "$tmp/small" 2> /dev/null'
-    # A checkpoint takes 1.3 MB: the first fits, the second does not.
+    # --save_errors continue: step 10's checkpoint fits, steps 20 and 30 do not: a warning each, step
+    # 10 current, no tmp-* left, exit 0, and the uninterrupted run's steps.
+    zero18 2 full_go --zero 3 --save_every 10 --checkpoint "$tmp/small/ck" --save_errors continue
+    status=$?
+    expect "a full disk, --save_errors continue: exit $status, $(grep -c '^warning: checkpoint of step [23]0 not saved in .*current still names step-000010; training goes on (--save_errors continue): .*No space left on device$' "$tmp/full_go.out") warnings (steps 20, 30), step 10 current, no tmp-* left" \
+        test $status = 0 -a "$(grep -c '^warning: checkpoint of step [23]0 not saved in .*current still names step-000010; training goes on (--save_errors continue): .*No space left on device$' "$tmp/full_go.out")" = 2 \
+        -a "$(grep -c '^warning' "$tmp/full_go.out")" = 2 -a "$(cat "$tmp/small/ck/current")" = step-000010 -a -z "$(ls -d "$tmp"/small/ck/tmp-* 2> /dev/null)"
+    same_as_reference "... and the run took the uninterrupted steps" full_go
+    rm -rf "$tmp/small/ck"
+    # --save_errors stop (the default). A checkpoint takes 1.3 MB: the first fits, the second does not.
     mpi 2 $program "${common[@]}" --zero 1 --max_steps 4 --save_every 2 --checkpoint "$tmp/small/ck" > "$tmp/full.out" 2>&1
     status=$?
     expect "a full disk at the second save: exit $status, one line ($(grep '^\[rank' "$tmp/full.out" | sed "s|$tmp/||g")), step 2 still current, no tmp-* left" \
@@ -337,4 +428,5 @@ expect_error 1 'afile/ck: the checkpoint folder is not writable' mpi 2 $program 
 expect_refused_flags $program 2 "--save_every without --checkpoint" '--save_every: only with --checkpoint DIR' --save_every 5
 expect_refused_flags $program 2 "--keep 0" '--keep' --checkpoint "$tmp/ck" --keep 0
 expect_refused_flags $program 2 "--async_save without --checkpoint" '--async_save: only with --checkpoint DIR' --async_save
+expect_refused_flags $program 2 "--save_errors without --checkpoint" '--save_errors: only with --checkpoint DIR' --save_errors continue
 exit_status

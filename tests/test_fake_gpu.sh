@@ -72,12 +72,11 @@ mpi 1 day4/18_zero_sharding --data "$DATA" --batch_size 4000 --epochs 1 --plot '
 expect "... and the GPU run's checkpoint loads on the CPU, resharded to DDP on 1 rank, with its weights (checksum $(checksum "$tmp/ck_cpu.out"))" \
     test "$(checksum "$tmp/ck_cpu.out")" = "$(checksum "$tmp/ck_ref.out")"
 # Steps 16 and 17 the same way: 2 stages, and 2 replicas of one tensor-parallel rank (each writing
-# half of every tensor's rows: pieces that start inside a GPU buffer); and step 18's --async_save
-# (its host copy in page-locked memory).
+# half of every tensor's rows: pieces that start inside a GPU buffer); each saving every 3 steps with
+# --async_save (its host copy in page-locked memory, written by a thread while the GPU trains on).
 for split in "day4/16_pipeline_ddp --pp 2" "day4/17_tensor_parallel --tp 1" "day4/18_zero_sharding --zero 3"; do
     gpu_ck=($split --data "$DATA" --batch_size 2000 --epochs 1 --plot '' --device cuda)
-    saving=(--checkpoint "$tmp/gpu_ck")
-    case $split in *18_zero*) saving+=(--save_every 3 --async_save) ;; esac
+    saving=(--checkpoint "$tmp/gpu_ck" --save_every 3 --async_save)
     rm -rf "$tmp/gpu_ck"
     (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --losses "$tmp/ck_ref.csv") > "$tmp/ck_ref.out" 2>&1
     (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --max_steps 7 "${saving[@]}") > /dev/null 2>&1

@@ -56,6 +56,13 @@ touch "$tmp/top/data/mnist/train-images-idx3-ubyte.gz" "$tmp/top/data/mnist.h5"
 (cd "$tmp/top/sub" && expect_line "--data data/mnist from a folder below the one that has it" 1 \
     "[rank 0 @ $(hostname)] MNIST not found: no data/mnist/train-images-idx3-ubyte[.gz] relative to the working directory $tmp/top/sub; run from $tmp/top or pass --data $tmp/top/data/mnist" \
     run "$repo/day1/2_mnist_training" --data data/mnist)
+# The same with the plain file (make data unpacks each .gz beside it): either name, the nearest
+# folder, whichever the repository's own data/mnist holds.
+mkdir -p "$tmp/plain/sub" "$tmp/plain/data/mnist"
+touch "$tmp/plain/data/mnist/train-images-idx3-ubyte"
+(cd "$tmp/plain/sub" && expect_line "--data data/mnist from below a folder that has the unpacked file" 1 \
+    "[rank 0 @ $(hostname)] MNIST not found: no data/mnist/train-images-idx3-ubyte[.gz] relative to the working directory $tmp/plain/sub; run from $tmp/plain or pass --data $tmp/plain/data/mnist" \
+    run "$repo/day1/2_mnist_training" --data data/mnist)
 (cd "$tmp/top/sub" && expect_line "step 11's --h5 data/mnist.h5 from a folder below the one that has it" 1 \
     "[rank 0 @ $(hostname)] data/mnist.h5: not found relative to the working directory $tmp/top/sub; run from $tmp/top or pass --h5 $tmp/top/data/mnist.h5" \
     run "$repo/day2/11_multinode_streaming" --h5 data/mnist.h5)

@@ -5,6 +5,8 @@
 #   12 GB a rank), step 16's, step 18's, step 15's --dim. Each runs under `ulimit -v 4 GB`:
 #   room enough for MPI, far below what the flags ask, so a program that allocated first would
 #   end differently ("out of memory", exit 1) instead of being refused.
+# - A program run without mpirun (an MPI singleton) under a limit too small for MPI to start: one
+#   line, exit 1 (it hung).
 # - A configuration that fits still trains under the same limit.
 # - A small machine faked with ulimit: a batch that fits the node is refused there.
 # - The estimate against the peak resident set the programs print, within a factor of 1.5 either
@@ -52,6 +54,17 @@ else
 fi
 # Only the refusing rank's share differs: the rank that is short prints, every rank exits 2.
 refused "--hidden 8192,8192 --pp 2" 1200000 $MPIRUN -np 2 day4/16_pipeline_ddp --pp 2 --hidden 8192,8192 --epochs 1
+
+# A program run without mpirun (an MPI singleton, which forks Open MPI's orted inside MPI_Init)
+# under a limit too small for MPI to start: one line, exit 1, at once. It hung before its first
+# line: the fork joins OpenBLAS's threads, one of which retried for ever to map its buffer.
+for kb in 300000 450000; do
+    start=$SECONDS
+    (ulimit -v $kb; timeout 60 day1/2_mnist_training --epochs 1 --plot '') > "$tmp/out" 2>&1
+    status=$?
+    expect "a singleton under ulimit -v $kb: exit $status (1) in $((SECONDS - start)) s, one line: $(head -1 "$tmp/out" | cut -c1-160)" \
+        test $status -eq 1 -a "$(wc -l < "$tmp/out")" -eq 1 -a "$(grep -c '^error: ulimit -v leaves .* MB of address space (of .* MB), less than the 200 MB that MPI takes to start in a program run without mpirun: raise ulimit -v$' "$tmp/out")" -eq 1
+done
 
 # ---------------------------------------------------------------- what fits still trains
 (ulimit -v $LIMIT_KB; timeout 300 $MPIRUN -np 2 day4/17_tensor_parallel --tp 2 --hidden 256 --max_steps 2 --plot '') > "$tmp/fits" 2>&1

@@ -44,13 +44,20 @@ const char *input_file_problem(const char *path) {
     return S_ISDIR(info.st_mode) ? "is a directory" : "is not a regular file (a FIFO, a socket or a device)";
 }
 
-// The nearest folder at or above `start` (an absolute path) that has `path`.
-static bool search_up(const char *start, const char *path, char *folder, size_t size) {
-    char dir[PATH_MAX], full[PATH_MAX + 256];
+// Whether `dir` has `path`.
+static bool has(const char *dir, const char *path) {
+    char full[PATH_MAX + 256];
     struct stat info;
+    return snprintf(full, sizeof full, "%s/%s", dir, path) < (int)sizeof full && stat(full, &info) == 0;
+}
+
+// The nearest folder at or above `start` (an absolute path) that has `path` or, if not NULL,
+// `alternative`.
+static bool search_up(const char *start, const char *path, const char *alternative, char *folder, size_t size) {
+    char dir[PATH_MAX];
     if (snprintf(dir, sizeof dir, "%s", start) >= (int)sizeof dir) return false;
     for (;;) {
-        if (snprintf(full, sizeof full, "%s/%s", dir, path) < (int)sizeof full && stat(full, &info) == 0) {
+        if (has(dir, path) || (alternative && has(dir, alternative))) {
             snprintf(folder, size, "%s", *dir ? dir : "/");
             return true;
         }
@@ -71,18 +78,22 @@ static bool program_folder(char *folder, size_t size) {
     return true;
 }
 
-bool find_from_above(const char *path, char *folder, size_t size) {
+bool find_either_from_above(const char *path, const char *alternative, char *folder, size_t size) {
     char cwd[PATH_MAX], program[PATH_MAX];
     *folder = '\0';
     if (*path == '/' || *path == '\0') return false;
-    return (getcwd(cwd, sizeof cwd) && search_up(cwd, path, folder, size)) ||
-           (program_folder(program, sizeof program) && search_up(program, path, folder, size));
+    return (getcwd(cwd, sizeof cwd) && search_up(cwd, path, alternative, folder, size)) ||
+           (program_folder(program, sizeof program) && search_up(program, path, alternative, folder, size));
+}
+
+bool find_from_above(const char *path, char *folder, size_t size) {
+    return find_either_from_above(path, NULL, folder, size);
 }
 
 bool program_repository(char *folder, size_t size) {
     char program[PATH_MAX];
     *folder = '\0';
-    return program_folder(program, sizeof program) && search_up(program, "Makefile", folder, size);
+    return program_folder(program, sizeof program) && search_up(program, "Makefile", NULL, folder, size);
 }
 
 void run_from_hint(const char *folder, const char *flag, const char *value, char *hint, size_t size) {

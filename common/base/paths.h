@@ -25,6 +25,10 @@ const char *input_file_problem(const char *path);
 // data/mnist there; the repository root has it). False, with `folder` "", when
 // none does, or when `path` is absolute.
 bool find_from_above(const char *path, char *folder, size_t size);
+// The same for a file that may be stored under either of two names (MNIST's plain IDX file
+// or its .gz): the nearest folder that has one of them, so that a .gz near the working
+// directory is not passed over for a plain file beside the program.
+bool find_either_from_above(const char *path, const char *alternative, char *folder, size_t size);
 
 // The nearest folder at or above the running program's own that holds a
 // Makefile: the repository root, for day1/2_mnist_training. False if none.

@@ -149,7 +149,7 @@ static bool find_file(const char *dir, const char *stem, char *path, size_t size
     bool have_root = program_repository(root, sizeof root);
     char plain[2048];
     snprintf(plain, sizeof plain, "%s/%s", dir, stem);
-    if (find_from_above(plain, above, sizeof above) || find_from_above(path, above, sizeof above)) {  // (path: .gz)
+    if (find_either_from_above(plain, path, above, sizeof above)) {  // (path: the .gz)
         run_from_hint(above, "--data", dir, hint, sizeof hint);
         snprintf(err, err_size, "MNIST not found: no %.500s/%s[.gz] %s", dir, stem, hint);
     } else if (strcmp(dir, "data/mnist") != 0) {  // not where `make data` puts them

@@ -529,18 +529,21 @@ struct CheckpointSave {
     float *host_values;
     pthread_t thread;
     bool threaded;
+    bool continue_on_error;       // --save_errors continue: a failed save warns, and the training goes on
+    bool skip_write;              // the folder could not be made: no rank writes, the commit fails
     char err[ERROR_SIZE];
     CheckpointWrite written;
 };
 
-static CheckpointSave *save_begin(const char *dir, int keep, int n_pieces, const CheckpointState *state) {
+static CheckpointSave *save_begin(const char *dir, int keep, bool continue_on_error, int n_pieces,
+                                  const CheckpointState *state) {
     quiet_hdf5();
     CheckpointSave *save = xcalloc(1, sizeof *save);
     save->start = wall_seconds();
     int rank = dist_rank();
     char current[64] = "";
     save->dir = dir;
-    save->keep = keep, save->n_pieces = n_pieces;
+    save->keep = keep, save->n_pieces = n_pieces, save->continue_on_error = continue_on_error;
     save->state = *state;
     for (int i = 0; i < state->losses->n; i++) loss_log_add(&save->losses, state->losses->epoch[i], state->losses->loss[i]);
     save->state.losses = &save->losses;
@@ -562,12 +565,16 @@ static CheckpointSave *save_begin(const char *dir, int keep, int n_pieces, const
             fail(save->err, "%s: cannot create the folder %s: %s", dir, save->temp_path, strerror(errno));
     }
     CHECK_MPI(MPI_Bcast(&save->id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
-    check_all_ranks(!save->err[0], save->err);
+    int begun = !save->err[0];
+    CHECK_MPI(MPI_Bcast(&begun, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (!continue_on_error) check_all_ranks(begun, save->err);
+    save->skip_write = !begun;  // (rank 0's error fails the commit on every rank)
     return save;
 }
 
 // This rank's shard file, and its size.
 static void save_write(CheckpointSave *save, const CheckpointPiece *pieces) {
+    if (save->skip_write) return;
     double start = wall_seconds();
     errno = 0;
     write_shard(save->shard, pieces, save->n_pieces, save->id, dist_rank(), save->records, &save->written.staged_bytes,
@@ -590,20 +597,48 @@ static void save_free(CheckpointSave *save) {
     free(save);
 }
 
+// Collective, after a save failed on some rank (`failed_rank`, the first): nothing becomes current.
+// The partial folder goes and the last checkpoint stays; then either every rank exits with the
+// failing rank's line, or (--save_errors continue) every rank returns the save marked failed, with
+// that line, and the training goes on.
+static CheckpointWrite save_abandon(CheckpointSave *save, int failed_rank) {
+    unlink(save->shard);
+    dist_barrier();
+    char current[64] = "";
+    if (dist_rank() == 0) {
+        remove_folder(save->temp_path);
+        // Rank 0's own failure may come after the rename: a step folder that `current` does not name goes too.
+        if (!read_current(save->dir, current, sizeof current) || strcmp(current, save->name) != 0)
+            remove_folder(save->written.folder);
+    }
+    if (!save->continue_on_error) {
+        check_all_ranks(!save->err[0] || dist_rank() != failed_rank, save->err);
+        check_all_ranks(false, "a checkpoint save failed on another rank");  // (not reached: failed_rank exited above)
+    }
+    CheckpointWrite written = save->written;
+    written.failed = true;
+    memcpy(written.current, current, sizeof written.current);  // (rank 0's, which prints)
+    memcpy(written.error, save->err, sizeof written.error);
+    CHECK_MPI(MPI_Bcast(written.error, sizeof written.error, MPI_CHAR, failed_rank, MPI_COMM_WORLD));
+    written.seconds = wall_seconds() - save->start;
+    save_free(save);
+    return written;
+}
+
+// The first rank whose save failed (`ok` false there), or -1. Collective.
+static int first_failed_rank(bool ok) {
+    int first = ok ? INT_MAX : dist_rank();
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    return first == INT_MAX ? -1 : first;
+}
+
 // Collective: every rank's shard is whole, or the save fails on every rank; then rank 0 writes the
 // index and makes the checkpoint current.
 static CheckpointWrite save_commit(CheckpointSave *save) {
     int rank = dist_rank(), world = dist_world_size(), n_pieces = save->n_pieces;
     char *err = save->err;
-    int all_ok = !err[0];
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    if (!all_ok) {  // nothing becomes current: the partial folder goes, the last checkpoint stays
-        unlink(save->shard);
-        dist_barrier();
-        if (rank == 0) remove_folder(save->temp_path);
-        check_all_ranks(!err[0], err);
-        check_all_ranks(false, "a checkpoint save failed on another rank");  // (not reached: some rank failed above)
-    }
+    int failed_rank = first_failed_rank(!err[0]);
+    if (failed_rank >= 0) return save_abandon(save, failed_rank);
 
     // The index: every rank's pieces, gathered on rank 0 (a few hundred bytes each).
     int mine = n_pieces * (int)sizeof(PieceRecord), *counts = NULL, *displs = NULL, total = 0;
@@ -636,28 +671,29 @@ static CheckpointWrite save_commit(CheckpointSave *save) {
             fail(err, "%s: cannot rename %s to %s: %s", dir, save->temp, save->name, strerror(errno));
         if (!err[0] && !sync_path(dir, true)) fail(err, "%s: cannot flush the folder: %s", dir, strerror(errno));
         if (!err[0] && !write_current(dir, save->name)) fail(err, "%s/current: cannot replace it: %s", dir, strerror(errno));
-        if (err[0]) remove_folder(save->temp_path);
-        else keep_newest(dir, save->keep, save->name);
+        if (!err[0]) keep_newest(dir, save->keep, save->name);
         free(all), free(rank_of), free(counts), free(displs);
     }
-    check_all_ranks(!err[0], err);
+    failed_rank = first_failed_rank(!err[0]);  // rank 0's part: the index, the renames
+    if (failed_rank >= 0) return save_abandon(save, failed_rank);
     written.seconds = wall_seconds() - save->start;
     save_free(save);
     return written;
 }
 
-CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
-                                        const CheckpointState *state) {
-    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, bool continue_on_error, const CheckpointPiece *pieces,
+                                        int n_pieces, const CheckpointState *state) {
+    CheckpointSave *save = save_begin(dir, keep, continue_on_error, n_pieces, state);
     save_write(save, pieces);
     return save_commit(save);
 }
 
-bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
-                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished) {
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                   const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state,
+                                   CheckpointWrite *finished) {
     bool any = sharded_checkpoint_finish(in_flight, finished);
     double start = wall_seconds();
-    CheckpointSave *save = save_begin(dir, keep, n_pieces, state);
+    CheckpointSave *save = save_begin(dir, keep, continue_on_error, n_pieces, state);
     // The stall: this rank's pieces copied into one host buffer (page-locked on a GPU rank), which
     // the thread writes while the training changes the originals.
     size_t total = 0;
@@ -675,8 +711,10 @@ bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, 
     save->written.staged_bytes = (double)total * sizeof(float);
     save->written.asynchronous = true;
     save->written.stall_seconds = wall_seconds() - start;
-    CHECK(pthread_create(&save->thread, NULL, save_write_thread, save) == 0, "cannot start the checkpoint's writer thread");
-    save->threaded = true;
+    if (!save->skip_write) {
+        CHECK(pthread_create(&save->thread, NULL, save_write_thread, save) == 0, "cannot start the checkpoint's writer thread");
+        save->threaded = true;
+    }
     *in_flight = save;
     return any;
 }
@@ -1035,7 +1073,26 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     return true;
 }
 
+void checkpoint_flags_check(const char *checkpoint) {
+    const char *needs[] = {"save_every", "keep", "async_save", "save_errors"};
+    for (int i = 0; i < ARRAY_LEN(needs) && !checkpoint; i++)
+        if (args_given(needs[i])) usage_error("--%s: only with --checkpoint DIR", needs[i]);
+    if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
+}
+
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
+    if (written->failed) {  // (--save_errors continue) every rank has the failing rank's line
+        if (dist_rank() == 0) {
+            bool has_current = written->current[0];
+            fflush(stdout);
+            fprintf(stderr, "warning: checkpoint of step %ld not saved in %s, its unfinished folder removed; %s%s; "
+                    "training goes on (--save_errors continue): %s\n", step, written->folder,
+                    has_current ? "current still names " : "no checkpoint is current yet", written->current,
+                    written->error);
+            fflush(stderr);
+        }
+        return;
+    }
     double figures[4] = {-written->bytes, written->bytes, written->seconds, written->staged_bytes};
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     char staged[64] = "";

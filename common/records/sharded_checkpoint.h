@@ -55,7 +55,12 @@
 // tensor of another shape, an index whose pieces do not tile its tensors, a checkpoint of
 // another program or of another run (seed, lr, shuffle, data): one line naming the file and what
 // was expected, every rank exits(1) (check_all_ranks), nothing written. A save that fails (an
-// unwritable folder, a full disk): one line, exit 1, `current` and its checkpoint untouched.
+// unwritable folder, a full disk) on any rank fails on every rank alike (the ranks agree; no rank
+// waits for one that gave up): its unfinished folder is removed, `current` and its checkpoint are
+// untouched, and then, as the caller's flag says (--save_errors), one line and exit 1 on every
+// rank (stop, the default), or the CheckpointWrite comes back `failed` with that line, which
+// sharded_checkpoint_print_saved prints as one warning, and the training goes on (continue): the
+// next save that succeeds becomes current.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -108,6 +113,9 @@ typedef struct {
     bool asynchronous;       // written by a thread (--async_save):
     double stall_seconds;    //   the training's wait: the host copy, and the thread where it had not finished
     double write_seconds;    //   the shard file's writing, on the thread (or in line)
+    bool failed;             // continue_on_error: the save failed (on some rank), nothing of it kept
+    char error[CHECKPOINT_ERROR_SIZE];  //   the first failing rank's line, on every rank
+    char current[64];        //   rank 0: what DIR/current still names ("" if none)
 } CheckpointWrite;
 
 // Collective. DIR must be writable (checked first, so that a run never trains for hours to fail
@@ -120,9 +128,10 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
                              double *bytes_read);
 
 // Collective. Writes this rank's pieces and (rank 0) the index as DIR/step-<state->step>, makes
-// it current, and keeps the newest `keep` checkpoints.
-CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, const CheckpointPiece *pieces, int n_pieces,
-                                        const CheckpointState *state);
+// it current, and keeps the newest `keep` checkpoints. A failure: exit 1 on every rank, or with
+// continue_on_error (--save_errors continue) a CheckpointWrite marked failed (see Errors above).
+CheckpointWrite sharded_checkpoint_save(const char *dir, int keep, bool continue_on_error, const CheckpointPiece *pieces,
+                                        int n_pieces, const CheckpointState *state);
 
 // --async_save (DCP's async_save): the save in flight, or NULL.
 typedef struct CheckpointSave CheckpointSave;
@@ -131,8 +140,10 @@ typedef struct CheckpointSave CheckpointSave;
 // (page-locked on a GPU rank: the training's stall) and starts a thread that writes its shard file
 // while the training goes on. The new save is *in_flight until the next call or
 // sharded_checkpoint_finish. A crash before that leaves `current` naming the previous checkpoint.
-bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, const CheckpointPiece *pieces,
-                                   int n_pieces, const CheckpointState *state, CheckpointWrite *finished);
+// continue_on_error: as sharded_checkpoint_save's, for this save when it finishes.
+bool sharded_checkpoint_save_async(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                   const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state,
+                                   CheckpointWrite *finished);
 // Collective. Waits for the thread, then the ranks agree, rank 0 writes the index and makes the
 // checkpoint current (as a save does). False when nothing was in flight.
 bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *finished);
@@ -177,6 +188,19 @@ CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_
                                          int n_params, const CheckpointBox *boxes, bool saving);
 void checkpoint_pieces_free(CheckpointPieces *pieces);
 
+// ---------------------------------------------------------------- the programs' flags
+// Steps 16-19 take the same flags: --checkpoint DIR, --save_every N, --keep N, --async_save and
+// --save_errors stop|continue. The help texts, and the check after args_parse that the others come
+// with --checkpoint (and that DIR is not ''): a usage error (exit 2) otherwise.
+#define CHECKPOINT_HELP_DIR "resume from DIR's current sharded checkpoint if it has one; save into DIR"
+#define CHECKPOINT_HELP_SAVE_EVERY "--checkpoint: save every N optimizer steps (0: only after the last)"
+#define CHECKPOINT_HELP_KEEP "--checkpoint: keep the newest N checkpoints"
+#define CHECKPOINT_HELP_ASYNC_SAVE \
+    "--checkpoint: copy the shards to host memory and write them from a thread while training goes on"
+#define CHECKPOINT_HELP_SAVE_ERRORS \
+    "--checkpoint: after a save that fails (a full disk): stop (exit 1), or continue with one warning, the last good checkpoint current"
+void checkpoint_flags_check(const char *checkpoint);
+
 // ---------------------------------------------------------------- what the programs print
 // Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
 // DIR/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;
@@ -186,7 +210,9 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
                                const char *init);
 
 // Collective: one line for a save: what the ranks wrote (the least and the most), how long it
-// took, and on GPUs the largest host copy a rank made of a piece on its way to the file.
+// took, and on GPUs the largest host copy a rank made of a piece on its way to the file. A failed
+// one (continue_on_error): rank 0's warning on stderr, naming the folder, the reason and what
+// `current` still names.
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step);
 
 // ---------------------------------------------------------------- reading outside a run

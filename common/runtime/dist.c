@@ -3,6 +3,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/check.h"
@@ -16,7 +19,48 @@ enum { MAX_TEARDOWNS = 16 };
 static void (*g_teardowns[MAX_TEARDOWNS])(void);
 static int g_n_teardowns;
 
+// A program started without mpirun or srun is an MPI singleton: MPI_Init forks Open MPI's orted,
+// and the fork runs OpenBLAS's pre-fork handler, which joins OpenBLAS's threads. Under a small
+// `ulimit -v` a thread that could not map its buffer (128 MB) retries for ever, and the join with
+// it: the program hung before its first line. So a singleton whose address space leaves less
+// than MPI needs to start (about 200 MB: 56 -> 256 MB for a bare singleton) says so in one line
+// and ends, by _exit, which joins nothing. Under a launcher MPI_Init forks nothing, and
+// memory_require (memory_budget.h) refuses what does not fit, as it names the flags.
+enum { SINGLETON_START_MB = 200 };
+// (`environ` read here, not getenv: threads.c defines the program's getenv, and a call from here
+// would link it, and all it needs, into every program, step 0's too: tests/test_layers.sh.)
+static bool launched(void) {
+    extern char **environ;
+    static const char *const launchers[] = {"OMPI_COMM_WORLD_SIZE=", "PMIX_RANK=", "PMI_RANK=", "PMI_SIZE=", "SLURM_PROCID="};
+    for (char **entry = environ; entry && *entry; entry++)
+        for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++)
+            if (strncmp(*entry, launchers[i], strlen(launchers[i])) == 0) return true;
+    return false;
+}
+static void refuse_singleton_without_room(const char *program) {
+    struct rlimit limit;
+    if (launched() || getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");  // its first field: the pages mapped (what RLIMIT_AS counts)
+    if (!f) return;
+    int read = fscanf(f, "%lu", &pages);
+    fclose(f);
+    if (read != 1) return;
+    double room_mb = ((double)limit.rlim_cur - (double)pages * (double)sysconf(_SC_PAGESIZE)) / 1e6;
+    if (room_mb >= SINGLETON_START_MB) return;
+    fprintf(stderr, "error: ulimit -v leaves %s %.0f MB of address space (of %.0f MB), less than the %d MB that "
+            "MPI takes to start in a program run without mpirun: raise ulimit -v\n", program, room_mb > 0 ? room_mb : 0,
+            (double)limit.rlim_cur / 1e6, SINGLETON_START_MB);
+    fflush(stderr);
+    _exit(1);
+}
+
 void dist_init(int *argc, char ***argv) {
+    refuse_singleton_without_room(*argc > 0 ? (*argv)[0] : "this program");
+    // A singleton of Open MPI's starts its helper (orted) only to serve MPI_Comm_spawn and the
+    // like, which no program here calls: isolated, it starts in a third of the time (0.1 s less,
+    // for each of the tests' hundreds of runs too). A user's own setting wins.
+    if (!launched()) setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     // DDP's communication thread calls MPI while the main thread may too.
     CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level));
     // MPI's default handler aborts inside the failing call, with its own

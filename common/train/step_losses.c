@@ -48,6 +48,25 @@ bool step_losses_take(StepLosses *losses, bool due, float *loss) {
     return true;
 }
 
+int step_losses_take_all(StepLosses *losses, bool due, float **taken) {
+    *taken = losses->host;
+    if (losses->taken == losses->written || (losses->device == DEVICE_CUDA && !due)) return 0;
+    if (losses->on_host < losses->written) {
+#if HAVE_CUDA
+        if (losses->device == DEVICE_CUDA)
+            device_read_to_host(losses->host + losses->on_host, losses->values + losses->on_host,
+                                (size_t)(losses->written - losses->on_host) * sizeof(float), "the steps' losses");
+#endif
+        losses->on_host = losses->written;
+    }
+    int first = losses->taken, n = losses->written - first;
+    *taken = losses->host + first;
+    // All handed over: the next step writes from the first slot again (the host copy it overwrites
+    // is the one handed over now, which the caller reads before that step).
+    losses->written = losses->on_host = losses->taken = 0;
+    return n;
+}
+
 void step_losses_free(StepLosses *losses) {
     if (losses->device == DEVICE_CUDA) {
         device_free(losses->values);

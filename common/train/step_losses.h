@@ -8,6 +8,11 @@
 //       for (float loss; step_losses_take(&pending, b == n_batches - 1, &loss);) {
 //           check_loss_finite(loss, ...); loss_log_add(...); loss_sum += loss;    // in step order
 //       }
+//   // or, where each step's loss is summed over the ranks first (DDP's log of the global batch):
+//       float *taken;
+//       int n = step_losses_take_all(&pending, b == n_batches - 1, &taken);
+//       dist_allreduce_sum(taken, n);   // one collective for all of them
+//       for (int i = 0; i < n; i++) ... taken[i] / world ...
 //   }
 //
 // PyTorch's loss.item() every step makes the host wait for the GPU every step: the queue of launched
@@ -42,4 +47,8 @@ LossSlot step_losses_next_share(StepLosses *losses, float weight, bool first);
 // Hands over the oldest loss not yet handed over into *loss and returns true, or returns false when
 // there is none (on a GPU rank, while not `due`: they stay on the GPU). Call it until false.
 bool step_losses_take(StepLosses *losses, bool due, float *loss);
+// Hands over every loss not yet handed over at once: how many (0 on a GPU rank while not `due`),
+// in step order at *taken, valid until the next step's loss is written. One allreduce of them all
+// then makes the global batch's loss of each step: one collective at a GPU epoch's end, not one a step.
+int step_losses_take_all(StepLosses *losses, bool due, float **taken);
 void step_losses_free(StepLosses *losses);

@@ -296,7 +296,8 @@ if [ -s "$tmp/train.cmd" ] && [ -s "$tmp/init.cmd" ] && [ -s "$tmp/snapshot" ]; 
         -v "$tmp/emptydir:/workshop/data/mnist" "$image" "${init[@]}" > "$tmp/init" 2>&1
     status=$?
     verified=$(grep -c 'md5 verified' "$tmp/init")
-    fetched() { [ "$status" = 0 ] && [ "$verified" = 4 ] && [ "$(find "$tmp/emptydir" -type f | wc -l)" = 4 ]; }
+    # (each of the four .gz and the file it unpacks to: data/fetch_mnist.sh)
+    fetched() { [ "$status" = 0 ] && [ "$verified" = 8 ] && [ "$(find "$tmp/emptydir" -type f | wc -l)" = 8 ]; }
     expect "the Job's init container (${init[*]}) fills the data volume as a non-root user: exit $status, $verified files md5-verified" fetched
 
     # The training container on a fresh claim (a folder of the host, $1), with extra flags ($2...).
