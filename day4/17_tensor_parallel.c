@@ -78,7 +78,7 @@
 #include "parallel/ddp.h"           // ddp_wrap_group: DistributedDataParallel over a process group
 #include "records/h5.h"             // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
-#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _resume: each rank its shards, any layout resumes
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save_step, _resume: each rank its shards, any layout resumes
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "records/whole_model.h"    // whole_model_gather: the whole model's checksum and --save
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the world
@@ -528,14 +528,8 @@ int main(int argc, char **argv) {
             state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
             if (checkpoint && save_every > 0 && steps % save_every == 0) {
                 check_weights_finite(model.params, model.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
-                CheckpointWrite written;
-                if (!async_save) {
-                    written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
-                    sharded_checkpoint_print_saved(&written, steps);
-                } else if (sharded_checkpoint_save_async(&in_flight, checkpoint, keep, save_errors_continue, saved.piece,
-                                                         saved.n, &state, &written)) {
-                    sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
-                }
+                sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, saved.piece,
+                                             saved.n, &state);
                 saved_step = steps;
             }
         }
@@ -550,11 +544,9 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     check_weights_finite(model.params, model.n_params, losses.n, epochs, run);  // the last step's update
-    CheckpointWrite written;
-    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
+    sharded_checkpoint_finish_saves(&in_flight);  // --async_save: the last one a thread was writing
     if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        written = sharded_checkpoint_save(checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
-        sharded_checkpoint_print_saved(&written, steps);
+        sharded_checkpoint_save_step(NULL, checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
     } else if (checkpoint && steps == resumed_step) {
         print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
     }

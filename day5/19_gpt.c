@@ -65,7 +65,7 @@
 #include "models/gpt.h"             // Gpt: the model, forward, loss, backward
 #include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish, ddp_set_sync: DistributedDataParallel
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
-#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save, _resume: step 18's checkpoints, any world size resumes
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save_step, _resume: step 18's checkpoints, any world size resumes
 #include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
 #include "records/plot.h"           // plot_png: the train and validation curves
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
@@ -382,14 +382,8 @@ int main(int argc, char **argv) {
         state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
         if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
             check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
-            CheckpointWrite written;
-            if (!o.async_save) {
-                written = sharded_checkpoint_save(o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
-                sharded_checkpoint_print_saved(&written, state.step);
-            } else if (sharded_checkpoint_save_async(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
-                                                     saved.n, &state, &written)) {
-                sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
-            }
+            sharded_checkpoint_save_step(o.async_save ? &in_flight : NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece,
+                                         saved.n, &state);
             saved_step = state.step;
         }
     }
@@ -399,11 +393,9 @@ int main(int argc, char **argv) {
                (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, o.batch_size);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
-    CheckpointWrite written;
-    if (sharded_checkpoint_finish(&in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
+    sharded_checkpoint_finish_saves(&in_flight);  // --async_save: the last one a thread was writing
     if (o.checkpoint && o.max_iters != saved_step) {  // the end of training, where no --save_every save fell
-        written = sharded_checkpoint_save(o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
-        sharded_checkpoint_print_saved(&written, state.step);
+        sharded_checkpoint_save_step(NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
     } else if (o.checkpoint && o.max_iters == first_iter) {
         print0("Nothing left to train: the checkpoint is at step %d\n", first_iter);
     }

@@ -731,6 +731,22 @@ bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *fini
     return true;
 }
 
+void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                  const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state) {
+    CheckpointWrite written;
+    if (!in_flight) {
+        written = sharded_checkpoint_save(dir, keep, continue_on_error, pieces, n_pieces, state);
+        sharded_checkpoint_print_saved(&written, written.step);
+    } else if (sharded_checkpoint_save_async(in_flight, dir, keep, continue_on_error, pieces, n_pieces, state, &written)) {
+        sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
+    }
+}
+
+void sharded_checkpoint_finish_saves(CheckpointSave **in_flight) {
+    CheckpointWrite written;
+    if (sharded_checkpoint_finish(in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
+}
+
 // ---------------------------------------------------------------- load
 typedef struct {
     const char *dir;

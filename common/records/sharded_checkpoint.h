@@ -7,8 +7,9 @@
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
 // Steps 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
-// blocks), sharded_checkpoint_resume and _print_saved for the lines they print, and step 18's
-// --async_save sharded_checkpoint_save_async and _finish (a thread writes the shard). One process
+// blocks), sharded_checkpoint_resume, and sharded_checkpoint_save_step and _finish_saves, which
+// save in line or (--async_save) by way of sharded_checkpoint_save_async and _finish (a thread
+// writes the shard), and print each save's line (_print_saved). One process
 // outside a run reads a checkpoint with checkpoint_reader_* (tools/checkpoint_to_state_dict).
 //
 // The folder, as `ls -R` shows it:
@@ -214,6 +215,13 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
 // one (continue_on_error): rank 0's warning on stderr, naming the folder, the reason and what
 // `current` still names.
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step);
+// What the programs call, collectively, to save step state->step and print its line: in line
+// where in_flight is NULL; else (--async_save) handed to a thread, the save in flight before it
+// finished first and its line printed (it is the one that became current then).
+void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                  const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state);
+// ... and at the end of training: the save still in flight, if any, finished and its line printed.
+void sharded_checkpoint_finish_saves(CheckpointSave **in_flight);
 
 // ---------------------------------------------------------------- reading outside a run
 // One process, no MPI (tools/checkpoint_to_state_dict): a checkpoint's tensors, any box of any of
