@@ -29,20 +29,24 @@ LossSlot step_losses_next_share(StepLosses *losses, float weight, bool first) {
 
 LossSlot step_losses_next(StepLosses *losses) { return step_losses_next_share(losses, 1.0f, true); }
 
+// The losses written since the last copy, on the host: on a GPU rank one copy, one wait.
+static void bring_to_host(StepLosses *losses) {
+#if HAVE_CUDA
+    if (losses->device == DEVICE_CUDA && losses->on_host < losses->written)
+        device_read_to_host(losses->host + losses->on_host, losses->values + losses->on_host,
+                            (size_t)(losses->written - losses->on_host) * sizeof(float), "the steps' losses");
+#endif
+    losses->on_host = losses->written;
+}
+
 bool step_losses_take(StepLosses *losses, bool due, float *loss) {
     if (losses->taken == losses->written) {
         losses->written = losses->on_host = losses->taken = 0;
         return false;
     }
     if (losses->taken == losses->on_host) {
-        if (losses->device == DEVICE_CUDA) {
-            if (!due) return false;
-#if HAVE_CUDA
-            device_read_to_host(losses->host + losses->on_host, losses->values + losses->on_host,
-                                (size_t)(losses->written - losses->on_host) * sizeof(float), "the steps' losses");
-#endif
-        }
-        losses->on_host = losses->written;
+        if (losses->device == DEVICE_CUDA && !due) return false;
+        bring_to_host(losses);
     }
     *loss = losses->host[losses->taken++];
     return true;
@@ -51,14 +55,7 @@ bool step_losses_take(StepLosses *losses, bool due, float *loss) {
 int step_losses_take_all(StepLosses *losses, bool due, float **taken) {
     *taken = losses->host;
     if (losses->taken == losses->written || (losses->device == DEVICE_CUDA && !due)) return 0;
-    if (losses->on_host < losses->written) {
-#if HAVE_CUDA
-        if (losses->device == DEVICE_CUDA)
-            device_read_to_host(losses->host + losses->on_host, losses->values + losses->on_host,
-                                (size_t)(losses->written - losses->on_host) * sizeof(float), "the steps' losses");
-#endif
-        losses->on_host = losses->written;
-    }
+    bring_to_host(losses);
     int first = losses->taken, n = losses->written - first;
     *taken = losses->host + first;
     // All handed over: the next step writes from the first slot again (the host copy it overwrites
