@@ -16,14 +16,14 @@
 // process with --accum_steps W x A (up to float summation order). nanoGPT instead seeds each rank
 // differently (1337 + rank): as good a batch, but no run on other ranks can be compared with it.
 // Evaluation draws its windows from a generator of its own (--seed + 1), so that evaluating more
-// or less often never changes the training's windows. --dropout draws its masks as PyTorch's CPU
-// kernel does, from a generator seeded for each micro-batch of the global batch (seed x 2^32 + 2^31 +
-// its index in the run), so that the twin, seeding torch alike, drops the same values.
+// or less often never changes the training's windows. --dropout draws its masks from a generator
+// seeded for each micro-batch of the global batch (seed x 2^32 + 2^31 + its index in the run): on
+// the CPU as PyTorch's CPU kernel does, so that the twin, seeding torch alike, drops the same values;
+// on a GPU from Philox, a counter-based generator, on the GPU (--dropout_rng says which).
 //
 // Where: --device auto (the default) computes on the GPU where every rank has one (cuBLAS and the
-// kernels of common/tensor/kernels.cu, the choice made inside each operation: nothing here changes),
-// and the dropout masks are drawn on the host as on the CPU, so that both devices take the same
-// steps (day5/README.md, On GPUs).
+// kernels of common/tensor/kernels.cu, the choice made inside each operation: nothing here changes);
+// with the same --dropout_rng both devices take the same steps (day5/README.md, On GPUs).
 //
 // Defaults: nanoGPT's "baby GPT" for a laptop CPU (its README): 4 layers, 4 heads, 128 wide,
 // context 64, batch 12, 2000 iterations, lr 1e-3 decaying over 2000 to 1e-4, warm-up 100,
@@ -77,7 +77,7 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *prompt, *checkpoint, *save_errors;
+    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *checkpoint, *save_errors;
     int save_every, keep, async_save;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
@@ -184,7 +184,7 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop"};
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto"};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -194,6 +194,9 @@ int main(int argc, char **argv) {
         {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per rank", 1, NULL},
         {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
         {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (after the embeddings, on attention, after each c_proj)", 0, NULL},
+        {"dropout_rng", ARG_STRING, &o.dropout_rng, "GEN", "the masks' generator: torch (its CPU generator's bits, drawn on "
+         "the host) or philox (counter-based, drawn where the model is); auto: philox on a GPU, torch on the CPU", 0,
+         "torch|philox|auto"},
         {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
         {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
         {"min_lr", ARG_FLOAT_GE, &o.min_lr, "X", "the learning rate at the end of the cosine decay", 0, NULL},
@@ -259,6 +262,7 @@ int main(int argc, char **argv) {
     Rng init_rng;
     rng_seed(&init_rng, (uint64_t)o.seed);  // torch.manual_seed(seed)
     Gpt *model = gpt_new(&config, o.batch_size, &init_rng, device);  // model = GPT(gptconf).to(device)
+    if (strcmp(o.dropout_rng, "auto") != 0) gpt_set_dropout_philox(model, strcmp(o.dropout_rng, "philox") == 0);
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, model->params, model->n_params, (const char *const[]){"lm_head.weight", NULL});
     Ddp ddp = ddp_wrap(model->params, model->n_params, o.bucket_mb);  // model = DDP(model)
@@ -283,6 +287,9 @@ int main(int argc, char **argv) {
            o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", world, world == 1 ? "" : "s",
            global_batch * o.block_size, device_name(device), threads_describe());
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
+    if (o.dropout > 0)
+        print0("dropout %g: masks from %s\n", o.dropout, model->dropout_philox ? "Philox, drawn where the model is"
+                                                                              : "torch's CPU generator, drawn on the host");
     // MFU's yardstick: this rank's sgemm peak on its device, measured now (a GPU needs a larger
     // product than a CPU to be busy).
     double flops_per_iter = gpt_flops_per_token(model, o.block_size) * global_batch * o.block_size;

@@ -368,32 +368,37 @@ fi
 
 # Step 19 on the GPU: nanoGPT's GPT (cuBLAS for the Linears, the head and attention's products;
 # kernels for LayerNorm, the causal softmax, GELU, the embeddings, the residuals; AdamW and
-# clip_grad_norm on GPU tensors) takes the CPU's steps from the same seed (the weights and the
-# dropout masks are drawn on the host): every iteration's loss within 1e-5, the validation loss
-# after the last to its 4 printed decimals, the saved weights within 1e-5 (||GPU - CPU|| / ||CPU||),
-# with biases and dropout on; on 1 rank, and on 4 ranks (DDP's allreduce by NCCL) with 4 GPUs. The
-# GPU run takes --device auto, which must pick the GPU. (On the simulated GPU the kernels do the
-# CPU's operations and its cuBLAS is OpenBLAS: the verdict says whether the bits were the same.)
+# clip_grad_norm on GPU tensors) takes the CPU's steps from the same seed (the weights drawn on the
+# host, the dropout masks from the same generator: Philox on either device, and at 1 rank torch's
+# CPU generator, drawn on the host, on either): every iteration's loss within 1e-5, the validation
+# loss after the last to its 4 printed decimals, the saved weights within 1e-5 (||GPU - CPU|| /
+# ||CPU||), with biases and dropout on; on 1 rank, and on 4 ranks (DDP's allreduce by NCCL) with 4
+# GPUs. The GPU run takes --device auto, which must pick the GPU. (On the simulated GPU the kernels
+# do the CPU's operations and its cuBLAS is OpenBLAS: the verdict says whether the bits were the same.)
 val_loss19() { sed -n "s/^step $2: train loss [0-9.]*, val loss \([0-9.]*\)$/\1/p" "$1"; }
 if [ ! -f data/shakespeare/input.txt ]; then
     skip "step 19 on the GPU (no data/shakespeare/input.txt: make shakespeare)"
 else
     s19=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
          --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --dropout 0.1 --sample 20 --plot '')
-    for np in 1 $([ "$gpus" -ge 4 ] && echo 4); do
+    runs=("1 philox" "1 torch")
+    [ "$gpus" -ge 4 ] && runs+=("4 philox")
+    for run in "${runs[@]}"; do
+        read -r np rng <<< "$run"
         batch=$((8 / np))  # the same global batch of 8 windows at either world size
-        mpi $np "${s19[@]}" --batch_size $batch --device cpu --losses "$tmp/g19c_$np.csv" --save "$tmp/g19c_$np.h5" > "$tmp/g19c_$np" 2>&1
-        mpi $np "${s19[@]}" --batch_size $batch --losses "$tmp/g19g_$np.csv" --save "$tmp/g19g_$np.h5" > "$tmp/g19g_$np" 2>&1
+        c="$tmp/g19c_${np}_$rng" g="$tmp/g19g_${np}_$rng"
+        mpi $np "${s19[@]}" --batch_size $batch --dropout_rng $rng --device cpu --losses "$c.csv" --save "$c.h5" > "$c" 2>&1
+        mpi $np "${s19[@]}" --batch_size $batch --dropout_rng $rng --losses "$g.csv" --save "$g.h5" > "$g" 2>&1
         status=$?
-        verdict=$(same_losses "$tmp/g19c_$np.csv" "$tmp/g19g_$np.csv" 1e-5)
+        verdict=$(same_losses "$c.csv" "$g.csv" 1e-5)
         same=$?
-        weights=$(build/tools/compare_h5_weights "$tmp/g19c_$np.h5" "$tmp/g19g_$np.h5" 1e-5 2>&1)
+        weights=$(build/tools/compare_h5_weights "$c.h5" "$g.h5" 1e-5 2>&1)
         close=$?
-        bits=$([ "$(checksum "$tmp/g19c_$np")" = "$(checksum "$tmp/g19g_$np")" ] && echo "the same bits" || echo "not bit for bit")
-        cpu_val=$(val_loss19 "$tmp/g19c_$np" 12) gpu_val=$(val_loss19 "$tmp/g19g_$np" 12)
-        expect "step 19 on the GPU, $np rank(s), 12 iterations with biases and dropout 0.1: the CPU's losses ($verdict), val loss ${gpu_val:-none} (CPU ${cpu_val:-none}), weights: $weights ($bits)" \
-            eval '[ $status -eq 0 ] && [ $same -eq 0 ] && [ $close -eq 0 ] && grep -q "; cuda:" "$tmp/g19g_$np" &&
-                  [ -n "$cpu_val" ] && [ "$gpu_val" = "$cpu_val" ] && [ "$(checksum "$tmp/g19g_$np" | wc -w)" -eq 1 ]'
+        bits=$([ "$(checksum "$c")" = "$(checksum "$g")" ] && echo "the same bits" || echo "not bit for bit")
+        cpu_val=$(val_loss19 "$c" 12) gpu_val=$(val_loss19 "$g" 12)
+        expect "step 19 on the GPU, $np rank(s), 12 iterations with biases and dropout 0.1 (--dropout_rng $rng): the CPU's losses ($verdict), val loss ${gpu_val:-none} (CPU ${cpu_val:-none}), weights: $weights ($bits)" \
+            eval '[ $status -eq 0 ] && [ $same -eq 0 ] && [ $close -eq 0 ] && grep -q "; cuda:" "$g" &&
+                  [ -n "$cpu_val" ] && [ "$gpu_val" = "$cpu_val" ] && [ "$(checksum "$g" | wc -w)" -eq 1 ]'
     done
 fi
 

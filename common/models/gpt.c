@@ -171,7 +171,8 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->max_batch = max_batch;
     m->device = device;
     m->training = true;
-    rng_seed(&m->dropout_rng, 0);
+    gpt_seed_dropout(m, 0);
+    m->dropout_philox = device == DEVICE_CUDA;
     const GptConfig *c = &m->config;
     m->first_layer = split ? split->first_layer : 0;
     m->n_blocks = split ? split->end_layer - split->first_layer : c->n_layer;
@@ -450,21 +451,36 @@ static void linear_back(Gpt *m, int layer, int weight_kind, const Tensor *x, con
 }
 
 void gpt_set_training(Gpt *m, bool training) { m->training = training; }
-void gpt_seed_dropout(Gpt *m, uint64_t seed) { rng_seed(&m->dropout_rng, seed); }
+void gpt_seed_dropout(Gpt *m, uint64_t seed) {
+    rng_seed(&m->dropout_rng, seed);
+    m->dropout_seed = seed;
+    m->dropout_forwards = 0;
+}
+
+void gpt_set_dropout_philox(Gpt *m, bool philox) { m->dropout_philox = philox; }
+
+// One mask of a forward: mask `index` (0 the embeddings', 1 + 3 l + k block l's k-th) of n values.
+static void draw_dropout_mask(Gpt *m, int index, long n, Tensor *mask) {
+    if (m->dropout_philox)
+        dropout_philox(m->dropout_seed, m->dropout_forwards << 32 | (uint64_t)index, m->config.dropout, n, mask);
+    else
+        dropout_draw(&m->dropout_rng, m->config.dropout, n, mask);
+}
 
 // The masks of a forward of [B, T] in training, drawn in nanoGPT's order (the embeddings', then per
-// block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes: on a GPU
-// they are drawn on the host and copied (transformer_ops.h's dropout_draw), and so the host waits
-// for the GPU once per forward, not once per mask. (A whole model's: gpt_new_part refuses dropout.)
+// block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes. With
+// torch's generator on a GPU they are drawn on the host and copied (transformer_ops.h's
+// dropout_draw): the host waits for the GPU once per forward, and copies B T (2 L + 1) C + L B H T^2
+// floats; Philox draws them on the GPU. (A whole model's: gpt_new_part refuses dropout.)
 static void draw_dropout_masks(Gpt *m, int B, int T) {
-    const double p = m->config.dropout;
     const long tokens = (long)B * T * m->config.n_embd, scores = (long)B * m->config.n_head * T * T;
-    dropout_draw(&m->dropout_rng, p, tokens, &m->embed_mask);
+    draw_dropout_mask(m, 0, tokens, &m->embed_mask);
     for (int l = 0; l < m->n_blocks; l++) {
-        dropout_draw(&m->dropout_rng, p, scores, &m->acts[l].att_mask);
-        dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].attn_proj_mask);
-        dropout_draw(&m->dropout_rng, p, tokens, &m->acts[l].mlp_proj_mask);
+        draw_dropout_mask(m, 1 + 3 * l, scores, &m->acts[l].att_mask);
+        draw_dropout_mask(m, 2 + 3 * l, tokens, &m->acts[l].attn_proj_mask);
+        draw_dropout_mask(m, 3 + 3 * l, tokens, &m->acts[l].mlp_proj_mask);
     }
+    m->dropout_forwards++;
 }
 
 // residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.

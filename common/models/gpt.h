@@ -102,6 +102,11 @@ typedef struct {
     // which the caller seeds (gpt_seed_dropout) before each forward whose masks it wants to pin.
     bool training;
     Rng dropout_rng;
+    // Where the masks come from: dropout_rng, torch's CPU generator (mt19937), drawn on the host; or,
+    // with dropout_philox (a GPU's default), Philox keyed by the seed, stream (forward since the seed,
+    // mask), drawn where the model lives (transformer_ops.h's dropout_philox).
+    bool dropout_philox;
+    uint64_t dropout_seed, dropout_forwards;
     // The last forward's batch and activations.
     int B, T;
     TokenBatch tokens;                             // the batch's inputs, on the device (the first stage)
@@ -161,6 +166,11 @@ void gpt_set_training(Gpt *model, bool training);
 // torch.manual_seed(seed) for the dropout masks that the next forwards draw, in nanoGPT's order:
 // the embeddings', then per block attention's probabilities, after attn.c_proj, after mlp.c_proj.
 void gpt_seed_dropout(Gpt *model, uint64_t seed);
+// Which generator draws the masks: torch's CPU generator on the host (false: the twin's masks, and
+// a GPU waits for their copy at each forward) or Philox where the model lives (true: no wait, no
+// copy, other masks). A new model takes Philox on a GPU and torch's generator on the CPU, as
+// PyTorch's devices each have their own; either device computes either generator's bits.
+void gpt_set_dropout_philox(Gpt *model, bool philox);
 
 // Forward of B sequences of T <= block_size tokens each (inputs [B * T] on the host, values <
 // vocab_size): fills the logits [B * T, V] and returns them, on the model's device (valid until

@@ -53,6 +53,11 @@ FORWARD(cublasStatus_t, cublasSgemmStridedBatched,
          const float *alpha, const float *A, int lda, long long int strideA, const float *B, int ldb,
          long long int strideB, const float *beta, float *C, int ldc, long long int strideC, int batchCount),
         (handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batchCount))
+FORWARD(cublasStatus_t, cublasSgemmBatched,
+        (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+         const float *alpha, const float *const Aarray[], int lda, const float *const Barray[], int ldb,
+         const float *beta, float *const Carray[], int ldc, int batchCount),
+        (handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc, batchCount))
 FORWARD(cublasStatus_t, cublasSgemv_v2,
         (cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha, const float *A, int lda,
          const float *x, int incx, const float *beta, float *y, int incy),

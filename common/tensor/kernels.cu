@@ -7,6 +7,8 @@
 // chunks' sums in order): no atomics, so every sum adds in the same order.
 #include "tensor/kernels.h"
 
+#include "base/philox.h"
+
 // check.h's, declared here so that this file needs no MPI headers.
 extern "C" void fatal_at(const char *file, int line, int code, const char *fmt, ...);
 
@@ -665,8 +667,9 @@ void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int
 // ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
 // transformer_ops.c's loops, operation for operation: __fmul_rn and __fadd_rn wherever a product
 // meets a sum (nvcc would fuse them into one FMA; the CPU build rounds twice), IEEE division and
-// square root (nvcc's defaults without --use_fast_math): the same bits as the CPU. A thread owns
-// each sum and adds its terms in the CPU's order: no atomics, the same bits every run.
+// square root (nvcc's defaults without --use_fast_math): the same bits as the CPU. A thread, or a
+// team of threads in the CPU's lanes, owns each sum and adds its terms in the CPU's order: no
+// atomics, the same bits every run.
 
 // transformer_ops.c's fixed-order row sums: LANES running sums (lane j takes the values j,
 // j + LANES, ... of the whole chunks), the lanes added pairwise, then the rest in order.
@@ -678,78 +681,83 @@ __device__ static float sum_of_lanes(float *lane) {
     return lane[0];
 }
 
-__device__ static float row_sum(const float *x, int n) {
-    float lane[LANES] = {0};
-    int c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int j = 0; j < LANES; j++) lane[j] = __fadd_rn(lane[j], x[c + j]);
-    float sum = sum_of_lanes(lane);
-    for (; c < n; c++) sum = __fadd_rn(sum, x[c]);
-    return sum;
-}
+// A team of LANES threads per row, TEAM_ROWS teams per block: thread j of a team is lane j of the
+// CPU's sums (it adds the values j, j + LANES, ... of the row's whole chunks, in order, as the CPU's
+// lane j does), the team's lanes are added in the CPU's tree (sum_of_lanes) by each of its threads
+// alike, from shared memory, and the rest of the row after them in order: the CPU's bits. A team
+// reads LANES consecutive floats at a time, where a thread per row read one float from each of 32
+// rows, and a row's work is spread over LANES threads. Every thread of a block meets the same
+// barriers: a team past the last row (live false) runs the loops with no values.
+#define TEAM_ROWS (256 / LANES)  // THREADS / LANES
 
-__device__ static float row_dot(const float *a, const float *b, int n) {
-    float lane[LANES] = {0};
-    int c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int j = 0; j < LANES; j++) lane[j] = __fadd_rn(lane[j], __fmul_rn(a[c + j], b[c + j]));
-    float sum = sum_of_lanes(lane);
-    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(a[c], b[c]));
-    return sum;
-}
+__device__ static int whole_chunks_end(int n) { return n / LANES * LANES; }
 
-// sum over c of (g[c] w[c]) ((x[c] - m) s): LayerNorm backward's g * x_hat.
-__device__ static float row_dot_normalised(const float *g, const float *w, const float *x, float m, float s, int n) {
-    float lane[LANES] = {0};
-    int c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int j = 0; j < LANES; j++)
-            lane[j] = __fadd_rn(lane[j], __fmul_rn(__fmul_rn(g[c + j], w[c + j]), __fmul_rn(__fsub_rn(x[c + j], m), s)));
-    float sum = sum_of_lanes(lane);
-    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(g[c], w[c]), __fmul_rn(__fsub_rn(x[c], m), s)));
-    return sum;
-}
-
-__device__ static float row_sum_of_squares(const float *x, float m, int n) {
-    float lane[LANES] = {0};
-    int c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int j = 0; j < LANES; j++) {
-            float d = __fsub_rn(x[c + j], m);
-            lane[j] = __fadd_rn(lane[j], __fmul_rn(d, d));
-        }
-    float sum = sum_of_lanes(lane);
-    for (; c < n; c++) sum = __fadd_rn(sum, __fmul_rn(__fsub_rn(x[c], m), __fsub_rn(x[c], m)));
-    return sum;
+// The team's sum of its threads' lane partials, in sum_of_lanes' tree (every thread of the block calls it).
+__device__ static float team_lanes_sum(float (*slots)[LANES], float partial) {
+    const int team = threadIdx.x / LANES;
+    __syncthreads();  // the slots' last reading is over
+    slots[team][threadIdx.x % LANES] = partial;
+    __syncthreads();
+    float lane[LANES];
+    for (int k = 0; k < LANES; k++) lane[k] = slots[team][k];
+    return sum_of_lanes(lane);
 }
 
 __global__ void layernorm_forward_kernel(const float *x, const float *weight, const float *bias, int rows, int cols,
                                          float *y, float *mean, float *rstd) {
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
-        const float *xr = x + (size_t)r * cols;
-        float *yr = y + (size_t)r * cols;
-        float m = __fdiv_rn(row_sum(xr, cols), (float)cols);
-        float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(row_sum_of_squares(xr, m, cols), (float)cols), 1e-5f)));
-        for (int c = 0; c < cols; c++) {
+    __shared__ float slots[TEAM_ROWS][LANES];
+    const int j = threadIdx.x % LANES;
+    for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < (size_t)rows; base += (size_t)gridDim.x * TEAM_ROWS) {
+        const size_t r = base + threadIdx.x / LANES;
+        const bool live = r < (size_t)rows;
+        const int n = live ? cols : 0, whole = whole_chunks_end(n);
+        const float *xr = x + (live ? r : 0) * cols;
+        float partial = 0.0f;
+        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, xr[c]);
+        float sum = team_lanes_sum(slots, partial);
+        for (int c = whole; c < n; c++) sum = __fadd_rn(sum, xr[c]);
+        const float m = __fdiv_rn(sum, (float)cols);
+        partial = 0.0f;
+        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, __fmul_rn(__fsub_rn(xr[c], m), __fsub_rn(xr[c], m)));
+        float squares = team_lanes_sum(slots, partial);
+        for (int c = whole; c < n; c++) squares = __fadd_rn(squares, __fmul_rn(__fsub_rn(xr[c], m), __fsub_rn(xr[c], m)));
+        const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(squares, (float)cols), 1e-5f)));
+        __syncthreads();  // every thread of the team has read the row's rest (y may be x)
+        float *yr = y + (live ? r : 0) * cols;
+        for (int c = j; c < n; c += LANES) {
             float scaled = __fmul_rn(__fmul_rn(__fsub_rn(xr[c], m), s), weight[c]);
             yr[c] = bias ? __fadd_rn(scaled, bias[c]) : scaled;
         }
-        mean[r] = m;
-        rstd[r] = s;
+        if (live && j == 0) mean[r] = m, rstd[r] = s;
     }
 }
 
-// dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)), g = grad_y * weight, a thread per row.
+// dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)), g = grad_y * weight, a team per row.
 __global__ void layernorm_backward_rows_kernel(const float *x, const float *weight, const float *mean,
                                                const float *rstd, const float *grad_y, int rows, int cols,
                                                float *grad_x) {
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
-        const float *xr = x + (size_t)r * cols, *gy = grad_y + (size_t)r * cols;
-        float *gx = grad_x + (size_t)r * cols;
-        float m = mean[r], s = rstd[r];
-        float g_mean = __fdiv_rn(row_dot(gy, weight, cols), (float)cols);
-        float g_xhat_mean = __fdiv_rn(row_dot_normalised(gy, weight, xr, m, s, cols), (float)cols);
-        for (int c = 0; c < cols; c++) {
+    __shared__ float slots[TEAM_ROWS][LANES];
+    const int j = threadIdx.x % LANES;
+    for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < (size_t)rows; base += (size_t)gridDim.x * TEAM_ROWS) {
+        const size_t r = base + threadIdx.x / LANES;
+        const bool live = r < (size_t)rows;
+        const int n = live ? cols : 0, whole = whole_chunks_end(n);
+        const float *xr = x + (live ? r : 0) * cols, *gy = grad_y + (live ? r : 0) * cols;
+        const float m = live ? mean[r] : 0.0f, s = live ? rstd[r] : 0.0f;
+        float partial = 0.0f;
+        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, __fmul_rn(gy[c], weight[c]));
+        float g_sum = team_lanes_sum(slots, partial);
+        for (int c = whole; c < n; c++) g_sum = __fadd_rn(g_sum, __fmul_rn(gy[c], weight[c]));
+        partial = 0.0f;
+        for (int c = j; c < whole; c += LANES)
+            partial = __fadd_rn(partial, __fmul_rn(__fmul_rn(gy[c], weight[c]), __fmul_rn(__fsub_rn(xr[c], m), s)));
+        float g_xhat_sum = team_lanes_sum(slots, partial);
+        for (int c = whole; c < n; c++)
+            g_xhat_sum = __fadd_rn(g_xhat_sum, __fmul_rn(__fmul_rn(gy[c], weight[c]), __fmul_rn(__fsub_rn(xr[c], m), s)));
+        const float g_mean = __fdiv_rn(g_sum, (float)cols), g_xhat_mean = __fdiv_rn(g_xhat_sum, (float)cols);
+        __syncthreads();  // every thread of the team has read the row's rest (grad_x may be grad_y)
+        float *gx = grad_x + (live ? r : 0) * cols;
+        for (int c = j; c < n; c += LANES) {
             float x_hat = __fmul_rn(__fsub_rn(xr[c], m), s);
             float inner = __fsub_rn(__fsub_rn(__fmul_rn(gy[c], weight[c]), g_mean), __fmul_rn(x_hat, g_xhat_mean));
             gx[c] = __fadd_rn(gx[c], __fmul_rn(s, inner));
@@ -757,20 +765,44 @@ __global__ void layernorm_backward_rows_kernel(const float *x, const float *weig
     }
 }
 
-// The weights' gradients: a thread per column sums it over the rows in row order, then adds the
-// sum to the gradient (the CPU's block of columns does the same per column).
+// The weights' gradients, each column summed over the rows in row order, then added to the gradient
+// (the CPU's block of columns does the same per column). A block takes COLUMN_TILE columns: its
+// threads compute a tile of ROW_TILE rows' terms (gy x_hat for the weight, gy for the bias) into
+// shared memory, coalesced and all at once, then one thread per column adds the tile's terms to its
+// running sums in row order, and so on down the rows. The serial part is then additions from shared
+// memory alone; a thread per column that also loaded its terms waited on memory at every row.
+#define COLUMN_TILE 32
+#define ROW_TILE 64
+
 __global__ void layernorm_backward_columns_kernel(const float *x, const float *mean, const float *rstd,
                                                   const float *grad_y, int rows, int cols, float *grad_weight,
                                                   float *grad_bias) {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int r = 0; r < rows; r++) {
-            float gy = grad_y[(size_t)r * cols + c];
-            dw = __fadd_rn(dw, __fmul_rn(gy, __fmul_rn(__fsub_rn(x[(size_t)r * cols + c], mean[r]), rstd[r])));
-            db = __fadd_rn(db, gy);
+    __shared__ float weight_terms[ROW_TILE][COLUMN_TILE], bias_terms[ROW_TILE][COLUMN_TILE];
+    for (int first = blockIdx.x * COLUMN_TILE; first < cols; first += gridDim.x * COLUMN_TILE) {
+        float dw = 0.0f, db = 0.0f;  // thread t < COLUMN_TILE's column first + t
+        for (int top = 0; top < rows; top += ROW_TILE) {
+            __syncthreads();  // the last tile's terms are added
+            for (int k = threadIdx.x; k < ROW_TILE * COLUMN_TILE; k += blockDim.x) {
+                int r = top + k / COLUMN_TILE, c = first + k % COLUMN_TILE;
+                if (r < rows && c < cols) {
+                    float gy = grad_y[(size_t)r * cols + c];
+                    weight_terms[k / COLUMN_TILE][k % COLUMN_TILE] =
+                        __fmul_rn(gy, __fmul_rn(__fsub_rn(x[(size_t)r * cols + c], mean[r]), rstd[r]));
+                    bias_terms[k / COLUMN_TILE][k % COLUMN_TILE] = gy;
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x < COLUMN_TILE)
+                for (int k = 0; k < ROW_TILE && top + k < rows; k++) {
+                    dw = __fadd_rn(dw, weight_terms[k][threadIdx.x]);
+                    db = __fadd_rn(db, bias_terms[k][threadIdx.x]);
+                }
         }
-        grad_weight[c] = __fadd_rn(grad_weight[c], dw);
-        if (grad_bias) grad_bias[c] = __fadd_rn(grad_bias[c], db);
+        int c = first + threadIdx.x;
+        if (threadIdx.x < COLUMN_TILE && c < cols) {
+            grad_weight[c] = __fadd_rn(grad_weight[c], dw);
+            if (grad_bias) grad_bias[c] = __fadd_rn(grad_bias[c], db);
+        }
     }
 }
 
@@ -798,45 +830,60 @@ __device__ static int causal_end(int n, int T) {
     return end < T ? end : T;
 }
 
-// transformer_ops.c's causal_softmax_row: the max (exact in any order), exp_nonpositive, the sum
-// in LANES over whole chunks (the positions past t adding 0), then the last partial chunk in order.
+// transformer_ops.c's causal_softmax_row, a team per row: the max (exact in any order: each lane's
+// from its first value on, as the CPU's from row[0], then the lanes'), exp_nonpositive, the sum in
+// LANES over whole chunks (the positions past t adding 0), then the last partial chunk in order.
 __global__ void causal_softmax_kernel(float *att, int pairs, int T) {
-    size_t rows = (size_t)pairs * T;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
-        const int n = (int)(i % T) + 1, end = causal_end(n, T);
-        float *row = att + i * T;  // row t of pair i / T: rows of T are contiguous
-        float max = row[0];
-        for (int u = 1; u < n; u++) max = row[u] > max ? row[u] : max;
-        float sums[LANES] = {0};
-        int u = 0;
-        for (; u + LANES <= end; u += LANES)
-            for (int j = 0; j < LANES; j++) {
-                float e = u + j < n ? exp_nonpositive(__fsub_rn(row[u + j], max)) : 0.0f;
-                row[u + j] = e;
-                sums[j] = __fadd_rn(sums[j], e);
-            }
-        float sum = sum_of_lanes(sums);
-        for (; u < end; u++) {
+    __shared__ float slots[TEAM_ROWS][LANES];
+    const int j = threadIdx.x % LANES, team = threadIdx.x / LANES;
+    const size_t rows = (size_t)pairs * T;
+    for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < rows; base += (size_t)gridDim.x * TEAM_ROWS) {
+        const size_t i = base + team;
+        const bool live = i < rows;
+        const int n = live ? (int)(i % T) + 1 : 0, end = live ? causal_end(n, T) : 0, whole = whole_chunks_end(end);
+        float *row = att + (live ? i : 0) * T;  // row t of pair i / T: rows of T are contiguous
+        float lane_max = j < n ? row[j] : 0.0f;
+        for (int u = j + LANES; u < n; u += LANES) lane_max = row[u] > lane_max ? row[u] : lane_max;
+        __syncthreads();
+        slots[team][j] = lane_max;
+        __syncthreads();
+        float max = slots[team][0];  // lane 0 holds row[0], as the CPU's max starts
+        for (int k = 1; k < LANES && k < n; k++) max = slots[team][k] > max ? slots[team][k] : max;
+        float partial = 0.0f;
+        for (int u = j; u < whole; u += LANES) {
             float e = u < n ? exp_nonpositive(__fsub_rn(row[u], max)) : 0.0f;
             row[u] = e;
-            sum = __fadd_rn(sum, e);
+            partial = __fadd_rn(partial, e);
         }
-        float inv_sum = __fdiv_rn(1.0f, sum);
-        for (u = 0; u < end; u++) row[u] = __fmul_rn(row[u], inv_sum);
-        for (; u < T; u++) row[u] = 0.0f;
+        float sum = team_lanes_sum(slots, partial);
+        for (int u = whole; u < end; u++) sum = __fadd_rn(sum, u < n ? exp_nonpositive(__fsub_rn(row[u], max)) : 0.0f);
+        const float inv_sum = __fdiv_rn(1.0f, sum);
+        __syncthreads();  // every thread of the team has read the last partial chunk
+        for (int u = j; live && u < T; u += LANES)
+            row[u] = u < whole ? __fmul_rn(row[u], inv_sum)
+                   : u < end   ? __fmul_rn(u < n ? exp_nonpositive(__fsub_rn(row[u], max)) : 0.0f, inv_sum)
+                               : 0.0f;
     }
 }
 
-// Its backward: the dot product as row_dot's over causal_end's chunks (att is 0 past t).
+// Its backward, a team per row: the dot product as row_dot's over causal_end's chunks (att is 0 past t).
 __global__ void causal_softmax_backward_kernel(const float *att, float *grad, int pairs, int T, float scale) {
-    size_t rows = (size_t)pairs * T;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
-        const int n = (int)(i % T) + 1, end = causal_end(n, T);
-        const float *row = att + i * T;
-        float *g = grad + i * T;
-        float weighted = row_dot(row, g, end);
-        for (int u = 0; u < end; u++) g[u] = u < n ? __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale) : 0.0f;
-        for (int u = end; u < T; u++) g[u] = 0.0f;
+    __shared__ float slots[TEAM_ROWS][LANES];
+    const int j = threadIdx.x % LANES;
+    const size_t rows = (size_t)pairs * T;
+    for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < rows; base += (size_t)gridDim.x * TEAM_ROWS) {
+        const size_t i = base + threadIdx.x / LANES;
+        const bool live = i < rows;
+        const int n = live ? (int)(i % T) + 1 : 0, end = live ? causal_end(n, T) : 0, whole = whole_chunks_end(end);
+        const float *row = att + (live ? i : 0) * T;
+        float *g = grad + (live ? i : 0) * T;
+        float partial = 0.0f;
+        for (int u = j; u < whole; u += LANES) partial = __fadd_rn(partial, __fmul_rn(row[u], g[u]));
+        float weighted = team_lanes_sum(slots, partial);
+        for (int u = whole; u < end; u++) weighted = __fadd_rn(weighted, __fmul_rn(row[u], g[u]));
+        __syncthreads();  // every thread of the team has read the last partial chunk
+        for (int u = j; live && u < T; u += LANES)
+            g[u] = u < n ? __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale) : 0.0f;
     }
 }
 
@@ -915,7 +962,7 @@ __global__ void embedding_backward_wpe_kernel(const float *grad_x, int B, int T,
 void gpu_layernorm_forward(const float *x, const float *weight, const float *bias, int rows, int cols, float *y,
                            float *mean, float *rstd, cudaStream_t stream) {
     if (rows <= 0) return;
-    layernorm_forward_kernel<<<blocks_for((size_t)rows), THREADS, 0, stream>>>(x, weight, bias, rows, cols, y, mean, rstd);
+    layernorm_forward_kernel<<<blocks_for((size_t)rows * LANES), THREADS, 0, stream>>>(x, weight, bias, rows, cols, y, mean, rstd);
     CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
@@ -923,23 +970,24 @@ void gpu_layernorm_backward(const float *x, const float *weight, const float *me
                             const float *grad_y, int rows, int cols, float *grad_x, float *grad_weight,
                             float *grad_bias, cudaStream_t stream) {
     if (rows <= 0) return;
-    layernorm_backward_rows_kernel<<<blocks_for((size_t)rows), THREADS, 0, stream>>>(x, weight, mean, rstd, grad_y,
+    layernorm_backward_rows_kernel<<<blocks_for((size_t)rows * LANES), THREADS, 0, stream>>>(x, weight, mean, rstd, grad_y,
                                                                                      rows, cols, grad_x);
     CHECK_LAUNCH("layernorm_backward_rows_kernel");
-    layernorm_backward_columns_kernel<<<blocks_for((size_t)cols), THREADS, 0, stream>>>(x, mean, rstd, grad_y, rows,
-                                                                                        cols, grad_weight, grad_bias);
+    const unsigned column_tiles = (unsigned)((cols + COLUMN_TILE - 1) / COLUMN_TILE);
+    layernorm_backward_columns_kernel<<<column_tiles < MAX_BLOCKS ? column_tiles : MAX_BLOCKS, THREADS, 0, stream>>>(
+        x, mean, rstd, grad_y, rows, cols, grad_weight, grad_bias);
     CHECK_LAUNCH("layernorm_backward_columns_kernel");
 }
 
 void gpu_causal_softmax(float *att, int pairs, int T, cudaStream_t stream) {
     if (pairs <= 0) return;
-    causal_softmax_kernel<<<blocks_for((size_t)pairs * T), THREADS, 0, stream>>>(att, pairs, T);
+    causal_softmax_kernel<<<blocks_for((size_t)pairs * T * LANES), THREADS, 0, stream>>>(att, pairs, T);
     CHECK_LAUNCH("causal_softmax_kernel");
 }
 
 void gpu_causal_softmax_backward(const float *att, float *grad, int pairs, int T, float scale, cudaStream_t stream) {
     if (pairs <= 0) return;
-    causal_softmax_backward_kernel<<<blocks_for((size_t)pairs * T), THREADS, 0, stream>>>(att, grad, pairs, T, scale);
+    causal_softmax_backward_kernel<<<blocks_for((size_t)pairs * T * LANES), THREADS, 0, stream>>>(att, grad, pairs, T, scale);
     CHECK_LAUNCH("causal_softmax_backward_kernel");
 }
 
@@ -959,6 +1007,48 @@ void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t 
     if (n == 0) return;
     add_kernel<<<blocks_for(n), THREADS, 0, stream>>>(a, b, n, out);
     CHECK_LAUNCH("add_kernel");
+}
+
+__global__ void pair_pointers_kernel(const float *a, long long a_outer, long long a_inner, const float *b,
+                                     long long b_outer, long long b_inner, float *c, long long c_outer,
+                                     long long c_inner, int per_sequence, int count, const float **a_out,
+                                     const float **b_out, float **c_out) {
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < count; p += gridDim.x * blockDim.x) {
+        long long sequence = p / per_sequence, head = p % per_sequence;
+        a_out[p] = a + sequence * a_outer + head * a_inner;
+        b_out[p] = b + sequence * b_outer + head * b_inner;
+        c_out[p] = c + sequence * c_outer + head * c_inner;
+    }
+}
+
+void gpu_pair_pointers(const float *a, long long a_outer, long long a_inner, const float *b, long long b_outer,
+                       long long b_inner, float *c, long long c_outer, long long c_inner, int per_sequence, int count,
+                       const float **a_out, const float **b_out, float **c_out, cudaStream_t stream) {
+    if (count <= 0) return;
+    pair_pointers_kernel<<<blocks_for((size_t)count), THREADS, 0, stream>>>(a, a_outer, a_inner, b, b_outer, b_inner, c,
+                                                                            c_outer, c_inner, per_sequence, count,
+                                                                            a_out, b_out, c_out);
+    CHECK_LAUNCH("pair_pointers_kernel");
+}
+
+// A thread per four values, as the CPU's loop takes them: one Philox evaluation each.
+__global__ void dropout_philox_kernel(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale,
+                                      size_t n, float *mask) {
+    size_t groups = (n + 3) / 4;
+    for (size_t group = (size_t)blockIdx.x * blockDim.x + threadIdx.x; group < groups;
+         group += (size_t)gridDim.x * blockDim.x) {
+        Philox4x32 counter = {{(uint32_t)group, (uint32_t)((uint64_t)group >> 32), (uint32_t)stream_id,
+                               (uint32_t)(stream_id >> 32)}};
+        Philox4x32 bits = philox4x32_10(counter, key0, key1);
+        for (int j = 0; j < 4 && 4 * group + j < n; j++) mask[4 * group + j] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
+    }
+}
+
+void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, size_t n,
+                        float *mask, cudaStream_t stream) {
+    if (n == 0) return;
+    dropout_philox_kernel<<<blocks_for((n + 3) / 4), THREADS, 0, stream>>>(key0, key1, stream_id, keep, scale, n, mask);
+    CHECK_LAUNCH("dropout_philox_kernel");
 }
 
 void gpu_multiply(const float *a, const float *b, size_t n, float *out, cudaStream_t stream) {

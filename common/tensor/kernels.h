@@ -151,6 +151,15 @@ void gpu_gelu_backward(const float *x, const float *grad_y, size_t n, float *gra
 // out = a + b and out = a * b, elementwise over n values (out may be a).
 void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t stream);
 void gpu_multiply(const float *a, const float *b, size_t n, float *out, cudaStream_t stream);
+// The operands of the attention's batched GEMMs (cuBLAS's pointer arrays): for pair p < count of
+// (sequence, head), p = sequence * per_sequence + head, its matrix of each operand at base +
+// sequence * outer + head * inner, written into a_out, b_out and c_out.
+void gpu_pair_pointers(const float *a, long long a_outer, long long a_inner, const float *b, long long b_outer,
+                       long long b_inner, float *c, long long c_outer, long long c_inner, int per_sequence, int count,
+                       const float **a_out, const float **b_out, float **c_out, cudaStream_t stream);
+// transformer_ops.h's dropout_philox: mask[i] = scale or 0, from Philox4x32-10 (base/philox.h).
+void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, size_t n,
+                        float *mask, cudaStream_t stream);
 // x [B * T, C] = wte[tokens] + wpe[position].
 void gpu_embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C, float *x,
                            cudaStream_t stream);

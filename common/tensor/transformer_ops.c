@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/cpu_dispatch.h"
+#include "base/philox.h"
 #if HAVE_CUDA
 #include "tensor/kernels.h"
 #endif
@@ -435,16 +436,28 @@ static void check_attention(const char *what, const Tensor *qkv, int B, int T, i
 }
 
 #if HAVE_CUDA
-// Row-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, operand i at i times its stride:
-// cuBLAS's strided batch, with the operands swapped as tensor.c's gemm swaps them (a row-major
-// matrix is its column-major transpose). The attention's products, a batch of heads per sequence:
-// head h's q, k, v and y are the columns h * head_dim .. of their rows, so their stride is head_dim.
-static void gemm_batched(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
-                         long long stride_a, const float *b, int ldb, long long stride_b, float beta, float *c, int ldc,
-                         long long stride_c, int batch) {
-    CHECK_CUBLAS(cublasSgemmStridedBatched(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                           transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, stride_b,
-                                           a, lda, stride_a, &beta, c, ldc, stride_c, batch));
+// Row-major C_p = alpha op(A_p) op(B_p) + beta C_p for every (sequence, head) pair p = b n_head + h
+// of a batch, in one cuBLAS call: operand X_p at x + b x_outer + h x_inner (head h's q, k, v and y
+// are the columns h * head_dim .. of their sequence's rows; its probabilities a T x T square), its
+// address written on the GPU by a kernel into cuBLAS's pointer arrays (pair_pointers, one scratch:
+// the calls are in stream order). The operands swapped as tensor.c's gemm swaps them (a row-major
+// matrix is its column-major transpose). One call for the B n_head products, where a batch of heads
+// per sequence took B calls: at nanoGPT's B = 64, the launches were most of the attention's time.
+static DeviceBuffer g_pair_pointers;
+
+static void gemm_pairs(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
+                       long long a_outer, long long a_inner, const float *b, int ldb, long long b_outer,
+                       long long b_inner, float beta, float *c, int ldc, long long c_outer, long long c_inner, int B,
+                       int n_head) {
+    const int pairs = B * n_head;
+    const float **pointers = device_buffer_reserve(&g_pair_pointers, 3 * (size_t)pairs * sizeof(float *));
+    const float **a_array = pointers, **b_array = pointers + pairs;
+    float **c_array = (float **)(pointers + 2 * pairs);
+    gpu_pair_pointers(a, a_outer, a_inner, b, b_outer, b_inner, c, c_outer, c_inner, n_head, pairs, a_array, b_array,
+                      c_array, device_stream());
+    CHECK_CUBLAS(cublasSgemmBatched(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b_array, ldb, a_array, lda,
+                                    &beta, c_array, ldc, pairs));
 }
 #endif
 
@@ -458,23 +471,18 @@ void attention_forward(const Tensor *qkv, int B, int T, int n_head, Tensor *att,
         // the causal softmax over every row at once, then y = att v (or (att * mask) v).
         const int head_dim = C / n_head, stride = 3 * C;
         const float scale = 1.0f / sqrtf((float)head_dim);
-        const long long square = (long long)T * T;
-        for (int b = 0; b < B; b++) {
-            const float *q = qkv->data + (size_t)b * T * stride, *k = q + C;
-            gemm_batched(false, true, T, T, head_dim, scale, q, stride, head_dim, k, stride, head_dim, 0.0f,
-                         att->data + (size_t)b * n_head * square, T, square, n_head);
-        }
+        const long long square = (long long)T * T, sequence = (long long)T * stride;  // a pair's [T, T]; a sequence's qkv
+        const float *q = qkv->data, *k = q + C, *v = q + 2 * C;
+        gemm_pairs(false, true, T, T, head_dim, scale, q, stride, sequence, head_dim, k, stride, sequence, head_dim, 0.0f,
+                   att->data, T, n_head * square, square, B, n_head);
         gpu_causal_softmax(att->data, B * n_head, T, device_stream());
         const float *weights = att->data;
         if (dropout_mask) {
             gpu_multiply(att->data, dropout_mask->data, (size_t)B * n_head * square, att_dropped->data, device_stream());
             weights = att_dropped->data;
         }
-        for (int b = 0; b < B; b++) {
-            const float *v = qkv->data + (size_t)b * T * stride + 2 * C;
-            gemm_batched(false, false, T, head_dim, T, 1.0f, weights + (size_t)b * n_head * square, T, square, v, stride,
-                         head_dim, 0.0f, y->data + (size_t)b * T * C, C, head_dim, n_head);
-        }
+        gemm_pairs(false, false, T, head_dim, T, 1.0f, weights, T, n_head * square, square, v, stride, sequence, head_dim,
+                   0.0f, y->data, C, (long long)T * C, head_dim, B, n_head);
 #endif
         return;
     }
@@ -494,30 +502,23 @@ void attention_backward(const Tensor *qkv, const Tensor *att, const Tensor *drop
 #if HAVE_CUDA
         const int head_dim = C / n_head, stride = 3 * C;
         const float scale = 1.0f / sqrtf((float)head_dim);
-        const long long square = (long long)T * T;
+        const long long square = (long long)T * T, sequence = (long long)T * stride, pairs_square = n_head * square;
         const float *weights = dropout_mask ? att_dropped->data : att->data;  // what multiplied v
+        const float *q = qkv->data, *k = q + C, *v = q + 2 * C;
+        float *grad_q = grad_qkv->data, *grad_k = grad_q + C, *grad_v = grad_q + 2 * C;
         // y = weights v: d weights = dy v^T, dv = weights^T dy.
-        for (int b = 0; b < B; b++) {
-            const float *v = qkv->data + (size_t)b * T * stride + 2 * C, *gy = grad_y->data + (size_t)b * T * C;
-            float *grad_scores = grad_att->data + (size_t)b * n_head * square;
-            gemm_batched(false, true, T, T, head_dim, 1.0f, gy, C, head_dim, v, stride, head_dim, 0.0f, grad_scores, T,
-                         square, n_head);
-            gemm_batched(true, false, T, head_dim, T, 1.0f, weights + (size_t)b * n_head * square, T, square, gy, C,
-                         head_dim, 0.0f, grad_qkv->data + (size_t)b * T * stride + 2 * C, stride, head_dim, n_head);
-        }
-        size_t n = (size_t)B * n_head * square;
+        gemm_pairs(false, true, T, T, head_dim, 1.0f, grad_y->data, C, (long long)T * C, head_dim, v, stride, sequence,
+                   head_dim, 0.0f, grad_att->data, T, pairs_square, square, B, n_head);
+        gemm_pairs(true, false, T, head_dim, T, 1.0f, weights, T, pairs_square, square, grad_y->data, C, (long long)T * C,
+                   head_dim, 0.0f, grad_v, stride, sequence, head_dim, B, n_head);
+        size_t n = (size_t)B * pairs_square;
         if (dropout_mask) gpu_multiply(grad_att->data, dropout_mask->data, n, grad_att->data, device_stream());
         gpu_causal_softmax_backward(att->data, grad_att->data, B * n_head, T, scale, device_stream());
         // scores = q k^T: dq = d score k, dk = d score^T q.
-        for (int b = 0; b < B; b++) {
-            const float *q = qkv->data + (size_t)b * T * stride, *k = q + C;
-            const float *grad_scores = grad_att->data + (size_t)b * n_head * square;
-            float *grad_q = grad_qkv->data + (size_t)b * T * stride;
-            gemm_batched(false, false, T, head_dim, T, 1.0f, grad_scores, T, square, k, stride, head_dim, 0.0f, grad_q,
-                         stride, head_dim, n_head);
-            gemm_batched(true, false, T, head_dim, T, 1.0f, grad_scores, T, square, q, stride, head_dim, 0.0f,
-                         grad_q + C, stride, head_dim, n_head);
-        }
+        gemm_pairs(false, false, T, head_dim, T, 1.0f, grad_att->data, T, pairs_square, square, k, stride, sequence,
+                   head_dim, 0.0f, grad_q, stride, sequence, head_dim, B, n_head);
+        gemm_pairs(true, false, T, head_dim, T, 1.0f, grad_att->data, T, pairs_square, square, q, stride, sequence,
+                   head_dim, 0.0f, grad_k, stride, sequence, head_dim, B, n_head);
 #endif
         return;
     }
@@ -544,6 +545,31 @@ void dropout_draw(Rng *rng, double p, long n, Tensor *mask) {
     dropout_mask(rng, p, n, g_mask_staging);
     Tensor drawn = tensor_view(mask, 1, (int)n);
     tensor_from_host(&drawn, g_mask_staging);
+}
+
+CPU_DISPATCHED static void cpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream, float keep, float scale,
+                                              long n, float *mask) {
+#pragma omp parallel for schedule(static)
+    for (long group = 0; group < (n + 3) / 4; group++) {  // four values per evaluation
+        Philox4x32 counter = {{(uint32_t)group, (uint32_t)((uint64_t)group >> 32), (uint32_t)stream,
+                               (uint32_t)(stream >> 32)}};
+        Philox4x32 bits = philox4x32_10(counter, key0, key1);
+        for (int j = 0; j < 4 && 4 * group + j < n; j++) mask[4 * group + j] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
+    }
+}
+
+void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask) {
+    CHECK(n >= 0 && (size_t)n <= tensor_numel(mask), "dropout_philox: %ld values into a mask of %zu", n,
+          tensor_numel(mask));
+    const float keep = (float)(1.0 - p), scale = 1.0f / (float)(1.0 - p);  // as dropout_mask's
+    if (tensor_on_gpu(mask)) {
+#if HAVE_CUDA
+        gpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, (size_t)n, mask->data,
+                           device_stream());
+#endif
+        return;
+    }
+    cpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, n, mask->data);
 }
 
 void multiply_by_mask(Tensor *x, const Tensor *mask) {

@@ -57,6 +57,12 @@ void dropout_mask(Rng *rng, double p, long n, float *mask);
 // The first n values of mask drawn as dropout_mask draws them: on the host whatever the device (the
 // same generator, so the same masks on a GPU), then copied there (the host waits for the copy).
 void dropout_draw(Rng *rng, double p, long n, Tensor *mask);
+// The same kind of mask from a counter-based generator instead (Philox4x32-10, base/philox.h, the
+// kind PyTorch's and cuRAND's GPU generators are): value i is kept when philox_keeps(word i % 4 of
+// philox4x32_10({i / 4, stream}, seed)), and kept values are 1 / (1 - p). Computed where the mask
+// lives, a kernel on a GPU and the rank's threads on the CPU, with no host wait and no copy: the
+// same bits on either device at any thread count. Not torch's bits on either device.
+void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask);
 // x *= mask, elementwise over x's values (forward: the dropout; backward: its gradient).
 void multiply_by_mask(Tensor *x, const Tensor *mask);
 // out = a + b, elementwise over out's values (a residual: x + dropout(c_proj(y))).

@@ -913,6 +913,51 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// batchCount GEMMs, matrix i of A, B and C where pointer i of Aarray, Barray and Carray points, as
+// cuBLAS's: the arrays are device memory, which a kernel may fill just before on the same stream,
+// so they are read, and each matrix checked to be device memory, when the GEMMs run.
+cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                  int n, int k, const float *alpha, const float *const Aarray[], int lda,
+                                  const float *const Barray[], int ldb, const float *beta, float *const Carray[],
+                                  int ldc, int batchCount) {
+    Guard guard(big_lock);
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };
+    if (m < 0 || n < 0 || k < 0 || batchCount < 0 || lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) ||
+        ldc < at_least(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+    size_t arrays = (size_t)batchCount * sizeof(float *);
+    require_device(Aarray, arrays, "cublasSgemmBatched's Aarray");
+    require_device(Barray, arrays, "cublasSgemmBatched's Barray");
+    require_device(Carray, arrays, "cublasSgemmBatched's Carray");
+    require_host(alpha, sizeof *alpha, "cublasSgemmBatched's alpha");
+    require_host(beta, sizeof *beta, "cublasSgemmBatched's beta");
+    float a = *alpha, b = *beta;
+    count_launch();
+    enqueue(handle->stream, [=] {
+        Window open;
+        for (int i = 0; i < batchCount; i++) {
+            const float *A_i = Aarray[i], *B_i = Barray[i];
+            float *C_i = Carray[i];
+            if (k > 0) {
+                require_device(A_i, matrix_bytes(ta ? k : m, ta ? m : k, lda), "cublasSgemmBatched's A[i]");
+                require_device(B_i, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemmBatched's B[i]");
+            }
+            require_device(C_i, matrix_bytes(m, n, ldc), "cublasSgemmBatched's C[i]");
+            if (b == 0.0f)  // C is not read then (a NaN there must not show)
+                for (int j = 0; j < n; j++) memset(C_i + (size_t)j * ldc, 0, (size_t)m * sizeof *C_i);
+            if (m && n && k)
+                cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A_i, lda, B_i, ldb, b,
+                            C_i, ldc);
+            else if (b != 1.0f && b != 0.0f)
+                for (int j = 0; j < n; j++)
+                    for (int r = 0; r < m; r++) C_i[(size_t)j * ldc + r] *= b;
+        }
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
                               const float *A, int lda, const float *x, int incx, const float *beta, float *y, int incy) {
     Guard guard(big_lock);

@@ -1,7 +1,9 @@
 // test_gpt.c: step 19's GPT (common/models/gpt.h) against independent references: central finite
 // differences of the loss for the gradient of every parameter on a tiny config (with and without
 // biases), the hook order DDP relies on, the state_dict names and shapes nanoGPT's model has, and
-// gradient accumulation (two half-batches with loss / 2 give the whole batch's gradients).
+// gradient accumulation (two half-batches with loss / 2 give the whole batch's gradients), and
+// the Philox generator of the dropout masks (Random123's known answers; the masks' values, rate
+// and independence of the thread count).
 //
 // The finite differences perturb one float weight by H and rerun the C forward; the loss is
 // recomputed in double from the float logits (log-sum-exp minus the target's logit), so each
@@ -16,7 +18,9 @@
 #include <omp.h>
 #endif
 
+#include "base/philox.h"
 #include "models/gpt.h"
+#include "tensor/transformer_ops.h"
 #include "test.h"
 
 #define H 1e-2
@@ -62,13 +66,14 @@ static void on_ready(void *context, int index) {
     log->order[log->n++] = index;
 }
 
-static void test_gradients(bool bias, double dropout) {
+static void test_gradients(bool bias, double dropout, bool philox) {
     GptConfig config = {.vocab_size = 11, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = 8, .bias = bias,
                         .dropout = dropout};
     Rng init;
     rng_seed(&init, 7);
     Gpt *m = gpt_new(&config, B, &init, DEVICE_CPU);
-    const char *what = dropout > 0 ? ", dropout 0.3" : "";
+    gpt_set_dropout_philox(m, philox);
+    const char *what = dropout == 0 ? "" : philox ? ", dropout 0.3 (Philox)" : ", dropout 0.3";
     randomise(m);
     for (int i = 0; i < B * T; i++) inputs[i] = (int)(rng_next_u32(&data_rng) % 11), targets[i] = (int)(rng_next_u32(&data_rng) % 11);
     gpt_zero_grad(m);
@@ -173,15 +178,71 @@ static void test_names(void) {
     gpt_free(m);
 }
 
+// Philox4x32-10 against the known answers of the Random123 library (its kat_vectors), and
+// dropout_philox's masks: every value 0 or 1 / (1 - p), value i from word i % 4 of counter i / 4,
+// the kept share within 5 standard deviations of 1 - p, the same bits on 1 thread and on 4, and
+// other bits for another stream or seed.
+static void test_philox(void) {
+    static const uint32_t known[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+    for (int k = 0; k < 3; k++) {
+        Philox4x32 counter = {{known[k][0], known[k][1], known[k][2], known[k][3]}};
+        Philox4x32 out = philox4x32_10(counter, known[k][4], known[k][5]);
+        EXPECT(!memcmp(out.v, known[k] + 6, sizeof out.v), "Philox4x32-10, Random123's known answer %d: %08x %08x %08x %08x",
+               k + 1, out.v[0], out.v[1], out.v[2], out.v[3]);
+    }
+    enum { N = 100003 };  // not a multiple of 4: the last evaluation's words are used in part
+    const double p = 0.3;
+    const uint64_t seed = 0x123456789abcdefULL, stream = 5ULL << 32 | 7;
+    Tensor one = tensor_zeros(1, N, DEVICE_CPU), four = tensor_zeros(1, N, DEVICE_CPU), other = tensor_zeros(1, N, DEVICE_CPU);
+#ifdef _OPENMP
+    omp_set_num_threads(4);
+#endif
+    dropout_philox(seed, stream, p, N, &four);
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    dropout_philox(seed, stream, p, N, &one);
+    const float scale = 1.0f / (float)(1.0 - p);
+    long kept = 0, odd = 0;
+    for (long i = 0; i < N; i++) kept += one.data[i] == scale, odd += one.data[i] != scale && one.data[i] != 0.0f;
+    double share = (double)kept / N, sd = sqrt(p * (1 - p) / N);
+    EXPECT(odd == 0 && fabs(share - (1 - p)) < 5 * sd, "dropout_philox, p %.1f: %ld of %d kept (%.4f, 1 - p +- 5 sd: %.4f..%.4f), "
+           "every value 0 or %g (%ld others)", p, kept, N, share, 1 - p - 5 * sd, 1 - p + 5 * sd, scale, odd);
+    EXPECT(!memcmp(one.data, four.data, N * sizeof(float)), "dropout_philox: the same %d values on 1 thread and on 4", N);
+    bool direct = true;
+    for (long i = N - 7; i < N; i++) {  // the last values, from the last evaluation's words
+        Philox4x32 counter = {{(uint32_t)(i / 4), 0, (uint32_t)stream, (uint32_t)(stream >> 32)}};
+        uint32_t bits = philox4x32_10(counter, (uint32_t)seed, (uint32_t)(seed >> 32)).v[i % 4];
+        direct &= one.data[i] == (philox_keeps(bits, (float)(1 - p)) ? scale : 0.0f);
+    }
+    EXPECT(direct, "dropout_philox: value i is word i %% 4 of Philox's counter (i / 4, stream) under the seed");
+    long differ = 0;
+    dropout_philox(seed, stream + 1, p, N, &other);
+    for (long i = 0; i < N; i++) differ += other.data[i] != one.data[i];
+    long differ_seed = 0;
+    dropout_philox(seed + 1, stream, p, N, &other);
+    for (long i = 0; i < N; i++) differ_seed += other.data[i] != one.data[i];
+    // Independent masks differ at 2 p (1 - p) of the values: 42%.
+    EXPECT(fabs((double)differ / N - 0.42) < 0.01 && fabs((double)differ_seed / N - 0.42) < 0.01,
+           "dropout_philox: another stream differs at %.1f%% of the values, another seed at %.1f%% (independent: 42%%)",
+           100.0 * differ / N, 100.0 * differ_seed / N);
+    tensor_free(&one), tensor_free(&four), tensor_free(&other);
+}
+
 int main(void) {
 #ifdef _OPENMP
     // Some 8000 forwards of a model of a few thousand weights: threads would only wait for each other.
     omp_set_num_threads(1);
 #endif
     rng_seed(&data_rng, 2024);
-    test_gradients(true, 0.0);
-    test_gradients(false, 0.0);
-    test_gradients(true, 0.3);  // dropout's masks on all four of its places, fixed by the seed
+    test_philox();
+    test_gradients(true, 0.0, false);
+    test_gradients(false, 0.0, false);
+    test_gradients(true, 0.3, false);  // dropout's masks on all four of its places, fixed by the seed
+    test_gradients(true, 0.3, true);   // the same from Philox
     test_accumulation();
     test_names();
     return test_summary();

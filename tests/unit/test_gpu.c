@@ -495,12 +495,14 @@ static void test_transformer_ops(void) {
     // C and T past transformer_ops.c's 16 lanes, with a rest: whole chunks, the lanes' tree and the tail.
     enum { B = 3, T = 19, C = 40, HEADS = 4, V = 11, N = B * T, T_MAX = 21 };
     // LayerNorm, with and without a bias, forward and backward (the gradients accumulate into
-    // what is there).
-    for (int with_bias = 0; with_bias < 2; with_bias++) {
-        Pair x = pair_uniform(N, C, -2, 3), weight = pair_uniform(1, C, 0.5f, 1.5f), bias = pair_uniform(1, C, -1, 1);
-        Pair y = pair_uniform(N, C, 0, 0), mean = pair_uniform(1, N + 5, 0, 0), rstd = pair_uniform(1, N + 5, 0, 0);
-        Pair grad_y = pair_uniform(N, C, -1, 1), grad_x = pair_uniform(N, C, -1, 1);
-        Pair grad_weight = pair_uniform(1, C, -1, 1), grad_bias = pair_uniform(1, C, -1, 1);
+    // what is there); then [200, 72], past the weights' gradient kernel's tiles of 64 rows and 32
+    // columns, with a rest of each.
+    for (int round = 0; round < 4; round++) {
+        const int with_bias = round % 2, rows = round < 2 ? N : 200, cols = round < 2 ? C : 72;
+        Pair x = pair_uniform(rows, cols, -2, 3), weight = pair_uniform(1, cols, 0.5f, 1.5f), bias = pair_uniform(1, cols, -1, 1);
+        Pair y = pair_uniform(rows, cols, 0, 0), mean = pair_uniform(1, rows + 5, 0, 0), rstd = pair_uniform(1, rows + 5, 0, 0);
+        Pair grad_y = pair_uniform(rows, cols, -1, 1), grad_x = pair_uniform(rows, cols, -1, 1);
+        Pair grad_weight = pair_uniform(1, cols, -1, 1), grad_bias = pair_uniform(1, cols, -1, 1);
         layernorm_forward(&x.cpu, &weight.cpu, with_bias ? &bias.cpu : NULL, &y.cpu, &mean.cpu, &rstd.cpu);
         layernorm_forward(&x.gpu, &weight.gpu, with_bias ? &bias.gpu : NULL, &y.gpu, &mean.gpu, &rstd.gpu);
         size_t forward = bits_differ(&y.gpu, &y.cpu) + bits_differ(&mean.gpu, &mean.cpu) + bits_differ(&rstd.gpu, &rstd.cpu);
@@ -512,7 +514,7 @@ static void test_transformer_ops(void) {
                           bits_differ(&grad_bias.gpu, &grad_bias.cpu);
         EXPECT(forward == 0 && backward == 0,
                "LayerNorm [%d, %d]%s on the GPU: forward (y, mean, rstd) and backward (grad_x +=, grad_weight +=%s) are "
-               "the CPU's bits (%zu and %zu values differ)", N, C, with_bias ? " with a bias" : "",
+               "the CPU's bits (%zu and %zu values differ)", rows, cols, with_bias ? " with a bias" : "",
                with_bias ? ", grad_bias +=" : "", forward, backward);
         Pair *all[] = {&x, &weight, &bias, &y, &mean, &rstd, &grad_y, &grad_x, &grad_weight, &grad_bias};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) pair_free(all[i]);
@@ -576,12 +578,23 @@ static void test_transformer_ops(void) {
                            T, HEADS, &scratch.gpu, &grad_qkv.gpu);
         double err_grad = relative_error(&grad_qkv.gpu, &grad_qkv.cpu);
         EXPECT(err_att < 1e-5 && err_y < 1e-5 && err_grad < 1e-5 && masks == 0,
-               "causal attention on the GPU (cuBLAS strided batches, softmax kernels)%s, %d sequences x %d heads x %d "
+               "causal attention on the GPU (cuBLAS batched GEMMs, softmax kernels)%s, %d sequences x %d heads x %d "
                "positions: probabilities, y and grad_qkv within 1e-5 of the CPU's (%.1e, %.1e, %.1e)%s",
                dropout ? " with dropout 0.3" : "", B, HEADS, T, err_att, err_y, err_grad,
                dropout ? ", the masks drawn on the host the CPU's bits" : "");
         Pair *all[] = {&qkv, &y, &att, &dropped, &mask, &scratch, &grad_y, &grad_qkv};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) pair_free(all[i]);
+    }
+    // Philox's masks, drawn where they live: a kernel's are the CPU loop's bits (an odd length: the
+    // last evaluation's words used in part).
+    {
+        const long n = 100003;
+        Pair mask = pair_uniform(1, (int)n, 0, 0);
+        dropout_philox(0xfeedULL, 3ULL << 32 | 4, 0.2, n, &mask.cpu), dropout_philox(0xfeedULL, 3ULL << 32 | 4, 0.2, n, &mask.gpu);
+        size_t differ = bits_differ(&mask.gpu, &mask.cpu);
+        EXPECT(differ == 0, "dropout_philox on the GPU (a Philox4x32-10 kernel): the CPU's %ld values, bit for bit (%zu differ)",
+               n, differ);
+        pair_free(&mask);
     }
 
     // clip_grad_norm's sum of squares: in double on both, in another order on the GPU.
@@ -595,11 +608,12 @@ static void test_transformer_ops(void) {
     for (int i = 0; i < 3; i++) pair_free(&parts[i]);
 }
 
-// Step 19's GPT on both devices from one seed (drawn on the host: the same weights): batches
-// smaller than its buffers, biases and dropout on, AdamW with clipping. Each step's logits, loss
-// and gradients within a GEMM's rounding of the CPU's; then both optimizers get the CPU's
-// gradients (as in test_mlp_cross_entropy_adam), so that the weights compare clip_grad_norm
-// (which clips here: max_norm 0.1) and AdamW's kernels, not the GEMMs' rounding amplified by Adam.
+// Step 19's GPT on both devices from one seed (drawn on the host: the same weights; the dropout
+// masks from Philox on both): batches smaller than its buffers, biases and dropout on, AdamW with
+// clipping. Each step's logits, loss and gradients within a GEMM's rounding of the CPU's; then both
+// optimizers get the CPU's gradients (as in test_mlp_cross_entropy_adam), so that the weights
+// compare clip_grad_norm (which clips here: max_norm 0.1) and AdamW's kernels, not the GEMMs'
+// rounding amplified by Adam.
 static void test_gpt_model(void) {
     GptConfig config = {.vocab_size = 13, .block_size = 20, .n_layer = 2, .n_head = 2, .n_embd = 24, .bias = true,
                         .dropout = 0.2};
@@ -607,6 +621,7 @@ static void test_gpt_model(void) {
     Rng init_cpu, init_gpu;
     rng_seed(&init_cpu, 3), rng_seed(&init_gpu, 3);
     Gpt *cpu = gpt_new(&config, MAX_BATCH, &init_cpu, DEVICE_CPU), *gpu = gpt_new(&config, MAX_BATCH, &init_gpu, DEVICE_CUDA);
+    gpt_set_dropout_philox(cpu, true);  // the GPU's masks (test_gpu.sh trains with torch's generator on both, too)
     EXPECT(params_checksum(cpu->params, cpu->n_params) == params_checksum(gpu->params, gpu->n_params),
            "step 19's GPT: one seed draws the same weights on either device (drawn on the host)");
     AdamW opt_cpu = adamw_new(cpu->params, cpu->n_params, 0.1, 0.9, 0.99);

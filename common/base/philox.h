@@ -1,0 +1,42 @@
+// philox.h: Philox4x32-10, the counter-based generator of Salmon et al., "Parallel random numbers:
+// as easy as 1, 2, 3" (SC '11), that PyTorch's and cuRAND's GPU generators use.
+//
+// A counter-based generator is a function, not a sequence: philox4x32_10(counter, key) gives four
+// 32-bit numbers for any 128-bit counter under a 64-bit key, and value i of a stream is the same
+// whichever thread, rank or device computes it, in any order. That is why GPUs draw with it: a
+// dropout mask of 25 M values is 25 M independent evaluations, one per thread, with no state to
+// pass along (mt19937, torch's CPU generator, is a sequence: one thread draws it, in order).
+// Checked against the Random123 library's known answers (tests/unit/test_gpt.c).
+//
+// Header-only, and the same code in C on the CPU and in CUDA on a GPU (PHILOX_FUNCTION), so that
+// both devices compute the same bits.
+#pragma once
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define PHILOX_FUNCTION static inline __host__ __device__
+#else
+#define PHILOX_FUNCTION static inline
+#endif
+
+typedef struct {
+    uint32_t v[4];
+} Philox4x32;
+
+PHILOX_FUNCTION Philox4x32 philox4x32_10(Philox4x32 counter, uint32_t key0, uint32_t key1) {
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) key0 += 0x9E3779B9u, key1 += 0xBB67AE85u;  // the Weyl sequence's bump between rounds
+        uint64_t product0 = (uint64_t)0xD2511F53u * counter.v[0], product1 = (uint64_t)0xCD9E8D57u * counter.v[2];
+        Philox4x32 next = {{(uint32_t)(product1 >> 32) ^ counter.v[1] ^ key0, (uint32_t)product1,
+                            (uint32_t)(product0 >> 32) ^ counter.v[3] ^ key1, (uint32_t)product0}};
+        counter = next;
+    }
+    return counter;
+}
+
+// Dropout's keep test for one 32-bit number: its top 24 bits as a float uniform u in [0, 1) (exact:
+// 24 bits fit a float's significand), kept when u < keep, where keep = 1 - p as a float. What a
+// kept value is multiplied by is the caller's (1 / (1 - p)).
+PHILOX_FUNCTION int philox_keeps(uint32_t bits, float keep) {
+    return (float)(bits >> 8) * 0x1p-24f < keep;
+}
