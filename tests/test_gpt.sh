@@ -116,12 +116,18 @@ if thorough; then
 fi
 
 # With dropout too: each micro-batch of the global batch draws its masks from its own seed, whichever
-# rank draws them.
+# rank draws them; from either generator (Philox's masks are keyed by that seed too).
 if thorough; then
-    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --accum_steps 2 --dropout 0.2 --losses "$tmp/accumd.csv" > /dev/null 2>&1
-    mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --threads 1 --dropout 0.2 --losses "$tmp/ddp2d.csv" > /dev/null 2>&1
-    verdict=$(same_losses "$tmp/accumd.csv" "$tmp/ddp2d.csv" 1e-5)
-    expect "with --dropout 0.2, DDP on 2 ranks takes the steps of 1 rank x 2 micro-steps: $verdict (<= 1e-5)" test $? -eq 0
+    for rng in torch philox; do
+        run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --accum_steps 2 --dropout 0.2 --dropout_rng $rng --losses "$tmp/accumd.csv" > /dev/null 2>&1
+        mpi 2 "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --threads 1 --dropout 0.2 --dropout_rng $rng --losses "$tmp/ddp2d.csv" > /dev/null 2>&1
+        verdict=$(same_losses "$tmp/accumd.csv" "$tmp/ddp2d.csv" 1e-5)
+        expect "with --dropout 0.2 (--dropout_rng $rng), DDP on 2 ranks takes the steps of 1 rank x 2 micro-steps: $verdict (<= 1e-5)" test $? -eq 0
+    done
+    # The generators draw other masks: the same run with each takes other steps.
+    run "${gpt[@]}" --init "$tmp/init.h5" --max_iters 10 --eval_interval 10 --eval_iters 1 --accum_steps 2 --dropout 0.2 --dropout_rng torch --losses "$tmp/accumd_torch.csv" > /dev/null 2>&1
+    expect "--dropout_rng philox and torch drop other values: the first losses $(sed -n 2p "$tmp/accumd.csv" | cut -d, -f3) and $(sed -n 2p "$tmp/accumd_torch.csv" | cut -d, -f3)" \
+        test "$(sed -n 2p "$tmp/accumd.csv")" != "$(sed -n 2p "$tmp/accumd_torch.csv")"
 fi
 
 # ---------------------------------------------------------------- threads: the same bits
