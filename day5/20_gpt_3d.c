@@ -79,7 +79,7 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *prompt, *schedule;
+    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
@@ -292,7 +292,8 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1};
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1,
+                 .dropout_rng = "auto"};
     ArgSpec flags[] = {
         {"dp", ARG_INT, &o.dp, "D", "data-parallel replicas (world = D x T x P)", 1, NULL},
         {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
@@ -309,6 +310,9 @@ int main(int argc, char **argv) {
         {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per replica", 1, NULL},
         {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
         {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (the whole model only: D ranks, no --tp, --pp or --micro_batches)", 0, NULL},
+        {"dropout_rng", ARG_STRING, &o.dropout_rng, "GEN", "the masks' generator: torch (its CPU generator's bits, drawn on "
+         "the host) or philox (counter-based, drawn where the model is); auto: philox on a GPU, torch on the CPU", 0,
+         "torch|philox|auto"},
         {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
         {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
         {"min_lr", ARG_FLOAT_GE, &o.min_lr, "X", "the learning rate at the end of the cosine decay", 0, NULL},
@@ -413,6 +417,7 @@ int main(int argc, char **argv) {
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
     Gpt *model = gpt_new_part(whole, o.batch_size, &split, device);  // its part, .to(device)
+    if (strcmp(o.dropout_rng, "auto") != 0) gpt_set_dropout_philox(model, strcmp(o.dropout_rng, "philox") == 0);
     Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
     // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
     AdamW optimizer = {0};

@@ -53,6 +53,14 @@ grid() {
     same_gpt_weights "... and the gathered model's weights (--save) are step 19's" "$tmp/$name.h5" "$tmp/$reference.h5" 1e-5
 }
 
+# Dropout on whole models: D ranks draw each micro-batch's masks from step 19's seed for it, from
+# either generator (a run with dropout used to stop at gpt_new_part's check).
+for rng in torch $(thorough && echo philox); do
+    mpi 2 day5/19_gpt "${short[@]}" --init "$tmp/init.h5" --dropout 0.2 --dropout_rng $rng --losses "$tmp/s19dp2_drop_$rng.csv" \
+        --save "$tmp/s19dp2_drop_$rng.h5" > "$tmp/s19dp2_drop_$rng.out" 2>&1 || fail "step 19 with --dropout did not run: $(tail -1 "$tmp/s19dp2_drop_$rng.out")"
+    grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng
+done
+
 # memory_rows OUT: the rank rows of OUT's memory table (on rank 0, after its header line).
 memory_rows() { sed -n '/^  rank  replica  stage/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
 # recomputed NP NAME FLAGS...: the grid NAME ran with FLAGS, again with --recompute: the same float

@@ -312,7 +312,9 @@ static int kind_of(const char *name) {
 
 Gpt *gpt_new_part(const Gpt *whole, int max_batch, const GptSplit *split, Device device) {
     CHECK(whole->n_blocks == whole->config.n_layer && whole->device == DEVICE_CPU, "gpt_new_part: a whole model on the host");
-    CHECK(whole->config.dropout == 0, "gpt_new_part: dropout's masks are drawn for the whole model, not per part");
+    const bool whole_part = split->first_layer == 0 && split->end_layer == whole->config.n_layer &&
+                            (!split->tensor_group || split->tensor_group->size == 1);
+    CHECK(whole->config.dropout == 0 || whole_part, "gpt_new_part: dropout's masks are drawn for the whole model, not per part");
     Gpt *m = gpt_allocate(&whole->config, max_batch, split, device);
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];

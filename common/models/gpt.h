@@ -147,7 +147,8 @@ void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *config, int max
 Gpt *gpt_new(const GptConfig *config, int max_batch, Rng *rng, Device device);
 // A rank's part of `whole` (a model on the host, gpt_new's or loaded): its blocks, and its tensor-
 // parallel rank's slices of them, copied; activations for max_batch sequences. Collective over
-// nothing: every rank cuts its own part. Dropout is refused (its masks are drawn whole-model-wide).
+// nothing: every rank cuts its own part. Dropout only where the part is the whole model (its masks
+// are drawn whole-model-wide).
 Gpt *gpt_new_part(const Gpt *whole, int max_batch, const GptSplit *split, Device device);
 // The reverse, for a checksum and --save: the part's values put at their places in `whole` (a model
 // on the host), only those this rank owns (gpt_owns): the rest of whole is left as it is.
