@@ -175,14 +175,18 @@ expect_refused_flags() {
         fail "$what: exit $status, $lines error line(s): $(head -3 "$tmp/bad" | tr '\n' ' ')"
     fi
 }
-# expect_killed_rank_ends_job WHAT PROGRAM FLAGS...: PROGRAM on 2 ranks for 50 epochs, its last
-# rank SIGKILLed in the first: the job ends by itself (non-zero, within 60 s), not by the timeout.
+# expect_killed_rank_ends_job WHAT PROGRAM FLAGS...: PROGRAM on KILLED_NP ranks (2) for a long run
+# (the flags of the array killed_run, if set; else 50 epochs of $DATA), its last rank SIGKILLed once
+# its output shows KILLED_AFTER ('^epoch 1/'): the job ends by itself (non-zero, within 60 s), not
+# by the timeout.
 expect_killed_rank_ends_job() {
     local what=$1 job launcher victim start status seconds t; shift
+    local -a long=(--data "$DATA" --epochs 50 --plot '')
+    [ -n "${killed_run+set}" ] && long=("${killed_run[@]}")
     : > "$tmp/killed.out"  # there before the job's own redirection, which the loop below may outrun
-    timeout "$RUN_TIMEOUT" $MPIRUN -np 2 "$@" --data "$DATA" --epochs 50 --plot '' > "$tmp/killed.out" 2>&1 &
+    timeout "$RUN_TIMEOUT" $MPIRUN -np "${KILLED_NP:-2}" "$@" "${long[@]}" > "$tmp/killed.out" 2>&1 &
     job=$!  # timeout's pid: mpirun is its child, the ranks mpirun's
-    for ((t = 0; t < 300; t++)); do grep -q '^epoch 1/' "$tmp/killed.out" && break; sleep 0.1; done
+    for ((t = 0; t < 300; t++)); do grep -q "${KILLED_AFTER:-^epoch 1/}" "$tmp/killed.out" && break; sleep 0.1; done
     launcher=$(pgrep -P "$job" | head -1)
     victim=$(pgrep -P "${launcher:-0}" | tail -1)
     start=$(date +%s)

@@ -6,6 +6,8 @@
 # grids refused in one line, exit 2.
 # --zero 1 (AdamW's moments sharded over the replicas) takes DDP's steps bit for bit, with half the moments.
 # --recompute (activation checkpointing) takes the same grid's steps without it bit for bit, holding fewer activations.
+# --dropout on whole models (D ranks) takes step 19's steps with either --dropout_rng; --mlflow logs the
+# run as the other steps do (an mlruns folder); a rank SIGKILLed in a 2 x 2 grid ends the job.
 # make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2, --pp 2 with 1F1B); make test-all:
 # the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --bias and
 # --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
@@ -56,9 +58,9 @@ grid() {
 # Dropout on whole models: D ranks draw each micro-batch's masks from step 19's seed for it, from
 # either generator (a run with dropout used to stop at gpt_new_part's check).
 for rng in torch $(thorough && echo philox); do
-    mpi 2 day5/19_gpt "${short[@]}" --init "$tmp/init.h5" --dropout 0.2 --dropout_rng $rng --losses "$tmp/s19dp2_drop_$rng.csv" \
+    mpi 2 day5/19_gpt "${short[@]}" --max_iters 10 --eval_interval 10 --init "$tmp/init.h5" --dropout 0.2 --dropout_rng $rng --losses "$tmp/s19dp2_drop_$rng.csv" \
         --save "$tmp/s19dp2_drop_$rng.h5" > "$tmp/s19dp2_drop_$rng.out" 2>&1 || fail "step 19 with --dropout did not run: $(tail -1 "$tmp/s19dp2_drop_$rng.out")"
-    grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng
+    grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng --max_iters 10 --eval_interval 10
 done
 
 # memory_rows OUT: the rank rows of OUT's memory table (on rank 0, after its header line).
@@ -145,6 +147,40 @@ if thorough; then
     expect "4 ranks, --tp 2 --pp 2 --micro_batches 3 --bias --accum_steps 2: step 19's losses: $verdict (<= 1e-5)" test $? -eq 0
     same_gpt_weights "... and its weights" "$tmp/bias.h5" "$tmp/s19bias.h5" 1e-5
 fi
+
+# ---------------------------------------------------------------- --mlflow: the run in an mlruns folder
+# As the other steps log (tests/test_tracking.sh): every flag a param, each iteration's loss the
+# --losses CSV's, the train and validation losses at each evaluation, the grid's shape, the files.
+mpi 2 day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --tp 2 --max_iters 10 --eval_interval 5 --losses "$tmp/tracked.csv" \
+    --save "$tmp/tracked.h5" --mlflow "$tmp/mlruns" --experiment gpt3d > "$tmp/tracked.out" 2>&1
+status=$?
+if [ $status -ne 0 ]; then
+    fail "step 20 with --mlflow FOLDER: exit $status: $(grep -a -m1 'error\|rank [0-9]* @' "$tmp/tracked.out")"
+elif ! "$PYTHON" -c 'import yaml' 2> /dev/null; then
+    skip "step 20's mlruns folder: tests/check_mlruns.py needs PyYAML in $PYTHON (apt-get install python3-yaml)"
+elif ! "$PYTHON" tests/check_mlruns.py "$tmp/mlruns" --json "$tmp/mlruns.json" 2> "$tmp/check.err"; then
+    fail "step 20's mlruns folder: tests/check_mlruns.py refuses it: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+else
+    expect_output "step 20 on 2 ranks (--tp 2) with --mlflow FOLDER: the run FINISHED, each iteration's loss the --losses CSV's, the flags and the grid as params, the files as artifacts" \
+        "$PYTHON" tests/tracked_run.py "$tmp/mlruns.json" --experiment gpt3d --runs 1 --status FINISHED --losses "$tmp/tracked.csv" \
+        --param tp=2 --param dp=1 --param pp=1 --param max_iters=10 --param world_size=2 --no_param mlflow --no_param experiment \
+        --tag world_size=2 --tag mlflow.source.name=day5/20_gpt_3d.c --artifact "$tmp/tracked.csv" --artifact "$tmp/tracked.h5"
+    evals=$("$PYTHON" -c 'import json, sys
+sys.path.insert(0, "tests")
+from tracked_run import runs_of
+run = runs_of(json.load(open(sys.argv[1])), "gpt3d")[0]
+print(sorted(step for step, _ in run["metrics"].get("val_loss", [])))' "$tmp/mlruns.json" 2>&1)
+    expect "... and val_loss at the evaluations' iterations: $evals" test "$evals" = "[0, 5, 10]"
+fi
+
+# ---------------------------------------------------------------- a rank killed mid-step
+# 4 ranks in a 2 x 2 grid (tensor-parallel pairs, two stages): one SIGKILLed while they train; the
+# others, waiting in a collective or a pipeline exchange with it, are ended by Open MPI, not left
+# waiting. (A lost NCCL peer: tests/test_gpu.sh, for steps 12, 13 and 15-17.)
+killed_run=(--data "$SHAKESPEARE" --max_iters 100000 --eval_interval 100000 --eval_iters 1 --sample 0 --plot '' --threads 1)
+KILLED_NP=4 KILLED_AFTER='^iter 0:' expect_killed_rank_ends_job "step 20 on 4 ranks (--tp 2 --pp 2), a rank killed mid-training" \
+    day5/20_gpt_3d --tp 2 --pp 2 --micro_batches 2
+unset killed_run
 
 # ---------------------------------------------------------------- bad grids: one line, exit 2
 DATA=$SHAKESPEARE
