@@ -365,7 +365,6 @@ int main(int argc, char **argv) {
     long total_steps = 0;
 
     if (trace) profile_start(trace);
-    long saved_step = resumed_step;
     CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     double train_start = wall_seconds();
     for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
@@ -412,7 +411,6 @@ int main(int argc, char **argv) {
                 check_weights_finite(stage.params, stage.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, saved.piece,
                                              saved.n, &state);
-                saved_step = steps;
             }
         }
         double seconds = wall_seconds() - epoch_start;
@@ -433,12 +431,12 @@ int main(int argc, char **argv) {
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
     check_weights_finite(stage.params, stage.n_params, losses.n, epochs, run);  // the last step's update
-    sharded_checkpoint_finish_saves(&in_flight);  // --async_save: the last one a thread was writing
-    if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        sharded_checkpoint_save_step(NULL, checkpoint, keep, save_errors_continue, saved.piece, saved.n, &state);
-    } else if (checkpoint && steps == resumed_step) {
-        print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
-    }
+    bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
+    // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
+    if (checkpoint && steps == resumed_step) print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
+    else if (checkpoint)
+        end_saved = sharded_checkpoint_save_last(&in_flight, checkpoint, keep, save_errors_continue, saved.piece, saved.n,
+                                                 &state);
     size_t peak_activations = stage_peak_activation_bytes(&stage);  // before the evaluation's own slots
 
     Tensor test_images = mnist_images(&test, stage.is_first ? device : DEVICE_CPU);  // [10000, 784]
@@ -521,6 +519,7 @@ int main(int argc, char **argv) {
     sampler_free(&sampler);
     mnist_free(&train);
     mnist_free(&test);
+    sharded_checkpoint_check_end_saved(end_saved, checkpoint);  // the outputs written: exit 1 if the end is not checkpointed
     dist_finalize();
     return 0;
 }

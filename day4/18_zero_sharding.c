@@ -514,7 +514,7 @@ int main(int argc, char **argv) {
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
 
     if (trace) profile_start(trace);
-    long saved_step = resumed_step, first_steps = steps;
+    long first_steps = steps;
     CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     double train_start = wall_seconds(), first_step_seconds = 0;
     for (int epoch = first_epoch; epoch < epochs && (max_steps < 0 || steps < max_steps); epoch++) {
@@ -557,7 +557,6 @@ int main(int argc, char **argv) {
                 int n_pieces = checkpoint_pieces(&model, &optimizer, true, pieces);
                 sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, pieces, n_pieces,
                                              &state);
-                saved_step = steps;
             }
         }
         double seconds = wall_seconds() - epoch_start;
@@ -571,13 +570,12 @@ int main(int argc, char **argv) {
     model.counting = false;
     double train_seconds = wall_seconds() - train_start;
     check_held_weights_finite(&model, losses.n, epochs, run);  // the last step's update
-    sharded_checkpoint_finish_saves(&in_flight);  // --async_save: the last one a thread was writing
-    if (checkpoint && steps != saved_step) {  // the end of training, where no --save_every save fell
-        sharded_checkpoint_save_step(NULL, checkpoint, keep, save_errors_continue, pieces,
-                                     checkpoint_pieces(&model, &optimizer, true, pieces), &state);
-    } else if (checkpoint && steps == resumed_step) {
-        print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
-    }
+    bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
+    // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
+    if (checkpoint && steps == resumed_step) print0("Nothing left to train: the checkpoint is at step %ld\n", steps);
+    else if (checkpoint)
+        end_saved = sharded_checkpoint_save_last(&in_flight, checkpoint, keep, save_errors_continue, pieces,
+                                                 checkpoint_pieces(&model, &optimizer, true, pieces), &state);
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
     profile_push("evaluation");  // in a trace, the test set's forwards (and gathers) apart from training's
@@ -621,6 +619,7 @@ int main(int argc, char **argv) {
     sampler_free(&sampler);
     mnist_free(&train);
     mnist_free(&test);
+    sharded_checkpoint_check_end_saved(end_saved, checkpoint);  // the outputs written: exit 1 if the end is not checkpointed
     dist_finalize();
     return 0;
 }

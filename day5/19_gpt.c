@@ -320,10 +320,9 @@ int main(int argc, char **argv) {
     CheckpointPieces saved = checkpoint_param_pieces(model->params, optimizer.adam.exp_avg, optimizer.adam.exp_avg_sq,
                                                      model->n_params, boxes, true);
     int first_iter = 0;
-    long saved_step = -1;
     CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
     if (o.checkpoint && sharded_checkpoint_resume(o.checkpoint, wanted.piece, wanted.n, &state, o.init)) {
-        first_iter = (int)state.step, saved_step = state.step;
+        first_iter = (int)state.step;
         optimizer.adam.step = state.step;
         train_rng = state.generator, eval_rng = state.eval_generator;
     }
@@ -391,7 +390,6 @@ int main(int argc, char **argv) {
             check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
             sharded_checkpoint_save_step(o.async_save ? &in_flight : NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece,
                                          saved.n, &state);
-            saved_step = state.step;
         }
     }
     int taken = o.max_iters - first_iter;  // by this run (a resumed one took the others before)
@@ -400,12 +398,12 @@ int main(int argc, char **argv) {
                (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, o.batch_size);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
-    sharded_checkpoint_finish_saves(&in_flight);  // --async_save: the last one a thread was writing
-    if (o.checkpoint && o.max_iters != saved_step) {  // the end of training, where no --save_every save fell
-        sharded_checkpoint_save_step(NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece, saved.n, &state);
-    } else if (o.checkpoint && o.max_iters == first_iter) {
-        print0("Nothing left to train: the checkpoint is at step %d\n", first_iter);
-    }
+    bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
+    // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
+    if (o.checkpoint && o.max_iters == first_iter) print0("Nothing left to train: the checkpoint is at step %d\n", o.max_iters);
+    else if (o.checkpoint)
+        end_saved = sharded_checkpoint_save_last(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
+                                                 saved.n, &state);
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (o.max_iters > 0) print0("DDP: %s\n", overlap);
@@ -452,6 +450,7 @@ int main(int argc, char **argv) {
     ddp_free(&ddp);
     gpt_free(model);
     char_text_free(&text);
+    sharded_checkpoint_check_end_saved(end_saved, o.checkpoint);  // the outputs written: exit 1 if the end is not checkpointed
     dist_finalize();
     return 0;
 }

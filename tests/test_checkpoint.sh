@@ -8,7 +8,8 @@
 # naming the file, exit 1 on every rank, nothing overwritten; a full disk and an unwritable
 # folder: one line, exit 1, the previous checkpoint intact; with --save_errors continue, a full disk
 # or one rank's failed fsync: one warning per failed save, the last good checkpoint current, the
-# uninterrupted steps; --async_save, the same steps, and a rank killed while its thread writes
+# uninterrupted steps; the last step's save tried once more (saved; or failed again: the outputs
+# written, then one line and exit 1); --async_save, the same steps, and a rank killed while its thread writes
 # leaves the previous checkpoint current; at TEST_LEVEL=all, SIGTERM to mpirun (scancel) and the
 # same command again resumes bit for bit. Steps 16 and 17 (the same module and flags): stopped
 # mid-epoch and resumed bit for bit; 2 stages resumed as 1 (bit for bit: the same arithmetic),
@@ -140,6 +141,15 @@ if [ -f $crash_lib ]; then
         test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/failed_one.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 15 20 25 30" \
         -a "$(cat "$tmp/ckf/current")" = step-000030 -a -z "$(ls -d "$tmp"/ckf/tmp-* 2> /dev/null)"
     same_as_reference "... and the run took the uninterrupted steps" failed_one
+    # The last step's save fails once (rank 1's sync of step 30, ENOSPC): it is tried once more, in
+    # line, and saved; exit 0.
+    mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000030/shard-00001.h5 -x CRASH_IN_SAVE_ERRNO=28 $program "${common[@]}" \
+        --zero 3 --checkpoint "$tmp/ckl" --save_every 10 --save_errors continue --losses "$tmp/failed_last.csv" > "$tmp/failed_last.out" 2>&1
+    status=$?
+    expect "--save_errors continue: the last step's save fails once, then saves: exit $status, $(grep -c '^warning: checkpoint of step 30 not saved' "$tmp/failed_last.out") warning, steps $(grep -o '^Checkpoint of step [0-9]*' "$tmp/failed_last.out" | awk '{ print $4 }' | paste -sd ' ') saved, step 30 current" \
+        test $status = 0 -a "$(grep -c '^warning' "$tmp/failed_last.out")" = 1 -a "$(grep -c '^warning: checkpoint of step 30 not saved' "$tmp/failed_last.out")" = 1 \
+        -a "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/failed_last.out" | awk '{ print $4 }' | paste -sd ' ')" = "10 20 30" \
+        -a "$(cat "$tmp/ckl/current")" = step-000030 -a -z "$(ls -d "$tmp"/ckl/tmp-* 2> /dev/null)"
     if thorough; then
         # The same, saving in line: one rank's failure, agreed by both, and the run goes on.
         mpi 2 -x LD_PRELOAD=$crash_lib -x CRASH_IN_SAVE=tmp-000010/shard-00001.h5 -x CRASH_IN_SAVE_ERRNO=28 $program "${common[@]}" \
@@ -393,14 +403,18 @@ refused "a checkpoint of another run (--seed 3)" 'index.h5: a checkpoint of anot
 # ---------------------------------------------------------------- a full disk, an unwritable folder
 if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=2m tmpfs "$tmp/small" 2> /dev/null; then
     at_exit 'umount "$tmp/small" 2> /dev/null'
-    # --save_errors continue: step 10's checkpoint fits, steps 20 and 30 do not: a warning each, step
-    # 10 current, no tmp-* left, exit 0, and the uninterrupted run's steps.
+    # --save_errors continue: step 10's checkpoint fits, steps 20 and 30 do not: a warning each, and
+    # the last step's one more try fails too (a third warning). The run ends as the uninterrupted
+    # one, its outputs written, then one line and exit 1: its end is not saved. Step 10 current, no
+    # tmp-* left.
     zero18 2 full_go --zero 3 --save_every 10 --checkpoint "$tmp/small/ck" --save_errors continue
     status=$?
-    expect "a full disk, --save_errors continue: exit $status, $(grep -c '^warning: checkpoint of step [23]0 not saved in .*current still names step-000010; training goes on (--save_errors continue): .*No space left on device$' "$tmp/full_go.out") warnings (steps 20, 30), step 10 current, no tmp-* left" \
-        test $status = 0 -a "$(grep -c '^warning: checkpoint of step [23]0 not saved in .*current still names step-000010; training goes on (--save_errors continue): .*No space left on device$' "$tmp/full_go.out")" = 2 \
-        -a "$(grep -c '^warning' "$tmp/full_go.out")" = 2 -a "$(cat "$tmp/small/ck/current")" = step-000010 -a -z "$(ls -d "$tmp"/small/ck/tmp-* 2> /dev/null)"
-    same_as_reference "... and the run took the uninterrupted steps" full_go
+    warnings=$(grep -c '^warning: checkpoint of step [23]0 not saved in .*current still names step-000010; training goes on (--save_errors continue): .*No space left on device$' "$tmp/full_go.out")
+    expect "a full disk, --save_errors continue: $warnings warnings (steps 20, 30 and 30 again), step 10 current, no tmp-* left, exit $status and one line: $(grep '^\[rank [0-9]* @' "$tmp/full_go.out" | sed "s|$tmp/||g")" \
+        test $status = 1 -a "$warnings" = 3 -a "$(grep -c '^warning' "$tmp/full_go.out")" = 3 \
+        -a "$(grep -c '^\[rank [0-9]* @' "$tmp/full_go.out")" = 1 -a -n "$(grep "^\[rank 0 @ .*\] the end of training is not saved in $tmp/small/ck: the last step's checkpoint failed twice" "$tmp/full_go.out")" \
+        -a "$(cat "$tmp/small/ck/current")" = step-000010 -a -z "$(ls -d "$tmp"/small/ck/tmp-* 2> /dev/null)"
+    same_as_reference "... and the run took the uninterrupted steps, its checksum and losses written before it failed" full_go
     rm -rf "$tmp/small/ck"
     # --save_errors stop (the default). A checkpoint takes 1.3 MB: the first fits, the second does not.
     mpi 2 $program "${common[@]}" --zero 1 --max_steps 4 --save_every 2 --checkpoint "$tmp/small/ck" > "$tmp/full.out" 2>&1

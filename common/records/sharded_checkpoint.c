@@ -535,8 +535,12 @@ struct CheckpointSave {
     CheckpointWrite written;
 };
 
+// The newest step this process began to save, and the newest it saved (for sharded_checkpoint_save_last).
+static long g_attempted_step = -1, g_saved_step = -1;
+
 static CheckpointSave *save_begin(const char *dir, int keep, bool continue_on_error, int n_pieces,
                                   const CheckpointState *state) {
+    g_attempted_step = state->step;
     quiet_hdf5();
     CheckpointSave *save = xcalloc(1, sizeof *save);
     save->start = wall_seconds();
@@ -677,6 +681,7 @@ static CheckpointWrite save_commit(CheckpointSave *save) {
     failed_rank = first_failed_rank(!err[0]);  // rank 0's part: the index, the renames
     if (failed_rank >= 0) return save_abandon(save, failed_rank);
     written.seconds = wall_seconds() - save->start;
+    g_saved_step = written.step;
     save_free(save);
     return written;
 }
@@ -745,6 +750,27 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight) {
     CheckpointWrite written;
     if (sharded_checkpoint_finish(in_flight, &written)) sharded_checkpoint_print_saved(&written, written.step);
+}
+
+bool sharded_checkpoint_save_last(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                  const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state) {
+    sharded_checkpoint_finish_saves(in_flight);
+    if (g_saved_step == state->step) return true;  // a --save_every save holds it
+    // Two tries in all: a failed --save_every save of this step was the first.
+    const int tries = g_attempted_step == state->step ? 1 : 2;
+    for (int t = 0; t < tries; t++) {
+        CheckpointWrite written = sharded_checkpoint_save(dir, keep, continue_on_error, pieces, n_pieces, state);
+        sharded_checkpoint_print_saved(&written, written.step);
+        if (!written.failed) return true;
+    }
+    return false;  // (only under continue_on_error: without it a failed save has ended the run already)
+}
+
+void sharded_checkpoint_check_end_saved(bool end_saved, const char *dir) {
+    char message[PATH_MAX + 256];
+    snprintf(message, sizeof message, "the end of training is not saved in %s: the last step's checkpoint failed twice "
+             "(--save_errors continue; the warnings above say why)", dir ? dir : "");
+    check_all_ranks(end_saved, message);
 }
 
 // ---------------------------------------------------------------- load

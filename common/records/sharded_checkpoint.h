@@ -199,7 +199,8 @@ void checkpoint_pieces_free(CheckpointPieces *pieces);
 #define CHECKPOINT_HELP_ASYNC_SAVE \
     "--checkpoint: copy the shards to host memory and write them from a thread while training goes on"
 #define CHECKPOINT_HELP_SAVE_ERRORS \
-    "--checkpoint: after a save that fails (a full disk): stop (exit 1), or continue with one warning, the last good checkpoint current"
+    "--checkpoint: after a save that fails (a full disk): stop (exit 1), or continue with one warning, the last good checkpoint " \
+    "current (the last step's save tried twice: exit 1 if both fail)"
 void checkpoint_flags_check(const char *checkpoint);
 
 // ---------------------------------------------------------------- what the programs print
@@ -222,6 +223,16 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
                                   const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state);
 // ... and at the end of training: the save still in flight, if any, finished and its line printed.
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight);
+// The end of training, collectively: sharded_checkpoint_finish_saves, then state->step saved in
+// line unless a save of it succeeded; true when the end is saved. Under continue_on_error the last
+// step gets two tries (a failed --save_every save of it was the first), and false when both failed:
+// the program writes its outputs, then calls sharded_checkpoint_check_end_saved, which ends it with
+// one line and exit 1. Periodic saves may fail and training go on; its end is what the run is for,
+// and a job that ends with it unsaved must not look like one that saved it.
+bool sharded_checkpoint_save_last(CheckpointSave **in_flight, const char *dir, int keep, bool continue_on_error,
+                                  const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state);
+// Collective: returns if end_saved; else one line naming DIR, and exit 1 on every rank.
+void sharded_checkpoint_check_end_saved(bool end_saved, const char *dir);
 
 // ---------------------------------------------------------------- reading outside a run
 // One process, no MPI (tools/checkpoint_to_state_dict): a checkpoint's tensors, any box of any of
