@@ -473,7 +473,7 @@ static void draw_dropout_mask(Gpt *m, int index, long n, Tensor *mask) {
 // block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes. With
 // torch's generator on a GPU they are drawn on the host and copied (transformer_ops.h's
 // dropout_draw): the host waits for the GPU once per forward, and copies B T (2 L + 1) C + L B H T^2
-// floats; Philox draws them on the GPU. (A whole model's: gpt_new_part refuses dropout.)
+// floats; Philox draws them on the GPU. (A whole model's: gpt_new_part takes dropout on whole models only.)
 static void draw_dropout_masks(Gpt *m, int B, int T) {
     const long tokens = (long)B * T * m->config.n_embd, scores = (long)B * m->config.n_head * T * T;
     draw_dropout_mask(m, 0, tokens, &m->embed_mask);
