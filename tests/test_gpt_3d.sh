@@ -63,6 +63,31 @@ for rng in torch $(thorough && echo philox); do
     grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng --max_iters 10 --eval_interval 10
 done
 
+# ---------------------------------------------------------------- --mlflow: the run in an mlruns folder
+# As the other steps log (tests/test_tracking.sh): every flag a param, each iteration's loss the
+# --losses CSV's, the train and validation losses at each evaluation, the grid's shape, the files.
+mpi 2 day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --tp 2 --max_iters 10 --eval_interval 5 --losses "$tmp/tracked.csv" \
+    --save "$tmp/tracked.h5" --mlflow "$tmp/mlruns" --experiment gpt3d > "$tmp/tracked.out" 2>&1
+status=$?
+if [ $status -ne 0 ]; then
+    fail "step 20 with --mlflow FOLDER: exit $status: $(grep -a -m1 'error\|rank [0-9]* @' "$tmp/tracked.out")"
+elif ! "$PYTHON" -c 'import yaml' 2> /dev/null; then
+    skip "step 20's mlruns folder: tests/check_mlruns.py needs PyYAML in $PYTHON (apt-get install python3-yaml)"
+elif ! "$PYTHON" tests/check_mlruns.py "$tmp/mlruns" --json "$tmp/mlruns.json" 2> "$tmp/check.err"; then
+    fail "step 20's mlruns folder: tests/check_mlruns.py refuses it: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
+else
+    expect_output "step 20 on 2 ranks (--tp 2) with --mlflow FOLDER: the run FINISHED, each iteration's loss the --losses CSV's, the flags and the grid as params, the files as artifacts" \
+        "$PYTHON" tests/tracked_run.py "$tmp/mlruns.json" --experiment gpt3d --runs 1 --status FINISHED --losses "$tmp/tracked.csv" \
+        --param tp=2 --param dp=1 --param pp=1 --param max_iters=10 --param world_size=2 --no_param mlflow --no_param experiment \
+        --tag world_size=2 --tag mlflow.source.name=day5/20_gpt_3d.c --artifact "$tmp/tracked.csv" --artifact "$tmp/tracked.h5"
+    evals=$("$PYTHON" -c 'import json, sys
+sys.path.insert(0, "tests")
+from tracked_run import runs_of
+run = runs_of(json.load(open(sys.argv[1])), "gpt3d")[0]
+print(sorted(step for step, _ in run["metrics"].get("val_loss", [])))' "$tmp/mlruns.json" 2>&1)
+    expect "... and val_loss at the evaluations' iterations: $evals" test "$evals" = "[0, 5, 10]"
+fi
+
 # memory_rows OUT: the rank rows of OUT's memory table (on rank 0, after its header line).
 memory_rows() { sed -n '/^  rank  replica  stage/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
 # recomputed NP NAME FLAGS...: the grid NAME ran with FLAGS, again with --recompute: the same float
@@ -146,31 +171,6 @@ if thorough; then
     verdict=$(same_losses "$tmp/s19bias.csv" "$tmp/bias.csv" 1e-5)
     expect "4 ranks, --tp 2 --pp 2 --micro_batches 3 --bias --accum_steps 2: step 19's losses: $verdict (<= 1e-5)" test $? -eq 0
     same_gpt_weights "... and its weights" "$tmp/bias.h5" "$tmp/s19bias.h5" 1e-5
-fi
-
-# ---------------------------------------------------------------- --mlflow: the run in an mlruns folder
-# As the other steps log (tests/test_tracking.sh): every flag a param, each iteration's loss the
-# --losses CSV's, the train and validation losses at each evaluation, the grid's shape, the files.
-mpi 2 day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --tp 2 --max_iters 10 --eval_interval 5 --losses "$tmp/tracked.csv" \
-    --save "$tmp/tracked.h5" --mlflow "$tmp/mlruns" --experiment gpt3d > "$tmp/tracked.out" 2>&1
-status=$?
-if [ $status -ne 0 ]; then
-    fail "step 20 with --mlflow FOLDER: exit $status: $(grep -a -m1 'error\|rank [0-9]* @' "$tmp/tracked.out")"
-elif ! "$PYTHON" -c 'import yaml' 2> /dev/null; then
-    skip "step 20's mlruns folder: tests/check_mlruns.py needs PyYAML in $PYTHON (apt-get install python3-yaml)"
-elif ! "$PYTHON" tests/check_mlruns.py "$tmp/mlruns" --json "$tmp/mlruns.json" 2> "$tmp/check.err"; then
-    fail "step 20's mlruns folder: tests/check_mlruns.py refuses it: $(head -3 "$tmp/check.err" | tr '\n' ' ')"
-else
-    expect_output "step 20 on 2 ranks (--tp 2) with --mlflow FOLDER: the run FINISHED, each iteration's loss the --losses CSV's, the flags and the grid as params, the files as artifacts" \
-        "$PYTHON" tests/tracked_run.py "$tmp/mlruns.json" --experiment gpt3d --runs 1 --status FINISHED --losses "$tmp/tracked.csv" \
-        --param tp=2 --param dp=1 --param pp=1 --param max_iters=10 --param world_size=2 --no_param mlflow --no_param experiment \
-        --tag world_size=2 --tag mlflow.source.name=day5/20_gpt_3d.c --artifact "$tmp/tracked.csv" --artifact "$tmp/tracked.h5"
-    evals=$("$PYTHON" -c 'import json, sys
-sys.path.insert(0, "tests")
-from tracked_run import runs_of
-run = runs_of(json.load(open(sys.argv[1])), "gpt3d")[0]
-print(sorted(step for step, _ in run["metrics"].get("val_loss", [])))' "$tmp/mlruns.json" 2>&1)
-    expect "... and val_loss at the evaluations' iterations: $evals" test "$evals" = "[0, 5, 10]"
 fi
 
 # ---------------------------------------------------------------- a rank killed mid-step
