@@ -536,7 +536,7 @@ elif [ -n "$sanitizer" ]; then
     status=$?
     expect "compute-sanitizer on step 14 (20 steps and the evaluation), exit $status: $(grep 'ERROR SUMMARY' "$tmp/cs14")" \
         grep -q 'ERROR SUMMARY: 0 errors' "$tmp/cs14"
-    # Step 19's kernels and strided-batched GEMMs: LayerNorm, attention, GELU, the embeddings, dropout, AdamW, sampling.
+    # Step 19's kernels and batched GEMMs: LayerNorm, attention, GELU, the embeddings, dropout, AdamW, sampling.
     if [ -f data/shakespeare/input.txt ]; then
         "$sanitizer" --error-exitcode 9 day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
             --max_iters 3 --eval_interval 3 --eval_iters 1 --bias --dropout 0.1 --sample 10 --plot '' > "$tmp/cs19" 2>&1

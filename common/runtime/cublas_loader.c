@@ -48,11 +48,6 @@ FORWARD(cublasStatus_t, cublasSgemm_v2,
         (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
          const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta, float *C, int ldc),
         (handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
-FORWARD(cublasStatus_t, cublasSgemmStridedBatched,
-        (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-         const float *alpha, const float *A, int lda, long long int strideA, const float *B, int ldb,
-         long long int strideB, const float *beta, float *C, int ldc, long long int strideC, int batchCount),
-        (handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batchCount))
 FORWARD(cublasStatus_t, cublasSgemmBatched,
         (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
          const float *alpha, const float *const Aarray[], int lda, const float *const Barray[], int ldb,

@@ -703,6 +703,18 @@ __device__ static float team_lanes_sum(float (*slots)[LANES], float partial) {
     return sum_of_lanes(lane);
 }
 
+// The CPU's fixed-order sum of term(c) over c < n, for the team's row: lane j's partial over the
+// whole chunks, the lanes added in sum_of_lanes' tree (team_lanes_sum), then the rest in order.
+template <typename Term>
+__device__ static float team_row_sum(float (*slots)[LANES], int n, Term term) {
+    const int whole = whole_chunks_end(n);
+    float partial = 0.0f;
+    for (int c = threadIdx.x % LANES; c < whole; c += LANES) partial = __fadd_rn(partial, term(c));
+    float sum = team_lanes_sum(slots, partial);
+    for (int c = whole; c < n; c++) sum = __fadd_rn(sum, term(c));
+    return sum;
+}
+
 __global__ void layernorm_forward_kernel(const float *x, const float *weight, const float *bias, int rows, int cols,
                                          float *y, float *mean, float *rstd) {
     __shared__ float slots[TEAM_ROWS][LANES];
@@ -710,17 +722,11 @@ __global__ void layernorm_forward_kernel(const float *x, const float *weight, co
     for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < (size_t)rows; base += (size_t)gridDim.x * TEAM_ROWS) {
         const size_t r = base + threadIdx.x / LANES;
         const bool live = r < (size_t)rows;
-        const int n = live ? cols : 0, whole = whole_chunks_end(n);
+        const int n = live ? cols : 0;
         const float *xr = x + (live ? r : 0) * cols;
-        float partial = 0.0f;
-        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, xr[c]);
-        float sum = team_lanes_sum(slots, partial);
-        for (int c = whole; c < n; c++) sum = __fadd_rn(sum, xr[c]);
-        const float m = __fdiv_rn(sum, (float)cols);
-        partial = 0.0f;
-        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, __fmul_rn(__fsub_rn(xr[c], m), __fsub_rn(xr[c], m)));
-        float squares = team_lanes_sum(slots, partial);
-        for (int c = whole; c < n; c++) squares = __fadd_rn(squares, __fmul_rn(__fsub_rn(xr[c], m), __fsub_rn(xr[c], m)));
+        const float m = __fdiv_rn(team_row_sum(slots, n, [=](int c) { return xr[c]; }), (float)cols);
+        const float squares =
+            team_row_sum(slots, n, [=](int c) { return __fmul_rn(__fsub_rn(xr[c], m), __fsub_rn(xr[c], m)); });
         const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(squares, (float)cols), 1e-5f)));
         __syncthreads();  // every thread of the team has read the row's rest (y may be x)
         float *yr = y + (live ? r : 0) * cols;
@@ -741,19 +747,12 @@ __global__ void layernorm_backward_rows_kernel(const float *x, const float *weig
     for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < (size_t)rows; base += (size_t)gridDim.x * TEAM_ROWS) {
         const size_t r = base + threadIdx.x / LANES;
         const bool live = r < (size_t)rows;
-        const int n = live ? cols : 0, whole = whole_chunks_end(n);
+        const int n = live ? cols : 0;
         const float *xr = x + (live ? r : 0) * cols, *gy = grad_y + (live ? r : 0) * cols;
         const float m = live ? mean[r] : 0.0f, s = live ? rstd[r] : 0.0f;
-        float partial = 0.0f;
-        for (int c = j; c < whole; c += LANES) partial = __fadd_rn(partial, __fmul_rn(gy[c], weight[c]));
-        float g_sum = team_lanes_sum(slots, partial);
-        for (int c = whole; c < n; c++) g_sum = __fadd_rn(g_sum, __fmul_rn(gy[c], weight[c]));
-        partial = 0.0f;
-        for (int c = j; c < whole; c += LANES)
-            partial = __fadd_rn(partial, __fmul_rn(__fmul_rn(gy[c], weight[c]), __fmul_rn(__fsub_rn(xr[c], m), s)));
-        float g_xhat_sum = team_lanes_sum(slots, partial);
-        for (int c = whole; c < n; c++)
-            g_xhat_sum = __fadd_rn(g_xhat_sum, __fmul_rn(__fmul_rn(gy[c], weight[c]), __fmul_rn(__fsub_rn(xr[c], m), s)));
+        const float g_sum = team_row_sum(slots, n, [=](int c) { return __fmul_rn(gy[c], weight[c]); });
+        const float g_xhat_sum = team_row_sum(
+            slots, n, [=](int c) { return __fmul_rn(__fmul_rn(gy[c], weight[c]), __fmul_rn(__fsub_rn(xr[c], m), s)); });
         const float g_mean = __fdiv_rn(g_sum, (float)cols), g_xhat_mean = __fdiv_rn(g_xhat_sum, (float)cols);
         __syncthreads();  // every thread of the team has read the row's rest (grad_x may be grad_y)
         float *gx = grad_x + (live ? r : 0) * cols;
@@ -874,13 +873,10 @@ __global__ void causal_softmax_backward_kernel(const float *att, float *grad, in
     for (size_t base = (size_t)blockIdx.x * TEAM_ROWS; base < rows; base += (size_t)gridDim.x * TEAM_ROWS) {
         const size_t i = base + threadIdx.x / LANES;
         const bool live = i < rows;
-        const int n = live ? (int)(i % T) + 1 : 0, end = live ? causal_end(n, T) : 0, whole = whole_chunks_end(end);
+        const int n = live ? (int)(i % T) + 1 : 0, end = live ? causal_end(n, T) : 0;
         const float *row = att + (live ? i : 0) * T;
         float *g = grad + (live ? i : 0) * T;
-        float partial = 0.0f;
-        for (int u = j; u < whole; u += LANES) partial = __fadd_rn(partial, __fmul_rn(row[u], g[u]));
-        float weighted = team_lanes_sum(slots, partial);
-        for (int u = whole; u < end; u++) weighted = __fadd_rn(weighted, __fmul_rn(row[u], g[u]));
+        const float weighted = team_row_sum(slots, end, [=](int u) { return __fmul_rn(row[u], g[u]); });
         __syncthreads();  // every thread of the team has read the last partial chunk
         for (int u = j; live && u < T; u += LANES)
             g[u] = u < n ? __fmul_rn(__fmul_rn(row[u], __fsub_rn(g[u], weighted)), scale) : 0.0f;
@@ -1037,10 +1033,7 @@ __global__ void dropout_philox_kernel(uint32_t key0, uint32_t key1, uint64_t str
     size_t groups = (n + 3) / 4;
     for (size_t group = (size_t)blockIdx.x * blockDim.x + threadIdx.x; group < groups;
          group += (size_t)gridDim.x * blockDim.x) {
-        Philox4x32 counter = {{(uint32_t)group, (uint32_t)((uint64_t)group >> 32), (uint32_t)stream_id,
-                               (uint32_t)(stream_id >> 32)}};
-        Philox4x32 bits = philox4x32_10(counter, key0, key1);
-        for (int j = 0; j < 4 && 4 * group + j < n; j++) mask[4 * group + j] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
+        philox_dropout_group(group, key0, key1, stream_id, keep, scale, n, mask);
     }
 }
 

@@ -550,12 +550,8 @@ void dropout_draw(Rng *rng, double p, long n, Tensor *mask) {
 CPU_DISPATCHED static void cpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream, float keep, float scale,
                                               long n, float *mask) {
 #pragma omp parallel for schedule(static)
-    for (long group = 0; group < (n + 3) / 4; group++) {  // four values per evaluation
-        Philox4x32 counter = {{(uint32_t)group, (uint32_t)((uint64_t)group >> 32), (uint32_t)stream,
-                               (uint32_t)(stream >> 32)}};
-        Philox4x32 bits = philox4x32_10(counter, key0, key1);
-        for (int j = 0; j < 4 && 4 * group + j < n; j++) mask[4 * group + j] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
-    }
+    for (long group = 0; group < (n + 3) / 4; group++)  // four values per evaluation
+        philox_dropout_group((uint64_t)group, key0, key1, stream, keep, scale, (uint64_t)n, mask);
 }
 
 void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask) {

@@ -13,7 +13,7 @@
 //
 // Each operation makes the CPU/GPU choice once, inside, from where its tensors live (as
 // tensor_ops.h's do): on the CPU, loops on the rank's OpenMP threads; on the GPU, the kernels of
-// kernels.h on the compute stream, and cuBLAS's strided-batched GEMMs for the attention's
+// kernels.h on the compute stream, and cuBLAS's batched GEMMs for the attention's
 // products. Every reduction (a LayerNorm's statistics, a column sum for a weight's gradient, an
 // embedding row's sum over the batch) runs in a fixed order, so the bits depend neither on the
 // thread count nor on the run; the kernels do the CPU's operations in the CPU's order, so that

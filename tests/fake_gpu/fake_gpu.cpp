@@ -840,14 +840,33 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     }
 }
 
+// C = a op(A) op(B) + b C, column-major, as cuBLAS computes it, when the stream runs it: with b 0,
+// C is not read (a NaN there must not show); with k 0, C is only scaled by b.
+static void run_sgemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float a, const float *A,
+                      int lda, const float *B, int ldb, float b, float *C, int ldc) {
+    if (b == 0.0f)
+        for (int j = 0; j < n; j++) memset(C + (size_t)j * ldc, 0, (size_t)m * sizeof *C);
+    if (m && n && k) cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A, lda, B, ldb, b, C, ldc);
+    else if (b != 1.0f && b != 0.0f)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] *= b;
+}
+
+// cuBLAS's argument checks of a GEMM's sizes: none negative, each leading dimension at least its
+// matrix's rows (and 1).
+static bool sgemm_sizes_valid(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, int lda, int ldb,
+                              int ldc) {
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };
+    return m >= 0 && n >= 0 && k >= 0 && lda >= at_least(ta ? k : m) && ldb >= at_least(tb ? n : k) && ldc >= at_least(m);
+}
+
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                               const float *beta, float *C, int ldc) {
     Guard guard(big_lock);
     bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };  // cuBLAS's rule for a leading dimension
-    if (m < 0 || n < 0 || k < 0 || lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) || ldc < at_least(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
     if (k > 0) {
         require_device(A, matrix_bytes(ta ? k : m, ta ? m : k, lda), "cublasSgemm's A");
         require_device(B, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemm's B");
@@ -859,73 +878,22 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     count_launch();
     enqueue(handle->stream, [=] {
         Window open;
-        if (b == 0.0f)  // cuBLAS does not read C then: a NaN there must not show
-            for (int j = 0; j < n; j++) memset(C + (size_t)j * ldc, 0, (size_t)m * sizeof *C);
-        if (m && n && k) cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A, lda, B, ldb, b, C, ldc);
-        else if (b != 1.0f && b != 0.0f)
-            for (int j = 0; j < n; j++)
-                for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] *= b;
-    });
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-// batchCount GEMMs, matrix i of A, B and C at i times its stride (in floats), as cuBLAS's: each
-// the GEMM above, one after the other (cuBLAS may run them side by side; they write disjoint C's).
-cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                         int m, int n, int k, const float *alpha, const float *A, int lda,
-                                         long long int strideA, const float *B, int ldb, long long int strideB,
-                                         const float *beta, float *C, int ldc, long long int strideC, int batchCount) {
-    Guard guard(big_lock);
-    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };
-    if (m < 0 || n < 0 || k < 0 || batchCount < 0 || strideA < 0 || strideB < 0 || strideC < 0 ||
-        lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) || ldc < at_least(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
-    // Every matrix of the batch in device memory: the last one's end bounds them all.
-    size_t last = (size_t)(batchCount - 1);
-    if (k > 0) {
-        require_device(A, last * strideA * sizeof(float) + matrix_bytes(ta ? k : m, ta ? m : k, lda),
-                       "cublasSgemmStridedBatched's A");
-        require_device(B, last * strideB * sizeof(float) + matrix_bytes(tb ? n : k, tb ? k : n, ldb),
-                       "cublasSgemmStridedBatched's B");
-    }
-    require_device(C, last * strideC * sizeof(float) + matrix_bytes(m, n, ldc), "cublasSgemmStridedBatched's C");
-    require_host(alpha, sizeof *alpha, "cublasSgemmStridedBatched's alpha");
-    require_host(beta, sizeof *beta, "cublasSgemmStridedBatched's beta");
-    float a = *alpha, b = *beta;
-    count_launch();
-    enqueue(handle->stream, [=] {
-        Window open;
-        for (int i = 0; i < batchCount; i++) {
-            const float *A_i = A + (size_t)i * strideA, *B_i = B + (size_t)i * strideB;
-            float *C_i = C + (size_t)i * strideC;
-            if (b == 0.0f)  // C is not read then (a NaN there must not show)
-                for (int j = 0; j < n; j++) memset(C_i + (size_t)j * ldc, 0, (size_t)m * sizeof *C_i);
-            if (m && n && k)
-                cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A_i, lda, B_i, ldb, b,
-                            C_i, ldc);
-            else if (b != 1.0f && b != 0.0f)
-                for (int j = 0; j < n; j++)
-                    for (int r = 0; r < m; r++) C_i[(size_t)j * ldc + r] *= b;
-        }
+        run_sgemm(transa, transb, m, n, k, a, A, lda, B, ldb, b, C, ldc);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
 
 // batchCount GEMMs, matrix i of A, B and C where pointer i of Aarray, Barray and Carray points, as
 // cuBLAS's: the arrays are device memory, which a kernel may fill just before on the same stream,
-// so they are read, and each matrix checked to be device memory, when the GEMMs run.
+// so they are read, and each matrix checked to be device memory, when the GEMMs run; each the GEMM
+// above, one after the other (cuBLAS may run them side by side; they write disjoint C's).
 cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                   int n, int k, const float *alpha, const float *const Aarray[], int lda,
                                   const float *const Barray[], int ldb, const float *beta, float *const Carray[],
                                   int ldc, int batchCount) {
     Guard guard(big_lock);
     bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-    auto at_least = [](int rows) { return rows > 1 ? rows : 1; };
-    if (m < 0 || n < 0 || k < 0 || batchCount < 0 || lda < at_least(ta ? k : m) || ldb < at_least(tb ? n : k) ||
-        ldc < at_least(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc) || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
     if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
     size_t arrays = (size_t)batchCount * sizeof(float *);
     require_device(Aarray, arrays, "cublasSgemmBatched's Aarray");
@@ -945,14 +913,7 @@ cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t trans
                 require_device(B_i, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemmBatched's B[i]");
             }
             require_device(C_i, matrix_bytes(m, n, ldc), "cublasSgemmBatched's C[i]");
-            if (b == 0.0f)  // C is not read then (a NaN there must not show)
-                for (int j = 0; j < n; j++) memset(C_i + (size_t)j * ldc, 0, (size_t)m * sizeof *C_i);
-            if (m && n && k)
-                cblas_sgemm(CblasColMajor, transpose_of(transa), transpose_of(transb), m, n, k, a, A_i, lda, B_i, ldb, b,
-                            C_i, ldc);
-            else if (b != 1.0f && b != 0.0f)
-                for (int j = 0; j < n; j++)
-                    for (int r = 0; r < m; r++) C_i[(size_t)j * ldc + r] *= b;
+            run_sgemm(transa, transb, m, n, k, a, A_i, lda, B_i, ldb, b, C_i, ldc);
         }
     });
     return CUBLAS_STATUS_SUCCESS;
