@@ -14,7 +14,11 @@
 //     column- and mlp.c_proj row-parallel alike; in backward the gradient of each column-parallel
 //     Linear's input allreduced (f). LayerNorms, the row-parallel biases, the embeddings and the
 //     head are whole on every rank of the group, their gradients the same on each (computed from
-//     the same allreduced values);
+//     the same allreduced values). With --sp (Megatron-LM's sequence parallelism) the LayerNorms
+//     and residuals are cut along the tokens instead (rank t of T holds 1/T of each micro-batch's
+//     tokens there): g's allreduce becomes a reduce-scatter onto each rank's tokens, and an
+//     all-gather of the LayerNorm's output comes before each column-parallel Linear (in backward
+//     the reverse); the LayerNorms' gradients, each rank's from its tokens, are summed over the group;
 //   - pipeline parallelism (step 16's): the n_layer blocks cut into P stages of n_layer / P, the
 //     embeddings on the first, ln_f and the head on the last; each replica's batch cut into
 //     --micro_batches M, run in --schedule gpipe|1f1b's order (common/parallel/schedule.h). The head
@@ -84,7 +88,7 @@ typedef struct {
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
     double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
-    int dp, tp, pp, micro_batches, zero, recompute;
+    int dp, tp, pp, micro_batches, zero, recompute, sp;
     TrackingOptions tracking;
 } Options;
 
@@ -227,30 +231,39 @@ static void gather_whole(const Gpt *part, Gpt *whole, const Grid *grid) {
     }
 }
 
+// The activations a rank keeps from forward for backward, in floats, for one micro-step (all its M
+// micro-batches: what GPipe holds at once), as the formulas of print_memory count them, with the
+// token-wise regions split S ways (S = T with --sp, else 1) and with or without --recompute.
+static double activation_formula(const Gpt *model, const Options *o, double S, bool recompute) {
+    const GptConfig *c = &model->config;
+    const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
+    const double H = c->n_head, B = o->batch_size, N = B * T, Bm = B / o->micro_batches;
+    const double ends = N * C / S + (model->has_head ? N * (C + 2 / S + 2 * V) : 0);  // the stage's input; ln_f, logits
+    // --recompute: each block's output (the next one's input) for every micro-batch, and one
+    // micro-batch's (B_m = B / M) inside, shared by the blocks, in place of every block's inside.
+    if (recompute) return N * Ls * C / S + ends + Bm * T * ((3 * C + 4) / S + 12 * C / Tp) + Bm * H / Tp * T * T;
+    double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
+    return N * Ls * ((4 * C + 4) / S + 12 * C / Tp) + ends + Ls * B * H / Tp * T * T + masks;
+}
+
 // What a rank holds, each part beside its formula (L_s = n_layer / P blocks of its stage, C wide,
 // V characters, T context, B windows per micro-step of its replica, H heads, split T_p = --tp ways;
-// float32, 4 bytes each). The activations are those kept from forward for backward, for one
-// micro-step (all its M micro-batches: what GPipe holds at once), and the rank's line in a table
-// of every rank, on rank 0.
+// float32, 4 bytes each), and the rank's line in a table of every rank, on rank 0. With --recompute
+// or --sp, what the same grid holds without them beside it.
 static void print_memory(const Gpt *model, const Grid *grid, const Options *o, double adam_floats) {
     const GptConfig *c = &model->config;
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
-    const double H = c->n_head, B = o->batch_size, N = B * T;
-    const bool first = model->has_embeddings, last = model->has_head;
+    const double H = c->n_head, B = o->batch_size, Bm = B / o->micro_batches, S = o->sp ? Tp : 1;
+    const bool first = model->has_embeddings, last = model->has_head, savings = o->recompute || o->sp;
     double params = Ls * (12 * C * C / Tp + 2 * C + (c->bias ? 7 * C / Tp + 4 * C : 0)) + (first || last ? V * C : 0) +
                     (first ? T * C : 0) + (last ? (c->bias ? 2 : 1) * C : 0);
-    double activations = N * (Ls * (4 * C + 4 + 12 * C / Tp) + C) + (last ? N * (C + 2 + 2 * V) : 0) + Ls * B * H / Tp * T * T;
-    double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
-    // --recompute: each block's output (the next one's input) for every micro-batch, and one
-    // micro-batch's (B_m = B / M) inside, shared by the blocks, in place of every block's inside.
-    const double Bm = B / o->micro_batches;
-    double recomputed = N * (Ls * C + C) + (last ? N * (C + 2 + 2 * V) : 0) + Bm * T * (3 * C + 4 + 12 * C / Tp) +
-                        Bm * H / Tp * T * T;
+    double activations = activation_formula(model, o, S, o->recompute), plain = activation_formula(model, o, 1, false);
     double held = (double)gpt_activation_floats(model);  // measured: what the model allocated
     // AdamW's moments: 2 P_r, or with --zero 1 2 x this rank's blocks of ceil(n / D) of every tensor, about 2 P_r / D.
-    CHECK(params == (double)gpt_num_params(model, false) && (o->recompute ? recomputed : activations + masks) == held &&
+    CHECK(params == (double)gpt_num_params(model, false) && activations == held &&
           (o->zero == 1 ? adam_floats <= 2 * params / o->dp + 2 * model->n_params : adam_floats == 2 * params),
           "the memory formulas disagree with the model: %.0f and %.0f floats", params, held);
+    const char *without = o->recompute && o->sp ? "--recompute --sp" : o->recompute ? "--recompute" : "--sp";
     print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
            "embeddings, [last]: the last stage's ln_f and head):\n"
            "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
@@ -258,29 +271,37 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
            "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n",
            model->n_blocks, o->tp, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
-           masks > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
+           c->dropout > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
+    if (o->sp)
+        print0("  --sp         B T (L_s ((4 C + 4) / T + 12 C / T) + C / T) + [last] B T (C + 2 / T + 2 V) + L_s B (H / T) "
+               "T^2: the LayerNorms, the residuals and the stage's input cut T = %d ways along the tokens\n", o->tp);
     if (o->recompute)
-        print0("  --recompute  B T (L_s C + C) + [last] B T (C + 2 + 2 V) + B_m T (3 C + 4 + 12 C / T) + B_m (H / T) T^2, "
-               "B_m = B / M = %.0f: the blocks' outputs, one micro-batch's inside\n", Bm);
-    print0("  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's%s\n",
-           o->recompute ? "  without --recompute MB" : "");
+        print0("  --recompute  B T (L_s C + C)%s + [last] B T (C + 2%s + 2 V) + B_m T (%s + 12 C / T) + B_m (H / T) T^2, "
+               "B_m = B / M = %.0f: the blocks' outputs, one micro-batch's inside\n", o->sp ? " / T" : "",
+               o->sp ? " / T" : "", o->sp ? "(3 C + 4) / T" : "3 C + 4", Bm);
+    print0("  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's");
+    if (savings) print0("  without %s MB", without);
+    print0("\n");
     double attention = o->recompute ? Bm * H / Tp * T * T : Ls * B * H / Tp * T * T;
     double mine[8] = {grid->replica, grid->stage, grid->tp_rank, 4 * params / 1e6, 4 * adam_floats / 1e6,
-                      4 * held / 1e6, 4 * attention / 1e6, 4 * (activations + masks) / 1e6};
+                      4 * held / 1e6, 4 * attention / 1e6, 4 * plain / 1e6};
     double *all = group_gather_figures(group_world(), mine, 8, false);
     for (int r = 0; all && r < dist_world_size(); r++) {
         const double *f = all + 8 * r;
         print0("  %4d  %7.0f  %5.0f  %2.0f  %13.2f  %12.2f  %8.2f  %14.2f  %20.2f", r, f[0], f[1], f[2], f[3], f[3],
                f[4], f[5], f[6]);
-        if (o->recompute) print0("  %23.2f", f[7]);
+        if (savings) print0("  %*.2f", (int)strlen(without) + 12, f[7]);
         print0("\n");
     }
-    if (all && o->recompute) {
+    if (all && savings) {
         double most = 0, most_without = 0;
         for (int r = 0; r < dist_world_size(); r++) most = fmax(most, all[8 * r + 5]), most_without = fmax(most_without, all[8 * r + 7]);
-        print0("--recompute: activations held at most %.2f MB a rank, %.2f MB without (%.0f%% less), for one more "
-               "forward of the blocks in backward (about +%.0f%% of the blocks' FLOPs)\n", most, most_without,
-               100.0 * (1.0 - most / most_without), 100.0 / 3.0);
+        print0("%s: activations held at most %.2f MB a rank, %.2f MB without (%.0f%% less)", without, most, most_without,
+               100.0 * (1.0 - most / most_without));
+        if (o->recompute) print0(", for one more forward of the blocks in backward (about +%.0f%% of the blocks' FLOPs)", 100.0 / 3.0);
+        if (o->sp) print0("; per block, forward's collectives move the bytes of the allreduces they replace (a reduce-scatter "
+                          "and an all-gather each), backward's half more (each LayerNorm's output all-gathered again, not kept)");
+        print0("\n");
     }
     free(all);
 }
@@ -300,6 +321,7 @@ int main(int argc, char **argv) {
         {"pp", ARG_INT, &o.pp, "P", "pipeline stages (a divisor of --n_layer)", 1, NULL},
         {"micro_batches", ARG_INT, &o.micro_batches, "M", "micro-batches per micro-step through the pipeline (a divisor of --batch_size)", 1, NULL},
         {"zero", ARG_INT, &o.zero, "STAGE", "1: AdamW's moments sharded over the data-parallel group (ZeRO-1); 0: none", 0, NULL},
+        {"sp", ARG_SWITCH, &o.sp, NULL, "sequence parallelism (with --tp > 1): the LayerNorms and residuals cut along the tokens, an all-gather before and a reduce-scatter after each tensor-parallel pair", 0, NULL},
         {"recompute", ARG_SWITCH, &o.recompute, NULL, "activation checkpointing: keep each block's input, redo its forward just before its backward", 0, NULL},
         {"schedule", ARG_STRING, &o.schedule, "NAME", "the order of each stage's forwards and backwards", 0, "gpipe|1f1b"},
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
@@ -360,6 +382,11 @@ int main(int argc, char **argv) {
         usage_error("--zero %d: expected 0 or 1 (ZeRO-1: AdamW's moments sharded; stages 2 and 3 are step 18's)", o.zero);
     if (o.batch_size % o.micro_batches != 0)
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", o.micro_batches, o.batch_size);
+    if (o.sp && o.tp == 1)
+        usage_error("--sp: sequence parallelism cuts the tensor-parallel group's tokens, and needs --tp 2 or more");
+    if (o.sp && (long)o.batch_size / o.micro_batches * o.block_size % o.tp != 0)
+        usage_error("--sp: a micro-batch's %d x %d tokens do not split into --tp %d equal parts", o.batch_size / o.micro_batches,
+                    o.block_size, o.tp);
     if (o.dropout > 0 && o.tp * o.pp * o.micro_batches > 1)
         usage_error("--dropout %g: only with whole models (no --tp, --pp or --micro_batches): step 19 draws the masks of "
                     "a whole micro-step, which a split would draw otherwise", o.dropout);
@@ -394,13 +421,12 @@ int main(int argc, char **argv) {
     int blocks = o.n_layer / o.pp;
     GptSplit split = {.first_layer = grid.stage * blocks, .end_layer = (grid.stage + 1) * blocks,
                       .tensor_group = &grid.tensor_parallel,
-                      .recompute_batch = o.recompute ? o.batch_size / o.micro_batches : 0};
+                      .recompute_batch = o.recompute ? o.batch_size / o.micro_batches : 0, .sequence_parallel = o.sp};
 
     // What this rank's part will take, refused in one line if it would not fit (before anything is allocated).
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d --tp %d --pp %d", o.n_layer,
                                   o.n_embd, o.block_size, o.batch_size, o.tp, o.pp);
-    gpt_add_part_memory_need(&need, &config, o.batch_size, blocks, o.tp, grid.stage == 0, grid.stage == o.pp - 1,
-                             split.recompute_batch);
+    gpt_add_part_memory_need(&need, &config, o.batch_size, &split);
     MemoryNeed whole_need = memory_need("the whole model");
     gpt_add_memory_need(&whole_need, &config, 1);
     if (device == DEVICE_CPU) {  // (on a GPU rank the text and the whole model stay on the host)

@@ -6,11 +6,12 @@
 # grids refused in one line, exit 2.
 # --zero 1 (AdamW's moments sharded over the replicas) takes DDP's steps bit for bit, with half the moments.
 # --recompute (activation checkpointing) takes the same grid's steps without it bit for bit, holding fewer activations.
+# --sp (sequence parallelism) takes step 19's steps as every grid does, holding fewer activations than the grid without it.
 # --dropout on whole models (D ranks) takes step 19's steps with either --dropout_rng; --mlflow logs the
 # run as the other steps do (an mlruns folder); a rank SIGKILLed in a 2 x 2 grid ends the job.
-# make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2, --pp 2 with 1F1B); make test-all:
-# the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --bias and
-# --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
+# make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2 with and without --sp, --pp 2
+# with 1F1B); make test-all: the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --sp,
+# --bias and --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -105,13 +106,28 @@ recomputed() {
     test -s "$out.csv" && cmp -s "$tmp/$name.csv" "$out.csv" && same_losses=yes
     expect "$np ranks, $* --recompute: the losses without it, bit for bit (20 iterations), and its checksum $(checksum "$out.out")" \
         test "$same_losses" = yes -a -n "$(checksum "$out.out")" -a "$(checksum "$out.out")" = "$(checksum "$tmp/$name.out")"
+    holds_less "$out.out" "$tmp/${name%_sp}.out" --recompute  # (NAME_sp: its table's without is NAME's, without --sp)
+}
+# holds_less OUT PLAIN.out FLAG: the memory table of OUT (a run with FLAG) shows each rank's
+# activations, as allocated (the program checks them against its formula), below those without
+# FLAG, and those are what PLAIN.out (the same grid without FLAG) held.
+holds_less() {
     local held
-    held=$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
-    expect "... each rank's activations, allocated, below those without (MB): $held" \
-        test -n "$held" -a "$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
-    expect "... and the ones without are what the run without --recompute held" \
-        test -n "$(memory_rows "$tmp/$name.out")" -a "$(memory_rows "$out.out" | awk '$1 ~ /^[0-9]+$/ && NF == 10 { print $1, $10 }')" = \
-        "$(memory_rows "$tmp/$name.out" | awk '$1 ~ /^[0-9]+$/ && NF == 9 { print $1, $8 }')"
+    held=$(memory_rows "$1" | awk 'NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
+    expect "... each rank's activations, allocated, below those without $3 (MB): $held" \
+        test -n "$held" -a "$(memory_rows "$1" | awk 'NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
+    expect "... and the ones without are what the run without $3 held" \
+        test -n "$(memory_rows "$2")" -a "$(memory_rows "$1" | awk 'NF == 10 { print $1, $10 }')" = \
+        "$(memory_rows "$2" | awk 'NF == 9 { print $1, $8 }')"
+}
+# sequence_parallel NP REFERENCE NAME FLAGS...: the grid NAME (FLAGS, with --tp) again with --sp:
+# step 19's steps as every grid (within 1e-5: the LayerNorms' gradients are summed in another
+# order), each rank holding fewer activations than NAME did.
+sequence_parallel() {
+    local np=$1 reference=$2 name=$3
+    shift 3
+    grid "$np" "$reference" "${name}_sp" "$@" --sp
+    test -f "$tmp/${name}_sp.out" && holds_less "$tmp/${name}_sp.out" "$tmp/$name.out" --sp
 }
 
 # ---------------------------------------------------------------- 1 rank: step 19 itself
@@ -131,6 +147,7 @@ expect "--dp 2 --zero 1: step 19's checksum on 2 ranks, bit for bit: $(checksum 
 expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print $7 " MB of AdamW for " $6 " MB of gradients (without: twice)" }')" \
     test "$(grep -A7 '^memory per rank' "$tmp/dp2zero.out" | awk '$1 == 0 && NF == 9 { print ($7 <= $6 * 1.001 && $7 >= $6 * 0.999) }')" = 1
 grid 2 s19 tp2 --tp 2
+sequence_parallel 2 s19 tp2 --tp 2
 grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 recomputed 2 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 
@@ -157,9 +174,13 @@ if thorough; then
     recomputed 4 pp4 --pp 4 --micro_batches 4 --schedule 1f1b
     recomputed 4 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
     recomputed 4 tp4 --tp 4
+    sequence_parallel 4 s19 tp4 --tp 4
+    sequence_parallel 4 s19 tp2pp2 --tp 2 --pp 2 --micro_batches 2 --schedule gpipe
+    recomputed 4 tp2pp2_sp --tp 2 --pp 2 --micro_batches 2 --schedule gpipe --sp
     grid 8 s19dp2 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
     grid 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
     recomputed 8 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
+    sequence_parallel 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
     expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
         test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
     # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
@@ -171,6 +192,11 @@ if thorough; then
     verdict=$(same_losses "$tmp/s19bias.csv" "$tmp/bias.csv" 1e-5)
     expect "4 ranks, --tp 2 --pp 2 --micro_batches 3 --bias --accum_steps 2: step 19's losses: $verdict (<= 1e-5)" test $? -eq 0
     same_gpt_weights "... and its weights" "$tmp/bias.h5" "$tmp/s19bias.h5" 1e-5
+    # --sp with biases: the row-parallel Linears' added to this rank's rows after the reduce-scatter.
+    mpi 4 day5/20_gpt_3d "${short[@]}" --init "$tmp/init_bias.h5" --tp 4 --sp --losses "$tmp/bias_sp.csv" --save "$tmp/bias_sp.h5" > "$tmp/bias_sp.out" 2>&1
+    verdict=$(same_losses "$tmp/s19bias.csv" "$tmp/bias_sp.csv" 1e-5)
+    expect "4 ranks, --tp 4 --sp --bias --accum_steps 2: step 19's losses: $verdict (<= 1e-5)" test $? -eq 0
+    same_gpt_weights "... and its weights" "$tmp/bias_sp.h5" "$tmp/s19bias.h5" 1e-5
 fi
 
 # ---------------------------------------------------------------- a rank killed mid-step
@@ -191,5 +217,7 @@ expect_refused_flags day5/20_gpt_3d 2 "--micro_batches not dividing --batch_size
 expect_refused_flags day5/20_gpt_3d 2 "an unknown --schedule" "error: --schedule expects one of gpipe|1f1b, got 'zigzag'" --pp 2 --schedule zigzag
 expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or 1" --dp 2 --zero 2
 expect_refused_flags day5/20_gpt_3d 2 "--dropout with a split model" "error: --dropout 0.1: only with whole models" --tp 2 --dropout 0.1
+expect_refused_flags day5/20_gpt_3d 1 "--sp without --tp" "error: --sp: sequence parallelism cuts the tensor-parallel group's tokens, and needs --tp 2 or more" --sp
+expect_refused_flags day5/20_gpt_3d 2 "--sp with tokens that do not split" "error: --sp: a micro-batch's 1 x 63 tokens do not split into --tp 2 equal parts" --tp 2 --sp --batch_size 1 --block_size 63
 expect_refused_flags day5/20_gpt_3d 1 "--recompute with --dropout" "error: --recompute with --dropout 0.1: the recomputed forward would need the masks drawn again" --recompute --dropout 0.1
 exit_status

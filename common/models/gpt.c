@@ -42,26 +42,32 @@ typedef struct {
 } PartFloats;
 
 static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, int tp, bool embeddings, bool head,
-                              int recompute_batch) {
+                              int recompute_batch, bool sequence_parallel) {
     const double L = n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, H = c->n_head / tp;
     const double N = (double)max_batch * T, B = max_batch;
+    const double S = sequence_parallel ? tp : 1;  // the token-wise regions' rows are N / S
     PartFloats f;
     // Per block: 12 C^2 / tp of the Linears, 2 C of the LayerNorms; biases 7 C / tp of the
     // column-parallel Linears, C + C of the row-parallel ones' and the LayerNorms' (replicated).
     f.params = L * (12 * C * C / tp + 2 * C + (c->bias ? 7 * C / tp + 4 * C : 0)) + (embeddings || head ? V * C : 0) +
                (embeddings ? T * C : 0) + (head ? (c->bias ? 2 : 1) * C : 0);
-    // Per block and token: ln_1, residual_1, ln_2, residual_2 (4 C), their 4 statistics, and split
-    // tp ways: qkv 3C, attn_y C, fc and its GELU 8C; attention's probabilities H T^2 per sequence.
-    f.kept = N * L * (4 * C + 4 + 12 * C / tp) + L * B * H * T * T + N * C + (head ? N * (C + 2 + 2 * V) : 0);
+    // Per block and token: ln_1, residual_1, ln_2, residual_2 (4 C) and their 4 statistics (1 / S
+    // of the tokens: sequence parallelism's), and split tp ways: qkv 3C, attn_y C, fc and its GELU
+    // 8C; attention's probabilities H T^2 per sequence. The stage's input N C / S; the head's ln_f
+    // (gathered: the head needs every token), its statistics and the logits with their gradient.
+    const double ends = N * C / S + (head ? N * (C + 2 / S + 2 * V) : 0);
+    f.kept = N * L * ((4 * C + 4) / S + 12 * C / tp) + L * B * H * T * T + ends;
     if (recompute_batch) {  // each block's output kept; one micro-batch's inside, shared
         const double Bi = recompute_batch;
-        f.kept = N * L * C + Bi * T * (3 * C + 4 + 12 * C / tp) + Bi * H * T * T + N * C + (head ? N * (C + 2 + 2 * V) : 0);
+        f.kept = N * L * C / S + Bi * T * ((3 * C + 4) / S + 12 * C / tp) + Bi * H * T * T + ends;
     }
     if (c->dropout > 0) f.kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;  // its masks
     // Backward's [N, C..4C] buffers (grad_residual, grad_ln; split: grad_qkv, grad_attn_y, grad_fc),
-    // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient).
-    f.scratch = N * (2 * C + 8 * C / tp) + B * H * T * T + (c->dropout > 0 ? 2 * N * C : tp > 1 ? N * C : 0) +
-                (head ? 0 : N * C);  // a stage's d output, received
+    // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient);
+    // sequence parallelism's gathered rows and a LayerNorm's partial gradients.
+    f.scratch = N * (C / S + C + 8 * C / tp) + B * H * T * T + (c->dropout > 0 ? 2 * N * C : tp > 1 ? N * C : 0) +
+                (head ? 0 : N * C / S) +  // a stage's d output, received
+                (sequence_parallel ? N * C + 2 * C : 0);
     // The batch's tokens, and on a GPU their index by token (transformer_ops.h's TokenBatch).
     f.tokens = embeddings ? N + V + 1 + N : 0;
     return f;
@@ -76,12 +82,14 @@ static void add_part_need(MemoryNeed *need, PartFloats f) {
 }
 
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {
-    add_part_need(need, part_floats(c, max_batch, c->n_layer, 1, true, true, 0));
+    add_part_need(need, part_floats(c, max_batch, c->n_layer, 1, true, true, 0, false));
 }
 
-void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch, int n_blocks, int tp_size,
-                              bool has_embeddings, bool has_head, int recompute_batch) {
-    add_part_need(need, part_floats(c, max_batch, n_blocks, tp_size, has_embeddings, has_head, recompute_batch));
+void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch, const GptSplit *split) {
+    const int tp = split->tensor_group ? split->tensor_group->size : 1;
+    add_part_need(need, part_floats(c, max_batch, split->end_layer - split->first_layer, tp, split->first_layer == 0,
+                                    split->end_layer == c->n_layer, split->recompute_batch,
+                                    split->sequence_parallel && tp > 1));
 }
 
 // Drawn on the host whatever the device, so that one seed gives one model on either.
@@ -182,12 +190,15 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->tp_rank = m->tensor_group ? m->tensor_group->rank : 0;
     m->tp_size = m->tensor_group ? m->tensor_group->size : 1;
     m->recompute_batch = split ? split->recompute_batch : 0;
+    m->sequence_parallel = split && split->sequence_parallel && m->tp_size > 1;
     m->tokens_micro_batch = -1;
     const int V = c->vocab_size, C = c->n_embd, L = m->n_blocks, T = c->block_size, tp = m->tp_size;
     const int H = c->n_head / tp, N = max_batch * T;
+    const int S = m->sequence_parallel ? tp : 1, NS = N / S;  // the token-wise regions' rows
     CHECK(m->first_layer >= 0 && L >= 1 && m->first_layer + L <= c->n_layer && c->n_head % tp == 0 &&
-          (4 * C) % tp == 0, "gpt: blocks [%d, %d) of %d split %d ways", m->first_layer, m->first_layer + L,
-          c->n_layer, tp);
+          (4 * C) % tp == 0 && N % S == 0 && (!m->sequence_parallel || c->dropout == 0),
+          "gpt: blocks [%d, %d) of %d split %d ways (%d tokens over %d)", m->first_layer, m->first_layer + L,
+          c->n_layer, tp, N, S);
     m->blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->grad_blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
     m->params = xcalloc((size_t)L * GPT_BLOCK_TENSORS + TOP_TENSORS, sizeof(Param));
@@ -227,28 +238,28 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     // Activations and scratch for N tokens (a later stage's input is `embedded`).
     if (m->has_embeddings) m->tokens = token_batch_new(N, V, device);
     m->targets = xmalloc((size_t)N * sizeof(int));
-    m->embedded = tensor_zeros(N, C, device);
+    m->embedded = tensor_zeros(NS, C, device);
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
     // With recompute, block 0's inside is allocated for a micro-batch and the other blocks share it.
-    const int inside_batch = m->recompute_batch ? m->recompute_batch : max_batch, NI = inside_batch * T;
-    CHECK(inside_batch <= max_batch && (!m->recompute_batch || c->dropout == 0),
+    const int inside_batch = m->recompute_batch ? m->recompute_batch : max_batch, NI = inside_batch * T, NIS = NI / S;
+    CHECK(inside_batch <= max_batch && (!m->recompute_batch || c->dropout == 0) && NI % S == 0,
           "gpt: recompute for micro-batches of %d sequences (of %d), without dropout", inside_batch, max_batch);
     for (int l = 0; l < L; l++) {
         GptBlockActivations *a = &m->acts[l];
-        a->residual_2 = tensor_zeros(N, C, device);
+        a->residual_2 = tensor_zeros(NS, C, device);
         if (m->recompute_batch && l > 0) {
             Tensor kept = a->residual_2;
             *a = m->acts[0], a->residual_2 = kept;
             continue;
         }
-        a->ln_1 = tensor_zeros(NI, C, device), a->ln_1_mean = tensor_zeros(1, NI, device);
-        a->ln_1_rstd = tensor_zeros(1, NI, device);
+        a->ln_1 = tensor_zeros(NIS, C, device), a->ln_1_mean = tensor_zeros(1, NIS, device);
+        a->ln_1_rstd = tensor_zeros(1, NIS, device);
         a->qkv = tensor_zeros(NI, 3 * C / tp, device);
         a->att = tensor_zeros(inside_batch * H, T * T, device);
         a->attn_y = tensor_zeros(NI, C / tp, device);
-        a->residual_1 = tensor_zeros(NI, C, device);
-        a->ln_2 = tensor_zeros(NI, C, device), a->ln_2_mean = tensor_zeros(1, NI, device);
-        a->ln_2_rstd = tensor_zeros(1, NI, device);
+        a->residual_1 = tensor_zeros(NIS, C, device);
+        a->ln_2 = tensor_zeros(NIS, C, device), a->ln_2_mean = tensor_zeros(1, NIS, device);
+        a->ln_2_rstd = tensor_zeros(1, NIS, device);
         a->fc = tensor_zeros(NI, 4 * C / tp, device);
         a->fc_gelu = tensor_zeros(NI, 4 * C / tp, device);
         if (c->dropout > 0) {
@@ -264,13 +275,17 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     }
     if (c->dropout > 0 || tp > 1) m->proj_out = tensor_zeros(N, C, device);
     if (m->has_head) {
-        m->ln_f = tensor_zeros(N, C, device), m->ln_f_mean = tensor_zeros(1, N, device);
-        m->ln_f_rstd = tensor_zeros(1, N, device);
+        m->ln_f = tensor_zeros(N, C, device), m->ln_f_mean = tensor_zeros(1, NS, device);
+        m->ln_f_rstd = tensor_zeros(1, NS, device);
         m->logits = tensor_zeros(N, V, device);
         m->grad_logits = tensor_zeros(N, V, device);
     }
-    m->grad_residual = tensor_zeros(N, C, device);
-    if (!m->has_head) m->grad_output = tensor_zeros(N, C, device);
+    m->grad_residual = tensor_zeros(NS, C, device);
+    if (!m->has_head) m->grad_output = tensor_zeros(NS, C, device);
+    if (m->sequence_parallel) {
+        m->gathered = tensor_zeros(N, C, device);
+        m->grad_layernorm_part = tensor_zeros(2, C, device);
+    }
     m->grad_ln = tensor_zeros(N, C, device);
     m->grad_qkv = tensor_zeros(N, 3 * C / tp, device);
     m->grad_attn_y = tensor_zeros(N, C / tp, device);
@@ -383,7 +398,8 @@ void gpt_free(Gpt *m) {
     }
     Tensor *rest[] = {&m->embedded, &m->ln_f, &m->ln_f_mean, &m->ln_f_rstd, &m->logits, &m->grad_logits,
                       &m->grad_residual, &m->grad_output, &m->grad_ln, &m->grad_qkv, &m->grad_attn_y, &m->grad_fc,
-                      &m->embed_mask, &m->proj_out, &m->grad_proj_out, &m->grad_att};
+                      &m->embed_mask, &m->proj_out, &m->grad_proj_out, &m->grad_att, &m->gathered,
+                      &m->grad_layernorm_part};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) tensor_free(rest[i]);
     free(m->acts), free(m->blocks), free(m->grad_blocks), free(m->params), free(m->param_index);
     token_batch_free(&m->tokens);
@@ -431,10 +447,53 @@ static Tensor *block_tensor(Gpt *m, int layer, int kind) { return &m->blocks[lay
 static Tensor *block_grad(Gpt *m, int layer, int kind) { return &m->grad_blocks[layer * GPT_BLOCK_TENSORS + kind]; }
 static const Tensor *bias_of(Gpt *m, int layer, int kind) { return m->config.bias ? block_tensor(m, layer, kind) : NULL; }
 
-// Megatron's g in forward and f in backward: the sum over the tensor-parallel ranks of their
-// partial results, in place (nothing with whole blocks).
-static void tensor_parallel_sum(Gpt *m, Tensor *t) {
-    if (m->tensor_group) group_all_reduce(m->tensor_group, t);
+// The rows of a micro-batch of N tokens that this rank holds in the token-wise regions (the
+// LayerNorms, the residual stream): N / T of them with sequence parallelism, else all N.
+static int token_rows(const Gpt *m, int N) { return m->sequence_parallel ? N / m->tp_size : N; }
+// Where this rank's rows start among a micro-batch's N tokens.
+static int first_token_row(const Gpt *m, int N) { return m->sequence_parallel ? m->tp_rank * (N / m->tp_size) : 0; }
+
+// Megatron's g in forward and f in backward, on a row- or column-parallel Linear's partial results
+// [N, width] (each rank's heads' or MLP columns' share of every value): their sum over the
+// tensor-parallel group. Allreduced in place; with sequence parallelism reduce-scattered instead,
+// this rank's rows summed in place of its block of `partial` and returned (the same bytes on the
+// wire: an allreduce is a reduce-scatter and an all-gather). Nothing with whole blocks.
+static Tensor tensor_parallel_sum(Gpt *m, Tensor *partial) {
+    if (!m->sequence_parallel) {
+        if (m->tensor_group) group_all_reduce(m->tensor_group, partial);
+        return *partial;
+    }
+    const int n = token_rows(m, partial->rows);
+    Tensor mine = rows_at(partial, first_token_row(m, partial->rows), n);
+    group_reduce_scatter(m->tensor_group, partial, &mine);
+    return mine;
+}
+
+// Sequence parallelism's all-gather: this rank's rows [N / T, width] of a token-wise tensor,
+// gathered from the group into the rows of all N tokens (in `gathered`), as the Linear after it
+// needs them. Without sequence parallelism x is already whole, and returned.
+static Tensor gather_tokens(Gpt *m, const Tensor *x) {
+    if (!m->sequence_parallel) return *x;
+    Tensor whole = tensor_rows(&m->gathered, x->rows * m->tp_size);
+    group_all_gather(m->tensor_group, x, &whole);
+    return whole;
+}
+
+// layernorm_backward, its weight and bias gradients added to grad_weight and grad_bias. With
+// sequence parallelism each rank's are its own tokens' part: they are computed apart, summed over
+// the group (one allreduce of both), then added, so that every rank of the group holds the sum.
+static void layernorm_back(Gpt *m, const Tensor *x, const Tensor *weight, const Tensor *mean, const Tensor *rstd,
+                           const Tensor *grad_y, Tensor *grad_x, Tensor *grad_weight, Tensor *grad_bias) {
+    if (!m->sequence_parallel) {
+        layernorm_backward(x, weight, mean, rstd, grad_y, grad_x, grad_weight, grad_bias);
+        return;
+    }
+    Tensor part_weight = rows_at(&m->grad_layernorm_part, 0, 1), part_bias = rows_at(&m->grad_layernorm_part, 1, 1);
+    tensor_fill(&m->grad_layernorm_part, 0.0f);
+    layernorm_backward(x, weight, mean, rstd, grad_y, grad_x, &part_weight, grad_bias ? &part_bias : NULL);
+    group_all_reduce(m->tensor_group, &m->grad_layernorm_part);
+    add_elementwise(grad_weight, &part_weight, grad_weight);
+    if (grad_bias) add_elementwise(grad_bias, &part_bias, grad_bias);
 }
 
 // y [N, out] = x @ weight^T (+ bias): nn.Linear.
@@ -488,7 +547,8 @@ static void draw_dropout_masks(Gpt *m, int B, int T) {
 // residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.
 // Without dropout and split, in one GEMM that adds onto a copy of residual_in. Row-parallel (T > 1):
 // each rank's y holds its heads (or its MLP columns), so y @ weight^T is a partial sum, summed over
-// the ranks (g) before the bias, which is added once.
+// the ranks (g) before the bias, which is added once; with sequence parallelism only this rank's
+// rows are summed (the residuals hold those).
 static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor *y, const Tensor *residual_in,
                                 Tensor *residual_out, Tensor *mask, bool dropout) {
     if (!dropout && !m->tensor_group) {
@@ -497,9 +557,9 @@ static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor
         if (m->config.bias) add_column_bias(residual_out, block_tensor(m, layer, weight_kind + 1), false);
         return;
     }
-    Tensor projected = tensor_rows(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
-    gemm(false, true, 1.0f, y, block_tensor(m, layer, weight_kind), 0.0f, &projected);
-    tensor_parallel_sum(m, &projected);  // g
+    Tensor partial = tensor_rows(&m->proj_out, y->rows);  // c_proj(y), then its dropout, then the residual
+    gemm(false, true, 1.0f, y, block_tensor(m, layer, weight_kind), 0.0f, &partial);
+    Tensor projected = tensor_parallel_sum(m, &partial);  // g
     if (m->config.bias) add_column_bias(&projected, block_tensor(m, layer, weight_kind + 1), false);
     if (dropout) multiply_by_mask(&projected, mask);
     add_elementwise(residual_in, &projected, residual_out);
@@ -510,26 +570,27 @@ typedef struct {
     Tensor ln_1, ln_1_mean, ln_1_rstd, qkv, att, attn_y, residual_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu, residual_2;
 } BlockViews;
 
+// The token-wise ones (LayerNorms, residuals) hold this rank's n = token_rows(N) rows.
 static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
     const GptBlockActivations *a = &m->acts[l];
-    const int N = B * T, H = m->config.n_head / m->tp_size;
+    const int N = B * T, n = token_rows(m, N), H = m->config.n_head / m->tp_size;
     const int inside_micro = m->recompute_batch ? 0 : micro;  // recompute: one micro-batch's inside, at row 0
-    const int first = inside_micro * N;
+    const int first = inside_micro * N, first_n = inside_micro * n;
     const size_t scores = (size_t)B * H * T * T;
     BlockViews views = {
-        .ln_1 = rows_at(&a->ln_1, first, N), .ln_1_mean = values_at(&a->ln_1_mean, first, 1, N),
-        .ln_1_rstd = values_at(&a->ln_1_rstd, first, 1, N), .qkv = rows_at(&a->qkv, first, N),
+        .ln_1 = rows_at(&a->ln_1, first_n, n), .ln_1_mean = values_at(&a->ln_1_mean, first_n, 1, n),
+        .ln_1_rstd = values_at(&a->ln_1_rstd, first_n, 1, n), .qkv = rows_at(&a->qkv, first, N),
         .att = values_at(&a->att, inside_micro * scores, B * H, T * T), .attn_y = rows_at(&a->attn_y, first, N),
-        .residual_1 = rows_at(&a->residual_1, first, N), .ln_2 = rows_at(&a->ln_2, first, N),
-        .ln_2_mean = values_at(&a->ln_2_mean, first, 1, N), .ln_2_rstd = values_at(&a->ln_2_rstd, first, 1, N),
+        .residual_1 = rows_at(&a->residual_1, first_n, n), .ln_2 = rows_at(&a->ln_2, first_n, n),
+        .ln_2_mean = values_at(&a->ln_2_mean, first_n, 1, n), .ln_2_rstd = values_at(&a->ln_2_rstd, first_n, 1, n),
         .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N)};
-    views.residual_2 = rows_at(&a->residual_2, micro * N, N);  // kept per micro-batch
+    views.residual_2 = rows_at(&a->residual_2, micro * n, n);  // kept per micro-batch
     return views;
 }
 
 static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
     CHECK(B >= 1 && T >= 1 && T <= m->config.block_size && micro >= 0 &&
-          (long)(micro + 1) * B * T <= (long)m->max_batch * m->config.block_size,
+          (long)(micro + 1) * B * T <= (long)m->max_batch * m->config.block_size && (B * T) % (m->sequence_parallel ? m->tp_size : 1) == 0,
           "gpt: micro-batch %d of [%d, %d] beyond the buffers of [%d, %d]", micro, B, T, m->max_batch, m->config.block_size);
 }
 
@@ -542,14 +603,16 @@ static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor
     // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
     layernorm_forward(x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
                       &v.ln_1_rstd);
-    linear(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &v.qkv);               // [N, 3C]
+    Tensor ln_1 = gather_tokens(m, &v.ln_1);                      // every token's (sequence parallelism: all-gathered)
+    linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &v.qkv);                 // [N, 3C]
     attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
                       &v.attn_y);                                 // attn_dropout's mask drawn above
     projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, x, &v.residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
     // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
     layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
                       &v.ln_2_mean, &v.ln_2_rstd);
-    linear(m, l, GPT_FC_WEIGHT, &v.ln_2, &v.fc);                  // [N, 4C]
+    Tensor ln_2 = gather_tokens(m, &v.ln_2);
+    linear(m, l, GPT_FC_WEIGHT, &ln_2, &v.fc);                    // [N, 4C]
     gelu_forward(&v.fc, &v.fc_gelu);
     projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &a->mlp_proj_mask, dropout);
     return v.residual_2;
@@ -557,23 +620,31 @@ static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor
 
 Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
     check_micro_batch(m, micro, B, T);
-    return rows_at(&m->embedded, micro * B * T, B * T);
+    const int n = token_rows(m, B * T);
+    return rows_at(&m->embedded, micro * n, n);
 }
 
 const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
     check_micro_batch(m, micro, B, T);
-    const int N = B * T, first = micro * N;
+    const int N = B * T, first = micro * N, n = token_rows(m, N);
     CHECK(!m->recompute_batch || B <= m->recompute_batch, "gpt: a micro-batch of %d sequences, recompute's buffers hold %d",
           B, m->recompute_batch);
     m->B = B, m->T = T;
     const bool dropout = m->training && c->dropout > 0;
     if (dropout) draw_dropout_masks(m, B, T);
-    Tensor x = rows_at(&m->embedded, first, N);  // [N, C]
+    Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
     if (m->has_embeddings) {
         token_batch_set(&m->tokens, inputs, N);  // (each token checked against the vocabulary)
         m->tokens_micro_batch = micro;
-        embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
+        if (m->sequence_parallel) {  // every token's, then this rank's rows of them
+            Tensor all = tensor_rows(&m->gathered, N);
+            embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &all);
+            Tensor mine = rows_at(&all, first_token_row(m, N), n);
+            tensor_copy(&x, &mine);
+        } else {
+            embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
+        }
         if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
     }
     for (int l = 0; l < m->n_blocks; l++) x = block_forward(m, l, micro, B, T, &x, dropout);
@@ -582,10 +653,12 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
         m->stage_output = x;
         return &m->stage_output;
     }
-    Tensor ln_f = rows_at(&m->ln_f, first, N);
-    Tensor ln_f_mean = values_at(&m->ln_f_mean, first, 1, N), ln_f_rstd = values_at(&m->ln_f_rstd, first, 1, N);
+    // ln_f on this rank's rows (its block of ln_f's), all-gathered in place: the head takes every token.
+    Tensor ln_f = rows_at(&m->ln_f, first, N), ln_f_mine = rows_at(&ln_f, first_token_row(m, N), n);
+    Tensor ln_f_mean = values_at(&m->ln_f_mean, micro * n, 1, n), ln_f_rstd = values_at(&m->ln_f_rstd, micro * n, 1, n);
     m->last_logits = rows_at(&m->logits, first, N);
-    layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f, &ln_f_mean, &ln_f_rstd);
+    layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f_mine, &ln_f_mean, &ln_f_rstd);
+    if (m->sequence_parallel) group_all_gather(m->tensor_group, &ln_f_mine, &ln_f);
     gemm(false, true, 1.0f, &ln_f, &m->wte, 0.0f, &m->last_logits);  // lm_head: ln_f(x) @ wte^T, [N, V]
     return &m->last_logits;
 }
@@ -626,7 +699,7 @@ void gpt_scale_loss(Gpt *m, float factor) {
 
 Tensor gpt_stage_grad_output(Gpt *m, int B, int T) {
     CHECK(!m->has_head, "gpt_stage_grad_output: the last stage starts backward from its loss");
-    return tensor_rows(&m->grad_output, B * T);
+    return tensor_rows(&m->grad_output, token_rows(m, B * T));
 }
 
 // The gradient of a c_proj's output, through its dropout: grad_residual itself without dropout,
@@ -648,59 +721,65 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, in
     const GptConfig *c = &m->config;
     check_micro_batch(m, micro, B, T);
     const int N = B * T, L = m->n_blocks, top = L * GPT_BLOCK_TENSORS, first = micro * N, H = c->n_head / m->tp_size;
+    const int n = token_rows(m, N);  // the residual stream's rows here: N, or N / T with sequence parallelism
     const bool dropout = m->training && c->dropout > 0;  // as the forward had it
-    Tensor grad_residual = tensor_rows(&m->grad_residual, N), grad_ln = tensor_rows(&m->grad_ln, N);
+    Tensor grad_residual = tensor_rows(&m->grad_residual, n), grad_ln = tensor_rows(&m->grad_ln, N);
     Tensor grad_qkv = tensor_rows(&m->grad_qkv, N), grad_attn_y = tensor_rows(&m->grad_attn_y, N);
     Tensor grad_fc = tensor_rows(&m->grad_fc, N);
     if (m->has_head) {
         Tensor grad_logits = rows_at(&m->grad_logits, first, N), ln_f = rows_at(&m->ln_f, first, N);
-        Tensor ln_f_mean = values_at(&m->ln_f_mean, first, 1, N), ln_f_rstd = values_at(&m->ln_f_rstd, first, 1, N);
+        Tensor ln_f_mean = values_at(&m->ln_f_mean, micro * n, 1, n), ln_f_rstd = values_at(&m->ln_f_rstd, micro * n, 1, n);
         // The head: wte's gradient gets its first part here (its last comes from the embedding).
         gemm(true, false, 1.0f, &grad_logits, &ln_f, 1.0f, &m->grad_wte);  // [V, N] @ [N, C]
         gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
-        // ln_f: the residual stream's gradient starts here.
-        Tensor x_last = L ? block_views(m, L - 1, micro, B, T).residual_2 : rows_at(&m->embedded, first, N);
+        // ln_f, on this rank's rows: the residual stream's gradient starts here.
+        Tensor x_last = L ? block_views(m, L - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);
+        Tensor grad_ln_mine = rows_at(&grad_ln, first_token_row(m, N), n);
         tensor_fill(&grad_residual, 0.0f);
-        layernorm_backward(&x_last, &m->ln_f_weight, &ln_f_mean, &ln_f_rstd, &grad_ln, &grad_residual,
-                           &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
+        layernorm_back(m, &x_last, &m->ln_f_weight, &ln_f_mean, &ln_f_rstd, &grad_ln_mine, &grad_residual,
+                       &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
         ready(m, top + TOP_LN_F_WEIGHT, hook, context);
         ready(m, top + TOP_LN_F_BIAS, hook, context);
     } else {
         // d output, from the next stage: a buffer of its own, as the exchange that brings it in may
         // still be sending the last backward's d input (grad_residual) out.
-        Tensor grad_output = tensor_rows(&m->grad_output, N);
+        Tensor grad_output = tensor_rows(&m->grad_output, n);
         tensor_copy(&grad_residual, &grad_output);
     }
     for (int l = L - 1; l >= 0; l--) {
         GptBlockActivations *a = &m->acts[l];
         BlockViews v = block_views(m, l, micro, B, T);
-        Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, first, N);  // the block's input
+        Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);  // the block's input
         int slot = l * GPT_BLOCK_TENSORS;
         if (m->recompute_batch) block_forward(m, l, micro, B, T, &x_in, dropout);  // the inside again, from the kept input
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
+        // (Sequence parallelism: d mlp.c_proj's output and ln_2(x) all-gathered, as the Linears'
+        // gradients need every token; d ln_2(x) reduce-scattered onto this rank's rows.)
         Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
-        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &grad_mlp_out, &grad_fc, false);  // d gelu(fc), [N, 4C]
+        Tensor grad_mlp_all = gather_tokens(m, &grad_mlp_out);
+        linear_back(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &grad_mlp_all, &grad_fc, false);  // d gelu(fc), [N, 4C]
         ready(m, slot + GPT_FC_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_FC_PROJ_BIAS, hook, context);
         gelu_backward(&v.fc, &grad_fc, &grad_fc);
-        linear_back(m, l, GPT_FC_WEIGHT, &v.ln_2, &grad_fc, &grad_ln, false);                // d ln_2(x)
-        tensor_parallel_sum(m, &grad_ln);  // f: every rank's columns contribute to d ln_2(x)
+        Tensor ln_2 = gather_tokens(m, &v.ln_2);
+        linear_back(m, l, GPT_FC_WEIGHT, &ln_2, &grad_fc, &grad_ln, false);                  // d ln_2(x)
+        Tensor grad_ln_2 = tensor_parallel_sum(m, &grad_ln);  // f: every rank's columns contribute to d ln_2(x)
         ready(m, slot + GPT_FC_WEIGHT, hook, context), ready(m, slot + GPT_FC_BIAS, hook, context);
-        layernorm_backward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), &v.ln_2_mean, &v.ln_2_rstd, &grad_ln,
-                           &grad_residual, block_grad(m, l, GPT_LN_2_WEIGHT),
-                           c->bias ? block_grad(m, l, GPT_LN_2_BIAS) : NULL);
+        layernorm_back(m, &v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), &v.ln_2_mean, &v.ln_2_rstd, &grad_ln_2,
+                       &grad_residual, block_grad(m, l, GPT_LN_2_WEIGHT), c->bias ? block_grad(m, l, GPT_LN_2_BIAS) : NULL);
         ready(m, slot + GPT_LN_2_WEIGHT, hook, context), ready(m, slot + GPT_LN_2_BIAS, hook, context);
         // x = x + attn(ln_1(x))
         Tensor grad_attn_out = dropout_back(m, &a->attn_proj_mask, &grad_residual);  // d attn.c_proj's output
-        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &grad_attn_out, &grad_attn_y, false);
+        Tensor grad_attn_all = gather_tokens(m, &grad_attn_out);
+        linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &grad_attn_all, &grad_attn_y, false);
         ready(m, slot + GPT_ATTN_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_PROJ_BIAS, hook, context);
         attention_backward(&v.qkv, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL, &grad_attn_y,
                            B, T, H, &m->grad_att, &grad_qkv);
-        linear_back(m, l, GPT_ATTN_WEIGHT, &v.ln_1, &grad_qkv, &grad_ln, false);
-        tensor_parallel_sum(m, &grad_ln);  // f: every rank's heads contribute to d ln_1(x)
+        Tensor ln_1 = gather_tokens(m, &v.ln_1);
+        linear_back(m, l, GPT_ATTN_WEIGHT, &ln_1, &grad_qkv, &grad_ln, false);
+        Tensor grad_ln_1 = tensor_parallel_sum(m, &grad_ln);  // f: every rank's heads contribute to d ln_1(x)
         ready(m, slot + GPT_ATTN_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_BIAS, hook, context);
-        layernorm_backward(&x_in, block_tensor(m, l, GPT_LN_1_WEIGHT), &v.ln_1_mean, &v.ln_1_rstd, &grad_ln,
-                           &grad_residual, block_grad(m, l, GPT_LN_1_WEIGHT),
-                           c->bias ? block_grad(m, l, GPT_LN_1_BIAS) : NULL);
+        layernorm_back(m, &x_in, block_tensor(m, l, GPT_LN_1_WEIGHT), &v.ln_1_mean, &v.ln_1_rstd, &grad_ln_1,
+                       &grad_residual, block_grad(m, l, GPT_LN_1_WEIGHT), c->bias ? block_grad(m, l, GPT_LN_1_BIAS) : NULL);
         ready(m, slot + GPT_LN_1_WEIGHT, hook, context), ready(m, slot + GPT_LN_1_BIAS, hook, context);
     }
     if (!m->has_embeddings) {
@@ -713,7 +792,8 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, in
         token_batch_set(&m->tokens, inputs, N);
         m->tokens_micro_batch = micro;
     }
-    embedding_backward(&m->tokens, &grad_residual, B, T, &m->grad_wte, &m->grad_wpe);
+    Tensor grad_embedded = gather_tokens(m, &grad_residual);  // every token's (alike on the group's ranks)
+    embedding_backward(&m->tokens, &grad_embedded, B, T, &m->grad_wte, &m->grad_wpe);
     ready(m, top + TOP_WPE, hook, context);
     ready(m, top + TOP_WTE, hook, context);
     return NULL;

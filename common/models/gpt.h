@@ -25,7 +25,15 @@
 // per rank; attn.c_proj and mlp.c_proj row-parallel, their partial sums allreduced: g; the
 // gradient of each column-parallel Linear's input allreduced in backward: f; LayerNorms, biases of
 // the row-parallel Linears, embeddings and head replicated, their gradients computed alike on every
-// rank of the group from the same values). A stage runs micro-batches (gpt_stage_forward /
+// rank of the group from the same values). With sequence parallelism (Megatron-LM's, T > 1) the
+// regions between the Linears (LayerNorms, residuals, the stage's input and output) are not
+// replicated but cut along the tokens: tensor-parallel rank r holds rows [r N / T, (r + 1) N / T)
+// of each micro-batch's N = B * T tokens there; an all-gather of the LayerNorm's output before
+// each column-parallel Linear, a reduce-scatter of the row-parallel Linear's partial sums after it
+// (in place of g's allreduce), and in backward the reverse (the all-gather again, of the kept
+// shard, where the Linear's weight gradient needs the whole input; f's allreduce a
+// reduce-scatter). The LayerNorms' weight gradients, each from the rank's own tokens, are summed
+// over the group. A stage runs micro-batches (gpt_stage_forward /
 // gpt_stage_backward), each at its own rows of the activation buffers, so that a pipeline schedule
 // may hold several at once. The names stay the whole model's (transformer.h.<global layer>...).
 #pragma once
@@ -74,10 +82,13 @@ typedef struct {
 // inside (LayerNorms, qkv, attention's probabilities, the MLP's) lives in one set of buffers for
 // a micro-batch of recompute_batch sequences, shared by the blocks, and gpt_stage_backward redoes
 // a block's forward there just before that block's backward.
+// sequence_parallel (with a tensor_group of 2 ranks or more): the regions between the Linears cut
+// along the tokens, as above; each micro-batch's B * T tokens must divide by the group's size.
 typedef struct {
     int first_layer, end_layer;
     const Group *tensor_group;
     int recompute_batch;
+    bool sequence_parallel;
 } GptSplit;
 
 typedef struct {
@@ -90,6 +101,7 @@ typedef struct {
     const Group *tensor_group;                     // NULL: whole blocks
     int tp_rank, tp_size;
     int recompute_batch;                           // GptSplit's: 0 keeps every block's inside from forward to backward
+    bool sequence_parallel;                        // GptSplit's, with tp_size > 1: the token-wise regions hold 1 / tp_size of the rows
     Device device;                                 // where every tensor below lives
     // Parameters and their gradients.
     Tensor wte, wpe, ln_f_weight, ln_f_bias;       // [V, C], [block_size, C], [1, C], [1, C]
@@ -126,6 +138,10 @@ typedef struct {
     Tensor grad_output;                            // [N, C]: d the stage's output, from the next stage (not the last)
     Tensor grad_proj_out;                          // [N, C]: d c_proj's output, through its dropout (dropout > 0)
     Tensor grad_att;                               // [B * n_head, T * T]: d att, then d scores (attention_backward's)
+    // Sequence parallelism's scratch: a micro-batch's all-gathered rows [N, C] (a LayerNorm's output
+    // for the Linear after it, d a c_proj's output, the first stage's embeddings), and a LayerNorm's
+    // weight and bias gradients from this rank's tokens [2, C], before their sum over the group.
+    Tensor gathered, grad_layernorm_part;
 } Gpt;
 
 // Config check for the flags: NULL when it is a model, else what is wrong ("--n_embd 100 is not
@@ -135,10 +151,10 @@ const char *gpt_config_problem(const GptConfig *config);
 // memory_require (memory_budget.h): parameters, gradients, AdamW's moments, DDP's buckets, and the
 // activations with backward's scratch and the batch's tokens, before anything is allocated.
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch);
-// The same for gpt_new_part's part: n_blocks blocks split tp_size ways, with or without the
-// embeddings and the head, recompute_batch as GptSplit's; DDP's buckets as in gpt_add_memory_need.
-void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch, int n_blocks, int tp_size,
-                              bool has_embeddings, bool has_head, int recompute_batch);
+// The same for gpt_new_part's part `split` (its blocks, split over its tensor group, with or
+// without the embeddings and the head, recomputed, sequence-parallel); DDP's buckets as in
+// gpt_add_memory_need.
+void gpt_add_part_memory_need(MemoryNeed *need, const GptConfig *config, int max_batch, const GptSplit *split);
 // The model with nanoGPT's initialisation drawn from rng: Linear and Embedding weights normal(0,
 // 0.02), every c_proj weight normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1 and 0.
 // (Our normal draws are not torch.randn's stream: the twin starts from the same --init file.)
