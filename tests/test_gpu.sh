@@ -405,14 +405,16 @@ fi
 # Step 20 on the GPU: the split GPT (tensor-parallel f and g, pipeline exchanges, the tied wte's
 # sum, ZeRO-1's all-gather, the gathered model copied to the host) takes the CPU's steps for the
 # same grid: every iteration's loss within 1e-5, the saved whole model within 1e-5. On 2 ranks
-# (--tp 2; --pp 2 --recompute: each block's forward redone on the GPU before its backward), and
-# with 4 GPUs on 4 (--dp 2 --pp 2 --zero 1 with 2 micro-batches; --tp 2 --pp 2, with and without --recompute).
+# (--tp 2, with and without --sp: sequence parallelism's all-gathers and reduce-scatters; --pp 2
+# --recompute: each block's forward redone on the GPU before its backward), and with 4 GPUs on 4
+# (--dp 2 --pp 2 --zero 1 with 2 micro-batches; --tp 2 --pp 2, with and without --recompute, and
+# with --sp --recompute).
 if [ -f data/shakespeare/input.txt ]; then
     s20=(day5/20_gpt_3d --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
          --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --batch_size 8 --sample 20 --plot '')
-    grids=("2 --tp 2" "2 --pp 2 --micro_batches 2 --recompute")
+    grids=("2 --tp 2" "2 --tp 2 --sp" "2 --pp 2 --micro_batches 2 --recompute")
     [ "$gpus" -ge 4 ] && grids+=("4 --dp 2 --pp 2 --micro_batches 2 --zero 1" "4 --tp 2 --pp 2 --micro_batches 2"
-                           "4 --tp 2 --pp 2 --micro_batches 2 --recompute")
+                           "4 --tp 2 --pp 2 --micro_batches 2 --recompute" "4 --tp 2 --pp 2 --micro_batches 2 --sp --recompute")
     for grid in "${grids[@]}"; do
         read -r np flags <<< "$grid"
         mpi $np "${s20[@]}" $flags --device cpu --losses "$tmp/g20c.csv" --save "$tmp/g20c.h5" > "$tmp/g20c" 2>&1
@@ -505,6 +507,10 @@ if [ "$gpus" -ge 2 ]; then
             if [ -f data/movielens/ratings.csv ]; then
                 lost_peer $place $np 6 day3/15_recommender_ddp --embeddings dense --max_steps 5 --plot ''  # the second step's first allreduce
                 lost_peer $place $np 12 day3/15_recommender_ddp --embeddings sharded --max_steps 5 --plot ''  # a send or receive of the second step
+            fi
+            if [ -f data/shakespeare/input.txt ]; then  # an all-gather or reduce-scatter of sequence parallelism, in the second step
+                lost_peer $place $np 60 day5/20_gpt_3d --tp $np --sp --n_layer 2 --n_embd 32 --block_size 16 --batch_size 4 --max_iters 5 \
+                    --eval_interval 100 --eval_iters 1 --sample 0 --plot ''
             fi
         done
     done
