@@ -103,6 +103,102 @@ typedef struct {
     Group embedding;              // the first and the last stage (P > 1): the tied wte's gradient
 } Grid;
 
+// The grid's groups whose traffic a training step has, in the order of the traffic table.
+enum { GROUP_TENSOR_PARALLEL, GROUP_PIPELINE, GROUP_DATA_PARALLEL, GROUP_EMBEDDING, GRID_GROUPS };
+static const Group *grid_group(const Grid *grid, int which) {
+    const Group *groups[GRID_GROUPS] = {&grid->tensor_parallel, &grid->pipeline, &grid->data_parallel, &grid->embedding};
+    return groups[which];
+}
+
+// What one training step sends over each group, in theory (group.h's GroupTraffic: the calls
+// and the bytes of each kind this rank sends), from the grid and the flags alone: per micro-step of
+// N = B T tokens in M micro-batches, a stage of L_s blocks, split T ways (S = T with --sp, else 1),
+// each block's forward done F = 1 times (2 with --recompute, whose backward redoes it).
+static void traffic_theory(const Gpt *model, const Options *o, const Ddp *ddp, GroupTraffic theory[GRID_GROUPS]) {
+    const double A = o->accum_steps, M = o->micro_batches, Ls = model->n_blocks, C = model->config.n_embd;
+    const double N = (double)o->batch_size * o->block_size, Tp = o->tp, S = o->sp ? Tp : 1, F = o->recompute ? 2 : 1;
+    const double first = model->has_embeddings, last = model->has_head, D = o->dp, floats = 4;
+    for (int g = 0; g < GRID_GROUPS; g++) theory[g] = (GroupTraffic){0};
+    GroupTraffic *tp = &theory[GROUP_TENSOR_PARALLEL];
+    const double tp_share = (Tp - 1) / Tp;
+    if (Tp > 1 && !o->sp) {  // g after each row-parallel Linear (each forward), f before each column-parallel one
+        tp->calls[TRAFFIC_ALL_REDUCE] = A * M * (2 * Ls * F + 2 * Ls);
+        tp->bytes[TRAFFIC_ALL_REDUCE] = A * (2 * Ls * F + 2 * Ls) * 2 * tp_share * floats * N * C;
+    } else if (Tp > 1) {
+        // Forward: per block 2 all-gathers and 2 reduce-scatters, and the head's all-gather of ln_f;
+        // backward: per block 4 all-gathers (d c_proj's output, the LayerNorm's output again) and 2
+        // reduce-scatters (f), the embeddings' all-gather of d x; the LayerNorms' [2, C] gradients allreduced.
+        tp->calls[TRAFFIC_REDUCE_SCATTER] = A * M * (2 * Ls * F + 2 * Ls);
+        tp->bytes[TRAFFIC_REDUCE_SCATTER] = A * (2 * Ls * F + 2 * Ls) * tp_share * floats * N * C;
+        tp->calls[TRAFFIC_ALL_GATHER] = A * M * (2 * Ls * F + 4 * Ls + last + first);
+        tp->bytes[TRAFFIC_ALL_GATHER] = A * (2 * Ls * F + 4 * Ls + last + first) * tp_share * floats * N * C;
+        tp->calls[TRAFFIC_ALL_REDUCE] = A * M * (2 * Ls + last);
+        tp->bytes[TRAFFIC_ALL_REDUCE] = A * M * (2 * Ls + last) * 2 * tp_share * floats * 2 * C;
+    }
+    if (o->pp > 1) {  // each micro-batch's output on to the next stage, its gradient back: N C / S floats
+        GroupTraffic *pipe = &theory[GROUP_PIPELINE];
+        pipe->calls[TRAFFIC_SEND] = A * M * (!last + !first);
+        pipe->bytes[TRAFFIC_SEND] = A * (!last + !first) * floats * N * C / S;
+    }
+    if (D > 1) {  // DDP's buckets, once a step; with --zero 1 each tensor's blocks all-gathered after AdamW
+        GroupTraffic *dp = &theory[GROUP_DATA_PARALLEL];
+        dp->calls[TRAFFIC_ALL_REDUCE] = ddp->n_buckets;
+        dp->bytes[TRAFFIC_ALL_REDUCE] = 2 * (D - 1) / D * floats * (double)gpt_num_params(model, false);
+        if (o->zero == 1) {
+            double gathered = 0;
+            for (int i = 0; i < model->n_params; i++) gathered += D * ceil((double)tensor_numel(model->params[i].value) / D);
+            dp->calls[TRAFFIC_ALL_GATHER] = model->n_params;
+            dp->bytes[TRAFFIC_ALL_GATHER] = (D - 1) / D * floats * gathered;
+        }
+    }
+    if (o->pp > 1 && (first || last)) {  // the tied wte's two gradients summed, once a step
+        theory[GROUP_EMBEDDING].calls[TRAFFIC_ALL_REDUCE] = 1;
+        theory[GROUP_EMBEDDING].bytes[TRAFFIC_ALL_REDUCE] = floats * model->config.vocab_size * C;
+    }
+}
+
+// The last training step's traffic beside traffic_theory's, each rank checking its own (a
+// collective the theory does not have, or one missing, stops the run), and a table of every rank's.
+static void print_traffic(const Gpt *model, const Options *o, const Ddp *ddp, const GroupTraffic measured[GRID_GROUPS]) {
+    GroupTraffic theory[GRID_GROUPS];
+    traffic_theory(model, o, ddp, theory);
+    double mine[GRID_GROUPS] = {0};
+    for (int g = 0; g < GRID_GROUPS; g++)
+        for (int k = 0; k < TRAFFIC_KINDS; k++) {
+            CHECK(measured[g].calls[k] == theory[g].calls[k] &&
+                  fabs(measured[g].bytes[k] - theory[g].bytes[k]) <= 1e-9 * theory[g].bytes[k],
+                  "the traffic disagrees with its theory: group %d, %s: %.0f calls, %.0f bytes (theory: %.0f, %.0f)", g,
+                  traffic_kind_name(k), measured[g].calls[k], measured[g].bytes[k], theory[g].calls[k], theory[g].bytes[k]);
+            mine[g] += measured[g].bytes[k];
+        }
+    print0("communication per training step, each rank's sends as a ring algorithm makes them (an all-reduce of b "
+           "bytes 2 (n - 1) / n b, a reduce-scatter or an all-gather (n - 1) / n b), counted and checked against the "
+           "theory (N = B T = %d tokens a micro-step, %d micro-step%s):\n", o->batch_size * o->block_size, o->accum_steps,
+           o->accum_steps == 1 ? "" : "s");
+    if (o->tp > 1 && !o->sp)
+        print0("  tensor-parallel  %s all-reduces of N C floats a micro-step (g in forward, f in backward%s)\n",
+               o->recompute ? "6 L_s" : "4 L_s", o->recompute ? ", g again in --recompute's second forward" : "");
+    if (o->tp > 1 && o->sp)
+        print0("  tensor-parallel  %s reduce-scatters and %s + [first] + [last] all-gathers of N C floats a micro-step, "
+               "and 2 L_s + [last] all-reduces of 2 C a micro-batch (the LayerNorms' gradients)%s\n",
+               o->recompute ? "6 L_s" : "4 L_s", o->recompute ? "8 L_s" : "6 L_s",
+               o->recompute ? " (--recompute's second forward: 2 L_s of each more)" : "");
+    if (o->pp > 1)
+        print0("  pipeline         N C %s floats sent on and N C %s back a micro-step (not from the last stage, not from the first)\n",
+               o->sp ? "/ T" : "", o->sp ? "/ T" : "");
+    if (o->dp > 1)
+        print0("  data-parallel    an all-reduce of the part's P_r gradients a step (DDP's buckets)%s\n",
+               o->zero == 1 ? ", an all-gather of its P_r weights (ZeRO-1)" : "");
+    if (o->pp > 1) print0("  embedding        an all-reduce of the tied wte's V C gradients a step (the first and the last stage)\n");
+    print0("  rank  tensor-parallel MB  pipeline MB  data-parallel MB  embedding MB\n");
+    for (int g = 0; g < GRID_GROUPS; g++) mine[g] /= 1e6;
+    double *all = group_gather_figures(group_world(), mine, GRID_GROUPS, false);
+    for (int r = 0; all && r < dist_world_size(); r++)
+        print0("  %4d  %18.3f  %11.3f  %16.3f  %12.3f\n", r, all[GRID_GROUPS * r], all[GRID_GROUPS * r + 1],
+               all[GRID_GROUPS * r + 2], all[GRID_GROUPS * r + 3]);
+    free(all);
+}
+
 // One micro-step of a replica through the pipeline: its batch of B windows in M micro-batches,
 // each stage running its schedule's list; before each action, one exchange with the neighbouring
 // stages (what the last action produced goes out, what this one needs comes in), as step 16 does.
@@ -496,6 +592,7 @@ int main(int argc, char **argv) {
     double train_seconds = 0.0;
     long tokens_per_iter = (long)global_batch * o.block_size;
     const float factor = 1.0f / (float)(o.accum_steps * o.micro_batches);  // each micro-batch's share of the step
+    GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
 
     for (int iter = 0;; iter++) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
@@ -513,6 +610,7 @@ int main(int argc, char **argv) {
         }
         if (iter == o.max_iters) break;
         double start = wall_seconds();
+        for (int g = 0; g < GRID_GROUPS; g++) group_reset_traffic(grid_group(&grid, g));  // this step's, from here
         double lr = lr_at(&schedule, iter);
         // One global batch of windows; this replica's micro-steps take its slices.
         char_text_draw_offsets(&train_rng, text.n_train, o.block_size, global_batch, offsets);
@@ -542,6 +640,7 @@ int main(int argc, char **argv) {
         check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
         double seconds = wall_seconds() - start;
         train_seconds += seconds;
+        for (int g = 0; g < GRID_GROUPS; g++) step_traffic[g] = *grid_group(&grid, g)->traffic;
         loss_log_add(&losses, 0, loss);
         tracking_log_metric(run, "loss", loss, iter);
         if (iter % 10 == 0 || iter == o.max_iters - 1)
@@ -553,6 +652,7 @@ int main(int argc, char **argv) {
                (double)o.max_iters * tokens_per_iter / train_seconds,
                100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
     print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
+    if (o.max_iters > 0) print_traffic(model, &o, &ddp, step_traffic);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);

@@ -54,7 +54,12 @@ grid() {
     verdict=$(same_losses "$tmp/$reference.csv" "$tmp/$name.csv" 1e-5)
     expect "$np ranks, $*: step 19's per-iteration losses ($reference): $verdict (<= 1e-5)" test $? -eq 0
     same_gpt_weights "... and the gathered model's weights (--save) are step 19's" "$tmp/$name.h5" "$tmp/$reference.h5" 1e-5
+    # (Each rank checks its memory and its step's traffic against their formulas, and stops if they disagree.)
+    expect "... each rank's traffic per step, as its theory: $(traffic_rows "$tmp/$name.out" | awk '{ printf "%s ", $2 + $3 + $4 + $5 }')MB" \
+        test "$(traffic_rows "$tmp/$name.out" | wc -l)" -eq "$np"
 }
+# traffic_rows OUT: the rank rows of OUT's table of communication per training step.
+traffic_rows() { sed -n '/^  rank  tensor-parallel MB/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
 
 # Dropout on whole models: D ranks draw each micro-batch's masks from step 19's seed for it, from
 # either generator (a run with dropout used to stop at gpt_new_part's check).
@@ -127,7 +132,14 @@ sequence_parallel() {
     local np=$1 reference=$2 name=$3
     shift 3
     grid "$np" "$reference" "${name}_sp" "$@" --sp
-    test -f "$tmp/${name}_sp.out" && holds_less "$tmp/${name}_sp.out" "$tmp/$name.out" --sp
+    test -f "$tmp/${name}_sp.out" || return
+    holds_less "$tmp/${name}_sp.out" "$tmp/$name.out" --sp
+    # Between stages each rank sends its tokens only: 1/T of the pipeline's bytes without --sp.
+    local pipeline
+    pipeline=$(paste <(traffic_rows "$tmp/${name}_sp.out") <(traffic_rows "$tmp/$name.out") | awk '{ print $3 " vs " $8 }' | tr '\n' ' ')
+    expect "... the pipeline's bytes a rank per step, 1/T of those without --sp: $pipeline" \
+        test -n "$pipeline" -a "$(paste <(traffic_rows "$tmp/${name}_sp.out") <(traffic_rows "$tmp/$name.out") |
+            awk -v T="$(printf '%s\n' "$@" | grep -A1 -x -- --tp | tail -1)" '{ if ($3 * T < $8 * 0.999 || $3 * T > $8 * 1.001) bad = 1 } END { print bad + 0 }')" = 0
 }
 
 # ---------------------------------------------------------------- 1 rank: step 19 itself

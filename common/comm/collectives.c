@@ -69,6 +69,7 @@ static float *host_copy(const Tensor *t) {
 
 void group_all_reduce(const Group *group, Tensor *t) {
     if (group->size == 1) return;
+    group_count_traffic(group, TRAFFIC_ALL_REDUCE, tensor_numel(t));
     if (!tensor_on_gpu(t)) {
         dist_allreduce_sum_over(group->mpi, t->data, tensor_numel(t));
         return;
@@ -89,6 +90,7 @@ void group_all_reduce(const Group *group, Tensor *t) {
 
 void group_broadcast_tensor(const Group *group, Tensor *t, int root) {
     if (group->size == 1) return;
+    group_count_traffic(group, TRAFFIC_BROADCAST, tensor_numel(t));
     if (!tensor_on_gpu(t)) {
         dist_broadcast_over(group->mpi, t->data, tensor_numel(t), root);
         return;
@@ -128,6 +130,7 @@ void group_exchange(const Group *group, const P2pSend *sends, int n_sends, const
                     int n_receives) {
     int n = n_sends + n_receives;
     if (n == 0) return;
+    for (int i = 0; i < n_sends; i++) group_count_traffic(group, TRAFFIC_SEND, tensor_numel(sends[i].tensor));
     bool on_gpu = tensor_on_gpu(n_sends ? sends[0].tensor : receives[0].tensor);
 #if HAVE_CUDA
     if (on_gpu && group->nccl) {
@@ -248,6 +251,7 @@ static void ring_finish(RingReduceScatter *ring) {
 
 GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input, Tensor *output) {
     size_t count = block_count(group, input, output, "group_reduce_scatter");
+    group_count_traffic(group, TRAFFIC_REDUCE_SCATTER, tensor_numel(input));
     float *my_block = input->data + (size_t)group->rank * count;
     bool in_place = output->data == my_block;
     GroupRequest request = {.request = MPI_REQUEST_NULL};
@@ -276,6 +280,7 @@ GroupRequest group_reduce_scatter_start(const Group *group, const Tensor *input,
 
 GroupRequest group_all_gather_start(const Group *group, const Tensor *input, Tensor *output) {
     size_t count = block_count(group, output, input, "group_all_gather");
+    group_count_traffic(group, TRAFFIC_ALL_GATHER, tensor_numel(output));
     float *my_block = output->data + (size_t)group->rank * count;
     bool in_place = input->data == my_block;
     GroupRequest request = {.request = MPI_REQUEST_NULL};

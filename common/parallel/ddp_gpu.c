@@ -177,6 +177,7 @@ void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
     cudaStream_t comm = device_comm_stream();
     CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
     CHECK_CUDA(cudaEventRecord(timed->comm_start[b], comm));
+    group_count_traffic(ddp->group, TRAFFIC_ALL_REDUCE, ddp->buckets[b].count);
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, ddp->buckets[b].count, ncclFloat, ncclSum,
                              ddp->group->nccl, comm));
     CHECK_CUDA(cudaEventRecord(timed->comm_done[b], comm));

@@ -16,6 +16,7 @@ static void start_bucket(Ddp *ddp, int b, int thread) {
     if (ddp->on_gpu) ddp_shared_gpu_wait_packed(ddp, b);  // the host copy must have arrived
     bucket->range = profile_range_start("allreduce", thread);
     bucket->start_time = wall_seconds();
+    group_count_traffic(ddp->group, TRAFFIC_ALL_REDUCE, bucket->count);
     CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket->buffer, (int)bucket->count, MPI_FLOAT, MPI_SUM,
                              ddp->group->mpi, &bucket->request));
     bucket->started = true;
