@@ -199,20 +199,28 @@ static void print_traffic(const Gpt *model, const Options *o, const Ddp *ddp, co
     free(all);
 }
 
+// What the training steps measured on this stage, in seconds summed over them: the forwards' and
+// the backwards' compute, the waits in the pipeline's exchanges (idle), and all of pipeline_step.
+typedef struct {
+    double forward, backward, idle, all;
+} StageTimes;
+
 // One micro-step of a replica through the pipeline: its batch of B windows in M micro-batches,
 // each stage running its schedule's list; before each action, one exchange with the neighbouring
 // stages (what the last action produced goes out, what this one needs comes in), as step 16 does.
 // With `train` false, forwards only, in order (evaluation). Returns the sum over the micro-batches
-// of their mean losses, on the last stage (0 elsewhere).
+// of their mean losses, on the last stage (0 elsewhere). With `times` (and P > 1), each action's
+// compute and each exchange's wait timed (on a GPU, the host waits for the compute to time it).
 static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedule, const int *inputs, const int *targets,
-                            int B, int T, float factor, bool train, bool sync, Ddp *ddp) {
+                            int B, int T, float factor, bool train, bool sync, Ddp *ddp, StageTimes *times) {
     const int M = schedule->micro_batches, Bm = B / M;
     const bool first = grid->stage == 0, last = grid->stage == grid->stages - 1;
     const Action *actions = schedule_actions(schedule, grid->stage);
     P2pSend send = {0};
     int n_send = 0;
-    double loss = 0.0;
+    double loss = 0.0, step_start = wall_seconds();
     Tensor received;
+    if (grid->stages == 1) times = NULL;  // (no pipeline: nothing to wait for)
     for (int k = 0; k < (train ? 2 * M : M); k++) {
         Action action = train ? actions[k] : (Action){ACTION_FORWARD, k};
         const int i = action.micro_batch, offset = i * Bm * T;
@@ -221,11 +229,14 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
         int n_receive = 0;
         if (forward && !first) received = gpt_stage_input(model, i, Bm, T), receive = (P2pReceive){&received, grid->stage - 1}, n_receive = 1;
         if (!forward && !last) received = gpt_stage_grad_output(model, Bm, T), receive = (P2pReceive){&received, grid->stage + 1}, n_receive = 1;
+        double wait_start = wall_seconds();
         if (n_send + n_receive > 0) {
             group_exchange(&grid->pipeline, &send, n_send, &receive, n_receive);
             device_synchronize();  // (tests/fake_gpu runs a stream only when waited for)
         }
         n_send = 0;
+        double compute_start = wall_seconds();
+        if (times) times->idle += compute_start - wait_start;
         if (forward) {
             const Tensor *out = gpt_stage_forward(model, i, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
             if (last) loss += gpt_stage_loss(model, i, targets + offset, Bm, T, factor);
@@ -237,11 +248,17 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
             const Tensor *grad_input = gpt_stage_backward(model, i, inputs + offset, Bm, T, ddp_grad_ready, ddp);
             if (!first) send = (P2pSend){grad_input, grid->stage - 1}, n_send = 1;
         }
+        if (times) {
+            device_synchronize();  // on a GPU, the compute is done: its time is busy time
+            (forward ? &times->forward : &times->backward)[0] += wall_seconds() - compute_start;
+        }
     }
+    double wait_start = wall_seconds();
     if (n_send) {
         group_exchange(&grid->pipeline, &send, n_send, NULL, 0);  // the last action's output
         device_synchronize();
     }
+    if (times) times->idle += wall_seconds() - wait_start, times->all += wall_seconds() - step_start;
     return loss;
 }
 
@@ -266,7 +283,7 @@ static double estimate_loss(Gpt *model, const Grid *grid, const Schedule *schedu
             char_text_windows(text, split, offsets + (size_t)(grid->replica * o->accum_steps + m) * o->batch_size,
                               o->batch_size, o->block_size, inputs, targets);
             sum += pipeline_step(model, grid, schedule, inputs, targets, o->batch_size, o->block_size, 1.0f, false,
-                                 false, NULL) / o->micro_batches;
+                                 false, NULL, NULL) / o->micro_batches;
         }
     }
     gpt_set_training(model, true);   // model.train()
@@ -400,6 +417,29 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
         print0("\n");
     }
     free(all);
+}
+
+// Each stage's idle share of the training steps' pipeline (replica 0's tensor-parallel rank 0's
+// stages), beside what the schedule predicts when replayed with the stages' measured times
+// (common/parallel/schedule.h) and the textbook's bubble of equal stages. Collective over the world.
+static void print_idle(const Grid *grid, const Schedule *schedule, const StageTimes *times, double micro_steps) {
+    const int P = schedule->stages, M = schedule->micro_batches;
+    double per_micro = 1.0 / (micro_steps * M);
+    double mine[3] = {times->forward * per_micro, times->backward * per_micro, times->all ? times->idle / times->all : 0};
+    double *all = group_gather_figures(&grid->pipeline, mine, 3, true);  // every stage of the pipeline replays it
+    double *forward = xmalloc((size_t)P * sizeof(double)), *backward = xmalloc((size_t)P * sizeof(double));
+    for (int p = 0; p < P; p++) forward[p] = all[3 * p], backward[p] = all[3 * p + 1];
+    Replay replay;
+    char why[256];
+    CHECK(schedule_replay(schedule, forward, backward, &replay, why, sizeof why), "schedule replay: %s", why);
+    print0("pipeline (replica 0, tensor-parallel rank 0): %s, %d micro-batch%s; the bubble of equal stages: (P - 1) / "
+           "(M + P - 1) = %.0f%%\n  stage  forward ms  backward ms  idle  predicted (the schedule replayed with these times)\n",
+           schedule_kind_name(schedule->kind), M, M == 1 ? "" : "es", 100 * schedule_bubble(P, M));
+    for (int p = 0; p < P; p++)
+        print0("  %5d  %10.2f  %11.2f  %3.0f%%  %8.0f%%\n", p, 1e3 * forward[p], 1e3 * backward[p], 100 * all[3 * p + 2],
+               100 * fmax(replay.idle_share[p], 0.0));  // (not "-0%" from rounding)
+    replay_free(&replay);
+    free(all), free(forward), free(backward);
 }
 
 int main(int argc, char **argv) {
@@ -593,6 +633,7 @@ int main(int argc, char **argv) {
     long tokens_per_iter = (long)global_batch * o.block_size;
     const float factor = 1.0f / (float)(o.accum_steps * o.micro_batches);  // each micro-batch's share of the step
     GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
+    StageTimes stage_times = {0};                  // this stage's compute and waits in the pipeline (P > 1)
 
     for (int iter = 0;; iter++) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
@@ -624,7 +665,7 @@ int main(int argc, char **argv) {
             gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             // Forward, loss and backward of the micro-step's M micro-batches, in the schedule's order.
             loss_sum += pipeline_step(model, &grid, &pipeline_schedule, inputs, targets, o.batch_size, o.block_size,
-                                      factor, true, m == o.accum_steps - 1, &ddp) / o.micro_batches;
+                                      factor, true, m == o.accum_steps - 1, &ddp, &stage_times) / o.micro_batches;
         }
         ddp_finish(&ddp);                                     // every gradient the mean over replicas
         // The tied wte: the first stage's gradient (the embedding's) and the last's (the head's) summed.
@@ -653,6 +694,7 @@ int main(int argc, char **argv) {
                100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
     print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
     if (o.max_iters > 0) print_traffic(model, &o, &ddp, step_traffic);
+    if (o.max_iters > 0 && o.pp > 1) print_idle(&grid, &pipeline_schedule, &stage_times, (double)o.max_iters * o.accum_steps);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);

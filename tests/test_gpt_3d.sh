@@ -161,6 +161,10 @@ expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp
 grid 2 s19 tp2 --tp 2
 sequence_parallel 2 s19 tp2 --tp 2
 grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
+# idle_rows OUT: the stage rows of OUT's pipeline table (stage, forward ms, backward ms, idle, predicted).
+idle_rows() { sed -n '/^  stage  forward ms  backward ms/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
+expect "... each stage's idle share, measured beside the schedule replayed with its times: $(idle_rows "$tmp/pp2.out" | awk '{ printf "stage %s %s (%s) ", $1, $4, $5 }')" \
+    test "$(idle_rows "$tmp/pp2.out" | awk '{ gsub("%", ""); if ($2 > 0 && $3 > 0 && $4 >= 0 && $4 <= 100 && $5 >= 0 && $5 <= 100) n++ } END { print n + 0 }')" = 2
 recomputed 2 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 
 # The gathered model is the whole model: from an --init, without training, --save gives it back
