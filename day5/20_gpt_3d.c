@@ -693,7 +693,7 @@ int main(int argc, char **argv) {
                (double)o.max_iters * tokens_per_iter / train_seconds,
                100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
     print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
-    if (o.max_iters > 0) print_traffic(model, &o, &ddp, step_traffic);
+    if (o.max_iters > 0 && world > 1) print_traffic(model, &o, &ddp, step_traffic);
     if (o.max_iters > 0 && o.pp > 1) print_idle(&grid, &pipeline_schedule, &stage_times, (double)o.max_iters * o.accum_steps);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     char overlap[256];
