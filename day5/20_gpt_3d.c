@@ -21,7 +21,9 @@
 //     the reverse); the LayerNorms' gradients, each rank's from its tokens, are summed over the group;
 //   - pipeline parallelism (step 16's): the n_layer blocks cut into P stages of n_layer / P, the
 //     embeddings on the first, ln_f and the head on the last; each replica's batch cut into
-//     --micro_batches M, run in --schedule gpipe|1f1b's order (common/parallel/schedule.h). The head
+//     --micro_batches M, run in --schedule gpipe|1f1b's order (common/parallel/schedule.h), each stage
+//     holding the activations of as many micro-batches as its schedule has in flight (GPipe: all
+//     M; 1F1B: min(P - s, M) on stage s, the memory 1F1B saves). The head
 //     is tied to wte, which the first and the last stage both hold: after backward their two
 //     gradients are summed, as Megatron's embedding group does, so both take the same step;
 //   - data parallelism (step 19's DDP, over the D ranks that hold the same part).
@@ -101,6 +103,7 @@ typedef struct {
     Group data_parallel;          // the D ranks that hold my part: DDP
     Group model;                  // my replica's T x P ranks: the gradients' norm, the whole model
     Group embedding;              // the first and the last stage (P > 1): the tied wte's gradient
+    int activation_slots;         // the micro-batches whose activations my stage holds at once (its schedule's)
 } Grid;
 
 // The grid's groups whose traffic a training step has, in the order of the traffic table.
@@ -224,10 +227,13 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
     for (int k = 0; k < (train ? 2 * M : M); k++) {
         Action action = train ? actions[k] : (Action){ACTION_FORWARD, k};
         const int i = action.micro_batch, offset = i * Bm * T;
+        // Micro-batch i's activations in slot i mod slots: the micro-batches in flight on a stage are
+        // consecutive (forwards and backwards each in order), never more than the slots, so never two in one.
+        const int slot = i % grid->activation_slots;
         const bool forward = action.kind == ACTION_FORWARD;
         P2pReceive receive = {0};
         int n_receive = 0;
-        if (forward && !first) received = gpt_stage_input(model, i, Bm, T), receive = (P2pReceive){&received, grid->stage - 1}, n_receive = 1;
+        if (forward && !first) received = gpt_stage_input(model, slot, Bm, T), receive = (P2pReceive){&received, grid->stage - 1}, n_receive = 1;
         if (!forward && !last) received = gpt_stage_grad_output(model, Bm, T), receive = (P2pReceive){&received, grid->stage + 1}, n_receive = 1;
         double wait_start = wall_seconds();
         if (n_send + n_receive > 0) {
@@ -238,14 +244,14 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
         double compute_start = wall_seconds();
         if (times) times->idle += compute_start - wait_start;
         if (forward) {
-            const Tensor *out = gpt_stage_forward(model, i, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
-            if (last) loss += gpt_stage_loss(model, i, targets + offset, Bm, T, factor);
+            const Tensor *out = gpt_stage_forward(model, slot, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
+            if (last) loss += gpt_stage_loss(model, slot, targets + offset, Bm, T, factor);
             else send = (P2pSend){out, grid->stage + 1}, n_send = 1;
         } else {
             // DDP averages this part's gradients over its replicas in the last micro-batch's backward
             // of the last micro-step (model.no_sync() for the others).
             ddp_set_sync(ddp, sync && i == M - 1);
-            const Tensor *grad_input = gpt_stage_backward(model, i, inputs + offset, Bm, T, ddp_grad_ready, ddp);
+            const Tensor *grad_input = gpt_stage_backward(model, slot, inputs + offset, Bm, T, ddp_grad_ready, ddp);
             if (!first) send = (P2pSend){grad_input, grid->stage - 1}, n_send = 1;
         }
         if (times) {
@@ -344,13 +350,14 @@ static void gather_whole(const Gpt *part, Gpt *whole, const Grid *grid) {
     }
 }
 
-// The activations a rank keeps from forward for backward, in floats, for one micro-step (all its M
-// micro-batches: what GPipe holds at once), as the formulas of print_memory count them, with the
+// The activations a rank keeps from forward for backward, in floats, for the B_h sequences whose
+// activations its stage holds at once (all of a micro-step's with GPipe, min(P - s, M) micro-batches'
+// with 1F1B: Grid's activation_slots), as the formulas of print_memory count them, with the
 // token-wise regions split S ways (S = T with --sp, else 1) and with or without --recompute.
 static double activation_formula(const Gpt *model, const Options *o, double S, bool recompute) {
     const GptConfig *c = &model->config;
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
-    const double H = c->n_head, B = o->batch_size, N = B * T, Bm = B / o->micro_batches;
+    const double H = c->n_head, B = model->max_batch, N = B * T, Bm = (double)o->batch_size / o->micro_batches;
     const double ends = N * C / S + (model->has_head ? N * (C + 2 / S + 2 * V) : 0);  // the stage's input; ln_f, logits
     // --recompute: each block's output (the next one's input) for every micro-batch, and one
     // micro-batch's (B_m = B / M) inside, shared by the blocks, in place of every block's inside.
@@ -366,7 +373,7 @@ static double activation_formula(const Gpt *model, const Options *o, double S, b
 static void print_memory(const Gpt *model, const Grid *grid, const Options *o, double adam_floats) {
     const GptConfig *c = &model->config;
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
-    const double H = c->n_head, B = o->batch_size, Bm = B / o->micro_batches, S = o->sp ? Tp : 1;
+    const double H = c->n_head, B = model->max_batch, Bm = (double)o->batch_size / o->micro_batches, S = o->sp ? Tp : 1;
     const bool first = model->has_embeddings, last = model->has_head, savings = o->recompute || o->sp;
     double params = Ls * (12 * C * C / Tp + 2 * C + (c->bias ? 7 * C / Tp + 4 * C : 0)) + (first || last ? V * C : 0) +
                     (first ? T * C : 0) + (last ? (c->bias ? 2 : 1) * C : 0);
@@ -378,11 +385,15 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
           "the memory formulas disagree with the model: %.0f and %.0f floats", params, held);
     const char *without = o->recompute && o->sp ? "--recompute --sp" : o->recompute ? "--recompute" : "--sp";
     print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
-           "embeddings, [last]: the last stage's ln_f and head):\n"
+           "embeddings, [last]: the last stage's ln_f and head; B: the windows whose activations a stage holds at once, "
+           "%s; here %d on rank 0):\n"
            "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
            "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)%s\n"
            "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n",
-           model->n_blocks, o->tp, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
+           model->n_blocks, o->tp,
+           o->pp == 1 ? "a micro-step's" : o->micro_batches > 1 && strcmp(o->schedule, "gpipe") != 0
+               ? "min(P - s, M) micro-batches' on stage s under 1F1B" : "a micro-step's (all M micro-batches: GPipe)",
+           model->max_batch, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
            c->dropout > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
     if (o->sp)
@@ -390,7 +401,7 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
                "T^2: the LayerNorms, the residuals and the stage's input cut T = %d ways along the tokens\n", o->tp);
     if (o->recompute)
         print0("  --recompute  B T (L_s C + C)%s + [last] B T (C + 2%s + 2 V) + B_m T (%s + 12 C / T) + B_m (H / T) T^2, "
-               "B_m = B / M = %.0f: the blocks' outputs, one micro-batch's inside\n", o->sp ? " / T" : "",
+               "B_m = %.0f, a micro-batch's windows: the blocks' outputs, one micro-batch's inside\n", o->sp ? " / T" : "",
                o->sp ? " / T" : "", o->sp ? "(3 C + 4) / T" : "3 C + 4", Bm);
     print0("  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's");
     if (savings) print0("  without %s MB", without);
@@ -555,6 +566,11 @@ int main(int argc, char **argv) {
     bool tied_ends = grid.stage == 0 || grid.stage == o.pp - 1;  // a singleton group for the stages in between
     grid.embedding = group_split(tied_ends ? grid.replica * o.tp + grid.tp_rank : world + rank, grid.stage);
     int blocks = o.n_layer / o.pp;
+    // The schedule; the activations of as many micro-batches as it has in flight on my stage at most
+    // (GPipe: all M; 1F1B: min(P - s, M)), kept in that many slots.
+    Schedule pipeline_schedule = schedule_new(schedule_kind, o.pp, o.micro_batches);
+    grid.activation_slots = schedule_max_in_flight(&pipeline_schedule, grid.stage);
+    const int held_batch = o.batch_size / o.micro_batches * grid.activation_slots;  // the windows held at once
     GptSplit split = {.first_layer = grid.stage * blocks, .end_layer = (grid.stage + 1) * blocks,
                       .tensor_group = &grid.tensor_parallel,
                       .recompute_batch = o.recompute ? o.batch_size / o.micro_batches : 0, .sequence_parallel = o.sp};
@@ -562,7 +578,7 @@ int main(int argc, char **argv) {
     // What this rank's part will take, refused in one line if it would not fit (before anything is allocated).
     MemoryNeed need = memory_need("--n_layer %d --n_embd %d --block_size %d --batch_size %d --tp %d --pp %d", o.n_layer,
                                   o.n_embd, o.block_size, o.batch_size, o.tp, o.pp);
-    gpt_add_part_memory_need(&need, &config, o.batch_size, &split);
+    gpt_add_part_memory_need(&need, &config, held_batch, &split);
     MemoryNeed whole_need = memory_need("the whole model");
     gpt_add_memory_need(&whole_need, &config, 1);
     if (device == DEVICE_CPU) {  // (on a GPU rank the text and the whole model stay on the host)
@@ -578,7 +594,7 @@ int main(int argc, char **argv) {
     Gpt *whole = gpt_new(&config, 1, &init_rng, DEVICE_CPU);  // model = GPT(gptconf)
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
-    Gpt *model = gpt_new_part(whole, o.batch_size, &split, device);  // its part, .to(device)
+    Gpt *model = gpt_new_part(whole, held_batch, &split, device);  // its part, .to(device)
     if (strcmp(o.dropout_rng, "auto") != 0) gpt_set_dropout_philox(model, strcmp(o.dropout_rng, "philox") == 0);
     Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
     // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
@@ -590,7 +606,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < model->n_params; i++) owned[i] = gpt_owns(model, i);
     LrSchedule schedule = {.lr = o.learning_rate, .min_lr = o.min_lr, .warmup_iters = o.warmup_iters,
                            .lr_decay_iters = o.lr_decay_iters, .decay = true};
-    Schedule pipeline_schedule = schedule_new(schedule_kind, o.pp, o.micro_batches);
 
     int global_batch = o.batch_size * o.accum_steps * o.dp;
     print0("Step 20: a GPT on %d rank%s, %d replica%s x %d tensor-parallel x %d pipeline stage%s: %d layers, %d heads, "

@@ -3,14 +3,15 @@
 # (default 4), for a model wide enough that the blocks' activations matter (issue 39's: 8 layers,
 # 512 wide, context 256). For each grid: the activations a rank holds at most (the memory table's
 # figure: what the model allocated, which the program checks against its formula), AdamW's
-# moments on rank 0, the bytes a rank sends per step (the traffic table's largest row) and the
-# median time of an iteration, runs alternating so that machine noise hits each alike.
+# moments on rank 0, the bytes a rank sends per step (the traffic table's largest row), the median
+# time of an iteration and the windows trained per second (an iteration trains 12 windows per
+# replica: D x 12), runs alternating so that machine noise hits each alike.
 #
 #   tests/bench_gpt_3d.sh [REPEATS] [ITERS] [NP]      (defaults 3, 3 and 4)
 #   MODEL="--n_layer 4 --n_embd 256 --block_size 128" tests/bench_gpt_3d.sh    (a smaller model)
 #
-# Ratios against the first grid (D = NP: whole blocks on every rank) and, for --recompute,
-# against the same grid without it. Times are of this machine under its load (printed before
+# Throughput against the first grid's (D = NP: whole blocks on every rank); a --recompute grid's
+# time per iteration against the same grid's without it (the grid above it). Times are of this machine under its load (printed before
 # and after): on fewer cores than ranks the ranks share them, and the ratios are what to read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +26,11 @@ unset OPENBLAS_CORETYPE
 MPIRUN=${MPIRUN:-mpirun --oversubscribe --bind-to none}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-half=$((np / 2))
+half=$((np / 2)) quarter=$((np / 4))
 grids=("--dp $np" "--dp $half --tp 2" "--dp $half --tp 2 --sp" "--dp $half --tp 2 --sp --recompute"
-       "--dp $half --tp 2 --pp 2 --micro_batches 4 --sp" "--dp $half --tp 2 --pp 2 --micro_batches 4 --sp --recompute"
+       "--dp $quarter --tp 2 --pp 2 --micro_batches 4 --sp" "--dp $quarter --tp 2 --pp 2 --micro_batches 4 --sp --recompute"
        "--dp $np --zero 1")
-[ "$np" -ge 4 ] || grids=("--dp $np" "--tp $np" "--tp $np --sp" "--tp $np --sp --recompute" "--dp $np --zero 1")
+[ $((np % 4)) -eq 0 ] || grids=("--dp $np" "--dp 1 --tp $np" "--dp 1 --tp $np --sp" "--dp 1 --tp $np --sp --recompute" "--dp $np --zero 1")
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "step 20 on $np ranks, ${model[*]}, $iters iterations a run, medians of $repeats runs, alternating"
@@ -44,22 +45,24 @@ for ((r = 0; r < repeats; r++)); do
         times[$i]+="$(sed -n 's/^training: [0-9]* iterations in \([0-9.]*\) s.*/\1/p' "$tmp/$i.out") "
     done
 done
-printf '%-58s  %15s  %9s  %9s  %13s  %12s  %8s\n' grid "activations MB" "of D=$np" "AdamW MB" "sent MB/step" "s/iteration" "time x"
-base_act= base_time= prev_time=
+printf '%-58s  %15s  %9s  %9s  %13s  %12s  %10s  %10s\n' grid "activations MB" "of D=$np" "AdamW MB" "sent MB/step" \
+    "s/iteration" "windows/s" "vs D=$np"
+base_act= base_rate= prev_time=
 for i in "${!grids[@]}"; do
     out=$tmp/$i.out
     act=$(sed -n '/^  rank  replica  stage/,/^[^ ]/p' "$out" | awk '$1 ~ /^[0-9]+$/ && $8 > m { m = $8 } END { print m }')
     adam=$(sed -n '/^  rank  replica  stage/,/^[^ ]/p' "$out" | awk '$1 == 0 { print $7 }')
     sent=$(sed -n '/^  rank  tensor-parallel MB/,/^[^ ]/p' "$out" | awk '$1 ~ /^[0-9]+$/ { s = $2 + $3 + $4 + $5; if (s > m) m = s } END { printf "%.1f", m }')
     t=$(echo "${times[$i]}" | tr ' ' '\n' | grep . | median)
-    t=$(awk -v t="$t" -v n="$iters" 'BEGIN { printf "%.2f", t / n }')
-    [ -n "$base_act" ] || base_act=$act base_time=$t
-    # --recompute against the grid before it (the same without --recompute), the rest against the first.
-    ref=$base_time
-    [[ ${grids[$i]} == *--recompute* ]] && ref=$prev_time
-    printf '%-58s  %15s  %8.0f%%  %9s  %13s  %12s  %7.2fx\n' "${grids[$i]}" "$act" "$(awk -v a="$act" -v b="$base_act" 'BEGIN { print 100 * a / b }')" \
-        "$adam" "$sent" "$t" "$(awk -v a="$t" -v b="$ref" 'BEGIN { print a / b }')"
+    t=$(awk -v t="$t" -v n="$iters" 'BEGIN { printf "%.3f", t / n }')
+    replicas=$(sed -n 's/.*--dp \([0-9]*\).*/\1/p' <<< "${grids[$i]}")
+    rate=$(awk -v t="$t" -v d="$replicas" 'BEGIN { printf "%.2f", 12 * d / t }')
+    [ -n "$base_act" ] || base_act=$act base_rate=$rate
+    vs=$(awk -v a="$rate" -v b="$base_rate" 'BEGIN { printf "%.2fx", a / b }')
+    [[ ${grids[$i]} == *--recompute* ]] && vs=$(awk -v a="$t" -v b="$prev_time" 'BEGIN { printf "time %.2fx", a / b }')
+    printf '%-58s  %15s  %8.0f%%  %9s  %13s  %12s  %10s  %10s\n' "${grids[$i]}" "$act" "$(awk -v a="$act" -v b="$base_act" 'BEGIN { print 100 * a / b }')" \
+        "$adam" "$sent" "$t" "$rate" "$vs"
     prev_time=$t
 done
-echo "(time x: against the first grid; a --recompute grid against the one above it, the same without --recompute)"
+echo "(vs D=$np: windows per second against the first grid's; for a --recompute grid, its time per iteration against the grid above it, the same without --recompute)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -10,7 +10,7 @@
 # --dropout on whole models (D ranks) takes step 19's steps with either --dropout_rng; --mlflow logs the
 # run as the other steps do (an mlruns folder); a rank SIGKILLed in a 2 x 2 grid ends the job.
 # make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2 with and without --sp, --pp 2
-# with 1F1B); make test-all: the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --sp,
+# with 1F1B, holding fewer micro-batches' activations than with GPipe); make test-all: the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --sp,
 # --bias and --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
 set -u
 cd "$(dirname "$0")/.."
@@ -161,6 +161,12 @@ expect "... holding half of AdamW's moments: $(grep -A7 '^memory per rank' "$tmp
 grid 2 s19 tp2 --tp 2
 sequence_parallel 2 s19 tp2 --tp 2
 grid 2 s19 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
+# 1F1B holds fewer micro-batches' activations than GPipe: stage s min(P - s, M) of M, each in a slot.
+grid 2 s19 pp2gpipe --pp 2 --micro_batches 2 --schedule gpipe
+held=$(paste <(memory_rows "$tmp/pp2.out") <(memory_rows "$tmp/pp2gpipe.out") | awk '{ printf "stage %s %s of %s MB ", $3, $8, $17 }')
+expect "... 1F1B's activations, stage s min(P - s, M) of GPipe's M micro-batches': $held" \
+    test -n "$held" -a "$(paste <(memory_rows "$tmp/pp2.out") <(memory_rows "$tmp/pp2gpipe.out") |
+        awk '{ want = $17 * ($3 == 0 ? 2 : 1) / 2; if ($8 < want * 0.995 || $8 > want * 1.005) bad = 1; n++ } END { print n == 2 && !bad }')" = 1
 # idle_rows OUT: the stage rows of OUT's pipeline table (stage, forward ms, backward ms, idle, predicted).
 idle_rows() { sed -n '/^  stage  forward ms  backward ms/,/^[^ ]/p' "$1" | awk '$1 ~ /^[0-9]+$/'; }
 expect "... each stage's idle share, measured beside the schedule replayed with its times: $(idle_rows "$tmp/pp2.out" | awk '{ printf "stage %s %s (%s) ", $1, $4, $5 }')" \

@@ -25,6 +25,8 @@
 // any algorithm sends: an allreduce of b bytes 2 (n - 1) / n b, a reduce-scatter of b bytes in or
 // an all-gather of b bytes out (n - 1) / n b, a broadcast b (at most: a pipelined root), a send b.
 // collectives.h's calls count themselves, and DDP its buckets; a group of one rank sends nothing.
+// Counted by the thread that starts the collective, not atomically: one thread at a time starts a
+// group's collectives (DDP's thread its group's buckets during backward, and nothing else then).
 typedef enum {
     TRAFFIC_ALL_REDUCE, TRAFFIC_REDUCE_SCATTER, TRAFFIC_ALL_GATHER, TRAFFIC_BROADCAST, TRAFFIC_SEND, TRAFFIC_KINDS
 } TrafficKind;
