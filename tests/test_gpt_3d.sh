@@ -114,13 +114,16 @@ recomputed() {
     holds_less "$out.out" "$tmp/${name%_sp}.out" --recompute  # (NAME_sp: its table's without is NAME's, without --sp)
 }
 # holds_less OUT PLAIN.out FLAG: the memory table of OUT (a run with FLAG) shows each rank's
-# activations, as allocated (the program checks them against its formula), below those without
-# FLAG, and those are what PLAIN.out (the same grid without FLAG) held.
+# activations, as allocated (the program checks them against its formula), no more than those
+# without FLAG and the most of any rank below theirs (a stage of one block that holds one
+# micro-batch at a time, the last of pp4 under 1F1B, has nothing for --recompute to save), and
+# those are what PLAIN.out (the same grid without FLAG) held.
 holds_less() {
     local held
-    held=$(memory_rows "$1" | awk 'NF == 10 { print $8 " < " $10 }' | tr '\n' ' ')
-    expect "... each rank's activations, allocated, below those without $3 (MB): $held" \
-        test -n "$held" -a "$(memory_rows "$1" | awk 'NF == 10 && !($8 < $10) { bad = 1 } END { print bad + 0 }')" = 0
+    held=$(memory_rows "$1" | awk 'NF == 10 { print $8 " of " $10 }' | tr '\n' ' ')
+    expect "... each rank's activations, allocated, against those without $3 (MB): $held" \
+        test -n "$held" -a "$(memory_rows "$1" | awk 'NF == 10 { if ($8 > $10) bad = 1; if ($8 > most) most = $8; if ($10 > without) without = $10 }
+            END { print (bad || most >= without) }')" = 0
     expect "... and the ones without are what the run without $3 held" \
         test -n "$(memory_rows "$2")" -a "$(memory_rows "$1" | awk 'NF == 10 { print $1, $10 }')" = \
         "$(memory_rows "$2" | awk 'NF == 9 { print $1, $8 }')"
@@ -139,7 +142,7 @@ sequence_parallel() {
     pipeline=$(paste <(traffic_rows "$tmp/${name}_sp.out") <(traffic_rows "$tmp/$name.out") | awk '{ print $3 " vs " $8 }' | tr '\n' ' ')
     expect "... the pipeline's bytes a rank per step, 1/T of those without --sp: $pipeline" \
         test -n "$pipeline" -a "$(paste <(traffic_rows "$tmp/${name}_sp.out") <(traffic_rows "$tmp/$name.out") |
-            awk -v T="$(printf '%s\n' "$@" | grep -A1 -x -- --tp | tail -1)" '{ if ($3 * T < $8 * 0.999 || $3 * T > $8 * 1.001) bad = 1 } END { print bad + 0 }')" = 0
+            awk -v T="$(printf '%s\n' "$@" | grep -A1 -x -- --tp | tail -1)" '{ if ($3 * T < $8 * 0.99 || $3 * T > $8 * 1.01) bad = 1 } END { print bad + 0 }')" = 0  # (MB to 3 decimals)
 }
 
 # ---------------------------------------------------------------- 1 rank: step 19 itself
