@@ -200,12 +200,14 @@ if thorough; then
     recomputed 4 pp4gpipe --pp 4 --micro_batches 2 --schedule gpipe
     recomputed 4 tp4 --tp 4
     sequence_parallel 4 s19 tp4 --tp 4
+    sequence_parallel 4 s19dp2 dp2tp2 --dp 2 --tp 2
     sequence_parallel 4 s19 tp2pp2 --tp 2 --pp 2 --micro_batches 2 --schedule gpipe
     recomputed 4 tp2pp2_sp --tp 2 --pp 2 --micro_batches 2 --schedule gpipe --sp
     grid 8 s19dp2 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
     grid 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
     recomputed 8 dp2tp2pp2 --dp 2 --tp 2 --pp 2 --micro_batches 2
     sequence_parallel 8 s19dp2 dp2tp2pp2zero --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1
+    grid 8 s19 tp4pp2_sp --tp 4 --pp 2 --micro_batches 3 --schedule 1f1b --sp --recompute
     expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
         test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
     # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
