@@ -359,8 +359,8 @@ static double activation_formula(const Gpt *model, const Options *o, double S, b
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
     const double H = c->n_head, B = model->max_batch, N = B * T, Bm = (double)o->batch_size / o->micro_batches;
     const double ends = N * C / S + (model->has_head ? N * (C + 2 / S + 2 * V) : 0);  // the stage's input; ln_f, logits
-    // --recompute: each block's output (the next one's input) for every micro-batch, and one
-    // micro-batch's (B_m = B / M) inside, shared by the blocks, in place of every block's inside.
+    // --recompute: each block's output (the next one's input) for every micro-batch held, and one
+    // micro-batch's (B_m = batch_size / M) inside, shared by the blocks, in place of every block's inside.
     if (recompute) return N * Ls * C / S + ends + Bm * T * ((3 * C + 4) / S + 12 * C / Tp) + Bm * H / Tp * T * T;
     double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
     return N * Ls * ((4 * C + 4) / S + 12 * C / Tp) + ends + Ls * B * H / Tp * T * T + masks;
@@ -386,14 +386,12 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
     const char *without = o->recompute && o->sp ? "--recompute --sp" : o->recompute ? "--recompute" : "--sp";
     print0("memory per rank (float32; L_s = n_layer / P = %d blocks a stage, split T = %d ways; [first]: stage 0's "
            "embeddings, [last]: the last stage's ln_f and head; B: the windows whose activations a stage holds at once, "
-           "%s; here %d on rank 0):\n"
+           "batch_size / M for each micro-batch in flight (M of them with GPipe, min(P - s, M) with 1F1B); here %d on "
+           "rank 0):\n"
            "  parameters   P_r = L_s (12 C^2 / T + 2 C)%s + [first or last] V C + [first] T C + [last] %sC\n"
            "  gradients    P_r;  AdamW: 2 P_r (exp_avg, exp_avg_sq)%s\n"
            "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n",
-           model->n_blocks, o->tp,
-           o->pp == 1 ? "a micro-step's" : o->micro_batches > 1 && strcmp(o->schedule, "gpipe") != 0
-               ? "min(P - s, M) micro-batches' on stage s under 1F1B" : "a micro-step's (all M micro-batches: GPipe)",
-           model->max_batch, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
+           model->n_blocks, o->tp, model->max_batch, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
            c->dropout > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
     if (o->sp)

@@ -456,8 +456,9 @@ static int first_token_row(const Gpt *m, int N) { return m->sequence_parallel ? 
 // Megatron's g in forward and f in backward, on a row- or column-parallel Linear's partial results
 // [N, width] (each rank's heads' or MLP columns' share of every value): their sum over the
 // tensor-parallel group. Allreduced in place; with sequence parallelism reduce-scattered instead,
-// this rank's rows summed in place of its block of `partial` and returned (the same bytes on the
-// wire: an allreduce is a reduce-scatter and an all-gather). Nothing with whole blocks.
+// this rank's rows summed in place of its block of `partial` and returned (half an allreduce's
+// bytes: the other half is the all-gather before the next column-parallel Linear). Nothing with
+// whole blocks.
 static Tensor tensor_parallel_sum(Gpt *m, Tensor *partial) {
     if (!m->sequence_parallel) {
         if (m->tensor_group) group_all_reduce(m->tensor_group, partial);
