@@ -76,11 +76,11 @@ static void format_dims(char *out, size_t size, int ndim, const long long *dims)
 }
 
 // ---------------------------------------------------------------- pieces of a flat run
-int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
-                           size_t at, CheckpointPiece *out) {
+int checkpoint_box_run_pieces(const char *name, int rows, int cols, const long long offset[2], const long long count[2],
+                              size_t first, size_t end, const Tensor *source, size_t at, CheckpointPiece *out) {
     int n = 0;
     bool vector = cols == 0;
-    size_t width = vector ? (size_t)rows : (size_t)cols;
+    size_t width = (size_t)(vector ? count[0] : count[1]);  // a row of the box
     while (first < end) {
         size_t row = vector ? 0 : first / width, col = vector ? first : first % width;
         size_t take = col > 0 || end - first < width ? (end - first < width - col ? end - first : width - col)
@@ -89,16 +89,22 @@ int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, s
         *p = (CheckpointPiece){.name = name, .ndim = vector ? 1 : 2};
         p->values = (Tensor){.data = source->data + at, .rows = 1, .cols = (int)take, .device = source->device};
         if (vector) {
-            p->shape[0] = rows, p->offset[0] = (long long)col, p->count[0] = (long long)take;
+            p->shape[0] = rows, p->offset[0] = offset[0] + (long long)col, p->count[0] = (long long)take;
         } else {
             p->shape[0] = rows, p->shape[1] = cols;
-            p->offset[0] = (long long)row, p->offset[1] = (long long)col;
+            p->offset[0] = offset[0] + (long long)row, p->offset[1] = offset[1] + (long long)col;
             p->count[0] = col > 0 || take < width ? 1 : (long long)(take / width);
             p->count[1] = col > 0 || take < width ? (long long)take : (long long)width;
         }
         first += take, at += take;
     }
     return n;
+}
+
+int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
+                           size_t at, CheckpointPiece *out) {
+    const long long origin[2] = {0, 0}, whole[2] = {rows, cols};
+    return checkpoint_box_run_pieces(name, rows, cols, origin, whole, first, end, source, at, out);
 }
 
 // ---------------------------------------------------------------- HDF5 small things
@@ -905,11 +911,18 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
         fail(err, "%s: not a sharded checkpoint's index (expected the format '%s')", path, FORMAT);
     else if (!get_text(file, "program", program, sizeof l->program))
         fail(err, "%s: an index without its program attribute", path);
-    else if (state->program && strcmp(program, state->program) != 0)  // (NULL: a reader, outside a run)
-        fail(err, "%s: a checkpoint of %s, not of %s", path, program, state->program);
+    else if (state->program && strcmp(program, state->program) != 0 &&  // (NULL: a reader, outside a run)
+             !(state->also_resumes && strcmp(program, state->also_resumes) == 0))
+        fail(err, "%s: a checkpoint of %s, not of %s%s%s", path, program, state->program, state->also_resumes ? " or " : "",
+             state->also_resumes ? state->also_resumes : "");
     else if (!get_u64(file, "checkpoint_id", &l->id) || !get_u64(file, "world_size", &world) || world < 1 || world > 1000000 ||
              !get_text(file, "layout", state->layout, sizeof state->layout))
         fail(err, "%s: an index without its checkpoint_id, world_size and layout attributes", path);
+    else if (state->program && strcmp(program, state->program) != 0) {  // the other program's: said in the resume line
+        char layout[sizeof state->layout];
+        snprintf(layout, sizeof layout, "%s", state->layout);
+        snprintf(state->layout, sizeof state->layout, "%.20s, %.41s", program, layout);  // (both short: room for both)
+    }
     if (!get_text(file, "mlflow_run_id", state->mlflow_run_id, sizeof state->mlflow_run_id)) state->mlflow_run_id[0] = '\0';
     l->files = (int)world;
     if (!err[0] && H5Lexists(file, "tensors", H5P_DEFAULT) > 0) {
@@ -1112,6 +1125,10 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
                "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
                state->global_batch);
     if (init) print0("--init %s is not used: the checkpoint's weights are the run's\n", init);
+    // This run's again: what its own saves record (a resumed run's checkpoints named the first run's layout).
+    state->saved_world_size = state->world_size, state->saved_global_batch = state->global_batch;
+    snprintf(state->layout, sizeof state->layout, "%s", this_layout);
+    state->world_size = dist_world_size(), state->global_batch = global_batch;
     return true;
 }
 

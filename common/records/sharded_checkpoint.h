@@ -30,7 +30,8 @@
 //   state/losses/epoch, state/losses/loss   int64, float32 [step]: the loss log so far
 //   state/generator/mt19937, state/generator/index   the generator (rng.h)
 //   state/eval_generator/...     a second one, where the program keeps it (step 19's evaluation)
-//   attributes of the root: format, program (a checkpoint of another program is refused),
+//   attributes of the root: format, program (a checkpoint of another program is refused, but
+//   for the one named CheckpointState.also_resumes),
 //   layout ("ZeRO-3 on 4 ranks"), world_size, checkpoint_id (also in every shard file: a shard of
 //   another checkpoint is refused), mlflow_run_id (a tracked run)
 //
@@ -86,7 +87,8 @@ typedef struct {
 
 // The run's state beside the tensors: what an exact resume needs.
 typedef struct {
-    const char *program;     // "day4/18_zero_sharding": another program's checkpoint is refused
+    const char *program;     // "day4/18_zero_sharding": another program's checkpoint is refused,
+    const char *also_resumes;  // but this one's (NULL: none): step 19's and 20's are the same model and data
     char layout[64];         // "ZeRO-3 on 4 ranks" (load: the saved one's, for the resume line)
     long step;               // optimizer steps done
     int epoch;               // the epoch in progress (or the next)
@@ -94,6 +96,10 @@ typedef struct {
     bool random_windows;     // step 19: the data are windows drawn by the generator, no epochs (0 and 0)
     int world_size;          // load: the saved run's
     long global_batch;       // samples per step (load: the saved run's; another one is allowed)
+    // sharded_checkpoint_resume puts this run's layout, world size and global batch back after its
+    // line, so that its later saves say what saved them, and keeps the checkpoint's here:
+    int saved_world_size;
+    long saved_global_batch;
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
@@ -155,6 +161,12 @@ bool sharded_checkpoint_finish(CheckpointSave **in_flight, CheckpointWrite *fini
 // written to `out` (which has room for 3).
 int checkpoint_flat_pieces(const char *name, int rows, int cols, size_t first, size_t end, const Tensor *source,
                            size_t at, CheckpointPiece *out);
+// The same for a run [first, end) of the elements of a box of such a tensor, counted row-major
+// within the box: the box's first element at (offset[0], offset[1]) and its sizes count[0] x
+// count[1] (a vector: its elements offset[0] to offset[0] + count[0]). A tensor-parallel shard is
+// such a box (a row-parallel weight's columns), and a replica's or a ZeRO block's share of it a run.
+int checkpoint_box_run_pieces(const char *name, int rows, int cols, const long long offset[2], const long long count[2],
+                              size_t first, size_t end, const Tensor *source, size_t at, CheckpointPiece *out);
 
 // ---------------------------------------------------------------- parameters and Adam, as pieces
 // Steps 16 and 17 (and 18 under DDP) hold parameters as tensors that are each one box of a global
