@@ -308,7 +308,7 @@ int main(int argc, char **argv) {
 
     // --checkpoint: resume from DIR's current checkpoint, saved on any number of ranks (step 18's
     // module: every rank holds the whole model, as DDP's, and writes its 1/W of each tensor's rows).
-    CheckpointState state = {.program = "day5/19_gpt", .world_size = world, .global_batch = global_batch,
+    CheckpointState state = {.program = "day5/19_gpt", .also_resumes = "day5/20_gpt_3d", .world_size = world, .global_batch = global_batch,
                              .random_windows = true, .seed = o.seed, .shuffle = 1, .train_samples = (int)text.n_train,
                              .lr = o.learning_rate, .generator = train_rng, .eval_generator = eval_rng,
                              .eval_generator_kept = true, .losses = &losses};

@@ -37,12 +37,16 @@
 // forward keeps each block's output per micro-batch and one micro-batch's block inside, shared;
 // backward redoes each block's forward just before its backward (the same losses, bit for bit,
 // about a third more of the blocks' FLOPs); the memory table shows what it holds, and without it.
+// --checkpoint DIR saves sharded checkpoints (step 18's module, common/records/sharded_checkpoint.h):
+// each rank writes its boxes of step 19's state_dict tensors and of AdamW's moments, no rank
+// gathers anything, and any grid resumes them, step 19 too (and step 20 resumes step 19's).
 //
 // Build and run:
 //   make day5/20_gpt_3d && make shakespeare
 //   mpirun -np 2 day5/20_gpt_3d --tp 2 --accum_steps 2 --max_iters 50 --eval_interval 50 --sample 0 --plot ''   (add --oversubscribe on fewer cores)
 //   mpirun -np 4 day5/20_gpt_3d --dp 2 --pp 2 --micro_batches 4 --schedule 1f1b
 //   mpirun -np 8 day5/20_gpt_3d --dp 2 --tp 2 --pp 2 --zero 1    # on a node of 8 GPUs: NCCL in every group
+//   mpirun -np 4 day5/20_gpt_3d --tp 2 --pp 2 --save_every 100 --checkpoint checkpoints/gpt3d   # stop it, resume on any grid
 //
 // Expected output (the first, 2 ranks on 2 cores; times vary): step 19's losses with --accum_steps 2
 // on 1 rank (day5/README.md shows them), and the grid, rank by rank; day5/README.md, step 20, shows more.
@@ -76,6 +80,7 @@
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
 #include "records/plot.h"           // plot_png: the train and validation curves
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_save_step, _resume: each rank its boxes, any grid resumes
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
@@ -85,12 +90,13 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule;
+    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
     double learning_rate, min_lr, weight_decay, beta1, beta2, grad_clip, bucket_mb, temperature;
     int dp, tp, pp, micro_batches, zero, recompute, sp;
+    int save_every, keep, async_save;
     TrackingOptions tracking;
 } Options;
 
@@ -451,6 +457,49 @@ static void print_idle(const Grid *grid, const Schedule *schedule, const StageTi
     free(all), free(forward), free(backward);
 }
 
+// This rank's pieces of a sharded checkpoint (records/sharded_checkpoint.h): its boxes of step
+// 19's state_dict and of AdamW's moments ("optimizer/exp_avg/<name>"), so that either step resumes
+// the other's checkpoints, under any grid. A part's tensor is 1 box of its whole tensor, or 3 for
+// c_attn's (gpt_param_boxes). Loading (saving false), a rank reads every element it holds.
+// Saving, each element goes in one file: a tensor that a tensor-parallel group holds alike is
+// written by its rank 0, the tied wte by the first stage (gpt_owns); the D replicas of a part each
+// write 1/D of its elements, and with --zero 1 each its own block of the moments (zero1.h).
+static CheckpointPieces checkpoint_pieces(const Gpt *model, const Grid *grid, const AdamW *adamw, const Zero1 *zero,
+                                          bool saving) {
+    static const char *const prefixes[3] = {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+    const int n_params = model->n_params, d = grid->data_parallel.rank, D = grid->data_parallel.size;
+    CheckpointPieces list = {.piece = xcalloc((size_t)n_params * 3 * 3 * 3, sizeof(CheckpointPiece)),  // states, boxes, runs
+                             .names = xcalloc((size_t)n_params * 3, sizeof *list.names)};
+    for (int i = 0; i < n_params; i++) {
+        if (saving && !gpt_owns(model, i)) continue;
+        const GptParamBoxes boxes = gpt_param_boxes(model, i);
+        const size_t n = tensor_numel(model->params[i].value);
+        const Tensor *states[3] = {model->params[i].value, &adamw->adam.exp_avg[i], &adamw->adam.exp_avg_sq[i]};
+        for (int k = 0; k < 3; k++) {
+            // The run [first, end) of the part's elements this state's piece covers, from element `held` on in its tensor.
+            size_t first = 0, end = n, held = 0;
+            if (k > 0 && zero) held = first = zero->block[i] * d, end = first + zero->block[i] < n ? first + zero->block[i] : n;
+            else if (saving) first = n * d / D, end = n * (d + 1) / D;
+            char *name = list.names[3 * i + k];
+            snprintf(name, sizeof *list.names, "%s%s", prefixes[k], model->params[i].name);
+            size_t box_first = 0;  // the box's first element in the part's tensor
+            for (int b = 0; b < boxes.n_boxes; b++) {
+                size_t size = (size_t)(boxes.count[b][0] * boxes.count[b][1]);
+                size_t lo = first > box_first ? first : box_first, hi = end < box_first + size ? end : box_first + size;
+                if (lo < hi) {
+                    const long long vector_offset[2] = {boxes.offset[b][1], 0}, vector_count[2] = {boxes.count[b][1], 0};
+                    list.n += checkpoint_box_run_pieces(name, boxes.vector ? boxes.cols : boxes.rows, boxes.vector ? 0 : boxes.cols,
+                                                        boxes.vector ? vector_offset : boxes.offset[b],
+                                                        boxes.vector ? vector_count : boxes.count[b], lo - box_first,
+                                                        hi - box_first, states[k], lo - held, &list.piece[list.n]);
+                }
+                box_first += size;
+            }
+        }
+    }
+    return list;
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     Options o = {.data = "data/shakespeare", .plot = "img/20_gpt_3d.png", .device = "auto", .schedule = "1f1b",
@@ -459,7 +508,7 @@ int main(int argc, char **argv) {
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
                  .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1,
-                 .dropout_rng = "auto"};
+                 .keep = 2, .save_errors = "stop", .dropout_rng = "auto"};
     ArgSpec flags[] = {
         {"dp", ARG_INT, &o.dp, "D", "data-parallel replicas (world = D x T x P)", 1, NULL},
         {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
@@ -504,9 +553,16 @@ int main(int argc, char **argv) {
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
+        {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", CHECKPOINT_HELP_DIR " (step 19's too)", 0, NULL},
+        {"save_every", ARG_INT, &o.save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
+        {"keep", ARG_INT, &o.keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
+        {"async_save", ARG_SWITCH, &o.async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
+        {"save_errors", ARG_STRING, &o.save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 20: step 19's GPT split data x tensor x pipeline parallel (Megatron-LM's 3D grid).");
+    checkpoint_flags_check(o.checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    bool save_errors_continue = strcmp(o.save_errors, "continue") == 0;
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
@@ -552,8 +608,6 @@ int main(int argc, char **argv) {
         usage_error("--prompt %s: its character %d, %s, is not in the vocabulary of %s/input.txt (%d characters)",
                     QUOTE(o.prompt), bad + 1, QUOTE_N(o.prompt + bad, 1), PATH_SHOWN(o.data), text.vocab_size);
     }
-    Tracking *run = tracking_start(&o.tracking, "day5/20_gpt_3d.c", device_name(device), NULL, args_values());  // mlflow.start_run(); log_params
-
     // The grid, as Megatron's and picotron's: tensor-parallel ranks innermost (neighbours: one
     // node), then the stages, then the replicas.
     Grid grid = {.tp_rank = rank % o.tp, .stage = rank / o.tp % o.pp, .replica = rank / (o.tp * o.pp), .stages = o.pp};
@@ -638,6 +692,29 @@ int main(int argc, char **argv) {
     int *inputs = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));   // [B, T]
     int *targets = xmalloc((size_t)o.batch_size * o.block_size * sizeof(int));  // [B, T]
     LossLog losses = {0};
+
+    // --checkpoint: resume from DIR's current checkpoint, saved by any grid, or by step 19 on any
+    // number of ranks: the tensors are step 19's state_dict's, and each rank reads the boxes its
+    // part holds (checkpoint_pieces, below).
+    CheckpointState state = {.program = "day5/20_gpt_3d", .also_resumes = "day5/19_gpt", .world_size = world,
+                             .global_batch = global_batch, .random_windows = true, .seed = o.seed, .shuffle = 1,
+                             .train_samples = (int)text.n_train, .lr = o.learning_rate, .generator = train_rng,
+                             .eval_generator = eval_rng, .eval_generator_kept = true, .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "dp %d x tp %d%s x pp %d on %d rank%s%s", o.dp, o.tp, o.sp ? " (sp)" : "",
+             o.pp, world, world == 1 ? "" : "s", o.zero == 1 ? ", ZeRO-1" : "");
+    const AdamW *adamw = o.zero == 1 ? &zero.optimizer : &optimizer;  // the moments (of my blocks, with --zero 1)
+    CheckpointPieces wanted = checkpoint_pieces(model, &grid, adamw, o.zero == 1 ? &zero : NULL, false);
+    CheckpointPieces saved = checkpoint_pieces(model, &grid, adamw, o.zero == 1 ? &zero : NULL, true);
+    int first_iter = 0;
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
+    if (o.checkpoint && sharded_checkpoint_resume(o.checkpoint, wanted.piece, wanted.n, &state, o.init)) {
+        first_iter = (int)state.step;
+        (o.zero == 1 ? &zero.optimizer : &optimizer)->adam.step = state.step;
+        train_rng = state.generator, eval_rng = state.eval_generator;
+    }
+    Tracking *run = tracking_start(&o.tracking, "day5/20_gpt_3d.c", device_name(device), state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); log_params
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
+    for (int i = 0; i < losses.n; i++) tracking_log_metric(run, "loss", losses.loss[i], i);
     int n_evals = o.max_iters / o.eval_interval + 2;
     float *eval_steps = xmalloc((size_t)n_evals * sizeof(float)), *train_evals = xmalloc((size_t)n_evals * sizeof(float));
     float *val_evals = xmalloc((size_t)n_evals * sizeof(float));
@@ -648,7 +725,7 @@ int main(int argc, char **argv) {
     GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
     StageTimes stage_times = {0};                  // this stage's compute and waits in the pipeline (P > 1)
 
-    for (int iter = 0;; iter++) {
+    for (int iter = first_iter;; iter++) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
             double train_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
             double val_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
@@ -700,18 +777,31 @@ int main(int argc, char **argv) {
         if (iter % 10 == 0 || iter == o.max_iters - 1)
             print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
                    tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
+        // Where the run stands: the generators as the next iteration will find them (before its evaluation).
+        state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
+        if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
+            check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
+            sharded_checkpoint_save_step(o.async_save ? &in_flight : NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece,
+                                         saved.n, &state);
+        }
     }
-    if (o.max_iters > 0)
-        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", o.max_iters, train_seconds,
-               (double)o.max_iters * tokens_per_iter / train_seconds,
-               100.0 * o.max_iters * flops_per_iter / world / train_seconds / peak);
+    int taken = o.max_iters - first_iter;  // by this run (a resumed one took the others before)
+    if (taken > 0)
+        print0("training: %d iterations in %.2f s, %.0f tokens/s, MFU %.1f%%\n", taken, train_seconds,
+               (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
-    if (o.max_iters > 0 && world > 1) print_traffic(model, &o, &ddp, step_traffic);
-    if (o.max_iters > 0 && o.pp > 1) print_idle(&grid, &pipeline_schedule, &stage_times, (double)o.max_iters * o.accum_steps);
+    if (taken > 0 && world > 1) print_traffic(model, &o, &ddp, step_traffic);
+    if (taken > 0 && o.pp > 1) print_idle(&grid, &pipeline_schedule, &stage_times, (double)taken * o.accum_steps);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
+    bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
+    // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
+    if (o.checkpoint && taken == 0) print0("Nothing left to train: the checkpoint is at step %d\n", o.max_iters);
+    else if (o.checkpoint)
+        end_saved = sharded_checkpoint_save_last(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
+                                                 saved.n, &state);
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
-    if (o.max_iters > 0) print0("DDP (rank 0's part): %s\n", overlap);
+    if (taken > 0) print0("DDP (rank 0's part): %s\n", overlap);
     // The whole model again: on each replica's first rank, its checksum (step 19's, of the same weights).
     gather_whole(model, whole, &grid);
     if (grid.model.rank == 0)
@@ -754,6 +844,7 @@ int main(int argc, char **argv) {
     free(eval_steps), free(train_evals), free(val_evals);
     free(offsets), free(inputs), free(targets), free(prompt), free(owned);
     loss_log_free(&losses);
+    checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved);
     schedule_free(&pipeline_schedule);
     if (o.zero == 1) zero1_free(&zero);
     else adamw_free(&optimizer);
@@ -763,6 +854,7 @@ int main(int argc, char **argv) {
     group_free(&grid.embedding), group_free(&grid.model), group_free(&grid.data_parallel);
     group_free(&grid.pipeline), group_free(&grid.tensor_parallel);
     char_text_free(&text);
+    sharded_checkpoint_check_end_saved(end_saved, o.checkpoint);  // the outputs written: exit 1 if the end is not checkpointed
     dist_finalize();
     return 0;
 }

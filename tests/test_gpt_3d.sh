@@ -9,6 +9,8 @@
 # --sp (sequence parallelism) takes step 19's steps as every grid does, holding fewer activations than the grid without it.
 # --dropout on whole models (D ranks) takes step 19's steps with either --dropout_rng; --mlflow logs the
 # run as the other steps do (an mlruns folder); a rank SIGKILLed in a 2 x 2 grid ends the job.
+# --checkpoint: stopped and resumed bit for bit; resumed under another grid, by step 19, and from step
+# 19's checkpoint, within 1e-5 of step 19's losses; made whole, --save's weights; another model's refused.
 # make test (TEST_LEVEL=quick): 1 and 2 ranks (--dp 2 with and without --zero 1, --tp 2 with and without --sp, --pp 2
 # with 1F1B, holding fewer micro-batches' activations than with GPipe); make test-all: the 4-rank grids (dp2 x tp2, tp2 x pp2, dp2 x pp2, pp4, tp4, with both schedules, --sp,
 # --bias and --accum_steps) and 8 ranks (dp2 x tp2 x pp2). Needs data/shakespeare (make shakespeare); SKIP without it.
@@ -176,6 +178,45 @@ expect "... each stage's idle share, measured beside the schedule replayed with 
     test "$(idle_rows "$tmp/pp2.out" | awk '{ gsub("%", ""); if ($2 > 0 && $3 > 0 && $4 >= 0 && $4 <= 100 && $5 >= 0 && $5 <= 100) n++ } END { print n + 0 }')" = 2
 recomputed 2 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
 
+# ---------------------------------------------------------------- sharded checkpoints, any grid
+# --tp 2 stopped at step 13 (--save_every 5) and resumed as itself: the uninterrupted run's losses
+# and checksum bit for bit (the tp2 run above); the checkpoint made whole is --save's weights at
+# step 13 (the file --init loads); resumed by another grid (--dp 2 --zero 1 at the same global batch: the moments cut by
+# replicas now) and by step 19 on 1 rank, and step 19's checkpoint by --pp 2: step 19's losses
+# within 1e-5; a checkpoint of another model: one line, exit 1.
+cp_short=("${short[@]}" --init "$tmp/init.h5")
+mpi 2 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --max_iters 13 --save_every 5 --checkpoint "$tmp/ck" --save "$tmp/at13.h5" > "$tmp/ck_stop.out" 2>&1
+expect "--tp 2 --max_iters 13 --save_every 5: steps $(grep -o '^Checkpoint of step [0-9]*' "$tmp/ck_stop.out" | awk '{ print $4 }' | paste -sd ' ') saved, each rank a shard ($(ls "$tmp/ck/step-000013" 2> /dev/null | paste -sd ' '))" \
+    test "$(grep -o '^Checkpoint of step [0-9]*' "$tmp/ck_stop.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 10 13" \
+    -a "$(ls "$tmp/ck/step-000013" 2> /dev/null | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5"
+for copy in zero 19; do cp -r "$tmp/ck" "$tmp/ck_$copy"; done
+tools/checkpoint_to_state_dict "$tmp/ck" "$tmp/ck13.state.h5" > "$tmp/ck_whole.out" 2>&1
+mpi 2 day5/20_gpt_3d "${short[@]}" --tp 2 --max_iters 0 --eval_iters 1 --init "$tmp/ck13.state.h5" --save "$tmp/ck13.h5" > "$tmp/ck_init.out" 2>&1
+same_gpt_weights "... made whole by tools/checkpoint_to_state_dict, which --init loads: --save's weights at step 13" "$tmp/ck13.h5" "$tmp/at13.h5" 0
+mpi 2 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --checkpoint "$tmp/ck" --losses "$tmp/ck_tp2.csv" > "$tmp/ck_tp2.out" 2>&1
+expect "... resumed as --tp 2 ($(grep -o '^Resumed from .*: step 13' "$tmp/ck_tp2.out" | sed "s|$tmp/||")): the uninterrupted losses and checksum $(checksum "$tmp/tp2.out"), bit for bit" \
+    test -n "$(grep '^Resumed from .*/step-000013, saved by dp 1 x tp 2 x pp 1 on 2 ranks: step 13' "$tmp/ck_tp2.out")" \
+    -a -n "$(checksum "$tmp/tp2.out")" -a "$(checksum "$tmp/ck_tp2.out")" = "$(checksum "$tmp/tp2.out")" \
+    -a -s "$tmp/ck_tp2.csv" -a "$(cat "$tmp/ck_tp2.csv" 2> /dev/null)" = "$(cat "$tmp/tp2.csv")"
+mpi 2 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --zero 1 --batch_size 6 --checkpoint "$tmp/ck_zero" --losses "$tmp/ck_zero.csv" > "$tmp/ck_zero.out" 2>&1
+expect_same_losses "... resumed as --dp 2 --zero 1 --batch_size 6 (resharded: $(grep -c '^Resumed from .*step 13.*; resharded' "$tmp/ck_zero.out")): step 19's losses within 1e-5" \
+    "$tmp/s19.csv" "$tmp/ck_zero.csv" 1e-5
+tools/checkpoint_to_state_dict "$tmp/ck_zero" "$tmp/ck_zero.state.h5" > "$tmp/ck_zero_whole.out" 2>&1
+expect "... and its own save of step 20 says what saved it: $(sed "s|$tmp/||g; s|:.*||" "$tmp/ck_zero_whole.out")" \
+    grep -q '^.*/step-000020 (day5/20_gpt_3d, dp 2 x tp 1 x pp 1 on 2 ranks, ZeRO-1, step 20)' "$tmp/ck_zero_whole.out"
+run day5/19_gpt "${cp_short[@]}" --checkpoint "$tmp/ck_19" --losses "$tmp/ck_19.csv" > "$tmp/ck_19.out" 2>&1
+expect_same_losses "... resumed by step 19 on 1 rank ($(grep -c '^Resumed from .*saved by day5/20_gpt_3d, dp 1 x tp 2 x pp 1 on 2 ranks: step 13' "$tmp/ck_19.out") line says so): step 19's losses within 1e-5" \
+    "$tmp/s19.csv" "$tmp/ck_19.csv" 1e-5
+run day5/19_gpt "${cp_short[@]}" --max_iters 7 --checkpoint "$tmp/ck_from19" > /dev/null 2>&1
+mpi 2 day5/20_gpt_3d "${cp_short[@]}" --pp 2 --micro_batches 2 --checkpoint "$tmp/ck_from19" --losses "$tmp/ck_pp2.csv" > "$tmp/ck_pp2.out" 2>&1
+expect_same_losses "step 19's checkpoint of step 7 resumed as --pp 2 ($(grep -c '^Resumed from .*saved by day5/19_gpt, DDP on 1 rank: step 7' "$tmp/ck_pp2.out") line says so): step 19's losses within 1e-5" \
+    "$tmp/s19.csv" "$tmp/ck_pp2.csv" 1e-5
+mpi 2 day5/20_gpt_3d "${short[@]}" --tp 2 --n_embd 64 --checkpoint "$tmp/ck" > "$tmp/ck_other.out" 2>&1
+status=$?
+expect "a checkpoint of another model (--n_embd 64): exit $status, one line: $(grep -m1 'index.h5: ' "$tmp/ck_other.out" | sed "s|$tmp/||")" \
+    test $status = 1 -a -n "$(grep "$tmp/ck/step-000020/index.h5: tensor 'transformer.wte.weight' is \[65, 128\], this model's is \[65, 64\]: a checkpoint of another model" "$tmp/ck_other.out")" \
+    -a "$(cat "$tmp/ck/current")" = step-000020
+
 # The gathered model is the whole model: from an --init, without training, --save gives it back
 # as it was, and the sample is step 19's.
 mpi 2 day5/20_gpt_3d --data "$SHAKESPEARE" --plot '' --max_iters 0 --eval_iters 1 --tp 2 --init "$tmp/init.h5" --save "$tmp/back.h5" \
@@ -210,6 +251,26 @@ if thorough; then
     grid 8 s19 tp4pp2_sp --tp 4 --pp 2 --micro_batches 3 --schedule 1f1b --sp --recompute
     expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
         test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
+    # Checkpoints across grids: dp2 x tp2 x pp2 with --zero 1 (8 files, the moments in replica
+    # blocks) stopped at step 13, resumed as tp2 x pp2 with --sp on 4 ranks, and by step 19 on 2
+    # ranks (the same global batch): step 19's losses within 1e-5; --async_save on 8 ranks, stopped
+    # and resumed so, bit for bit the same grid's uninterrupted run.
+    mpi 8 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1 --max_iters 13 --save_every 5 \
+        --async_save --checkpoint "$tmp/ck8" > "$tmp/ck8_stop.out" 2>&1
+    expect "8 ranks, --zero 1 --async_save stopped at step 13: $(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard) shard files, saves $(grep -o '^Checkpoint of step [0-9]*' "$tmp/ck8_stop.out" | awk '{ print $4 }' | paste -sd ' ') written by a thread" \
+        test "$(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard)" = 8 -a "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread' "$tmp/ck8_stop.out")" = 3
+    for copy in 4 19 8; do cp -r "$tmp/ck8" "$tmp/ck8_$copy"; done
+    mpi 4 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --pp 2 --micro_batches 2 --sp --checkpoint "$tmp/ck8_4" --losses "$tmp/ck8_4.csv" > "$tmp/ck8_4.out" 2>&1
+    expect_same_losses "... resumed as --tp 2 --pp 2 --sp on 4 ranks ($(grep -c '^Resumed from .*saved by dp 2 x tp 2 x pp 2 on 8 ranks, ZeRO-1: step 13' "$tmp/ck8_4.out") line says so): step 19's losses within 1e-5" \
+        "$tmp/s19.csv" "$tmp/ck8_4.csv" 1e-5
+    mpi 2 day5/19_gpt "${cp_short[@]}" --batch_size 6 --checkpoint "$tmp/ck8_19" --losses "$tmp/ck8_19.csv" > "$tmp/ck8_19.out" 2>&1
+    expect_same_losses "... resumed by step 19 on 2 ranks: step 19's losses within 1e-5" "$tmp/s19.csv" "$tmp/ck8_19.csv" 1e-5
+    mpi 8 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1 --async_save --save_every 5 \
+        --checkpoint "$tmp/ck8_8" --losses "$tmp/ck8_8.csv" > "$tmp/ck8_8.out" 2>&1
+    expect "... resumed as itself, saving from a thread: the uninterrupted losses and checksum $(checksum "$tmp/dp2tp2pp2zero.out"), bit for bit" \
+        test -n "$(grep '^Resumed from .*step-000013' "$tmp/ck8_8.out")" -a -n "$(checksum "$tmp/dp2tp2pp2zero.out")" \
+        -a "$(checksum "$tmp/ck8_8.out")" = "$(checksum "$tmp/dp2tp2pp2zero.out")" -a -s "$tmp/ck8_8.csv" \
+        -a "$(cat "$tmp/ck8_8.csv" 2> /dev/null)" = "$(cat "$tmp/dp2tp2pp2zero.csv")"
     # With biases (the row-parallel Linears' added once, after g) and accumulation (no_sync across
     # micro-steps and micro-batches): step 19 with the same flags.
     run day5/19_gpt --data "$SHAKESPEARE" --plot '' --sample 0 --max_iters 0 --eval_iters 1 --bias --save "$tmp/init_bias.h5" > /dev/null 2>&1

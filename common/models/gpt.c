@@ -351,6 +351,30 @@ bool gpt_owns(const Gpt *m, int index) {
     return m->tp_rank == 0 || (kind >= 0 && shard_layout(kind).groups > 0);
 }
 
+GptParamBoxes gpt_param_boxes(const Gpt *m, int index) {
+    const Param *p = &m->params[index];
+    int kind = kind_of(p->name), rows = p->value->rows, cols = p->value->cols;  // (the tensors outside the blocks are whole)
+    if (kind >= 0) block_shape(&m->config, kind, 1, &rows, &cols);
+    GptParamBoxes b = {.vector = rows == 1, .rows = rows, .cols = cols, .n_boxes = 1, .count = {{rows, cols}}};
+    ShardLayout layout = shard_layout(kind < 0 ? GPT_LN_1_WEIGHT : kind);
+    if (layout.groups == 0 || m->tp_size == 1) return b;
+    const int t = m->tp_rank, T = m->tp_size;
+    b.n_boxes = layout.groups;
+    for (int g = 0; g < layout.groups; g++) {
+        if (layout.by_columns) {  // (groups > 1 only for a bias: one row, so each group's columns are contiguous)
+            int piece = cols / layout.groups / T;
+            b.offset[g][0] = 0, b.offset[g][1] = (long long)g * (cols / layout.groups) + (long long)t * piece;
+            b.count[g][0] = rows, b.count[g][1] = piece;
+        } else {
+            int piece = rows / layout.groups / T;
+            b.offset[g][0] = (long long)g * (rows / layout.groups) + (long long)t * piece, b.offset[g][1] = 0;
+            b.count[g][0] = piece, b.count[g][1] = cols;
+        }
+    }
+    CHECK(!layout.by_columns || layout.groups == 1 || rows == 1, "gpt: %s split by columns in %d groups", p->name, layout.groups);
+    return b;
+}
+
 void gpt_part_to_whole(const Gpt *m, Gpt *whole) {
     CHECK(whole->device == DEVICE_CPU, "gpt_part_to_whole: a whole model on the host");
     for (int i = 0; i < m->n_params; i++) {

@@ -173,6 +173,18 @@ void gpt_part_to_whole(const Gpt *part, Gpt *whole);
 // whole model (the gradients' norm, the gathered model): a replicated tensor on tensor-parallel
 // rank 0 only, the tied wte on the first stage only.
 bool gpt_owns(const Gpt *model, int index);
+// Where a part's params[index] lies in the whole model's tensor of its name (a sharded checkpoint's
+// pieces, step 20): that tensor's shape, a vector of `cols` where it has one row (a bias, a
+// LayerNorm's weight: checkpoint_whole_box's rule, step 19's), and the part's tensor as n_boxes boxes of it, one after another in its memory,
+// each row-major: one for a tensor held whole or a row-parallel weight's columns, three for
+// c_attn's (its heads' q, k and v rows).
+typedef struct {
+    bool vector;
+    int rows, cols;
+    int n_boxes;
+    long long offset[3][2], count[3][2];  // each box's first (row, column) and its sizes
+} GptParamBoxes;
+GptParamBoxes gpt_param_boxes(const Gpt *model, int index);
 void gpt_free(Gpt *model);
 // nanoGPT's get_num_params(): every parameter, the position embedding left out when non_embedding
 // (the head's weights are wte's and count once).
