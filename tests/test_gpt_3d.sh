@@ -252,19 +252,21 @@ if thorough; then
     expect "8 ranks, --zero 1: the checksum of the same grid without it, bit for bit: $(checksum "$tmp/dp2tp2pp2zero.out")" \
         test -n "$(checksum "$tmp/dp2tp2pp2zero.out")" -a "$(checksum "$tmp/dp2tp2pp2zero.out")" = "$(checksum "$tmp/dp2tp2pp2.out")"
     # Checkpoints across grids: dp2 x tp2 x pp2 with --zero 1 (8 files, the moments in replica
-    # blocks) stopped at step 13, resumed as tp2 x pp2 with --sp on 4 ranks, and by step 19 on 2
-    # ranks (the same global batch): step 19's losses within 1e-5; --async_save on 8 ranks, stopped
-    # and resumed so, bit for bit the same grid's uninterrupted run.
+    # blocks), saving from a thread (--async_save: steps 5 and 10; the last, 13, in line), stopped at
+    # step 13; resumed as tp2 x pp2 with --sp on 4 ranks (batch 24: the same global batch) and by step
+    # 19 on 2 ranks: step 19's losses on 2 ranks within 1e-5; and as itself, saving from a thread:
+    # the same grid's uninterrupted run bit for bit.
     mpi 8 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1 --max_iters 13 --save_every 5 \
         --async_save --checkpoint "$tmp/ck8" > "$tmp/ck8_stop.out" 2>&1
-    expect "8 ranks, --zero 1 --async_save stopped at step 13: $(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard) shard files, saves $(grep -o '^Checkpoint of step [0-9]*' "$tmp/ck8_stop.out" | awk '{ print $4 }' | paste -sd ' ') written by a thread" \
-        test "$(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard)" = 8 -a "$(grep -c '^Checkpoint of step [0-9]* saved in .*written by a thread' "$tmp/ck8_stop.out")" = 3
+    expect "8 ranks, --zero 1 --async_save stopped at step 13: $(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard) shard files, steps $(grep -o '^Checkpoint of step [0-9]* saved in .*written by a thread' "$tmp/ck8_stop.out" | awk '{ print $4 }' | paste -sd ' ') written by a thread" \
+        test "$(ls "$tmp/ck8/step-000013" 2> /dev/null | grep -c shard)" = 8 \
+        -a "$(grep -o '^Checkpoint of step [0-9]* saved in .*written by a thread' "$tmp/ck8_stop.out" | awk '{ print $4 }' | paste -sd ' ')" = "5 10"
     for copy in 4 19 8; do cp -r "$tmp/ck8" "$tmp/ck8_$copy"; done
-    mpi 4 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --pp 2 --micro_batches 2 --sp --checkpoint "$tmp/ck8_4" --losses "$tmp/ck8_4.csv" > "$tmp/ck8_4.out" 2>&1
-    expect_same_losses "... resumed as --tp 2 --pp 2 --sp on 4 ranks ($(grep -c '^Resumed from .*saved by dp 2 x tp 2 x pp 2 on 8 ranks, ZeRO-1: step 13' "$tmp/ck8_4.out") line says so): step 19's losses within 1e-5" \
-        "$tmp/s19.csv" "$tmp/ck8_4.csv" 1e-5
-    mpi 2 day5/19_gpt "${cp_short[@]}" --batch_size 6 --checkpoint "$tmp/ck8_19" --losses "$tmp/ck8_19.csv" > "$tmp/ck8_19.out" 2>&1
-    expect_same_losses "... resumed by step 19 on 2 ranks: step 19's losses within 1e-5" "$tmp/s19.csv" "$tmp/ck8_19.csv" 1e-5
+    mpi 4 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --pp 2 --micro_batches 2 --batch_size 24 --sp --checkpoint "$tmp/ck8_4" --losses "$tmp/ck8_4.csv" > "$tmp/ck8_4.out" 2>&1
+    expect_same_losses "... resumed as --tp 2 --pp 2 --sp --batch_size 24 on 4 ranks ($(grep -c '^Resumed from .*saved by dp 2 x tp 2 x pp 2 on 8 ranks, ZeRO-1: step 13' "$tmp/ck8_4.out") line says so): step 19's losses (2 ranks) within 1e-5" \
+        "$tmp/s19dp2.csv" "$tmp/ck8_4.csv" 1e-5
+    mpi 2 day5/19_gpt "${cp_short[@]}" --checkpoint "$tmp/ck8_19" --losses "$tmp/ck8_19.csv" > "$tmp/ck8_19.out" 2>&1
+    expect_same_losses "... resumed by step 19 on 2 ranks: its losses within 1e-5" "$tmp/s19dp2.csv" "$tmp/ck8_19.csv" 1e-5
     mpi 8 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --tp 2 --pp 2 --micro_batches 2 --zero 1 --async_save --save_every 5 \
         --checkpoint "$tmp/ck8_8" --losses "$tmp/ck8_8.csv" > "$tmp/ck8_8.out" 2>&1
     expect "... resumed as itself, saving from a thread: the uninterrupted losses and checksum $(checksum "$tmp/dp2tp2pp2zero.out"), bit for bit" \
