@@ -85,6 +85,26 @@ for split in "day4/16_pipeline_ddp --pp 2" "day4/17_tensor_parallel --tp 1" "day
         test -n "$(checksum "$tmp/ck_ref.out")" -a "$(checksum "$tmp/ck_res.out")" = "$(checksum "$tmp/ck_ref.out")" -a -n "$(grep '^Resumed' "$tmp/ck_res.out")" \
         -a "$(cat "$tmp/ck_res.csv" 2> /dev/null)" = "$(cat "$tmp/ck_ref.csv")"
 done
+# Step 20's the same way (--tp 2 on 2 GPUs: each c_attn shard three boxes of the whole weight, from
+# GPU memory), saving with --async_save; and step 19 on the CPU resumes the GPU run's checkpoint: the
+# GPU run's losses from there within 1e-5.
+if [ -f data/shakespeare/input.txt ]; then
+    small_gpt=(--n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2 --bias
+               --batch_size 8 --sample 0 --plot '')
+    gpu_ck=(day5/20_gpt_3d "${small_gpt[@]}" --tp 2 --device cuda)
+    saving=(--checkpoint "$tmp/gpu_ck20" --save_every 3 --async_save)
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --losses "$tmp/ck_ref.csv") > "$tmp/ck_ref.out" 2>&1
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" --max_iters 7 "${saving[@]}") > /dev/null 2>&1
+    cp -r "$tmp/gpu_ck20" "$tmp/gpu_ck20_cpu"
+    (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=300 mpi 2 -x FAKE_GPU_COUNT "${gpu_ck[@]}" "${saving[@]}" --losses "$tmp/ck_res.csv") > "$tmp/ck_res.out" 2>&1
+    expect "fake GPU x2: step 20's sharded checkpoint (--tp 2 ${saving[*]:2}), saved at step 7 from GPU memory, resumes bit for bit (checksum $(checksum "$tmp/ck_res.out"))" \
+        test -n "$(checksum "$tmp/ck_ref.out")" -a "$(checksum "$tmp/ck_res.out")" = "$(checksum "$tmp/ck_ref.out")" -a -n "$(grep '^Resumed' "$tmp/ck_res.out")" \
+        -a "$(cat "$tmp/ck_res.csv" 2> /dev/null)" = "$(cat "$tmp/ck_ref.csv")"
+    RUN_TIMEOUT=300 run day5/19_gpt "${small_gpt[@]}" --device cpu --checkpoint "$tmp/gpu_ck20_cpu" --losses "$tmp/ck_cpu.csv" \
+        > "$tmp/ck_cpu.out" 2>&1
+    expect_same_losses "... and step 19 on the CPU resumes it ($(grep -c '^Resumed from .*saved by day5/20_gpt_3d, dp 1 x tp 2 x pp 1 on 2 ranks: step 7' "$tmp/ck_cpu.out") line says so): the GPU run's losses within 1e-5" \
+        "$tmp/ck_ref.csv" "$tmp/ck_cpu.csv" 1e-5
+fi
 # No host wait inside a training step (issue 40): every GPU training program trains a few steps on
 # 2 simulated GPUs, counting per step what its host waits for and launches (tests/fake_gpu/step_counts.sh
 # prints one line each); the programs named here must make none in a steady step.
