@@ -87,6 +87,7 @@
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/accum.h"            // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take_all: each step's loss, read when the program needs it
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // ------------------------------------------------------------------ the tensor-parallel MLP
@@ -221,11 +222,12 @@ static const Tensor *tp_forward(TpMlp *model, const Tensor *x) {
     return input;
 }
 
-// criterion(output, target): every rank of the group computes it on the same logits.
-static float tp_loss(TpMlp *model, const int *labels) {
+// criterion(output, target): every rank of the group computes it on the same logits, into `slot`
+// (on a GPU it stays there: step_losses.h).
+static void tp_loss_to(TpMlp *model, const int *labels, const int *device_labels, LossSlot slot) {
     TpLayer *last = &model->layers[model->n_layers - 1];
     last->grad_output.rows = last->output.rows;
-    return softmax_cross_entropy(&last->output, labels, &last->grad_output);
+    softmax_cross_entropy_to(&last->output, labels, device_labels, &last->grad_output, slot);
 }
 
 // loss.backward(): from the last layer to the first, each layer's gradients
@@ -488,6 +490,9 @@ int main(int argc, char **argv) {
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    // Each step's loss stays on the GPU until the host needs it (step_losses.h): at an epoch's end, the
+    // last step, or a checkpoint (which keeps the losses so far). No step waits for it.
+    StepLosses pending = step_losses_new(steps_per_epoch, device);
     CommCount shown_f = {0}, shown_g = {0};  // the last full step's
 
     if (trace) profile_start(trace);
@@ -507,25 +512,31 @@ int main(int argc, char **argv) {
             model.f = model.g = (CommCount){0};
             tp_zero_grad(&model);                         // optimizer.zero_grad()
             tp_forward(&model, &x);                       // output = model(data)
-            float loss = tp_loss(&model, batch_labels);   // loss = criterion(output, target)
+            tp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                       step_losses_next(&pending));
             tp_backward(&model, &x, ddp_grad_ready, &ddp);  // loss.backward(): DDP's buckets start here
             ddp_finish(&ddp);                             // each part's gradients averaged over its replicas
             adam_step(&optimizer);                        // optimizer.step(): each rank steps its parts
             if (x.rows == opt.batch_size) shown_f = model.f, shown_g = model.g;
-            dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);  // for the log: the loss of the global batch
-            loss /= (float)replicas;
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: whole logits, then the sum
-            loss_log_add(&losses, epoch, loss);
-            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
             samples += (long)x.rows * replicas;
             epoch_steps++;
             steps++;
+            bool epoch_done = b + 1 == n_batches, save_now = checkpoint && save_every > 0 && steps % save_every == 0;
+            // loss.item(): at once on a CPU; on a GPU the steps' losses since the last hand-over, when due.
+            float *taken;
+            int n_taken = step_losses_take_all(&pending, epoch_done || steps == max_steps || save_now, &taken);
+            dist_allreduce_sum_over(data_parallel.mpi, taken, (size_t)n_taken);  // for the log: each step's loss of the global batch
+            for (int i = 0; i < n_taken; i++) {
+                float loss = taken[i] / (float)replicas;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: whole logits, then the sum
+                loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                loss_sum += loss;
+            }
             // Where the run stands: the data position is the sampler positions of the batches done.
-            bool epoch_done = b + 1 == n_batches;
             state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
             state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
-            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+            if (save_now) {
                 check_weights_finite(model.params, model.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, saved.piece,
                                              saved.n, &state);
@@ -624,6 +635,7 @@ int main(int argc, char **argv) {
     tensor_free(&test_images);
     tensor_free(&batch_images);
     free(batch_labels);
+    step_losses_free(&pending);
     loss_log_free(&losses);
     checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved), free(boxes);
     adam_free(&optimizer);

@@ -85,6 +85,7 @@
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/accum.h"            // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take_all: each step's loss, read when the program needs it
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // ------------------------------------------------------------------ the flat units
@@ -283,12 +284,13 @@ static const Tensor *sharded_forward(Sharded *s, const Tensor *x) {
     return input;
 }
 
-// Cross-entropy of the last forward's logits (mlp_loss): the mean over the batch.
-static float sharded_loss(Sharded *s, const int *labels) {
+// Cross-entropy of the last forward's logits (mlp_loss_to): the mean over the batch, into `slot`
+// (on a GPU it stays there: step_losses.h).
+static void sharded_loss_to(Sharded *s, const int *labels, const int *device_labels, LossSlot slot) {
     const Tensor *logits = &s->outputs[s->n_units - 1];
     Tensor *grad_logits = &s->grad_outputs[s->n_units - 1];
     grad_logits->rows = logits->rows;
-    return softmax_cross_entropy(logits, labels, grad_logits);
+    softmax_cross_entropy_to(logits, labels, device_labels, grad_logits, slot);
 }
 
 // Waits for unit i's reduce-scatter; its whole gradient's buffer is free again.
@@ -512,6 +514,9 @@ int main(int argc, char **argv) {
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
+    // Each step's loss stays on the GPU until the host needs it (step_losses.h): at an epoch's end, the
+    // last step, or a checkpoint (which keeps the losses so far). No step waits for it.
+    StepLosses pending = step_losses_new(steps_per_epoch, device);
 
     if (trace) profile_start(trace);
     long first_steps = steps;
@@ -531,7 +536,8 @@ int main(int argc, char **argv) {
             if (zero <= 1)  // optimizer.zero_grad() (stages 2-3: each layer's gradient starts at zero in backward)
                 for (int i = 0; i < model.n_units; i++) tensor_fill(&model.units[i].grad, 0.0f);
             sharded_forward(&model, &x);                    // output = model(data)
-            float loss = sharded_loss(&model, batch_labels);  // loss = criterion(output, target)
+            sharded_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                            step_losses_next(&pending));
             sharded_backward(&model, &x, &ddp);             // loss.backward(): buckets or reduce-scatters start here
             if (zero == 0) {
                 ddp_finish(&ddp);                           // all buckets reduced, grads averaged
@@ -539,20 +545,28 @@ int main(int argc, char **argv) {
             } else {
                 sharded_adam_step(&model, steps + 1, opt.lr);  // optimizer.step() on this rank's blocks
             }
-            dist_allreduce_sum(&loss, 1);                   // for the log: the loss of the global batch
-            loss /= (float)world;
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-            loss_log_add(&losses, epoch, loss);
-            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
             samples += (long)x.rows * world;
             epoch_steps++;
-            if (++steps == first_steps + 1) first_step_seconds = wall_seconds() - train_start;
+            if (++steps == first_steps + 1) {  // (the first step's time: its work done, on a GPU too)
+                device_synchronize();
+                first_step_seconds = wall_seconds() - train_start;
+            }
+            bool epoch_done = b + 1 == n_batches, save_now = checkpoint && save_every > 0 && steps % save_every == 0;
+            // loss.item(): at once on a CPU; on a GPU the steps' losses since the last hand-over, when due.
+            float *taken;
+            int n_taken = step_losses_take_all(&pending, epoch_done || steps == max_steps || save_now, &taken);
+            dist_allreduce_sum(taken, (size_t)n_taken);     // for the log: each step's loss of the global batch
+            for (int i = 0; i < n_taken; i++) {
+                float loss = taken[i] / (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
+                loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                loss_sum += loss;
+            }
             // Where the run stands: the data position is the sampler positions of the batches done.
-            bool epoch_done = b + 1 == n_batches;
             state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
             state.samples_done = epoch_done ? 0 : skipped + (long)world * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
-            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+            if (save_now) {
                 check_held_weights_finite(&model, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 int n_pieces = checkpoint_pieces(&model, &optimizer, true, pieces);
                 sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, pieces, n_pieces,
@@ -612,6 +626,7 @@ int main(int argc, char **argv) {
     tensor_free(&test_images);
     tensor_free(&batch_images);
     free(batch_labels);
+    step_losses_free(&pending);
     loss_log_free(&losses);
     free(pieces);
     if (zero == 0) adam_free(&optimizer), ddp_free(&ddp);

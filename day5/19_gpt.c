@@ -74,6 +74,7 @@
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "tensor/flops.h"           // sgemm_peak_flops: the yardstick of MFU
 #include "train/divergence.h"       // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take_all: each iteration's loss, read when the host prints it
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
@@ -335,6 +336,15 @@ int main(int argc, char **argv) {
     int evals = 0;
     double train_seconds = 0.0;
     long tokens_per_iter = (long)global_batch * o.block_size;
+    // Each iteration's loss stays on the GPU until the host prints it (step_losses.h; nanoGPT reads
+    // loss.item() only at its log interval too): no iteration waits for it. The printed time is the
+    // mean of the iterations since the last print, which on a GPU includes the wait for those queued:
+    // the hand-overs come before an evaluation (which reads the GPU too) and a save, so that each
+    // wait falls in an iteration's time.
+    enum { PRINT_EVERY = 10 };
+    StepLosses pending = step_losses_new(PRINT_EVERY, device);
+    double print_seconds = 0.0;  // the iterations' since the last print
+    int since_print = 0;
 
     for (int iter = first_iter;; iter++) {
         if (iter % o.eval_interval == 0 || iter == o.max_iters) {
@@ -356,7 +366,6 @@ int main(int argc, char **argv) {
         // One global batch of windows; this rank's micro-steps take its slices.
         char_text_draw_offsets(&train_rng, text.n_train, o.block_size, global_batch, offsets);
         gpt_zero_grad(model);                                 // optimizer.zero_grad(set_to_none=True)
-        double loss_sum = 0.0;
         for (int m = 0; m < o.accum_steps; m++) {
             ddp_set_sync(&ddp, m == o.accum_steps - 1);       // model.require_backward_grad_sync
             char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(rank * o.accum_steps + m) * o.batch_size,
@@ -366,27 +375,39 @@ int main(int argc, char **argv) {
             int slice = rank * o.accum_steps + m, slices = o.accum_steps * world;
             gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             gpt_forward(model, inputs, o.batch_size, o.block_size);   // logits, loss = model(X, Y)
-            loss_sum += gpt_loss(model, targets);
+            gpt_loss_to(model, targets, step_losses_next_share(&pending, 1.0f, m == 0));  // (the micro-steps' sum)
             gpt_scale_loss(model, 1.0f / (float)o.accum_steps);      // loss = loss / gradient_accumulation_steps
             gpt_backward(model, ddp_grad_ready, &ddp);                // loss.backward(): buckets start here
         }
         ddp_finish(&ddp);                                     // every gradient the mean over ranks
-        if (o.grad_clip > 0) clip_grad_norm(model->params, model->n_params, o.grad_clip);
+        if (o.grad_clip > 0) clip_grad_norm_queued(model->params, model->n_params, o.grad_clip);  // (the norm stays on the GPU)
         adamw_step(&optimizer, lr);                           // optimizer.step()
-        float loss = (float)loss_sum;
-        dist_allreduce_sum(&loss, 1);                         // for the log: the loss of the global batch
-        loss /= (float)(o.accum_steps * world);
-        check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
+        // loss.item(): at once on a CPU; on a GPU the iterations' losses since the last hand-over, when
+        // the host prints one, saves a checkpoint (which keeps them) or ends.
+        bool print = iter % PRINT_EVERY == 0 || iter == o.max_iters - 1;
+        bool save_now = o.checkpoint && o.save_every > 0 && (iter + 1) % o.save_every == 0;
+        float *taken;
+        int n_taken = step_losses_take_all(&pending, print || save_now || (iter + 1) % o.eval_interval == 0, &taken);
+        dist_allreduce_sum(taken, (size_t)n_taken);          // for the log: each iteration's loss of the global batch
+        float loss = 0.0f;
+        for (int i = 0; i < n_taken; i++) {
+            loss = taken[i] / (float)(o.accum_steps * world);
+            check_loss_finite(loss, losses.n + 1, 0, run);    // the sum above spread any nan to every rank
+            tracking_log_metric(run, "loss", loss, losses.n);
+            loss_log_add(&losses, 0, loss);
+        }
         double seconds = wall_seconds() - start;
         train_seconds += seconds;
-        loss_log_add(&losses, 0, loss);
-        tracking_log_metric(run, "loss", loss, iter);
-        if (iter % 10 == 0 || iter == o.max_iters - 1)
-            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
-                   tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
+        print_seconds += seconds, since_print++;
+        if (print) {
+            double mean = print_seconds / since_print;  // per iteration, since the last print
+            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * mean,
+                   tokens_per_iter / mean, 100.0 * flops_per_iter / world / mean / peak);
+            print_seconds = 0.0, since_print = 0;
+        }
         // Where the run stands: the generators as the next iteration will find them (before its evaluation).
         state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
-        if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
+        if (save_now) {
             check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
             sharded_checkpoint_save_step(o.async_save ? &in_flight : NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece,
                                          saved.n, &state);
@@ -445,6 +466,7 @@ int main(int argc, char **argv) {
     free(eval_steps), free(train_evals), free(val_evals);
     free(offsets), free(inputs), free(targets), free(prompt);
     loss_log_free(&losses);
+    step_losses_free(&pending);
     checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&saved), free(boxes);
     adamw_free(&optimizer);
     ddp_free(&ddp);

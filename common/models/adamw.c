@@ -57,6 +57,19 @@ double clip_grad_norm(const Param *params, int n_params, double max_norm) {
     return clip_grad_norm_split(params, n_params, NULL, NULL, max_norm);
 }
 
+void clip_grad_norm_queued(const Param *params, int n_params, double max_norm) {
+    if (n_params == 0 || !tensor_on_gpu(params[0].grad)) {
+        clip_grad_norm(params, n_params, max_norm);
+        return;
+    }
+    profile_push("clip_grad_norm");
+    Tensor **grads = xmalloc((size_t)n_params * sizeof(Tensor *));
+    for (int i = 0; i < n_params; i++) grads[i] = params[i].grad;
+    scale_to_norm_on_gpu(grads, n_params, max_norm);
+    free(grads);
+    profile_pop();
+}
+
 double clip_grad_norm_split(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm) {
     profile_push("clip_grad_norm");
     Tensor **grads = xmalloc((size_t)(n_params ? n_params : 1) * sizeof(Tensor *));

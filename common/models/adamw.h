@@ -32,6 +32,9 @@ void adamw_count(const AdamW *optimizer, int *decay_tensors, long *decay_values,
 // parameter (squares summed in double, in a fixed order), and, when it exceeds max_norm, every
 // gradient scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
 double clip_grad_norm(const Param *params, int n_params, double max_norm);
+// The same clip, the norm never read by the host (on a GPU: queued on the compute stream, the
+// coefficient computed there, the same bits; no host wait in a training step). On a CPU clip_grad_norm.
+void clip_grad_norm_queued(const Param *params, int n_params, double max_norm);
 // The same for a model split across `group`'s ranks (step 20: a replica's tensor- and pipeline-
 // parallel ranks): the squares of the gradients this rank owns (owned[i]; a replicated tensor is
 // owned by one rank only) summed over the group make the global norm, and every rank scales all of

@@ -710,6 +710,21 @@ float gpt_stage_loss(Gpt *m, int micro, const int *targets, int B, int T, float 
     return loss;
 }
 
+void gpt_stage_loss_to(Gpt *m, int micro, const int *targets, int B, int T, float factor, LossSlot slot) {
+    CHECK(m->has_head, "gpt_stage_loss_to: the last stage's");
+    check_micro_batch(m, micro, B, T);
+    const int N = B * T;
+    Tensor logits = rows_at(&m->logits, micro * N, N), grad_logits = rows_at(&m->grad_logits, micro * N, N);
+    softmax_cross_entropy_to(&logits, targets, NULL, &grad_logits, slot);  // the mean over B * T tokens
+    if (factor != 1.0f) tensor_scale(&grad_logits, factor);
+}
+
+void gpt_loss_to(Gpt *m, const int *targets, LossSlot slot) {
+    const int N = m->B * m->T;
+    memcpy(m->targets, targets, (size_t)N * sizeof(int));
+    gpt_stage_loss_to(m, 0, targets, m->B, m->T, 1.0f, slot);
+}
+
 float gpt_loss(Gpt *m, const int *targets) {
     const int N = m->B * m->T;
     memcpy(m->targets, targets, (size_t)N * sizeof(int));

@@ -215,6 +215,9 @@ const Tensor *gpt_stage_forward(Gpt *model, int micro, const int *inputs, int B,
 // The last stage: F.cross_entropy of micro-batch micro's logits (its mean), and its gradient times
 // factor (its share of the step) kept for backward.
 float gpt_stage_loss(Gpt *model, int micro, const int *targets, int B, int T, float factor);
+// The same with the loss written to `slot` (tensor_ops.h's LossSlot: on a GPU it stays there, and the
+// host does not wait; train/step_losses.h hands it over later), the same bits.
+void gpt_stage_loss_to(Gpt *model, int micro, const int *targets, int B, int T, float factor, LossSlot slot);
 // Not the last stage: where the caller puts d loss / d output [B * T, C] before gpt_stage_backward.
 Tensor gpt_stage_grad_output(Gpt *model, int B, int T);
 // Backward of micro-batch micro (inputs: the same as its forward's, for the first stage's
@@ -228,6 +231,7 @@ void gpt_logits_row(const Gpt *model, int row, float *host);
 // F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.
 // Keeps d loss / d logits for backward.
 float gpt_loss(Gpt *model, const int *targets);
+void gpt_loss_to(Gpt *model, const int *targets, LossSlot slot);  // ... into `slot`, as gpt_stage_loss_to
 // (loss * factor).backward() instead of loss.backward() (gradient accumulation: loss / accum_steps).
 void gpt_scale_loss(Gpt *model, float factor);
 // loss.backward(): every parameter's gradient of the last gpt_loss, accumulated into its grad;

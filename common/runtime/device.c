@@ -264,6 +264,49 @@ void device_read_to_host(void *host, const void *device_memory, size_t bytes, co
 #endif
 
 #if HAVE_CUDA
+static void synchronize_polled(const char *what);
+
+// Uploads through a ring of page-locked slots, all of one size: each slot's copy, and the event after it.
+enum { UPLOAD_SLOTS = 64 };
+static struct {
+    char *host[UPLOAD_SLOTS];
+    size_t slot_bytes;
+    cudaEvent_t copied[UPLOAD_SLOTS];  // recorded after the slot's last copy
+    bool used[UPLOAD_SLOTS];
+    int next;
+} g_upload;
+
+void device_upload(void *device_memory, const void *host, size_t bytes, const char *what) {
+    if (bytes == 0) return;
+    if (bytes > g_upload.slot_bytes) {  // every slot grown at once to twice this (a run's first uploads only)
+        synchronize_polled(what);       // (cudaFreeHost would wait for the device inside the driver)
+        for (int k = 0; k < UPLOAD_SLOTS; k++) {
+            if (g_upload.host[k]) CHECK_CUDA(cudaFreeHost(g_upload.host[k]));
+            else CHECK_CUDA(cudaEventCreateWithFlags(&g_upload.copied[k], cudaEventDisableTiming));
+            g_upload.used[k] = false;
+        }
+        g_upload.slot_bytes = 2 * bytes > 4096 ? 2 * bytes : 4096;
+        for (int k = 0; k < UPLOAD_SLOTS; k++) CHECK_CUDA(cudaMallocHost((void **)&g_upload.host[k], g_upload.slot_bytes));
+    }
+    int k = g_upload.next;
+    g_upload.next = (k + 1) % UPLOAD_SLOTS;
+    if (g_upload.used[k]) device_wait_event(g_upload.copied[k], what);  // (long done, in a steady state)
+    memcpy(g_upload.host[k], host, bytes);
+    CHECK_CUDA(cudaMemcpyAsync(device_memory, g_upload.host[k], bytes, cudaMemcpyHostToDevice, g_stream));
+    CHECK_CUDA(cudaEventRecord(g_upload.copied[k], g_stream));
+    g_upload.used[k] = true;
+}
+
+static void upload_free(void) {
+    for (int k = 0; k < UPLOAD_SLOTS; k++) {
+        if (g_upload.copied[k]) CHECK_CUDA(cudaEventDestroy(g_upload.copied[k]));
+        if (g_upload.host[k]) CHECK_CUDA(cudaFreeHost(g_upload.host[k]));
+    }
+    memset(&g_upload, 0, sizeof g_upload);
+}
+#endif
+
+#if HAVE_CUDA
 // Our two streams, polled (NCCL's work is on the communication stream); then
 // the device as a whole, which has nothing left that NCCL could hold up.
 static void synchronize_polled(const char *what) {
@@ -297,6 +340,7 @@ void device_release(void) {
         g_nccl = NULL;
         g_comm_stream = NULL;
     }
+    upload_free();
     CHECK_CUBLAS(cublasDestroy(g_cublas));
     CHECK_CUDA(cudaStreamDestroy(g_stream));
     // No handle outlives what it names: a wait after this one (a teardown that

@@ -122,6 +122,12 @@ void device_wait_stream_nccl(cudaStream_t stream, ncclComm_t *comm, const char *
 // `bytes` from the GPU to host memory, pageable or not, once the compute
 // stream has done what is queued before (the copy included): `what` names it.
 void device_read_to_host(void *host, const void *device_memory, size_t bytes, const char *what);
+// `bytes` of host memory (pageable: a batch's tokens) to the GPU, queued on the compute stream, the
+// host's array free again on return, and no host wait: a cudaMemcpyAsync from pageable memory may
+// wait for the stream inside the driver (where nothing polls), so the bytes go through a ring of 64
+// page-locked slots, each reused once the copy out of it has run (its event: long done in a steady
+// state; the host waits, polled, only when it is 64 uploads ahead of the GPU). `what` names it.
+void device_upload(void *device_memory, const void *host, size_t bytes, const char *what);
 
 // A communicator for the group of ranks that pass the same color, ordered by
 // key (ncclCommSplit of the world's; collective over the world). Its waits

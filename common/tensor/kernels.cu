@@ -61,6 +61,14 @@ __global__ void scale_kernel(float *x, Index n, float factor) {
     FOR_EACH_INDEX(Index, i, n) x[i] *= factor;
 }
 
+// x *= *coef where *coef < 1 (the gradients' clip, its coefficient computed on the GPU).
+template <typename Index>
+__global__ void clip_scale_kernel(float *x, Index n, const float *coef) {
+    const float c = *coef;
+    if (c >= 1.0f) return;
+    FOR_EACH_INDEX(Index, i, n) x[i] *= c;
+}
+
 template <typename Index>
 __global__ void divide_kernel(float *dst, const float *src, Index n, float divisor) {
     FOR_EACH_INDEX(Index, i, n) dst[i] = src[i] / divisor;
@@ -135,6 +143,15 @@ __global__ void loss_to_slot_kernel(const double *sum, int rows, float weight, i
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     float term = __fmul_rn(weight, (float)(*sum / rows));
     *slot = accumulate ? __fadd_rn(*slot, term) : term;
+}
+
+// torch.nn.utils.clip_grad_norm_'s coefficient from the tensors' sums of squares, as the host
+// computes it (adamw.c): their sum in order, in double; max_norm / (norm + 1e-6), norm rounded to float.
+__global__ void clip_coef_kernel(const double *sums, int n, double max_norm, float *coef) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double total = 0.0;
+    for (int i = 0; i < n; i++) total += sums[i];  // (no product here for nvcc to fuse: the host's bits)
+    *coef = (float)(max_norm / ((double)(float)sqrt(total) + 1e-6));
 }
 
 // ------------------------------------------------------------------ a thread per row
@@ -329,6 +346,20 @@ void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream) {
     else
         scale_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, factor);
     CHECK_LAUNCH("scale_kernel");
+}
+
+void gpu_clip_coef(const double *sums, int n, double max_norm, float *coef, cudaStream_t stream) {
+    clip_coef_kernel<<<1, 1, 0, stream>>>(sums, n, max_norm, coef);
+    CHECK_LAUNCH("clip_coef_kernel");
+}
+
+void gpu_clip_scale(float *x, size_t n, const float *coef, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        clip_scale_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, (uint32_t)n, coef);
+    else
+        clip_scale_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, coef);
+    CHECK_LAUNCH("clip_scale_kernel");
 }
 
 void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream) {

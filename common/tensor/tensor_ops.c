@@ -155,7 +155,7 @@ void softmax_cross_entropy_to(const Tensor *logits, const int *labels, const int
         for (int r = 0; r < rows; r++)
             CHECK(labels[r] >= 0 && labels[r] < classes, "label %d of row %d: not a class of %d", labels[r], r, classes);
         int *uploaded = scratch_indices((size_t)rows);
-        CHECK_CUDA(cudaMemcpyAsync(uploaded, labels, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, stream));
+        device_upload(uploaded, labels, (size_t)rows * sizeof(int), "a batch's labels");
         device_labels = uploaded;
     }
     gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, row_loss, stream);
@@ -312,6 +312,23 @@ double sum_of_squares(Tensor *const *tensors, int n) {
     return total;
 }
 
+void scale_to_norm_on_gpu(Tensor *const *tensors, int n, double max_norm) {
+    CHECK(n > 0 && tensor_on_gpu(tensors[0]), "scale_to_norm_on_gpu: %d tensors, on a GPU", n);
+#if HAVE_CUDA
+    for (int i = 0; i < n; i++)
+        CHECK(tensors[i]->device == tensors[0]->device, "scale_to_norm_on_gpu: tensor %d is on another device than tensor 0", i);
+    // The per-tensor sums, then the coefficient, in one buffer: n doubles and a float after them.
+    double *device_sums = device_buffer_reserve(&g_tensor_sums, (size_t)n * sizeof(double) + sizeof(double));
+    float *coef = (float *)(device_sums + n);
+    cudaStream_t stream = device_stream();
+    for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, device_sums + i, stream);
+    gpu_clip_coef(device_sums, n, max_norm, coef, stream);
+    for (int i = 0; i < n; i++) gpu_clip_scale(tensors[i]->data, tensor_numel(tensors[i]), coef, stream);
+#else
+    (void)max_norm;
+#endif
+}
+
 // ------------------------------------------------------------------ the CNN's operations
 
 Tensor tensor_view(const Tensor *t, int rows, int cols) {
@@ -341,7 +358,7 @@ void int_buffer_from_host(IntBuffer *buffer, const int *host, size_t n) {
     if (n == 0) return;
     if (HAVE_CUDA && buffer->device == DEVICE_CUDA) {
 #if HAVE_CUDA
-        CHECK_CUDA(cudaMemcpyAsync(buffer->data, host, n * sizeof(int), cudaMemcpyHostToDevice, device_stream()));
+        device_upload(buffer->data, host, n * sizeof(int), "a batch's tokens");
 #endif
         return;
     }

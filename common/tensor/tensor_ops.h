@@ -76,6 +76,10 @@ void sgd_update(Tensor *param, const Tensor *grad, float lr);
 // one running sum over the blocks of every tensor in turn (the same bits at any thread count); on the GPU gpu_sum's
 // fixed tree per tensor, the tensors in order, read back once (the host waits, as for a loss).
 double sum_of_squares(Tensor *const *tensors, int n);
+// The tensors (on a GPU) scaled by max_norm / (their joint L2 norm + 1e-6) where that is below 1,
+// clip_grad_norm's rule and arithmetic (adamw.h), the norm never read by the host: sum_of_squares'
+// per-tensor sums, then one kernel computes the coefficient and each tensor's scale reads it there.
+void scale_to_norm_on_gpu(Tensor *const *tensors, int n, double max_norm);
 
 // ------------------------------------------------------------------ the CNN's operations
 //
@@ -101,7 +105,7 @@ typedef struct {
 IntBuffer int_buffer_new(size_t count, Device device);
 void int_buffer_free(IntBuffer *buffer);
 // buffer's first n = host's n (a batch's tokens): queued on the compute stream on a GPU, the host
-// array staged by the copy (free to reuse on return, as cudaMemcpyAsync from pageable memory has it).
+// array free to reuse on return, no host wait (device_upload).
 void int_buffer_from_host(IntBuffer *buffer, const int *host, size_t n);
 
 // A convolution's geometry: stride 1, a kernel x kernel window, `padding`

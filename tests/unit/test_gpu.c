@@ -656,6 +656,25 @@ static void test_gpt_model(void) {
     EXPECT(worst_norm < 1e-12 && worst_weights < 1e-5,
            "step 19's optimizer on the GPU from the CPU's gradients, %d steps: clip_grad_norm's norm (rel err %.1e) and "
            "the weights after AdamW (rel err %.1e)", STEPS, worst_norm, worst_weights);
+    // clip_grad_norm_queued: the norm and the coefficient computed on the GPU, never read by the
+    // host, clip the same gradients to the same bits as clip_grad_norm on the CPU; and leave them as
+    // they are where the norm is below max_norm.
+    size_t clipped_differ = 0, kept_differ = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        double max_norm = pass == 0 ? 0.01 : 1e9;
+        for (int i = 0; i < cpu->n_params; i++) tensor_copy(gpu->params[i].grad, cpu->params[i].grad);
+        Tensor before = on_cpu(cpu->params[0].grad);
+        clip_grad_norm(cpu->params, cpu->n_params, max_norm);
+        clip_grad_norm_queued(gpu->params, gpu->n_params, max_norm);
+        size_t differ = 0;
+        for (int i = 0; i < cpu->n_params; i++) differ += bits_differ(gpu->params[i].grad, cpu->params[i].grad);
+        if (pass == 0) clipped_differ = differ + (bits_differ(&before, cpu->params[0].grad) == 0);  // (it did clip)
+        else kept_differ = differ + bits_differ(&before, cpu->params[0].grad);
+        tensor_free(&before);
+    }
+    EXPECT(clipped_differ == 0 && kept_differ == 0,
+           "clip_grad_norm_queued on the GPU (the norm never on the host): clip_grad_norm's clipped gradients on the "
+           "CPU bit for bit (%zu values differ), and none touched below max_norm (%zu)", clipped_differ, kept_differ);
     float host_row[13], host_expected[13];
     gpt_logits_row(gpu, 4, host_row), gpt_logits_row(cpu, 4, host_expected);
     double row_err = 0;
