@@ -29,10 +29,14 @@
 # Elastic restarts (--min_ranks N, as torchrun --nnodes=MIN:MAX): before each
 # attempt the script works out how many ranks can run now, and goes on with them
 # if there are at least N, else says so in one line and exits 1 without running:
-#   - inside a Slurm allocation, the allocation's nodes that still answer (a
-#     one-task step on each, `srun --overlap -N 1 -w NODE true`, 20 s at most)
-#     times each node's tasks. The allocation must outlive a node's loss: get it
-#     with `salloc --no-kill` (or `#SBATCH --no-kill`), or Slurm ends the job;
+#   - inside a Slurm allocation, the allocation's nodes that still answer (their
+#     slurmd takes a TCP connection within 5 s) times each node's tasks. While
+#     an attempt runs, the script asks them again every 5 s: a node that stops
+#     answering ends the attempt (SIGTERM to COMMAND: srun then ends the step),
+#     as torchrun's agent ends the workers when a node leaves; otherwise the
+#     ranks left could wait for the lost ones until the time limit. The
+#     allocation must outlive a node's loss: get it with `salloc --no-kill` (or
+#     `#SBATCH --no-kill`), or Slurm ends the whole job once it sees the node down;
 #   - with --hostfile FILE (and outside Slurm, where nothing else can say it), the
 #     slots of FILE's hosts (Open MPI's format, `HOST slots=N`), read again before
 #     each attempt: whatever watches the machines (you, a health check) takes a
@@ -154,8 +158,9 @@ count_ranks() {
         return
     fi
     # Slurm: each node's tasks from SLURM_TASKS_PER_NODE ("2(x3),1": 2, 2, 2, 1), in the order of
-    # the node list; a node answers if a one-task step runs on it.
-    local nodes=() per_node=() item count times i live=() lost=()
+    # the node list.
+    local nodes=() per_node=() item count times i lost=()
+    live=()
     mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2> /dev/null)
     for item in ${SLURM_TASKS_PER_NODE//,/ }; do
         count=${item%%(*} times=1
@@ -163,8 +168,7 @@ count_ranks() {
         for ((i = 0; i < times; i++)); do per_node+=("$count"); done
     done
     for i in "${!nodes[@]}"; do
-        if timeout -k 5 20 srun --overlap --nodes 1 --ntasks 1 --nodelist "${nodes[$i]}" --kill-on-bad-exit=0 true \
-            > /dev/null 2>&1; then
+        if node_answers "${nodes[$i]}"; then
             live+=("${nodes[$i]}")
             ranks=$((ranks + ${per_node[$i]:-${per_node[0]:-1}}))
         else
@@ -175,6 +179,34 @@ count_ranks() {
     [ ${#lost[@]} -gt 0 ] && where+="; lost: $(IFS=,; echo "${lost[*]}")"
     export ELASTIC_NTASKS=$ranks ELASTIC_NNODES=${#live[@]} ELASTIC_NODELIST
     ELASTIC_NODELIST=$(IFS=,; echo "${live[*]}")
+}
+
+# A node answers if its slurmd takes a TCP connection (its address and Slurm's
+# slurmd port from scontrol): a node that is down, cut off or whose slurmd died
+# does not, and then no step can run there.
+slurmd_port=""
+node_answers() {
+    local address
+    [ -n "$slurmd_port" ] || slurmd_port=$(scontrol show config 2> /dev/null | sed -n 's/^SlurmdPort *= *//p')
+    address=$(scontrol show node "$1" 2> /dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+    timeout 5 bash -c 'exec 3<> "/dev/tcp/$1/$2"' _ "${address:-$1}" "${slurmd_port:-6818}" 2> /dev/null
+}
+
+# While an attempt runs in Slurm (--min_ranks): its nodes asked every 5 s; the
+# first that does not answer ends the attempt (see the top).
+watch_nodes() {  # pid of COMMAND, nodes...
+    local pid=$1 node
+    shift
+    while sleep 5; do
+        kill -0 "$pid" 2> /dev/null || return
+        for node in "$@"; do
+            if ! node_answers "$node"; then
+                say "$node does not answer (its slurmd takes no connection): ending attempt $attempt"
+                kill -TERM "$pid" 2> /dev/null
+                return
+            fi
+        done
+    done
 }
 
 printf -v command_line '%q ' "$@"
@@ -192,6 +224,11 @@ for ((attempt = 1; ; attempt++)); do
     fi
     "$@" &
     child=$!
+    watcher=""
+    if [ -n "$min_ranks" ] && [ -z "$hostfile" ]; then
+        watch_nodes "$child" "${live[@]}" &
+        watcher=$!
+    fi
     # A signal that came while no command ran (between two attempts) is passed on now.
     case $stop_signal in USR1 | TERM) kill -s USR1 "$child" 2> /dev/null ;; esac
     while kill -0 "$child" 2> /dev/null; do  # until COMMAND itself has ended: a signal ends `wait` early
@@ -202,6 +239,7 @@ for ((attempt = 1; ; attempt++)); do
     wait "$child" 2> /dev/null
     status=$?
     child=""
+    [ -n "$watcher" ] && kill "$watcher" 2> /dev/null && wait "$watcher" 2> /dev/null
     if [ "$status" = 0 ]; then
         say "attempt $attempt of $attempts succeeded"
         exit 0
