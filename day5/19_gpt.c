@@ -38,6 +38,9 @@
 //   mpirun -np 4 day5/19_gpt                             # on a node of 4 GPUs: a GPU per rank, NCCL's allreduce
 //   day5/19_gpt --max_iters 0 --init gpt.h5 --sample 500 # text from a saved model (--save gpt.h5)
 //   mpirun -np 2 day5/19_gpt --save_every 500 --checkpoint checkpoints/gpt   # stop it, then resume it
+//   mpirun -np 2 day5/19_gpt --save_every 500 --checkpoint checkpoints/gpt --on_resize keep_batch  # resumed on
+//                                                        another world size, the same steps (a node lost:
+//                                                        slurm/run_with_restarts.sh --min_ranks, day5/README.md)
 //
 // Expected output (the first look, 1 process on 2 cores; times vary; day5/README.md shows the
 // whole baby run, its sample and the memory table):
