@@ -78,14 +78,14 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT" \
 # An elastic restart's nodes and ranks (see the top); none: the whole allocation.
 srun_elastic=() mpirun_elastic=()
 if [ -n "${ELASTIC_NODELIST:-}" ]; then
-    [[ ${ELASTIC_NTASKS:-} =~ ^[1-9][0-9]*$ ]] && [[ ${ELASTIC_NNODES:-} =~ ^[1-9][0-9]*$ ]] || {
+    if ! [[ ${ELASTIC_NTASKS:-} =~ ^[1-9][0-9]*$ && ${ELASTIC_NNODES:-} =~ ^[1-9][0-9]*$ ]]; then
         echo "error: ELASTIC_NODELIST=$ELASTIC_NODELIST needs ELASTIC_NNODES and ELASTIC_NTASKS (integers >= 1)," \
              "as slurm/run_with_restarts.sh --min_ranks exports them" >&2
         exit 2
-    }
+    fi
     per_node=$(( (ELASTIC_NTASKS + ELASTIC_NNODES - 1) / ELASTIC_NNODES ))
     srun_elastic=(--nodes "$ELASTIC_NNODES" --ntasks "$ELASTIC_NTASKS" --nodelist "$ELASTIC_NODELIST")
-    mpirun_elastic=(-np "$ELASTIC_NTASKS" --host "$(sed "s/\([^,]*\)/\1:$per_node/g" <<< "$ELASTIC_NODELIST")")
+    mpirun_elastic=(-np "$ELASTIC_NTASKS" --host "${ELASTIC_NODELIST//,/:$per_node,}:$per_node")  # node1:2,node2:2
     # The step of the attempt that lost a node holds its CPUs in Slurm's books until slurmctld
     # declares that node down (SlurmdTimeout, minutes), though its tasks here are gone: a step
     # that overlaps it can start now (srun --overlap, read by mpirun's srun too).

@@ -54,7 +54,7 @@
 #   slurm/run_with_restarts.sh --max-restarts 3 --min_ranks 2 --hostfile hosts -- \
 #       mpirun --hostfile hosts day5/19_gpt --checkpoint checkpoints/gpt --save_every 100 --on_resize keep_batch
 # A restart with fewer ranks says so:
-#   run_with_restarts: attempt 2 of 4 on 2 ranks (ddpnode1; lost: ddpnode2): slurm/multinode_setup_and_run.sh ...
+#   run_with_restarts: attempt 2 of 4 on 2 rank(s) (ddpnode1; lost: ddpnode2): slurm/multinode_setup_and_run.sh ...
 # Without --min_ranks nothing is counted or exported: the command runs as it is.
 #
 # Under srun, a task that dies must take its whole step down, or the ranks left
@@ -98,7 +98,9 @@ done
 [[ $max_restarts =~ ^[0-9]+$ ]] || usage_error "--max-restarts expects an integer >= 0, got '$max_restarts'"
 [ $# -gt 0 ] || usage_error "no command: usage: $0 --max-restarts N -- COMMAND [ARGS...]"
 if [ -n "$min_ranks" ]; then
-    [[ $min_ranks =~ ^[0-9]+$ ]] && [ "$min_ranks" -ge 1 ] || usage_error "--min_ranks expects an integer >= 1, got '$min_ranks'"
+    if ! [[ $min_ranks =~ ^[0-9]+$ ]] || [ "$min_ranks" -lt 1 ]; then
+        usage_error "--min_ranks expects an integer >= 1, got '$min_ranks'"
+    fi
     if [ -n "$hostfile" ]; then
         [ -f "$hostfile" ] || usage_error "--hostfile $hostfile: no such file"
     elif [ -z "${SLURM_JOB_ID:-}" ]; then
@@ -189,6 +191,7 @@ node_answers() {
     local address
     [ -n "$slurmd_port" ] || slurmd_port=$(scontrol show config 2> /dev/null | sed -n 's/^SlurmdPort *= *//p')
     address=$(scontrol show node "$1" 2> /dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
     timeout 5 bash -c 'exec 3<> "/dev/tcp/$1/$2"' _ "${address:-$1}" "${slurmd_port:-6818}" 2> /dev/null
 }
 
