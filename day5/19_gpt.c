@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
                  .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto",
-                 .on_resize = "none"};
+                 .on_resize = "off"};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -232,8 +232,8 @@ int main(int argc, char **argv) {
         {"save_errors", ARG_STRING, &o.save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
         {"on_resize", ARG_STRING, &o.on_resize, "WHAT", "a checkpoint saved with another global batch (another world "
          "size: an elastic restart): keep_batch grows --accum_steps to keep its global batch (the uninterrupted "
-         "run's steps), scale_lr keeps the per-rank batch and scales the lr with the global batch, none takes the "
-         "flags as given", 0, "keep_batch|scale_lr|none"},
+         "run's steps), scale_lr keeps the per-rank batch and scales the lr with the global batch, off takes the "
+         "flags as given", 0, "keep_batch|scale_lr|off"},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
