@@ -197,10 +197,14 @@ node_answers() {
 
 # While an attempt runs in Slurm (--min_ranks): its nodes asked every 5 s; the
 # first that does not answer ends the attempt (see the top).
-watch_nodes() {  # pid of COMMAND, nodes...
-    local pid=$1 node
+watch_nodes() {  # pid of COMMAND, nodes... (in a subshell, which the loop below ends by SIGTERM)
+    local pid=$1 node nap
     shift
-    while sleep 5; do
+    trap 'kill "$nap" 2> /dev/null; exit 0' TERM  # (and its sleep with it, not left to run out)
+    while :; do
+        sleep 5 &
+        nap=$!
+        wait "$nap"
         kill -0 "$pid" 2> /dev/null || return
         for node in "$@"; do
             if ! node_answers "$node"; then
