@@ -38,6 +38,9 @@
 //   mpirun -np 4 day5/19_gpt                             # on a node of 4 GPUs: a GPU per rank, NCCL's allreduce
 //   day5/19_gpt --max_iters 0 --init gpt.h5 --sample 500 # text from a saved model (--save gpt.h5)
 //   mpirun -np 2 day5/19_gpt --save_every 500 --checkpoint checkpoints/gpt   # stop it, then resume it
+//   mpirun -np 2 day5/19_gpt --save_every 500 --checkpoint checkpoints/gpt --on_resize keep_batch  # resumed on
+//                                                        another world size, the same steps (a node lost:
+//                                                        slurm/run_with_restarts.sh --min_ranks, day5/README.md)
 //
 // Expected output (the first look, 1 process on 2 cores; times vary; day5/README.md shows the
 // whole baby run, its sample and the memory table):
@@ -78,7 +81,7 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *checkpoint, *save_errors;
+    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *checkpoint, *save_errors, *on_resize;
     int save_every, keep, async_save;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
@@ -185,7 +188,8 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto"};
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto",
+                 .on_resize = "off"};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
         {"n_layer", ARG_INT, &o.n_layer, "N", "transformer blocks", 1, NULL},
@@ -227,10 +231,15 @@ int main(int argc, char **argv) {
         {"keep", ARG_INT, &o.keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
         {"async_save", ARG_SWITCH, &o.async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
         {"save_errors", ARG_STRING, &o.save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
+        {"on_resize", ARG_STRING, &o.on_resize, "WHAT", "a checkpoint saved with another global batch (another world "
+         "size: an elastic restart): keep_batch grows --accum_steps to keep its global batch (the uninterrupted "
+         "run's steps), scale_lr keeps the per-rank batch and scales the lr with the global batch, off takes the "
+         "flags as given", 0, "keep_batch|scale_lr|off"},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 19: a GPT (nanoGPT's, character-level) trained under DDP on Tiny Shakespeare.");
     checkpoint_flags_check(o.checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    if (args_given("on_resize") && !o.checkpoint) usage_error("--on_resize: only with --checkpoint DIR");
     bool save_errors_continue = strcmp(o.save_errors, "continue") == 0;
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
@@ -311,7 +320,8 @@ int main(int argc, char **argv) {
     // module: every rank holds the whole model, as DDP's, and writes its 1/W of each tensor's rows).
     CheckpointState state = {.program = "day5/19_gpt", .also_resumes = "day5/20_gpt_3d", .world_size = world, .global_batch = global_batch,
                              .random_windows = true, .seed = o.seed, .shuffle = 1, .train_samples = (int)text.n_train,
-                             .lr = o.learning_rate, .generator = train_rng, .eval_generator = eval_rng,
+                             .adopts_global_batch = strcmp(o.on_resize, "keep_batch") == 0,
+                             .lr = o.learning_rate, .lr_scale = 1.0, .generator = train_rng, .eval_generator = eval_rng,
                              .eval_generator_kept = true, .losses = &losses};
     snprintf(state.layout, sizeof state.layout, "DDP on %d rank%s", world, world == 1 ? "" : "s");
     CheckpointBox *boxes = xcalloc((size_t)model->n_params, sizeof(CheckpointBox));
@@ -326,6 +336,40 @@ int main(int argc, char **argv) {
         first_iter = (int)state.step;
         optimizer.adam.step = state.step;
         train_rng = state.generator, eval_rng = state.eval_generator;
+        // --on_resize: the checkpoint was saved with another global batch, as when an elastic
+        // restart (slurm/run_with_restarts.sh --min_ranks) goes on with the ranks a lost node left.
+        // keep_batch takes its global batch, --accum_steps growing as the ranks shrink: every
+        // iteration then draws the same windows from the same generator and the micro-steps take
+        // the same slices of them (rank r's m-th is slice r x accum_steps + m), so the steps are the
+        // uninterrupted run's, up to float summation order (the mean over slices is summed in
+        // another order). scale_lr keeps each rank's batch and multiplies the learning rate (and
+        // min_lr) by the ratio of the global batches, W'/W: Day 1's rule (step 8, lr x world
+        // size), which keeps the size of a step, not the steps (fewer windows each, other ones).
+        if (state.saved_global_batch != global_batch && strcmp(o.on_resize, "keep_batch") == 0) {
+            long per_micro_step = (long)o.batch_size * world;
+            if (state.saved_global_batch % per_micro_step != 0)
+                usage_error("--on_resize keep_batch: the checkpoint's global batch of %ld windows is not a multiple of "
+                            "--batch_size %d x %d rank%s", state.saved_global_batch, o.batch_size, world, world == 1 ? "" : "s");
+            int was = o.accum_steps;
+            o.accum_steps = (int)(state.saved_global_batch / per_micro_step);
+            global_batch = (int)state.saved_global_batch;
+            free(offsets);
+            offsets = xmalloc((size_t)global_batch * sizeof(long));
+            flops_per_iter = gpt_flops_per_token(model, o.block_size) * global_batch * o.block_size;
+            print0("--on_resize keep_batch: the checkpoint's global batch of %d windows, saved on %d rank%s, as %d per "
+                   "rank x %d micro-steps x %d rank%s (--accum_steps %d, was %d): the uninterrupted run's steps\n",
+                   global_batch, state.saved_world_size, state.saved_world_size == 1 ? "" : "s", o.batch_size, o.accum_steps, world,
+                   world == 1 ? "" : "s", o.accum_steps, was);
+        } else if (state.saved_global_batch != global_batch && strcmp(o.on_resize, "scale_lr") == 0) {
+            state.lr_scale *= (double)global_batch / (double)state.saved_global_batch;
+            print0("--on_resize scale_lr: the global batch goes from %ld windows (%d rank%s) to %d (%d): the learning "
+                   "rate x %g, %g (min_lr %g), %g times --learning_rate since the run began\n", state.saved_global_batch,
+                   state.saved_world_size, state.saved_world_size == 1 ? "" : "s", global_batch, world,
+                   (double)global_batch / (double)state.saved_global_batch, o.learning_rate * state.lr_scale,
+                   o.min_lr * state.lr_scale, state.lr_scale);
+        }
+        state.global_batch = global_batch;  // what this run's checkpoints say it takes
+        schedule.lr = o.learning_rate * state.lr_scale, schedule.min_lr = o.min_lr * state.lr_scale;
     }
     Tracking *run = tracking_start(&o.tracking, "day5/19_gpt.c", device_name(device), state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); log_params
     snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));

@@ -18,6 +18,11 @@
 #      LAUNCHER=srun or LAUNCHER=mpirun picks one by hand.
 # It works on one node as well (salloc --nodes 1 ...); slurm/day1.sbatch and
 # slurm/day2.sbatch call it from batch jobs.
+#
+# Under slurm/run_with_restarts.sh --min_ranks N (an elastic restart), it runs on
+# the nodes that script found alive, not on the whole allocation: ELASTIC_NODELIST
+# (comma-separated), ELASTIC_NNODES and ELASTIC_NTASKS, when set, become srun's
+# --nodelist, --nodes and --ntasks, or mpirun's --host and -np.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -64,11 +69,29 @@ cd "$repo"
 
 # The first node of the job hosts rank 0: that is where torch.distributed's
 # rendezvous would listen.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+nodelist=${ELASTIC_NODELIST:-$SLURM_JOB_NODELIST}
+MASTER_ADDR=$(scontrol show hostnames "$nodelist" | head -n 1)
 export MASTER_ADDR
 export MASTER_PORT=${MASTER_PORT:-29500}
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT" \
      "(job $SLURM_JOB_ID: ${SLURM_JOB_NUM_NODES:-?} node(s) $SLURM_JOB_NODELIST, ${SLURM_NTASKS:-?} task(s))"
+# An elastic restart's nodes and ranks (see the top); none: the whole allocation.
+srun_elastic=() mpirun_elastic=()
+if [ -n "${ELASTIC_NODELIST:-}" ]; then
+    if ! [[ ${ELASTIC_NTASKS:-} =~ ^[1-9][0-9]*$ && ${ELASTIC_NNODES:-} =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: ELASTIC_NODELIST=$ELASTIC_NODELIST needs ELASTIC_NNODES and ELASTIC_NTASKS (integers >= 1)," \
+             "as slurm/run_with_restarts.sh --min_ranks exports them" >&2
+        exit 2
+    fi
+    per_node=$(( (ELASTIC_NTASKS + ELASTIC_NNODES - 1) / ELASTIC_NNODES ))
+    srun_elastic=(--nodes "$ELASTIC_NNODES" --ntasks "$ELASTIC_NTASKS" --nodelist "$ELASTIC_NODELIST")
+    mpirun_elastic=(-np "$ELASTIC_NTASKS" --host "${ELASTIC_NODELIST//,/:$per_node,}:$per_node")  # node1:2,node2:2
+    # The step of the attempt that lost a node holds its CPUs in Slurm's books until slurmctld
+    # declares that node down (SlurmdTimeout, minutes), though its tasks here are gone: a step
+    # that overlaps it can start now (srun --overlap, read by mpirun's srun too).
+    export SLURM_OVERLAP=1
+    echo "elastic restart: $ELASTIC_NTASKS task(s) on $ELASTIC_NNODES node(s) $ELASTIC_NODELIST"
+fi
 
 # srun can start MPI programs directly when Slurm was built with PMIx
 # (`srun --mpi=list` names it). Otherwise mpirun starts one daemon per node
@@ -87,13 +110,13 @@ fi
 printf -v command_line '%q ' "$program" "$@"  # shown as a shell would need it typed
 case "$launcher" in
     srun)
-        echo "launching ($why): srun -l --mpi=pmix $command_line"
-        exec srun -l --mpi=pmix "$program" "$@" ;;
+        echo "launching ($why): srun -l --mpi=pmix ${srun_elastic[*]:+${srun_elastic[*]} }$command_line"
+        exec srun -l --mpi=pmix "${srun_elastic[@]}" "$program" "$@" ;;
     mpirun)
         # Open MPI refuses to run as root unless told; inside an allocation it
         # places one rank per Slurm task, so no -np is needed.
         root_flag=()
         [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
-        echo "launching ($why): mpirun ${root_flag[*]} $command_line"
-        exec mpirun "${root_flag[@]}" "$program" "$@" ;;
+        echo "launching ($why): mpirun ${root_flag[*]} ${mpirun_elastic[*]:+${mpirun_elastic[*]} }$command_line"
+        exec mpirun "${root_flag[@]}" "${mpirun_elastic[@]}" "$program" "$@" ;;
 esac

@@ -282,6 +282,7 @@ if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
     mpi 2 "${gpt[@]}" --max_iters 17 --save_every 5 --checkpoint "$tmp/ckg" > "$tmp/gpt_stop.out" 2>&1
     cp -r "$tmp/ckg" "$tmp/ckg1"
     cp -r "$tmp/ckg" "$tmp/ckga"
+    cp -r "$tmp/ckg" "$tmp/ckgs"
     mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckg" --losses "$tmp/gpt_res.csv" > "$tmp/gpt_res.out" 2>&1
     evals() { grep '^step [0-9]*: train loss' "$1" | grep -v '^step 0:\|^step 10:' | paste -sd ' '; }
     expect "step 19 stopped at step 17 and resumed ($(grep -o '^Resumed from .*restored' "$tmp/gpt_res.out" | sed "s|$tmp/||")): checksum $(checksum "$tmp/gpt_res.out") (uninterrupted: $(checksum "$tmp/gpt_ref.out")), the same losses and evaluations bit for bit" \
@@ -291,6 +292,23 @@ if [ -f data/shakespeare/input.txt ] && [ -x day5/19_gpt ]; then
         -a -n "$(evals "$tmp/gpt_res.out")" -a "$(evals "$tmp/gpt_res.out")" = "$(evals "$tmp/gpt_ref.out")"
     mpi 1 "${gpt[@]}" --batch_size 24 --checkpoint "$tmp/ckg1" --losses "$tmp/gpt_1.csv" > "$tmp/gpt_1.out" 2>&1
     expect_same_losses "... resumed on 1 rank (batch 24 = 12 x 2), resharded: the uninterrupted losses within 1e-5" "$tmp/gpt_ref.csv" "$tmp/gpt_1.csv" 1e-5
+    # --on_resize (an elastic restart's): keep_batch refuses a --batch_size that does not divide the
+    # saved global batch (24 windows on 1 rank of 5), before any step; scale_lr on 1 rank keeps the
+    # batch of 12 and halves the learning rate (iteration 20's, against the uninterrupted run's).
+    # (keep_batch's steps: tests/test_fault_tolerance.sh, 4 ranks restarted on 2.)
+    RUN_TIMEOUT=60 mpi 1 "${gpt[@]}" --batch_size 5 --checkpoint "$tmp/ckgs" --on_resize keep_batch > "$tmp/gpt_bad.out" 2>&1
+    status=$?
+    expect "step 19 --on_resize keep_batch on 1 rank of --batch_size 5: exit $status, one line ($(grep '^error' "$tmp/gpt_bad.out")), nothing trained" \
+        test $status = 2 -a "$(grep -c '^error' "$tmp/gpt_bad.out")" = 1 -a "$(cat "$tmp/ckgs/current")" = step-000017 \
+        -a -n "$(grep -- "^error: --on_resize keep_batch: the checkpoint's global batch of 24 windows is not a multiple of --batch_size 5 x 1 rank" "$tmp/gpt_bad.out")" \
+        -a -z "$(grep '^iter' "$tmp/gpt_bad.out")"
+    mpi 1 "${gpt[@]}" --checkpoint "$tmp/ckgs" --on_resize scale_lr > "$tmp/gpt_s.out" 2>&1
+    lr_ref=$(sed -n 's/^iter 20: .*, lr \([0-9.e+-]*\),.*/\1/p' "$tmp/gpt_ref.out")
+    lr_scaled=$(sed -n 's/^iter 20: .*, lr \([0-9.e+-]*\),.*/\1/p' "$tmp/gpt_s.out")
+    expect "step 19 --on_resize scale_lr, 2 ranks resumed on 1: the lr x 0.5 ($(grep -o -- '--on_resize scale_lr: .*' "$tmp/gpt_s.out")); iteration 20's lr ${lr_scaled:-none}, uninterrupted ${lr_ref:-none}" \
+        test -n "$lr_ref" -a -n "$lr_scaled" -a -n "$(grep -- '^--on_resize scale_lr: the global batch goes from 24 windows (2 ranks) to 12 (1): the learning rate x 0.5, ' "$tmp/gpt_s.out")" \
+        -a -n "$(awk -v a="$lr_scaled" -v b="$lr_ref" 'BEGIN { d = 2 * a / b - 1; if (d < 0) d = -d; if (d < 0.01) print "halved" }')"
+    expect_error 2 '^error: --on_resize: only with --checkpoint DIR' mpi 1 "${gpt[@]}" --max_iters 1 --on_resize keep_batch
     # --async_save: resumed at step 17 and saving every 5 steps from a thread, the uninterrupted steps.
     mpi 2 "${gpt[@]}" --checkpoint "$tmp/ckga" --save_every 5 --async_save --losses "$tmp/gpt_ares.csv" > "$tmp/gpt_ares.out" 2>&1
     expect "step 19 --async_save: resumed at step 17, steps 20, 25 and 30 written by a thread (stall and write time each), checksum $(checksum "$tmp/gpt_ares.out"), the uninterrupted losses bit for bit" \

@@ -216,6 +216,51 @@ RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --max-restarts=x -- true > "$tmp/o
 status=$?
 expect "run_with_restarts.sh --max-restarts=x: usage error, exit 2 ($(head -1 "$tmp/out"))" \
     test $status = 2 -a -n "$(grep "error: --max-restarts expects an integer >= 0, got 'x'" "$tmp/out")"
+# ---------------------------------------------------------------- elastic: --min_ranks, a lost rank
+# Step 19 on the 4 slots of a hosts file under run_with_restarts.sh --min_ranks 2. After its
+# checkpoint of step 10 the test does what a lost machine would: its 2 slots leave the hosts file,
+# and one rank dies by SIGKILL. Attempt 2 counts 2 ranks and resumes on them with --on_resize
+# keep_batch (--accum_steps 2): the uninterrupted 4-rank run's losses, within 1e-5.
+if [ -x day5/19_gpt ] && [ -f data/shakespeare/input.txt ]; then
+    gpt=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --max_iters 60 --lr_decay_iters 60 --eval_interval 30
+         --eval_iters 2 --sample 0 --plot '' --threads 1)
+    mpi 4 "${gpt[@]}" --losses "$tmp/gpt4.csv" > "$tmp/gpt4.out" 2>&1
+    printf 'localhost slots=4\n' > "$tmp/hosts"
+    timeout -k 5 300 slurm/run_with_restarts.sh --max-restarts=2 --min_ranks=2 --hostfile "$tmp/hosts" -- $MPIRUN --hostfile "$tmp/hosts" \
+        "${gpt[@]}" --checkpoint "$tmp/ckel" --save_every 5 --on_resize keep_batch --losses "$tmp/elastic.csv" > "$tmp/elastic.out" 2>&1 &
+    run_pid=$!
+    background+=("$run_pid")
+    victim=""
+    if wait_for '^Checkpoint of step 10 ' "$tmp/elastic.out" 120; then
+        printf 'localhost slots=2\n' > "$tmp/hosts"
+        launcher=$(pgrep -P "$(pgrep -P "$run_pid" | head -1)" | head -1)  # timeout, the script, mpirun
+        victim=$(pgrep -P "${launcher:-0}" | tail -1)
+        [ -n "$victim" ] && kill -KILL "$victim"
+    fi
+    wait "$run_pid"
+    status=$?
+    expect "run_with_restarts.sh --min_ranks 2: rank pid ${victim:-none} of 4 killed after step 10's checkpoint, 2 slots left in the hosts file; attempt 2 runs on 2 ranks, resumes and succeeds (exit $status)" \
+        test -n "$victim" -a $status = 0 -a -n "$(grep "^run_with_restarts: attempt 1 of 3 on 4 rank(s) (--hostfile $tmp/hosts: localhost:4)" "$tmp/elastic.out")" \
+        -a -n "$(grep '^run_with_restarts: attempt 1 ended with .*: restarting' "$tmp/elastic.out")" \
+        -a -n "$(grep "^run_with_restarts: attempt 2 of 3 on 2 rank(s) (--hostfile $tmp/hosts: localhost:2)" "$tmp/elastic.out")" \
+        -a -n "$(grep '^Resumed from .*, saved by DDP on 4 ranks: step 1[05],' "$tmp/elastic.out")" \
+        -a -n "$(grep -- '--on_resize keep_batch: .*as 12 per rank x 2 micro-steps x 2 ranks (--accum_steps 2, was 1)' "$tmp/elastic.out")" \
+        -a -n "$(grep '^run_with_restarts: attempt 2 of 3 succeeded' "$tmp/elastic.out")"
+    expect_same_losses "... and takes the uninterrupted 4-rank run's steps on 2 ranks" "$tmp/gpt4.csv" "$tmp/elastic.csv" 1e-5
+else
+    skip "elastic restart of step 19 (needs day5/19_gpt and data/shakespeare: make shakespeare)"
+fi
+printf 'localhost slots=1\n' > "$tmp/hosts1"
+RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --min_ranks=2 --hostfile "$tmp/hosts1" -- true > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh --min_ranks 2 with 1 slot: one line, no attempt, exit 1 ($(cat "$tmp/out"))" \
+    test $status = 1 -a "$(wc -l < "$tmp/out")" = 1 \
+    -a -n "$(grep -xF "run_with_restarts: 1 rank(s) can run (--hostfile $tmp/hosts1: localhost:1), fewer than --min_ranks 2: not starting" "$tmp/out")"
+RUN_TIMEOUT=60 run slurm/run_with_restarts.sh --min_ranks 2 -- true > "$tmp/out" 2>&1
+status=$?
+expect "run_with_restarts.sh --min_ranks outside Slurm without --hostfile: usage error, exit 2 ($(head -1 "$tmp/out"))" \
+    test $status = 2 -a -n "$(grep -- 'error: --min_ranks outside a Slurm allocation needs --hostfile FILE' "$tmp/out")"
+
 # SIGUSR1 or SIGTERM (scancel, the time limit) to the script: passed on to mpirun as SIGUSR1, which
 # mpirun forwards to the ranks (a SIGTERM would make mpirun end the job, exit 1); the ranks save and
 # exit 75; no restart after it.

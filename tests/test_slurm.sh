@@ -6,7 +6,9 @@
 # It runs, through slurm/multinode_setup_and_run.sh inside `salloc -N 2
 # --ntasks-per-node=2`: step 9 (under srun --mpi=pmix and under mpirun), step
 # 10, step 11 (once it is built), and submits slurm/day1.sbatch and
-# slurm/day2.sbatch with sbatch. One PASS/FAIL/SKIP line per check (tests/run.sh
+# slurm/day2.sbatch with sbatch; last, an elastic restart: step 19 under
+# run_with_restarts.sh --min_ranks 2 loses ddpnode2 (everything on it killed)
+# and finishes on ddpnode1 with the uninterrupted run's losses. One PASS/FAIL/SKIP line per check (tests/run.sh
 # counts them). Where the cluster cannot run (not root, Slurm or munge not
 # installed, no network namespaces) it says SKIP and exits 0; CI installs
 # Slurm with ./setup.sh --with-slurm and runs it as root.
@@ -260,5 +262,55 @@ if [ -x day3/13_fault_tolerant_ddp ]; then
         test -n "$(grep "^0: Resuming training from snapshot at Epoch [0-9]*, [0-9]* of epoch" "$tmp/day3.out")" \
         -a -n "$(checksum "$tmp/13.out")" -a "$(checksum "$tmp/day3.out")" = "$(checksum "$tmp/13.out")" \
         -a -n "$(cmp "$tmp/day3.csv" "$tmp/13.csv" 2> /dev/null && echo same)"
+fi
+
+# ---------------------------------------------------------------- elastic: a node dies, the job goes on
+# Last, as it takes ddpnode2 away. First step 19 on 4 ranks over both nodes, uninterrupted. Then
+# the same under run_with_restarts.sh --min_ranks 2 in `salloc --no-kill`: after its checkpoint of
+# step 20, everything on ddpnode2 dies by SIGKILL (slurmd, slurmstepd, its two ranks), as when a
+# machine fails. The script sees ddpnode2's slurmd stop answering, ends the attempt, and restarts
+# on ddpnode1's 2 ranks, resuming with --on_resize keep_batch (--accum_steps 2): the uninterrupted
+# run's losses within 1e-5. (slurmctld declares ddpnode2 down only after SlurmdTimeout, 300 s,
+# when the job is over: --no-kill, which keeps a job whose node is declared down, is not put to
+# the test here.)
+if [ ! -x day5/19_gpt ] || [ ! -f data/shakespeare/input.txt ]; then
+    skip "elastic restart of step 19 after a node's loss (needs day5/19_gpt and data/shakespeare: make shakespeare)"
+else
+    gpt=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --max_iters 300 --lr_decay_iters 300 --eval_interval 100
+         --eval_iters 2 --sample 0 --plot '' --threads 1)
+    run_script 2 "$tmp/gpt4.out" "${gpt[@]}" --losses "$tmp/gpt4.csv"
+    status=$?
+    show_on_failure $status "$tmp/gpt4.out"
+    expect "step 19 on 4 ranks over 2 nodes, uninterrupted, exits 0" test $status = 0 -a -s "$tmp/gpt4.csv"
+    : > "$tmp/elastic.out"
+    allocate 2 "$tmp/elastic.out" --no-kill "$repo/slurm/run_with_restarts.sh" --max-restarts 2 --min_ranks 2 -- \
+        "$repo/slurm/multinode_setup_and_run.sh" "${gpt[@]}" --checkpoint "$tmp/ckel" --save_every 10 --on_resize keep_batch \
+        --losses "$tmp/elastic.csv" &
+    job_pid=$!
+    killed=""
+    for ((t = 0; t < 1200; t++)); do  # 120 s at most
+        grep -q '^0: Checkpoint of step 20 ' "$tmp/elastic.out" 2> /dev/null && break
+        sleep 0.1
+    done
+    if grep -q '^0: Checkpoint of step 20 ' "$tmp/elastic.out"; then
+        # (Its slurmd is a background job of this shell: disowned, bash does not report its death.)
+        disown "$(awk '$1 == "slurmd" { n++; if (n == 2) print $2 }' "$CLUSTER_DIR/run/pids")" 2> /dev/null
+        # shellcheck disable=SC2046  # one pid per word
+        kill -KILL $(ip netns pids "${CLUSTER_NODES[1]}") 2> /dev/null && killed=$(date +%s.%N)
+    fi
+    wait "$job_pid"
+    status=$?
+    took=$(awk -v a="${killed:-0}" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
+    node_state=$(timeout 10 scontrol show node "${CLUSTER_NODES[1]}" 2> /dev/null | grep -o 'State=[A-Z_+*]*')
+    show_on_failure $status "$tmp/elastic.out"
+    expect "salloc --no-kill, run_with_restarts.sh --min_ranks 2: ${CLUSTER_NODES[1]} killed after step 20's checkpoint; attempt 1 ended, attempt 2 on ${CLUSTER_NODES[0]}'s 2 ranks resumed and finished, ${took} s after the kill (exit $status; ${CLUSTER_NODES[1]} now $node_state)" \
+        test -n "$killed" -a $status = 0 \
+        -a -n "$(grep "^run_with_restarts: ${CLUSTER_NODES[1]} does not answer (its slurmd takes no connection): ending attempt 1$" "$tmp/elastic.out")" \
+        -a -n "$(grep "^run_with_restarts: attempt 2 of 3 on 2 rank(s) (${CLUSTER_NODES[0]}; lost: ${CLUSTER_NODES[1]}): " "$tmp/elastic.out")" \
+        -a -n "$(grep "^launching .*: srun -l --mpi=pmix --nodes 1 --ntasks 2 --nodelist ${CLUSTER_NODES[0]} " "$tmp/elastic.out")" \
+        -a -n "$(grep '^0: Resumed from .*, saved by DDP on 4 ranks: step [0-9]*,' "$tmp/elastic.out")" \
+        -a -n "$(grep -- '^0: --on_resize keep_batch: .*as 12 per rank x 2 micro-steps x 2 ranks (--accum_steps 2, was 1)' "$tmp/elastic.out")" \
+        -a -n "$(grep '^run_with_restarts: attempt 2 of 3 succeeded' "$tmp/elastic.out")"
+    expect_same_losses "... and took the uninterrupted 4-rank run's steps on one node" "$tmp/gpt4.csv" "$tmp/elastic.csv" 1e-5
 fi
 exit_status

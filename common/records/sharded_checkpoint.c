@@ -489,6 +489,8 @@ static void write_index(const char *path, const PieceRecord *records, int n_reco
     for (int k = 0; k < ARRAY_LEN(names) && ok; k++)
         ok = write_dataset(file, names[k], H5T_STD_I64LE, H5T_NATIVE_LLONG, 0, NULL, &scalars[k]);
     ok = ok && write_dataset(file, "state/lr", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &state->lr);
+    double lr_scale = state->lr_scale > 0 ? state->lr_scale : 1.0;  // (programs that never scale it leave it 0)
+    ok = ok && write_dataset(file, "state/lr_scale", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &lr_scale);
     hsize_t words = 624, n_losses = (hsize_t)state->losses->n;
     long long next = state->generator.next;
     ok = ok && write_dataset(file, "state/generator/mt19937", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, &words, state->generator.state);
@@ -956,6 +958,11 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     hsize_t words = 624;
     long long next = 0;
     if (!err[0]) read_dataset(file, path, "state/lr", H5T_NATIVE_DOUBLE, 0, NULL, NULL, &lr, err);
+    // A checkpoint from before elastic restarts has no lr_scale: its lr was never scaled.
+    double lr_scale = 1.0;
+    if (!err[0] && H5Lexists(file, "state/lr_scale", H5P_DEFAULT) > 0)
+        read_dataset(file, path, "state/lr_scale", H5T_NATIVE_DOUBLE, 0, NULL, NULL, &lr_scale, err);
+    if (!err[0] && !(lr_scale > 0 && lr_scale < 1e6)) fail(err, "%s: inconsistent: state/lr_scale %g", path, lr_scale);
     if (!err[0]) read_dataset(file, path, "state/generator/mt19937", H5T_NATIVE_UINT32, 1, &words, NULL, state->generator.state, err);
     if (!err[0]) read_dataset(file, path, "state/generator/index", H5T_NATIVE_LLONG, 0, NULL, NULL, &next, err);
     Rng eval_generator = {0};
@@ -985,6 +992,7 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     if (!err[0]) {
         state->step = steps, state->epoch = (int)scalars[1], state->samples_done = (long)scalars[2];
         state->global_batch = (long)scalars[6], state->world_size = l->files, state->generator.next = (int)next;
+        state->lr_scale = lr_scale;
         if (state->eval_generator_kept) state->eval_generator = eval_generator;
         loss_log_free(state->losses);
         for (long i = 0; i < steps; i++) loss_log_add(state->losses, epochs[i], losses[i]);
@@ -1120,12 +1128,13 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     print0("Resumed from %s/step-%06ld, saved by %s: step %ld, %s; %s%.2f to %.2f MB read per rank in %.1f ms\n", dir,
            state->step, state->layout, state->step, position, strcmp(state->layout, this_layout) ? "resharded, " : "",
            -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
-    if (state->global_batch != global_batch)
+    if (state->global_batch != global_batch && !state->adopts_global_batch)
         print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
                "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
                state->global_batch);
     if (init) print0("--init %s is not used: the checkpoint's weights are the run's\n", init);
-    // This run's again: what its own saves record (a resumed run's checkpoints named the first run's layout).
+    // This run's again: what its own saves record (a resumed run's checkpoints named the first run's
+    // layout); the program reads the checkpoint's world size and global batch in saved_* (--on_resize).
     state->saved_world_size = state->world_size, state->saved_global_batch = state->global_batch;
     snprintf(state->layout, sizeof state->layout, "%s", this_layout);
     state->world_size = dist_world_size(), state->global_batch = global_batch;

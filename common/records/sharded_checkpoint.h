@@ -27,6 +27,8 @@
 //                                then 4 offsets and 4 sizes (unused dimensions 0 and 1)
 //   state/step, epoch, samples_done, seed, shuffle, train_samples, global_batch   int64
 //   state/lr                     float64
+//   state/lr_scale               float64: what the run multiplies lr by since an elastic restart
+//                                scaled it (step 19's --on_resize scale_lr); 1 where absent
 //   state/losses/epoch, state/losses/loss   int64, float32 [step]: the loss log so far
 //   state/generator/mt19937, state/generator/index   the generator (rng.h)
 //   state/eval_generator/...     a second one, where the program keeps it (step 19's evaluation)
@@ -100,9 +102,12 @@ typedef struct {
     // line, so that its later saves say what saved them, and keeps the checkpoint's here:
     int saved_world_size;
     long saved_global_batch;
+    bool adopts_global_batch;  // the program takes the saved global batch on resuming (step 19's --on_resize
+                               // keep_batch): the resume line then says nothing of another batch
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
+    double lr_scale;         // the factor on lr since a resize scaled it (0, as unset, saves as 1; load: the saved one)
     Rng generator;
     Rng eval_generator;        // step 19's evaluation windows, drawn apart from training's:
     bool eval_generator_kept;  // kept too (state/eval_generator) where this is true
