@@ -1115,12 +1115,16 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     return true;
 }
 
-void checkpoint_flags_check(const char *checkpoint) {
+// needs: the flags that mean something only with --checkpoint (--save_every first, which step 13 skips).
+static void check_flags(const char *checkpoint, bool with_save_every) {
     const char *needs[] = {"save_every", "keep", "async_save", "save_errors"};
-    for (int i = 0; i < ARRAY_LEN(needs) && !checkpoint; i++)
+    for (int i = with_save_every ? 0 : 1; i < ARRAY_LEN(needs) && !checkpoint; i++)
         if (args_given(needs[i])) usage_error("--%s: only with --checkpoint DIR", needs[i]);
     if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
 }
+
+void checkpoint_flags_check(const char *checkpoint) { check_flags(checkpoint, true); }
+void checkpoint_flags_check_own_interval(const char *checkpoint) { check_flags(checkpoint, false); }
 
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
     if (written->failed) {  // (--save_errors continue) every rank has the failing rank's line

@@ -6,7 +6,7 @@
 //   CheckpointState state = {...};            // the step, the data position, the generator, ...
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
-// Steps 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
+// Steps 13, 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
 // blocks), sharded_checkpoint_resume, and sharded_checkpoint_save_step and _finish_saves, which
 // save in line or (--async_save) by way of sharded_checkpoint_save_async and _finish (a thread
 // writes the shard), and print each save's line (_print_saved). One process
@@ -191,7 +191,7 @@ void checkpoint_pieces_free(CheckpointPieces *pieces);
 
 // ---------------------------------------------------------------- the programs' flags
 // Steps 16-19 take the same flags: --checkpoint DIR, --save_every N, --keep N, --async_save and
-// --save_errors stop|continue. The help texts, and the check after args_parse that the others come
+// --save_errors stop|continue; step 13 too, its --save_every counting epochs (the tutorial's). The help texts, and the check after args_parse that the others come
 // with --checkpoint (and that DIR is not ''): a usage error (exit 2) otherwise.
 #define CHECKPOINT_HELP_DIR "resume from DIR's current sharded checkpoint if it has one; save into DIR"
 #define CHECKPOINT_HELP_SAVE_EVERY "--checkpoint: save every N optimizer steps (0: only after the last)"
@@ -202,6 +202,9 @@ void checkpoint_pieces_free(CheckpointPieces *pieces);
     "--checkpoint: after a save that fails (a full disk): stop (exit 1), or continue with one warning, the last good checkpoint " \
     "current (the last step's save tried twice: exit 1 if both fail)"
 void checkpoint_flags_check(const char *checkpoint);
+// Step 13's: the same, but for --save_every, which is the program's own there (epochs between
+// saves, the DDP tutorial's save_every, for its snapshots and its checkpoints alike).
+void checkpoint_flags_check_own_interval(const char *checkpoint);
 
 // ---------------------------------------------------------------- what the programs print
 // Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
