@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
     // model (DDP) and writes its 1/W of each tensor's rows and of Adam's moments (the ranks are the
     // box's writers); a load reads the whole tensors, from however many files a layout left.
     CheckpointState state = {.program = "day3/13_fault_tolerant_ddp", .world_size = world,
-                             .global_batch = (long)opt.batch_size * accum_steps * world, .seed = opt.seed,
+                             .global_batch = (long)opt.batch_size * accum_steps * world, .lr_follows_world = true, .seed = opt.seed,
                              .shuffle = !opt.no_shuffle, .train_samples = train.n, .lr = opt.lr, .generator = rng,
                              .losses = &losses};
     snprintf(state.layout, sizeof state.layout, "DDP on %d rank%s", world, world == 1 ? "" : "s");

@@ -421,7 +421,7 @@ expect "... resumed on 2 ranks (exit $status) at its data position: step 1, epoc
     test $status = 0 -a -n "$(grep "^Resumed from $tmp/ckstop/step-000001, saved by DDP on 2 ranks: step 1, epoch 1, 12800 of its 60000 samples done; " "$tmp/ckstop.resumed.out")"
 expect_exact "--checkpoint: stopped mid-epoch and resumed" "$tmp/ckstop.resumed.out" "$tmp/ckstop.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
 # The same checkpoint on 1 and on 4 ranks: the rest of epoch 1 (47200 samples) split among them,
-# another global batch (so other steps, and said); the saved step's loss kept. Steps: 1 + 8 + 10 + 10
+# another global batch and learning rate (so other steps, and said); the saved step's loss kept. Steps: 1 + 8 + 10 + 10
 # on 1 rank (batches of 6400), 1 + 2 + 3 + 3 on 4 (11800 and 15000 samples a rank).
 for np_steps in "1 9 29" "4 3 9"; do
     set -- $np_steps
@@ -429,9 +429,9 @@ for np_steps in "1 9 29" "4 3 9"; do
     step13 $np --checkpoint="$tmp/ckstop$np" --losses="$tmp/ckstop$np.csv" > "$tmp/ckstop$np.out" 2>&1
     status=$?
     global=$((6400 * np))
-    expect "the mid-epoch checkpoint of 2 ranks resumed on $np (exit $status): resharded, its global batch of 12800 now $global, epoch 1 ends after $first steps, $total in all, the first step's loss kept, one model on every rank" \
+    expect "the mid-epoch checkpoint of 2 ranks resumed on $np (exit $status): resharded, lr x $np and a global batch of $global (said), epoch 1 ends after $first steps, $total in all, the first step's loss kept, one model on every rank" \
         test $status = 0 -a -n "$(grep "^Resumed from $tmp/ckstop$np/step-000001, saved by DDP on 2 ranks: step 1, epoch 1, 12800 of its 60000 samples done; resharded, 1.22 to 1.22 MB read per rank" "$tmp/ckstop$np.out")" \
-        -a -n "$(grep "^The checkpoint's global batch was 12800 samples, this run's is $global" "$tmp/ckstop$np.out")" \
+        -a -n "$(grep "^The checkpoint was saved on 2 ranks, this run has $np: the learning rate follows the world size (lr x $np) and the global batch is $global samples (it was 12800): the steps from here are not an uninterrupted run's$" "$tmp/ckstop$np.out")" \
         -a -n "$(grep "^epoch 1/$EPOCHS: mean loss [0-9.]* over $first steps" "$tmp/ckstop$np.out")" \
         -a "$(($(wc -l < "$tmp/ckstop$np.csv") - 1))" = $total -a "$(sed -n 2p "$tmp/ckstop$np.csv")" = "$(sed -n 2p "$tmp/ref2.csv")" \
         -a "$(checksum "$tmp/ckstop$np.out" | wc -w)" = 1 -a "$(grep -c 'parameter checksum' "$tmp/ckstop$np.out")" = $np

@@ -1094,6 +1094,7 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     char this_layout[sizeof state->layout];  // (the load replaces state->layout with the checkpoint's)
     snprintf(this_layout, sizeof this_layout, "%s", state->layout);
     long global_batch = state->global_batch;
+    int world = dist_world_size();
     if (!sharded_checkpoint_load(dir, pieces, n_pieces, state, &bytes)) {
         print0("No checkpoint in %s: training from the start\n", dir);
         return false;
@@ -1107,7 +1108,11 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     print0("Resumed from %s/step-%06ld, saved by %s: step %ld, %s; %s%.2f to %.2f MB read per rank in %.1f ms\n", dir,
            state->step, state->layout, state->step, position, strcmp(state->layout, this_layout) ? "resharded, " : "",
            -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
-    if (state->global_batch != global_batch)
+    if (state->lr_follows_world && state->world_size != world)
+        print0("The checkpoint was saved on %d rank%s, this run has %d: the learning rate follows the world size (lr x %d) "
+               "and the global batch is %ld samples (it was %ld): the steps from here are not an uninterrupted run's\n",
+               state->world_size, state->world_size == 1 ? "" : "s", world, world, global_batch, state->global_batch);
+    else if (state->global_batch != global_batch)
         print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
                "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
                state->global_batch);

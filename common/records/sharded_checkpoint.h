@@ -94,6 +94,8 @@ typedef struct {
     bool random_windows;     // step 19: the data are windows drawn by the generator, no epochs (0 and 0)
     int world_size;          // load: the saved run's
     long global_batch;       // samples per step (load: the saved run's; another one is allowed)
+    bool lr_follows_world;   // step 13: the learning rate is lr x world size (step 8's rule), so
+                             // another world size takes other steps whatever the global batch
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
