@@ -30,7 +30,7 @@ set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 suite fault_tolerance
-needs_built day3/13_fault_tolerant_ddp
+needs_built day3/13_fault_tolerant_ddp tools/checkpoint_to_state_dict
 scratch
 background=()  # pids of runs started in the background: stopped on exit, by pid
 at_exit 'for pid in "${background[@]}"; do kill -KILL "$pid" 2> /dev/null; done'
@@ -436,6 +436,12 @@ for np_steps in "1 9 29" "4 3 9"; do
         -a "$(($(wc -l < "$tmp/ckstop$np.csv") - 1))" = $total -a "$(sed -n 2p "$tmp/ckstop$np.csv")" = "$(sed -n 2p "$tmp/ref2.csv")" \
         -a "$(checksum "$tmp/ckstop$np.out" | wc -w)" = 1 -a "$(grep -c 'parameter checksum' "$tmp/ckstop$np.out")" = $np
 done
+# The checkpoint that the 4 ranks saved is theirs (its index names their layout), and converts to one
+# state_dict file (tools/checkpoint_to_state_dict, one process).
+tools/checkpoint_to_state_dict "$tmp/ckstop4" "$tmp/ckstop4.h5" > "$tmp/convert.out" 2>&1
+expect "the resharded run's own checkpoint: 'DDP on 4 ranks, step 9', converted to one state_dict file (exit $?: $(sed "s|$tmp/||g" "$tmp/convert.out"))" \
+    test -n "$(grep "^$tmp/ckstop4/step-000009 (day3/13_fault_tolerant_ddp, DDP on 4 ranks, step 9): 4 tensors, 101770 weights, written whole" "$tmp/convert.out")" \
+    -a -s "$tmp/ckstop4.h5"
 
 # A damaged checkpoint: one line naming the file, exit 1 on every rank, nothing trained.
 ck_refused() {  # what, pattern

@@ -1117,6 +1117,10 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
                "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
                state->global_batch);
     if (init) print0("--init %s is not used: the checkpoint's weights are the run's\n", init);
+    // What describes this run, not the saved one, for the saves to come: a checkpoint resharded onto
+    // 4 ranks and saved again is "DDP on 4 ranks", of this run's global batch.
+    snprintf(state->layout, sizeof state->layout, "%s", this_layout);
+    state->world_size = world, state->global_batch = global_batch;
     return true;
 }
 

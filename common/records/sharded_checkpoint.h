@@ -212,7 +212,8 @@ void checkpoint_flags_check_own_interval(const char *checkpoint);
 // Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
 // DIR/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;
 // [resharded, ]0.61 to 0.61 MB read per rank in 19.7 ms" (a line more when the global batch
-// changed, or --init is not used), or "No checkpoint in DIR: training from the start".
+// changed, or --init is not used), or "No checkpoint in DIR: training from the start". state's
+// layout, world_size and global_batch stay this run's (the next save's), unlike a bare load's.
 bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
                                const char *init);
 
