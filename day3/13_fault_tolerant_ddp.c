@@ -146,7 +146,8 @@ int main(int argc, char **argv) {
            world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_local_world_size() == 1 ? "" : "s", dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", saving, save_every, save_every == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
-    // The snapshot, if there is one: every rank loads it (the tutorial's _load_snapshot).
+    // The snapshot (or the sharded checkpoint, below), if there is one: every rank loads it (the
+    // tutorial's _load_snapshot).
     SnapshotSettings settings = {.world_size = world, .batch_size = opt.batch_size, .accum_steps = accum_steps,
                                  .lr = opt.lr, .seed = opt.seed, .shuffle = !opt.no_shuffle, .train_samples = train.n,
                                  .n_sizes = ARRAY_LEN(sizes)};
