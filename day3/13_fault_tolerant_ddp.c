@@ -250,6 +250,7 @@ int main(int argc, char **argv) {
                 epoch_steps++;
                 // SIGUSR1/SIGTERM on any rank: all ranks stop after this same step, with the samples it took.
                 stopped_by = stop_signal_agreed();
+                if (async_save) sharded_checkpoint_poll(&in_flight);  // a checkpoint whose threads are done becomes current
                 // loss.item(): at once on a CPU; on a GPU for the whole epoch at its end, or at a stop
                 // (the snapshot holds every step's loss).
                 float *taken;

@@ -461,6 +461,15 @@ if thorough; then  # make test-all: --async_save, SIGTERM to mpirun
     expect "--checkpoint --async_save: $(grep -c 'written by a thread from host copies.*the training stalled' "$tmp/cka.out") saves by a thread, each with its stall and write time" \
         test "$(grep -c "^Checkpoint of step [0-9]* saved in $tmp/cka/step-[0-9]*: .*written by a thread from host copies.*the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms" "$tmp/cka.out")" = $EPOCHS
     expect_exact "--checkpoint --async_save takes the snapshot run's steps" "$tmp/cka.out" "$tmp/cka.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+    # Killed in epoch 3 while saving from a thread: epoch 2's checkpoint is current once its threads
+    # are done (sharded_checkpoint_poll, after every step), else epoch 1's; either resumes exactly.
+    flags=(--checkpoint="$tmp/ckak" --async_save --losses="$tmp/ckak.csv" --fail_at_epoch=3)
+    step13 2 "${flags[@]}" > "$tmp/ckak.out" 2>&1
+    status=$?
+    step13 2 "${flags[@]}" > "$tmp/ckak.resumed.out" 2>&1
+    expect "--checkpoint --async_save, killed in epoch 3 (exit $status), the same command resumes ($(grep -o '^Resumed from.*samples done' "$tmp/ckak.resumed.out" | sed "s|$tmp/||"))" \
+        test $status = 137 -a -n "$(grep -E "^Resumed from $tmp/ckak/step-0000(05|10), saved by DDP on 2 ranks" "$tmp/ckak.resumed.out")"
+    expect_exact "--checkpoint --async_save: killed in epoch 3 and resumed" "$tmp/ckak.resumed.out" "$tmp/ckak.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
     # SIGTERM to mpirun after the first checkpoint: Open MPI passes it on to the ranks, and kills them
     # odls_base_sigkill_timeout seconds later (its default, 1 s, here; tests/run.sh sets 0): the
     # ranks save at the end of a step, mid-epoch, and exit 75 if they get there first, else the last

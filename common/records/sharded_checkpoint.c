@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -529,6 +530,7 @@ struct CheckpointSave {
     float *host_values;
     pthread_t thread;
     bool threaded;
+    atomic_bool written_out;      // the thread has written and synced its shard (sharded_checkpoint_poll)
     bool continue_on_error;       // --save_errors continue: a failed save warns, and the training goes on
     bool skip_write;              // the folder could not be made: no rank writes, the commit fails
     char err[ERROR_SIZE];
@@ -590,6 +592,7 @@ static void save_write(CheckpointSave *save, const CheckpointPiece *pieces) {
 
 static void *save_write_thread(void *save) {
     save_write(save, ((CheckpointSave *)save)->host_pieces);
+    atomic_store(&((CheckpointSave *)save)->written_out, true);
     return NULL;
 }
 
@@ -745,6 +748,13 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
     } else if (sharded_checkpoint_save_async(in_flight, dir, keep, continue_on_error, pieces, n_pieces, state, &written)) {
         sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
     }
+}
+
+void sharded_checkpoint_poll(CheckpointSave **in_flight) {
+    if (!*in_flight) return;  // (the same on every rank: saves begin and end collectively)
+    int done = !(*in_flight)->threaded || atomic_load(&(*in_flight)->written_out);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (done) sharded_checkpoint_finish_saves(in_flight);  // every thread is done: the join waits for nothing
 }
 
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight) {

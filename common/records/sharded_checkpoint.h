@@ -229,6 +229,11 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
                                   const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state);
 // ... and at the end of training: the save still in flight, if any, finished and its line printed.
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight);
+// Collective, after a step: where every rank's thread has written its shard, the save in flight is
+// made current now (its line printed) rather than at the next save. Step 13 saves once an epoch:
+// without it a rank lost in the next epoch would lose that save, and a restart would start over.
+// One allreduce of an int while a save is in flight; nothing otherwise.
+void sharded_checkpoint_poll(CheckpointSave **in_flight);
 // The end of training, collectively: sharded_checkpoint_finish_saves, then state->step saved in
 // line unless a save of it succeeded; true when the end is saved. Under continue_on_error the last
 // step gets two tries (a failed --save_every save of it was the first), and false when both failed:
