@@ -16,6 +16,11 @@
 //   SIGUSR1, SIGTERM    (Slurm's warning, or the time limit) every rank saves at
 //                       the end of the same step and exits with status 75; the
 //                       same command resumes mid-epoch, still exactly
+//   --checkpoint DIR    the sharded form instead of --snapshot (Day 4's, common/records/
+//                       sharded_checkpoint.h): every rank writes 1/W of every tensor, no
+//                       rank writes the whole model, and any world size resumes it, mid-epoch
+//                       too; --save_every still counts epochs (the tutorial's), --keep,
+//                       --async_save and --save_errors are steps 16-19's
 //
 // Run it (day3/README.md):
 //   mpirun -np 2 day3/13_fault_tolerant_ddp --total_epochs 5        # saves checkpoints/snapshot.h5
@@ -23,6 +28,8 @@
 //   # rank 1 dies in epoch 3, the second attempt resumes from epoch 2's snapshot:
 //   slurm/run_with_restarts.sh --max-restarts 3 -- mpirun -np 2 day3/13_fault_tolerant_ddp --fail_at_epoch 3 --snapshot checkpoints/restarts.h5
 //   sbatch slurm/day3.sbatch                                        # under Slurm, requeued at the time limit
+//   mpirun -np 2 day3/13_fault_tolerant_ddp --total_epochs 3 --checkpoint checkpoints/ddp   # sharded
+//   mpirun -np 4 day3/13_fault_tolerant_ddp --total_epochs 5 --checkpoint checkpoints/ddp   # resumed on 4
 //
 // Expected output (the first run; times vary):
 //   Step 13: DDP on 2 ranks (1 node, 2 ranks on vm): MLP 784-128-10, ...; 5 epochs; snapshot checkpoints/snapshot.h5 every 1 epoch; ...
@@ -34,6 +41,7 @@
 //   Snapshots: 5 written, 1.23 MB each, 16.7 ms on average: 2.3% of an epoch (0.72 s)
 //   DDP: gradient allreduce ...
 //   [rank 0] parameter checksum 8624562136a88287   (step 10's, on every rank, and after any resume)
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +55,7 @@
 #include "parallel/ddp.h"           // ddp_wrap, ddp_grad_ready, ddp_finish: DistributedDataParallel
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "records/loss_log.h"       // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
+#include "records/sharded_checkpoint.h"  // sharded_checkpoint_resume, _save_step: each rank writes 1/W (--checkpoint)
 #include "records/snapshot.h"       // snapshot_save, snapshot_load: everything an exact resume needs
 #include "records/stop_signal.h"    // stop_signal_agreed: SIGUSR1/SIGTERM become a stop every rank agrees on
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
@@ -76,18 +85,26 @@ int main(int argc, char **argv) {
     opt.epochs = 10;  // the tutorial's --total_epochs default
     double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
     int accum_steps = 1;
-    const char *snapshot_path = "checkpoints/snapshot.h5";
-    int save_every = 1, fail_at_epoch = 0, fail_rank = -1;
+    const char *snapshot_path = "checkpoints/snapshot.h5", *checkpoint = NULL, *save_errors = "stop";
+    int save_every = 1, fail_at_epoch = 0, fail_rank = -1, keep = 2, async_save = 0;
     ArgSpec flags[] = {
         TRAIN_FLAGS_WITH_EPOCHS(opt, "total_epochs"),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"accum_steps", ARG_INT, &accum_steps, "K", "micro-batches per optimizer step (no_sync on all but the last)", 1, NULL},
         {"snapshot", ARG_OUTPUT, &snapshot_path, "FILE.h5", "resume from it if it exists; rank 0 saves it", 0, NULL},
-        {"save_every", ARG_INT, &save_every, "N", "epochs between snapshots (and one after the last)", 1, NULL},
+        {"save_every", ARG_INT, &save_every, "N", "epochs between snapshots, or --checkpoint saves (and one after the last)", 1, NULL},
         {"fail_at_epoch", ARG_INT, &fail_at_epoch, "E", "a rank dies during epoch E, as a dead node (0: never; not after a resume)", 0, NULL},
         {"fail_rank", ARG_INT, &fail_rank, "R", "the rank that --fail_at_epoch kills (-1: the last)", -1, NULL},
+        {"checkpoint", ARG_STRING, &checkpoint, "DIR", CHECKPOINT_HELP_DIR " (sharded; instead of --snapshot)", 0, NULL},
+        {"keep", ARG_INT, &keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
+        {"async_save", ARG_SWITCH, &async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
+        {"save_errors", ARG_STRING, &save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 13: DDP with snapshots, exact resume and failure injection.");
+    checkpoint_flags_check_own_interval(checkpoint);  // --keep, --async_save, --save_errors: only with --checkpoint
+    if (checkpoint && args_given("snapshot"))  // one form of saving per run: which would a restart resume?
+        usage_error("--snapshot and --checkpoint: give one (a whole-model snapshot by rank 0, or a sharded checkpoint)");
+    bool save_errors_continue = strcmp(save_errors, "continue") == 0;
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
     int rank = dist_rank(), world = dist_world_size();
@@ -120,14 +137,17 @@ int main(int argc, char **argv) {
     double lr = opt.lr * world;  // W times the samples per step: W times the learning rate
     Adam optimizer = adam_new(model.params, model.n_params, lr);
 
-    char buckets[512];
+    char buckets[512], saving[PATH_MAX + 64];
     ddp_describe_buckets(&ddp, buckets, sizeof buckets);
     int nodes = dist_num_nodes();
-    print0("Step 13: DDP on %d rank%s (%d node%s, %d rank%s on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; snapshot %s every %d epoch%s; shuffle %s (seed %d); %s, %s\n",
-           world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_local_world_size() == 1 ? "" : "s", dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", snapshot_path, save_every, save_every == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
+    if (checkpoint) snprintf(saving, sizeof saving, "sharded checkpoint in %s%s", checkpoint, async_save ? " (written by a thread)" : "");
+    else snprintf(saving, sizeof saving, "snapshot %s", snapshot_path);
+    print0("Step 13: DDP on %d rank%s (%d node%s, %d rank%s on %s): MLP 784-128-10, %zu weights in %s; Adam lr %g x %d = %g; batch %d per rank x %d micro-batch%s; %d epoch%s; %s every %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+           world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", dist_local_world_size(), dist_local_world_size() == 1 ? "" : "s", dist_hostname(), mlp_num_weights(&model), buckets, opt.lr, world, lr, opt.batch_size, accum_steps, accum_steps == 1 ? "" : "es", opt.epochs, opt.epochs == 1 ? "" : "s", saving, save_every, save_every == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
            device_name(device), threads_describe());
 
-    // The snapshot, if there is one: every rank loads it (the tutorial's _load_snapshot).
+    // The snapshot (or the sharded checkpoint, below), if there is one: every rank loads it (the
+    // tutorial's _load_snapshot).
     SnapshotSettings settings = {.world_size = world, .batch_size = opt.batch_size, .accum_steps = accum_steps,
                                  .lr = opt.lr, .seed = opt.seed, .shuffle = !opt.no_shuffle, .train_samples = train.n,
                                  .n_sizes = ARRAY_LEN(sizes)};
@@ -137,8 +157,30 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
     StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
-    bool resumed = snapshot_load(snapshot_path, &settings, &saved, &progress, &optimizer, &losses, &rng);
-    if (resumed) {
+    // --checkpoint, the sharded form: what a snapshot holds, as pieces. Every rank holds the whole
+    // model (DDP) and writes its 1/W of each tensor's rows and of Adam's moments (the ranks are the
+    // box's writers); a load reads the whole tensors, from however many files a layout left.
+    CheckpointState state = {.program = "day3/13_fault_tolerant_ddp", .world_size = world,
+                             .global_batch = (long)opt.batch_size * accum_steps * world, .lr_follows_world = true, .seed = opt.seed,
+                             .shuffle = !opt.no_shuffle, .train_samples = train.n, .lr = opt.lr, .generator = rng,
+                             .losses = &losses};
+    snprintf(state.layout, sizeof state.layout, "DDP on %d rank%s", world, world == 1 ? "" : "s");
+    CheckpointBox *boxes = xcalloc((size_t)model.n_params, sizeof(CheckpointBox));
+    for (int i = 0; i < model.n_params; i++) boxes[i] = checkpoint_whole_box(model.params[i].value, rank, world);
+    CheckpointPieces wanted = checkpoint_param_pieces(model.params, optimizer.exp_avg, optimizer.exp_avg_sq, model.n_params, boxes, false);
+    CheckpointPieces shares = checkpoint_param_pieces(model.params, optimizer.exp_avg, optimizer.exp_avg_sq, model.n_params, boxes, true);
+    CheckpointSave *in_flight = NULL;  // --async_save: the save a thread is writing
+    bool resumed;
+    if (checkpoint) {  // "Resumed from DIR/step-..." or "No checkpoint in DIR", said by the module
+        resumed = sharded_checkpoint_resume(checkpoint, wanted.piece, wanted.n, &state, opt.init);
+        if (resumed) {
+            optimizer.step = state.step, rng = state.generator;
+            progress.epochs_done = state.epoch, progress.samples_done = state.samples_done;
+            snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", state.mlflow_run_id);
+            if (progress.epochs_done >= opt.epochs)
+                print0("Nothing left to train: %d of --total_epochs %d done\n", progress.epochs_done, opt.epochs);
+        }
+    } else if ((resumed = snapshot_load(snapshot_path, &settings, &saved, &progress, &optimizer, &losses, &rng))) {
         if (progress.samples_done == 0)
             print0("Resuming training from snapshot at Epoch %d\n", progress.epochs_done);
         else
@@ -154,10 +196,12 @@ int main(int argc, char **argv) {
     } else {
         print0("No snapshot at %s: training from the start\n", snapshot_path);
     }
+    long first_step = optimizer.step;  // (a resumed run's)
     // The MLflow run: a resume logs into the snapshot's, its metrics continuing at the snapshot's step.
     Tracking *run = tracking_start(&opt.tracking, "day3/13_fault_tolerant_ddp.c", device_name(device),
                                    progress.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); mlflow.log_params(vars(args))
     snprintf(progress.mlflow_run_id, sizeof progress.mlflow_run_id, "%s", tracking_run_id(run));
+    snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));
     // What the snapshot holds, logged again: the process that saved it may have died (SIGKILL) with
     // these values still queued for the store. Tracking sends only the steps the store lacks. The
     // epoch means are the loop's own sums, in its order, so the values are the ones it logged; an
@@ -206,6 +250,7 @@ int main(int argc, char **argv) {
                 epoch_steps++;
                 // SIGUSR1/SIGTERM on any rank: all ranks stop after this same step, with the samples it took.
                 stopped_by = stop_signal_agreed();
+                if (async_save) sharded_checkpoint_poll(&in_flight);  // a checkpoint whose threads are done becomes current
                 // loss.item(): at once on a CPU; on a GPU for the whole epoch at its end, or at a stop
                 // (the snapshot holds every step's loss).
                 float *taken;
@@ -238,24 +283,37 @@ int main(int argc, char **argv) {
         // The tutorial's _save_snapshot, from rank 0, every save_every epochs; also after the last, and on a stop.
         if (stopped_by || (epoch + 1) % save_every == 0 || epoch + 1 == opt.epochs) {
             check_weights_finite(model.params, model.n_params, losses.n, epoch + 1, run);  // never a NaN snapshot over a good one
-            SnapshotWrite written = snapshot_save(snapshot_path, &settings, &progress, &optimizer, &losses, &rng);
-            snapshot_seconds += written.seconds, snapshot_megabytes = written.megabytes, snapshots++;
-            if (epoch_done)
-                print0("Epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch + 1, snapshot_path,
-                       written.megabytes, 1e3 * written.seconds);
-            else
-                print0("Step %d of epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch_steps,
-                       epoch + 1, snapshot_path, written.megabytes, 1e3 * written.seconds);
+            if (checkpoint) {  // every rank its shares; the module says "Checkpoint of step N saved in DIR/..."
+                state.step = optimizer.step, state.epoch = progress.epochs_done, state.samples_done = progress.samples_done;
+                state.generator = rng;
+                sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue,
+                                             shares.piece, shares.n, &state);
+            } else {
+                SnapshotWrite written = snapshot_save(snapshot_path, &settings, &progress, &optimizer, &losses, &rng);
+                snapshot_seconds += written.seconds, snapshot_megabytes = written.megabytes, snapshots++;
+                if (epoch_done)
+                    print0("Epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch + 1, snapshot_path,
+                           written.megabytes, 1e3 * written.seconds);
+                else
+                    print0("Step %d of epoch %d | Training snapshot saved at %s (%.2f MB in %.1f ms)\n", epoch_steps,
+                           epoch + 1, snapshot_path, written.megabytes, 1e3 * written.seconds);
+            }
         }
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    // --checkpoint: the save a thread still writes finished (--async_save), and the last step's
+    // saved again if its save failed (--save_errors continue): the end, or the stop, must be saved.
+    bool end_saved = true;
+    if (checkpoint && optimizer.step > first_step)
+        end_saved = sharded_checkpoint_save_last(&in_flight, checkpoint, keep, save_errors_continue, shares.piece,
+                                                 shares.n, &state);
 
     int status = 0;
     if (stopped_by && progress.epochs_done < opt.epochs) {
         print0("Stopped by %s after %d of %d epoch%s and %ld samples: exiting with status %d; the same command "
                "resumes from %s\n", stopped_by == SIGUSR1 ? "SIGUSR1" : "SIGTERM", progress.epochs_done,
-               opt.epochs, opt.epochs == 1 ? "" : "s", progress.samples_done, EXIT_STOPPED, snapshot_path);
+               opt.epochs, opt.epochs == 1 ? "" : "s", progress.samples_done, EXIT_STOPPED, checkpoint ? checkpoint : snapshot_path);
         status = EXIT_STOPPED;
     } else {
         Tensor test_images = mnist_images(&test, device);  // [10000, 784]
@@ -288,19 +346,21 @@ int main(int argc, char **argv) {
         tracking_log_artifact(run, opt.plot);
         tensor_free(&test_images);
     }
-    tracking_log_artifact(run, snapshot_path);
+    tracking_log_artifact(run, checkpoint ? NULL : snapshot_path);  // (a checkpoint is a folder of shards)
     tracking_end(run, status == EXIT_STOPPED ? TRACKING_KILLED : TRACKING_FINISHED);  // mlflow.end_run(status)
 
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
     step_losses_free(&pending);
+    checkpoint_pieces_free(&wanted), checkpoint_pieces_free(&shares), free(boxes);
     adam_free(&optimizer);
     ddp_free(&ddp);
     mlp_free(&model);
     sampler_free(&sampler);
     mnist_free(&train);
     mnist_free(&test);
+    sharded_checkpoint_check_end_saved(end_saved, checkpoint);  // the outputs written: exit 1 if the end is not saved
     dist_finalize();
     return status;
 }

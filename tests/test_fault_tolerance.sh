@@ -16,16 +16,22 @@
 #     file and what is wrong, exit 1 on every rank, no hang;
 #   - another world size resumes, and says the data order differs;
 #   - h5py and torch read the snapshot as the README shows; resuming takes no
-#     more memory than a fresh start.
+#     more memory than a fresh start;
+#   - the sharded form (--checkpoint DIR, each rank writing 1/W of every tensor): the
+#     snapshot's steps; killed in epoch 2 (--fail_at_epoch) and stopped mid-epoch (SIGUSR1 as
+#     the ranks start; at TEST_LEVEL=all also SIGTERM to mpirun), resumed on 2 ranks bit for
+#     bit; that mid-epoch checkpoint resumed on 1 and 4 ranks at its data position; a missing
+#     or truncated shard: one line, exit 1; --snapshot with --checkpoint: exit 2.
 # make test (TEST_LEVEL=quick) runs the references, the kill by --fail_at_epoch on 2 ranks and
-# its exact resume, the bad snapshots and usage errors; make test-all (TEST_LEVEL=all) also the
-# kill on 1 rank, the kills from outside, the stop signals, run_with_restarts.sh around them,
-# rank 0 killed mid-write, torch reading the snapshot, and the memory check.
+# its exact resume, the bad snapshots and usage errors, and the sharded form's checks but two;
+# make test-all (TEST_LEVEL=all) also the kill on 1 rank, the kills from outside, the stop
+# signals, run_with_restarts.sh around them, rank 0 killed mid-write, torch reading the snapshot,
+# the memory check, and the sharded form's --async_save and SIGTERM to mpirun.
 set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 suite fault_tolerance
-needs_built day3/13_fault_tolerant_ddp
+needs_built day3/13_fault_tolerant_ddp tools/checkpoint_to_state_dict
 scratch
 background=()  # pids of runs started in the background: stopped on exit, by pid
 at_exit 'for pid in "${background[@]}"; do kill -KILL "$pid" 2> /dev/null; done'
@@ -57,6 +63,23 @@ wait_for() {  # pattern, file, seconds: poll until the file has a line matching 
         sleep 0.1
     done
     return 1
+}
+# catches_usr1 PID: the process has its SIGUSR1 handler (signal 10: bit 9 of SigCgt in /proc). A
+# rank that has not reached main() yet dies of any signal, handler or not.
+catches_usr1() { local mask; mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$1/status" 2> /dev/null); [ -n "$mask" ] && (((0x$mask >> 9) & 1)); }
+# usr1_as_ranks_start NP: once the NP ranks of the background run ($run_pid) catch SIGUSR1, send
+# it to each of them; returns the run's exit status. They train one step, save it and exit 75.
+usr1_as_ranks_start() {
+    local t pid pids ready
+    for ((t = 0; t < 500; t++)); do
+        pids=$(rank_pids)
+        ready=0
+        for pid in $pids; do catches_usr1 "$pid" && ready=$((ready + 1)); done
+        [ "$ready" = "$1" ] && break
+        sleep 0.01
+    done
+    for pid in $(rank_pids); do kill -USR1 "$pid"; done
+    wait "$run_pid"
 }
 # An exact resume: every rank ends with the reference's checksum, and the CSV is the same, byte for byte.
 expect_exact() {  # what, output, csv, reference output, reference csv
@@ -161,19 +184,8 @@ stop_and_resume "SIGTERM to both ranks" term term_to_ranks
 
 # A stop as soon as the ranks exist (in MPI_Init, or loading the data): no rank dies of the
 # signal; they train one step, save it and exit 75.
-# A rank that has not reached main() yet dies of any signal, handler or not:
-# wait until each catches SIGUSR1 (signal 10: bit 9 of SigCgt in /proc), then signal at once.
-catches_usr1() { local mask; mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$1/status" 2> /dev/null); [ -n "$mask" ] && (((0x$mask >> 9) & 1)); }
 step13_background "$tmp/early.out" 2 --snapshot="$tmp/early.h5"
-for ((t = 0; t < 500; t++)); do
-    pids=$(rank_pids)
-    ready=0
-    for pid in $pids; do catches_usr1 "$pid" && ready=$((ready + 1)); done
-    [ "$ready" = 2 ] && break
-    sleep 0.01
-done
-for pid in $(rank_pids); do kill -USR1 "$pid"; done
-wait "$run_pid"
+usr1_as_ranks_start 2
 status=$?
 expect "SIGUSR1 as the ranks start: exit 75 after the first step, not death by the signal (exit $status: $(grep -o 'Stopped by.*samples' "$tmp/early.out"))" \
     test $status = 75 -a -n "$(grep 'Stopped by SIGUSR1 after 0 of [0-9]* epochs and 12800 samples' "$tmp/early.out")"
@@ -415,6 +427,115 @@ expect "a finished run's snapshot: the same command trains nothing and reports t
     test $? = 0 -a -n "$(grep "Nothing left to train: $EPOCHS of --total_epochs $EPOCHS done" "$tmp/done.out")" \
     -a "$(checksum "$tmp/done.out")" = "$(checksum "$tmp/ref2.out")"
 
+# ---------------------------------------------------------------- the sharded form: --checkpoint DIR
+# The same saves as the snapshot's (after every epoch, --save_every counting epochs), each rank
+# writing its 1/W of every tensor and of Adam's moments: the snapshot's steps, bit for bit.
+ckpt_lines() { grep -c "^Checkpoint of step [0-9]* saved in $2/step-[0-9]*: 0.62 to 0.62 MB per rank" "$1"; }
+step13 2 --checkpoint="$tmp/ck" --losses="$tmp/ck.csv" > "$tmp/ck.out" 2>&1
+status=$?
+expect "--checkpoint on 2 ranks: exit $status, 'No checkpoint in DIR', $(ckpt_lines "$tmp/ck.out" "$tmp/ck") saves of 0.62 MB per rank (half the model and Adam each), no snapshot line or file" \
+    test $status = 0 -a -n "$(grep "^No checkpoint in $tmp/ck: training from the start" "$tmp/ck.out")" \
+    -a "$(ckpt_lines "$tmp/ck.out" "$tmp/ck")" = $EPOCHS -a -z "$(grep -i 'snapshot' "$tmp/ck.out" | grep -v '^Step 13')"
+expect "... the folder: current names step-000015, --keep 2 kept steps 10 and 15, each an index and a shard per rank" \
+    test "$(cat "$tmp/ck/current")" = step-000015 -a "$(cd "$tmp/ck" && ls -d step-* | paste -sd ' ')" = "step-000010 step-000015" \
+    -a "$(ls "$tmp/ck/step-000015" | paste -sd ' ')" = "index.h5 shard-00000.h5 shard-00001.h5"
+expect_exact "--checkpoint takes the snapshot run's steps" "$tmp/ck.out" "$tmp/ck.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+
+# A rank killed by SIGKILL in epoch 2, after the checkpoint of epoch 1; the same command resumes it.
+flags=(--checkpoint="$tmp/ckfail" --losses="$tmp/ckfail.csv" --fail_at_epoch=2)
+step13 2 "${flags[@]}" > "$tmp/ckfail.out" 2>&1
+status=$?
+expect "--checkpoint, --fail_at_epoch 2: rank 1 dies by SIGKILL in epoch 2 (exit $status), step 5 (epoch 1) current" \
+    test $status = 137 -a "$(cat "$tmp/ckfail/current" 2> /dev/null)" = step-000005 -a ! -e "$tmp/ckfail.csv"
+step13 2 "${flags[@]}" > "$tmp/ckfail.resumed.out" 2>&1
+status=$?
+expect "... the same command resumes (exit $status): $(grep -o '^Resumed from.*samples done' "$tmp/ckfail.resumed.out" | sed "s|$tmp/||")" \
+    test $status = 0 -a -n "$(grep "^Resumed from $tmp/ckfail/step-000005, saved by DDP on 2 ranks: step 5, epoch 2, 0 of its 60000 samples done; " "$tmp/ckfail.resumed.out")"
+expect_exact "--checkpoint: killed in epoch 2 and resumed" "$tmp/ckfail.resumed.out" "$tmp/ckfail.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+
+# Stopped mid-epoch: SIGUSR1 as the ranks start; they train one step (12800 samples), save it, exit 75.
+step13_background "$tmp/ckstop.out" 2 --checkpoint="$tmp/ckstop" --losses="$tmp/ckstop.csv"
+usr1_as_ranks_start 2
+status=$?
+expect "--checkpoint, SIGUSR1: the ranks save step 1, mid-epoch, and exit 75 (exit $status: $(grep -o 'Stopped by.*samples' "$tmp/ckstop.out"))" \
+    test $status = 75 -a -n "$(grep "^Checkpoint of step 1 saved in $tmp/ckstop/step-000001" "$tmp/ckstop.out")" \
+    -a -n "$(grep "Stopped by SIGUSR1 after 0 of $EPOCHS epochs and 12800 samples: exiting with status 75; the same command resumes from $tmp/ckstop$" "$tmp/ckstop.out")"
+for np in 1 4; do cp -r "$tmp/ckstop" "$tmp/ckstop$np"; cp "$tmp/ckstop.csv" "$tmp/ckstop$np.csv" 2> /dev/null; done
+step13 2 --checkpoint="$tmp/ckstop" --losses="$tmp/ckstop.csv" > "$tmp/ckstop.resumed.out" 2>&1
+status=$?
+expect "... resumed on 2 ranks (exit $status) at its data position: step 1, epoch 1, 12800 of its 60000 samples done" \
+    test $status = 0 -a -n "$(grep "^Resumed from $tmp/ckstop/step-000001, saved by DDP on 2 ranks: step 1, epoch 1, 12800 of its 60000 samples done; " "$tmp/ckstop.resumed.out")"
+expect_exact "--checkpoint: stopped mid-epoch and resumed" "$tmp/ckstop.resumed.out" "$tmp/ckstop.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+# The same checkpoint on 1 and on 4 ranks: the rest of epoch 1 (47200 samples) split among them,
+# another global batch and learning rate (so other steps, and said); the saved step's loss kept. Steps: 1 + 8 + 10 + 10
+# on 1 rank (batches of 6400), 1 + 2 + 3 + 3 on 4 (11800 and 15000 samples a rank).
+for np_steps in "1 9 29" "4 3 9"; do
+    set -- $np_steps
+    np=$1 first=$2 total=$3
+    step13 $np --checkpoint="$tmp/ckstop$np" --losses="$tmp/ckstop$np.csv" > "$tmp/ckstop$np.out" 2>&1
+    status=$?
+    global=$((6400 * np))
+    expect "the mid-epoch checkpoint of 2 ranks resumed on $np (exit $status): resharded, lr x $np and a global batch of $global (said), epoch 1 ends after $first steps, $total in all, the first step's loss kept, one model on every rank" \
+        test $status = 0 -a -n "$(grep "^Resumed from $tmp/ckstop$np/step-000001, saved by DDP on 2 ranks: step 1, epoch 1, 12800 of its 60000 samples done; resharded, 1.22 to 1.22 MB read per rank" "$tmp/ckstop$np.out")" \
+        -a -n "$(grep "^The checkpoint was saved on 2 ranks, this run has $np: the learning rate follows the world size (lr x $np) and the global batch is $global samples (it was 12800): the steps from here are not an uninterrupted run's$" "$tmp/ckstop$np.out")" \
+        -a -n "$(grep "^epoch 1/$EPOCHS: mean loss [0-9.]* over $first steps" "$tmp/ckstop$np.out")" \
+        -a "$(($(wc -l < "$tmp/ckstop$np.csv") - 1))" = $total -a "$(sed -n 2p "$tmp/ckstop$np.csv")" = "$(sed -n 2p "$tmp/ref2.csv")" \
+        -a "$(checksum "$tmp/ckstop$np.out" | wc -w)" = 1 -a "$(grep -c 'parameter checksum' "$tmp/ckstop$np.out")" = $np
+done
+# The checkpoint that the 4 ranks saved is theirs (its index names their layout), and converts to one
+# state_dict file (tools/checkpoint_to_state_dict, one process).
+tools/checkpoint_to_state_dict "$tmp/ckstop4" "$tmp/ckstop4.h5" > "$tmp/convert.out" 2>&1
+expect "the resharded run's own checkpoint: 'DDP on 4 ranks, step 9', converted to one state_dict file (exit $?: $(sed "s|$tmp/||g" "$tmp/convert.out"))" \
+    test -n "$(grep "^$tmp/ckstop4/step-000009 (day3/13_fault_tolerant_ddp, DDP on 4 ranks, step 9): 4 tensors, 101770 weights, written whole" "$tmp/convert.out")" \
+    -a -s "$tmp/ckstop4.h5"
+
+# A damaged checkpoint: one line naming the file, exit 1 on every rank, nothing trained.
+ck_refused() {  # what, pattern
+    step13 2 --checkpoint="$tmp/ckbad" > "$tmp/err" 2>&1
+    local status=$?
+    expect "--checkpoint, $1: exit $status, one line ($(grep '^\[rank' "$tmp/err" | sed "s|$tmp/||g"))" \
+        test $status = 1 -a "$(grep -c '^\[rank' "$tmp/err")" = 1 -a -n "$(grep -E "$2" "$tmp/err")" -a -z "$(grep '^epoch' "$tmp/err")"
+}
+rm -rf "$tmp/ckbad"; cp -r "$tmp/ck" "$tmp/ckbad"; rm "$tmp/ckbad/step-000015/shard-00001.h5"
+ck_refused "a missing shard" 'ckbad/step-000015/shard-00001.h5: missing'
+rm -rf "$tmp/ckbad"; cp -r "$tmp/ck" "$tmp/ckbad"; truncate -s 20000 "$tmp/ckbad/step-000015/shard-00000.h5"
+ck_refused "a truncated shard" 'ckbad/step-000015/shard-00000.h5: not a readable HDF5 file \(20000 bytes\): truncated'
+
+if thorough; then  # make test-all: --async_save, SIGTERM to mpirun
+    step13 2 --checkpoint="$tmp/cka" --async_save --losses="$tmp/cka.csv" > "$tmp/cka.out" 2>&1
+    expect "--checkpoint --async_save: $(grep -c 'written by a thread from host copies.*the training stalled' "$tmp/cka.out") saves by a thread, each with its stall and write time" \
+        test "$(grep -c "^Checkpoint of step [0-9]* saved in $tmp/cka/step-[0-9]*: .*written by a thread from host copies.*the training stalled [0-9.]* ms, the thread wrote for [0-9.]* ms" "$tmp/cka.out")" = $EPOCHS
+    expect_exact "--checkpoint --async_save takes the snapshot run's steps" "$tmp/cka.out" "$tmp/cka.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+    # Killed in epoch 3 while saving from a thread: epoch 2's checkpoint is current once its threads
+    # are done (sharded_checkpoint_poll, after every step), else epoch 1's; either resumes exactly.
+    flags=(--checkpoint="$tmp/ckak" --async_save --losses="$tmp/ckak.csv" --fail_at_epoch=3)
+    step13 2 "${flags[@]}" > "$tmp/ckak.out" 2>&1
+    status=$?
+    step13 2 "${flags[@]}" > "$tmp/ckak.resumed.out" 2>&1
+    expect "--checkpoint --async_save, killed in epoch 3 (exit $status), the same command resumes ($(grep -o '^Resumed from.*samples done' "$tmp/ckak.resumed.out" | sed "s|$tmp/||"))" \
+        test $status = 137 -a -n "$(grep -E "^Resumed from $tmp/ckak/step-0000(05|10), saved by DDP on 2 ranks" "$tmp/ckak.resumed.out")"
+    expect_exact "--checkpoint --async_save: killed in epoch 3 and resumed" "$tmp/ckak.resumed.out" "$tmp/ckak.csv" "$tmp/ref2.out" "$tmp/ref2.csv"
+    # SIGTERM to mpirun after the first checkpoint: Open MPI passes it on to the ranks, and kills them
+    # odls_base_sigkill_timeout seconds later (its default, 1 s, here; tests/run.sh sets 0): the
+    # ranks save at the end of a step, mid-epoch, and exit 75 if they get there first, else the last
+    # epoch's checkpoint stays current. Either way the same command takes the uninterrupted steps.
+    OMPI_MCA_odls_base_sigkill_timeout=1 step13_background "$tmp/ckterm.out" 2 --total_epochs=$STOP_EPOCHS \
+        --checkpoint="$tmp/ckterm" --losses="$tmp/ckterm.csv"
+    if wait_for "^Checkpoint of step 5 saved in $tmp/ckterm" "$tmp/ckterm.out" 60; then
+        kill -TERM "$(mpirun_pid)"
+        wait "$run_pid"
+        status=$?
+        expect "--checkpoint, SIGTERM to mpirun after the first save: the run ends unfinished (exit $status), $(cat "$tmp/ckterm/current") current ($(grep -o '^Stopped by SIGTERM.*samples' "$tmp/ckterm.out" || echo 'killed before the ranks saved'))" \
+            test $status != 0 -a $status != 124 -a -z "$(grep 'Training completed' "$tmp/ckterm.out")"
+        step13 2 --total_epochs=$STOP_EPOCHS --checkpoint="$tmp/ckterm" --losses="$tmp/ckterm.csv" > "$tmp/ckterm.resumed.out" 2>&1
+        expect "... the same command resumes ($(grep -o '^Resumed from.*samples done' "$tmp/ckterm.resumed.out" | sed "s|$tmp/||"))" \
+            test $? = 0 -a -n "$(grep '^Resumed from' "$tmp/ckterm.resumed.out")"
+        expect_exact "--checkpoint: SIGTERM to mpirun, then resumed" "$tmp/ckterm.resumed.out" "$tmp/ckterm.csv" "$tmp/ref10.out" "$tmp/ref10.csv"
+    else
+        fail "--checkpoint, SIGTERM to mpirun: the run never reached its first checkpoint: $(tail -3 "$tmp/ckterm.out")"
+    fi
+fi
+
 # ---------------------------------------------------------------- usage errors
 expect_usage() {  # what, pattern, ranks, flags...
     local what=$1 pattern=$2 np=$3
@@ -427,6 +548,8 @@ expect_usage "--fail_rank=2 on 2 ranks" "^error: --fail_rank 2: the ranks are 0 
 expect_usage "--fail_at_epoch=1 with --save_every=1" "^error: --fail_at_epoch 1 strikes before the first snapshot" 1 --fail_at_epoch=1
 expect_usage "--fail_at_epoch past --total_epochs" "^error: --fail_at_epoch 4 is past --total_epochs 3" 1 --fail_at_epoch=4
 expect_usage "--save_every=0" "^error: --save_every expects an integer from 1" 1 --save_every=0
+expect_usage "--snapshot with --checkpoint" "^error: --snapshot and --checkpoint: give one" 1 --checkpoint="$tmp/usage_ck"
+expect_usage "--keep without --checkpoint" "^error: --keep: only with --checkpoint DIR" 1 --keep=3
 expect_usage "--epochs (step 13 takes --total_epochs)" "^error: unknown flag '--epochs': did you mean --total_epochs\? \(see --help\)$" 1 --epochs=2
 
 # ---------------------------------------------------------------- h5py and torch read the snapshot

@@ -445,6 +445,24 @@ expect "step 13 on the GPU: killed in epoch 2 (exit $failed), started again (exi
           [ -n "$(s13_sum "$tmp/s13_ref")" ] && [ "$(s13_sum "$tmp/s13_resumed")" = "$(s13_sum "$tmp/s13_ref")" ] &&
           cmp -s "$tmp/s13_ref.csv" "$tmp/s13.csv"'
 
+# Its sharded form (--checkpoint) on the GPU: each of 2 ranks copies its 1/2 of the GPU tensors
+# to the host (--async_save: into page-locked memory, written by a thread); killed in epoch 3 and
+# started again, it ends as the same run saving snapshots, never killed. (An asynchronous save of
+# epoch 2 becomes current once its threads are done, or at the next save: the resume is from epoch
+# 2's checkpoint or, where its threads were slower than the kill, from epoch 1's.)
+mpi 2 "${s13[@]}" --snapshot="$tmp/s13_ref2.h5" --losses="$tmp/s13_ref2.csv" > "$tmp/s13_ref2" 2>&1
+for how in "" --async_save; do
+    rm -rf "$tmp/s13ck"
+    mpi 2 "${s13[@]}" --checkpoint="$tmp/s13ck" $how --losses="$tmp/s13ck.csv" --fail_at_epoch=3 > "$tmp/s13ck_fail" 2>&1
+    failed=$?
+    mpi 2 "${s13[@]}" --checkpoint="$tmp/s13ck" $how --losses="$tmp/s13ck.csv" --fail_at_epoch=3 > "$tmp/s13ck_resumed" 2>&1
+    resumed=$?
+    expect "step 13 on the GPU, --checkpoint${how:+ $how} on 2 ranks: killed in epoch 3 (exit $failed), started again (exit $resumed), it resumes ($(grep -o 'step-0000[0-9]*, saved by DDP on 2 ranks' "$tmp/s13ck_resumed")) and ends as the run never killed: $(s13_sum "$tmp/s13_ref2" | head -1)" \
+        eval '[ $failed -eq 137 ] && [ $resumed -eq 0 ] && grep -qE "^Resumed from $tmp/s13ck/step-0000(05|10), saved by DDP on 2 ranks" "$tmp/s13ck_resumed" &&
+              [ -n "$(s13_sum "$tmp/s13_ref2")" ] && [ "$(s13_sum "$tmp/s13ck_resumed" | sort)" = "$(s13_sum "$tmp/s13_ref2" | sort)" ] &&
+              cmp -s "$tmp/s13_ref2.csv" "$tmp/s13ck.csv"'
+done
+
 # A lost peer. Rank 1 stops taking part in NCCL in the middle of training
 # (tests/lost_peer.c, preloaded into the ranks): to the others it is a rank
 # that died inside a collective, which then never completes on their GPUs;

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -537,6 +538,7 @@ struct CheckpointSave {
     float *host_values;
     pthread_t thread;
     bool threaded;
+    atomic_bool written_out;      // the thread has written and synced its shard (sharded_checkpoint_poll)
     bool continue_on_error;       // --save_errors continue: a failed save warns, and the training goes on
     bool skip_write;              // the folder could not be made: no rank writes, the commit fails
     char err[ERROR_SIZE];
@@ -598,6 +600,7 @@ static void save_write(CheckpointSave *save, const CheckpointPiece *pieces) {
 
 static void *save_write_thread(void *save) {
     save_write(save, ((CheckpointSave *)save)->host_pieces);
+    atomic_store(&((CheckpointSave *)save)->written_out, true);
     return NULL;
 }
 
@@ -753,6 +756,13 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
     } else if (sharded_checkpoint_save_async(in_flight, dir, keep, continue_on_error, pieces, n_pieces, state, &written)) {
         sharded_checkpoint_print_saved(&written, written.step);  // the previous one, now current
     }
+}
+
+void sharded_checkpoint_poll(CheckpointSave **in_flight) {
+    if (!*in_flight) return;  // (the same on every rank: saves begin and end collectively)
+    int done = !(*in_flight)->threaded || atomic_load(&(*in_flight)->written_out);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (done) sharded_checkpoint_finish_saves(in_flight);  // every thread is done: the join waits for nothing
 }
 
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight) {
@@ -1115,6 +1125,7 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     char this_layout[sizeof state->layout];  // (the load replaces state->layout with the checkpoint's)
     snprintf(this_layout, sizeof this_layout, "%s", state->layout);
     long global_batch = state->global_batch;
+    int world = dist_world_size();
     if (!sharded_checkpoint_load(dir, pieces, n_pieces, state, &bytes)) {
         print0("No checkpoint in %s: training from the start\n", dir);
         return false;
@@ -1128,7 +1139,11 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     print0("Resumed from %s/step-%06ld, saved by %s: step %ld, %s; %s%.2f to %.2f MB read per rank in %.1f ms\n", dir,
            state->step, state->layout, state->step, position, strcmp(state->layout, this_layout) ? "resharded, " : "",
            -range[0] / 1e6, range[1] / 1e6, 1e3 * (wall_seconds() - start));
-    if (state->global_batch != global_batch && !state->adopts_global_batch)
+    if (state->lr_follows_world && state->world_size != world)
+        print0("The checkpoint was saved on %d rank%s, this run has %d: the learning rate follows the world size (lr x %d) "
+               "and the global batch is %ld samples (it was %ld): the steps from here are not an uninterrupted run's\n",
+               state->world_size, state->world_size == 1 ? "" : "s", world, world, global_batch, state->global_batch);
+    else if (state->global_batch != global_batch && !state->adopts_global_batch)
         print0("The checkpoint's global batch was %ld samples, this run's is %ld: the steps from here are not an "
                "uninterrupted run's (a global batch of %ld keeps them)\n", state->global_batch, global_batch,
                state->global_batch);
@@ -1137,16 +1152,20 @@ bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, i
     // layout); the program reads the checkpoint's world size and global batch in saved_* (--on_resize).
     state->saved_world_size = state->world_size, state->saved_global_batch = state->global_batch;
     snprintf(state->layout, sizeof state->layout, "%s", this_layout);
-    state->world_size = dist_world_size(), state->global_batch = global_batch;
+    state->world_size = world, state->global_batch = global_batch;
     return true;
 }
 
-void checkpoint_flags_check(const char *checkpoint) {
+// needs: the flags that mean something only with --checkpoint (--save_every first, which step 13 skips).
+static void check_flags(const char *checkpoint, bool with_save_every) {
     const char *needs[] = {"save_every", "keep", "async_save", "save_errors"};
-    for (int i = 0; i < ARRAY_LEN(needs) && !checkpoint; i++)
+    for (int i = with_save_every ? 0 : 1; i < ARRAY_LEN(needs) && !checkpoint; i++)
         if (args_given(needs[i])) usage_error("--%s: only with --checkpoint DIR", needs[i]);
     if (checkpoint && !checkpoint[0]) usage_error("--checkpoint '': expected a folder");
 }
+
+void checkpoint_flags_check(const char *checkpoint) { check_flags(checkpoint, true); }
+void checkpoint_flags_check_own_interval(const char *checkpoint) { check_flags(checkpoint, false); }
 
 void sharded_checkpoint_print_saved(const CheckpointWrite *written, long step) {
     if (written->failed) {  // (--save_errors continue) every rank has the failing rank's line

@@ -6,7 +6,7 @@
 //   CheckpointState state = {...};            // the step, the data position, the generator, ...
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
-// Steps 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
+// Steps 13, 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
 // blocks), sharded_checkpoint_resume, and sharded_checkpoint_save_step and _finish_saves, which
 // save in line or (--async_save) by way of sharded_checkpoint_save_async and _finish (a thread
 // writes the shard), and print each save's line (_print_saved). One process
@@ -104,6 +104,8 @@ typedef struct {
     long saved_global_batch;
     bool adopts_global_batch;  // the program takes the saved global batch on resuming (step 19's --on_resize
                                // keep_batch): the resume line then says nothing of another batch
+    bool lr_follows_world;   // step 13: the learning rate is lr x world size (step 8's rule), so
+                             // another world size takes other steps whatever the global batch
     // The run: a resume must match these (another world size and batch aside, an elastic restart).
     int seed, shuffle, train_samples;
     double lr;
@@ -208,7 +210,7 @@ void checkpoint_pieces_free(CheckpointPieces *pieces);
 
 // ---------------------------------------------------------------- the programs' flags
 // Steps 16-19 take the same flags: --checkpoint DIR, --save_every N, --keep N, --async_save and
-// --save_errors stop|continue. The help texts, and the check after args_parse that the others come
+// --save_errors stop|continue; step 13 too, its --save_every counting epochs (the tutorial's). The help texts, and the check after args_parse that the others come
 // with --checkpoint (and that DIR is not ''): a usage error (exit 2) otherwise.
 #define CHECKPOINT_HELP_DIR "resume from DIR's current sharded checkpoint if it has one; save into DIR"
 #define CHECKPOINT_HELP_SAVE_EVERY "--checkpoint: save every N optimizer steps (0: only after the last)"
@@ -219,12 +221,16 @@ void checkpoint_pieces_free(CheckpointPieces *pieces);
     "--checkpoint: after a save that fails (a full disk): stop (exit 1), or continue with one warning, the last good checkpoint " \
     "current (the last step's save tried twice: exit 1 if both fail)"
 void checkpoint_flags_check(const char *checkpoint);
+// Step 13's: the same, but for --save_every, which is the program's own there (epochs between
+// saves, the DDP tutorial's save_every, for its snapshots and its checkpoints alike).
+void checkpoint_flags_check_own_interval(const char *checkpoint);
 
 // ---------------------------------------------------------------- what the programs print
 // Collective: sharded_checkpoint_load, and one line on rank 0 that says what it did: "Resumed from
 // DIR/step-000017, saved by ZeRO-3 on 2 ranks: step 17, epoch 2, 8000 of its 60000 samples done;
 // [resharded, ]0.61 to 0.61 MB read per rank in 19.7 ms" (a line more when the global batch
-// changed, or --init is not used), or "No checkpoint in DIR: training from the start".
+// changed, or --init is not used), or "No checkpoint in DIR: training from the start". state's
+// layout, world_size and global_batch stay this run's (the next save's), unlike a bare load's.
 bool sharded_checkpoint_resume(const char *dir, const CheckpointPiece *pieces, int n_pieces, CheckpointState *state,
                                const char *init);
 
@@ -240,6 +246,11 @@ void sharded_checkpoint_save_step(CheckpointSave **in_flight, const char *dir, i
                                   const CheckpointPiece *pieces, int n_pieces, const CheckpointState *state);
 // ... and at the end of training: the save still in flight, if any, finished and its line printed.
 void sharded_checkpoint_finish_saves(CheckpointSave **in_flight);
+// Collective, after a step: where every rank's thread has written its shard, the save in flight is
+// made current now (its line printed) rather than at the next save. Step 13 saves once an epoch:
+// without it a rank lost in the next epoch would lose that save, and a restart would start over.
+// One allreduce of an int while a save is in flight; nothing otherwise.
+void sharded_checkpoint_poll(CheckpointSave **in_flight);
 // The end of training, collectively: sharded_checkpoint_finish_saves, then state->step saved in
 // line unless a save of it succeeded; true when the end is saved. Under continue_on_error the last
 // step gets two tries (a failed --save_every save of it was the first), and false when both failed:
