@@ -90,7 +90,7 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors;
+    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors, *on_resize;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
@@ -508,7 +508,7 @@ int main(int argc, char **argv) {
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
                  .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1,
-                 .keep = 2, .save_errors = "stop", .dropout_rng = "auto"};
+                 .keep = 2, .save_errors = "stop", .dropout_rng = "auto", .on_resize = "off"};
     ArgSpec flags[] = {
         {"dp", ARG_INT, &o.dp, "D", "data-parallel replicas (world = D x T x P)", 1, NULL},
         {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
@@ -558,10 +558,15 @@ int main(int argc, char **argv) {
         {"keep", ARG_INT, &o.keep, "N", CHECKPOINT_HELP_KEEP, 1, NULL},
         {"async_save", ARG_SWITCH, &o.async_save, NULL, CHECKPOINT_HELP_ASYNC_SAVE, 0, NULL},
         {"save_errors", ARG_STRING, &o.save_errors, "WHAT", CHECKPOINT_HELP_SAVE_ERRORS, 0, "stop|continue"},
+        {"on_resize", ARG_STRING, &o.on_resize, "WHAT", "a checkpoint saved with another global batch (another world "
+         "size: an elastic restart): keep_batch grows --accum_steps to keep its global batch (the uninterrupted "
+         "run's steps), scale_lr keeps the per-replica batch and scales the lr with the global batch, off takes the "
+         "flags as given", 0, "keep_batch|scale_lr|off"},
         TRACKING_FLAGS(o.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 20: step 19's GPT split data x tensor x pipeline parallel (Megatron-LM's 3D grid).");
     checkpoint_flags_check(o.checkpoint);  // --save_every, --keep, --async_save, --save_errors: only with --checkpoint
+    if (args_given("on_resize") && !o.checkpoint) usage_error("--on_resize: only with --checkpoint DIR");
     bool save_errors_continue = strcmp(o.save_errors, "continue") == 0;
     GptConfig config = {.block_size = o.block_size, .n_layer = o.n_layer, .n_head = o.n_head, .n_embd = o.n_embd,
                         .bias = o.bias, .dropout = o.dropout};
@@ -699,7 +704,8 @@ int main(int argc, char **argv) {
     CheckpointState state = {.program = "day5/20_gpt_3d", .also_resumes = "day5/19_gpt", .world_size = world,
                              .global_batch = global_batch, .random_windows = true, .seed = o.seed, .shuffle = 1,
                              .train_samples = (int)text.n_train, .lr = o.learning_rate, .generator = train_rng,
-                             .eval_generator = eval_rng, .eval_generator_kept = true, .losses = &losses};
+                             .eval_generator = eval_rng, .eval_generator_kept = true, .losses = &losses,
+                             .adopts_global_batch = strcmp(o.on_resize, "keep_batch") == 0, .lr_scale = 1.0};
     snprintf(state.layout, sizeof state.layout, "dp %d x tp %d%s x pp %d on %d rank%s%s", o.dp, o.tp, o.sp ? " (sp)" : "",
              o.pp, world, world == 1 ? "" : "s", o.zero == 1 ? ", ZeRO-1" : "");
     const AdamW *adamw = o.zero == 1 ? &zero.optimizer : &optimizer;  // the moments (of my blocks, with --zero 1)
@@ -711,6 +717,34 @@ int main(int argc, char **argv) {
         first_iter = (int)state.step;
         (o.zero == 1 ? &zero.optimizer : &optimizer)->adam.step = state.step;
         train_rng = state.generator, eval_rng = state.eval_generator;
+        // --on_resize, as step 19's: keep_batch takes the checkpoint's global batch, --accum_steps
+        // growing as the replicas shrink (the same windows, the same slices: the uninterrupted
+        // steps); scale_lr keeps the per-replica batch and scales the lr by the global batches' ratio.
+        if (state.saved_global_batch != global_batch && strcmp(o.on_resize, "keep_batch") == 0) {
+            long per_micro_step = (long)o.batch_size * o.dp;
+            if (state.saved_global_batch % per_micro_step != 0)
+                usage_error("--on_resize keep_batch: the checkpoint's global batch of %ld windows is not a multiple of "
+                            "--batch_size %d x %d replica%s", state.saved_global_batch, o.batch_size, o.dp, o.dp == 1 ? "" : "s");
+            int was = o.accum_steps;
+            o.accum_steps = (int)(state.saved_global_batch / per_micro_step);
+            global_batch = (int)state.saved_global_batch;
+            free(offsets);
+            offsets = xmalloc((size_t)global_batch * sizeof(long));
+            flops_per_iter = gpt_flops_per_token(whole, o.block_size) * global_batch * o.block_size;
+            print0("--on_resize keep_batch: the checkpoint's global batch of %d windows, saved on %d rank%s, as %d per "
+                   "replica x %d micro-steps x %d replica%s (--accum_steps %d, was %d): the uninterrupted run's steps\n",
+                   global_batch, state.saved_world_size, state.saved_world_size == 1 ? "" : "s", o.batch_size,
+                   o.accum_steps, o.dp, o.dp == 1 ? "" : "s", o.accum_steps, was);
+        } else if (state.saved_global_batch != global_batch && strcmp(o.on_resize, "scale_lr") == 0) {
+            state.lr_scale *= (double)global_batch / (double)state.saved_global_batch;
+            print0("--on_resize scale_lr: the global batch goes from %ld windows (%d rank%s) to %d: the learning rate x "
+                   "%g, %g (min_lr %g), %g times --learning_rate since the run began\n", state.saved_global_batch,
+                   state.saved_world_size, state.saved_world_size == 1 ? "" : "s", global_batch,
+                   (double)global_batch / (double)state.saved_global_batch, o.learning_rate * state.lr_scale,
+                   o.min_lr * state.lr_scale, state.lr_scale);
+        }
+        state.global_batch = global_batch;  // what this run's checkpoints say it takes
+        schedule.lr = o.learning_rate * state.lr_scale, schedule.min_lr = o.min_lr * state.lr_scale;
     }
     Tracking *run = tracking_start(&o.tracking, "day5/20_gpt_3d.c", device_name(device), state.mlflow_run_id, args_values());  // mlflow.start_run(run_id=...); log_params
     snprintf(state.mlflow_run_id, sizeof state.mlflow_run_id, "%s", tracking_run_id(run));

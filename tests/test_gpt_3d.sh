@@ -211,6 +211,13 @@ run day5/19_gpt "${cp_short[@]}" --max_iters 7 --checkpoint "$tmp/ck_from19" > /
 mpi 2 day5/20_gpt_3d "${cp_short[@]}" --pp 2 --micro_batches 2 --checkpoint "$tmp/ck_from19" --losses "$tmp/ck_pp2.csv" > "$tmp/ck_pp2.out" 2>&1
 expect_same_losses "step 19's checkpoint of step 7 resumed as --pp 2 ($(grep -c '^Resumed from .*saved by day5/19_gpt, DDP on 1 rank: step 7' "$tmp/ck_pp2.out") line says so): step 19's losses within 1e-5" \
     "$tmp/s19.csv" "$tmp/ck_pp2.csv" 1e-5
+# An elastic restart (slurm/run_with_restarts.sh --min_ranks): --dp 2 stopped at step 13, resumed on
+# 1 rank with --on_resize keep_batch (--accum_steps 2 keeps the global batch of 24): step 19's
+# losses on 2 ranks within 1e-5.
+mpi 2 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --max_iters 13 --checkpoint "$tmp/ck_dp2" > /dev/null 2>&1
+run day5/20_gpt_3d "${cp_short[@]}" --checkpoint "$tmp/ck_dp2" --on_resize keep_batch --losses "$tmp/ck_resized.csv" > "$tmp/ck_resized.out" 2>&1
+expect_same_losses "--dp 2 stopped at step 13, resumed on 1 rank with --on_resize keep_batch ($(grep -o '(--accum_steps [0-9]*, was [0-9]*)' "$tmp/ck_resized.out")): step 19's losses on 2 ranks within 1e-5" \
+    "$tmp/s19dp2.csv" "$tmp/ck_resized.csv" 1e-5
 mpi 2 day5/20_gpt_3d "${short[@]}" --tp 2 --n_embd 64 --checkpoint "$tmp/ck" > "$tmp/ck_other.out" 2>&1
 status=$?
 expect "a checkpoint of another model (--n_embd 64): exit $status, one line: $(grep -m1 'index.h5: ' "$tmp/ck_other.out" | sed "s|$tmp/||")" \
@@ -309,5 +316,6 @@ expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or
 expect_refused_flags day5/20_gpt_3d 2 "--dropout with a split model" "error: --dropout 0.1: only with whole models" --tp 2 --dropout 0.1
 expect_refused_flags day5/20_gpt_3d 1 "--sp without --tp" "error: --sp: sequence parallelism cuts the tensor-parallel group's tokens, and needs --tp 2 or more" --sp
 expect_refused_flags day5/20_gpt_3d 2 "--sp with tokens that do not split" "error: --sp: a micro-batch's 1 x 63 tokens do not split into --tp 2 equal parts" --tp 2 --sp --batch_size 1 --block_size 63
+expect_refused_flags day5/20_gpt_3d 1 "--on_resize without --checkpoint" "error: --on_resize: only with --checkpoint DIR" --on_resize keep_batch
 expect_refused_flags day5/20_gpt_3d 1 "--recompute with --dropout" "error: --recompute with --dropout 0.1: the recomputed forward would need the masks drawn again" --recompute --dropout 0.1
 exit_status
