@@ -390,8 +390,10 @@ int main(int argc, char **argv) {
     double print_seconds = 0.0;  // the iterations' since the last print
     int since_print = 0;
 
+    // (A checkpoint past --max_iters, a run resumed with fewer iterations than it saved: evaluated
+    // once, nothing trained.)
     for (int iter = first_iter;; iter++) {
-        if (iter % o.eval_interval == 0 || iter == o.max_iters) {
+        if (iter % o.eval_interval == 0 || iter >= o.max_iters) {
             double train_loss = estimate_loss(model, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
             double val_loss = estimate_loss(model, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
             char what[64];
@@ -404,7 +406,7 @@ int main(int argc, char **argv) {
             tracking_log_metric(run, "val_loss", val_loss, iter);
             eval_steps[evals] = (float)iter, train_evals[evals] = (float)train_loss, val_evals[evals++] = (float)val_loss;
         }
-        if (iter == o.max_iters) break;
+        if (iter >= o.max_iters) break;
         double start = wall_seconds();
         double lr = lr_at(&schedule, iter);
         // One global batch of windows; this rank's micro-steps take its slices.
@@ -465,7 +467,8 @@ int main(int argc, char **argv) {
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
     // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
-    if (o.checkpoint && o.max_iters == first_iter) print0("Nothing left to train: the checkpoint is at step %d\n", o.max_iters);
+    if (o.checkpoint && first_iter >= o.max_iters)
+        print0("Nothing left to train: the checkpoint is at step %d (--max_iters %d)\n", first_iter, o.max_iters);
     else if (o.checkpoint)
         end_saved = sharded_checkpoint_save_last(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
                                                  saved.n, &state);

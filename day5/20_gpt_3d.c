@@ -759,8 +759,10 @@ int main(int argc, char **argv) {
     GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
     StageTimes stage_times = {0};                  // this stage's compute and waits in the pipeline (P > 1)
 
+    // (A checkpoint past --max_iters, a run resumed with fewer iterations than it saved: evaluated
+    // once, nothing trained.)
     for (int iter = first_iter;; iter++) {
-        if (iter % o.eval_interval == 0 || iter == o.max_iters) {
+        if (iter % o.eval_interval == 0 || iter >= o.max_iters) {
             double train_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_TRAIN, &eval_rng, &o, offsets, inputs, targets);
             double val_loss = estimate_loss(model, &grid, &pipeline_schedule, &text, SPLIT_VAL, &eval_rng, &o, offsets, inputs, targets);
             char what[64];
@@ -773,7 +775,7 @@ int main(int argc, char **argv) {
             tracking_log_metric(run, "val_loss", val_loss, iter);
             eval_steps[evals] = (float)iter, train_evals[evals] = (float)train_loss, val_evals[evals++] = (float)val_loss;
         }
-        if (iter == o.max_iters) break;
+        if (iter >= o.max_iters) break;
         double start = wall_seconds();
         for (int g = 0; g < GRID_GROUPS; g++) group_reset_traffic(grid_group(&grid, g));  // this step's, from here
         double lr = lr_at(&schedule, iter);
@@ -829,7 +831,8 @@ int main(int argc, char **argv) {
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
     // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
-    if (o.checkpoint && taken == 0) print0("Nothing left to train: the checkpoint is at step %d\n", o.max_iters);
+    if (o.checkpoint && taken <= 0)
+        print0("Nothing left to train: the checkpoint is at step %d (--max_iters %d)\n", first_iter, o.max_iters);
     else if (o.checkpoint)
         end_saved = sharded_checkpoint_save_last(&in_flight, o.checkpoint, o.keep, save_errors_continue, saved.piece,
                                                  saved.n, &state);

@@ -218,6 +218,17 @@ mpi 2 day5/20_gpt_3d "${cp_short[@]}" --dp 2 --max_iters 13 --checkpoint "$tmp/c
 run day5/20_gpt_3d "${cp_short[@]}" --checkpoint "$tmp/ck_dp2" --on_resize keep_batch --losses "$tmp/ck_resized.csv" > "$tmp/ck_resized.out" 2>&1
 expect_same_losses "--dp 2 stopped at step 13, resumed on 1 rank with --on_resize keep_batch ($(grep -o '(--accum_steps [0-9]*, was [0-9]*)' "$tmp/ck_resized.out")): step 19's losses on 2 ranks within 1e-5" \
     "$tmp/s19dp2.csv" "$tmp/ck_resized.csv" 1e-5
+# The same command again with fewer iterations than the checkpoint holds (a guide's block run twice):
+# evaluated once, nothing trained or saved, one line (it used to train on for good, past its arrays).
+RUN_TIMEOUT=60 mpi 2 day5/20_gpt_3d "${cp_short[@]}" --tp 2 --max_iters 13 --checkpoint "$tmp/ck" > "$tmp/ck_past.out" 2>&1
+status=$?
+RUN_TIMEOUT=60 run day5/19_gpt "${cp_short[@]}" --max_iters 13 --checkpoint "$tmp/ck_19" > "$tmp/ck_past19.out" 2>&1
+status19=$?
+expect "a checkpoint of step 20 resumed with --max_iters 13, by step 20 (exit $status) and step 19 (exit $status19): one line, nothing saved" \
+    test $status = 0 -a $status19 = 0 -a "$(cat "$tmp/ck/current")" = step-000020 -a "$(cat "$tmp/ck_19/current")" = step-000020 \
+    -a -n "$(grep -x 'Nothing left to train: the checkpoint is at step 20 (--max_iters 13)' "$tmp/ck_past.out")" \
+    -a -n "$(grep -x 'Nothing left to train: the checkpoint is at step 20 (--max_iters 13)' "$tmp/ck_past19.out")" \
+    -a "$(grep -c '^step [0-9]*: train loss' "$tmp/ck_past.out")" = 1 -a "$(grep -c '^iter ' "$tmp/ck_past19.out")" = 0
 mpi 2 day5/20_gpt_3d "${short[@]}" --tp 2 --n_embd 64 --checkpoint "$tmp/ck" > "$tmp/ck_other.out" 2>&1
 status=$?
 expect "a checkpoint of another model (--n_embd 64): exit $status, one line: $(grep -m1 'index.h5: ' "$tmp/ck_other.out" | sed "s|$tmp/||")" \
