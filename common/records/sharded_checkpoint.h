@@ -6,10 +6,10 @@
 //   CheckpointState state = {...};            // the step, the data position, the generator, ...
 //   if (sharded_checkpoint_load(dir, wanted, n_wanted, &state)) ...          // collective
 //   CheckpointWrite w = sharded_checkpoint_save(dir, keep, saved, n_saved, &state);  // collective
-// Steps 13, 16, 17, 18 and 19 use it alike: their boxes (checkpoint_param_pieces, or step 18's flat
-// blocks), sharded_checkpoint_resume, and sharded_checkpoint_save_step and _finish_saves, which
-// save in line or (--async_save) by way of sharded_checkpoint_save_async and _finish (a thread
-// writes the shard), and print each save's line (_print_saved). One process
+// Steps 13 and 16-20 use it alike: their boxes (checkpoint_param_pieces, step 18's flat blocks,
+// step 20's gpt_param_boxes), sharded_checkpoint_resume, and sharded_checkpoint_save_step and
+// _finish_saves, which save in line or (--async_save) by way of sharded_checkpoint_save_async and
+// _finish (a thread writes the shard), and print each save's line (_print_saved). One process
 // outside a run reads a checkpoint with checkpoint_reader_* (tools/checkpoint_to_state_dict).
 //
 // The folder, as `ls -R` shows it:
@@ -209,7 +209,7 @@ CheckpointPieces checkpoint_param_pieces(const Param *params, const Tensor *exp_
 void checkpoint_pieces_free(CheckpointPieces *pieces);
 
 // ---------------------------------------------------------------- the programs' flags
-// Steps 16-19 take the same flags: --checkpoint DIR, --save_every N, --keep N, --async_save and
+// Steps 16-20 take the same flags: --checkpoint DIR, --save_every N, --keep N, --async_save and
 // --save_errors stop|continue; step 13 too, its --save_every counting epochs (the tutorial's). The help texts, and the check after args_parse that the others come
 // with --checkpoint (and that DIR is not ''): a usage error (exit 2) otherwise.
 #define CHECKPOINT_HELP_DIR "resume from DIR's current sharded checkpoint if it has one; save into DIR"
