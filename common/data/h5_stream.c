@@ -238,6 +238,9 @@ typedef struct {
     SlotState state;   // FREE -> (worker) FILLED -> (loop) HELD -> (loop) FREE
     bool uploaded;     // GPU: its copy to the device is queued
     char *error;       // the worker's one-line failure, instead of data
+#if HAVE_CUDA
+    cudaEvent_t copied;  // GPU: its last copy to the device is done; the worker waits for it, not the loop
+#endif
 } Slot;
 
 typedef struct {
@@ -323,6 +326,7 @@ static void *worker_main(void *arg) {
     h5_lock();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     h5_unlock();
+    if (s->to_gpu) device_bind_thread();  // it waits on CUDA events of our GPU
     for (long k = w->index; k < s->n_planned; k += s->n_workers) {
         Slot *slot = &s->slots[k % s->n_slots];
         pthread_mutex_lock(&s->lock);
@@ -330,6 +334,11 @@ static void *worker_main(void *arg) {
         bool stopping = s->stopping;
         pthread_mutex_unlock(&s->lock);
         if (stopping) break;
+#if HAVE_CUDA
+        // Its last batch may still be on its way to the GPU (from page-locked memory, asynchronously):
+        // this worker waits for that copy, so that the training loop never does.
+        if (s->to_gpu && slot->uploaded) device_wait_event(slot->copied, "a batch's copy to the GPU");
+#endif
 
         if (k / s->batches_per_epoch != epoch) sampler_set_epoch(&w->sampler, epoch = (int)(k / s->batches_per_epoch));
         double start = wall_seconds();
@@ -371,6 +380,7 @@ static void upload(H5Stream *s, long k, Slot *slot) {
     CHECK_CUDA(cudaStreamWaitEvent(s->copy_stream, s->consumed[buffer], 0));
     CHECK_CUDA(cudaMemcpyAsync(s->staging[buffer], slot->pixels, bytes, cudaMemcpyHostToDevice, s->copy_stream));
     CHECK_CUDA(cudaEventRecord(s->copied[buffer], s->copy_stream));
+    CHECK_CUDA(cudaEventRecord(slot->copied, s->copy_stream));
     slot->uploaded = true;
 }
 
@@ -420,6 +430,9 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
         s->slots[i].pixels = s->to_gpu ? device_host_alloc(pixel_bytes) : xmalloc(pixel_bytes);
         s->slots[i].labels = xmalloc((size_t)rows * sizeof(int));
         s->slots[i].batch = -1;
+#if HAVE_CUDA
+        if (s->to_gpu) CHECK_CUDA(cudaEventCreateWithFlags(&s->slots[i].copied, cudaEventDisableTiming));
+#endif
     }
 #if HAVE_CUDA
     if (s->to_gpu) {
@@ -458,12 +471,9 @@ Tensor h5_stream_next(H5Stream *s, int epoch, int batch, int *labels) {
     double start = wall_seconds();
     Slot *previous = k > 0 ? &s->slots[(k - 1) % s->n_slots] : NULL;
 #if HAVE_CUDA
-    if (s->to_gpu && previous) {
-        // Everything of batch k - 1 is queued: its staging buffer is free after that.
-        CHECK_CUDA(cudaEventRecord(s->consumed[(k - 1) % 2], device_stream()));
-        // Its host slot may be refilled once its copy is done (long done, as a rule).
-        device_wait_event(s->copied[(k - 1) % 2], "a batch's copy to the GPU");
-    }
+    // Everything of batch k - 1 is queued: its staging buffer is free after that. (Its host slot is
+    // refilled once its copy is done: the worker that refills it waits for that, not this loop.)
+    if (s->to_gpu && previous) CHECK_CUDA(cudaEventRecord(s->consumed[(k - 1) % 2], device_stream()));
 #endif
     Slot *slot = &s->slots[k % s->n_slots];
     pthread_mutex_lock(&s->lock);
@@ -521,6 +531,9 @@ void h5_stream_stop(H5Stream *s) {
 #endif
     if (s->images.data) tensor_free(&s->images);
     for (int i = 0; i < s->n_slots; i++) {
+#if HAVE_CUDA
+        if (s->to_gpu) CHECK_CUDA(cudaEventDestroy(s->slots[i].copied));
+#endif
         if (s->to_gpu) device_host_free(s->slots[i].pixels);
         else free(s->slots[i].pixels);
         free(s->slots[i].labels);
