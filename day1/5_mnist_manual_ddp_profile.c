@@ -49,6 +49,7 @@
 #include "runtime/profile.h"        // profile_start, profile_push: named time ranges (--trace, Nsight)
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"      // step_losses_take_all: each step's loss, read when the program prints
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
@@ -95,6 +96,8 @@ int main(int argc, char **argv) {
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]
     LossLog losses = {0};
+    // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
+    StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
 
     profile_start(trace);  // with torch.profiler.profile(...) as prof:
     double train_start = wall_seconds();
@@ -108,7 +111,8 @@ int main(int argc, char **argv) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
             mlp_zero_grad(&model);                         // optimizer.zero_grad()
             mlp_forward(&model, &x);                       // output = model(data)
-            float loss = mlp_loss(&model, batch_labels);   // loss = criterion(output, target)
+            mlp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                        step_losses_next(&pending));
             mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
             profile_push("allreduce");                     // with record_function("allreduce"):
             for (int i = 0; i < model.n_params; i++) {     // the hand-written DDP:
@@ -119,12 +123,17 @@ int main(int argc, char **argv) {
             profile_pop();
             adam_step(&optimizer);                         // optimizer.step()
             profile_pop();                                 // end of "step"
-            dist_allreduce_sum(&loss, 1);                  // for the log: the loss of the global batch
-            loss /= (float)world;
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-            loss_log_add(&losses, epoch, loss);
-            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
+            // loss.item(): at once on a CPU, for the whole epoch at its end on a GPU.
+            float *taken;
+            int n_taken = step_losses_take_all(&pending, b == n_batches - 1, &taken);
+            dist_allreduce_sum(taken, (size_t)n_taken);  // for the log: each step's loss of the global batch, in one call
+            for (int i = 0; i < n_taken; i++) {
+                float loss = taken[i] / (float)world;
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
+                loss_log_add(&losses, epoch, loss);
+                tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                loss_sum += loss;
+            }
         }
         double seconds = wall_seconds() - epoch_start;
         print0("epoch %d/%d: mean loss %.4f over %d step%s, %.2f s, %.0f samples/s\n", epoch + 1, opt.epochs,
@@ -162,6 +171,7 @@ int main(int argc, char **argv) {
     tensor_free(&batch_images);
     free(batch_labels);
     loss_log_free(&losses);
+    step_losses_free(&pending);
     adam_free(&optimizer);
     mlp_free(&model);
     sampler_free(&sampler);
