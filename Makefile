@@ -318,7 +318,7 @@ fuzz: all
 # GPU, compute-sanitizer. Unlike `make test`, no GPU here is a failure.
 test-gpu: all
 	@test -f data/mnist/train-images-idx3-ubyte.gz || $(MAKE) data
-	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 TEST_LEVEL=all tests/run.sh build/tests/test_gpu tests/test_gpu.sh
+	@MPIRUN="$(MPIRUN)" REQUIRE_GPU=1 TEST_LEVEL=all tests/run.sh build/tests/test_gpu build/tests/test_stage_timer tests/test_gpu.sh
 
 # The container image and the Kubernetes Job (tests/container/test_container.sh says
 # what it checks). Not in `make test`: it takes a few minutes; `make test-all` runs it last.

@@ -66,6 +66,7 @@
 #include "parallel/ddp.h"             // ddp_wrap_group: DistributedDataParallel over a process group
 #include "parallel/pipeline_stage.h"  // Stage: this rank's layers, forward and backward per micro-batch
 #include "parallel/schedule.h"        // Schedule: GPipe and 1F1B as lists of actions
+#include "parallel/stage_timer.h"     // StageTimer: each action's compute and the idle time, on the GPU's clock there
 #include "records/h5.h"               // h5_load_params: weights as HDF5 (--init)
 #include "records/loss_log.h"         // loss_log_add, loss_log_plot: the loss of every step, CSV and PNG
 #include "records/plot.h"             // plot_timeline_png: the schedule, stage by stage
@@ -78,6 +79,7 @@
 #include "runtime/threads.h"          // threads_init: this rank's CPU threads
 #include "train/accum.h"              // rows_in_batches: the samples of the batches done (the data position)
 #include "train/divergence.h"         // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_losses.h"        // StepLosses: each step's loss, read when the program needs it
 #include "train/train_options.h"      // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // Stage s of P takes layers [first, end): an even share of the Linears, as
@@ -98,32 +100,21 @@ static int micro_offset(int rows, int micro_batches, int i) {
     return offset;
 }
 
-// What one step measured on this stage: the compute of each action (from
-// the step's start), and the time spent in exchanges and waits.
-typedef struct {
-    double step_start;                    // the step's start (wall_seconds: one clock on a node)
-    double *start, *end;                  // [2M], aligned with the schedule's actions, from step_start
-    double forward, backward, idle, all;  // seconds, summed over the steps of an epoch
-} StepTimes;
-
-// The last full step's timeline (a last, smaller batch would show less): --timeline's.
-typedef struct {
-    double step_start, *start, *end;
-} StepTimeline;
-
 // One optimizer step's forwards and backwards on this stage, in the order the
 // schedule gives them (torch's schedule.step(x) / step(target=y, losses=...)).
 // Before each action, one exchange with the neighbouring stages: what the
-// last action produced goes out, what this one needs comes in. Returns the
-// batch's loss on the last stage (0 on the others).
-static float pipeline_step(Stage *stage, const Schedule *schedule, int stage_index, const Group *pipeline,
-                           const Tensor *images, const int *labels, int rows, Ddp *ddp, StepTimes *times) {
+// last action produced goes out, what this one needs comes in. The last stage
+// writes the batch's loss into `losses` (its micro-batches' shares: on a GPU it
+// stays there). The timer times each action's compute and the step, on the GPU's
+// own clock on a GPU (stage_timer.h): nothing here waits for the GPU.
+static void pipeline_step(Stage *stage, const Schedule *schedule, int stage_index, const Group *pipeline,
+                          const Tensor *images, const int *labels, const int *device_labels, int rows, Ddp *ddp,
+                          StepLosses *losses, StageTimer *timer, bool keep_timeline) {
     int m = schedule->micro_batches;
     const Action *actions = schedule_actions(schedule, stage_index);
     P2pSend send = {0};
-    int n_send = 0;
-    float loss = 0.0f;
-    double step_start = times->step_start = wall_seconds();
+    int n_send = 0, n_losses = 0;
+    stage_timer_step_start(timer);
     for (int k = 0; k < 2 * m; k++) {
         int i = actions[k].micro_batch, rows_i = micro_rows(rows, m, i), offset = micro_offset(rows, m, i);
         bool forward = actions[k].kind == ACTION_FORWARD;
@@ -132,14 +123,11 @@ static float pipeline_step(Stage *stage, const Schedule *schedule, int stage_ind
         int n_receive = 0;
         if (forward && !stage->is_first) receive = (P2pReceive){stage_input(stage, i, rows_i), stage_index - 1}, n_receive = 1;
         if (!forward && !stage->is_last) receive = (P2pReceive){stage_grad_output(stage, rows_i), stage_index + 1}, n_receive = 1;
-        double wait_start = wall_seconds();
         profile_push("exchange");
         group_exchange(pipeline, &send, n_send, &receive, n_receive);
-        device_synchronize();  // on a GPU, what was received is there: the wait is idle time, not compute
         profile_pop();
         n_send = 0;
-        double compute_start = wall_seconds();
-        times->idle += compute_start - wait_start;
+        stage_timer_compute_start(timer, k);  // (on a GPU, marked once what came in is there)
 
         if (forward) {
             // The first stage's input is micro-batch i's rows of the batch; the others', what came in.
@@ -150,7 +138,8 @@ static float pipeline_step(Stage *stage, const Schedule *schedule, int stage_ind
             const Tensor *out = stage_forward(stage, i, stage->is_first ? &rows_of_batch : receive.tensor);
             if (stage->is_last) {
                 float weight = (float)rows_i / (float)rows;  // its share of the batch
-                loss += weight * stage_loss(stage, i, labels + offset, weight);  // criterion(output, target)
+                stage_loss_to(stage, i, labels + offset, device_labels ? device_labels + offset : NULL, weight,
+                              step_losses_next_share(losses, weight, n_losses++ == 0));  // loss += weight * criterion(output, target)
             } else {
                 send = (P2pSend){out, stage_index + 1}, n_send = 1;
             }
@@ -161,17 +150,10 @@ static float pipeline_step(Stage *stage, const Schedule *schedule, int stage_ind
             const Tensor *grad_input = stage_backward(stage, i, ddp_grad_ready, ddp);
             if (!stage->is_first) send = (P2pSend){grad_input, stage_index - 1}, n_send = 1;
         }
-        device_synchronize();  // on a GPU, the compute is done: its time is busy time
-        double compute_end = wall_seconds();
-        (forward ? &times->forward : &times->backward)[0] += compute_end - compute_start;
-        times->start[k] = compute_start - step_start;
-        times->end[k] = compute_end - step_start;
+        stage_timer_compute_end(timer, k, forward);
     }
-    double wait_start = wall_seconds();
     group_exchange(pipeline, &send, n_send, NULL, 0);  // the last action's output
-    times->idle += wall_seconds() - wait_start;
-    times->all += wall_seconds() - step_start;
-    return loss;
+    stage_timer_step_end(timer, keep_timeline);
 }
 
 // The test set through the pipeline, forward only, in chunks of `chunk` rows:
@@ -219,7 +201,7 @@ typedef struct {
     int n_layers;  // the whole model's
 } StageOfModel;
 static void gather_stage_layer(void *stage_of_model, int layer, Param pair[2]);
-static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
+static void draw_timeline(const char *path, const Schedule *schedule, const StageTimer *timer, const Group *pipeline,
                           int replica, const double *forward_of, const double *backward_of);
 
 int main(int argc, char **argv) {
@@ -357,10 +339,14 @@ int main(int argc, char **argv) {
 
     Tensor batch_images = tensor_zeros(stage.is_first ? opt.batch_size : 0, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));                               // [B]
-    StepTimes times = {.start = xcalloc((size_t)(2 * micro_batches), sizeof(double)),
-                       .end = xcalloc((size_t)(2 * micro_batches), sizeof(double))};
-    StepTimeline shown = {.start = xcalloc((size_t)(2 * micro_batches), sizeof(double)),
-                          .end = xcalloc((size_t)(2 * micro_batches), sizeof(double))};
+    // The last stage's loss of each step stays on the GPU until the host needs it (step_losses.h): at an
+    // epoch's end, the last step, or a checkpoint (which keeps the losses so far). No step waits for it.
+    StepLosses pending = step_losses_new(steps_per_epoch, device);
+    float *told = xmalloc((size_t)steps_per_epoch * sizeof(float));  // those losses, told to every stage
+    int untold = 0;                                                   // steps since they last were
+    // Each action's compute and the idle time, timed on the GPU's clock on a GPU (stage_timer.h); with
+    // --timeline each step's start on the host's clock too, to line the stages up.
+    StageTimer *timer = stage_timer_new(2 * micro_batches, device, timeline && *timeline);
     double total_forward = 0, total_backward = 0, total_idle = 0, total_all = 0;
     long total_steps = 0;
 
@@ -376,38 +362,47 @@ int main(int argc, char **argv) {
         double loss_sum = 0.0;  // over this epoch's steps, those before a resume included
         for (int i = 0; i < losses.n; i++)
             if (losses.epoch[i] == epoch) loss_sum += losses.loss[i], epoch_steps++;
-        times.forward = times.backward = times.idle = times.all = 0;
         for (int b = 0; b < n_batches && (max_steps < 0 || steps < max_steps); b++) {
             Tensor x = {0};
             int rows = stage.is_first ? (x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels)).rows
-                                      : mnist_batch_labels(&train, &sampler, b, opt.batch_size, batch_labels);
+                                      : mnist_batch_labels(&train, &sampler, b, opt.batch_size, batch_labels,
+                                                           stage.is_last ? device : DEVICE_CPU);
             stage_zero_grad(&stage);  // optimizer.zero_grad()
-            float loss = pipeline_step(&stage, &schedule, stage_index, &pipeline, &x, batch_labels, rows, &ddp, &times);
-            if (rows == opt.batch_size) {
-                shown.step_start = times.step_start;
-                memcpy(shown.start, times.start, (size_t)(2 * micro_batches) * sizeof(double));
-                memcpy(shown.end, times.end, (size_t)(2 * micro_batches) * sizeof(double));
-            }
+            pipeline_step(&stage, &schedule, stage_index, &pipeline, &x, batch_labels, mnist_batch_device_labels(&train),
+                          rows, &ddp, &pending, timer, rows == opt.batch_size);
             ddp_finish(&ddp);         // this stage's gradients averaged over its replicas
             adam_step(&optimizer);    // optimizer.step(): each stage steps its own layers
-            // For the log: the last stage's loss, averaged over the replicas, then told to every stage.
-            if (stage.is_last) {
-                dist_allreduce_sum_over(data_parallel.mpi, &loss, 1);
-                loss /= (float)replicas;
+            steps++, untold++;
+            bool epoch_done = b + 1 == n_batches, save_now = checkpoint && save_every > 0 && steps % save_every == 0;
+            // loss.item(): at once on a CPU; on a GPU the steps' losses since the last hand-over, when due. The
+            // last stage holds them: summed over its replicas, divided, then told to every stage.
+            if (device == DEVICE_CPU || epoch_done || steps == max_steps || save_now) {
+                // Every stage's queued work runs before the host's collectives: what the last stage waits
+                // for includes this stage's sends (a GPU runs them by itself, tests/fake_gpu when waited for).
+                device_synchronize();
+                if (stage.is_last) {
+                    float *held;
+                    int n_held = step_losses_take_all(&pending, true, &held);
+                    CHECK(n_held == untold, "pipeline: %d step losses for %d steps", n_held, untold);
+                    dist_allreduce_sum_over(data_parallel.mpi, held, (size_t)n_held);
+                    for (int i = 0; i < n_held; i++) told[i] = held[i] / (float)replicas;
+                }
+                dist_broadcast_over(pipeline.mpi, told, (size_t)untold, pp - 1);
+                for (int i = 0; i < untold; i++) {
+                    float loss = told[i];
+                    check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: summed, then broadcast
+                    loss_log_add(&losses, epoch, loss);
+                    tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                    loss_sum += loss;
+                }
+                untold = 0;
             }
-            dist_broadcast_over(pipeline.mpi, &loss, 1, pp - 1);
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the same on every rank: summed, then broadcast
-            loss_log_add(&losses, epoch, loss);
-            tracking_log_metric(run, "loss", loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
             samples += (long)rows * replicas;
             epoch_steps++, taken++;
-            steps++;
             // Where the run stands: the data position is the sampler positions of the batches done.
-            bool epoch_done = b + 1 == n_batches;
             state.step = steps, state.epoch = epoch_done ? epoch + 1 : epoch, state.generator = rng;
             state.samples_done = epoch_done ? 0 : skipped + (long)replicas * rows_in_batches(sampler.num_samples, opt.batch_size, 0, b + 1);
-            if (checkpoint && save_every > 0 && steps % save_every == 0) {
+            if (save_now) {
                 check_weights_finite(stage.params, stage.n_params, steps, epoch + 1, run);  // never a NaN checkpoint over a good one
                 sharded_checkpoint_save_step(async_save ? &in_flight : NULL, checkpoint, keep, save_errors_continue, saved.piece,
                                              saved.n, &state);
@@ -416,7 +411,8 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - epoch_start;
         if (samples == 0) continue;  // (a resume at the end of an epoch)
         // Each stage's idle share this epoch: the bubble, measured.
-        double idle = times.idle / times.all, *idle_of = group_gather_figures(&pipeline, &idle, 1, false);
+        StageTimes times = stage_timer_take(timer);
+        double idle = times.all > 0 ? times.idle / times.all : 0, *idle_of = group_gather_figures(&pipeline, &idle, 1, false);
         char shares[256] = "";
         for (int s = 0, used = 0; idle_of && s < pp && used < (int)sizeof shares; s++)
             used += snprintf(shares + used, sizeof shares - used, "%sstage %d %.0f%%", s ? ", " : "", s, 100 * idle_of[s]);
@@ -476,7 +472,7 @@ int main(int argc, char **argv) {
                100 * f[0] / flops, 1e3 * f[1], 1e3 * f[2], 100 * f[3], 100 * predicted, f[4], f[4] == 1 ? "" : "es",
                f[5] / 1e6);
     }
-    if (timeline && *timeline) draw_timeline(timeline, &schedule, &shown, &pipeline, replica, forward_of, backward_of);
+    if (timeline && *timeline) draw_timeline(timeline, &schedule, timer, &pipeline, replica, forward_of, backward_of);
     char overlap[256];
     ddp_describe_overlap(&ddp, overlap, sizeof overlap);
     if (replicas > 1) print0("DDP (stage 0's): %s\n", overlap);
@@ -504,7 +500,9 @@ int main(int argc, char **argv) {
 
     replay_free(&replay);
     free(all), free(forward_of), free(backward_of);
-    free(times.start), free(times.end), free(shown.start), free(shown.end);
+    stage_timer_free(timer);
+    step_losses_free(&pending);
+    free(told);
     tensor_free(&test_images);
     tensor_free(&batch_images);
     free(batch_labels);
@@ -556,13 +554,12 @@ static void gather_stage_layer(void *stage_of_model, int layer, Param pair[2]) {
 // --timeline: the last step of every stage of replica 0, as measured, above
 // both schedules replayed with the stages' measured times per micro-batch
 // (schedule_replay): where the bubble is, and what 1F1B changes.
-static void draw_timeline(const char *path, const Schedule *schedule, const StepTimeline *times, const Group *pipeline,
+static void draw_timeline(const char *path, const Schedule *schedule, const StageTimer *timer, const Group *pipeline,
                           int replica, const double *forward_of, const double *backward_of) {
     if (replica != 0) return;
     int p = schedule->stages, m = schedule->micro_batches, n = 2 * m;
-    double *mine = xmalloc((size_t)(2 * n + 1) * sizeof(double));
-    mine[0] = times->step_start;
-    for (int k = 0; k < n; k++) mine[1 + k] = times->start[k], mine[1 + n + k] = times->end[k];
+    double *mine = xcalloc((size_t)(2 * n + 1), sizeof(double));  // (zeros: no full step was timed)
+    stage_timer_kept(timer, &mine[0], &mine[1], &mine[1 + n]);
     double *all = group_gather_figures(pipeline, mine, 2 * n + 1, false);
     if (pipeline->rank == 0) {
         double first_start = all[0];

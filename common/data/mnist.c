@@ -240,6 +240,15 @@ CPU_DISPATCHED void mnist_pixels_to_float(const uint8_t *pixels, float *out, siz
 }
 
 #if HAVE_CUDA
+// The split's labels on the GPU, once.
+static void upload_labels(MnistSplit *split) {
+    if (!split->device_labels) {
+        split->device_labels = device_alloc((size_t)split->n * sizeof(int));
+        CHECK_CUDA(cudaMemcpyAsync(split->device_labels, split->labels, (size_t)split->n * sizeof(int),
+                                   cudaMemcpyHostToDevice, device_stream()));
+    }
+}
+
 // The split on the GPU, once: pixels as uint8, and labels.
 static void upload_split(MnistSplit *split) {
     cudaStream_t stream = device_stream();
@@ -248,11 +257,7 @@ static void upload_split(MnistSplit *split) {
         split->device_images = device_alloc(bytes);
         CHECK_CUDA(cudaMemcpyAsync(split->device_images, split->images, bytes, cudaMemcpyHostToDevice, stream));
     }
-    if (!split->device_labels) {
-        split->device_labels = device_alloc((size_t)split->n * sizeof(int));
-        CHECK_CUDA(cudaMemcpyAsync(split->device_labels, split->labels, (size_t)split->n * sizeof(int),
-                                   cudaMemcpyHostToDevice, stream));
-    }
+    upload_labels(split);
 }
 
 // The sampler's order for this epoch on the GPU: copied at the epoch's first batch, from
@@ -387,11 +392,20 @@ int sampler_num_batches(const DistributedSampler *s, int batch_size) {
     return (int)(((long)s->num_samples + batch_size - 1) / batch_size);
 }
 
-int mnist_batch_labels(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
-                       int *labels) {
+int mnist_batch_labels(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+                       int *labels, Device device) {
     int start = batch * batch_size;
     int rows = sampler->num_samples - start < batch_size ? sampler->num_samples - start : batch_size;
     CHECK(rows > 0, "batch %d is past the end of this rank's %d samples", batch, sampler->num_samples);
+#if HAVE_CUDA
+    if (device == DEVICE_CUDA) {  // gathered on the GPU too, as mnist_batch's, from the epoch's order there
+        upload_labels(split);
+        int *device_labels = device_buffer_reserve(&split->device_batch_labels, (size_t)batch_size * sizeof(int));
+        gpu_gather_ints(split->device_labels, epoch_order_on_gpu(split, sampler) + start, rows, device_labels,
+                        device_stream());
+    }
+#endif
+    (void)device;
     for (int r = 0; r < rows; r++) labels[r] = split->labels[sampler->indices[start + r]];
     return rows;
 }

@@ -113,6 +113,7 @@ Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int bat
 // The labels of the last mnist_batch of `split` on the GPU (for mlp_loss_to), NULL on a CPU rank.
 const int *mnist_batch_device_labels(const MnistSplit *split);
 // The labels of the same batch, without its images (a pipeline's last stage
-// needs them, not the pixels); returns its rows.
-int mnist_batch_labels(const MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
-                       int *labels);
+// needs them, not the pixels); returns its rows. On a GPU rank (`device`) they are
+// gathered there too, for mnist_batch_device_labels, and the pixels never go there.
+int mnist_batch_labels(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
+                       int *labels, Device device);

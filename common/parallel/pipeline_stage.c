@@ -159,18 +159,18 @@ const Tensor *stage_forward(Stage *stage, int micro_batch, const Tensor *x) {
     return input;
 }
 
-float stage_loss(Stage *stage, int micro_batch, const int *labels, float weight) {
-    CHECK(stage->is_last, "stage_loss: only the last stage has the logits");
+void stage_loss_to(Stage *stage, int micro_batch, const int *labels, const int *device_labels, float weight,
+                   LossSlot loss) {
+    CHECK(stage->is_last, "stage_loss_to: only the last stage has the logits");
     StageSlot *slot = slot_of(stage, micro_batch);
-    CHECK(slot && slot->forwarded, "stage_loss: micro-batch %d has not been forwarded", micro_batch);
+    CHECK(slot && slot->forwarded, "stage_loss_to: micro-batch %d has not been forwarded", micro_batch);
     profile_push("loss");
     const Tensor *logits = &slot->outputs[stage->n_layers - 1];
     Tensor *grad_logits = &slot->grad_logits;  // where its backward starts, maybe M forwards later (GPipe)
     grad_logits->rows = logits->rows;
-    float loss = softmax_cross_entropy(logits, labels, grad_logits);
+    softmax_cross_entropy_to(logits, labels, device_labels, grad_logits, loss);
     tensor_scale(grad_logits, weight);  // (loss * weight).backward()
     profile_pop();
-    return loss;
 }
 
 Tensor *stage_grad_output(Stage *stage, int rows) {

@@ -11,7 +11,7 @@
 //   const Tensor *grad_in = stage_backward(&stage, i, ddp_grad_ready, &ddp);  // send it back
 //
 // The first stage's input is the data (stage_forward takes the batch's rows
-// as they are); the last stage's output is the logits, and stage_loss gives
+// as they are); the last stage's output is the logits, and stage_loss_to gives
 // the loss and starts its backward. The same operations in the same order
 // as mlp_forward, mlp_loss and mlp_backward: a model cut into stages, run one
 // micro-batch per batch, computes the whole model's bits.
@@ -79,11 +79,15 @@ Tensor *stage_input(Stage *stage, int micro_batch, int rows);
 const Tensor *stage_forward(Stage *stage, int micro_batch, const Tensor *x);
 // Last stage: the cross-entropy of micro-batch i's logits (its mean over the
 // rows), and d loss / d logits times `weight` (the micro-batch's share of the
-// batch) to start its backward: criterion(output, target) * weight.
-float stage_loss(Stage *stage, int micro_batch, const int *labels, float weight);
+// batch) to start its backward: criterion(output, target) * weight. The loss goes
+// to `slot` (train/step_losses.h: on a GPU it stays there, and the host does not
+// wait), weighted as the slot says: loss = 0; loss += weight * criterion(...).
+// device_labels: the labels already on the GPU, or NULL to copy `labels` there (mlp_loss_to's).
+void stage_loss_to(Stage *stage, int micro_batch, const int *labels, const int *device_labels, float weight,
+                   LossSlot slot);
 // Not the last stage: where the next stage's d loss / d output is received.
 Tensor *stage_grad_output(Stage *stage, int rows);
-// Backward of micro-batch i from stage_grad_output's or stage_loss's
+// Backward of micro-batch i from stage_grad_output's or stage_loss_to's
 // gradient: accumulates the parameters' gradients (the hook hears of each,
 // as mlp_backward's), frees the slot, and returns d loss / d input for the
 // previous stage (NULL on the first stage: the input is data).
