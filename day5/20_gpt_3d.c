@@ -76,6 +76,7 @@
 #include "models/gpt.h"             // Gpt, gpt_new_part, gpt_stage_forward, gpt_stage_backward: the model and its parts
 #include "parallel/ddp.h"           // ddp_wrap_group, ddp_grad_ready, ddp_finish, ddp_set_sync: DDP per part
 #include "parallel/schedule.h"      // Schedule: each stage's forwards and backwards, in order
+#include "parallel/stage_timer.h"   // StageTimer: each action's compute and the idle time, on the GPU's clock there
 #include "parallel/zero1.h"         // Zero1, zero1_step: AdamW's moments sharded over the replicas (--zero 1)
 #include "records/h5.h"             // h5_load_params, h5_save_params: weights as HDF5 (--init, --save)
 #include "records/loss_log.h"       // loss_log_add, loss_log_write_csv: the loss of every iteration
@@ -208,28 +209,22 @@ static void print_traffic(const Gpt *model, const Options *o, const Ddp *ddp, co
     free(all);
 }
 
-// What the training steps measured on this stage, in seconds summed over them: the forwards' and
-// the backwards' compute, the waits in the pipeline's exchanges (idle), and all of pipeline_step.
-typedef struct {
-    double forward, backward, idle, all;
-} StageTimes;
-
 // One micro-step of a replica through the pipeline: its batch of B windows in M micro-batches,
 // each stage running its schedule's list; before each action, one exchange with the neighbouring
 // stages (what the last action produced goes out, what this one needs comes in), as step 16 does.
 // With `train` false, forwards only, in order (evaluation). Returns the sum over the micro-batches
-// of their mean losses, on the last stage (0 elsewhere). With `times` (and P > 1), each action's
-// compute and each exchange's wait timed (on a GPU, the host waits for the compute to time it).
+// of their mean losses, on the last stage (0 elsewhere). With a `timer` (P > 1), each action's
+// compute and the step timed (stage_timer.h: on a GPU, on its own clock, never waited for).
 static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedule, const int *inputs, const int *targets,
-                            int B, int T, float factor, bool train, bool sync, Ddp *ddp, StageTimes *times) {
+                            int B, int T, float factor, bool train, bool sync, Ddp *ddp, StageTimer *timer) {
     const int M = schedule->micro_batches, Bm = B / M;
     const bool first = grid->stage == 0, last = grid->stage == grid->stages - 1;
     const Action *actions = schedule_actions(schedule, grid->stage);
     P2pSend send = {0};
     int n_send = 0;
-    double loss = 0.0, step_start = wall_seconds();
+    double loss = 0.0;
     Tensor received;
-    if (grid->stages == 1) times = NULL;  // (no pipeline: nothing to wait for)
+    if (timer) stage_timer_step_start(timer);
     for (int k = 0; k < (train ? 2 * M : M); k++) {
         Action action = train ? actions[k] : (Action){ACTION_FORWARD, k};
         const int i = action.micro_batch, offset = i * Bm * T;
@@ -241,14 +236,9 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
         int n_receive = 0;
         if (forward && !first) received = gpt_stage_input(model, slot, Bm, T), receive = (P2pReceive){&received, grid->stage - 1}, n_receive = 1;
         if (!forward && !last) received = gpt_stage_grad_output(model, Bm, T), receive = (P2pReceive){&received, grid->stage + 1}, n_receive = 1;
-        double wait_start = wall_seconds();
-        if (n_send + n_receive > 0) {
-            group_exchange(&grid->pipeline, &send, n_send, &receive, n_receive);
-            device_synchronize();  // (tests/fake_gpu runs a stream only when waited for)
-        }
+        if (n_send + n_receive > 0) group_exchange(&grid->pipeline, &send, n_send, &receive, n_receive);
         n_send = 0;
-        double compute_start = wall_seconds();
-        if (times) times->idle += compute_start - wait_start;
+        if (timer) stage_timer_compute_start(timer, k);  // (on a GPU, marked once what came in is there)
         if (forward) {
             const Tensor *out = gpt_stage_forward(model, slot, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
             if (last) loss += gpt_stage_loss(model, slot, targets + offset, Bm, T, factor);
@@ -260,17 +250,13 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
             const Tensor *grad_input = gpt_stage_backward(model, slot, inputs + offset, Bm, T, ddp_grad_ready, ddp);
             if (!first) send = (P2pSend){grad_input, grid->stage - 1}, n_send = 1;
         }
-        if (times) {
-            device_synchronize();  // on a GPU, the compute is done: its time is busy time
-            (forward ? &times->forward : &times->backward)[0] += wall_seconds() - compute_start;
-        }
+        if (timer) stage_timer_compute_end(timer, k, forward);
     }
-    double wait_start = wall_seconds();
-    if (n_send) {
-        group_exchange(&grid->pipeline, &send, n_send, NULL, 0);  // the last action's output
-        device_synchronize();
-    }
-    if (times) times->idle += wall_seconds() - wait_start, times->all += wall_seconds() - step_start;
+    if (n_send) group_exchange(&grid->pipeline, &send, n_send, NULL, 0);  // the last action's output
+    if (timer) stage_timer_step_end(timer, false);
+    // The stage's queued work runs before the host's collectives that follow: what another stage waits
+    // for includes this one's sends (a GPU runs them by itself, tests/fake_gpu only when waited for).
+    if (grid->stages > 1) device_synchronize();
     return loss;
 }
 
@@ -757,7 +743,8 @@ int main(int argc, char **argv) {
     long tokens_per_iter = (long)global_batch * o.block_size;
     const float factor = 1.0f / (float)(o.accum_steps * o.micro_batches);  // each micro-batch's share of the step
     GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
-    StageTimes stage_times = {0};                  // this stage's compute and waits in the pipeline (P > 1)
+    // This stage's compute and idle time in the pipeline (P > 1), on the GPU's clock on a GPU (stage_timer.h).
+    StageTimer *stage_timer = o.pp > 1 ? stage_timer_new(2 * o.micro_batches, device, false) : NULL;
 
     // (A checkpoint past --max_iters, a run resumed with fewer iterations than it saved: evaluated
     // once, nothing trained.)
@@ -791,7 +778,7 @@ int main(int argc, char **argv) {
             gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             // Forward, loss and backward of the micro-step's M micro-batches, in the schedule's order.
             loss_sum += pipeline_step(model, &grid, &pipeline_schedule, inputs, targets, o.batch_size, o.block_size,
-                                      factor, true, m == o.accum_steps - 1, &ddp, &stage_times) / o.micro_batches;
+                                      factor, true, m == o.accum_steps - 1, &ddp, stage_timer) / o.micro_batches;
         }
         ddp_finish(&ddp);                                     // every gradient the mean over replicas
         // The tied wte: the first stage's gradient (the embedding's) and the last's (the head's) summed.
@@ -827,7 +814,11 @@ int main(int argc, char **argv) {
                (double)taken * tokens_per_iter / train_seconds, 100.0 * taken * flops_per_iter / world / train_seconds / peak);
     print_memory(model, &grid, &o, o.zero == 1 ? (double)zero1_state_floats(&zero) : 2.0 * gpt_num_params(model, false));
     if (taken > 0 && world > 1) print_traffic(model, &o, &ddp, step_traffic);
-    if (taken > 0 && o.pp > 1) print_idle(&grid, &pipeline_schedule, &stage_times, (double)taken * o.accum_steps);
+    if (taken > 0 && o.pp > 1) {
+        StageTimes stage_times = stage_timer_take(stage_timer);
+        print_idle(&grid, &pipeline_schedule, &stage_times, (double)taken * o.accum_steps);
+    }
+    stage_timer_free(stage_timer);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
     // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).
