@@ -89,6 +89,7 @@
 #include "tensor/flops.h"           // sgemm_peak_flops: the yardstick of MFU
 #include "train/divergence.h"       // check_loss_finite, check_weights_finite: a nan or inf stops the run, on every rank
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
+#include "train/step_losses.h"      // step_losses_take_all: each iteration's loss, read when the host prints it
 
 typedef struct {
     const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors, *on_resize;
@@ -212,11 +213,16 @@ static void print_traffic(const Gpt *model, const Options *o, const Ddp *ddp, co
 // One micro-step of a replica through the pipeline: its batch of B windows in M micro-batches,
 // each stage running its schedule's list; before each action, one exchange with the neighbouring
 // stages (what the last action produced goes out, what this one needs comes in), as step 16 does.
-// With `train` false, forwards only, in order (evaluation). Returns the sum over the micro-batches
-// of their mean losses, on the last stage (0 elsewhere). With a `timer` (P > 1), each action's
-// compute and the step timed (stage_timer.h: on a GPU, on its own clock, never waited for).
+// With `train` false, forwards only, in order (evaluation). The last stage's losses: with `losses`,
+// each micro-batch's mean loss added to the iteration's there (`starts_iteration`: this micro-step is its first;
+// on a GPU it stays there) and 0 returned; without, their sum returned (the host waits for it).
+// With a `timer` (P > 1), each action's compute and the step timed (stage_timer.h: on a GPU, on its
+// own clock, never waited for). Nothing here waits for the GPU: a caller that goes on to the host's
+// collectives first waits for its queued work (what another stage waits for includes its sends; a
+// GPU runs them by itself, tests/fake_gpu only when waited for).
 static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedule, const int *inputs, const int *targets,
-                            int B, int T, float factor, bool train, bool sync, Ddp *ddp, StageTimer *timer) {
+                            int B, int T, float factor, bool train, bool sync, Ddp *ddp, StageTimer *timer,
+                            StepLosses *losses, bool starts_iteration) {
     const int M = schedule->micro_batches, Bm = B / M;
     const bool first = grid->stage == 0, last = grid->stage == grid->stages - 1;
     const Action *actions = schedule_actions(schedule, grid->stage);
@@ -241,7 +247,11 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
         if (timer) stage_timer_compute_start(timer, k);  // (on a GPU, marked once what came in is there)
         if (forward) {
             const Tensor *out = gpt_stage_forward(model, slot, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
-            if (last) loss += gpt_stage_loss(model, slot, targets + offset, Bm, T, factor);
+            if (last && losses)
+                gpt_stage_loss_to(model, slot, targets + offset, Bm, T, factor,
+                                  step_losses_next_share(losses, 1.0f, starts_iteration && i == 0));  // (the iteration's sum)
+            else if (last)
+                loss += gpt_stage_loss(model, slot, targets + offset, Bm, T, factor);
             else send = (P2pSend){out, grid->stage + 1}, n_send = 1;
         } else {
             // DDP averages this part's gradients over its replicas in the last micro-batch's backward
@@ -254,9 +264,6 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
     }
     if (n_send) group_exchange(&grid->pipeline, &send, n_send, NULL, 0);  // the last action's output
     if (timer) stage_timer_step_end(timer, false);
-    // The stage's queued work runs before the host's collectives that follow: what another stage waits
-    // for includes this one's sends (a GPU runs them by itself, tests/fake_gpu only when waited for).
-    if (grid->stages > 1) device_synchronize();
     return loss;
 }
 
@@ -281,10 +288,11 @@ static double estimate_loss(Gpt *model, const Grid *grid, const Schedule *schedu
             char_text_windows(text, split, offsets + (size_t)(grid->replica * o->accum_steps + m) * o->batch_size,
                               o->batch_size, o->block_size, inputs, targets);
             sum += pipeline_step(model, grid, schedule, inputs, targets, o->batch_size, o->block_size, 1.0f, false,
-                                 false, NULL, NULL) / o->micro_batches;
+                                 false, NULL, NULL, NULL, false) / o->micro_batches;
         }
     }
     gpt_set_training(model, true);   // model.train()
+    device_synchronize();  // (every stage's queued work, before the host's collective: see pipeline_step)
     return loss_over_world(grid, sum) / ((double)o->eval_iters * o->accum_steps * o->dp);
 }
 
@@ -745,6 +753,15 @@ int main(int argc, char **argv) {
     GroupTraffic step_traffic[GRID_GROUPS] = {0};  // what the last training step sent over each group
     // This stage's compute and idle time in the pipeline (P > 1), on the GPU's clock on a GPU (stage_timer.h).
     StageTimer *stage_timer = o.pp > 1 ? stage_timer_new(2 * o.micro_batches, device, false) : NULL;
+    // Each iteration's loss stays on the GPU of its last stage until the host prints it (step_losses.h,
+    // as step 19): no iteration waits for it. The ranks that hold none count the iterations too, and
+    // every rank takes part in the sum over the world that makes the global batch's loss.
+    enum { PRINT_EVERY = 10 };
+    StepLosses pending = step_losses_new(PRINT_EVERY, device);
+    float told[PRINT_EVERY];  // the iterations' losses since the last hand-over, summed over the world
+    int untold = 0;
+    double print_seconds = 0.0;  // the iterations' since the last print
+    int since_print = 0;
 
     // (A checkpoint past --max_iters, a run resumed with fewer iterations than it saved: evaluated
     // once, nothing trained.)
@@ -769,7 +786,6 @@ int main(int argc, char **argv) {
         // One global batch of windows; this replica's micro-steps take its slices.
         char_text_draw_offsets(&train_rng, text.n_train, o.block_size, global_batch, offsets);
         gpt_zero_grad(model);                                 // optimizer.zero_grad(set_to_none=True)
-        double loss_sum = 0.0;
         for (int m = 0; m < o.accum_steps; m++) {
             char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(grid.replica * o.accum_steps + m) * o.batch_size,
                               o.batch_size, o.block_size, inputs, targets);
@@ -777,32 +793,53 @@ int main(int argc, char **argv) {
             int slice = grid.replica * o.accum_steps + m, slices = o.accum_steps * o.dp;
             gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             // Forward, loss and backward of the micro-step's M micro-batches, in the schedule's order.
-            loss_sum += pipeline_step(model, &grid, &pipeline_schedule, inputs, targets, o.batch_size, o.block_size,
-                                      factor, true, m == o.accum_steps - 1, &ddp, stage_timer) / o.micro_batches;
+            pipeline_step(model, &grid, &pipeline_schedule, inputs, targets, o.batch_size, o.block_size, factor, true,
+                          m == o.accum_steps - 1, &ddp, stage_timer, &pending, m == 0);
         }
         ddp_finish(&ddp);                                     // every gradient the mean over replicas
         // The tied wte: the first stage's gradient (the embedding's) and the last's (the head's) summed.
         if (o.pp > 1 && tied_ends) group_all_reduce(&grid.embedding, model->params[0].grad);
-        if (o.grad_clip > 0) {
-            if (o.tp * o.pp == 1) clip_grad_norm(model->params, model->n_params, o.grad_clip);
-            else clip_grad_norm_split(model->params, model->n_params, owned, &grid.model, o.grad_clip);
+        if (o.grad_clip > 0) {  // (the norm stays on the GPU)
+            if (o.tp * o.pp == 1) clip_grad_norm_queued(model->params, model->n_params, o.grad_clip);
+            else clip_grad_norm_split_queued(model->params, model->n_params, owned, &grid.model, o.grad_clip);
         }
         if (o.zero == 1) zero1_step(&zero, lr);               // optimizer.step(): my 1/D, then all-gathered
         else adamw_step(&optimizer, lr);                      // optimizer.step()
-        float loss = (float)loss_over_world(&grid, loss_sum); // for the log: the loss of the global batch
-        loss /= (float)(o.accum_steps * o.dp);
-        check_loss_finite(loss, iter + 1, 0, run);            // the sum above spread any nan to every rank
+        // loss.item(): at once on a CPU; on a GPU the iterations' losses since the last hand-over, when
+        // the host prints one, saves a checkpoint (which keeps them) or evaluates.
+        bool print = iter % PRINT_EVERY == 0 || iter == o.max_iters - 1;
+        bool save_now = o.checkpoint && o.save_every > 0 && (iter + 1) % o.save_every == 0;
+        untold++;
+        float loss = 0.0f;
+        if (device == DEVICE_CPU || print || save_now || (iter + 1) % o.eval_interval == 0) {
+            device_synchronize();  // (every stage's queued work, before the host's collective: see pipeline_step)
+            float *held = NULL;
+            int n_held = grid.stage == grid.stages - 1 ? step_losses_take_all(&pending, true, &held) : untold;
+            CHECK(n_held == untold, "step 20: %d losses held for %d iterations", n_held, untold);
+            bool mine = grid.stage == grid.stages - 1 && grid.tp_rank == 0;  // a replica's last stage, once
+            for (int i = 0; i < untold; i++) told[i] = mine ? held[i] : 0.0f;
+            dist_allreduce_sum(told, (size_t)untold);  // for the log: each iteration's loss of the global batch
+            for (int i = 0; i < untold; i++) {
+                loss = told[i] / (float)(o.accum_steps * o.micro_batches * o.dp);
+                check_loss_finite(loss, losses.n + 1, 0, run);  // the sum above spread any nan to every rank
+                tracking_log_metric(run, "loss", loss, losses.n);
+                loss_log_add(&losses, 0, loss);
+            }
+            untold = 0;
+        }
         double seconds = wall_seconds() - start;
         train_seconds += seconds;
+        print_seconds += seconds, since_print++;
         for (int g = 0; g < GRID_GROUPS; g++) step_traffic[g] = *grid_group(&grid, g)->traffic;
-        loss_log_add(&losses, 0, loss);
-        tracking_log_metric(run, "loss", loss, iter);
-        if (iter % 10 == 0 || iter == o.max_iters - 1)
-            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * seconds,
-                   tokens_per_iter / seconds, 100.0 * flops_per_iter / world / seconds / peak);
+        if (print) {
+            double mean = print_seconds / since_print;  // per iteration, since the last print
+            print0("iter %d: loss %.4f, lr %.2e, %.1f ms, %.0f tokens/s, MFU %.1f%%\n", iter, loss, lr, 1e3 * mean,
+                   tokens_per_iter / mean, 100.0 * flops_per_iter / world / mean / peak);
+            print_seconds = 0.0, since_print = 0;
+        }
         // Where the run stands: the generators as the next iteration will find them (before its evaluation).
         state.step = iter + 1, state.generator = train_rng, state.eval_generator = eval_rng;
-        if (o.checkpoint && o.save_every > 0 && state.step % o.save_every == 0) {
+        if (save_now) {
             check_weights_finite(model->params, model->n_params, state.step, 0, run);  // never a NaN checkpoint over a good one
             sharded_checkpoint_save_step(o.async_save ? &in_flight : NULL, o.checkpoint, o.keep, save_errors_continue, saved.piece,
                                          saved.n, &state);
@@ -819,6 +856,7 @@ int main(int argc, char **argv) {
         print_idle(&grid, &pipeline_schedule, &stage_times, (double)taken * o.accum_steps);
     }
     stage_timer_free(stage_timer);
+    step_losses_free(&pending);
     check_weights_finite(model->params, model->n_params, o.max_iters, 0, run);  // the last step's update
     bool end_saved = true;  // false: the last step's checkpoint failed twice (--save_errors continue)
     // The end of training saved, where no --save_every save holds it (--async_save: the one in flight finished first).

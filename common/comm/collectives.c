@@ -88,6 +88,26 @@ void group_all_reduce(const Group *group, Tensor *t) {
 #endif
 }
 
+void group_all_reduce_doubles_on_gpu(const Group *group, double *device_values, size_t n) {
+    if (group->size == 1 || n == 0) return;
+#if HAVE_CUDA
+    if (group->nccl) {
+        comm_after_compute();
+        CHECK_NCCL(ncclAllReduce(device_values, device_values, n, ncclDouble, ncclSum, group->nccl, device_comm_stream()));
+        compute_after_comm();
+        return;
+    }
+    double *host = xmalloc(n * sizeof(double));  // ranks share a GPU: MPI on the host (it waits)
+    device_read_to_host(host, device_values, n * sizeof(double), "a sum to reduce over ranks");
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, host, (int)n, MPI_DOUBLE, MPI_SUM, group->mpi));
+    CHECK_CUDA(cudaMemcpy(device_values, host, n * sizeof(double), cudaMemcpyHostToDevice));
+    free(host);
+#else
+    (void)device_values;
+    CHECK(false, "group_all_reduce_doubles_on_gpu: a build without CUDA");
+#endif
+}
+
 void group_broadcast_tensor(const Group *group, Tensor *t, int root) {
     if (group->size == 1) return;
     group_count_traffic(group, TRAFFIC_BROADCAST, tensor_numel(t));

@@ -21,6 +21,10 @@ void dist_all_reduce(Tensor *t);  // sum over ranks, in place
 void dist_broadcast_tensor(Tensor *t, int root);
 void group_all_reduce(const Group *group, Tensor *t);
 void group_broadcast_tensor(const Group *group, Tensor *t, int root);  // root: a rank of the group
+// n doubles in GPU memory summed over the group, in place (a split model's sum of squares for its
+// gradients' clip: adamw.h), queued as group_all_reduce's; not counted in the group's traffic, as
+// the MPI_Allreduce of that sum on CPU ranks is not (8 bytes a step).
+void group_all_reduce_doubles_on_gpu(const Group *group, double *device_values, size_t n);
 
 // Point-to-point within a group, as torch.distributed.batch_isend_irecv:
 // every send and receive of one exchange starts at once, and the exchange is

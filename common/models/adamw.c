@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/check.h"
+#include "comm/collectives.h"
 #include "runtime/profile.h"
 #include "tensor/tensor_ops.h"
 
@@ -65,8 +66,28 @@ void clip_grad_norm_queued(const Param *params, int n_params, double max_norm) {
     profile_push("clip_grad_norm");
     Tensor **grads = xmalloc((size_t)n_params * sizeof(Tensor *));
     for (int i = 0; i < n_params; i++) grads[i] = params[i].grad;
-    scale_to_norm_on_gpu(grads, n_params, max_norm);
+    scale_to_norm_on_gpu(grads, n_params, sum_of_squares_on_gpu(grads, n_params), max_norm);
     free(grads);
+    profile_pop();
+}
+
+void clip_grad_norm_split_queued(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm) {
+    if (n_params == 0 || !tensor_on_gpu(params[0].grad)) {
+        clip_grad_norm_split(params, n_params, owned, group, max_norm);
+        return;
+    }
+    profile_push("clip_grad_norm");
+    Tensor **grads = xmalloc((size_t)n_params * sizeof(Tensor *)), **mine = xmalloc((size_t)n_params * sizeof(Tensor *));
+    int n_owned = 0;
+    for (int i = 0; i < n_params; i++) {
+        grads[i] = params[i].grad;
+        if (!owned || owned[i]) mine[n_owned++] = params[i].grad;
+    }
+    CHECK(n_owned > 0, "clip_grad_norm_split_queued: this rank owns none of its %d gradients", n_params);
+    double *squares = sum_of_squares_on_gpu(mine, n_owned);                  // this rank's share of the sum
+    if (group && group->size > 1) group_all_reduce_doubles_on_gpu(group, squares, 1);  // the model's, on the GPU
+    scale_to_norm_on_gpu(grads, n_params, squares, max_norm);
+    free(grads), free(mine);
     profile_pop();
 }
 

@@ -40,3 +40,6 @@ void clip_grad_norm_queued(const Param *params, int n_params, double max_norm);
 // owned by one rank only) summed over the group make the global norm, and every rank scales all of
 // its own gradients. Collective over the group.
 double clip_grad_norm_split(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm);
+// The same, the norm never read by the host (on a GPU: the sum of squares summed over the group
+// there, NCCL on the GPU, as clip_grad_norm_queued's). On a CPU clip_grad_norm_split.
+void clip_grad_norm_split_queued(const Param *params, int n_params, const bool *owned, const Group *group, double max_norm);

@@ -154,6 +154,14 @@ __global__ void clip_coef_kernel(const double *sums, int n, double max_norm, flo
     *coef = (float)(max_norm / ((double)(float)sqrt(total) + 1e-6));
 }
 
+// *total = x[0] + x[1] + ... in order, in double: a sum of per-tensor sums as the host's sum_in_order.
+__global__ void sum_in_order_kernel(const double *x, int n, double *total) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    *total = sum;
+}
+
 // ------------------------------------------------------------------ a thread per row
 
 __global__ void cross_entropy_kernel(const float *logits, const int *labels, int rows, int cols, float *grad,
@@ -346,6 +354,11 @@ void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream) {
     else
         scale_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, factor);
     CHECK_LAUNCH("scale_kernel");
+}
+
+void gpu_sum_in_order(const double *x, int n, double *total, cudaStream_t stream) {
+    sum_in_order_kernel<<<1, 1, 0, stream>>>(x, n, total);
+    CHECK_LAUNCH("sum_in_order_kernel");
 }
 
 void gpu_clip_coef(const double *sums, int n, double max_norm, float *coef, cudaStream_t stream) {

@@ -312,20 +312,37 @@ double sum_of_squares(Tensor *const *tensors, int n) {
     return total;
 }
 
-void scale_to_norm_on_gpu(Tensor *const *tensors, int n, double max_norm) {
+#if HAVE_CUDA
+static DeviceBuffer g_clip_coef;  // scale_to_norm_on_gpu's coefficient (a float), apart from the sums it reads
+#endif
+
+double *sum_of_squares_on_gpu(Tensor *const *tensors, int n) {
+    CHECK(n > 0 && tensor_on_gpu(tensors[0]), "sum_of_squares_on_gpu: %d tensors, on a GPU", n);
+#if HAVE_CUDA
+    for (int i = 0; i < n; i++)
+        CHECK(tensors[i]->device == tensors[0]->device, "sum_of_squares_on_gpu: tensor %d is on another device than tensor 0", i);
+    // The per-tensor sums, then their sum, in one buffer: n doubles and the total after them.
+    double *device_sums = device_buffer_reserve(&g_tensor_sums, (size_t)(n + 1) * sizeof(double));
+    cudaStream_t stream = device_stream();
+    for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, device_sums + i, stream);
+    gpu_sum_in_order(device_sums, n, device_sums + n, stream);
+    return device_sums + n;
+#else
+    return NULL;
+#endif
+}
+
+void scale_to_norm_on_gpu(Tensor *const *tensors, int n, const double *device_squares, double max_norm) {
     CHECK(n > 0 && tensor_on_gpu(tensors[0]), "scale_to_norm_on_gpu: %d tensors, on a GPU", n);
 #if HAVE_CUDA
     for (int i = 0; i < n; i++)
         CHECK(tensors[i]->device == tensors[0]->device, "scale_to_norm_on_gpu: tensor %d is on another device than tensor 0", i);
-    // The per-tensor sums, then the coefficient, in one buffer: n doubles and a float after them.
-    double *device_sums = device_buffer_reserve(&g_tensor_sums, (size_t)n * sizeof(double) + sizeof(double));
-    float *coef = (float *)(device_sums + n);
+    float *coef = device_buffer_reserve(&g_clip_coef, sizeof(float));
     cudaStream_t stream = device_stream();
-    for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, device_sums + i, stream);
-    gpu_clip_coef(device_sums, n, max_norm, coef, stream);
+    gpu_clip_coef(device_squares, 1, max_norm, coef, stream);  // (a sum of one: the value itself)
     for (int i = 0; i < n; i++) gpu_clip_scale(tensors[i]->data, tensor_numel(tensors[i]), coef, stream);
 #else
-    (void)max_norm;
+    (void)device_squares, (void)max_norm;
 #endif
 }
 

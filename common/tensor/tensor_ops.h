@@ -76,10 +76,14 @@ void sgd_update(Tensor *param, const Tensor *grad, float lr);
 // one running sum over the blocks of every tensor in turn (the same bits at any thread count); on the GPU gpu_sum's
 // fixed tree per tensor, the tensors in order, read back once (the host waits, as for a loss).
 double sum_of_squares(Tensor *const *tensors, int n);
-// The tensors (on a GPU) scaled by max_norm / (their joint L2 norm + 1e-6) where that is below 1,
-// clip_grad_norm's rule and arithmetic (adamw.h), the norm never read by the host: sum_of_squares'
-// per-tensor sums, then one kernel computes the coefficient and each tensor's scale reads it there.
-void scale_to_norm_on_gpu(Tensor *const *tensors, int n, double max_norm);
+// sum_of_squares on a GPU without the host: the same per-tensor sums, summed in order into one double
+// that stays on the GPU. Returns its device address, valid until the next call (a split model's
+// ranks then sum theirs over a group there: clip_grad_norm_split_queued).
+double *sum_of_squares_on_gpu(Tensor *const *tensors, int n);
+// The tensors (on a GPU) scaled by max_norm / (sqrt(*device_squares) + 1e-6) where that is below 1,
+// clip_grad_norm's rule and arithmetic (adamw.h), the norm never read by the host: one kernel
+// computes the coefficient from the sum of squares on the GPU, and each tensor's scale reads it there.
+void scale_to_norm_on_gpu(Tensor *const *tensors, int n, const double *device_squares, double max_norm);
 
 // ------------------------------------------------------------------ the CNN's operations
 //

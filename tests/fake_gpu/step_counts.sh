@@ -44,8 +44,10 @@ add 17 2 day4/17_tensor_parallel "${mnist[@]}" --epochs 1 --tp 2
 add 18 2 day4/18_zero_sharding "${mnist[@]}" --epochs 1 --zero 3
 add 19 2 day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 --max_iters 12 --eval_interval 12 \
     --eval_iters 2 --sample 0 --plot '' --device cuda
+add 20 2 day5/20_gpt_3d --pp 2 --micro_batches 2 --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+    --max_iters 12 --eval_interval 12 --eval_iters 2 --sample 0 --plot '' --device cuda
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 15 16 17 18 19)
+[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 15 16 17 18 19 20)
 
 for name in "${names[@]}"; do
     [ -n "${command[$name]:-}" ] || { echo "step_counts.sh: no program $name" >&2; exit 2; }

@@ -675,6 +675,21 @@ static void test_gpt_model(void) {
     EXPECT(clipped_differ == 0 && kept_differ == 0,
            "clip_grad_norm_queued on the GPU (the norm never on the host): clip_grad_norm's clipped gradients on the "
            "CPU bit for bit (%zu values differ), and none touched below max_norm (%zu)", clipped_differ, kept_differ);
+    // clip_grad_norm_split_queued (step 20): the squares of the owned gradients only (here every other
+    // tensor: a replicated one owned by another rank) make the norm, every gradient is scaled; on one
+    // rank (no group) the same bits as clip_grad_norm_split on the CPU, which the host computes.
+    bool *owned = xmalloc((size_t)cpu->n_params * sizeof(bool));
+    for (int i = 0; i < cpu->n_params; i++) owned[i] = i % 2 == 0;
+    for (int i = 0; i < cpu->n_params; i++) tensor_copy(gpu->params[i].grad, cpu->params[i].grad);
+    Tensor unclipped = on_cpu(cpu->params[1].grad);
+    clip_grad_norm_split(cpu->params, cpu->n_params, owned, NULL, 0.001);  // (below the 0.01 clipped to above)
+    clip_grad_norm_split_queued(gpu->params, gpu->n_params, owned, NULL, 0.001);
+    size_t split_differ = bits_differ(&unclipped, cpu->params[1].grad) == 0;  // (an unowned tensor clipped too)
+    for (int i = 0; i < cpu->n_params; i++) split_differ += bits_differ(gpu->params[i].grad, cpu->params[i].grad);
+    tensor_free(&unclipped);
+    free(owned);
+    EXPECT(split_differ == 0, "clip_grad_norm_split_queued on the GPU, half the tensors owned: clip_grad_norm_split's "
+           "clipped gradients on the CPU bit for bit, the unowned ones scaled too (%zu values differ)", split_differ);
     float host_row[13], host_expected[13];
     gpt_logits_row(gpu, 4, host_row), gpt_logits_row(cpu, 4, host_expected);
     double row_err = 0;
