@@ -25,6 +25,11 @@
 //    waiting for good, and everything behind it on the GPU: a blocking copy,
 //    a cudaFree, a synchronize block the host, as on a GPU, while queries
 //    (cudaStreamQuery, cudaEventQuery) answer "not ready".
+//  - Stream capture into a CUDA graph (cudaStreamBeginCapture .. cudaGraphLaunch)
+//    records one stream's work without running it; each launch runs it again. A
+//    wait for the GPU, a query of the captured stream, an event or NCCL inside a
+//    capture stops the run, named (CUDA refuses the first two; the others are not
+//    simulated).
 // It does not model timing, streams running side by side, memory sizes, or
 // the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
 // Nor does it catch, since the threads of a grid run one after the other and
@@ -118,7 +123,13 @@ unsigned long long queried_at;
 
 bool on_main_thread() { return syscall(SYS_gettid) == getpid(); }
 
+int active_captures;  // streams being captured into a graph (cudaStreamBeginCapture)
+
 void count_wait(const char *kind) {
+    // Nothing may wait for the GPU while this thread captures a stream (cudaStreamCaptureModeThreadLocal):
+    // CUDA refuses it (cudaErrorStreamCaptureUnsupported), so a graph never holds a wait's side effects.
+    if (active_captures > 0 && on_main_thread())
+        fail("%s while a stream is captured into a CUDA graph: CUDA refuses it (cudaErrorStreamCaptureUnsupported)", kind);
     if (!on_main_thread()) {
         current_counts.other_thread_waits++;
         return;
@@ -140,8 +151,9 @@ void count_query(const void *object, bool ready, const char *kind) {
     queried_at = api_calls;
 }
 
-void count_launch() { current_counts.launches++; }
-void count_copy() { current_counts.copies++; }
+// While a stream is captured its work is recorded, not launched: a graph's launch counts once.
+void count_launch() { current_counts.launches += active_captures == 0; }
+void count_copy() { current_counts.copies += active_captures == 0; }
 
 void write_counts_line(FILE *f, const char *label, const Counts &c) {
     fprintf(f, "%s: waits %ld launches %ld copies %ld other_thread_waits %ld", label, c.waits, c.launches, c.copies,
@@ -250,10 +262,24 @@ struct Operation {
     std::function<void()> run;
 };
 
+// A CUDA graph as captured from one stream (cudaStreamBeginCapture to cudaStreamEndCapture): that
+// stream's operations in order, not run; each cudaGraphLaunch of its instance queues copies of them
+// on the launch stream, where they run as its other work does (a kernel's arguments and a copy's
+// pointers as captured, the memory's contents as they are when the graph runs, as in CUDA). One
+// stream only: an event or NCCL inside a capture (a fork into another stream, NCCL in a graph)
+// is not simulated and stops the run, named.
+struct CUgraph_st {
+    std::vector<Operation> operations;
+};
+struct CUgraphExec_st {
+    std::vector<Operation> operations;
+};
+
 struct CUstream_st {
     std::deque<Operation> pending;
     unsigned long long queued = 0, done = 0;  // operations ever queued, and run
     bool blocking = true;                     // synchronises with the legacy default stream
+    CUgraph_st *capture = nullptr;            // being captured into it: its operations go there
 };
 
 struct CUevent_st {
@@ -319,6 +345,10 @@ void run_every_stream() {
 // Queues op on s; on the legacy default stream it runs now, after the blocking streams.
 void enqueue_operation(cudaStream_t stream, Operation op) {
     CUstream_st *s = stream_of(stream);
+    if (s->capture) {
+        s->capture->operations.push_back(std::move(op));
+        return;
+    }
     if (s == &legacy_stream) {
         run_blocking_streams();
         while (op.ready && !op.ready()) sched_yield();
@@ -717,6 +747,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
+    if (s->capture) fail("cudaStreamQuery of a stream being captured into a CUDA graph: CUDA refuses it");
     count_query(s, s->done == s->queued, "a cudaStreamQuery loop");
     if (s->done == s->queued) return cudaSuccess;
     advance(s, s->queued);
@@ -743,6 +774,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
+    if (s->capture) fail("cudaEventRecord on a stream being captured: events inside a CUDA graph are not simulated");
     if (s == &legacy_stream) {
         run_blocking_streams();
         event->stream = nullptr;
@@ -781,10 +813,66 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     Guard guard(big_lock);
     (void)flags;
+    if (stream_of(stream)->capture)
+        fail("cudaStreamWaitEvent on a stream being captured: events inside a CUDA graph are not simulated");
     if (event_complete(event)) return cudaSuccess;
     CUstream_st *other = event->stream;
     unsigned long long position = event->position;
     enqueue_operation(stream, Operation{[other, position] { return advance(other, position); }, {}});
+    return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    Guard guard(big_lock);
+    (void)mode;
+    CUstream_st *s = stream_of(stream);
+    if (s == &legacy_stream) return last_error = cudaErrorStreamCaptureUnsupported;
+    if (s->capture) return last_error = cudaErrorIllegalState;
+    s->capture = new CUgraph_st;
+    active_captures++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    Guard guard(big_lock);
+    CUstream_st *s = stream_of(stream);
+    if (!s->capture) return last_error = cudaErrorIllegalState;
+    *graph = s->capture;
+    s->capture = nullptr;
+    active_captures--;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status) {
+    Guard guard(big_lock);
+    *status = stream_of(stream)->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    Guard guard(big_lock);
+    (void)flags;
+    *exec = new CUgraphExec_st{graph->operations};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    Guard guard(big_lock);
+    if (stream_of(stream)->capture) fail("cudaGraphLaunch into a stream being captured: not simulated");
+    count_launch();  // the graph's kernels, copies and GEMMs: one launch
+    for (const Operation &op : exec->operations) enqueue_operation(stream, op);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete graph;
     return cudaSuccess;
 }
 
@@ -1071,6 +1159,7 @@ void queue_transfers(std::vector<Transfer> &transfers) {
 
 ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
+    if (stream_of(t.stream)->capture) fail("NCCL on a stream being captured: NCCL inside a CUDA graph is not simulated");
     count_launch();
     group.push_back(std::move(t));
     if (group_depth == 0) {

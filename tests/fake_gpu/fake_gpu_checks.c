@@ -17,11 +17,12 @@
 
 #include "tensor/kernels.h"
 
-static int failures;
+static int failures, checks;
 
 static void check(int ok, const char *what) {
     printf("%s fake_gpu: %s\n", ok ? "PASS" : "FAIL", what);
     failures += !ok;
+    checks++;
 }
 
 // Runs mistake() in a child with its stderr in a pipe: true if the child died
@@ -82,6 +83,79 @@ static void gemm_on_host_memory(void) {
     cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, a, 2, b, 2, &zero, c, 2);
 }
 
+// Stream capture: a wait for the GPU, or an event, inside a capture.
+static void wait_inside_a_capture(void) {
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    float *x = device_floats(4), host[4];
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaMemcpy(host, x, sizeof host, cudaMemcpyDeviceToHost);
+}
+
+static void event_inside_a_capture(void) {
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    cudaEvent_t event;
+    cudaEventCreate(&event);
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(event, stream);
+}
+
+// What the captured step below does, queued eagerly: the input's copy up, y = x / 2, its sum, the
+// sum's copy down.
+static void step(const float *input, float *x, float *y, size_t n, double *sum, double *output, cudaStream_t stream) {
+    cudaMemcpyAsync(x, input, n * sizeof *x, cudaMemcpyHostToDevice, stream);
+    gpu_divide(y, x, n, 2.0f, stream);
+    gpu_sum(y, n, 0, sum, stream);
+    cudaMemcpyAsync(output, sum, sizeof *output, cudaMemcpyDeviceToHost, stream);
+}
+
+static void test_graphs(void) {
+    check(dies(wait_inside_a_capture, SIGABRT, "while a stream is captured into a CUDA graph"),
+          "a wait for the GPU inside a stream capture stops the run, named");
+    check(dies(event_inside_a_capture, SIGABRT, "events inside a CUDA graph are not simulated"),
+          "an event inside a stream capture stops the run, named");
+    const size_t n = 1000;
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    float *input = NULL, *x = device_floats(n), *y = device_floats(n);
+    double *sum = NULL, *output = NULL;
+    cudaMallocHost((void **)&input, n * sizeof *input);
+    cudaMallocHost((void **)&output, sizeof *output);
+    cudaMalloc((void **)&sum, sizeof *sum);
+    *output = -1;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    step(input, x, y, n, sum, output, stream);
+    cudaGraph_t graph;
+    cudaStreamEndCapture(stream, &graph);
+    cudaGraphExec_t exec;
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaStreamSynchronize(stream);
+    check(*output == -1, "a captured stream's work does not run at its capture");
+    // Each launch runs it again, on what the page-locked input holds then; the same bits as eagerly.
+    double replayed[2], eager[2];
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < n; i++) input[i] = (float)((i * (round + 3)) % 11) - 4.75f;
+        cudaGraphLaunch(exec, stream);
+        cudaStreamSynchronize(stream);
+        replayed[round] = *output;
+        step(input, x, y, n, sum, output, stream);
+        cudaStreamSynchronize(stream);
+        eager[round] = *output;
+    }
+    char what[256];
+    snprintf(what, sizeof what, "a graph launched twice on new inputs: %.4f and %.4f, the eager step's bit for bit",
+             replayed[0], replayed[1]);
+    check(replayed[0] == eager[0] && replayed[1] == eager[1] && replayed[0] != replayed[1], what);
+    enum cudaStreamCaptureStatus status;
+    cudaStreamIsCapturing(stream, &status);
+    check(status == cudaStreamCaptureStatusNone && cudaStreamBeginCapture(0, cudaStreamCaptureModeThreadLocal) != cudaSuccess,
+          "capture has ended; the legacy default stream cannot be captured");
+    cudaGetLastError();
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+}
+
 int main(void) {
     check(dies(host_reads_device_memory, SIGSEGV, NULL), "host code that reads device memory is a segfault");
     check(dies(kernel_given_host_memory, SIGABRT, "kernel fill_kernel: argument 0"),
@@ -139,6 +213,8 @@ int main(void) {
     cudaMemcpy(c, dc, sizeof c, cudaMemcpyDeviceToHost);
     check(c[0] == 19 && c[2] == 22 && c[1] == 43 && c[3] == 50, "cublasSgemm, column-major, beta 0 over NaN");
 
-    printf("%d passed, %d failed\n", 11 - failures, failures);
+    test_graphs();
+
+    printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }
