@@ -257,7 +257,7 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
             // DDP averages this part's gradients over its replicas in the last micro-batch's backward
             // of the last micro-step (model.no_sync() for the others).
             ddp_set_sync(ddp, sync && i == M - 1);
-            const Tensor *grad_input = gpt_stage_backward(model, slot, inputs + offset, Bm, T, ddp_grad_ready, ddp);
+            const Tensor *grad_input = gpt_stage_backward(model, slot, Bm, T, ddp_grad_ready, ddp);
             if (!first) send = (P2pSend){grad_input, grid->stage - 1}, n_send = 1;
         }
         if (timer) stage_timer_compute_end(timer, k, forward);

@@ -191,7 +191,6 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->tp_size = m->tensor_group ? m->tensor_group->size : 1;
     m->recompute_batch = split ? split->recompute_batch : 0;
     m->sequence_parallel = split && split->sequence_parallel && m->tp_size > 1;
-    m->tokens_micro_batch = -1;
     const int V = c->vocab_size, C = c->n_embd, L = m->n_blocks, T = c->block_size, tp = m->tp_size;
     const int H = c->n_head / tp, N = max_batch * T;
     const int S = m->sequence_parallel ? tp : 1, NS = N / S;  // the token-wise regions' rows
@@ -236,7 +235,7 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     }
 
     // Activations and scratch for N tokens (a later stage's input is `embedded`).
-    if (m->has_embeddings) m->tokens = token_batch_new(N, V, device);
+    if (m->has_embeddings) m->slot_tokens = xcalloc((size_t)max_batch, sizeof(TokenBatch));
     m->targets = xmalloc((size_t)N * sizeof(int));
     m->embedded = tensor_zeros(NS, C, device);
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
@@ -426,7 +425,9 @@ void gpt_free(Gpt *m) {
                       &m->grad_layernorm_part};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) tensor_free(rest[i]);
     free(m->acts), free(m->blocks), free(m->grad_blocks), free(m->params), free(m->param_index);
-    token_batch_free(&m->tokens);
+    for (int i = 0; m->slot_tokens && i < m->max_batch; i++)
+        if (m->slot_tokens[i].capacity) token_batch_free(&m->slot_tokens[i]);
+    free(m->slot_tokens);
     free(m->targets);
     free(m);
 }
@@ -660,15 +661,16 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
     if (dropout) draw_dropout_masks(m, B, T);
     Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
     if (m->has_embeddings) {
-        token_batch_set(&m->tokens, inputs, N);  // (each token checked against the vocabulary)
-        m->tokens_micro_batch = micro;
+        TokenBatch *tokens = &m->slot_tokens[micro];
+        if (!tokens->capacity) *tokens = token_batch_new(m->max_batch * c->block_size, c->vocab_size, m->device);
+        token_batch_set(tokens, inputs, N);  // (each token checked against the vocabulary)
         if (m->sequence_parallel) {  // every token's, then this rank's rows of them
             Tensor all = tensor_rows(&m->gathered, N);
-            embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &all);
+            embedding_forward(tokens, &m->wte, &m->wpe, B, T, &all);
             Tensor mine = rows_at(&all, first_token_row(m, N), n);
             tensor_copy(&x, &mine);
         } else {
-            embedding_forward(&m->tokens, &m->wte, &m->wpe, B, T, &x);
+            embedding_forward(tokens, &m->wte, &m->wpe, B, T, &x);
         }
         if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
     }
@@ -756,7 +758,7 @@ static void ready(Gpt *m, int slot, GradReadyHook hook, void *context) {
     if (hook && m->param_index[slot] >= 0) hook(context, m->param_index[slot]);
 }
 
-const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, int T, GradReadyHook hook,
+const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook hook,
                                  void *context) {
     const GptConfig *c = &m->config;
     check_micro_batch(m, micro, B, T);
@@ -828,12 +830,10 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, in
         return &m->grad_input;
     }
     if (dropout) multiply_by_mask(&grad_residual, &m->embed_mask);  // through transformer.drop
-    if (m->tokens_micro_batch != micro) {  // a pipeline's backward follows other micro-batches' forwards
-        token_batch_set(&m->tokens, inputs, N);
-        m->tokens_micro_batch = micro;
-    }
+    const TokenBatch *tokens = &m->slot_tokens[micro];  // (its forward's: a pipeline runs others' in between)
+    CHECK(tokens->n == N, "gpt: micro-batch slot %d's backward for %d tokens, its forward had %d", micro, N, tokens->n);
     Tensor grad_embedded = gather_tokens(m, &grad_residual);  // every token's (alike on the group's ranks)
-    embedding_backward(&m->tokens, &grad_embedded, B, T, &m->grad_wte, &m->grad_wpe);
+    embedding_backward(tokens, &grad_embedded, B, T, &m->grad_wte, &m->grad_wpe);
     ready(m, top + TOP_WPE, hook, context);
     ready(m, top + TOP_WTE, hook, context);
     return NULL;
@@ -841,7 +841,7 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, const int *inputs, int B, in
 
 void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
     CHECK(m->has_embeddings && m->has_head, "gpt_backward: a whole model (a stage: gpt_stage_backward)");
-    gpt_stage_backward(m, 0, NULL, m->B, m->T, hook, context);
+    gpt_stage_backward(m, 0, m->B, m->T, hook, context);
 }
 
 void gpt_zero_grad(Gpt *m) {

@@ -121,8 +121,9 @@ typedef struct {
     uint64_t dropout_seed, dropout_forwards;
     // The last forward's batch and activations.
     int B, T;
-    TokenBatch tokens;                             // the batch's inputs, on the device (the first stage)
-    int tokens_micro_batch;                        // whose tokens `tokens` holds (a stage's backward may need another's)
+    TokenBatch *slot_tokens;                       // [max_batch] (the first stage): micro-batch slot s's inputs on the
+                                                   // device, uploaded by its forward (at the first, allocated) and read
+                                                   // again by its backward, which a pipeline runs after others' forwards
     int *targets;                                  // [max_batch * block_size], on the host (the loss copies them)
     Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout); a later stage's input
     Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
@@ -220,11 +221,10 @@ float gpt_stage_loss(Gpt *model, int micro, const int *targets, int B, int T, fl
 void gpt_stage_loss_to(Gpt *model, int micro, const int *targets, int B, int T, float factor, LossSlot slot);
 // Not the last stage: where the caller puts d loss / d output [B * T, C] before gpt_stage_backward.
 Tensor gpt_stage_grad_output(Gpt *model, int B, int T);
-// Backward of micro-batch micro (inputs: the same as its forward's, for the first stage's
-// embeddings). Returns d loss / d the stage's input [B * T, C] for the previous stage (NULL on the
+// Backward of micro-batch micro (the first stage's embeddings: the tokens its forward uploaded to
+// its slot). Returns d loss / d the stage's input [B * T, C] for the previous stage (NULL on the
 // first stage). The hook as gpt_backward's, for every gradient of the part, each time.
-const Tensor *gpt_stage_backward(Gpt *model, int micro, const int *inputs, int B, int T, GradReadyHook hook,
-                                 void *context);
+const Tensor *gpt_stage_backward(Gpt *model, int micro, int B, int T, GradReadyHook hook, void *context);
 
 // Row `row` of the last forward's logits [V], copied to the host (the host waits for the forward).
 void gpt_logits_row(const Gpt *model, int row, float *host);

@@ -621,12 +621,11 @@ void gelu_backward(const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
 
 TokenBatch token_batch_new(int capacity, int vocab_size, Device device) {
     TokenBatch batch = {.capacity = capacity, .vocab_size = vocab_size, .device = device};
-    batch.tokens = int_buffer_new((size_t)capacity, device);
-    if (HAVE_CUDA && device == DEVICE_CUDA) {
-        batch.row_start = int_buffer_new((size_t)vocab_size + 1, device);
-        batch.positions = int_buffer_new((size_t)capacity, device);
-        batch.host_index = xmalloc(((size_t)vocab_size + 1 + (size_t)capacity) * sizeof(int));
-    }
+    bool gpu = HAVE_CUDA && device == DEVICE_CUDA;
+    size_t count = gpu ? 2 * (size_t)capacity + (size_t)vocab_size + 1 : (size_t)capacity;
+    batch.index = int_buffer_new(count, device);
+    if (gpu) batch.host_index = xmalloc(count * sizeof(int));
+    batch.tokens = batch.index.data;
     return batch;
 }
 
@@ -636,24 +635,28 @@ void token_batch_set(TokenBatch *batch, const int *tokens, int n) {
         CHECK(tokens[i] >= 0 && tokens[i] < batch->vocab_size, "token %d at %d: not in the vocabulary of %d", tokens[i],
               i, batch->vocab_size);
     batch->n = n;
-    int_buffer_from_host(&batch->tokens, tokens, (size_t)n);
-    if (!batch->host_index) return;  // the CPU's backward walks the tokens themselves
-    // A stable counting sort of the positions by token: row_start from the counts, then each
-    // position in increasing order into its token's run.
-    int *row_start = batch->host_index, *positions = batch->host_index + batch->vocab_size + 1;
-    memset(row_start, 0, ((size_t)batch->vocab_size + 1) * sizeof(int));
+    if (!batch->host_index) {  // the CPU's backward walks the tokens themselves
+        int_buffer_from_host(&batch->index, tokens, (size_t)n);
+        return;
+    }
+    // [tokens | row_start | positions]: a stable counting sort of the positions by token, row_start
+    // from the counts, then each position in increasing order into its token's run.
+    const int V = batch->vocab_size;
+    int *host = batch->host_index, *row_start = host + n, *positions = row_start + V + 1;
+    memcpy(host, tokens, (size_t)n * sizeof(int));
+    memset(row_start, 0, ((size_t)V + 1) * sizeof(int));
     for (int i = 0; i < n; i++) row_start[tokens[i] + 1]++;
-    for (int v = 0; v < batch->vocab_size; v++) row_start[v + 1] += row_start[v];
+    for (int v = 0; v < V; v++) row_start[v + 1] += row_start[v];
     for (int i = 0; i < n; i++) positions[row_start[tokens[i]]++] = i;
-    for (int v = batch->vocab_size; v > 0; v--) row_start[v] = row_start[v - 1];  // each run's end back to its start
+    for (int v = V; v > 0; v--) row_start[v] = row_start[v - 1];  // each run's end back to its start
     row_start[0] = 0;
-    int_buffer_from_host(&batch->row_start, row_start, (size_t)batch->vocab_size + 1);
-    int_buffer_from_host(&batch->positions, positions, (size_t)n);
+    int_buffer_from_host(&batch->index, host, 2 * (size_t)n + (size_t)V + 1);  // one copy, no host wait
+    batch->row_start = batch->index.data + n;
+    batch->positions = batch->row_start + V + 1;
 }
 
 void token_batch_free(TokenBatch *batch) {
-    int_buffer_free(&batch->tokens);
-    if (batch->host_index) int_buffer_free(&batch->row_start), int_buffer_free(&batch->positions);
+    int_buffer_free(&batch->index);
     free(batch->host_index);
     *batch = (TokenBatch){0};
 }
@@ -672,11 +675,11 @@ void embedding_forward(const TokenBatch *tokens, const Tensor *wte, const Tensor
     check_embedding("embedding_forward", tokens, wte, wpe, B, T, x);
     if (tensor_on_gpu(x)) {
 #if HAVE_CUDA
-        gpu_embedding_forward(tokens->tokens.data, wte->data, wpe->data, B, T, x->cols, x->data, device_stream());
+        gpu_embedding_forward(tokens->tokens, wte->data, wpe->data, B, T, x->cols, x->data, device_stream());
 #endif
         return;
     }
-    cpu_embedding_forward(tokens->tokens.data, wte->data, wpe->data, B, T, x->cols, x->data);
+    cpu_embedding_forward(tokens->tokens, wte->data, wpe->data, B, T, x->cols, x->data);
 }
 
 void embedding_backward(const TokenBatch *tokens, const Tensor *grad_x, int B, int T, Tensor *grad_wte,
@@ -684,10 +687,10 @@ void embedding_backward(const TokenBatch *tokens, const Tensor *grad_x, int B, i
     check_embedding("embedding_backward", tokens, grad_wte, grad_wpe, B, T, grad_x);
     if (tensor_on_gpu(grad_x)) {
 #if HAVE_CUDA
-        gpu_embedding_backward_tables(grad_x->data, tokens->row_start.data, tokens->positions.data, tokens->vocab_size, B,
+        gpu_embedding_backward_tables(grad_x->data, tokens->row_start, tokens->positions, tokens->vocab_size, B,
                                       T, grad_x->cols, grad_wte->data, grad_wpe->data, device_stream());
 #endif
         return;
     }
-    cpu_embedding_backward(tokens->tokens.data, grad_x->data, B, T, grad_x->cols, grad_wte->data, grad_wpe->data);
+    cpu_embedding_backward(tokens->tokens, grad_x->data, B, T, grad_x->cols, grad_wte->data, grad_wpe->data);
 }

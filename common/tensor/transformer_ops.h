@@ -77,11 +77,13 @@ void gelu_backward(const Tensor *x, const Tensor *grad_y, Tensor *grad_x);
 // and, on a GPU, the same positions grouped by token, for embedding_backward: positions[row_start[v]
 // .. row_start[v + 1]) are where token v occurs, in increasing order (a stable counting sort on the
 // host), so that a thread per value of wte's row v sums them in the CPU's order, with no atomics.
+// On a GPU the three go up in one copy: [tokens | row_start | positions], built on the host.
 typedef struct {
     int n, capacity, vocab_size;
     Device device;
-    IntBuffer tokens, row_start, positions;  // [capacity], and on a GPU [vocab_size + 1], [capacity]
-    int *host_index;                         // on a GPU: the index built here, [vocab_size + 1 + capacity]
+    IntBuffer index;  // [capacity] on a CPU; on a GPU [capacity + vocab_size + 1 + capacity]
+    const int *tokens, *row_start, *positions;  // in `index`: [n], and on a GPU [vocab_size + 1] and [n] after them
+    int *host_index;  // on a GPU: what goes up, built here
 } TokenBatch;
 TokenBatch token_batch_new(int capacity, int vocab_size, Device device);
 // The batch's n tokens, from the host (each checked to be in [0, vocab_size)).

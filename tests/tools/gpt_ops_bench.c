@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
     TIME("gelu_forward [N, 4C]", gelu_forward(&fc, &fc_out));
     TIME("gelu_backward [N, 4C]", gelu_backward(&fc, &fc_out, &fc_out));
     TIME("add_elementwise [N, C]", add_elementwise(&x, &y, &grad_x));
-    TIME("embedding_backward", embedding_backward(&model->tokens, &x, B, T, &grad_wte, &grad_wpe));
+    TIME("embedding_backward", embedding_backward(&model->slot_tokens[0], &x, B, T, &grad_wte, &grad_wpe));
 
     Tensor *all[] = {&x, &y, &grad_x, &weight, &grad_weight, &mean, &rstd, &w_attn, &qkv, &grad_qkv, &att, &att_mask,
                      &att_dropped, &grad_att, &token_mask, &fc, &fc_out, &w_fc, &grad_wte, &grad_wpe};
