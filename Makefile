@@ -338,7 +338,7 @@ bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
 	@$(FETCH_SHAKESPEARE)
 	@if [ -f data/shakespeare/input.txt ]; then tests/bench_gpt.sh; else echo "step 19's benchmark skipped: no data/shakespeare/input.txt (make shakespeare)"; fi
-	@if [ "$$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ]; then build/tools/gpt_ops_bench cuda; fi
+	@if [ "$$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ]; then build/tools/gpt_ops_bench cuda && tests/bench_gpu.sh; fi
 
 # Step 7's companion: the speed-up table at 1, 2 and 4 ranks, 3 runs each, interleaved (RANKS="1 2 4 8" for
 # other world sizes, REPEATS=5 for more runs), and img/7_scaling.png.

@@ -12,6 +12,7 @@ torch's generator seeded for each micro-batch as day5/19_gpt seeds its own (PyTo
 in a build without MKL, as Debian's: a 53-bit uniform of each 64-bit draw).
 
     python3 tests/torch_gpt.py DATA_DIR WORLD_SIZE [--init w.h5] [--save w.h5] [--max_iters N] ...
+    python3 tests/torch_gpt.py DATA_DIR 1 --device cuda [--dtype bfloat16] ...   (a GPU's yardstick: tests/bench_gpu.sh)
 
 Prints, per evaluation, "step N: train loss X, val loss Y", and as its last line a JSON object:
 {"losses": [...], "evals": [[iter, train, val], ...], "train_seconds": S, "iters": N}. Weights go
@@ -139,12 +140,17 @@ def worker(rank, a, queue):
     train, val, vocab_size = load_text(a.data)
     a.vocab_size = vocab_size
     torch.manual_seed(a.seed)
+    device = torch.device(a.device)
+    # --dtype bfloat16: the matmuls under torch.autocast, the weights and AdamW's state in float32.
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = GPT(a)
     if a.init:
         import h5py
         with h5py.File(a.init, "r") as f:
             state = {k: torch.from_numpy(f[k][()]) for k in model.state_dict()}
         model.load_state_dict(state)
+    model.to(device)
     raw = model
     if world > 1:
         model = DDP(model, bucket_cap_mb=a.bucket_mb)
@@ -181,7 +187,8 @@ def worker(rank, a, queue):
             offsets = torch.randint(len(data) - a.block_size, (global_batch,), generator=eval_gen)
             for m in range(a.accum_steps):
                 x, y = windows(data, my_slice(offsets, m), a.block_size)
-                total += raw(x, y).item()
+                with autocast:
+                    total += raw(x.to(device), y.to(device)).item()
         total = torch.tensor([total], dtype=torch.float32)
         if world > 1:
             dist.all_reduce(total)
@@ -197,6 +204,7 @@ def worker(rank, a, queue):
                 print(f"step {it}: train loss {tl:.4f}, val loss {vl:.4f}", flush=True)
         if it == a.max_iters:
             break
+        sync()
         start = time.perf_counter()
         lr = get_lr(it)
         for group in optimizer.param_groups:
@@ -209,7 +217,8 @@ def worker(rank, a, queue):
                 model.require_backward_grad_sync = m == a.accum_steps - 1
             # The dropout masks of this micro-batch of the global batch, as day5/19_gpt seeds them.
             torch.manual_seed((a.seed << 32) + (1 << 31) + it * a.accum_steps * world + rank * a.accum_steps + m)
-            loss = model(x, y)
+            with autocast:
+                loss = model(x.to(device), y.to(device))
             loss_sum += loss.item()
             (loss / a.accum_steps).backward()
         if a.grad_clip > 0:
@@ -219,6 +228,7 @@ def worker(rank, a, queue):
         step_loss = torch.tensor([loss_sum], dtype=torch.float32)
         if world > 1:
             dist.all_reduce(step_loss)
+        sync()
         train_seconds += time.perf_counter() - start
         losses.append(step_loss.item() / (a.accum_steps * world))
     if rank == 0:
@@ -226,7 +236,7 @@ def worker(rank, a, queue):
             import h5py
             with h5py.File(a.save, "w") as f:
                 for k, v in raw.state_dict().items():
-                    f[k] = v.numpy()
+                    f[k] = v.cpu().numpy()
         queue.put(json.dumps({"losses": losses, "evals": evals, "train_seconds": train_seconds,
                               "iters": a.max_iters}))
     if world > 1:
@@ -251,9 +261,13 @@ def main():
                                 ("bucket_mb", float, 25.0), ("port", int, 29531), ("dropout", float, 0.0)]:
         p.add_argument("--" + name, type=kind, default=default)
     p.add_argument("--bias", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--init")
     p.add_argument("--save")
     a = p.parse_args()
+    if a.device == "cuda" and a.world_size != 1:
+        p.error("--device cuda runs one process (WORLD_SIZE 1)")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     if a.world_size == 1:
