@@ -764,21 +764,27 @@ static void exchange_sparse_gpu(Mf *model, EmbeddingTable *t) {
     size_t block_floats = (size_t)block_rows * dim;
     cudaStream_t stream = device_stream();
     GpuGroups *rows = t->batch_rows, *updates = t->updates;
+    if (world == 1) {  // the touched rows are the ones to update, each with its one gradient row
+        // (the CPU adds it to zero: the same bits, as the kernel's sums start from zero and never give -0)
+        t->gpu_update_rows = rows->group_key.data, t->gpu_update_count = rows->count.data;
+        t->gpu_update_grads = t->gpu_grad.data, t->update_bound = B;
+        return;
+    }
     float *gathered = exchange_buffer(&t->gpu_received, (size_t)world * block_floats * sizeof(float));
     float *mine = gathered + (size_t)rank * block_floats;
     gpu_copy_rows(t->gpu_grad.data, NULL, mine, NULL, NULL, rows->count.data, B, dim, stream);
     gpu_pack_ids(rows->group_key.data, rows->count.data, B, (int *)(mine + (size_t)B * dim), stream);
-    if (world > 1) {
-        Tensor my_block = {.data = mine, .rows = block_rows, .cols = dim, .device = DEVICE_CUDA};
-        Tensor all = {.data = gathered, .rows = world * block_rows, .cols = dim, .device = DEVICE_CUDA};
-        group_all_gather(group_world(), &my_block, &all);
-    }
+    Tensor my_block = {.data = mine, .rows = block_rows, .cols = dim, .device = DEVICE_CUDA};
+    Tensor all = {.data = gathered, .rows = world * block_rows, .cols = dim, .device = DEVICE_CUDA};
+    group_all_gather(group_world(), &my_block, &all);
     int *keys = device_ints(&updates->keys, (size_t)world * B);
     gpu_block_keys((const int *)(gathered + (size_t)B * dim), world, (int)block_floats, B, keys, stream);
     sort_groups(updates, keys, world * B, NULL, t->rows, B, block_rows);  // order: rows of `gathered`
     t->update_bound = world * B < t->owned ? world * B : t->owned;
     gpu_sum_rows(gathered, updates->group_start.data, updates->order.data, updates->count.data, t->update_bound, dim,
                  device_rows(&t->gpu_update_grad, (size_t)t->update_bound, dim), stream);
+    t->gpu_update_rows = updates->group_key.data, t->gpu_update_count = updates->count.data;
+    t->gpu_update_grads = t->gpu_update_grad.data;
     model->bytes_sent += (double)(world - 1) * block_floats * sizeof(float);
 }
 
@@ -797,6 +803,8 @@ static void exchange_sharded_gpu(Mf *model, EmbeddingTable *t) {
     t->update_bound = world * B < t->owned ? world * B : t->owned;
     gpu_sum_rows(received, updates->group_start.data, updates->order.data, updates->count.data, t->update_bound, dim,
                  device_rows(&t->gpu_update_grad, (size_t)t->update_bound, dim), stream);
+    t->gpu_update_rows = updates->group_key.data, t->gpu_update_count = updates->count.data;
+    t->gpu_update_grads = t->gpu_update_grad.data;
     model->bytes_sent += (double)(world - 1) * B * dim * sizeof(float);
 }
 #endif
@@ -846,8 +854,8 @@ void mf_adam_step(Mf *model) {
                                 one_minus_beta2, eps, device_stream());
                 gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (dim + 1), 0.0f, device_stream());
             } else {
-                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->updates->group_key.data,
-                                NULL, table->gpu_update_grad.data, table->updates->count.data, table->update_bound, dim,
+                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->gpu_update_rows, NULL,
+                                table->gpu_update_grads, table->gpu_update_count, table->update_bound, dim,
                                 minus_step_size, one_minus_beta1, one_minus_beta2, eps, device_stream());
             }
             continue;

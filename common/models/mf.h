@@ -109,6 +109,9 @@ typedef struct {
     DeviceBuffer gpu_send_ids, gpu_received_ids, gpu_asked, gpu_place;  // sharded: the ids asked of each owner
     struct GpuGroups *by_owner, *updates;            // sharded: touched rows by owner; the rows to update
     DeviceBuffer gpu_update_grad;                    // [updates, dim]: their gradients, summed over the global batch
+    // What SparseAdam takes on the GPU (the exchange says): the rows to update, their count, their gradients.
+    const int *gpu_update_rows, *gpu_update_count;
+    const float *gpu_update_grads;
 } EmbeddingTable;
 
 typedef struct {

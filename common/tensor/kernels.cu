@@ -604,13 +604,18 @@ __device__ static int block_exclusive_scan(int value, int *total) {
 }
 
 // One block. The valid entries (p < *n_valid, keys[p] >= 0) compacted in order, then sorted by key
-// with a least-significant-digit radix sort of one bit per pass (each pass a stable split: the
-// zeros in order, then the ones), so entries of one key keep their order p; then a group per key.
-// Each thread owns a contiguous chunk of entries, and a block-wide scan of the chunks' counts says
-// where each chunk writes: the result is the same whatever the thread count or the GPU's timing.
+// with a least-significant-digit radix sort, RADIX_BITS bits a pass (each pass a stable counting
+// sort: the entries of each digit in their order), so entries of one key keep their order p; then
+// a group per key. Each thread owns a contiguous chunk of entries; a pass counts each chunk's
+// digits, and one scan of those counts, digit-major (digit d's count in thread t's chunk at
+// d * SORT_THREADS + t), says where each chunk writes each digit: the result is the same whatever
+// the thread count or the GPU's timing.
+#define RADIX_BITS 4
+#define RADIX (1 << RADIX_BITS)
 __global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride,
                                    int *key_a, int *pos_a, int *key_b, int *pos_b, int *order, int *n_groups,
                                    int *group_key, int *group_start, int *group_of) {
+    __shared__ int digit_counts[RADIX * SORT_THREADS];
     const int t = threadIdx.x, limit = counted(n_valid, n);
     int chunk = (n + SORT_THREADS - 1) / SORT_THREADS;
     int lo = t * chunk < n ? t * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
@@ -621,14 +626,26 @@ __global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, i
         if (p < limit && keys[p] >= 0) key_a[at] = keys[p], pos_a[at] = p, at++;
     chunk = (m + SORT_THREADS - 1) / SORT_THREADS;
     lo = t * chunk < m ? t * chunk : m, hi = lo + chunk < m ? lo + chunk : m;
-    for (int bit = 0; bit < key_bits; bit++) {
-        __syncthreads();  // the last pass's writes are in
-        int zeros = 0;
-        for (int k = lo; k < hi; k++) zeros += !((key_a[k] >> bit) & 1);
-        int all_zeros, zeros_before = block_exclusive_scan(zeros, &all_zeros);
-        int zero_at = zeros_before, one_at = all_zeros + (lo - zeros_before);
+    for (int shift = 0; shift < key_bits; shift += RADIX_BITS) {
+        __syncthreads();  // the last pass's writes are in, and its reads of digit_counts done
+        int count[RADIX];
+        for (int d = 0; d < RADIX; d++) count[d] = 0;
+        for (int k = lo; k < hi; k++) count[(key_a[k] >> shift) & (RADIX - 1)]++;
+        for (int d = 0; d < RADIX; d++) digit_counts[d * SORT_THREADS + t] = count[d];
+        __syncthreads();
+        // The exclusive scan of digit_counts: thread t owns its RADIX consecutive entries.
+        int own = 0;
+        for (int i = 0; i < RADIX; i++) own += digit_counts[RADIX * t + i];
+        int all, before = block_exclusive_scan(own, &all);
+        for (int i = 0; i < RADIX; i++) {
+            const int value = digit_counts[RADIX * t + i];
+            digit_counts[RADIX * t + i] = before;
+            before += value;
+        }
+        __syncthreads();
+        for (int d = 0; d < RADIX; d++) count[d] = digit_counts[d * SORT_THREADS + t];  // where this chunk's digit d goes
         for (int k = lo; k < hi; k++) {
-            const int key = key_a[k], to = (key >> bit) & 1 ? one_at++ : zero_at++;
+            const int key = key_a[k], to = count[(key >> shift) & (RADIX - 1)]++;
             key_b[to] = key, pos_b[to] = pos_a[k];
         }
         int *swap = key_a;
