@@ -19,7 +19,8 @@
 //            collective: DLRM's and TorchRec's model-parallel embeddings).
 // The three take the same steps (mf.h says how the sums are ordered for it),
 // on CPUs or GPUs (--device: the tables on the GPU, the gathers, scatters and
-// SparseAdam in kernels, the rows by NCCL).
+// SparseAdam in kernels, the rows by NCCL; the host queues each step and never
+// waits for the GPU inside it: mf.h says how).
 //
 // The data: each rank reads only its byte range of ratings.csv
 // (common/data/movielens.h), so no rank holds the whole file; every epoch the
