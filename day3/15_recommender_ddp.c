@@ -19,7 +19,8 @@
 //            collective: DLRM's and TorchRec's model-parallel embeddings).
 // The three take the same steps (mf.h says how the sums are ordered for it),
 // on CPUs or GPUs (--device: the tables on the GPU, the gathers, scatters and
-// SparseAdam in kernels, the rows by NCCL).
+// SparseAdam in kernels, the rows by NCCL; the host queues each step and never
+// waits for the GPU inside it: mf.h says how).
 //
 // The data: each rank reads only its byte range of ratings.csv
 // (common/data/movielens.h), so no rank holds the whole file; every epoch the
@@ -56,7 +57,7 @@
 #include "records/loss_log.h"       // the loss of every step, CSV and PNG
 #include "records/plot.h"           // plot_panels_png: the training loss above the test RMSE
 #include "records/tracking.h"       // tracking_start, tracking_log_metric: the run in MLflow (--mlflow)
-#include "runtime/device.h"         // host_peak_resident_bytes: the load's peak memory
+#include "runtime/device.h"         // host_peak_resident_bytes: the load's peak memory; device_synchronize
 #include "runtime/dist.h"           // dist_init, dist_rank, print0: the process group
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init
@@ -176,7 +177,7 @@ int main(int argc, char **argv) {
 
     // Batches: global batch b is positions [bG, (b + 1)G) of a shuffle of all the training ratings.
     RatingSampler sampler = rating_sampler_new(n_train, train_user, train_item, train_rating, opt.batch_size,
-                                               !opt.no_shuffle, (uint64_t)opt.seed);
+                                               !opt.no_shuffle, (uint64_t)opt.seed, device);  // (GPU: an epoch's ratings there)
     int epochs = max_steps < 0 ? opt.epochs : (max_steps + sampler.n_batches - 1) / sampler.n_batches;
 
     // Model and optimizer: first what its tables will take on this rank (the figure the
@@ -215,20 +216,27 @@ int main(int argc, char **argv) {
         int epoch_steps = 0;
         for (int b = 0; b < sampler.n_batches && steps != max_steps; b++) {
             RatingBatch batch = rating_sampler_batch(&sampler, b);
-            mf_lookup(model, batch.user, batch.item, batch.n);          // embedding(user), embedding(item)
-            double mse_sum;
-            double loss = mf_forward_backward(model, batch.rating, batch.n, batch.global_n, &mse_sum);  // loss.backward()
-            mf_exchange_gradients(model);                               // DDP: the global batch's gradients
-            mf_adam_step(model);                                        // optimizer.step()
-            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // for the log
-            check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the sum above spread any nan to every rank
-            loss_log_add(&losses, epoch, (float)loss);
-            tracking_log_metric(run, "loss", (float)loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
-            loss_sum += loss;
+            mf_lookup(model, &batch);                 // embedding(user), embedding(item)
+            mf_forward_backward(model, &batch);       // loss = ...; loss.backward()
+            mf_exchange_gradients(model);             // DDP: the global batch's gradients
+            mf_adam_step(model);                      // optimizer.step()
             epoch_samples += (double)batch.global_n;
             epoch_steps++;
             steps++;
+            // The global batch's loss of each step, for the log: on a CPU rank this step's; on a GPU
+            // rank they stay there until the epoch's last step (the host waits for the GPU then, not
+            // every step), so a nan is noticed at its epoch's end, still named by its step.
+            const double *taken;
+            int n_taken = mf_take_losses(model, b == sampler.n_batches - 1 || steps == max_steps, &taken);
+            for (int i = 0; i < n_taken; i++) {
+                double loss = taken[i];
+                check_loss_finite(loss, losses.n + 1, epoch + 1, run);  // the ranks' sum spread any nan to every rank
+                loss_log_add(&losses, epoch, (float)loss);
+                tracking_log_metric(run, "loss", (float)loss, losses.n - 1);  // mlflow.log_metric("loss", loss, step=step)
+                loss_sum += loss;
+            }
         }
+        device_synchronize();  // torch.cuda.synchronize(): the epoch's queued steps are done (nothing on a CPU)
         double train_seconds = wall_seconds() - epoch_start;
         rmse = test_rmse(model, test_user, test_item, test_rating, n_test, n_test_total);
         check_result_finite(rmse, "test RMSE", epoch + 1, run);  // "Test RMSE -nan" is no result
@@ -248,7 +256,7 @@ int main(int argc, char **argv) {
     else
         print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
                "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
-               steps ? 1e3 * model->comm_seconds / steps : 0.0, mf_embedding_bytes(model) / 1e6);
+               steps ? 1e3 * mf_comm_seconds(model) / steps : 0.0, mf_embedding_bytes(model) / 1e6);
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 

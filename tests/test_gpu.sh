@@ -523,8 +523,10 @@ if [ "$gpus" -ge 2 ]; then
             lost_peer $place $np 6 day4/17_tensor_parallel --tp 2 --epochs 1 --plot ''  # an allreduce of g (or of DDP)
             lost_peer $place $np 8 day4/18_zero_sharding --zero 3 --prefetch --epochs 1 --plot ''  # the second step's first all-gather
             if [ -f data/movielens/ratings.csv ]; then
-                lost_peer $place $np 6 day3/15_recommender_ddp --embeddings dense --max_steps 5 --plot ''  # the second step's first allreduce
-                lost_peer $place $np 12 day3/15_recommender_ddp --embeddings sharded --max_steps 5 --plot ''  # a send or receive of the second step
+                # (a step: dense 2 allreduces per table; sharded 4 sends or receives per sharded table to look up,
+                # 2 to send its gradients, an all-gather per bias table; at 2 ranks)
+                lost_peer $place $np 9 day3/15_recommender_ddp --embeddings dense --max_steps 5 --plot ''  # the second step's first allreduce
+                lost_peer $place $np 15 day3/15_recommender_ddp --embeddings sharded --max_steps 5 --plot ''  # the second step's first send
             fi
             if [ -f data/shakespeare/input.txt ]; then  # an all-gather or reduce-scatter of sequence parallelism, in the second step
                 lost_peer $place $np 60 day5/20_gpt_3d --tp $np --sp --n_layer 2 --n_embd 32 --block_size 16 --batch_size 4 --max_iters 5 \

@@ -7,11 +7,15 @@
 #include "base/check.h"
 #include "base/rng.h"
 #include "runtime/dist.h"
+#if HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, const float *rating, int batch_size,
-                                 bool shuffle, uint64_t seed) {
+                                 bool shuffle, uint64_t seed, Device device) {
     RatingSampler s = {.n_local = n_local, .user = user, .item = item, .rating = rating, .batch_size = batch_size,
-                       .world = dist_world_size(), .rank = dist_rank(), .shuffle = shuffle, .seed = seed};
+                       .world = dist_world_size(), .rank = dist_rank(), .shuffle = shuffle, .seed = seed,
+                       .device = HAVE_CUDA ? device : DEVICE_CPU};
     long n = n_local;
     CHECK_MPI(MPI_Exscan(&n, &s.first, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
     if (s.rank == 0) s.first = 0;
@@ -36,6 +40,41 @@ static int owner_of(const RatingSampler *s, long position, long *slot) {
     // Full batches give every rank batch_size samples: slices of batch b start at b x batch_size.
     *slot = b * s->batch_size + offset - slice_start(batch_n, r, s->world);
     return r;
+}
+
+// This epoch's arrays: kept from epoch to epoch (n_mine is the same every epoch: the batches'
+// slices depend on the counts only). On a GPU rank the host's are page-locked, and the copy of
+// the last epoch's is over before they are written again (long over: a whole epoch ran since).
+static void epoch_arrays(RatingSampler *s) {
+    if (s->capacity >= s->n_mine && s->epoch_user) {
+#if HAVE_CUDA
+        if (s->device == DEVICE_CUDA) device_wait_event((cudaEvent_t)s->copied, "the copy of the epoch's ratings");
+#endif
+        return;
+    }
+    if (s->device == DEVICE_CUDA) {
+        device_synchronize();  // nothing queued may still read the arrays freed here
+        device_host_free(s->epoch_user), device_host_free(s->epoch_item), device_host_free(s->epoch_rating);
+        device_free(s->gpu_user), device_free(s->gpu_item), device_free(s->gpu_rating);
+    } else {
+        free(s->epoch_user), free(s->epoch_item), free(s->epoch_rating);
+    }
+    s->capacity = s->n_mine;
+    size_t ints = (size_t)s->n_mine * sizeof(int) + 1, floats = (size_t)s->n_mine * sizeof(float) + 1;
+    if (s->device == DEVICE_CUDA) {
+        s->epoch_user = device_host_alloc(ints), s->epoch_item = device_host_alloc(ints);
+        s->epoch_rating = device_host_alloc(floats);
+        s->gpu_user = device_alloc(ints), s->gpu_item = device_alloc(ints), s->gpu_rating = device_alloc(floats);
+#if HAVE_CUDA
+        if (!s->copied) {
+            cudaEvent_t copied;
+            CHECK_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+            s->copied = copied;
+        }
+#endif
+    } else {
+        s->epoch_user = xmalloc(ints), s->epoch_item = xmalloc(ints), s->epoch_rating = xmalloc(floats);
+    }
 }
 
 typedef struct {
@@ -86,12 +125,7 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
                             MPI_COMM_WORLD));
     MPI_Type_free(&record);
     free(send);
-    free(s->epoch_user);
-    free(s->epoch_item);
-    free(s->epoch_rating);
-    s->epoch_user = xmalloc((size_t)s->n_mine * sizeof(int) + 1);
-    s->epoch_item = xmalloc((size_t)s->n_mine * sizeof(int) + 1);
-    s->epoch_rating = xmalloc((size_t)s->n_mine * sizeof(float) + 1);
+    epoch_arrays(s);
     for (long k = 0; k < s->n_mine; k++) {
         Record *rec = &received[k];
         CHECK(rec->slot >= 0 && rec->slot < s->n_mine, "sampler: slot %d outside 0..%ld", rec->slot, s->n_mine);
@@ -100,6 +134,16 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
         s->epoch_rating[rec->slot] = rec->rating;
     }
     free(received);
+#if HAVE_CUDA
+    if (s->device == DEVICE_CUDA && s->n_mine > 0) {  // to the GPU, from page-locked memory: queued, no wait
+        cudaStream_t stream = device_stream();
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_user, s->epoch_user, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_item, s->epoch_item, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_rating, s->epoch_rating, (size_t)s->n_mine * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream));
+        CHECK_CUDA(cudaEventRecord((cudaEvent_t)s->copied, stream));
+    }
+#endif
     free(send_count);
     free(receive_count);
     free(send_offset);
@@ -111,11 +155,24 @@ RatingBatch rating_sampler_batch(const RatingSampler *s, int b) {
     long batch_n = s->n_total - start < global_batch ? s->n_total - start : global_batch;
     long first = slice_start(batch_n, s->rank, s->world), end = slice_start(batch_n, s->rank + 1, s->world);
     long at = (long)b * s->batch_size;
-    return (RatingBatch){.user = s->epoch_user + at, .item = s->epoch_item + at, .rating = s->epoch_rating + at,
-                         .n = (int)(end - first), .global_n = batch_n};
+    // A rank's slice holds at most batch_size samples (a full batch's, exactly).
+    RatingBatch batch = {.user = s->epoch_user + at, .item = s->epoch_item + at, .rating = s->epoch_rating + at,
+                         .n = (int)(end - first), .global_n = batch_n, .max_n = s->batch_size};
+    if (s->device == DEVICE_CUDA)
+        batch.gpu_user = s->gpu_user + at, batch.gpu_item = s->gpu_item + at, batch.gpu_rating = s->gpu_rating + at;
+    return batch;
 }
 
 void rating_sampler_free(RatingSampler *s) {
+    if (s->device == DEVICE_CUDA) {
+        device_synchronize();
+        device_host_free(s->epoch_user), device_host_free(s->epoch_item), device_host_free(s->epoch_rating);
+        device_free(s->gpu_user), device_free(s->gpu_item), device_free(s->gpu_rating);
+#if HAVE_CUDA
+        if (s->copied) CHECK_CUDA(cudaEventDestroy((cudaEvent_t)s->copied));
+#endif
+        return;
+    }
     free(s->epoch_user);
     free(s->epoch_item);
     free(s->epoch_rating);

@@ -2,7 +2,7 @@
 // seeded shuffle of all the training ratings, each rank given its slice of
 // each, whichever rank read the rating.
 //
-//   RatingSampler s = rating_sampler_new(n_local, user, item, rating, first, batch_size, shuffle, seed);
+//   RatingSampler s = rating_sampler_new(n_local, user, item, rating, batch_size, shuffle, seed, device);
 //   rating_sampler_set_epoch(&s, epoch);     // collective: the ratings move to the ranks that train on them
 //   for (int b = 0; b < s.n_batches; b++) {
 //       RatingBatch batch = rating_sampler_batch(&s, b);   // this rank's slice of global batch b
@@ -17,9 +17,15 @@
 // ratings a rank trains on this epoch are mostly elsewhere: they travel by
 // one all-to-all per epoch (16 bytes a rating), and the perm (4 bytes a
 // training rating) is drawn on every rank.
+//
+// On a GPU rank the epoch's ratings (the slices of all its batches) go to the GPU once an epoch,
+// from page-locked memory, and each batch points into them there too: a step uploads nothing
+// (docs/gpus.md, "No host wait inside a training step").
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "runtime/device.h"
 
 typedef struct {
     long n_total;             // training ratings, all ranks
@@ -35,6 +41,12 @@ typedef struct {
     long n_mine;
     int *epoch_user, *epoch_item;
     float *epoch_rating;
+    // On a GPU rank: the host arrays above are page-locked, and these are their device copies.
+    Device device;
+    long capacity;                         // ratings the arrays hold room for
+    int *gpu_user, *gpu_item;
+    float *gpu_rating;
+    void *copied;                          // the copies' event (cudaEvent_t): the host arrays are free again
 } RatingSampler;
 
 typedef struct {
@@ -42,11 +54,14 @@ typedef struct {
     const float *rating;
     int n;            // this rank's samples (may be 0 in a short last batch)
     long global_n;    // the global batch's
+    int max_n;        // the most samples of any rank's slice of any batch: the same on every rank
+    const int *gpu_user, *gpu_item;  // on a GPU rank, the same samples on the GPU (else NULL)
+    const float *gpu_rating;
 } RatingBatch;
 
 // Collective. The arrays are borrowed: they must outlive the sampler.
 RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, const float *rating, int batch_size,
-                                 bool shuffle, uint64_t seed);
+                                 bool shuffle, uint64_t seed, Device device);
 void rating_sampler_set_epoch(RatingSampler *s, int epoch);
 RatingBatch rating_sampler_batch(const RatingSampler *s, int b);
 void rating_sampler_free(RatingSampler *s);

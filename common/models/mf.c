@@ -29,22 +29,25 @@ static void grow(void **buffer, int *capacity, int needed, size_t item_bytes) {
 
 static bool on_gpu(const Mf *model) { return HAVE_CUDA && model->device == DEVICE_CUDA; }
 
+// GPU: gpu_sort_groups' inputs and outputs (kernels.h), kept from step to step. `count` holds
+// the number of groups: device memory, which the host never reads in a step.
+typedef struct GpuGroups {
+    DeviceBuffer keys, scratch, order, count, group_key, group_start, group_of;
+} GpuGroups;
+
+// GPU: a pair of CUDA events around each exchange, read once they have happened (a ring), so
+// that timing the communication makes the host wait for nothing.
+enum { COMM_TIMES = 256 };
+typedef struct CommTimes {
+    void *start[COMM_TIMES], *done[COMM_TIMES];  // cudaEvent_t
+    int oldest, n;
+} CommTimes;
+
 #if HAVE_CUDA
 // ------------------------------------------------------------------ GPU memory
 // Room for n rows of dim floats in b (one more: n may be 0).
 static float *device_rows(DeviceBuffer *b, size_t n, int dim) {
     return device_buffer_reserve(b, (n + 1) * (size_t)dim * sizeof(float));
-}
-
-// n ints from the host into b; returns their device copy. The host array may
-// be reused on return (the wait is polled, as every wait here).
-static int *upload_ints(DeviceBuffer *b, const int *host, int n, const char *what) {
-    int *device_ints = device_buffer_reserve(b, ((size_t)n + 1) * sizeof(int));
-    if (n > 0) {
-        CHECK_CUDA(cudaMemcpyAsync(device_ints, host, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, device_stream()));
-        device_wait_stream(device_stream(), what);
-    }
-    return device_ints;
 }
 
 static void upload_floats(float *device_floats, const float *host, size_t n, const char *what) {
@@ -117,13 +120,24 @@ static void table_init(EmbeddingTable *t, const char *name, int rows, int dim, b
     if (gpu) {
         float **tables[4] = {&t->gpu_weight, &t->gpu_exp_avg, &t->gpu_exp_avg_sq, &t->gpu_dense_grad};
         for (int k = 0; k < 4; k++) {
-            size_t table_bytes = k < 3 ? bytes : mode == EMBEDDINGS_DENSE ? ((size_t)rows * dim + 1) * sizeof(float) : 0;
+            size_t table_bytes = k < 3 ? bytes : mode == EMBEDDINGS_DENSE ? ((size_t)rows * (dim + 1) + 1) * sizeof(float) : 0;
             if (!table_bytes) continue;
             *tables[k] = device_alloc(table_bytes);
             CHECK_CUDA(cudaMemsetAsync(*tables[k], 0, table_bytes, device_stream()));
         }
+        t->by_owner = xcalloc(1, sizeof(GpuGroups));
+        t->updates = xcalloc(1, sizeof(GpuGroups));
     }
 #endif
+}
+
+static void groups_free(GpuGroups *g) {
+#if HAVE_CUDA
+    if (!g) return;
+    DeviceBuffer *buffers[] = {&g->keys, &g->scratch, &g->order, &g->count, &g->group_key, &g->group_start, &g->group_of};
+    for (size_t k = 0; k < sizeof buffers / sizeof buffers[0]; k++) device_buffer_free(buffers[k]);
+#endif
+    free(g);
 }
 
 static void table_free(EmbeddingTable *t) {
@@ -134,12 +148,13 @@ static void table_free(EmbeddingTable *t) {
 #if HAVE_CUDA
     float *tables[4] = {t->gpu_weight, t->gpu_exp_avg, t->gpu_exp_avg_sq, t->gpu_dense_grad};
     for (int k = 0; k < 4; k++) device_free(tables[k]);
-    DeviceBuffer *device_buffers[] = {&t->gpu_looked_up, &t->gpu_grad, &t->gpu_update_grad, &t->gpu_exchange,
-                                      &t->gpu_touched, &t->gpu_sample_slot, &t->gpu_ask_order, &t->gpu_asked,
-                                      &t->gpu_sample_start, &t->gpu_sample, &t->gpu_update, &t->gpu_update_start,
-                                      &t->gpu_update_source};
+    DeviceBuffer *device_buffers[] = {&t->gpu_looked_up, &t->gpu_grad, &t->gpu_send, &t->gpu_received,
+                                      &t->gpu_send_ids, &t->gpu_received_ids, &t->gpu_asked, &t->gpu_place,
+                                      &t->gpu_update_grad};
     for (size_t k = 0; k < sizeof device_buffers / sizeof device_buffers[0]; k++) device_buffer_free(device_buffers[k]);
 #endif
+    groups_free(t->by_owner);
+    groups_free(t->updates);
 }
 
 static int local_index(const EmbeddingTable *t, int row) { return t->sharded ? row / dist_world_size() : row; }
@@ -200,6 +215,12 @@ Mf *mf_new(EmbeddingsMode mode, Device device, int n_users, int n_items, int dim
         }
     free(row);
     upload_weights(model);
+    if (gpu) {  // the batch's rows of each id array, shared by the two tables that it indexes
+        model->gpu_users = xcalloc(1, sizeof(GpuGroups));
+        model->gpu_items = xcalloc(1, sizeof(GpuGroups));
+        model->user_embedding.batch_rows = model->user_bias.batch_rows = model->gpu_users;
+        model->item_embedding.batch_rows = model->item_bias.batch_rows = model->gpu_items;
+    }
     return model;
 }
 
@@ -213,7 +234,22 @@ void mf_free(Mf *model) {
 #if HAVE_CUDA
     device_buffer_free(&model->gpu_rating);
     device_buffer_free(&model->gpu_forward);
+    device_buffer_free(&model->gpu_user);
+    device_buffer_free(&model->gpu_item);
+    if (model->comm_times) {
+        CommTimes *times = model->comm_times;
+        for (int k = 0; k < COMM_TIMES; k++) {
+            CHECK_CUDA(cudaEventDestroy((cudaEvent_t)times->start[k]));
+            CHECK_CUDA(cudaEventDestroy((cudaEvent_t)times->done[k]));
+        }
+    }
+    if (model->losses && on_gpu(model)) device_free(model->losses);
+    if (model->host_losses && on_gpu(model)) device_host_free(model->host_losses);
 #endif
+    if (!on_gpu(model)) free(model->losses);
+    free(model->comm_times);
+    groups_free(model->gpu_users);
+    groups_free(model->gpu_items);
     free(model->forward);
     free(model);
 }
@@ -315,23 +351,6 @@ static void table_fetch_sharded(Mf *model, EmbeddingTable *t) {
     model->bytes_sent += (double)(t->n_touched - t->ask_count[rank]) * sizeof(int) +
                          (double)(t->n_asked - t->asked_count[rank]) * dim * sizeof(float);
     free(ids);
-#if HAVE_CUDA
-    if (on_gpu(model)) {  // the owners gather the rows asked, which travel by NCCL, and land in place
-        float *reply = device_rows(&t->gpu_exchange, 2 * (size_t)rows_needed, dim);
-        float *received = reply + (size_t)rows_needed * dim;
-        int *asked = upload_ints(&t->gpu_asked, t->asked, t->n_asked, "the rows asked of this rank");
-        gpu_gather_rows(t->gpu_weight, asked, t->n_asked, dim, reply, device_stream());
-        device_wait_stream(device_stream(), "the rows asked of this rank");
-        start = wall_seconds();
-        gpu_rows_all_to_all(reply, t->asked_count, t->asked_offset, received, t->ask_count, t->ask_offset, dim);
-        device_wait_stream(device_stream(), "the embedding rows of the batch (all-to-all)");
-        model->comm_seconds += wall_seconds() - start;
-        int *order = upload_ints(&t->gpu_ask_order, t->ask_order, t->n_touched, "the rows' order");
-        gpu_scatter_rows(received, order, t->n_touched, dim, device_rows(&t->gpu_looked_up, t->n_touched, dim),
-                         device_stream());
-        return;
-    }
-#endif
     grow((void **)&t->exchange, &t->exchange_capacity, 2 * rows_needed + 1, (size_t)dim * sizeof(float));
     float *reply = t->exchange, *received = t->exchange + (size_t)rows_needed * dim;
     for (int k = 0; k < t->n_asked; k++)
@@ -348,19 +367,6 @@ static void table_fetch_sharded(Mf *model, EmbeddingTable *t) {
 
 static void table_lookup(Mf *model, EmbeddingTable *t, const int *index, int n) {
     table_collect(t, index, n);
-#if HAVE_CUDA
-    if (on_gpu(model)) {
-        upload_ints(&t->gpu_sample_slot, t->sample_slot, n, "the batch's rows");
-        if (t->sharded) {
-            table_fetch_sharded(model, t);
-            return;
-        }
-        int *touched = upload_ints(&t->gpu_touched, t->touched, t->n_touched, "the batch's rows");
-        gpu_gather_rows(t->gpu_weight, touched, t->n_touched, t->dim,
-                        device_rows(&t->gpu_looked_up, t->n_touched, t->dim), device_stream());
-        return;
-    }
-#endif
     if (t->sharded) {
         table_fetch_sharded(model, t);
         return;
@@ -369,84 +375,62 @@ static void table_lookup(Mf *model, EmbeddingTable *t, const int *index, int n) 
         memcpy(t->looked_up + (size_t)j * t->dim, t->weight + (size_t)t->touched[j] * t->dim, (size_t)t->dim * sizeof(float));
 }
 
-void mf_lookup(Mf *model, const int *user, const int *item, int n) {
-    table_lookup(model, &model->user_embedding, user, n);
-    table_lookup(model, &model->item_embedding, item, n);
-    table_lookup(model, &model->user_bias, user, n);
-    table_lookup(model, &model->item_bias, item, n);
+#if HAVE_CUDA
+static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool timed);
+#endif
+
+void mf_lookup(Mf *model, const RatingBatch *batch) {
+    CHECK(batch->n <= batch->max_n, "mf_lookup: %d samples, past the batch's bound %d", batch->n, batch->max_n);
+#if HAVE_CUDA
+    if (on_gpu(model)) {
+        const int *user = batch->gpu_user, *item = batch->gpu_item;
+        if (!user) {  // ids on the host: to the GPU through page-locked memory (no wait)
+            size_t bytes = ((size_t)batch->n + 1) * sizeof(int);
+            int *device_user = device_buffer_reserve(&model->gpu_user, bytes), *device_item = device_buffer_reserve(&model->gpu_item, bytes);
+            device_upload(device_user, batch->user, (size_t)batch->n * sizeof(int), "the batch's users");
+            device_upload(device_item, batch->item, (size_t)batch->n * sizeof(int), "the batch's items");
+            user = device_user, item = device_item;
+        }
+        lookup_gpu(model, user, item, batch->n, batch->max_n, true);
+        return;
+    }
+#endif
+    table_lookup(model, &model->user_embedding, batch->user, batch->n);
+    table_lookup(model, &model->item_embedding, batch->item, batch->n);
+    table_lookup(model, &model->user_bias, batch->user, batch->n);
+    table_lookup(model, &model->item_bias, batch->item, batch->n);
 }
 
 // ------------------------------------------------------------------ forward and backward
 #if HAVE_CUDA
-// Groups `n` items by their slot (< n_slots), keeping their order within a
-// slot (a counting sort): slot j's items are item[start[j] .. start[j + 1]),
-// and item k is source[k] (or k when source is NULL). Both to the GPU.
-static void upload_grouped(DeviceBuffer *start_buffer, DeviceBuffer *item_buffer, const int *slot, const int *source, int n,
-                           int n_slots, const char *what) {
-    int *start = xcalloc((size_t)n_slots + 2, sizeof(int)), *item = xmalloc(((size_t)n + 1) * sizeof(int));
-    for (int k = 0; k < n; k++) start[slot[k] + 1]++;
-    for (int j = 0; j < n_slots; j++) start[j + 1] += start[j];
-    int *fill = xmalloc(((size_t)n_slots + 1) * sizeof(int));
-    memcpy(fill, start, ((size_t)n_slots + 1) * sizeof(int));
-    for (int k = 0; k < n; k++) item[fill[slot[k]]++] = source ? source[k] : k;
-    upload_ints(start_buffer, start, n_slots + 1, what);
-    upload_ints(item_buffer, item, n, what);
-    free(start);
-    free(item);
-    free(fill);
-}
-
-// The forward and backward on the GPU: a thread per sample for the
-// predictions and errors, then, per table, a thread per gradient element
-// that sums its row's samples in the batch's order. The host reads the
-// per-sample errors and norms and sums the loss in double, as the CPU does.
-static void forward_backward_gpu(Mf *model, const float *rating, int n, float scale, float decay) {
-    EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
-    int dim = model->dim;
-    float *device_rating = device_buffer_reserve(&model->gpu_rating, ((size_t)n + 1) * sizeof(float));
-    upload_floats(device_rating, rating, (size_t)n, "the batch's ratings");
-    float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
-    gpu_mf_forward(P->gpu_looked_up.data, P->gpu_sample_slot.data, Q->gpu_looked_up.data, Q->gpu_sample_slot.data,
-                   BU->gpu_looked_up.data, BU->gpu_sample_slot.data, BI->gpu_looked_up.data, BI->gpu_sample_slot.data,
-                   device_rating, n, dim, model->global_mean.data[0], forward, device_stream());
-    for (int t = 0; t < 4; t++) {
-        EmbeddingTable *table = table_of(model, t), *other = t == 0 ? Q : t == 1 ? P : NULL;
-        upload_grouped(&table->gpu_sample_start, &table->gpu_sample, table->sample_slot, NULL, n, table->n_touched,
-                       "the batch's samples per row");
-        float *grad = device_rows(&table->gpu_grad, table->n_touched, table->dim);
-        gpu_embedding_backward(forward, scale, table->gpu_sample_start.data, table->gpu_sample.data, table->n_touched,
-                               table->dim, other ? table->gpu_looked_up.data : NULL, other ? other->gpu_looked_up.data : NULL,
-                               other ? other->gpu_sample_slot.data : NULL, decay, grad, device_stream());
-    }
-    if (n > model->forward_capacity) grow((void **)&model->forward, &model->forward_capacity, n, 4 * sizeof(float));
-    if (n > 0) device_read_to_host(model->forward, forward, 4 * (size_t)n * sizeof(float), "the loss");
-}
+static void forward_backward_gpu(Mf *model, const RatingBatch *batch);
 #endif
 
-double mf_forward_backward(Mf *model, const float *rating, int n, long global_n, double *mse_sum) {
-    EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
-    int dim = model->dim;
+// This step's loss share, kept until mf_take_losses (on a CPU rank: one).
+static void keep_loss(Mf *model, double loss) {
+    if (!model->losses) model->losses = xmalloc(sizeof(double)), model->losses_capacity = 1;
+    model->losses[0] = loss;
+    model->pending = 1;
+}
+
+void mf_forward_backward(Mf *model, const RatingBatch *batch) {
 #if HAVE_CUDA
     if (on_gpu(model)) {
-        float wd = (float)model->weight_decay;
-        forward_backward_gpu(model, rating, n, 2.0f / (float)global_n, 2.0f * wd / (float)global_n);
-        double loss_sum = 0.0, squared_sum = 0.0;
-        for (int s = 0; s < n; s++) {
-            const float *f = model->forward + 4 * (size_t)s;  // prediction, error, |p|^2, |q|^2
-            squared_sum += (double)f[1] * f[1];
-            loss_sum += (double)f[1] * f[1] + (double)wd * ((double)f[2] + f[3]);
-        }
-        *mse_sum = squared_sum;
-        return loss_sum / (double)global_n;
+        forward_backward_gpu(model, batch);
+        return;
     }
 #endif
+    EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
+    int dim = model->dim, n = batch->n;
+    const float *rating = batch->rating;
+    long global_n = batch->global_n;
     for (int t = 0; t < 4; t++) {
         EmbeddingTable *table = table_of(model, t);
         memset(table->grad, 0, (size_t)table->n_touched * table->dim * sizeof(float));
     }
     float mean = model->global_mean.data[0];
     float wd = (float)model->weight_decay, scale = 2.0f / (float)global_n, decay = 2.0f * wd / (float)global_n;
-    double loss_sum = 0.0, squared_sum = 0.0;
+    double loss_sum = 0.0;
     // Sample after sample, in the batch's order: each row's gradient sums its
     // samples' contributions in that order (mf.h: the same steps in every mode).
     for (int s = 0; s < n; s++) {
@@ -459,7 +443,6 @@ double mf_forward_backward(Mf *model, const float *rating, int n, long global_n,
         }
         float prediction = dot + BU->looked_up[BU->sample_slot[s]] + BI->looked_up[BI->sample_slot[s]] + mean;
         float error = prediction - rating[s];
-        squared_sum += (double)error * error;
         loss_sum += (double)error * error + (double)wd * ((double)p_norm + q_norm);
         float g = scale * error;  // d loss / d prediction
         float *grad_p = P->grad + (size_t)P->sample_slot[s] * dim, *grad_q = Q->grad + (size_t)Q->sample_slot[s] * dim;
@@ -470,8 +453,7 @@ double mf_forward_backward(Mf *model, const float *rating, int n, long global_n,
         BU->grad[BU->sample_slot[s]] += g;
         BI->grad[BI->sample_slot[s]] += g;
     }
-    *mse_sum = squared_sum;
-    return loss_sum / (double)global_n;
+    keep_loss(model, loss_sum / (double)global_n);
 }
 
 // ------------------------------------------------------------------ the exchanges
@@ -568,120 +550,277 @@ static void exchange_sharded(Mf *model, EmbeddingTable *t) {
 }
 
 #if HAVE_CUDA
-// ------------------------------------------------------------------ the exchanges on GPUs
-// The rows this rank updates, from n incoming gradient rows (rows[source[k]],
-// or rows[k], for local row local[k]), in order of first appearance as
-// update_row's; each update row is the sum of its incoming rows in order k,
-// starting from zero, as add_row's: on the GPU (gpu_update_grad).
-static void sum_into_updates(EmbeddingTable *t, const int *local, const int *source, int n, const float *rows) {
-    update_begin(t);
-    int *slot = xmalloc(((size_t)n + 1) * sizeof(int));
-    for (int k = 0; k < n; k++) {
-        if (t->update_slot[local[k]] < 0) {
-            grow((void **)&t->update, &t->update_capacity, t->n_update + 1, sizeof(int));
-            t->update_slot[local[k]] = t->n_update;
-            t->update[t->n_update++] = local[k];
-        }
-        slot[k] = t->update_slot[local[k]];
-    }
-    upload_grouped(&t->gpu_update_start, &t->gpu_update_source, slot, source, n, t->n_update, "the rows to update");
-    upload_ints(&t->gpu_update, t->update, t->n_update, "the rows to update");
-    gpu_sum_rows(rows, t->gpu_update_start.data, t->gpu_update_source.data, t->n_update, t->dim,
-                 device_rows(&t->gpu_update_grad, t->n_update, t->dim), device_stream());
-    free(slot);
+// ------------------------------------------------------------------ a step on the GPU, queued without a wait
+// The kernels find the batch's rows (gpu_sort_groups), and every count they find stays on the
+// GPU: the host sizes each launch and each exchange by a bound it knows (a rank's slice touches at
+// most t->bound rows), never by a count it would have to wait for. See mf.h.
+
+// Bits of keys below `limit`.
+static int key_bits(long limit) {
+    int bits = 0;
+    while ((1L << bits) < limit) bits++;
+    return bits;
 }
 
-// dense: the gradient table (zeros but the touched rows) allreduced by NCCL;
-// which rows any rank touched, a byte per row, by MPI on the host.
-static void exchange_dense_gpu(Mf *model, EmbeddingTable *t) {
-    int world = dist_world_size(), dim = t->dim;
-    gpu_scatter_rows(t->gpu_grad.data, t->gpu_touched.data, t->n_touched, dim, t->gpu_dense_grad, device_stream());
-    for (int j = 0; j < t->n_touched; j++) t->dense_touched[t->touched[j]] = 1;
-    device_wait_stream(device_stream(), "the gradients");
-    double start = wall_seconds();
-    Tensor table = {.data = t->gpu_dense_grad, .rows = t->rows, .cols = dim, .device = DEVICE_CUDA};
-    group_all_reduce(group_world(), &table);
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, t->dense_touched, t->rows, MPI_UNSIGNED_CHAR, MPI_MAX, MPI_COMM_WORLD));
-    device_wait_stream(device_stream(), "the gradient tables' allreduce");
-    model->comm_seconds += wall_seconds() - start;
-    model->bytes_sent += 2.0 * (world - 1) / world * ((double)t->rows * dim * sizeof(float) + t->rows);
-    update_begin(t);
-    for (int row = 0; row < t->rows; row++) {
-        if (!t->dense_touched[row]) continue;
-        grow((void **)&t->update, &t->update_capacity, t->n_update + 1, sizeof(int));
-        t->update_slot[row] = t->n_update;
-        t->update[t->n_update++] = row;
-        t->dense_touched[row] = 0;
-    }
-    int *update = upload_ints(&t->gpu_update, t->update, t->n_update, "the rows to update");
-    gpu_gather_rows(t->gpu_dense_grad, update, t->n_update, dim,
-                    device_rows(&t->gpu_update_grad, t->n_update, dim), device_stream());
-    gpu_fill(t->gpu_dense_grad, (size_t)t->rows * dim, 0.0f, device_stream());
+// Room for n ints in b (one more: n may be 0).
+static int *device_ints(DeviceBuffer *b, size_t n) { return device_buffer_reserve(b, (n + 1) * sizeof(int)); }
+
+// A buffer that an exchange sends whole, unused slots included: zeroed when it is (re)allocated,
+// so that no byte it sends was never written.
+static void *exchange_buffer(DeviceBuffer *b, size_t bytes) {
+    size_t had = b->bytes;
+    void *data = device_buffer_reserve(b, bytes + sizeof(float));
+    if (b->bytes != had) CHECK_CUDA(cudaMemsetAsync(data, 0, b->bytes, device_stream()));
+    return data;
 }
 
-// sparse: ids by MPI on the host; the gradient rows by NCCL's all-gather,
-// each rank's block padded to the most rows any rank touched.
-static void exchange_sparse_gpu(Mf *model, EmbeddingTable *t) {
-    int world = dist_world_size(), rank = dist_rank(), dim = t->dim;
+static void sort_groups(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
+    size_t entries = n > 0 ? (size_t)n : 1;
+    int *order = device_ints(&g->order, entries), *count = device_ints(&g->count, 1);
+    int *group_key = device_ints(&g->group_key, entries), *group_start = device_ints(&g->group_start, entries + 1);
+    int *group_of = device_ints(&g->group_of, entries), *scratch = device_ints(&g->scratch, 4 * entries);
+    gpu_sort_groups(keys, n, n_valid, key_bits(key_limit), block, stride, scratch, order, count, group_key, group_start,
+                    group_of, device_stream());
+}
+
+// Blocks of per_peer rows of dim to every rank and from every rank, block r of send to rank r,
+// block r of received from rank r (this rank's own by a copy on the GPU).
+static void all_to_all_blocks(const float *send, float *received, int per_peer, int dim) {
+    int world = dist_world_size();
     int *count = xmalloc((size_t)world * sizeof(int)), *offset = xmalloc(((size_t)world + 1) * sizeof(int));
-    device_wait_stream(device_stream(), "the gradients");
-    double start = wall_seconds();
-    CHECK_MPI(MPI_Allgather(&t->n_touched, 1, MPI_INT, count, 1, MPI_INT, MPI_COMM_WORLD));
+    for (int r = 0; r < world; r++) count[r] = per_peer;
     offsets(count, offset, world);
-    int total = offset[world], most = 0;
-    for (int r = 0; r < world; r++) most = count[r] > most ? count[r] : most;
-    int *ids = xmalloc(((size_t)total + 1) * sizeof(int)), *source = xmalloc(((size_t)total + 1) * sizeof(int));
-    CHECK_MPI(MPI_Allgatherv(t->touched, t->n_touched, MPI_INT, ids, count, offset, MPI_INT, MPI_COMM_WORLD));
-    float *gathered = t->gpu_grad.data;
-    if (world > 1 && most > 0) {
-        gathered = device_rows(&t->gpu_exchange, (size_t)world * most, dim);
-        Tensor mine = {.data = gathered + (size_t)rank * most * dim, .rows = most, .cols = dim, .device = DEVICE_CUDA};
-        Tensor all = {.data = gathered, .rows = world * most, .cols = dim, .device = DEVICE_CUDA};
-        if (t->n_touched > 0)
-            CHECK_CUDA(cudaMemcpyAsync(mine.data, t->gpu_grad.data, (size_t)t->n_touched * dim * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, device_stream()));
-        group_all_gather(group_world(), &mine, &all);
-        device_wait_stream(device_stream(), "the gradient rows' all-gather");
-    }
-    model->comm_seconds += wall_seconds() - start;
-    model->bytes_sent += (double)(world - 1) / world *
-                         ((double)world * most * dim * sizeof(float) + (double)total * sizeof(int) + world * sizeof(int));
-    for (int r = 0; r < world; r++)
-        for (int i = 0; i < count[r]; i++) source[offset[r] + i] = (world > 1 ? r * most : 0) + i;
-    sum_into_updates(t, ids, source, total, gathered);
-    free(ids);
-    free(source);
+    gpu_rows_all_to_all(send, count, offset, received, count, offset, dim);
     free(count);
     free(offset);
 }
 
-// sharded: each touched row's gradient to its owner (grouped ncclSend/ncclRecv,
-// in the order the owner was asked for the rows), who adds them in rank order.
+// The exchanges' time, from CUDA events around them on the compute stream (which waits for NCCL's
+// stream), read once they have happened: a question, not a wait, unless the host is COMM_TIMES
+// exchanges ahead of the GPU (or `wait`: mf_comm_seconds).
+static bool happened(cudaEvent_t event) {
+    cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) return false;
+    CHECK_CUDA(status);
+    return true;
+}
+
+static void comm_account(Mf *model, bool wait) {
+    CommTimes *times = model->comm_times;
+    while (times && times->n > 0) {
+        cudaEvent_t start = times->start[times->oldest], done = times->done[times->oldest];
+        if (!wait && !happened(done)) return;
+        if (wait) device_wait_event(done, "the exchanges' times");
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, done));
+        model->comm_seconds += 1e-3 * ms;
+        times->oldest = (times->oldest + 1) % COMM_TIMES;
+        times->n--;
+    }
+}
+
+static void comm_begin(Mf *model) {
+    if (!model->comm_times) {
+        CommTimes *times = xcalloc(1, sizeof *times);
+        for (int k = 0; k < COMM_TIMES; k++) {
+            cudaEvent_t start, done;
+            CHECK_CUDA(cudaEventCreate(&start));
+            CHECK_CUDA(cudaEventCreate(&done));
+            times->start[k] = start, times->done[k] = done;
+        }
+        model->comm_times = times;
+    }
+    CommTimes *times = model->comm_times;
+    comm_account(model, false);
+    if (times->n == COMM_TIMES) {  // the host is that far ahead: the oldest, waited for
+        cudaEvent_t done = times->done[times->oldest];
+        device_wait_event(done, "the exchanges' times");
+        comm_account(model, false);
+    }
+    CHECK_CUDA(cudaEventRecord((cudaEvent_t)times->start[(times->oldest + times->n) % COMM_TIMES], device_stream()));
+}
+
+static void comm_end(Mf *model) {
+    CommTimes *times = model->comm_times;
+    CHECK_CUDA(cudaEventRecord((cudaEvent_t)times->done[(times->oldest + times->n) % COMM_TIMES], device_stream()));
+    times->n++;
+}
+
+// Sharded: each owner asked for the touched rows it holds (a block of ids for each, padded to the
+// bound: all-to-all), and the rows back (a block of rows for each: all-to-all), into place.
+static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
+    int world = dist_world_size(), B = t->bound, dim = t->dim;
+    cudaStream_t stream = device_stream();
+    GpuGroups *rows = t->batch_rows, *by_owner = t->by_owner;
+    // The touched rows in owner order (each owner's in the order of their ids).
+    int *owner = device_ints(&by_owner->keys, (size_t)B);
+    gpu_owner_keys(rows->group_key.data, rows->count.data, B, world, owner, stream);
+    sort_groups(by_owner, owner, B, NULL, world, B, B);
+    size_t id_bytes = (size_t)world * (B + 1) * sizeof(int);
+    int *send_ids = exchange_buffer(&t->gpu_send_ids, id_bytes), *received_ids = exchange_buffer(&t->gpu_received_ids, id_bytes);
+    int *place = device_ints(&t->gpu_place, (size_t)B);
+    gpu_ask_owners(rows->group_key.data, rows->count.data, B, world, by_owner->order.data, by_owner->count.data,
+                   by_owner->group_key.data, by_owner->group_start.data, by_owner->group_of.data, B, send_ids, place, stream);
+    all_to_all_blocks((const float *)send_ids, (float *)received_ids, 1, B + 1);  // ids travel as their bytes
+    // The owner: the rows each rank asked for (its block's local indices, -1 past its count).
+    int *asked = device_ints(&t->gpu_asked, (size_t)world * B);
+    gpu_block_keys(received_ids, world, B + 1, B, asked, stream);
+    size_t row_bytes = (size_t)world * B * dim * sizeof(float);
+    float *reply = exchange_buffer(&t->gpu_send, row_bytes), *received = exchange_buffer(&t->gpu_received, row_bytes);
+    gpu_keyed_rows(t->gpu_weight, asked, world * B, dim, reply, stream);
+    all_to_all_blocks(reply, received, B, dim);
+    gpu_copy_rows(received, place, t->gpu_looked_up.data, by_owner->order.data, NULL, rows->count.data, B, dim, stream);
+    model->bytes_sent += (double)(world - 1) * ((B + 1) * sizeof(int) + (double)B * dim * sizeof(float));
+}
+
+// The batch's rows on the GPU: each id array's ids sorted, stably (each row's samples stay in the
+// batch's order), and grouped, once for the two tables it indexes; then each table's rows.
+static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool timed) {
+    sort_groups(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n);
+    sort_groups(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n);
+    timed = timed && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1;
+    if (timed) comm_begin(model);
+    for (int k = 0; k < 4; k++) {
+        EmbeddingTable *t = table_of(model, k);
+        t->bound = max_n < t->rows ? max_n : t->rows;
+        float *looked_up = device_rows(&t->gpu_looked_up, (size_t)t->bound, t->dim);
+        if (t->sharded) fetch_sharded_gpu(model, t);
+        else gpu_copy_rows(t->gpu_weight, t->batch_rows->group_key.data, looked_up, NULL, NULL, t->batch_rows->count.data,
+                           t->bound, t->dim, device_stream());
+    }
+    if (timed) comm_end(model);
+}
+
+// Where this step's loss share goes: a double in device memory. The array doubles when full,
+// keeping what it holds (cudaMalloc and cudaFree wait: in the first epoch only).
+static double *loss_slot(Mf *model) {
+    if (model->pending == model->losses_capacity) {
+        int capacity = model->losses_capacity ? 2 * model->losses_capacity : 1024;
+        double *grown = device_alloc((size_t)capacity * sizeof(double));
+        if (model->pending > 0)
+            CHECK_CUDA(cudaMemcpyAsync(grown, model->losses, (size_t)model->pending * sizeof(double), cudaMemcpyDeviceToDevice,
+                                       device_stream()));
+        device_free(model->losses);  // (after the copy: device_free synchronizes first)
+        device_host_free(model->host_losses);
+        model->losses = grown;
+        model->host_losses = device_host_alloc((size_t)capacity * sizeof(double));
+        model->losses_capacity = capacity;
+    }
+    return model->losses + model->pending++;
+}
+
+// The forward and backward on the GPU: a thread per sample for the predictions and errors, one
+// for the loss (mf.c's double sum, kept on the GPU), then, per table, a thread per gradient
+// element that sums its row's samples in the batch's order.
+static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
+    EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
+    GpuGroups *users = model->gpu_users, *items = model->gpu_items;
+    int n = batch->n, dim = model->dim;
+    cudaStream_t stream = device_stream();
+    const float *rating = batch->gpu_rating;
+    if (!rating) {
+        float *device_rating = device_buffer_reserve(&model->gpu_rating, ((size_t)n + 1) * sizeof(float));
+        device_upload(device_rating, batch->rating, (size_t)n * sizeof(float), "the batch's ratings");
+        rating = device_rating;
+    }
+    float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
+    gpu_mf_forward(P->gpu_looked_up.data, users->group_of.data, Q->gpu_looked_up.data, items->group_of.data,
+                   BU->gpu_looked_up.data, users->group_of.data, BI->gpu_looked_up.data, items->group_of.data, rating, n,
+                   dim, model->global_mean.data[0], forward, stream);
+    float wd = (float)model->weight_decay, scale = 2.0f / (float)batch->global_n, decay = 2.0f * wd / (float)batch->global_n;
+    gpu_mf_loss(forward, n, wd, (double)batch->global_n, loss_slot(model), stream);
+    for (int k = 0; k < 4; k++) {
+        EmbeddingTable *table = table_of(model, k), *other = k == 0 ? Q : k == 1 ? P : NULL;
+        GpuGroups *mine = table->batch_rows;
+        float *grad = device_rows(&table->gpu_grad, (size_t)table->bound, table->dim);
+        gpu_embedding_backward(forward, scale, mine->group_start.data, mine->order.data, mine->count.data, table->bound,
+                               table->dim, other ? table->gpu_looked_up.data : NULL, other ? other->gpu_looked_up.data : NULL,
+                               other ? other->batch_rows->group_of.data : NULL, decay, grad, stream);
+    }
+}
+
+// dense: the gradient table (zeros but the touched rows) and a float per row (1: touched)
+// allreduced by NCCL, each in one piece: rows no rank touched stay 0, and SparseAdam skips them.
+static void exchange_dense_gpu(Mf *model, EmbeddingTable *t) {
+    int world = dist_world_size(), dim = t->dim;
+    float *touched = t->gpu_dense_grad + (size_t)t->rows * dim;
+    gpu_copy_rows(t->gpu_grad.data, NULL, t->gpu_dense_grad, t->batch_rows->group_key.data, touched,
+                  t->batch_rows->count.data, t->bound, dim, device_stream());
+    if (world > 1) {
+        Tensor table = {.data = t->gpu_dense_grad, .rows = t->rows, .cols = dim, .device = DEVICE_CUDA};
+        Tensor flags = {.data = touched, .rows = t->rows, .cols = 1, .device = DEVICE_CUDA};
+        group_all_reduce(group_world(), &table);
+        group_all_reduce(group_world(), &flags);
+    }
+    model->bytes_sent += 2.0 * (world - 1) / world * ((double)t->rows * dim * sizeof(float) + (double)t->rows * sizeof(float));
+}
+
+// sparse: each rank's block, its touched rows' gradients and their ids (with their count), padded
+// to the bound, all-gathered by NCCL; then the gathered ids sorted and grouped (each row's
+// blocks in rank order) and each row's gradients added in that order, from zero, as the CPU's.
+static void exchange_sparse_gpu(Mf *model, EmbeddingTable *t) {
+    int world = dist_world_size(), rank = dist_rank(), dim = t->dim, B = t->bound;
+    int block_rows = B + (B + 1 + dim - 1) / dim;  // B rows, then the count and B ids in rows of dim
+    size_t block_floats = (size_t)block_rows * dim;
+    cudaStream_t stream = device_stream();
+    GpuGroups *rows = t->batch_rows, *updates = t->updates;
+    if (world == 1) {  // the touched rows are the ones to update, each with its one gradient row
+        // (the CPU adds it to zero: the same bits, as the kernel's sums start from zero and never give -0)
+        t->gpu_update_rows = rows->group_key.data, t->gpu_update_count = rows->count.data;
+        t->gpu_update_grads = t->gpu_grad.data, t->update_bound = B;
+        return;
+    }
+    float *gathered = exchange_buffer(&t->gpu_received, (size_t)world * block_floats * sizeof(float));
+    float *mine = gathered + (size_t)rank * block_floats;
+    gpu_copy_rows(t->gpu_grad.data, NULL, mine, NULL, NULL, rows->count.data, B, dim, stream);
+    gpu_pack_ids(rows->group_key.data, rows->count.data, B, (int *)(mine + (size_t)B * dim), stream);
+    Tensor my_block = {.data = mine, .rows = block_rows, .cols = dim, .device = DEVICE_CUDA};
+    Tensor all = {.data = gathered, .rows = world * block_rows, .cols = dim, .device = DEVICE_CUDA};
+    group_all_gather(group_world(), &my_block, &all);
+    int *keys = device_ints(&updates->keys, (size_t)world * B);
+    gpu_block_keys((const int *)(gathered + (size_t)B * dim), world, (int)block_floats, B, keys, stream);
+    sort_groups(updates, keys, world * B, NULL, t->rows, B, block_rows);  // order: rows of `gathered`
+    t->update_bound = world * B < t->owned ? world * B : t->owned;
+    gpu_sum_rows(gathered, updates->group_start.data, updates->order.data, updates->count.data, t->update_bound, dim,
+                 device_rows(&t->gpu_update_grad, (size_t)t->update_bound, dim), stream);
+    t->gpu_update_rows = updates->group_key.data, t->gpu_update_count = updates->count.data;
+    t->gpu_update_grads = t->gpu_update_grad.data;
+    model->bytes_sent += (double)(world - 1) * block_floats * sizeof(float);
+}
+
+// sharded: each touched row's gradient to its owner (a block of rows for each, in the order the
+// owner was asked for them: all-to-all), who sorts and groups the ids asked of it (each row's
+// blocks in rank order) and adds each row's gradients in that order, from zero.
 static void exchange_sharded_gpu(Mf *model, EmbeddingTable *t) {
-    int rank = dist_rank(), dim = t->dim;
-    int rows_needed = t->n_asked > t->n_touched ? t->n_asked : t->n_touched;
-    float *send = device_rows(&t->gpu_exchange, 2 * (size_t)rows_needed, dim);
-    float *received = send + (size_t)rows_needed * dim;
-    gpu_gather_rows(t->gpu_grad.data, t->gpu_ask_order.data, t->n_touched, dim, send, device_stream());
-    device_wait_stream(device_stream(), "the gradients");
-    double start = wall_seconds();
-    gpu_rows_all_to_all(send, t->ask_count, t->ask_offset, received, t->asked_count, t->asked_offset, dim);
-    device_wait_stream(device_stream(), "the gradient rows' all-to-all");
-    model->comm_seconds += wall_seconds() - start;
-    model->bytes_sent += (double)(t->n_touched - t->ask_count[rank]) * dim * sizeof(float);
-    sum_into_updates(t, t->asked, NULL, t->n_asked, received);
+    int world = dist_world_size(), dim = t->dim, B = t->bound;
+    cudaStream_t stream = device_stream();
+    GpuGroups *rows = t->batch_rows, *updates = t->updates;
+    size_t row_bytes = (size_t)world * B * dim * sizeof(float);
+    float *send = exchange_buffer(&t->gpu_send, row_bytes), *received = exchange_buffer(&t->gpu_received, row_bytes);
+    gpu_copy_rows(t->gpu_grad.data, t->by_owner->order.data, send, t->gpu_place.data, NULL, rows->count.data, B, dim, stream);
+    all_to_all_blocks(send, received, B, dim);
+    sort_groups(updates, t->gpu_asked.data, world * B, NULL, t->owned, world * B, world * B);
+    t->update_bound = world * B < t->owned ? world * B : t->owned;
+    gpu_sum_rows(received, updates->group_start.data, updates->order.data, updates->count.data, t->update_bound, dim,
+                 device_rows(&t->gpu_update_grad, (size_t)t->update_bound, dim), stream);
+    t->gpu_update_rows = updates->group_key.data, t->gpu_update_count = updates->count.data;
+    t->gpu_update_grads = t->gpu_update_grad.data;
+    model->bytes_sent += (double)(world - 1) * B * dim * sizeof(float);
 }
 #endif
 
 void mf_exchange_gradients(Mf *model) {
 #if HAVE_CUDA
     if (on_gpu(model)) {
+        bool timed = dist_world_size() > 1;
+        if (timed) comm_begin(model);
         for (int t = 0; t < 4; t++) {
             EmbeddingTable *table = table_of(model, t);
             if (table->sharded) exchange_sharded_gpu(model, table);
             else if (table->mode == EMBEDDINGS_DENSE) exchange_dense_gpu(model, table);
             else exchange_sparse_gpu(model, table);
         }
+        if (timed) comm_end(model);
         return;
     }
 #endif
@@ -708,9 +847,17 @@ void mf_adam_step(Mf *model) {
         int dim = table->dim;
 #if HAVE_CUDA
         if (on_gpu(model)) {
-            gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->gpu_update.data,
-                            table->gpu_update_grad.data, table->n_update, dim, minus_step_size, one_minus_beta1,
-                            one_minus_beta2, eps, device_stream());
+            if (!table->sharded && table->mode == EMBEDDINGS_DENSE) {  // every row a rank touched (its flag), then zeros again
+                float *touched = table->gpu_dense_grad + (size_t)table->rows * dim;
+                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, NULL, touched,
+                                table->gpu_dense_grad, NULL, table->rows, dim, minus_step_size, one_minus_beta1,
+                                one_minus_beta2, eps, device_stream());
+                gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (dim + 1), 0.0f, device_stream());
+            } else {
+                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->gpu_update_rows, NULL,
+                                table->gpu_update_grads, table->gpu_update_count, table->update_bound, dim,
+                                minus_step_size, one_minus_beta1, one_minus_beta2, eps, device_stream());
+            }
             continue;
         }
 #endif
@@ -731,25 +878,65 @@ void mf_adam_step(Mf *model) {
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
+int mf_take_losses(Mf *model, bool due, const double **losses) {
+    int n = model->pending;
+    if (n == 0 || (on_gpu(model) && !due)) return 0;
+    double *host = model->losses;
+#if HAVE_CUDA
+    if (on_gpu(model)) {  // the steps' losses since the last hand-over: one copy, one wait
+        device_read_to_host(model->host_losses, model->losses, (size_t)n * sizeof(double), "the losses");
+        host = model->host_losses;
+    }
+#endif
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, host, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));  // the global batch's
+    model->pending = 0;
+    *losses = host;
+    return n;
+}
+
+double mf_comm_seconds(Mf *model) {
+#if HAVE_CUDA
+    comm_account(model, true);
+#endif
+    return model->comm_seconds;
+}
+
 // ------------------------------------------------------------------ predictions
 void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) {
     // The evaluation's lookups are no training step's: the counts stay the steps'.
     double bytes_sent = model->bytes_sent, comm_seconds = model->comm_seconds;
-    mf_lookup(model, user, item, n);
-    model->bytes_sent = bytes_sent, model->comm_seconds = comm_seconds;
 #if HAVE_CUDA
     if (on_gpu(model)) {
-        EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
-        float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
-        gpu_mf_forward(P->gpu_looked_up.data, P->gpu_sample_slot.data, Q->gpu_looked_up.data, Q->gpu_sample_slot.data,
-                       BU->gpu_looked_up.data, BU->gpu_sample_slot.data, BI->gpu_looked_up.data, BI->gpu_sample_slot.data,
-                       NULL, n, model->dim, model->global_mean.data[0], forward, device_stream());
-        if (n > model->forward_capacity) grow((void **)&model->forward, &model->forward_capacity, n, 4 * sizeof(float));
-        if (n > 0) device_read_to_host(model->forward, forward, 4 * (size_t)n * sizeof(float), "the predictions");
-        for (int s = 0; s < n; s++) out[s] = model->forward[4 * (size_t)s];
+        // In chunks, the same number on every rank (their lookups' exchanges are collective, and
+        // padded to the chunk): the GPU's buffers stay the size of a few batches.
+        enum { CHUNK = 8192 };
+        int most = n;
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        int max_n = most < CHUNK ? most : CHUNK;
+        if (max_n > model->forward_capacity) grow((void **)&model->forward, &model->forward_capacity, max_n, 4 * sizeof(float));
+        for (int start = 0; start < most; start += CHUNK) {
+            int m = n - start < 0 ? 0 : n - start > CHUNK ? CHUNK : n - start;
+            size_t bytes = ((size_t)max_n + 1) * sizeof(int);
+            int *device_user = device_buffer_reserve(&model->gpu_user, bytes), *device_item = device_buffer_reserve(&model->gpu_item, bytes);
+            device_upload(device_user, user + start, (size_t)m * sizeof(int), "the users to predict for");
+            device_upload(device_item, item + start, (size_t)m * sizeof(int), "the items to predict for");
+            lookup_gpu(model, device_user, device_item, m, max_n, false);
+            EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
+            GpuGroups *users = model->gpu_users, *items = model->gpu_items;
+            float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)max_n + 1) * sizeof(float));
+            gpu_mf_forward(P->gpu_looked_up.data, users->group_of.data, Q->gpu_looked_up.data, items->group_of.data,
+                           BU->gpu_looked_up.data, users->group_of.data, BI->gpu_looked_up.data, items->group_of.data, NULL,
+                           m, model->dim, model->global_mean.data[0], forward, device_stream());
+            if (m > 0) device_read_to_host(model->forward, forward, 4 * (size_t)m * sizeof(float), "the predictions");
+            for (int s = 0; s < m; s++) out[start + s] = model->forward[4 * (size_t)s];
+        }
+        model->bytes_sent = bytes_sent, model->comm_seconds = comm_seconds;
         return;
     }
 #endif
+    RatingBatch batch = {.user = user, .item = item, .n = n, .max_n = n};
+    mf_lookup(model, &batch);
+    model->bytes_sent = bytes_sent, model->comm_seconds = comm_seconds;
     EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
     for (int s = 0; s < n; s++) {
         const float *p = P->looked_up + (size_t)P->sample_slot[s] * model->dim, *q = Q->looked_up + (size_t)Q->sample_slot[s] * model->dim;

@@ -41,21 +41,31 @@
 // rows and every gradient row live in device memory, and kernels
 // (common/tensor/kernels.h) do the gathers, the forward and backward, the per-row
 // sums and SparseAdam's update, in the CPU's order and arithmetic (no fused
-// multiply-adds): the same bits as the CPU. The host keeps the bookkeeping
-// of ids (which rows a batch touched, who asks whom for what), as the CPU
-// does, and sends it to the GPU with each step. The rows travel by NCCL:
-// dense allreduces the gradient tables; sparse all-gathers the touched rows
-// (each rank's padded to the most any rank touched: NCCL's all-gather takes
-// equal blocks); sharded exchanges rows and gradients by grouped
-// ncclSend/ncclRecv (collectives.h's group_exchange). Ids and counts go by
-// MPI on the host. Where ranks share a GPU, the rows go by MPI on host
-// copies, as collectives.h does. dense's NCCL allreduce adds in NCCL's order:
+// multiply-adds): the same bits as the CPU. The host queues a step and never
+// waits for the GPU in it (docs/gpus.md): the batch's ids are on the GPU
+// (rating_sampler.h), and kernels find the rows it touches and group each
+// row's samples in the batch's order (gpu_sort_groups: a stable sort of the
+// ids, then one group per id), which the CPU does with its slot table. How
+// many rows a batch touches is data, known on the GPU only, so nothing the
+// host decides may depend on it: every exchange has a fixed size, bounded by
+// the batch (a rank's slice touches at most min(batch, rows) rows of a table):
+// dense allreduces the gradient tables and a float per row that says whether
+// it was touched; sparse all-gathers each rank's touched rows and their ids,
+// padded to that bound; sharded exchanges, with each owner, a block of ids and
+// then of rows and of gradients, each padded to it (grouped ncclSend/ncclRecv:
+// collectives.h's group_exchange). A count travels with its ids, and the
+// receiver's kernels read it. The bytes sent are then the bounds', larger than
+// the CPU's (which sends what was touched) by up to the world size for
+// sharded, and are counted so. The loss stays on the GPU (a double per step),
+// read when the program takes it (mf_take_losses). Where ranks share a GPU,
+// the rows go by MPI on host copies, as collectives.h does (those wait). dense's NCCL allreduce adds in NCCL's order:
 // the same bits as MPI's at 1 and 2 ranks, within a rounding at 4.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "base/rng.h"
+#include "data/rating_sampler.h"  // RatingBatch
 #include "models/nn.h"
 
 typedef enum { EMBEDDINGS_DENSE, EMBEDDINGS_SPARSE, EMBEDDINGS_SHARDED } EmbeddingsMode;
@@ -88,12 +98,20 @@ typedef struct {
     float *dense_grad;    // dense: [rows, dim]
     unsigned char *dense_touched;  // dense: [rows]
     // On a GPU rank: the tables (weight above is then the host copy that
-    // mf_new, --init and --save use), and the device twins of the arrays above.
-    float *gpu_weight, *gpu_exp_avg, *gpu_exp_avg_sq, *gpu_dense_grad;
-    DeviceBuffer gpu_looked_up, gpu_grad, gpu_update_grad, gpu_exchange;
-    DeviceBuffer gpu_touched, gpu_sample_slot, gpu_ask_order, gpu_asked;
-    DeviceBuffer gpu_sample_start, gpu_sample;                   // the backward's samples of each touched row
-    DeviceBuffer gpu_update, gpu_update_start, gpu_update_source;  // the exchange's sums
+    // mf_new, --init and --save use), and the step's rows, found on the GPU.
+    float *gpu_weight, *gpu_exp_avg, *gpu_exp_avg_sq;
+    float *gpu_dense_grad;          // dense: [rows, dim], then [rows] flags (1: a rank touched the row)
+    struct GpuGroups *batch_rows;   // the batch's rows of this table's ids (shared with the table of the same ids)
+    int bound;                      // the most rows a rank's slice touches: min(the batch's max_n, rows)
+    int update_bound;               // the most rows this rank may update after the exchange
+    DeviceBuffer gpu_looked_up, gpu_grad;             // [bound, dim]
+    DeviceBuffer gpu_send, gpu_received;              // the exchanges' fixed blocks
+    DeviceBuffer gpu_send_ids, gpu_received_ids, gpu_asked, gpu_place;  // sharded: the ids asked of each owner
+    struct GpuGroups *by_owner, *updates;            // sharded: touched rows by owner; the rows to update
+    DeviceBuffer gpu_update_grad;                    // [updates, dim]: their gradients, summed over the global batch
+    // What SparseAdam takes on the GPU (the exchange says): the rows to update, their count, their gradients.
+    const int *gpu_update_rows, *gpu_update_count;
+    const float *gpu_update_grads;
 } EmbeddingTable;
 
 typedef struct {
@@ -112,8 +130,15 @@ typedef struct {
     Tensor full[4];
     Param params[5];
     DeviceBuffer gpu_rating, gpu_forward;  // GPU: the batch's ratings; per sample prediction, error, |p|^2, |q|^2
+    DeviceBuffer gpu_user, gpu_item;       // GPU: ids copied from the host (a batch without gpu_user, a prediction)
+    struct GpuGroups *gpu_users, *gpu_items;  // GPU: the batch's rows of each, found by gpu_sort_groups
     float *forward;                        // the host's copy of gpu_forward
     int forward_capacity;
+    // Each step's loss (this rank's share), until mf_take_losses hands it over: on a GPU rank
+    // in device memory (the steps since the last hand-over), on a CPU rank the one step's.
+    double *losses, *host_losses;
+    int pending, losses_capacity;
+    struct CommTimes *comm_times;          // GPU: the exchanges' CUDA events, read once they have happened
 } Mf;
 
 const char *embeddings_mode_name(EmbeddingsMode mode);
@@ -130,17 +155,29 @@ size_t mf_embedding_bytes(const Mf *model);
 // `need` (memory_budget.h) so that a --dim too large is refused, not killed.
 void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world);
 
-// One training step on this rank's slice of a global batch of global_n
-// samples. Collective (every rank calls it, with n >= 0 samples).
+// One training step on this rank's slice of a global batch (rating_sampler.h's
+// RatingBatch: n >= 0 samples of global_n, at most max_n, the same max_n on every
+// rank; on a GPU rank its ids on the GPU, or copied there when gpu_user is NULL).
+// Collective (every rank calls it).
 //   mf_lookup: the rows of the batch's users and items (sharded: from their owners);
-//   mf_forward_backward: returns this rank's share of the loss sum, / global_n,
-//     and each row's gradient summed over the local samples (*mse_sum: of the squared errors);
+//   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses),
+//     and each row's gradient summed over the local samples;
 //   mf_exchange_gradients: the global batch's gradients (dense, sparse or sharded);
 //   mf_adam_step: SparseAdam on the rows the global batch touched.
-void mf_lookup(Mf *model, const int *user, const int *item, int n);
-double mf_forward_backward(Mf *model, const float *rating, int n, long global_n, double *mse_sum);
+void mf_lookup(Mf *model, const RatingBatch *batch);
+void mf_forward_backward(Mf *model, const RatingBatch *batch);
 void mf_exchange_gradients(Mf *model);
 void mf_adam_step(Mf *model);
+// The global batch's loss of each step not yet handed over, in step order at *losses (valid until
+// the next step): how many. Collective: the ranks' shares summed (MPI_Allreduce in double). On a
+// CPU rank each step's at once (`due` or not: the loss is on the host already); on a GPU rank none
+// until `due` (the epoch's last step, or the run's), then all of them with one copy and one
+// allreduce: the host never waits for the GPU inside a step. (The GPU's array doubles, a wait, when
+// more steps than ever come between two hand-overs: in the first epoch only.)
+int mf_take_losses(Mf *model, bool due, const double **losses);
+// The seconds this rank spent in the exchanges, over all steps (on a GPU rank from CUDA events
+// around each exchange, waited for here).
+double mf_comm_seconds(Mf *model);
 
 // Predictions for n (user, item) pairs. Collective: every rank calls it, n may differ.
 // (Sharded, its lookups travel too; they are not counted in bytes_sent and comm_seconds.)

@@ -586,21 +586,161 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // and __fadd_rn where nvcc would fuse a * b + c into one FMA (the CPU build
 // rounds twice: -ffp-contract=off): the same bits as the CPU. Every sum adds
 // in a fixed order (a thread per output element, its terms in turn): no atomics.
-
-__global__ void gather_rows_kernel(const float *table, const int *index, int n, int dim, float *out) {
-    size_t total = (size_t)n * dim;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = table[(size_t)index[i / dim] * dim + i % dim];
+//
+// How many rows a batch touches is found on the GPU (gpu_sort_groups), and the
+// host never reads it: a kernel that works on those rows takes the count in
+// device memory, its grid covers the host's bound n_max, and its threads past
+// the count do nothing.
+__device__ static int counted(const int *count, int n_max) {
+    if (!count) return n_max;
+    const int n = *count;
+    return n < n_max ? n : n_max;
 }
 
-__global__ void scatter_rows_kernel(const float *rows, const int *index, int n, int dim, float *table) {
-    size_t total = (size_t)n * dim;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-        table[(size_t)index[i / dim] * dim + i % dim] = rows[i];
+// Exclusive prefix sum over the block of each thread's `value`, and the block's total: Hillis and
+// Steele's scan in shared memory, log2(SORT_THREADS) rounds; every thread of the block calls it.
+#define SORT_THREADS 256
+__device__ static int block_exclusive_scan(int value, int *total) {
+    __shared__ int scan[2][SORT_THREADS];
+    const int t = threadIdx.x;
+    int in = 0;
+    __syncthreads();  // the last call's readers are done with `scan`
+    scan[0][t] = value;
+    __syncthreads();
+    for (int offset = 1; offset < SORT_THREADS; offset *= 2) {
+        scan[1 - in][t] = scan[in][t] + (t >= offset ? scan[in][t - offset] : 0);
+        in = 1 - in;
+        __syncthreads();
+    }
+    *total = scan[in][SORT_THREADS - 1];
+    return scan[in][t] - value;
 }
 
-__global__ void sum_rows_kernel(const float *rows, const int *start, const int *source, int n_out, int dim, float *out) {
-    size_t total = (size_t)n_out * dim;
+// One block. The valid entries (p < *n_valid, keys[p] >= 0) compacted in order, then sorted by key
+// with a least-significant-digit radix sort, RADIX_BITS bits a pass (each pass a stable counting
+// sort: the entries of each digit in their order), so entries of one key keep their order p; then
+// a group per key. Each thread owns a contiguous chunk of entries; a pass counts each chunk's
+// digits, and one scan of those counts, digit-major (digit d's count in thread t's chunk at
+// d * SORT_THREADS + t), says where each chunk writes each digit: the result is the same whatever
+// the thread count or the GPU's timing.
+#define RADIX_BITS 4
+#define RADIX (1 << RADIX_BITS)
+__global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride,
+                                   int *key_a, int *pos_a, int *key_b, int *pos_b, int *order, int *n_groups,
+                                   int *group_key, int *group_start, int *group_of) {
+    __shared__ int digit_counts[RADIX * SORT_THREADS];
+    const int t = threadIdx.x, limit = counted(n_valid, n);
+    int chunk = (n + SORT_THREADS - 1) / SORT_THREADS;
+    int lo = t * chunk < n ? t * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
+    int mine = 0;
+    for (int p = lo; p < hi; p++) mine += p < limit && keys[p] >= 0;
+    int m, at = block_exclusive_scan(mine, &m);
+    for (int p = lo; p < hi; p++)
+        if (p < limit && keys[p] >= 0) key_a[at] = keys[p], pos_a[at] = p, at++;
+    chunk = (m + SORT_THREADS - 1) / SORT_THREADS;
+    lo = t * chunk < m ? t * chunk : m, hi = lo + chunk < m ? lo + chunk : m;
+    for (int shift = 0; shift < key_bits; shift += RADIX_BITS) {
+        __syncthreads();  // the last pass's writes are in, and its reads of digit_counts done
+        int count[RADIX];
+        for (int d = 0; d < RADIX; d++) count[d] = 0;
+        for (int k = lo; k < hi; k++) count[(key_a[k] >> shift) & (RADIX - 1)]++;
+        for (int d = 0; d < RADIX; d++) digit_counts[d * SORT_THREADS + t] = count[d];
+        __syncthreads();
+        // The exclusive scan of digit_counts: thread t owns its RADIX consecutive entries.
+        int own = 0;
+        for (int i = 0; i < RADIX; i++) own += digit_counts[RADIX * t + i];
+        int all, before = block_exclusive_scan(own, &all);
+        for (int i = 0; i < RADIX; i++) {
+            const int value = digit_counts[RADIX * t + i];
+            digit_counts[RADIX * t + i] = before;
+            before += value;
+        }
+        __syncthreads();
+        for (int d = 0; d < RADIX; d++) count[d] = digit_counts[d * SORT_THREADS + t];  // where this chunk's digit d goes
+        for (int k = lo; k < hi; k++) {
+            const int key = key_a[k], to = count[(key >> shift) & (RADIX - 1)]++;
+            key_b[to] = key, pos_b[to] = pos_a[k];
+        }
+        int *swap = key_a;
+        key_a = key_b, key_b = swap;
+        swap = pos_a, pos_a = pos_b, pos_b = swap;
+    }
+    __syncthreads();
+    int starts = 0;
+    for (int k = lo; k < hi; k++) starts += k == 0 || key_a[k] != key_a[k - 1];
+    int groups, g = block_exclusive_scan(starts, &groups) - 1;  // the group of the entry before lo
+    for (int k = lo; k < hi; k++) {
+        if (k == 0 || key_a[k] != key_a[k - 1]) {
+            g++;
+            group_key[g] = key_a[k], group_start[g] = k;
+        }
+        const int p = pos_a[k];
+        group_of[p] = g;
+        order[k] = p / block * block_stride + p % block;
+    }
+    if (t == 0) *n_groups = groups, group_start[groups] = m;
+}
+
+__global__ void copy_rows_kernel(const float *src, const int *src_index, float *dst, const int *dst_index,
+                                 float *dst_flags, const int *count, int n_max, int dim) {
+    const size_t total = (size_t)counted(count, n_max) * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / dim, d = i % dim;
+        const size_t from = src_index ? (size_t)src_index[j] : j, to = dst_index ? (size_t)dst_index[j] : j;
+        dst[to * dim + d] = src[from * dim + d];
+        if (dst_flags && d == 0) dst_flags[to] = 1.0f;
+    }
+}
+
+__global__ void keyed_rows_kernel(const float *table, const int *keys, int n, int dim, float *out) {
+    const size_t total = (size_t)n * dim;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int key = keys[i / dim];
+        out[i] = key >= 0 ? table[(size_t)key * dim + i % dim] : 0.0f;
+    }
+}
+
+__global__ void pack_ids_kernel(const int *ids, const int *count, int n_max, int *out) {
+    const int n = counted(count, n_max);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i <= n; i += gridDim.x * blockDim.x) out[i] = i == 0 ? n : ids[i - 1];
+}
+
+__global__ void block_keys_kernel(const int *blocks, int n_blocks, int block_ints, int per_block, int *keys) {
+    const int total = n_blocks * per_block;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < total; p += gridDim.x * blockDim.x) {
+        const int *ids = blocks + (size_t)(p / per_block) * block_ints, i = p % per_block;
+        keys[p] = i < ids[0] ? ids[1 + i] : -1;
+    }
+}
+
+__global__ void owner_keys_kernel(const int *rows, const int *count, int n_max, int world, int *keys) {
+    const int n = counted(count, n_max);
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_max; j += gridDim.x * blockDim.x)
+        keys[j] = j < n ? rows[j] % world : -1;
+}
+
+__global__ void ask_owners_kernel(const int *rows, const int *count, int n_max, int world, const int *order,
+                                  const int *n_groups, const int *group_key, const int *group_start, const int *group_of,
+                                  int per_owner, int *send_ids, int *place) {
+    const int n = counted(count, n_max), span = n_max > world ? n_max : world;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < span; i += gridDim.x * blockDim.x) {
+        if (i < n) {  // the i-th touched row in owner order: its place in the owner's block
+            const int j = order[i], owner = rows[j] % world, k = i - group_start[group_of[j]];
+            place[i] = owner * per_owner + k;
+            send_ids[(size_t)owner * (per_owner + 1) + 1 + k] = rows[j] / world;
+        }
+        if (i < world) {  // owner i's count: its group's size, or 0
+            int asked = 0;
+            for (int g = 0; g < *n_groups; g++)
+                if (group_key[g] == i) asked = group_start[g + 1] - group_start[g];
+            send_ids[(size_t)i * (per_owner + 1)] = asked;
+        }
+    }
+}
+
+__global__ void sum_rows_kernel(const float *rows, const int *start, const int *source, const int *count, int n_max,
+                                int dim, float *out) {
+    const size_t total = (size_t)counted(count, n_max) * dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t j = i / dim, d = i % dim;
         float sum = 0.0f;
@@ -628,10 +768,22 @@ __global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const 
     }
 }
 
+// One thread: the CPU's sum in double, sample after sample (__dadd_rn, __dmul_rn: no FMA).
+__global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, double global_n, double *loss) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double sum = 0.0;
+    for (int s = 0; s < n; s++) {
+        const double error = forward[4 * (size_t)s + 1];
+        const double norms = __dadd_rn((double)forward[4 * (size_t)s + 2], (double)forward[4 * (size_t)s + 3]);
+        sum = __dadd_rn(sum, __dadd_rn(__dmul_rn(error, error), __dmul_rn((double)weight_decay, norms)));
+    }
+    *loss = __ddiv_rn(sum, global_n);
+}
+
 __global__ void embedding_backward_kernel(const float *forward, float scale, const int *start, const int *sample,
-                                          int n_rows, int dim, const float *self, const float *other,
+                                          const int *count, int n_max, int dim, const float *self, const float *other,
                                           const int *other_slot, float decay, float *grad) {
-    size_t total = (size_t)n_rows * dim;
+    const size_t total = (size_t)counted(count, n_max) * dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t j = i / dim, d = i % dim;
         float sum = 0.0f;
@@ -647,12 +799,13 @@ __global__ void embedding_backward_kernel(const float *forward, float scale, con
     }
 }
 
-__global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad,
-                                   int n, int dim, float minus_step_size, float one_minus_beta1, float one_minus_beta2,
-                                   float eps) {
-    size_t total = (size_t)n * dim;
+__global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
+                                   const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                                   float one_minus_beta1, float one_minus_beta2, float eps) {
+    const size_t total = (size_t)counted(count, n_max) * dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t at = (size_t)rows[i / dim] * dim + i % dim;
+        if (flags && flags[i / dim] == 0.0f) continue;  // (dense) a row no rank touched
+        size_t at = (rows ? (size_t)rows[i / dim] : i / dim) * dim + i % dim;
         float g = grad[i], m_old = exp_avg[at], v_old = exp_avg_sq[at];
         float m_update = __fmul_rn(g - m_old, one_minus_beta1);
         exp_avg[at] = m_old + m_update;
@@ -663,22 +816,62 @@ __global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg
     }
 }
 
-void gpu_gather_rows(const float *table, const int *index, int n, int dim, float *out, cudaStream_t stream) {
-    if (n <= 0) return;
-    gather_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(table, index, n, dim, out);
-    CHECK_LAUNCH("gather_rows_kernel");
+void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
+                     int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream) {
+    // Launched even for n == 0: *n_groups must say 0.
+    size_t quarter = (size_t)(n > 0 ? n : 1);
+    sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(keys, n, n_valid, key_bits, block > 0 ? block : 1,
+                                                       block > 0 ? block_stride : 1, scratch, scratch + quarter,
+                                                       scratch + 2 * quarter, scratch + 3 * quarter, order, n_groups,
+                                                       group_key, group_start, group_of);
+    CHECK_LAUNCH("sort_groups_kernel");
 }
 
-void gpu_scatter_rows(const float *rows, const int *index, int n, int dim, float *table, cudaStream_t stream) {
-    if (n <= 0) return;
-    scatter_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(rows, index, n, dim, table);
-    CHECK_LAUNCH("scatter_rows_kernel");
+void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
+                   const int *count, int n_max, int dim, cudaStream_t stream) {
+    if (n_max <= 0) return;
+    copy_rows_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(src, src_index, dst, dst_index, dst_flags,
+                                                                              count, n_max, dim);
+    CHECK_LAUNCH("copy_rows_kernel");
 }
 
-void gpu_sum_rows(const float *rows, const int *start, const int *source, int n_out, int dim, float *out,
-                  cudaStream_t stream) {
-    if (n_out <= 0) return;
-    sum_rows_kernel<<<blocks_for((size_t)n_out * dim), THREADS, 0, stream>>>(rows, start, source, n_out, dim, out);
+void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream) {
+    if (n <= 0) return;
+    keyed_rows_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(table, keys, n, dim, out);
+    CHECK_LAUNCH("keyed_rows_kernel");
+}
+
+void gpu_pack_ids(const int *ids, const int *count, int n_max, int *out, cudaStream_t stream) {
+    pack_ids_kernel<<<blocks_for((size_t)n_max + 1), THREADS, 0, stream>>>(ids, count, n_max, out);
+    CHECK_LAUNCH("pack_ids_kernel");
+}
+
+void gpu_block_keys(const int *blocks, int n_blocks, int block_ints, int per_block, int *keys, cudaStream_t stream) {
+    if (n_blocks * per_block <= 0) return;
+    block_keys_kernel<<<blocks_for((size_t)n_blocks * per_block), THREADS, 0, stream>>>(blocks, n_blocks, block_ints,
+                                                                                        per_block, keys);
+    CHECK_LAUNCH("block_keys_kernel");
+}
+
+void gpu_owner_keys(const int *rows, const int *count, int n_max, int world, int *keys, cudaStream_t stream) {
+    if (n_max <= 0) return;
+    owner_keys_kernel<<<blocks_for((size_t)n_max), THREADS, 0, stream>>>(rows, count, n_max, world, keys);
+    CHECK_LAUNCH("owner_keys_kernel");
+}
+
+void gpu_ask_owners(const int *rows, const int *count, int n_max, int world, const int *order, const int *n_groups,
+                    const int *group_key, const int *group_start, const int *group_of, int per_owner, int *send_ids,
+                    int *place, cudaStream_t stream) {
+    size_t span = (size_t)(n_max > world ? n_max : world);
+    ask_owners_kernel<<<blocks_for(span), THREADS, 0, stream>>>(rows, count, n_max, world, order, n_groups, group_key,
+                                                                group_start, group_of, per_owner, send_ids, place);
+    CHECK_LAUNCH("ask_owners_kernel");
+}
+
+void gpu_sum_rows(const float *rows, const int *start, const int *source, const int *count, int n_max, int dim,
+                  float *out, cudaStream_t stream) {
+    if (n_max <= 0) return;
+    sum_rows_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(rows, start, source, count, n_max, dim, out);
     CHECK_LAUNCH("sum_rows_kernel");
 }
 
@@ -691,20 +884,27 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
     CHECK_LAUNCH("mf_forward_kernel");
 }
 
-void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, int n_rows, int dim,
-                            const float *self, const float *other, const int *other_slot, float decay, float *grad,
-                            cudaStream_t stream) {
-    if (n_rows <= 0) return;
-    embedding_backward_kernel<<<blocks_for((size_t)n_rows * dim), THREADS, 0, stream>>>(
-        forward, scale, start, sample, n_rows, dim, self, other, other_slot, decay, grad);
+void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream) {
+    mf_loss_kernel<<<1, 1, 0, stream>>>(forward, n, weight_decay, global_n, loss);
+    CHECK_LAUNCH("mf_loss_kernel");
+}
+
+void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, const int *count,
+                            int n_max, int dim, const float *self, const float *other, const int *other_slot,
+                            float decay, float *grad, cudaStream_t stream) {
+    if (n_max <= 0) return;
+    embedding_backward_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
+        forward, scale, start, sample, count, n_max, dim, self, other, other_slot, decay, grad);
     CHECK_LAUNCH("embedding_backward_kernel");
 }
 
-void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
-                     float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
-    if (n <= 0) return;
-    sparse_adam_kernel<<<blocks_for((size_t)n * dim), THREADS, 0, stream>>>(
-        weight, exp_avg, exp_avg_sq, rows, grad, n, dim, minus_step_size, one_minus_beta1, one_minus_beta2, eps);
+void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
+                     const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                     float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
+    if (n_max <= 0) return;
+    sparse_adam_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
+        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, minus_step_size, one_minus_beta1,
+        one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }
 

@@ -106,27 +106,61 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 
 // ------------------------------------------------------------------ step 15's embeddings (mf.c)
 // mf.c's loops on the GPU, the same bits as the CPU's (no FMA contraction: __fmul_rn,
-// __fadd_rn), each sum in a fixed order. Rows are [*, dim], row-major.
-// out[j] = table[index[j]], and table[index[j]] = rows[j], for j < n.
-void gpu_gather_rows(const float *table, const int *index, int n, int dim, float *out, cudaStream_t stream);
-void gpu_scatter_rows(const float *rows, const int *index, int n, int dim, float *table, cudaStream_t stream);
-// out[j] = 0 + rows[source[start[j]]] + rows[source[start[j] + 1]] + ... up to start[j + 1], in that order.
-void gpu_sum_rows(const float *rows, const int *start, const int *source, int n_out, int dim, float *out,
-                  cudaStream_t stream);
+// __fadd_rn), each sum in a fixed order. Rows are [*, dim], row-major. How many rows a batch
+// touches is found on the GPU and stays there: `count` (device memory) bounds the work of the
+// kernels that take it, up to the host's n_max (NULL: n_max itself), so that the host never waits
+// to read it.
+//
+// One block sorts the entries p < n that are valid (p < *n_valid, NULL: all; keys[p] >= 0) by
+// key (keys < 2^key_bits), stably: entries of one key keep their order p. Out: *n_groups, the
+// distinct keys; group g has key group_key[g] and the sorted entries group_start[g] ..
+// group_start[g + 1] (group_start[*n_groups]: the valid entries); order[k]: the k-th sorted
+// entry p, written as (p / block) * block_stride + p % block (block = block_stride: p itself),
+// for entries gathered in blocks of a larger stride; group_of[p]: the group of valid entry p.
+// scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
+void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
+                     int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream);
+// dst[dst_index[j]] = src[src_index[j]] (a NULL index: j) for j < *count, rows of dim; with
+// dst_flags, dst_flags[dst_index[j]] = 1 too (dense: which rows were touched).
+void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
+                   const int *count, int n_max, int dim, cudaStream_t stream);
+// out[p] = table[keys[p]] for p < n, zeros where keys[p] < 0.
+void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream);
+// out[0] = *count, out[1 + i] = ids[i] for i < *count: a block of ids that travels with its count.
+void gpu_pack_ids(const int *ids, const int *count, int n_max, int *out, cudaStream_t stream);
+// keys[r * per_block + i] = block r's id i (block r at blocks + r * block_ints, as gpu_pack_ids
+// wrote it), or -1 past its count.
+void gpu_block_keys(const int *blocks, int n_blocks, int block_ints, int per_block, int *keys, cudaStream_t stream);
+// keys[j] = rows[j] % world for j < *count (a row's owner when sharded), -1 up to n_max.
+void gpu_owner_keys(const int *rows, const int *count, int n_max, int world, int *keys, cudaStream_t stream);
+// Sharded: from the touched rows sorted by owner (gpu_sort_groups of gpu_owner_keys), each owner's
+// block of send_ids [world, per_owner + 1] (its count, then the local indices asked of it, as
+// gpu_pack_ids), and place[k] = owner * per_owner + (k's place in its owner's block).
+void gpu_ask_owners(const int *rows, const int *count, int n_max, int world, const int *order, const int *n_groups,
+                    const int *group_key, const int *group_start, const int *group_of, int per_owner, int *send_ids,
+                    int *place, cudaStream_t stream);
+// out[j] = 0 + rows[source[start[j]]] + rows[source[start[j] + 1]] + ... up to start[j + 1], in that order, j < *count.
+void gpu_sum_rows(const float *rows, const int *start, const int *source, const int *count, int n_max, int dim,
+                  float *out, cudaStream_t stream);
 // Per sample s < n, a thread: out[4s..4s+3] = the prediction (dot + user bias + item bias + mean),
 // its error (prediction - rating[s]; 0 when rating is NULL), |p|^2 and |q|^2.
 void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
                     const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
                     const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream);
-// A table's gradient rows, a thread per element: row j sums, over its samples
+// *loss = the sum over s < n of error^2 + weight_decay (|p|^2 + |q|^2), in double and in the
+// samples' order, / global_n: mf.c's arithmetic, one thread.
+void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream);
+// A table's gradient rows j < *count, a thread per element: row j sums, over its samples
 // sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
 // with g = scale * the sample's error (forward's out); a bias table (self NULL) sums g.
-void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, int n_rows, int dim,
-                            const float *self, const float *other, const int *other_slot, float decay, float *grad,
-                            cudaStream_t stream);
-// torch.optim.SparseAdam on rows[j] of weight and its moments with gradient row grad[j] (mf.c's arithmetic).
-void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *grad, int n, int dim,
-                     float minus_step_size, float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
+void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, const int *count,
+                            int n_max, int dim, const float *self, const float *other, const int *other_slot,
+                            float decay, float *grad, cudaStream_t stream);
+// torch.optim.SparseAdam on rows[j] (NULL: j) of weight and its moments with gradient row grad[j],
+// j < *count, skipping the rows whose flags[j] is 0 (flags NULL: none skipped); mf.c's arithmetic.
+void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
+                     const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                     float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
 
 // ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
 // transformer_ops.c's CPU loops, operation for operation, with __fmul_rn and __fadd_rn where nvcc

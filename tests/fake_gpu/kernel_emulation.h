@@ -30,6 +30,9 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
 // The bits of an int as a float (a reinterpretation, not a conversion).
 static inline float __int_as_float(int bits) {
     float value;

@@ -438,6 +438,7 @@ static void test_mf(void) {
         Mf *cpu = mf_new(mode, DEVICE_CPU, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_cpu);
         Mf *gpu = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_gpu);
         int losses_differ = 0, n = BATCH;
+        double cpu_losses[STEPS];
         for (int step = 0; step < STEPS; step++) {
             n = step == 3 ? 0 : BATCH;
             for (int s = 0; s < n; s++) {
@@ -446,16 +447,23 @@ static void test_mf(void) {
                 item[s] = (int)(i * i * ITEMS) % ITEMS;
                 rating[s] = 0.5f * (float)(1 + (int)(rng_uniform(&batches, 0, 10)) % 10);
             }
-            double mse_cpu, mse_gpu;
-            mf_lookup(cpu, user, item, n);
-            double loss_cpu = mf_forward_backward(cpu, rating, n, BATCH, &mse_cpu);
+            RatingBatch batch = {.user = user, .item = item, .rating = rating, .n = n, .global_n = BATCH, .max_n = BATCH};
+            const double *loss_cpu, *loss_gpu;
+            mf_lookup(cpu, &batch);
+            mf_forward_backward(cpu, &batch);
             mf_exchange_gradients(cpu);
             mf_adam_step(cpu);
-            mf_lookup(gpu, user, item, n);
-            double loss_gpu = mf_forward_backward(gpu, rating, n, BATCH, &mse_gpu);
+            int taken_cpu = mf_take_losses(cpu, false, &loss_cpu);
+            losses_differ += taken_cpu != 1;
+            cpu_losses[step] = taken_cpu == 1 ? loss_cpu[0] : NAN;
+            mf_lookup(gpu, &batch);  // (the ids from the host: copied to the GPU)
+            mf_forward_backward(gpu, &batch);
             mf_exchange_gradients(gpu);
             mf_adam_step(gpu);
-            losses_differ += loss_cpu != loss_gpu || mse_cpu != mse_gpu;
+            // The GPU's stay there until due: the steps' losses in one hand-over, at the last.
+            int taken_gpu = mf_take_losses(gpu, step == STEPS - 1, &loss_gpu);
+            losses_differ += taken_gpu != (step == STEPS - 1 ? STEPS : 0);
+            for (int k = 0; k < taken_gpu && taken_gpu == STEPS; k++) losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
         }
         mf_predict(cpu, user, item, n, predicted_cpu);
         mf_predict(gpu, user, item, n, predicted_gpu);
@@ -471,6 +479,99 @@ static void test_mf(void) {
         mf_free(gpu);
     }
 }
+
+#if HAVE_CUDA
+// gpu_sort_groups (step 15's rows of a batch, found on the GPU) against a stable sort on the
+// CPU: the entries' order, the groups and each entry's group, on the edge cases: no entry, one,
+// all of one key, all distinct, keys at the table's two ends, invalid entries (-1, past a count
+// held in device memory), entries in blocks of a larger stride, more entries than the block has
+// threads, keys of 18 bits.
+static int sort_case_compare(const void *a, const void *b) {
+    const int *x = a, *y = b;  // (key, p): p breaks ties, so the sort is stable
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static int sort_case(const char *what, const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
+    int bits = 0;
+    while ((1L << bits) < key_limit) bits++;
+    size_t entries = n > 0 ? (size_t)n : 1;
+    int *device_keys = device_alloc(entries * sizeof(int)), *device_valid = device_alloc(sizeof(int));
+    int *scratch = device_alloc(4 * entries * sizeof(int)), *order = device_alloc(entries * sizeof(int));
+    int *count = device_alloc(sizeof(int)), *group_key = device_alloc(entries * sizeof(int));
+    int *group_start = device_alloc((entries + 1) * sizeof(int)), *group_of = device_alloc(entries * sizeof(int));
+    if (n > 0) device_upload(device_keys, keys, (size_t)n * sizeof(int), "the keys");
+    device_upload(device_valid, &n_valid, sizeof(int), "the count");
+    gpu_sort_groups(device_keys, n, n_valid < n ? device_valid : NULL, bits, block, stride, scratch, order, count,
+                    group_key, group_start, group_of, device_stream());
+    int got_groups = -1;
+    int *got_order = xmalloc(entries * sizeof(int)), *got_key = xmalloc(entries * sizeof(int));
+    int *got_start = xmalloc((entries + 1) * sizeof(int)), *got_of = xmalloc(entries * sizeof(int));
+    device_read_to_host(&got_groups, count, sizeof(int), "the groups");
+    // The reference: the valid entries, sorted by (key, p).
+    int *pairs = xmalloc(2 * entries * sizeof(int)), m = 0;
+    for (int p = 0; p < n && p < n_valid; p++)
+        if (keys[p] >= 0) pairs[2 * m] = keys[p], pairs[2 * m + 1] = p, m++;
+    qsort(pairs, (size_t)m, 2 * sizeof(int), sort_case_compare);
+    int groups = 0, wrong = 0;
+    for (int k = 0; k < m; k++) groups += k == 0 || pairs[2 * k] != pairs[2 * k - 2];
+    wrong += got_groups != groups;
+    if (got_groups == groups) {
+        if (m > 0) {
+            device_read_to_host(got_order, order, (size_t)m * sizeof(int), "the order");
+            device_read_to_host(got_key, group_key, (size_t)groups * sizeof(int), "the groups' keys");
+        }
+        device_read_to_host(got_start, group_start, ((size_t)groups + 1) * sizeof(int), "the groups' starts");
+        if (n > 0) device_read_to_host(got_of, group_of, (size_t)n * sizeof(int), "the entries' groups");
+        int g = -1;
+        for (int k = 0; k < m; k++) {
+            int key = pairs[2 * k], p = pairs[2 * k + 1];
+            if (k == 0 || key != pairs[2 * k - 2]) {
+                g++;
+                wrong += got_key[g] != key || got_start[g] != k;
+            }
+            wrong += got_order[k] != p / block * stride + p % block;
+            wrong += got_of[p] != g;
+        }
+        wrong += got_start[groups] != m;
+    }
+    EXPECT(wrong == 0, "gpu_sort_groups, %s: %d entries (%d valid) in %d groups, a stable sort's (%d differences)", what, n,
+           m, groups, wrong);
+    void *buffers[] = {device_keys, device_valid, scratch, order, count, group_key, group_start, group_of};
+    for (size_t k = 0; k < sizeof buffers / sizeof buffers[0]; k++) device_free(buffers[k]);
+    free(got_order), free(got_key), free(got_start), free(got_of), free(pairs);
+    return wrong;
+}
+
+static void test_sort_groups(void) {
+    enum { N = 5000 };
+    int *keys = xmalloc(N * sizeof(int));
+    sort_case("no entry", keys, 0, 0, 10, 1, 1);
+    keys[0] = 0;
+    sort_case("one entry, key 0", keys, 1, 1, 1, 1, 1);
+    for (int p = 0; p < 1000; p++) keys[p] = 9723;
+    sort_case("1000 of one key, the table's last row", keys, 1000, 1000, 9724, 1000, 1000);
+    for (int p = 0; p < 1000; p++) keys[p] = (p * 617) % 1000;  // a permutation of 0 .. 999
+    sort_case("1000 distinct keys, 0 to 999", keys, 1000, 1000, 1000, 1000, 1000);
+    Rng rng;
+    rng_seed(&rng, 3);
+    for (int p = 0; p < 1000; p++) {
+        float u = rng_uniform(&rng, 0, 1);
+        keys[p] = (int)(u * u * 9724) % 9724;  // skewed: popular rows recur
+    }
+    keys[17] = 0, keys[998] = 9723, keys[999] = 0;
+    sort_case("1000 skewed keys of 9724, both ends", keys, 1000, 1000, 9724, 1000, 1000);
+    for (int p = 0; p < 777; p++) keys[p] = p % 13 == 0 ? -1 : (int)(rng_uniform(&rng, 0, 1) * 50);
+    sort_case("777 keys, some -1, the first 500 counted (a count on the GPU)", keys, 777, 500, 50, 777, 777);
+    sort_case("a short last batch: 3 of 777 counted", keys, 777, 3, 50, 777, 777);
+    for (int r = 0; r < 4; r++)  // 4 ranks' blocks of 300, each valid up to its own count
+        for (int i = 0; i < 300; i++) keys[r * 300 + i] = i < 100 + 60 * r ? (int)(rng_uniform(&rng, 0, 1) * 400) : -1;
+    sort_case("4 blocks of 300 at a stride of 311, padded with -1", keys, 1200, 1200, 400, 300, 311);
+    for (int p = 0; p < N; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 162541);
+    keys[0] = 162540, keys[N - 1] = 0;
+    sort_case("5000 keys of 18 bits (ml-25m's users)", keys, N, N, 162541, N, N);
+    free(keys);
+}
+#endif
 
 // A CPU tensor of uniform values and its GPU copy.
 typedef struct {
@@ -747,6 +848,9 @@ int main(int argc, char **argv) {
     test_sum_of_rows();
 #endif
     test_cnn_model();
+#if HAVE_CUDA
+    test_sort_groups();
+#endif
     test_mf();
     test_transformer_ops();
     test_gpt_model();
