@@ -177,6 +177,16 @@ day1/2_mnist_training --plot '' > "$tmp/g2" 2>&1
 expect "step 2 on the GPU (--device auto): $(grep -o 'Training completed.*' "$tmp/g2"); CPU: $(accuracy "$tmp/c2")%" \
     awk "BEGIN { d = $(accuracy "$tmp/g2") - $(accuracy "$tmp/c2"); exit !(d < 0.3 && d > -0.3) }"
 
+# Step 2's CUDA graph (--cuda_graph, on by default): the step captured once and replayed takes the
+# eager step's losses and weights bit for bit, 2 epochs, each ending in a shorter batch run eagerly.
+day1/2_mnist_training --device cuda --epochs 2 --losses "$tmp/graph.csv" --save "$tmp/graph.h5" --plot '' > "$tmp/graph" 2>&1
+day1/2_mnist_training --device cuda --epochs 2 --losses "$tmp/eager.csv" --save "$tmp/eager.h5" --plot '' --cuda_graph off \
+    > "$tmp/eager" 2>&1
+expect "step 2's CUDA graph ($(grep -o '[0-9]* of [0-9]* steps replayed' "$tmp/graph")): the eager step's losses and weights, bit for bit" \
+    eval 'grep -q "^CUDA graph: 17 of 20 steps replayed" "$tmp/graph" && ! grep -q "^CUDA graph" "$tmp/eager" &&
+          test -s "$tmp/graph.csv" && cmp -s "$tmp/graph.csv" "$tmp/eager.csv" &&
+          build/tools/compare_h5_weights "$tmp/graph.h5" "$tmp/eager.h5" 0 > /dev/null 2>&1'
+
 # Step 4 on 2 ranks and one GPU: the MPI fallback, announced once.
 mpi 2 day1/4_mnist_manual_ddp --device cpu --plot '' > "$tmp/c4" 2>&1
 mpi 2 day1/4_mnist_manual_ddp --lr 0.0005 --save "$tmp/w4.h5" --plot '' > "$tmp/g4" 2>&1

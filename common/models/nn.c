@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "base/check.h"
+#include "runtime/device.h"   // device_upload: Adam's coefficients for a CUDA graph's step
 #include "runtime/profile.h"
 
 // ------------------------------------------------------------------ layers
@@ -249,14 +250,13 @@ Adam adam_new(Param *params, int n_params, double lr) {
     return adam;
 }
 
-void adam_step(Adam *adam) {
-    profile_push("optimizer");
+// The next step's scalars in double, as Python computes them; each is rounded to float once where
+// PyTorch hands it to a float32 kernel.
+static AdamCoefficients next_coefficients(Adam *adam) {
     adam->step++;
-    // Scalars in double, as Python computes them; each is rounded to float once
-    // where PyTorch hands it to a float32 kernel.
     double bias_correction1 = 1.0 - pow(adam->beta1, (double)adam->step);
     double bias_correction2 = 1.0 - pow(adam->beta2, (double)adam->step);
-    const AdamCoefficients coefficients = {
+    return (AdamCoefficients){
         .step_size = (float)(adam->lr / bias_correction1),
         .bias_correction2_sqrt = (float)sqrt(bias_correction2),
         .one_minus_beta1 = (float)(1.0 - adam->beta1),
@@ -264,6 +264,38 @@ void adam_step(Adam *adam) {
         .one_minus_beta2 = (float)(1.0 - adam->beta2),
         .eps = (float)adam->eps,
     };
+}
+
+void adam_prepare_step(Adam *adam) {
+    AdamCoefficients coefficients = next_coefficients(adam);
+    if (adam->n_params == 0 || !tensor_on_gpu(adam->params[0].value)) {
+        adam->prepared = coefficients;
+        return;
+    }
+#if HAVE_CUDA
+    if (!adam->device_coefficients) adam->device_coefficients = device_alloc(sizeof(AdamCoefficients));
+    device_upload(adam->device_coefficients, &coefficients, sizeof coefficients, "Adam's coefficients");
+#endif
+}
+
+void adam_apply_step(Adam *adam) {
+    profile_push("optimizer");
+    bool gpu = adam->n_params > 0 && tensor_on_gpu(adam->params[0].value);
+    CHECK(!gpu || adam->device_coefficients, "adam_apply_step: no adam_prepare_step before it");
+    for (int i = 0; i < adam->n_params; i++) {
+        if (gpu)
+            adam_update_from_device(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i],
+                                    &adam->exp_avg_sq[i], adam->device_coefficients);
+        else
+            adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
+                        &adam->prepared);
+    }
+    profile_pop();
+}
+
+void adam_step(Adam *adam) {
+    profile_push("optimizer");
+    const AdamCoefficients coefficients = next_coefficients(adam);
     for (int i = 0; i < adam->n_params; i++)
         adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
                     &coefficients);
@@ -272,6 +304,9 @@ void adam_step(Adam *adam) {
 }
 
 void adam_free(Adam *adam) {
+#if HAVE_CUDA
+    if (adam->device_coefficients) device_free(adam->device_coefficients);
+#endif
     for (int i = 0; i < adam->n_params; i++) {
         tensor_free(&adam->exp_avg[i]);
         tensor_free(&adam->exp_avg_sq[i]);

@@ -119,10 +119,18 @@ typedef struct {
     Tensor *exp_avg, *exp_avg_sq;  // first and second moments, like the params
     double lr, beta1, beta2, eps;
     long step;
+    AdamCoefficients prepared;              // adam_prepare_step's, for adam_apply_step on a CPU
+    AdamCoefficients *device_coefficients;  // adam_prepare_step's on a GPU (NULL until then)
 } Adam;
 
 Adam adam_new(Param *params, int n_params, double lr);
 void adam_step(Adam *adam);
+// adam_step in two halves, for a step replayed from a CUDA graph (train/step_graph.h), whose
+// kernels' arguments are those of its capture: adam_prepare_step computes the step's coefficients
+// and, on a GPU, copies them to device memory (before the graph's launch); adam_apply_step updates
+// the parameters, the kernels reading them there (inside the graph). The same bits as adam_step.
+void adam_prepare_step(Adam *adam);
+void adam_apply_step(Adam *adam);
 void adam_free(Adam *adam);
 
 // torch.optim.SGD without momentum: p -= lr * grad.

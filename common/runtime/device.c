@@ -297,6 +297,33 @@ void device_upload(void *device_memory, const void *host, size_t bytes, const ch
     g_upload.used[k] = true;
 }
 
+struct DeviceGraph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+void device_graph_begin(void) {
+    // Thread-local: only this thread's calls could spoil the capture (step 11's readers may wait meanwhile).
+    CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+}
+
+DeviceGraph *device_graph_end(void) {
+    DeviceGraph *graph = xcalloc(1, sizeof *graph);
+    CHECK_CUDA(cudaStreamEndCapture(g_stream, &graph->graph));
+    CHECK_CUDA(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
+    return graph;
+}
+
+void device_graph_launch(const DeviceGraph *graph) { CHECK_CUDA(cudaGraphLaunch(graph->exec, g_stream)); }
+
+void device_graph_free(DeviceGraph *graph) {
+    if (!graph) return;
+    synchronize_polled("a CUDA graph's last launch");  // (its work may still run)
+    CHECK_CUDA(cudaGraphExecDestroy(graph->exec));
+    CHECK_CUDA(cudaGraphDestroy(graph->graph));
+    free(graph);
+}
+
 static void upload_free(void) {
     for (int k = 0; k < UPLOAD_SLOTS; k++) {
         if (g_upload.copied[k]) CHECK_CUDA(cudaEventDestroy(g_upload.copied[k]));

@@ -129,6 +129,17 @@ void device_read_to_host(void *host, const void *device_memory, size_t bytes, co
 // state; the host waits, polled, only when it is 64 uploads ahead of the GPU). `what` names it.
 void device_upload(void *device_memory, const void *host, size_t bytes, const char *what);
 
+// The compute stream's work between device_graph_begin and device_graph_end as a CUDA graph
+// (torch.cuda.CUDAGraph): captured, not run; device_graph_launch queues all of it again in one
+// launch. In between, nothing may wait for the GPU (CUDA refuses it: a buffer that grows, a read
+// back), and every kernel's arguments, pointers included, are those of the capture: what changes
+// from one launch to the next lives in device memory that is written before it (train/step_graph.h).
+typedef struct DeviceGraph DeviceGraph;
+void device_graph_begin(void);
+DeviceGraph *device_graph_end(void);
+void device_graph_launch(const DeviceGraph *graph);
+void device_graph_free(DeviceGraph *graph);
+
 // A communicator for the group of ranks that pass the same color, ordered by
 // key (ncclCommSplit of the world's; collective over the world). Its waits
 // are polled and its errors end the job as the world's (group.h uses it).

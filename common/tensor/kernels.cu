@@ -96,19 +96,33 @@ __global__ void mse_kernel(const float *output, const float *target, Index n, fl
     }
 }
 
+// One value's Adam update (adam_update's order and roundings).
+__device__ static void adam_value(float *param, const float *grad, float *m, float *v, size_t i, float step_size,
+                                  float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2,
+                                  float eps) {
+    float g = grad[i];
+    float m_i = m[i] + one_minus_beta1 * (g - m[i]);      // exp_avg.lerp_(grad, 1 - beta1)
+    float v_i = v[i] * beta2 + one_minus_beta2 * (g * g);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
+    float denom = sqrtf(v_i) / bias_correction2_sqrt + eps;
+    param[i] = param[i] - step_size * (m_i / denom);       // param.addcdiv_(m, denom, -step_size)
+    m[i] = m_i;
+    v[i] = v_i;
+}
+
 template <typename Index>
 __global__ void adam_kernel(float *param, const float *grad, float *m, float *v, Index n, float step_size,
                             float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2,
                             float eps) {
     FOR_EACH_INDEX(Index, i, n) {
-        float g = grad[i];
-        float m_i = m[i] + one_minus_beta1 * (g - m[i]);      // exp_avg.lerp_(grad, 1 - beta1)
-        float v_i = v[i] * beta2 + one_minus_beta2 * (g * g);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
-        float denom = sqrtf(v_i) / bias_correction2_sqrt + eps;
-        param[i] = param[i] - step_size * (m_i / denom);       // param.addcdiv_(m, denom, -step_size)
-        m[i] = m_i;
-        v[i] = v_i;
+        adam_value(param, grad, m, v, i, step_size, bias_correction2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps);
     }
+}
+
+// The same, the six coefficients read from device memory (c, in AdamCoefficients' order): a CUDA
+// graph's kernel, whose arguments are those of its capture, reads each step's there.
+template <typename Index>
+__global__ void adam_from_device_kernel(float *param, const float *grad, float *m, float *v, Index n, const float *c) {
+    FOR_EACH_INDEX(Index, i, n) { adam_value(param, grad, m, v, i, c[0], c[1], c[2], c[3], c[4], c[5]); }
 }
 
 template <typename Index>
@@ -438,6 +452,18 @@ void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq
                                                                    bias_correction2_sqrt, one_minus_beta1, beta2,
                                                                    one_minus_beta2, eps);
     CHECK_LAUNCH("adam_kernel");
+}
+
+void gpu_adam_from_device(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                          const float *coefficients, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        adam_from_device_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq,
+                                                                                 (uint32_t)n, coefficients);
+    else
+        adam_from_device_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n,
+                                                                               coefficients);
+    CHECK_LAUNCH("adam_from_device_kernel");
 }
 
 void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream) {

@@ -54,6 +54,10 @@ void gpu_clip_scale(float *x, size_t n, const float *coef, cudaStream_t stream);
 void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
               float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
               cudaStream_t stream);
+// The same, the six coefficients (step_size, bias_correction2_sqrt, one_minus_beta1, beta2,
+// one_minus_beta2, eps) read from device memory when it runs: a CUDA graph's step.
+void gpu_adam_from_device(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                          const float *coefficients, cudaStream_t stream);
 void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream);  // param -= lr * grad
 
 // prediction[r] = argmax over c of logits[r, c] (the first, on ties).

@@ -3,6 +3,7 @@
 #include "tensor/tensor_ops.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -237,6 +238,24 @@ CPU_DISPATCHED void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_a
         float denom = sqrtf(v[k]) / bias_correction2_sqrt + eps;
         p[k] = p[k] - step_size * (m[k] / denom);               // param.addcdiv_(m, denom, -step_size)
     }
+}
+
+// The kernel reads AdamCoefficients as six floats in its fields' order.
+_Static_assert(sizeof(AdamCoefficients) == 6 * sizeof(float) && offsetof(AdamCoefficients, eps) == 5 * sizeof(float),
+               "AdamCoefficients: six floats, eps last");
+
+void adam_update_from_device(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq,
+                             const AdamCoefficients *device_c) {
+    size_t n = tensor_numel(param);
+    CHECK(tensor_on_gpu(param) && tensor_numel(grad) == n && tensor_numel(exp_avg) == n && tensor_numel(exp_avg_sq) == n,
+          "adam_update_from_device: parameter [%d, %d] on a GPU, gradient [%d, %d]", param->rows, param->cols,
+          grad->rows, grad->cols);
+#if HAVE_CUDA
+    gpu_adam_from_device(param->data, grad->data, exp_avg->data, exp_avg_sq->data, n, (const float *)device_c,
+                         device_stream());
+#else
+    (void)device_c;
+#endif
 }
 
 CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {

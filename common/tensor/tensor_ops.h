@@ -69,6 +69,10 @@ typedef struct {
 // exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad,
 // 1 - beta2); param.addcdiv_(exp_avg, sqrt(exp_avg_sq) / bc2_sqrt + eps, -step_size).
 void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq, const AdamCoefficients *c);
+// The same on a GPU, the coefficients read from device memory when the kernel runs (`device_c`, an
+// AdamCoefficients there): the update of a step replayed from a CUDA graph (nn.h's adam_apply_step).
+void adam_update_from_device(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq,
+                             const AdamCoefficients *device_c);
 // SGD without momentum: param -= lr * grad.
 void sgd_update(Tensor *param, const Tensor *grad, float lr);
 // The sum of the squares of every value of tensors[0 .. n), in double (clip_grad_norm's norm), all

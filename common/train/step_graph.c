@@ -1,0 +1,74 @@
+// step_graph.c: a training step replayed from a CUDA graph. See step_graph.h.
+#include "train/step_graph.h"
+
+#include <stdlib.h>
+
+#include "base/check.h"
+
+StepGraph step_graph_new(Device device, bool enabled) {
+    StepGraph graph = {.enabled = HAVE_CUDA && enabled && device == DEVICE_CUDA, .device = device};
+    graph.loss = device == DEVICE_CUDA ? device_alloc(sizeof(float)) : xcalloc(1, sizeof(float));
+    return graph;
+}
+
+bool step_graph_replay(StepGraph *graph, int rows) {
+#if HAVE_CUDA
+    if (graph->graph && rows == graph->captured_rows) {
+        device_graph_launch(graph->graph);
+        graph->replays++;
+        return true;
+    }
+#endif
+    (void)rows;
+    return false;
+}
+
+void step_graph_begin(StepGraph *graph, int rows) {
+    CHECK(!graph->capturing, "step_graph_begin: a capture is in progress");
+    bool capture = graph->enabled && !graph->graph && rows == graph->eager_rows;
+#if HAVE_CUDA
+    if (capture) {
+        device_graph_begin();
+        graph->capturing = true;
+        graph->captured_rows = rows;
+        return;
+    }
+#endif
+    (void)capture;
+    graph->eager_rows = rows;
+}
+
+void step_graph_end(StepGraph *graph) {
+#if HAVE_CUDA
+    if (graph->capturing) {
+        graph->graph = device_graph_end();
+        graph->capturing = false;
+        device_graph_launch(graph->graph);  // the captured step has not run yet
+        graph->replays++;
+    }
+#endif
+    (void)graph;
+}
+
+LossSlot step_graph_loss(const StepGraph *graph) { return (LossSlot){.value = graph->loss, .weight = 1.0f}; }
+
+void step_graph_hand_loss(StepGraph *graph, LossSlot slot) {
+    CHECK(slot.weight == 1.0f && !slot.accumulate, "step_graph_hand_loss: a slot of weight %g%s", slot.weight,
+          slot.accumulate ? ", accumulated" : "");
+#if HAVE_CUDA
+    if (graph->device == DEVICE_CUDA)
+        CHECK_CUDA(cudaMemcpyAsync(slot.value, graph->loss, sizeof(float), cudaMemcpyDeviceToDevice, device_stream()));
+    else
+#endif
+        *slot.value = *graph->loss;
+    device_mark_step();  // the step is queued (the simulated GPU counts per step)
+}
+
+void step_graph_free(StepGraph *graph) {
+#if HAVE_CUDA
+    device_graph_free(graph->graph);
+#endif
+    if (graph->device == DEVICE_CUDA) device_free(graph->loss);
+    else free(graph->loss);
+    *graph = (StepGraph){0};
+}

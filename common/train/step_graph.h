@@ -1,0 +1,61 @@
+// step_graph.h: a training step replayed from a CUDA graph (torch.cuda.graphs): its kernels,
+// GEMMs and copies captured once, then queued again in one launch a step, not one by one.
+//
+//   StepGraph graph = step_graph_new(device, cuda_graph);   // --cuda_graph on|off (on: a GPU's default)
+//   for (...) {
+//       Tensor x = mnist_batch(...);                          // into the same buffers every step
+//       adam_prepare_step(&optimizer);                        // what changes step by step, on the GPU first
+//       if (!step_graph_replay(&graph, x.rows)) {             // the captured step, where it holds this shape
+//           step_graph_begin(&graph, x.rows);                 // captured (the warm-up's shape, again) or not
+//           mlp_zero_grad(&model); mlp_forward(&model, &x);
+//           mlp_loss_to(&model, labels, device_labels, step_graph_loss(&graph));
+//           mlp_backward(&model, &x, NULL, NULL);
+//           adam_apply_step(&optimizer);
+//           step_graph_end(&graph);                           // a capture is launched here
+//       }
+//       step_graph_hand_loss(&graph, step_losses_next(&pending));  // the step's loss, where the log takes it
+//   }
+//
+// A graph replays its capture's kernels with their capture's arguments: the same shapes and
+// pointers every step. So what changes lives in device memory written before each launch (the
+// batch, gathered into the same buffers; Adam's step-dependent coefficients, adam_prepare_step), the
+// step's loss goes to the graph's own slot, copied on the GPU to where the log reads it, and a batch
+// of another shape (the epoch's last, shorter one) runs eagerly. The capture follows one eager
+// step of the same shape (PyTorch's warm-up before torch.cuda.graph): the buffers that grow on first
+// use have grown, as nothing may allocate or wait for the GPU inside a capture. The same operations
+// on the same data: the same bits as the eager step (tests/test_gpu.sh checks).
+//
+// Off (a CPU rank, --cuda_graph off, a build without CUDA), every step runs eagerly through the
+// same calls; the loss still goes through the slot (a copy more).
+//
+// Layers: above runtime (device) and tensor (LossSlot).
+#pragma once
+#include <stdbool.h>
+
+#include "runtime/device.h"
+#include "tensor/tensor_ops.h"  // LossSlot
+
+typedef struct {
+    bool enabled;              // graphs on: a GPU rank with --cuda_graph on
+    Device device;
+    float *loss;               // the step's loss: device memory on a GPU rank, host memory on a CPU rank
+    int eager_rows;            // the last eager step's batch rows (a capture follows one of the same)
+    int captured_rows;         // the graph's batch rows (0: none yet)
+    bool capturing;
+    struct DeviceGraph *graph;
+    long replays;              // steps replayed from the graph
+} StepGraph;
+
+StepGraph step_graph_new(Device device, bool enabled);
+// Launches the captured step if it holds a batch of `rows`; false (nothing done) otherwise.
+bool step_graph_replay(StepGraph *graph, int rows);
+// Before an eager step of `rows`: captures it (then step_graph_end launches it) when graphs are on,
+// none is captured yet, and the step before had the same rows (the warm-up).
+void step_graph_begin(StepGraph *graph, int rows);
+void step_graph_end(StepGraph *graph);
+// Where the step's loss goes (weight 1): the graph's slot.
+LossSlot step_graph_loss(const StepGraph *graph);
+// The step's loss into `slot` (train/step_losses.h's step_losses_next: weight 1, not accumulated),
+// queued after the step; the step is then queued (the simulated GPU counts per step).
+void step_graph_hand_loss(StepGraph *graph, LossSlot slot);
+void step_graph_free(StepGraph *graph);
