@@ -19,7 +19,7 @@ bool step_graph_replay(StepGraph *graph, int rows) {
         return true;
     }
 #endif
-    (void)rows;
+    (void)graph, (void)rows;
     return false;
 }
 
