@@ -36,13 +36,18 @@
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_graph.h"       // StepGraph: the step replayed from a CUDA graph on a GPU (--cuda_graph)
 #include "train/step_losses.h"      // step_losses_take: each step's loss, read when the program prints
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/3_mnist_distributed.png");
-    ArgSpec flags[] = {TRAIN_FLAGS(opt)};
+    const char *cuda_graph = "on";
+    ArgSpec flags[] = {
+        TRAIN_FLAGS(opt),
+        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs)", 0, "on|off"},
+    };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 3: every rank trains its own copy on all the data (--plot gets a _rank<r> suffix).");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
@@ -77,6 +82,9 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
     StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
+    // On a GPU the step is captured once into a CUDA graph and replayed: one launch a step, not ~20
+    // (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a warm-up).
+    StepGraph graph = step_graph_new(device, strcmp(cuda_graph, "on") == 0);
 
     double train_start = wall_seconds();
     for (int epoch = 0; epoch < opt.epochs; epoch++) {
@@ -86,12 +94,18 @@ int main(int argc, char **argv) {
         double loss_sum = 0.0;
         for (int b = 0; b < n_batches; b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
-            mlp_zero_grad(&model);                         // optimizer.zero_grad()
-            mlp_forward(&model, &x);                       // output = model(data)
-            mlp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
-                        step_losses_next(&pending));
-            mlp_backward(&model, &x, NULL, NULL);          // loss.backward()
-            adam_step(&optimizer);                         // optimizer.step()
+            adam_prepare_step(&optimizer);                 // (the step's Adam coefficients, on the GPU before the graph)
+            if (!step_graph_replay(&graph, x.rows)) {      // g.replay(), where the graph holds this batch's shape
+                step_graph_begin(&graph, x.rows);          // (with torch.cuda.graph(g): once, after a warm-up step)
+                mlp_zero_grad(&model);                     // optimizer.zero_grad()
+                mlp_forward(&model, &x);                   // output = model(data)
+                mlp_loss_to(&model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                            step_graph_loss(&graph));
+                mlp_backward(&model, &x, NULL, NULL);      // loss.backward()
+                adam_apply_step(&optimizer);               // optimizer.step()
+                step_graph_end(&graph);
+            }
+            step_graph_hand_loss(&graph, step_losses_next(&pending));  // losses.append(loss.detach())
             // loss.item(): at once on a CPU, for the whole epoch at its end on a GPU.
             for (float loss; step_losses_take(&pending, b == n_batches - 1, &loss);) {
                 check_loss_finite_agreed(loss, losses.n + 1, epoch + 1, run);  // each rank alone: agreed by one allreduce
@@ -106,6 +120,9 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    if (graph.enabled)
+        print_rank("CUDA graph: %ld of %ld steps replayed from one capture (--cuda_graph off: each kernel launched by itself)\n",
+                   graph.replays, optimizer.step);
     check_weights_finite(model.params, model.n_params, losses.n, opt.epochs, run);  // the last step's update
 
     Tensor test_images = mnist_images(&test, device);  // [10000, 784]
@@ -137,6 +154,7 @@ int main(int argc, char **argv) {
     free(batch_labels);
     loss_log_free(&losses);
     step_losses_free(&pending);
+    step_graph_free(&graph);
     adam_free(&optimizer);
     mlp_free(&model);
     sampler_free(&sampler);

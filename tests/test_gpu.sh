@@ -186,6 +186,12 @@ expect "step 2's CUDA graph ($(grep -o '[0-9]* of [0-9]* steps replayed' "$tmp/g
     eval 'grep -q "^CUDA graph: 17 of 20 steps replayed" "$tmp/graph" && ! grep -q "^CUDA graph" "$tmp/eager" &&
           test -s "$tmp/graph.csv" && cmp -s "$tmp/graph.csv" "$tmp/eager.csv" &&
           build/tools/compare_h5_weights "$tmp/graph.h5" "$tmp/eager.h5" 0 > /dev/null 2>&1'
+mpi 2 day1/3_mnist_distributed --device cuda --epochs 1 --plot '' > "$tmp/graph3" 2>&1
+mpi 2 day1/3_mnist_distributed --device cuda --epochs 1 --plot '' --cuda_graph off > "$tmp/eager3" 2>&1
+replayed3=$(grep -c '^\[rank [01]\] CUDA graph: 8 of 10 steps replayed' "$tmp/graph3")
+sums3() { grep -o 'Parameter checksum [0-9a-f]*' "$1" | sort -u | awk '{ print $3 }' | paste -sd ' '; }
+expect "step 3's CUDA graph on 2 ranks ($replayed3 say 8 of 10 steps replayed): the eager run's checksum $(sums3 "$tmp/eager3")" \
+    test "$replayed3" -eq 2 -a -n "$(sums3 "$tmp/eager3")" -a "$(sums3 "$tmp/graph3")" = "$(sums3 "$tmp/eager3")"
 
 # Step 4 on 2 ranks and one GPU: the MPI fallback, announced once.
 mpi 2 day1/4_mnist_manual_ddp --device cpu --plot '' > "$tmp/c4" 2>&1
