@@ -239,7 +239,7 @@ typedef struct {
     bool uploaded;     // GPU: its copy to the device is queued
     char *error;       // the worker's one-line failure, instead of data
 #if HAVE_CUDA
-    cudaEvent_t copied;  // GPU: its last copy to the device is done; the worker waits for it, not the loop
+    cudaEvent_t copied;  // GPU: its copy to the device is done (the compute stream and, to refill it, the worker wait for it)
 #endif
 } Slot;
 
@@ -276,7 +276,6 @@ struct H5Stream {
     // ones are then converted into `images` on the compute stream.
     cudaStream_t copy_stream;
     void *staging[2];
-    cudaEvent_t copied[2];       // batch k's copy is done (recorded on the copy stream)
     cudaEvent_t consumed[2];     // all of batch k's work is queued before this (compute stream)
 #endif
 };
@@ -379,7 +378,6 @@ static void upload(H5Stream *s, long k, Slot *slot) {
     size_t bytes = (size_t)slot->rows * MNIST_PIXELS * stored_pixel_bytes(s->part);
     CHECK_CUDA(cudaStreamWaitEvent(s->copy_stream, s->consumed[buffer], 0));
     CHECK_CUDA(cudaMemcpyAsync(s->staging[buffer], slot->pixels, bytes, cudaMemcpyHostToDevice, s->copy_stream));
-    CHECK_CUDA(cudaEventRecord(s->copied[buffer], s->copy_stream));
     CHECK_CUDA(cudaEventRecord(slot->copied, s->copy_stream));
     slot->uploaded = true;
 }
@@ -388,7 +386,7 @@ static void upload(H5Stream *s, long k, Slot *slot) {
 static Tensor batch_on_gpu(H5Stream *s, long k, Slot *slot) {
     int buffer = (int)(k % 2);
     if (!slot->uploaded) upload(s, k, slot);  // not copied ahead: the workers were late
-    CHECK_CUDA(cudaStreamWaitEvent(device_stream(), s->copied[buffer], 0));
+    CHECK_CUDA(cudaStreamWaitEvent(device_stream(), slot->copied, 0));
     Tensor images = {.data = s->staging[buffer], .rows = slot->rows, .cols = MNIST_PIXELS, .device = DEVICE_CUDA};
     if (s->part->pixels == H5_PIXELS_UINT8) {
         images = tensor_rows(&s->images, slot->rows);
@@ -439,7 +437,6 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
         CHECK_CUDA(cudaStreamCreateWithFlags(&s->copy_stream, cudaStreamNonBlocking));
         for (int i = 0; i < 2; i++) {
             s->staging[i] = device_alloc((size_t)rows * MNIST_PIXELS * stored_pixel_bytes(part));
-            CHECK_CUDA(cudaEventCreateWithFlags(&s->copied[i], cudaEventDisableTiming));
             CHECK_CUDA(cudaEventCreateWithFlags(&s->consumed[i], cudaEventDisableTiming));
         }
     }
@@ -524,7 +521,6 @@ void h5_stream_stop(H5Stream *s) {
         CHECK_CUDA(cudaStreamDestroy(s->copy_stream));
         for (int i = 0; i < 2; i++) {
             device_free(s->staging[i]);
-            CHECK_CUDA(cudaEventDestroy(s->copied[i]));
             CHECK_CUDA(cudaEventDestroy(s->consumed[i]));
         }
     }
