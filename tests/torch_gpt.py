@@ -107,7 +107,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.size()
-        pos = torch.arange(0, T, dtype=torch.long)
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)

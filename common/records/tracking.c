@@ -477,7 +477,7 @@ static void git_commit(char *out, size_t size) {
     snprintf(path, sizeof path, "%s/HEAD", git);
     if (!first_line(path, line, sizeof line)) return;
     if (strncmp(line, "ref: ", 5) != 0) {
-        if (strlen(line) == 40) snprintf(out, size, "%s", line);
+        if (strlen(line) == 40) snprintf(out, size, "%.40s", line);  // (a detached HEAD: the commit itself)
         return;
     }
     char ref[256];

@@ -97,11 +97,10 @@ int main(void) {
     mkdir(at("folder"), 0777);
     write_text(at("plain"), "plain");
     mkfifo(at("fifo"), 0666);
-    symlink("plain", at("link_to_file"));
-    symlink("folder", at("link_to_folder"));
-    symlink("nowhere", at("dangling"));
-    symlink("link_to_file", at("chain"));
-    symlink("folder/sub/target.csv", at("dangling_deep"));
+    const char *links[][2] = {{"plain", "link_to_file"}, {"folder", "link_to_folder"}, {"nowhere", "dangling"},
+                              {"link_to_file", "chain"}, {"folder/sub/target.csv", "dangling_deep"}};
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
+        if (symlink(links[i][0], at(links[i][1])) != 0) return perror(at(links[i][1])), 1;
     const char *names = "folder plain fifo link_to_file link_to_folder dangling chain dangling_deep";
 
     // ------------------------------------------------ output_file_writable
