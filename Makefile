@@ -332,13 +332,14 @@ clean:
 # Benchmark against the original's PyTorch script and the idiomatic PyTorch loop,
 # with the sgemm peak and step 5's profile at 1 and all threads, then step 19's
 # GPT against its PyTorch twin (tests/bench_gpt.sh; needs python3-torch), and on a
-# GPU its iteration at nanoGPT's GPU config, phase by phase (gpt_ops_bench); not
+# GPU step 2's step and the GPT's iteration at nanoGPT's GPU config, phase by phase
+# (mlp_ops_bench, gpt_ops_bench), and issue 40's figures (tests/bench_gpu.sh); not
 # part of `make test`.
 bench: all
 	@MPIRUN="$(MPIRUN)" tests/bench_vs_pytorch.sh
 	@$(FETCH_SHAKESPEARE)
 	@if [ -f data/shakespeare/input.txt ]; then tests/bench_gpt.sh; else echo "step 19's benchmark skipped: no data/shakespeare/input.txt (make shakespeare)"; fi
-	@if [ "$$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ]; then build/tools/gpt_ops_bench cuda && tests/bench_gpu.sh; fi
+	@if [ "$$(build/tools/gpu_count 2> /dev/null || echo 0)" -gt 0 ]; then build/tools/mlp_ops_bench cuda && build/tools/gpt_ops_bench cuda && tests/bench_gpu.sh; fi
 
 # Step 7's companion: the speed-up table at 1, 2 and 4 ranks, 3 runs each, interleaved (RANKS="1 2 4 8" for
 # other world sizes, REPEATS=5 for more runs), and img/7_scaling.png.

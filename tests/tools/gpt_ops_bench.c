@@ -3,8 +3,8 @@
 // train_shakespeare_char, the config issue 40 measures on a GPU):
 //   gpt_ops_bench [cpu|cuda] [B T C H L DROPOUT]     e.g. gpt_ops_bench cuda 64 256 384 6 6 0.2
 // Each line is the median of REPEATS timed calls (after one warm-up), with the device synchronised
-// around each call: the time the operation itself takes, not its launch. Part of make bench's GPU
-// figures (docs/gpus.md); nothing here is asserted.
+// around each call (op_timer.h): the time the operation itself takes, not its launch. Part of
+// make bench's GPU figures (docs/gpus.md); nothing here is asserted.
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -14,28 +14,7 @@
 #include "runtime/device.h"
 #include "runtime/dist.h"
 #include "tensor/transformer_ops.h"
-
-enum { REPEATS = 7 };
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Runs the statement REPEATS + 1 times, the device synchronised around each, and prints the median.
-#define TIME(label, statement)                                                                      \
-    do {                                                                                            \
-        double times_[REPEATS];                                                                     \
-        for (int r_ = -1; r_ < REPEATS; r_++) {                                                     \
-            device_synchronize();                                                                   \
-            double start_ = wall_seconds();                                                         \
-            statement;                                                                              \
-            device_synchronize();                                                                   \
-            if (r_ >= 0) times_[r_] = wall_seconds() - start_;                                      \
-        }                                                                                           \
-        qsort(times_, REPEATS, sizeof times_[0], by_value);                                         \
-        printf("  %-44s %10.3f ms\n", label, 1e3 * times_[REPEATS / 2]);                             \
-    } while (0)
+#include "op_timer.h"  // TIME
 
 static void noop_hook(void *context, int index) { (void)context, (void)index; }
 
@@ -63,12 +42,12 @@ int main(int argc, char **argv) {
     int *inputs = malloc((size_t)N * sizeof *inputs), *targets = malloc((size_t)N * sizeof *targets);
     for (int i = 0; i < N; i++) inputs[i] = (int)(rng_next_u32(&rng) % V), targets[i] = (int)(rng_next_u32(&rng) % V);
     printf("iteration, by phase:\n");
-    TIME("forward (gpt_forward)", gpt_forward(model, inputs, B, T));
-    TIME("loss (gpt_loss, read on the host)", gpt_loss(model, targets));
-    TIME("backward (gpt_backward)", gpt_backward(model, noop_hook, NULL));
-    TIME("clip_grad_norm", clip_grad_norm(model->params, model->n_params, 1.0));
-    TIME("AdamW step", adamw_step(&optimizer, 1e-4));
-    TIME("whole iteration", {
+    TIME("forward (gpt_forward)", 1, gpt_forward(model, inputs, B, T));
+    TIME("loss (gpt_loss, read on the host)", 1, gpt_loss(model, targets));
+    TIME("backward (gpt_backward)", 1, gpt_backward(model, noop_hook, NULL));
+    TIME("clip_grad_norm", 1, clip_grad_norm(model->params, model->n_params, 1.0));
+    TIME("AdamW step", 1, adamw_step(&optimizer, 1e-4));
+    TIME("whole iteration", 1, {
         gpt_zero_grad(model);
         gpt_forward(model, inputs, B, T);
         gpt_loss(model, targets);
@@ -95,24 +74,24 @@ int main(int argc, char **argv) {
     rng_seed(&mask_rng, 1);
     if (dropout > 0) dropout_draw(&mask_rng, dropout, (long)tensor_numel(&att_mask), &att_mask);
     printf("one block's operations:\n");
-    TIME("layernorm_forward [N, C]", layernorm_forward(&x, &weight, NULL, &y, &mean, &rstd));
-    TIME("layernorm_backward", layernorm_backward(&x, &weight, &mean, &rstd, &y, &grad_x, &grad_weight, NULL));
-    TIME("c_attn: gemm [N, C] x [C, 3C]", gemm(false, true, 1.0f, &x, &w_attn, 0.0f, &qkv));
-    TIME("c_fc weight gradient: gemm [4C, N] x [N, C]", gemm(true, false, 1.0f, &fc, &x, 1.0f, &w_fc));
-    TIME("attention_forward, no dropout", attention_forward(&qkv, B, T, H, &att, NULL, NULL, &y));
-    TIME("attention_backward, no dropout", attention_backward(&qkv, &att, NULL, NULL, &y, B, T, H, &grad_att, &grad_qkv));
+    TIME("layernorm_forward [N, C]", 1, layernorm_forward(&x, &weight, NULL, &y, &mean, &rstd));
+    TIME("layernorm_backward", 1, layernorm_backward(&x, &weight, &mean, &rstd, &y, &grad_x, &grad_weight, NULL));
+    TIME("c_attn: gemm [N, C] x [C, 3C]", 1, gemm(false, true, 1.0f, &x, &w_attn, 0.0f, &qkv));
+    TIME("c_fc weight gradient: gemm [4C, N] x [N, C]", 1, gemm(true, false, 1.0f, &fc, &x, 1.0f, &w_fc));
+    TIME("attention_forward, no dropout", 1, attention_forward(&qkv, B, T, H, &att, NULL, NULL, &y));
+    TIME("attention_backward, no dropout", 1, attention_backward(&qkv, &att, NULL, NULL, &y, B, T, H, &grad_att, &grad_qkv));
     if (dropout > 0) {
-        TIME("attention_forward, dropout", attention_forward(&qkv, B, T, H, &att, &att_mask, &att_dropped, &y));
-        TIME("dropout_draw [B H, T T] (attention's mask)",
+        TIME("attention_forward, dropout", 1, attention_forward(&qkv, B, T, H, &att, &att_mask, &att_dropped, &y));
+        TIME("dropout_draw [B H, T T] (attention's mask)", 1,
              dropout_draw(&mask_rng, dropout, (long)tensor_numel(&att_mask), &att_mask));
-        TIME("dropout_draw [N, C] (a c_proj's mask)",
+        TIME("dropout_draw [N, C] (a c_proj's mask)", 1,
              dropout_draw(&mask_rng, dropout, (long)tensor_numel(&token_mask), &token_mask));
-        TIME("multiply_by_mask [N, C]", multiply_by_mask(&y, &token_mask));
+        TIME("multiply_by_mask [N, C]", 1, multiply_by_mask(&y, &token_mask));
     }
-    TIME("gelu_forward [N, 4C]", gelu_forward(&fc, &fc_out));
-    TIME("gelu_backward [N, 4C]", gelu_backward(&fc, &fc_out, &fc_out));
-    TIME("add_elementwise [N, C]", add_elementwise(&x, &y, &grad_x));
-    TIME("embedding_backward", embedding_backward(&model->slot_tokens[0], &x, B, T, &grad_wte, &grad_wpe));
+    TIME("gelu_forward [N, 4C]", 1, gelu_forward(&fc, &fc_out));
+    TIME("gelu_backward [N, 4C]", 1, gelu_backward(&fc, &fc_out, &fc_out));
+    TIME("add_elementwise [N, C]", 1, add_elementwise(&x, &y, &grad_x));
+    TIME("embedding_backward", 1, embedding_backward(&model->slot_tokens[0], &x, B, T, &grad_wte, &grad_wpe));
 
     Tensor *all[] = {&x, &y, &grad_x, &weight, &grad_weight, &mean, &rstd, &w_attn, &qkv, &grad_qkv, &att, &att_mask,
                      &att_dropped, &grad_att, &token_mask, &fc, &fc_out, &w_fc, &grad_wte, &grad_wpe};
