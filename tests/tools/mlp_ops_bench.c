@@ -37,9 +37,26 @@ int main(int argc, char **argv) {
     StepGraph graph = step_graph_new(device, true);
     printf("Step 2's step at batch %d, MLP 784-%d-10, on %s (each line: per call)\n", B, HIDDEN, device_name(device));
 
+    // What the first epoch pays once: the split's upload (at the first gather on a GPU) and the
+    // first step, which loads its kernels (CUDA loads a module at its first launch).
+    device_synchronize();
+    double start = wall_seconds();
     Tensor x = mnist_batch(&train, &sampler, 0, B, &images, labels);
+    device_synchronize();
+    double first_gather = wall_seconds() - start;
     const int *device_labels = mnist_batch_device_labels(&train);
     LossSlot slot = step_graph_loss(&graph);
+    start = wall_seconds();
+    mlp_zero_grad(&model);
+    mlp_forward(&model, &x);
+    mlp_loss_to(&model, labels, device_labels, slot);
+    mlp_backward(&model, &x, NULL, NULL);
+    adam_prepare_step(&optimizer);
+    adam_apply_step(&optimizer);
+    device_synchronize();
+    double first_step = wall_seconds() - start;
+    printf("once, cold:\n  %-44s %10.3f ms\n  %-44s %10.3f ms\n", "the first gather (the split's upload)",
+           1e3 * first_gather, "the first step (its kernels loaded)", 1e3 * first_step);
     printf("the step, by phase:\n");
     TIME("gather the batch (mnist_batch)", CALLS, mnist_batch(&train, &sampler, 0, B, &images, labels));
     TIME("zero_grad", CALLS, mlp_zero_grad(&model));
@@ -56,6 +73,8 @@ int main(int argc, char **argv) {
         adam_apply_step(&optimizer);
     });
     if (graph.enabled) {
+        device_synchronize();
+        start = wall_seconds();
         for (int s = 0; s < 2; s++) {  // a warm-up step, then the capture (step_graph.h)
             adam_prepare_step(&optimizer);
             step_graph_begin(&graph, B);
@@ -66,6 +85,8 @@ int main(int argc, char **argv) {
             adam_apply_step(&optimizer);
             step_graph_end(&graph);
         }
+        device_synchronize();
+        printf("  %-44s %10.3f ms\n", "an eager step, then one captured and launched", 1e3 * (wall_seconds() - start));
         TIME("whole step, replayed from its CUDA graph", CALLS, {
             adam_prepare_step(&optimizer);
             step_graph_replay(&graph, B);
