@@ -596,10 +596,10 @@ static void test_transformer_ops(void) {
     // C and T past transformer_ops.c's 16 lanes, with a rest: whole chunks, the lanes' tree and the tail.
     enum { B = 3, T = 19, C = 40, HEADS = 4, V = 11, N = B * T, T_MAX = 21 };
     // LayerNorm, with and without a bias, forward and backward (the gradients accumulate into
-    // what is there); then [200, 72], past the weights' gradient kernel's tiles of 64 rows and 32
+    // what is there); then [600, 75], past the weights' gradient kernel's tiles of 256 rows and 8
     // columns, with a rest of each.
     for (int round = 0; round < 4; round++) {
-        const int with_bias = round % 2, rows = round < 2 ? N : 200, cols = round < 2 ? C : 72;
+        const int with_bias = round % 2, rows = round < 2 ? N : 600, cols = round < 2 ? C : 75;
         Pair x = pair_uniform(rows, cols, -2, 3), weight = pair_uniform(1, cols, 0.5f, 1.5f), bias = pair_uniform(1, cols, -1, 1);
         Pair y = pair_uniform(rows, cols, 0, 0), mean = pair_uniform(1, rows + 5, 0, 0), rstd = pair_uniform(1, rows + 5, 0, 0);
         Pair grad_y = pair_uniform(rows, cols, -1, 1), grad_x = pair_uniform(rows, cols, -1, 1);
