@@ -208,17 +208,33 @@ __global__ void argmax_kernel(const float *logits, int rows, int cols, int *pred
 
 static const int SUM_THREADS = 1024;
 
-__global__ void sum_kernel(const float *x, size_t n, int squares, double *result) {
-    __shared__ double partial[SUM_THREADS];
+// The block's sum of x[0..n) (or of its squares): thread t's running sum of x[t], x[t + 1024], ...,
+// then a fixed tree over the threads. Deterministic: the same bits every run.
+__device__ static double block_sum(const float *x, size_t n, int squares, double *partial) {
     double total = 0.0;
     for (size_t i = threadIdx.x; i < n; i += blockDim.x) total += squares ? (double)x[i] * x[i] : (double)x[i];
     partial[threadIdx.x] = total;
     __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // a fixed tree: deterministic
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
         if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *result = partial[0];
+    return partial[0];
+}
+
+__global__ void sum_kernel(const float *x, size_t n, int squares, double *result) {
+    __shared__ double partial[SUM_THREADS];
+    double total = block_sum(x, n, squares, partial);
+    if (threadIdx.x == 0) *result = total;
+}
+
+// Block i sums span i's squares, as sum_kernel would: the tensors side by side on the GPU's
+// multiprocessors, where a launch per tensor took one multiprocessor at a time.
+__global__ void sum_squares_each_kernel(const FloatSpan *spans, double *results) {
+    __shared__ double partial[SUM_THREADS];
+    const FloatSpan span = spans[blockIdx.x];
+    double total = block_sum(span.data, span.n, 1, partial);
+    if (threadIdx.x == 0) results[blockIdx.x] = total;
 }
 
 // ------------------------------------------------------------------ the CNN's operations
@@ -437,6 +453,12 @@ void gpu_mse(const float *output, const float *target, size_t n, float *grad, fl
 void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream) {
     sum_kernel<<<1, SUM_THREADS, 0, stream>>>(x, n, squares, result);
     CHECK_LAUNCH("sum_kernel");
+}
+
+void gpu_sum_squares_each(const FloatSpan *spans, int count, double *results, cudaStream_t stream) {
+    if (count <= 0) return;
+    sum_squares_each_kernel<<<(unsigned)count, SUM_THREADS, 0, stream>>>(spans, results);
+    CHECK_LAUNCH("sum_squares_each_kernel");
 }
 
 void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,

@@ -43,6 +43,13 @@ void gpu_mse(const float *output, const float *target, size_t n, float *grad, fl
 // *result = sum of x[i] (or of x[i]^2), accumulated in double by one block in
 // a fixed order: the same bits every run.
 void gpu_sum(const float *x, size_t n, int squares, double *result, cudaStream_t stream);
+// results[i] = the sum of the squares of spans[i] (device memory: count of them), each as gpu_sum
+// sums it, the same bits; one block a span, all in one launch.
+typedef struct {
+    const float *data;
+    size_t n;
+} FloatSpan;
+void gpu_sum_squares_each(const FloatSpan *spans, int count, double *results, cudaStream_t stream);
 // *total = x[0] + ... + x[n - 1] in double, in that order (one thread: n is a few hundred at most).
 void gpu_sum_in_order(const double *x, int n, double *total, cudaStream_t stream);
 // The gradients' clip without the host: *coef = max_norm / (norm + 1e-6) from the tensors' n sums of

@@ -277,6 +277,26 @@ CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {
 #if HAVE_CUDA
 // sum_of_squares's per-tensor sums on the GPU, grown to the most tensors seen, as scratch_terms.
 static DeviceBuffer g_tensor_sums;
+// The tensors' spans on the GPU for gpu_sum_squares_each, and the host's copy of what was last sent:
+// a model's gradients are the same tensors every step, so they go over once.
+static DeviceBuffer g_spans;
+static FloatSpan *g_spans_sent;
+static int g_spans_count;
+
+// device_sums[i] = the sum of tensor i's squares, for every tensor in one launch (queued: no wait).
+static void squares_each_on_gpu(Tensor *const *tensors, int n, double *device_sums) {
+    FloatSpan *spans = xmalloc((size_t)n * sizeof *spans);
+    for (int i = 0; i < n; i++) spans[i] = (FloatSpan){.data = tensors[i]->data, .n = tensor_numel(tensors[i])};
+    FloatSpan *device_spans = device_buffer_reserve(&g_spans, (size_t)n * sizeof *spans);
+    if (n != g_spans_count || memcmp(spans, g_spans_sent, (size_t)n * sizeof *spans) != 0) {
+        device_upload(device_spans, spans, (size_t)n * sizeof *spans, "the gradients' spans");
+        free(g_spans_sent);
+        g_spans_sent = spans, g_spans_count = n;
+    } else {
+        free(spans);
+    }
+    gpu_sum_squares_each(device_spans, n, device_sums, device_stream());
+}
 #endif
 
 // Blocks of a fixed size, each a thread's, summed in block order: the same bits on any number of threads.
@@ -306,7 +326,7 @@ double sum_of_squares(Tensor *const *tensors, int n) {
         double total = 0.0;
 #if HAVE_CUDA
         double *device_sums = device_buffer_reserve(&g_tensor_sums, (size_t)n * sizeof(double));
-        for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, device_sums + i, device_stream());
+        squares_each_on_gpu(tensors, n, device_sums);
         double *sums = xmalloc((size_t)n * sizeof(double));
         device_read_to_host(sums, device_sums, (size_t)n * sizeof(double), "the gradients' norm");
         total = sum_in_order(sums, (size_t)n);
@@ -343,7 +363,7 @@ double *sum_of_squares_on_gpu(Tensor *const *tensors, int n) {
     // The per-tensor sums, then their sum, in one buffer: n doubles and the total after them.
     double *device_sums = device_buffer_reserve(&g_tensor_sums, (size_t)(n + 1) * sizeof(double));
     cudaStream_t stream = device_stream();
-    for (int i = 0; i < n; i++) gpu_sum(tensors[i]->data, tensor_numel(tensors[i]), 1, device_sums + i, stream);
+    squares_each_on_gpu(tensors, n, device_sums);
     gpu_sum_in_order(device_sums, n, device_sums + n, stream);
     return device_sums + n;
 #else
