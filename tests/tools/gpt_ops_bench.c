@@ -70,9 +70,11 @@ int main(int argc, char **argv) {
     tensor_fill(&y, 0.25f), tensor_fill(&fc, 0.1f);
     layernorm_forward(&x, &weight, NULL, &y, &mean, &rstd);
     gemm(false, true, 1.0f, &x, &w_attn, 0.0f, &qkv);
+    // The masks as step 19 draws them on a GPU (Philox there, --dropout_rng's default: gpt.c); torch's
+    // generator, drawn on the host and copied, is the CPU's default and a GPU's option.
     Rng mask_rng;
     rng_seed(&mask_rng, 1);
-    if (dropout > 0) dropout_draw(&mask_rng, dropout, (long)tensor_numel(&att_mask), &att_mask);
+    if (dropout > 0) dropout_philox(1, 0, dropout, (long)tensor_numel(&att_mask), &att_mask);
     printf("one block's operations:\n");
     TIME("layernorm_forward [N, C]", 1, layernorm_forward(&x, &weight, NULL, &y, &mean, &rstd));
     TIME("layernorm_backward", 1, layernorm_backward(&x, &weight, &mean, &rstd, &y, &grad_x, &grad_weight, NULL));
@@ -82,9 +84,11 @@ int main(int argc, char **argv) {
     TIME("attention_backward, no dropout", 1, attention_backward(&qkv, &att, NULL, NULL, &y, B, T, H, &grad_att, &grad_qkv));
     if (dropout > 0) {
         TIME("attention_forward, dropout", 1, attention_forward(&qkv, B, T, H, &att, &att_mask, &att_dropped, &y));
-        TIME("dropout_draw [B H, T T] (attention's mask)", 1,
-             dropout_draw(&mask_rng, dropout, (long)tensor_numel(&att_mask), &att_mask));
-        TIME("dropout_draw [N, C] (a c_proj's mask)", 1,
+        TIME("dropout_philox [B H, T T] (attention's mask)", 1,
+             dropout_philox(1, 1, dropout, (long)tensor_numel(&att_mask), &att_mask));
+        TIME("dropout_philox [N, C] (a c_proj's mask)", 1,
+             dropout_philox(1, 2, dropout, (long)tensor_numel(&token_mask), &token_mask));
+        TIME("dropout_draw [N, C], on the host (torch's)", 1,
              dropout_draw(&mask_rng, dropout, (long)tensor_numel(&token_mask), &token_mask));
         TIME("multiply_by_mask [N, C]", 1, multiply_by_mask(&y, &token_mask));
     }
