@@ -43,9 +43,12 @@ run() {
     local out status started=$SECONDS
     out=$(mktemp)
     # The CPU tests run on the CPU wherever they run: GPUs are hidden from
-    # them (--device auto would otherwise take one). The GPU tests see them.
+    # them (--device auto would otherwise take one). The GPU tests see them:
+    # those named so, and every suite of make test-gpu (REQUIRE_GPU=1), where
+    # a suite that also tests the CPU (test_stage_timer) takes its GPU part.
     local hide_gpus=(env CUDA_VISIBLE_DEVICES=)
     case $name in *gpu*) hide_gpus=() ;; esac
+    [ "${REQUIRE_GPU:-0}" = 1 ] && hide_gpus=()
     # Show the verdicts as they come; keep the whole output for the count.
     "${hide_gpus[@]}" "$@" 2>&1 | tee "$out" | grep --line-buffered -E '^(PASS|FAIL|SKIP) '
     status=${PIPESTATUS[0]}

@@ -85,7 +85,9 @@ static void test_gpu(Device device) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     test_cpu();
+    const char *require = getenv("REQUIRE_GPU");  // make test-gpu: no GPU is a failure there
     if (device_gpu_count() > 0) test_gpu(device_from_flag("cuda"));
+    else if (require && strcmp(require, "1") == 0) EXPECT(0, "the timer on a GPU: REQUIRE_GPU=1, but no GPU");
     else printf("SKIP %s: the timer on a GPU (skipped: no GPU)\n", TEST_NAME);
     dist_finalize();
     return test_summary();
