@@ -42,14 +42,16 @@
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every step shares one skeleton
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/2_mnist_training.png");
-    const char *cuda_graph = "on";
+    const char *cuda_graph = "on", *dtype = "float32";
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs)", 0, "on|off"},
+        {"dtype", ARG_STRING, &dtype, "float32|bfloat16", "the matrix products' precision: bfloat16 operands, float32 sums and weights (torch.autocast)", 0, "float32|bfloat16"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 2: train the MLP on MNIST in one process.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
@@ -71,9 +73,9 @@ int main(int argc, char **argv) {
     if (opt.init) h5_load_params(opt.init, model.params, model.n_params);
     Adam optimizer = adam_new(model.params, model.n_params, opt.lr);
 
-    print0("Step 2: MLP 784-128-10, %zu weights; Adam lr %g; batch %d; %d epoch%s; shuffle %s (seed %d); %s, %s\n",
+    print0("Step 2: MLP 784-128-10, %zu weights; Adam lr %g; batch %d; %d epoch%s; shuffle %s (seed %d); %s, %s%s\n",
            mlp_num_weights(&model), opt.lr, opt.batch_size, opt.epochs, opt.epochs == 1 ? "" : "s", opt.no_shuffle ? "off" : "on", opt.seed,
-           device_name(device), threads_describe());
+           device_name(device), threads_describe(), matmul_dtype() == MATMUL_BFLOAT16 ? "; matmuls in bfloat16" : "");
 
     Tensor batch_images = tensor_zeros(opt.batch_size, MNIST_PIXELS, device);  // [B, 784]
     int *batch_labels = xmalloc((size_t)opt.batch_size * sizeof(int));         // [B]

@@ -186,6 +186,13 @@ expect "step 2's CUDA graph ($(grep -o '[0-9]* of [0-9]* steps replayed' "$tmp/g
     eval 'grep -q "^CUDA graph: 17 of 20 steps replayed" "$tmp/graph" && ! grep -q "^CUDA graph" "$tmp/eager" &&
           test -s "$tmp/graph.csv" && cmp -s "$tmp/graph.csv" "$tmp/eager.csv" &&
           build/tools/compare_h5_weights "$tmp/graph.h5" "$tmp/eager.h5" 0 > /dev/null 2>&1'
+# Step 2 with --dtype bfloat16: its GEMMs on the tensor cores (cublasGemmEx, bfloat16 operands,
+# float32 sums), captured in its graph too, take the CPU's bfloat16 steps to a float32 GEMM's order
+# of sums (the products are exact): within 1e-4, where float32's steps are 3e-4 away.
+day1/2_mnist_training --device cuda --dtype bfloat16 --epochs 2 --losses "$tmp/bf16_gpu.csv" --plot '' > "$tmp/bf16_gpu" 2>&1
+no_gpu day1/2_mnist_training --device cpu --dtype bfloat16 --epochs 2 --losses "$tmp/bf16_cpu.csv" --plot '' > /dev/null 2>&1
+expect_same_losses "step 2 --dtype bfloat16 on the GPU ($(grep -o '[0-9]* of [0-9]* steps replayed' "$tmp/bf16_gpu")) vs on the CPU" \
+    "$tmp/bf16_cpu.csv" "$tmp/bf16_gpu.csv" 1e-4
 mpi 2 day1/3_mnist_distributed --device cuda --epochs 1 --plot '' > "$tmp/graph3" 2>&1
 mpi 2 day1/3_mnist_distributed --device cuda --epochs 1 --plot '' --cuda_graph off > "$tmp/eager3" 2>&1
 replayed3=$(grep -c '^\[rank [01]\] CUDA graph: 8 of 10 steps replayed' "$tmp/graph3")

@@ -53,6 +53,12 @@ FORWARD(cublasStatus_t, cublasSgemmBatched,
          const float *alpha, const float *const Aarray[], int lda, const float *const Barray[], int ldb,
          const float *beta, float *const Carray[], int ldc, int batchCount),
         (handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc, batchCount))
+FORWARD(cublasStatus_t, cublasGemmEx,
+        (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+         const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B, cudaDataType_t Btype, int ldb,
+         const void *beta, void *C, cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+         cublasGemmAlgo_t algo),
+        (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo))
 FORWARD(cublasStatus_t, cublasSgemv_v2,
         (cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha, const float *A, int lda,
          const float *x, int incx, const float *beta, float *y, int incy),

@@ -69,6 +69,17 @@ __global__ void clip_scale_kernel(float *x, Index n, const float *coef) {
     FOR_EACH_INDEX(Index, i, n) x[i] *= c;
 }
 
+// tensor.c's round_to_bfloat16 on the bits, kept as the upper 16: to nearest, ties to even; NaN kept.
+template <typename Index>
+__global__ void round_to_bfloat16_kernel(const float *x, Index n, uint16_t *out) {
+    FOR_EACH_INDEX(Index, i, n) {
+        uint32_t bits = __float_as_uint(x[i]);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) bits |= 0x00400000u;
+        else bits += 0x7fffu + ((bits >> 16) & 1u);
+        out[i] = (uint16_t)(bits >> 16);
+    }
+}
+
 template <typename Index>
 __global__ void divide_kernel(float *dst, const float *src, Index n, float divisor) {
     FOR_EACH_INDEX(Index, i, n) dst[i] = src[i] / divisor;
@@ -394,6 +405,15 @@ void gpu_sum_in_order(const double *x, int n, double *total, cudaStream_t stream
 void gpu_clip_coef(const double *sums, int n, double max_norm, float *coef, cudaStream_t stream) {
     clip_coef_kernel<<<1, 1, 0, stream>>>(sums, n, max_norm, coef);
     CHECK_LAUNCH("clip_coef_kernel");
+}
+
+void gpu_round_to_bfloat16(const float *x, size_t n, uint16_t *out, cudaStream_t stream) {
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        round_to_bfloat16_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(x, (uint32_t)n, out);
+    else
+        round_to_bfloat16_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, out);
+    CHECK_LAUNCH("round_to_bfloat16_kernel");
 }
 
 void gpu_clip_scale(float *x, size_t n, const float *coef, cudaStream_t stream) {

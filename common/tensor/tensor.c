@@ -1,6 +1,7 @@
 // tensor.c: tensors on the CPU and the GPU, GEMM through CBLAS or cuBLAS. See tensor.h.
 #include "tensor/tensor.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,6 +223,67 @@ CPU_DISPATCHED static void cpu_gemm(bool transpose_a, bool transpose_b, int m, i
     }
 }
 
+static MatmulDtype g_matmul_dtype = MATMUL_FLOAT32;
+
+MatmulDtype matmul_dtype_from_flag(const char *flag) {
+    if (strcmp(flag, "float32") == 0) return MATMUL_FLOAT32;
+    if (strcmp(flag, "bfloat16") == 0) return MATMUL_BFLOAT16;
+    usage_error("--dtype: expected float32 or bfloat16");
+    return MATMUL_FLOAT32;
+}
+
+void matmul_set_dtype(MatmulDtype dtype) { g_matmul_dtype = dtype; }
+MatmulDtype matmul_dtype(void) { return g_matmul_dtype; }
+
+float round_to_bfloat16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) bits |= 0x00400000u;  // NaN: quiet, so that it stays one
+    else bits += 0x7fffu + ((bits >> 16) & 1u);                    // to nearest, ties to the even half
+    bits &= 0xffff0000u;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// A bfloat16 GEMM's operands on the CPU: rounded copies, one per operand, grown to the largest.
+static float *g_rounded[2];
+static size_t g_rounded_count[2];
+
+static const float *rounded_copy(int which, const Tensor *t) {
+    size_t n = tensor_numel(t);
+    if (n > g_rounded_count[which]) {
+        free(g_rounded[which]);
+        g_rounded[which] = xmalloc(n * sizeof(float));
+        g_rounded_count[which] = n;
+    }
+    float *copy = g_rounded[which];
+    const float *values = t->data;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) copy[i] = round_to_bfloat16(values[i]);
+    return copy;
+}
+
+#if HAVE_CUDA
+// A bfloat16 GEMM's operands on the GPU, rounded (gpu_round_to_bfloat16), grown to the largest.
+static DeviceBuffer g_bf16_operands[2];
+
+// C = alpha op(A) op(B) + beta C, row-major as gemm's, A and B rounded to bfloat16 and multiplied on
+// the tensor cores with float32 sums (cuBLAS's CUBLAS_COMPUTE_32F), C float32.
+static void gpu_bfloat16_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a,
+                              int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    cudaStream_t stream = device_stream();
+    size_t a_count = (size_t)(transpose_a ? k : m) * lda, b_count = (size_t)(transpose_b ? n : k) * ldb;
+    uint16_t *a16 = device_buffer_reserve(&g_bf16_operands[0], a_count * sizeof(uint16_t));
+    uint16_t *b16 = device_buffer_reserve(&g_bf16_operands[1], b_count * sizeof(uint16_t));
+    gpu_round_to_bfloat16(a, a_count, a16, stream);
+    gpu_round_to_bfloat16(b, b_count, b16, stream);
+    // Column-major: C^T = op(B)^T op(A)^T, as gemm's cublasSgemm below.
+    CHECK_CUBLAS(cublasGemmEx(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16,
+                              CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+#endif
+
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
           float beta, Tensor *c) {
     int m = transpose_a ? a->cols : a->rows;  // op(A) is [m, k]
@@ -237,13 +299,20 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
         // cuBLAS is column-major, and a row-major [r, c] matrix is a column-major
         // [c, r] one: its transpose. So compute C^T = op(B)^T @ op(A)^T, which
         // cuBLAS sees as B' @ A' on the very same buffers: swap the operands.
+        if (g_matmul_dtype == MATMUL_BFLOAT16) {
+            gpu_bfloat16_gemm(transpose_a, transpose_b, m, n, k, alpha, a->data, a->cols, b->data, b->cols, beta,
+                              c->data, c->cols);
+            return;
+        }
         CHECK_CUBLAS(cublasSgemm(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b->data, b->cols,
                                  a->data, a->cols, &beta, c->data, c->cols));
 #endif
         return;
     }
-    cpu_gemm(transpose_a, transpose_b, m, n, k, alpha, a->data, a->cols, b->data, b->cols, beta, c->data, c->cols);
+    const float *a_values = a->data, *b_values = b->data;
+    if (g_matmul_dtype == MATMUL_BFLOAT16 && k > 0) a_values = rounded_copy(0, a), b_values = rounded_copy(1, b);
+    cpu_gemm(transpose_a, transpose_b, m, n, k, alpha, a_values, a->cols, b_values, b->cols, beta, c->data, c->cols);
 }
 
 #if HAVE_CUDA

@@ -46,5 +46,20 @@ void tensor_from_host(Tensor *t, const float *host);
 // Shapes are checked.
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
           float beta, Tensor *c);
+// The GEMMs' precision (--dtype; torch.autocast(dtype=torch.bfloat16) for its matrix products):
+// with MATMUL_BFLOAT16, gemm rounds A and B to bfloat16 (to nearest, ties to even) and multiplies
+// them with float32 sums into a float32 C; the tensors themselves stay float32 (the weights, their
+// gradients and Adam's moments: the master copies). On a GPU the tensor cores' bf16 GEMM
+// (cublasGemmEx); on a CPU the same products (a bf16 x bf16 product is exact in float32) from
+// rounded copies through the float32 GEMM: no faster, the GPU's arithmetic to compare with.
+// PyTorch's autocast also rounds each product's result to bfloat16, which we keep in float32.
+typedef enum { MATMUL_FLOAT32, MATMUL_BFLOAT16 } MatmulDtype;
+// "float32" or "bfloat16" (a flag's value: a bad one is a usage error, exit 2).
+MatmulDtype matmul_dtype_from_flag(const char *flag);
+void matmul_set_dtype(MatmulDtype dtype);
+MatmulDtype matmul_dtype(void);
+// x rounded to bfloat16, as a float (its low 16 bits 0): NaN stays NaN, a value past bfloat16's
+// largest becomes infinite.
+float round_to_bfloat16(float x);
 // sums [1, cols] += the sum over the rows of x [rows, cols] (a bias gradient).
 void add_sum_over_rows(const Tensor *x, Tensor *sums);

@@ -971,6 +971,48 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// The one mixed-precision GEMM the project calls (tensor.c's bfloat16 matmuls): A and B bfloat16, C
+// float32, float32 sums. A bf16 x bf16 product is exact in float32, so the operands widened to float
+// and cublasSgemm's GEMM compute what tensor cores do, up to the order of the sums. Other types stop
+// the run: they are not simulated.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    Guard guard(big_lock);
+    (void)algo;
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
+        fail("cublasGemmEx: only bfloat16 A and B, float32 C and CUBLAS_COMPUTE_32F are simulated");
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
+    size_t a_count = (size_t)lda * (ta ? m : k), b_count = (size_t)ldb * (tb ? k : n);  // column-major extents
+    if (k > 0) {
+        require_device(A, a_count * sizeof(uint16_t), "cublasGemmEx's A");
+        require_device(B, b_count * sizeof(uint16_t), "cublasGemmEx's B");
+    }
+    require_device(C, matrix_bytes(m, n, ldc), "cublasGemmEx's C");
+    require_host(alpha, sizeof(float), "cublasGemmEx's alpha");
+    require_host(beta, sizeof(float), "cublasGemmEx's beta");
+    float a = *(const float *)alpha, b = *(const float *)beta;
+    const uint16_t *A16 = (const uint16_t *)A, *B16 = (const uint16_t *)B;
+    float *C32 = (float *)C;
+    count_launch();
+    enqueue(handle->stream, [=] {
+        Window open;
+        auto widen = [](const uint16_t *half, size_t count) {
+            std::vector<float> wide(count);
+            for (size_t i = 0; i < count; i++) {
+                uint32_t bits = (uint32_t)half[i] << 16;
+                memcpy(&wide[i], &bits, sizeof bits);
+            }
+            return wide;
+        };
+        std::vector<float> A32 = k > 0 ? widen(A16, a_count) : std::vector<float>(), B32 = k > 0 ? widen(B16, b_count) : std::vector<float>();
+        run_sgemm(transa, transb, m, n, k, a, A32.data(), lda, B32.data(), ldb, b, C32, ldc);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 // batchCount GEMMs, matrix i of A, B and C where pointer i of Aarray, Barray and Carray points, as
 // cuBLAS's: the arrays are device memory, which a kernel may fill just before on the same stream,
 // so they are read, and each matrix checked to be device memory, when the GEMMs run; each the GEMM

@@ -33,6 +33,12 @@ static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __ddiv_rn(double a, double b) { return a / b; }
+// The bits of a float as an unsigned int (a reinterpretation, not a conversion).
+static inline unsigned __float_as_uint(float value) {
+    unsigned bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
 // The bits of an int as a float (a reinterpretation, not a conversion).
 static inline float __int_as_float(int bits) {
     float value;

@@ -137,6 +137,30 @@ static void test_gemm(void) {
             tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
         }
 
+    // With bfloat16 matmuls (--dtype bfloat16): the tensor cores' GEMM of the rounded operands
+    // (cublasGemmEx) against the CPU's GEMM of the same rounded values: exact products, float32
+    // sums in another order, so a float32 GEMM's tolerance; and 5e-4 and more from float32's result.
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            Tensor a = tensor_zeros(ta ? k : m, ta ? m : k, DEVICE_CPU);
+            Tensor b = tensor_zeros(tb ? n : k, tb ? k : n, DEVICE_CPU);
+            Tensor c = tensor_zeros(m, n, DEVICE_CPU), c32 = tensor_zeros(m, n, DEVICE_CPU);
+            fill_uniform(&a, -1, 1), fill_uniform(&b, -1, 1), fill_uniform(&c, -1, 1);
+            tensor_copy(&c32, &c);
+            Tensor ga = on_gpu(&a), gb = on_gpu(&b), gc = on_gpu(&c);
+            gemm(ta, tb, 0.5f, &a, &b, 0.75f, &c32);
+            matmul_set_dtype(MATMUL_BFLOAT16);
+            gemm(ta, tb, 0.5f, &a, &b, 0.75f, &c);
+            gemm(ta, tb, 0.5f, &ga, &gb, 0.75f, &gc);
+            matmul_set_dtype(MATMUL_FLOAT32);
+            double err = relative_error(&gc, &c), from_fp32 = relative_error(&gc, &c32);
+            EXPECT(err < 1e-5 && from_fp32 > 5e-4,
+                   "gemm(%s, %s) [%d, %d] x [%d, %d] with bfloat16 matmuls: cublasGemmEx vs the CPU's, rel err %.1e "
+                   "(%.1e from float32's)", ta ? "T" : "N", tb ? "T" : "N", m, k, k, n, err, from_fp32);
+            tensor_free(&a), tensor_free(&b), tensor_free(&c), tensor_free(&c32);
+            tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
+        }
+
     Tensor x = tensor_zeros(300, 17, DEVICE_CPU), sums = tensor_zeros(1, 17, DEVICE_CPU);
     fill_uniform(&x, -1, 1), fill_uniform(&sums, -1, 1);
     Tensor gx = on_gpu(&x), gsums = on_gpu(&sums);

@@ -10,6 +10,8 @@
 #define TEST_NAME "test_nn"
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -448,6 +450,73 @@ static void test_accuracy(void) {
     mlp_free(&m);
 }
 
+// ------------------------------------------------------------ bfloat16 matmuls (--dtype bfloat16)
+
+static uint32_t bits_of(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
+static float from_bits(uint32_t bits) {
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// round_to_bfloat16 against its definition (to nearest, ties to even on the upper 16 bits), at
+// the cases that break a rounding: ties both ways, a carry into the exponent, the largest finite
+// value rounding to infinity, NaNs whose payload lies in the low bits, subnormals; then gemm under
+// MATMUL_BFLOAT16 against the same GEMM of operands rounded by hand (the same values in, the same
+// float32 GEMM: the same bits), and not the float32 one.
+static void test_bfloat16_matmul(void) {
+    const struct { uint32_t in, out; } cases[] = {
+        {0x3f800000u, 0x3f800000u},  // 1: exact
+        {0x3f808000u, 0x3f800000u},  // a tie, upper half even: down
+        {0x3f818000u, 0x3f820000u},  // a tie, upper half odd: up
+        {0x3f808001u, 0x3f810000u},  // past the tie: up
+        {0x3fffffffu, 0x40000000u},  // the carry into the exponent
+        {0x7f7fffffu, 0x7f800000u},  // float's largest: past bfloat16's, infinite
+        {0xff800000u, 0xff800000u},  // -infinity stays
+        {0x7f800001u, 0x7fc00000u},  // a NaN with its payload in the low bits: still a NaN
+        {0x00000001u, 0x00000000u},  // the smallest subnormal: to zero
+        {0x80018000u, 0x80020000u},  // a negative subnormal's tie, odd: away from zero
+    };
+    int wrong = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint32_t got = bits_of(round_to_bfloat16(from_bits(cases[i].in)));
+        if (got != cases[i].out) wrong++, printf("  round_to_bfloat16(0x%08x) = 0x%08x, expected 0x%08x\n", cases[i].in, got, cases[i].out);
+    }
+    EXPECT(wrong == 0, "round_to_bfloat16: ties to even, the carry, overflow to infinity, NaN and subnormals (%d of %zu wrong)",
+           wrong, sizeof cases / sizeof cases[0]);
+
+    enum { M = 37, K = 45, N = 29 };
+    Tensor a = tensor_zeros(K, M, DEVICE_CPU), b = tensor_zeros(N, K, DEVICE_CPU);  // op(A) = A^T, op(B) = B^T
+    Tensor a_rounded = tensor_zeros(K, M, DEVICE_CPU), b_rounded = tensor_zeros(N, K, DEVICE_CPU);
+    Tensor c = tensor_zeros(M, N, DEVICE_CPU), c_hand = tensor_zeros(M, N, DEVICE_CPU), c_fp32 = tensor_zeros(M, N, DEVICE_CPU);
+    fill_uniform(a.data, tensor_numel(&a), -2, 2);
+    fill_uniform(b.data, tensor_numel(&b), -2, 2);
+    fill_uniform(c.data, tensor_numel(&c), -1, 1);
+    tensor_copy(&c_hand, &c), tensor_copy(&c_fp32, &c);
+    Tensor a_before = tensor_zeros(K, M, DEVICE_CPU);
+    tensor_copy(&a_before, &a);
+    for (size_t i = 0; i < tensor_numel(&a); i++) a_rounded.data[i] = round_to_bfloat16(a.data[i]);
+    for (size_t i = 0; i < tensor_numel(&b); i++) b_rounded.data[i] = round_to_bfloat16(b.data[i]);
+    gemm(true, true, 0.5f, &a_rounded, &b_rounded, 0.25f, &c_hand);
+    gemm(true, true, 0.5f, &a, &b, 0.25f, &c_fp32);
+    matmul_set_dtype(MATMUL_BFLOAT16);
+    gemm(true, true, 0.5f, &a, &b, 0.25f, &c);
+    matmul_set_dtype(MATMUL_FLOAT32);
+    size_t differ_hand = 0, differ_fp32 = 0;
+    for (size_t i = 0; i < tensor_numel(&c); i++) differ_hand += c.data[i] != c_hand.data[i], differ_fp32 += c.data[i] != c_fp32.data[i];
+    EXPECT(differ_hand == 0 && differ_fp32 > tensor_numel(&c) / 2 &&
+               memcmp(a.data, a_before.data, tensor_numel(&a) * sizeof(float)) == 0,
+           "gemm [%d, %d] x [%d, %d] (both transposed) with bfloat16 matmuls: the GEMM of the operands rounded by hand, bit "
+           "for bit (%zu differ), not float32's (%zu of %d differ), the operands left as they were",
+           M, K, K, N, differ_hand, differ_fp32, M * N);
+    Tensor *all[] = {&a, &b, &a_rounded, &b_rounded, &c, &c_hand, &c_fp32, &a_before};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+}
+
 int main(void) {
     rng_seed(&data_rng, 2024);
     test_linear();
@@ -459,5 +528,6 @@ int main(void) {
     test_sgd();
     test_init_and_names();
     test_accuracy();
+    test_bfloat16_matmul();
     return test_summary();
 }
