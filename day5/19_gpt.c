@@ -81,7 +81,7 @@
 #include "train/lr_schedule.h"      // lr_at: warm-up, then cosine decay
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *checkpoint, *save_errors, *on_resize;
+    const char *data, *init, *save, *losses, *plot, *device, *dtype, *dropout_rng, *prompt, *checkpoint, *save_errors, *on_resize;
     int save_every, keep, async_save;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
                  .max_iters = 2000, .warmup_iters = 100, .lr_decay_iters = 2000, .accum_steps = 1,
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
-                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto",
+                 .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .keep = 2, .save_errors = "stop", .dropout_rng = "auto", .dtype = "float32",
                  .on_resize = "off"};
     ArgSpec flags[] = {
         {"data", ARG_PATH, &o.data, "DIR", "folder with input.txt, the text (make shakespeare)", 0, NULL},
@@ -225,6 +225,8 @@ int main(int argc, char **argv) {
         {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
+        {"dtype", ARG_STRING, &o.dtype, "TYPE", "the matrix products' precision: bfloat16 operands, float32 sums and "
+         "weights (nanoGPT's --dtype, torch.autocast; the attention's products stay float32)", 0, "float32|bfloat16"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
         {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", CHECKPOINT_HELP_DIR, 0, NULL},
         {"save_every", ARG_INT, &o.save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
@@ -246,6 +248,7 @@ int main(int argc, char **argv) {
     if (gpt_config_problem(&config)) usage_error("%s", gpt_config_problem(&config));
     Device device = device_from_flag(o.device);
     threads_init(o.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(o.dtype));  // ctx = torch.autocast(device_type, dtype=ptdtype)
     int rank = dist_rank(), world = dist_world_size();
 
     // Data: the text's characters are the vocabulary; 90% trains, 10% validates.
@@ -292,10 +295,11 @@ int main(int argc, char **argv) {
            gpt_num_params(model, false) - gpt_num_params(model, true), buckets);
     print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g on %d tensors (%ld values), "
            "none on %d (%ld); clip %g; %d iterations of %d windows (%d per rank x %d micro-step%s x %d rank%s), "
-           "%d tokens each; %s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2,
+           "%d tokens each; %s%s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2,
            o.weight_decay, decay_tensors, decay_values, other_tensors, other_values, o.grad_clip, o.max_iters, global_batch,
            o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", world, world == 1 ? "" : "s",
-           global_batch * o.block_size, device_name(device), threads_describe());
+           global_batch * o.block_size, matmul_dtype() == MATMUL_BFLOAT16 ? "matmuls in bfloat16; " : "", device_name(device),
+           threads_describe());
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
     if (o.dropout > 0)
         print0("dropout %g: masks from %s\n", o.dropout, model->dropout_philox ? "Philox, drawn where the model is"

@@ -92,7 +92,7 @@
 #include "train/step_losses.h"      // step_losses_take_all: each iteration's loss, read when the host prints it
 
 typedef struct {
-    const char *data, *init, *save, *losses, *plot, *device, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors, *on_resize;
+    const char *data, *init, *save, *losses, *plot, *device, *dtype, *dropout_rng, *prompt, *schedule, *checkpoint, *save_errors, *on_resize;
     int n_layer, n_head, n_embd, block_size, batch_size, bias;
     double dropout;
     int max_iters, warmup_iters, lr_decay_iters, accum_steps, eval_interval, eval_iters, seed, threads, sample, top_k;
@@ -502,7 +502,7 @@ int main(int argc, char **argv) {
                  .eval_interval = 250, .eval_iters = 20, .seed = 1337, .sample = 200, .top_k = 200,
                  .learning_rate = 1e-3, .min_lr = 1e-4, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
                  .grad_clip = 1.0, .bucket_mb = 25.0, .temperature = 0.8, .dp = 1, .tp = 1, .pp = 1, .micro_batches = 1,
-                 .keep = 2, .save_errors = "stop", .dropout_rng = "auto", .on_resize = "off"};
+                 .keep = 2, .save_errors = "stop", .dropout_rng = "auto", .dtype = "float32", .on_resize = "off"};
     ArgSpec flags[] = {
         {"dp", ARG_INT, &o.dp, "D", "data-parallel replicas (world = D x T x P)", 1, NULL},
         {"tp", ARG_INT, &o.tp, "T", "tensor-parallel ranks per block (a divisor of --n_head and 4 --n_embd)", 1, NULL},
@@ -546,6 +546,8 @@ int main(int argc, char **argv) {
         {"top_k", ARG_INT, &o.top_k, "N", "sample among the N likeliest characters only", 1, NULL},
         {"bucket_mb", ARG_FLOAT_GE, &o.bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"device", ARG_STRING, &o.device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"},
+        {"dtype", ARG_STRING, &o.dtype, "TYPE", "the matrix products' precision: bfloat16 operands, float32 sums and "
+         "weights (nanoGPT's --dtype, torch.autocast; the attention's products stay float32)", 0, "float32|bfloat16"},
         {"threads", ARG_INT, &o.threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL},
         {"checkpoint", ARG_STRING, &o.checkpoint, "DIR", CHECKPOINT_HELP_DIR " (step 19's too)", 0, NULL},
         {"save_every", ARG_INT, &o.save_every, "N", CHECKPOINT_HELP_SAVE_EVERY, 0, NULL},
@@ -594,6 +596,7 @@ int main(int argc, char **argv) {
         usage_error("--recompute with --dropout %g: the recomputed forward would need the masks drawn again", o.dropout);
     Device device = device_from_flag(o.device);
     threads_init(o.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(o.dtype));  // ctx = torch.autocast(device_type, dtype=ptdtype)
 
     // Data: the text's characters are the vocabulary; 90% trains, 10% validates.
     CharText text = char_text_load(o.data, o.block_size);
@@ -666,10 +669,11 @@ int main(int argc, char **argv) {
            gpt_num_params(whole, false) - gpt_num_params(whole, true));
     print0("AdamW lr %g (warm-up %d, cosine to %g at %d), betas (%g, %g), weight decay %g, clip %g%s; %d iterations of "
            "%d windows (%d per replica x %d micro-step%s x %d replica%s; %d micro-batch%s of %d, %s), %d tokens each; "
-           "%s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2, o.weight_decay,
+           "%s%s, %s\n", o.learning_rate, o.warmup_iters, o.min_lr, o.lr_decay_iters, o.beta1, o.beta2, o.weight_decay,
            o.grad_clip, o.zero == 1 ? ", its moments sharded over the replicas (ZeRO-1)" : "", o.max_iters, global_batch, o.batch_size, o.accum_steps, o.accum_steps == 1 ? "" : "s", o.dp,
            o.dp == 1 ? "" : "s", o.micro_batches, o.micro_batches == 1 ? "" : "es", o.batch_size / o.micro_batches,
-           schedule_kind_name(schedule_kind), global_batch * o.block_size, device_name(device), threads_describe());
+           schedule_kind_name(schedule_kind), global_batch * o.block_size,
+           matmul_dtype() == MATMUL_BFLOAT16 ? "matmuls in bfloat16; " : "", device_name(device), threads_describe());
     for (int r = 0; r < world; r++) {  // rank 0 knows the grid: it is arithmetic
         int t = r % o.tp, p = r / o.tp % o.pp, d = r / (o.tp * o.pp), H = o.n_head / o.tp;
         print0("rank %d: replica %d, stage %d (blocks %d-%d%s%s), tensor-parallel rank %d: heads %d-%d, MLP columns %d-%d\n",

@@ -59,6 +59,13 @@ FORWARD(cublasStatus_t, cublasGemmEx,
          const void *beta, void *C, cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
          cublasGemmAlgo_t algo),
         (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo))
+FORWARD(cublasStatus_t, cublasGemmBatchedEx,
+        (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+         const void *alpha, const void *const Aarray[], cudaDataType_t Atype, int lda, const void *const Barray[],
+         cudaDataType_t Btype, int ldb, const void *beta, void *const Carray[], cudaDataType_t Ctype, int ldc,
+         int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo),
+        (handle, transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta, Carray, Ctype, ldc,
+         batchCount, computeType, algo))
 FORWARD(cublasStatus_t, cublasSgemv_v2,
         (cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha, const float *A, int lda,
          const float *x, int incx, const float *beta, float *y, int incy),

@@ -1330,25 +1330,26 @@ void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t 
     CHECK_LAUNCH("add_kernel");
 }
 
-__global__ void pair_pointers_kernel(const float *a, long long a_outer, long long a_inner, const float *b,
-                                     long long b_outer, long long b_inner, float *c, long long c_outer,
-                                     long long c_inner, int per_sequence, int count, const float **a_out,
-                                     const float **b_out, float **c_out) {
+__global__ void pair_pointers_kernel(const char *a, long long a_outer, long long a_inner, const char *b,
+                                     long long b_outer, long long b_inner, int operand_bytes, float *c,
+                                     long long c_outer, long long c_inner, int per_sequence, int count,
+                                     const void **a_out, const void **b_out, float **c_out) {
     for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < count; p += gridDim.x * blockDim.x) {
         long long sequence = p / per_sequence, head = p % per_sequence;
-        a_out[p] = a + sequence * a_outer + head * a_inner;
-        b_out[p] = b + sequence * b_outer + head * b_inner;
+        a_out[p] = a + (sequence * a_outer + head * a_inner) * operand_bytes;
+        b_out[p] = b + (sequence * b_outer + head * b_inner) * operand_bytes;
         c_out[p] = c + sequence * c_outer + head * c_inner;
     }
 }
 
-void gpu_pair_pointers(const float *a, long long a_outer, long long a_inner, const float *b, long long b_outer,
-                       long long b_inner, float *c, long long c_outer, long long c_inner, int per_sequence, int count,
-                       const float **a_out, const float **b_out, float **c_out, cudaStream_t stream) {
+void gpu_pair_pointers(const void *a, long long a_outer, long long a_inner, const void *b, long long b_outer,
+                       long long b_inner, int operand_bytes, float *c, long long c_outer, long long c_inner,
+                       int per_sequence, int count, const void **a_out, const void **b_out, float **c_out,
+                       cudaStream_t stream) {
     if (count <= 0) return;
-    pair_pointers_kernel<<<blocks_for((size_t)count), THREADS, 0, stream>>>(a, a_outer, a_inner, b, b_outer, b_inner, c,
-                                                                            c_outer, c_inner, per_sequence, count,
-                                                                            a_out, b_out, c_out);
+    pair_pointers_kernel<<<blocks_for((size_t)count), THREADS, 0, stream>>>(
+        (const char *)a, a_outer, a_inner, (const char *)b, b_outer, b_inner, operand_bytes, c, c_outer, c_inner,
+        per_sequence, count, a_out, b_out, c_out);
     CHECK_LAUNCH("pair_pointers_kernel");
 }
 

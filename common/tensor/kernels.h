@@ -206,10 +206,12 @@ void gpu_add(const float *a, const float *b, size_t n, float *out, cudaStream_t 
 void gpu_multiply(const float *a, const float *b, size_t n, float *out, cudaStream_t stream);
 // The operands of the attention's batched GEMMs (cuBLAS's pointer arrays): for pair p < count of
 // (sequence, head), p = sequence * per_sequence + head, its matrix of each operand at base +
-// sequence * outer + head * inner, written into a_out, b_out and c_out.
-void gpu_pair_pointers(const float *a, long long a_outer, long long a_inner, const float *b, long long b_outer,
-                       long long b_inner, float *c, long long c_outer, long long c_inner, int per_sequence, int count,
-                       const float **a_out, const float **b_out, float **c_out, cudaStream_t stream);
+// sequence * outer + head * inner (in elements of operand_bytes: 4 for float, 2 for bfloat16 A and B;
+// C is float), written into a_out, b_out and c_out.
+void gpu_pair_pointers(const void *a, long long a_outer, long long a_inner, const void *b, long long b_outer,
+                       long long b_inner, int operand_bytes, float *c, long long c_outer, long long c_inner,
+                       int per_sequence, int count, const void **a_out, const void **b_out, float **c_out,
+                       cudaStream_t stream);
 // transformer_ops.h's dropout_philox: mask[i] = scale or 0, from Philox4x32-10 (base/philox.h).
 void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, size_t n,
                         float *mask, cudaStream_t stream);

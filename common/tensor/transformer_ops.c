@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <cblas.h>
+#include <omp.h>
 
 #include "base/check.h"
 #include "base/cpu_dispatch.h"
@@ -216,6 +217,36 @@ static inline void causal_softmax_row(float *restrict row, int n, int T) {
     for (; u < T; u++) row[u] = 0.0f;
 }
 
+// With bfloat16 matmuls (tensor.h) the attention's products on the CPU take rounded copies of their
+// operands, as the GPU's cublasGemmBatchedEx does: qkv and grad_y whole, before the pairs' loop, and
+// a pair's [T, T] probabilities (or their gradient) into its thread's own block of g_pair_rounded.
+static float *g_rounded_qkv, *g_rounded_grad_y, *g_pair_rounded;
+static size_t g_rounded_qkv_count, g_rounded_grad_y_count, g_pair_rounded_count;
+
+static float *grown(float **buffer, size_t *count, size_t n) {
+    if (n > *count) {
+        free(*buffer);
+        *buffer = xmalloc(n * sizeof(float));
+        *count = n;
+    }
+    return *buffer;
+}
+
+static const float *rounded_whole(float **buffer, size_t *count, const float *x, size_t n) {
+    float *copy = grown(buffer, count, n);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) copy[i] = round_to_bfloat16(x[i]);
+    return copy;
+}
+
+// The calling thread's [T, T] block holding x rounded (x itself with float32 matmuls).
+static const float *pair_operand(const float *x, int T, bool bf16) {
+    if (!bf16) return x;
+    float *mine = g_pair_rounded + (size_t)omp_get_thread_num() * T * T;
+    for (int i = 0; i < T * T; i++) mine[i] = round_to_bfloat16(x[i]);
+    return mine;
+}
+
 // One (sequence, head) pair per iteration: its q, k and v are its own columns of qkv, its
 // scores its own [T, T] block of att, so the pairs run on any threads without sharing a value.
 // Each pair's products are single-threaded sgemms on strided views (row stride 3C for q, k, v;
@@ -226,6 +257,11 @@ CPU_DISPATCHED static void cpu_attention_forward(const float *qkv, int B, int T,
                                                  const float *dropout_mask, float *att_dropped, float *y) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
+    const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
+    if (bf16) {
+        qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
+        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)omp_get_max_threads() * T * T);
+    }
 #pragma omp parallel for schedule(static)
     for (int pair = 0; pair < B * n_head; pair++) {
         int b = pair / n_head, h = pair % n_head;
@@ -242,8 +278,8 @@ CPU_DISPATCHED static void cpu_attention_forward(const float *qkv, int B, int T,
             weights = dropped;
         }
         // y = att v                                                            [T, head_dim]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, v, stride, 0.0f,
-                    y + (size_t)b * T * C + h * head_dim, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, pair_operand(weights, T, bf16), T, v,
+                    stride, 0.0f, y + (size_t)b * T * C + h * head_dim, C);
     }
 }
 
@@ -252,6 +288,12 @@ CPU_DISPATCHED static void cpu_attention_backward(const float *qkv, const float 
                                                   int n_head, float *grad_att, float *grad_qkv) {
     const int head_dim = C / n_head, stride = 3 * C;
     const float scale = 1.0f / sqrtf((float)head_dim);
+    const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
+    if (bf16) {  // (the products' operands; the softmax's backward reads qkv's att, not these)
+        qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
+        grad_y = rounded_whole(&g_rounded_grad_y, &g_rounded_grad_y_count, grad_y, (size_t)B * T * C);
+        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)omp_get_max_threads() * T * T);
+    }
 #pragma omp parallel for schedule(static)
     for (int pair = 0; pair < B * n_head; pair++) {
         float *grad_scores = grad_att + (size_t)pair * T * T;  // this pair's [T, T]
@@ -263,7 +305,8 @@ CPU_DISPATCHED static void cpu_attention_backward(const float *qkv, const float 
         const float *gy = grad_y + (size_t)b * T * C + h * head_dim;
         // y = weights v: d weights = dy v^T, dv = weights^T dy; under dropout, d att = d weights * mask
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, head_dim, 1.0f, gy, C, v, stride, 0.0f, grad_scores, T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, weights, T, gy, C, 0.0f, grad_v, stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, pair_operand(weights, T, bf16), T, gy, C,
+                    0.0f, grad_v, stride);
         if (dropout_mask) {
             const float *mask = dropout_mask + (size_t)pair * T * T;
             for (int i = 0; i < T * T; i++) grad_scores[i] *= mask[i];
@@ -281,8 +324,11 @@ CPU_DISPATCHED static void cpu_attention_backward(const float *qkv, const float 
             for (int u = end; u < T; u++) g[u] = 0.0f;
         }
         // scores = q k^T: dq = d score k, dk = d score^T q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, k, stride, 0.0f, grad_q, stride);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores, T, q, stride, 0.0f, grad_k, stride);
+        const float *grad_scores_used = pair_operand(grad_scores, T, bf16);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores_used, T, k, stride, 0.0f,
+                    grad_q, stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, head_dim, T, 1.0f, grad_scores_used, T, q, stride, 0.0f,
+                    grad_k, stride);
     }
 }
 
@@ -443,21 +489,49 @@ static void check_attention(const char *what, const Tensor *qkv, int B, int T, i
 // the calls are in stream order). The operands swapped as tensor.c's gemm swaps them (a row-major
 // matrix is its column-major transpose). One call for the B n_head products, where a batch of heads
 // per sequence took B calls: at nanoGPT's B = 64, the launches were most of the attention's time.
-static DeviceBuffer g_pair_pointers;
+// With bfloat16 matmuls (tensor.h), A's and B's matrices are first rounded into bfloat16 copies, at
+// the same offsets (their whole extent, every pair's matrix), and cublasGemmBatchedEx multiplies those
+// with float32 sums, as tensor.c's gemm does.
+static DeviceBuffer g_pair_pointers, g_pair_bf16[2];
+
+// The elements a batch of pairs reads of an operand stored [rows, ld] per pair (the stored matrix:
+// op's transpose where it is one), the last pair's last row ending at its cols.
+static size_t pairs_extent(int rows, int cols, int ld, long long outer, long long inner, int B, int n_head) {
+    return (size_t)((long long)(B - 1) * outer + (long long)(n_head - 1) * inner + (long long)(rows - 1) * ld + cols);
+}
 
 static void gemm_pairs(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
                        long long a_outer, long long a_inner, const float *b, int ldb, long long b_outer,
                        long long b_inner, float beta, float *c, int ldc, long long c_outer, long long c_inner, int B,
                        int n_head) {
     const int pairs = B * n_head;
-    const float **pointers = device_buffer_reserve(&g_pair_pointers, 3 * (size_t)pairs * sizeof(float *));
-    const float **a_array = pointers, **b_array = pointers + pairs;
+    const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
+    cudaStream_t stream = device_stream();
+    const void *a_data = a, *b_data = b;
+    if (bf16) {
+        size_t a_count = pairs_extent(transpose_a ? k : m, transpose_a ? m : k, lda, a_outer, a_inner, B, n_head);
+        size_t b_count = pairs_extent(transpose_b ? n : k, transpose_b ? k : n, ldb, b_outer, b_inner, B, n_head);
+        uint16_t *a16 = device_buffer_reserve(&g_pair_bf16[0], a_count * sizeof(uint16_t));
+        uint16_t *b16 = device_buffer_reserve(&g_pair_bf16[1], b_count * sizeof(uint16_t));
+        gpu_round_to_bfloat16(a, a_count, a16, stream);
+        gpu_round_to_bfloat16(b, b_count, b16, stream);
+        a_data = a16, b_data = b16;
+    }
+    const void **pointers = device_buffer_reserve(&g_pair_pointers, 3 * (size_t)pairs * sizeof(void *));
+    const void **a_array = pointers, **b_array = pointers + pairs;
     float **c_array = (float **)(pointers + 2 * pairs);
-    gpu_pair_pointers(a, a_outer, a_inner, b, b_outer, b_inner, c, c_outer, c_inner, n_head, pairs, a_array, b_array,
-                      c_array, device_stream());
-    CHECK_CUBLAS(cublasSgemmBatched(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                    transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b_array, ldb, a_array, lda,
-                                    &beta, c_array, ldc, pairs));
+    gpu_pair_pointers(a_data, a_outer, a_inner, b_data, b_outer, b_inner, bf16 ? 2 : 4, c, c_outer, c_inner, n_head,
+                      pairs, a_array, b_array, c_array, stream);
+    if (bf16)
+        CHECK_CUBLAS(cublasGemmBatchedEx(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b_array, CUDA_R_16BF,
+                                         ldb, a_array, CUDA_R_16BF, lda, &beta, (void *const *)c_array, CUDA_R_32F, ldc,
+                                         pairs, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+        CHECK_CUBLAS(cublasSgemmBatched(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+                                        (const float *const *)b_array, ldb, (const float *const *)a_array, lda, &beta,
+                                        c_array, ldc, pairs));
 }
 #endif
 

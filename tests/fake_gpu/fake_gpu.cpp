@@ -971,6 +971,16 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// bfloat16 values (their bits, the upper half of a float's) as floats: exact.
+static std::vector<float> widen_bfloat16(const uint16_t *half, size_t count) {
+    std::vector<float> wide(count);
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits = (uint32_t)half[i] << 16;
+        memcpy(&wide[i], &bits, sizeof bits);
+    }
+    return wide;
+}
+
 // The one mixed-precision GEMM the project calls (tensor.c's bfloat16 matmuls): A and B bfloat16, C
 // float32, float32 sums. A bf16 x bf16 product is exact in float32, so the operands widened to float
 // and cublasSgemm's GEMM compute what tensor cores do, up to the order of the sums. Other types stop
@@ -985,7 +995,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
         fail("cublasGemmEx: only bfloat16 A and B, float32 C and CUBLAS_COMPUTE_32F are simulated");
     bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
     if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
-    size_t a_count = (size_t)lda * (ta ? m : k), b_count = (size_t)ldb * (tb ? k : n);  // column-major extents
+    // The elements each operand spans, column-major (as matrix_bytes counts floats: half as many bytes).
+    size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
+    size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
     if (k > 0) {
         require_device(A, a_count * sizeof(uint16_t), "cublasGemmEx's A");
         require_device(B, b_count * sizeof(uint16_t), "cublasGemmEx's B");
@@ -999,16 +1011,49 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     count_launch();
     enqueue(handle->stream, [=] {
         Window open;
-        auto widen = [](const uint16_t *half, size_t count) {
-            std::vector<float> wide(count);
-            for (size_t i = 0; i < count; i++) {
-                uint32_t bits = (uint32_t)half[i] << 16;
-                memcpy(&wide[i], &bits, sizeof bits);
-            }
-            return wide;
-        };
-        std::vector<float> A32 = k > 0 ? widen(A16, a_count) : std::vector<float>(), B32 = k > 0 ? widen(B16, b_count) : std::vector<float>();
+        std::vector<float> A32 = widen_bfloat16(A16, k > 0 ? a_count : 0), B32 = widen_bfloat16(B16, k > 0 ? b_count : 0);
         run_sgemm(transa, transb, m, n, k, a, A32.data(), lda, B32.data(), ldb, b, C32, ldc);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// cublasGemmEx's GEMM for each of batchCount matrices, where Aarray, Barray and Carray point (device
+// memory read when the GEMMs run, as cublasSgemmBatched's).
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                   int n, int k, const void *alpha, const void *const Aarray[], cudaDataType_t Atype,
+                                   int lda, const void *const Barray[], cudaDataType_t Btype, int ldb, const void *beta,
+                                   void *const Carray[], cudaDataType_t Ctype, int ldc, int batchCount,
+                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    Guard guard(big_lock);
+    (void)algo;
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
+        fail("cublasGemmBatchedEx: only bfloat16 A and B, float32 C and CUBLAS_COMPUTE_32F are simulated");
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc) || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+    size_t arrays = (size_t)batchCount * sizeof(void *);
+    require_device(Aarray, arrays, "cublasGemmBatchedEx's Aarray");
+    require_device(Barray, arrays, "cublasGemmBatchedEx's Barray");
+    require_device(Carray, arrays, "cublasGemmBatchedEx's Carray");
+    require_host(alpha, sizeof(float), "cublasGemmBatchedEx's alpha");
+    require_host(beta, sizeof(float), "cublasGemmBatchedEx's beta");
+    float a = *(const float *)alpha, b = *(const float *)beta;
+    size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
+    size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
+    count_launch();
+    enqueue(handle->stream, [=] {
+        Window open;
+        for (int i = 0; i < batchCount; i++) {
+            const uint16_t *A_i = (const uint16_t *)Aarray[i], *B_i = (const uint16_t *)Barray[i];
+            float *C_i = (float *)Carray[i];
+            if (k > 0) {
+                require_device(A_i, a_count * sizeof(uint16_t), "cublasGemmBatchedEx's A[i]");
+                require_device(B_i, b_count * sizeof(uint16_t), "cublasGemmBatchedEx's B[i]");
+            }
+            require_device(C_i, matrix_bytes(m, n, ldc), "cublasGemmBatchedEx's C[i]");
+            std::vector<float> A32 = widen_bfloat16(A_i, k > 0 ? a_count : 0), B32 = widen_bfloat16(B_i, k > 0 ? b_count : 0);
+            run_sgemm(transa, transb, m, n, k, a, A32.data(), lda, B32.data(), ldb, b, C_i, ldc);
+        }
     });
     return CUBLAS_STATUS_SUCCESS;
 }
