@@ -71,6 +71,16 @@ for rng in torch $(thorough && echo philox); do
     grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng --max_iters 10 --eval_interval 10
 done
 
+# --dtype bfloat16: the split GEMMs round the operands that step 19's whole GEMMs round (element by
+# element), and sum their partials in float32; step 19's bfloat16 steps within 1e-4 (float32's
+# ordering differences, 1e-7, move an operand across a bfloat16 rounding here and there: 2^-8).
+run day5/19_gpt "${short[@]}" --init "$tmp/init.h5" --dtype bfloat16 --losses "$tmp/s19bf16.csv" > "$tmp/s19bf16.out" 2>&1 ||
+    fail "step 19 --dtype bfloat16 did not run: $(tail -1 "$tmp/s19bf16.out")"
+mpi 2 day5/20_gpt_3d "${short[@]}" --init "$tmp/init.h5" --tp 2 --dtype bfloat16 --losses "$tmp/tp2bf16.csv" > "$tmp/tp2bf16.out" 2>&1 ||
+    fail "step 20 --tp 2 --dtype bfloat16 did not run: $(tail -1 "$tmp/tp2bf16.out")"
+expect_same_losses "--tp 2 --dtype bfloat16 ($(grep -c 'matmuls in bfloat16' "$tmp/tp2bf16.out") line says so): step 19's bfloat16 losses" \
+    "$tmp/s19bf16.csv" "$tmp/tp2bf16.csv" 1e-4
+
 # ---------------------------------------------------------------- --mlflow: the run in an mlruns folder
 # As the other steps log (tests/test_tracking.sh): every flag a param, each iteration's loss the
 # --losses CSV's, the train and validation losses at each evaluation, the grid's shape, the files.
