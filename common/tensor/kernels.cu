@@ -825,10 +825,19 @@ __global__ void embedding_backward_kernel(const float *forward, float scale, con
     }
 }
 
+__global__ void mf_take_batch_kernel(const MfStepInputs *inputs, int n, int *user, int *item, float *rating) {
+    for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+        user[s] = inputs->user[s];
+        item[s] = inputs->item[s];
+        rating[s] = inputs->rating[s];
+    }
+}
+
 __global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                                   const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                                   const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
                                    float one_minus_beta1, float one_minus_beta2, float eps) {
     const size_t total = (size_t)counted(count, n_max) * dim;
+    const float minus_step_size = inputs->minus_step_size;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         if (flags && flags[i / dim] == 0.0f) continue;  // (dense) a row no rank touched
         size_t at = (rows ? (size_t)rows[i / dim] : i / dim) * dim + i % dim;
@@ -924,12 +933,18 @@ void gpu_embedding_backward(const float *forward, float scale, const int *start,
     CHECK_LAUNCH("embedding_backward_kernel");
 }
 
+void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream) {
+    if (n <= 0) return;
+    mf_take_batch_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(inputs, n, user, item, rating);
+    CHECK_LAUNCH("mf_take_batch_kernel");
+}
+
 void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                     const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                     const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
                      float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
     if (n_max <= 0) return;
     sparse_adam_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
-        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, minus_step_size, one_minus_beta1,
+        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, inputs, one_minus_beta1,
         one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }
