@@ -907,6 +907,8 @@ void mf_end_step(Mf *model) {
     if (on_gpu(model))  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
         CHECK_CUDA(cudaMemcpyAsync(loss_slot(model), model->gpu_step_loss, sizeof(double), cudaMemcpyDeviceToDevice,
                                    device_stream()));
+#else
+    (void)model;  // (a CPU rank kept its loss in mf_forward_backward)
 #endif
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
