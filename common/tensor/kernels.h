@@ -152,7 +152,7 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
                     const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
                     const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream);
 // *loss = the sum over s < n of error^2 + weight_decay (|p|^2 + |q|^2), in double and in the
-// samples' order, / global_n: mf.c's arithmetic, one thread.
+// samples' order, / global_n: mf.c's arithmetic (the terms in parallel, their sum by one thread).
 void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream);
 // A table's gradient rows j < *count, a thread per element: row j sums, over its samples
 // sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
