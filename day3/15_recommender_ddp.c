@@ -211,8 +211,9 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // On a GPU the step is captured into a CUDA graph and replayed: one launch a step, not one per
     // kernel (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a
-    // warm-up). With more ranks the step holds the exchanges' NCCL collectives, on a stream of
-    // their own, which our simulated GPU cannot capture yet: those steps run eagerly.
+    // warm-up). With more ranks the step holds the exchanges' collectives (NCCL's, on a stream of
+    // their own; MPI's, on host copies, where ranks share a GPU), which our simulated GPU cannot
+    // capture yet: those steps run eagerly.
     bool graph_wanted = strcmp(cuda_graph, "on") == 0 && device == DEVICE_CUDA;
     StepGraph graph = step_graph_new(device, graph_wanted && world == 1);
     float *epoch_rmse = xmalloc(((size_t)epochs + 1) * sizeof(float));  // the test RMSE after each epoch, for the PNG
@@ -276,8 +277,9 @@ int main(int argc, char **argv) {
         print0("CUDA graph: %ld of %d steps replayed from %d capture%s (--cuda_graph off: each kernel launched by itself)\n",
                graph.replays, steps, graph.captures, graph.captures == 1 ? "" : "s");
     else if (graph_wanted)
-        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds NCCL's collectives, on a stream of their "
-               "own, which the simulated GPU cannot capture yet; each kernel launched by itself\n", steps, world);
+        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds the exchanges' collectives (NCCL's, on a "
+               "stream of their own, or MPI's on host copies), which the simulated GPU cannot capture yet; each kernel "
+               "launched by itself\n", steps, world);
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 
