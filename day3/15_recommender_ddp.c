@@ -20,7 +20,8 @@
 // The three take the same steps (mf.h says how the sums are ordered for it),
 // on CPUs or GPUs (--device: the tables on the GPU, the gathers, scatters and
 // SparseAdam in kernels, the rows by NCCL; the host queues each step and never
-// waits for the GPU inside it: mf.h says how).
+// waits for the GPU inside it: mf.h says how). On one GPU at world size 1 the
+// step is captured once into a CUDA graph and replayed (--cuda_graph, as in step 2).
 //
 // The data: each rank reads only its byte range of ratings.csv
 // (common/data/movielens.h), so no rank holds the whole file; every epoch the
@@ -62,6 +63,7 @@
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_graph.h"       // StepGraph: the step replayed from a CUDA graph on a GPU (--cuda_graph)
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
 
 // Test RMSE of the model: every rank its test ratings (collective).
@@ -81,7 +83,7 @@ int main(int argc, char **argv) {
                         .plot = "img/15_recommender_ddp.png", .device = "auto"};
     int dim = 32, recommend = 0, synthetic = 0, max_steps = -1;
     double weight_decay = 0.1;
-    const char *embeddings = "sparse";
+    const char *embeddings = "sparse", *cuda_graph = "on";
     ArgSpec flags[] = {
         {"data", ARG_PATH, &opt.data, "DIR", "folder with MovieLens's ratings.csv and movies.csv (make movielens)", 0, NULL},
         {"epochs", ARG_INT, &opt.epochs, "N", "passes over the training ratings", 1, NULL},
@@ -101,6 +103,7 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"recommend", ARG_INT, &recommend, "USER", "at the end, the top 10 unseen movies for this userId (0: none)", 0, NULL},
         {"synthetic", ARG_INT, &synthetic, "N", "write a MovieLens-shaped ratings.csv of N ratings into --data, and stop", 0, NULL},
+        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs; world size 1)", 0, "on|off"},
         TRACKING_FLAGS(opt.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 15: a MovieLens recommender (matrix factorisation) under DDP, with dense, sparse or sharded embeddings.");
@@ -206,6 +209,13 @@ int main(int argc, char **argv) {
     tracking_log_metric(run, "baseline_biases_rmse", sqrt(baseline[1] / n_test_total), 0);
 
     LossLog losses = {0};
+    // On a GPU the step is captured into a CUDA graph and replayed: one launch a step, not one per
+    // kernel (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a
+    // warm-up). With more ranks the step holds the exchanges' collectives (NCCL's, on a stream of
+    // their own; MPI's, on host copies, where ranks share a GPU), which our simulated GPU cannot
+    // capture yet: those steps run eagerly.
+    bool graph_wanted = strcmp(cuda_graph, "on") == 0 && device == DEVICE_CUDA;
+    StepGraph graph = step_graph_new(device, graph_wanted && world == 1);
     float *epoch_rmse = xmalloc(((size_t)epochs + 1) * sizeof(float));  // the test RMSE after each epoch, for the PNG
     int steps = 0;
     double train_start = wall_seconds(), rmse = 0.0;
@@ -216,10 +226,16 @@ int main(int argc, char **argv) {
         int epoch_steps = 0;
         for (int b = 0; b < sampler.n_batches && steps != max_steps; b++) {
             RatingBatch batch = rating_sampler_batch(&sampler, b);
-            mf_lookup(model, &batch);                 // embedding(user), embedding(item)
-            mf_forward_backward(model, &batch);       // loss = ...; loss.backward()
-            mf_exchange_gradients(model);             // DDP: the global batch's gradients
-            mf_adam_step(model);                      // optimizer.step()
+            mf_prepare_step(model, &batch);               // (where the batch is, Adam's step size: before the graph)
+            if (!step_graph_replay(&graph, batch.n)) {    // g.replay(), where the graph holds this batch's shape
+                step_graph_begin(&graph, batch.n);        // (with torch.cuda.graph(g): once, after a warm-up step)
+                mf_lookup(model, &batch);                 // embedding(user), embedding(item)
+                mf_forward_backward(model, &batch);       // loss = ...; loss.backward()
+                mf_exchange_gradients(model);             // DDP: the global batch's gradients
+                mf_adam_step(model);                      // optimizer.step()
+                step_graph_end(&graph);
+            }
+            mf_end_step(model);                           // losses.append(loss.detach())
             epoch_samples += (double)batch.global_n;
             epoch_steps++;
             steps++;
@@ -257,6 +273,13 @@ int main(int argc, char **argv) {
         print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
                "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
                steps ? 1e3 * mf_comm_seconds(model) / steps : 0.0, mf_embedding_bytes(model) / 1e6);
+    if (graph.enabled)
+        print0("CUDA graph: %ld of %d steps replayed from %d capture%s (--cuda_graph off: each kernel launched by itself)\n",
+               graph.replays, steps, graph.captures, graph.captures == 1 ? "" : "s");
+    else if (graph_wanted)
+        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds the exchanges' collectives (NCCL's, on a "
+               "stream of their own, or MPI's on host copies), which the simulated GPU cannot capture yet; each kernel "
+               "launched by itself\n", steps, world);
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 
@@ -341,6 +364,7 @@ int main(int argc, char **argv) {
     tracking_end(run, TRACKING_FINISHED);    // mlflow.end_run()
 
     loss_log_free(&losses);
+    step_graph_free(&graph);
     free(epoch_rmse);
     mf_free(model);
     rating_sampler_free(&sampler);

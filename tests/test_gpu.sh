@@ -111,6 +111,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 15 on the GPU: dense, sparse and sharded embeddings take the CPU's steps at 1 and 2 ranks"
+    "step 15's CUDA graph: the eager steps' losses and weights bit for bit (dense, sparse, sharded)"
     "step 19 on the GPU: the CPU's losses, validation loss and weights (1 rank; 4 ranks, NCCL, with 4 GPUs)"
     "step 13 on the GPU: a kill and a restart end as the run without one"
     "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses"
@@ -386,6 +387,24 @@ else
                 eval '[ $status -eq 0 ] && [ $same -eq 0 ] && grep -q "; cuda:" "$tmp/r15g_${mode}_$np" &&
                       [ -n "$(rmse15 "$tmp/r15c_${mode}_$np")" ] && [ "$(rmse15 "$tmp/r15g_${mode}_$np")" = "$(rmse15 "$tmp/r15c_${mode}_$np")" ]'
         done
+    done
+    # With more ranks than one the step holds NCCL's collectives: no graph, and the run says so.
+    expect "step 15 on 2 GPU ranks runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of [0-9]* steps replayed: with 2 ranks' "$tmp/r15g_sparse_2")" \
+        grep -q '^CUDA graph: 0 of [0-9]* steps replayed: with 2 ranks' "$tmp/r15g_sparse_2"
+    # Step 15's CUDA graph (--cuda_graph, on by default; 1 rank: no collective in its step): the
+    # steps replayed take the eager steps' losses and weights bit for bit, in each mode, 2 epochs of
+    # 89 steps, each ending in a shorter batch run eagerly. Each epoch starts with an eager step:
+    # the first, a warm-up before the capture; the second, after the evaluation grew the buffers
+    # the step uses, a warm-up before capturing it again (step_graph.h). So 2 x 87 replayed.
+    for mode in dense sparse sharded; do
+        s15=(day3/15_recommender_ddp --embeddings $mode --epochs 2 --plot '' --device cuda)
+        "${s15[@]}" --losses "$tmp/r15graph_$mode.csv" --save "$tmp/r15graph_$mode.h5" > "$tmp/r15graph_$mode" 2>&1
+        "${s15[@]}" --losses "$tmp/r15eager_$mode.csv" --save "$tmp/r15eager_$mode.h5" --cuda_graph off > "$tmp/r15eager_$mode" 2>&1
+        expect "step 15's CUDA graph, $mode embeddings ($(grep -o '[0-9]* of [0-9]* steps replayed from [0-9]* captures' "$tmp/r15graph_$mode")): the eager steps' losses and weights, bit for bit" \
+            eval 'grep -q "^CUDA graph: 174 of 178 steps replayed from 2 captures" "$tmp/r15graph_$mode" &&
+                  ! grep -q "^CUDA graph" "$tmp/r15eager_$mode" && test -s "$tmp/r15graph_$mode.csv" &&
+                  cmp -s "$tmp/r15graph_$mode.csv" "$tmp/r15eager_$mode.csv" &&
+                  build/tools/compare_h5_weights "$tmp/r15graph_$mode.h5" "$tmp/r15eager_$mode.h5" 0 > /dev/null 2>&1'
     done
 fi
 

@@ -244,6 +244,7 @@ void mf_free(Mf *model) {
         }
     }
     if (model->losses && on_gpu(model)) device_free(model->losses);
+    if (on_gpu(model)) device_free(model->gpu_step), device_free(model->gpu_step_loss);
     if (model->host_losses && on_gpu(model)) device_host_free(model->host_losses);
 #endif
     if (!on_gpu(model)) free(model->losses);
@@ -383,14 +384,11 @@ void mf_lookup(Mf *model, const RatingBatch *batch) {
     CHECK(batch->n <= batch->max_n, "mf_lookup: %d samples, past the batch's bound %d", batch->n, batch->max_n);
 #if HAVE_CUDA
     if (on_gpu(model)) {
-        const int *user = batch->gpu_user, *item = batch->gpu_item;
-        if (!user) {  // ids on the host: to the GPU through page-locked memory (no wait)
-            size_t bytes = ((size_t)batch->n + 1) * sizeof(int);
-            int *device_user = device_buffer_reserve(&model->gpu_user, bytes), *device_item = device_buffer_reserve(&model->gpu_item, bytes);
-            device_upload(device_user, batch->user, (size_t)batch->n * sizeof(int), "the batch's users");
-            device_upload(device_item, batch->item, (size_t)batch->n * sizeof(int), "the batch's items");
-            user = device_user, item = device_item;
-        }
+        CHECK(model->prepared, "mf_lookup: no mf_prepare_step before it");
+        // The batch into the step's own buffers, from where mf_prepare_step said it is (ids from
+        // the host are there already): the same pointers every step, as a CUDA graph needs.
+        int *user = model->gpu_user.data, *item = model->gpu_item.data;
+        if (batch->gpu_user) gpu_mf_take_batch(model->gpu_step, batch->n, user, item, model->gpu_rating.data, device_stream());
         lookup_gpu(model, user, item, batch->n, batch->max_n, true);
         return;
     }
@@ -717,18 +715,13 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     GpuGroups *users = model->gpu_users, *items = model->gpu_items;
     int n = batch->n, dim = model->dim;
     cudaStream_t stream = device_stream();
-    const float *rating = batch->gpu_rating;
-    if (!rating) {
-        float *device_rating = device_buffer_reserve(&model->gpu_rating, ((size_t)n + 1) * sizeof(float));
-        device_upload(device_rating, batch->rating, (size_t)n * sizeof(float), "the batch's ratings");
-        rating = device_rating;
-    }
+    const float *rating = model->gpu_rating.data;  // (mf_lookup took them there)
     float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
     gpu_mf_forward(P->gpu_looked_up.data, users->group_of.data, Q->gpu_looked_up.data, items->group_of.data,
                    BU->gpu_looked_up.data, users->group_of.data, BI->gpu_looked_up.data, items->group_of.data, rating, n,
                    dim, model->global_mean.data[0], forward, stream);
     float wd = (float)model->weight_decay, scale = 2.0f / (float)batch->global_n, decay = 2.0f * wd / (float)batch->global_n;
-    gpu_mf_loss(forward, n, wd, (double)batch->global_n, loss_slot(model), stream);
+    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, stream);  // (mf_end_step keeps it)
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *table = table_of(model, k), *other = k == 0 ? Q : k == 1 ? P : NULL;
         GpuGroups *mine = table->batch_rows;
@@ -836,11 +829,12 @@ void mf_exchange_gradients(Mf *model) {
 // torch.optim.SparseAdam's arithmetic, on the rows the global batch touched:
 // m += (g - m)(1 - beta1); v += (g^2 - v)(1 - beta2);
 // w -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps).
+// The step count and step size are mf_prepare_step's (on a GPU rank, read in device memory).
 void mf_adam_step(Mf *model) {
-    model->step++;
+    CHECK(model->prepared, "mf_adam_step: no mf_prepare_step before it");
+    model->prepared = false;
     const double beta1 = 0.9, beta2 = 0.999;
-    double bias_correction1 = 1.0 - pow(beta1, (double)model->step), bias_correction2 = 1.0 - pow(beta2, (double)model->step);
-    float minus_step_size = (float)(-(model->lr * sqrt(bias_correction2) / bias_correction1));
+    float minus_step_size = model->minus_step_size;
     float one_minus_beta1 = (float)(1.0 - beta1), one_minus_beta2 = (float)(1.0 - beta2), eps = 1e-8f;
     for (int t = 0; t < 4; t++) {
         EmbeddingTable *table = table_of(model, t);
@@ -850,13 +844,13 @@ void mf_adam_step(Mf *model) {
             if (!table->sharded && table->mode == EMBEDDINGS_DENSE) {  // every row a rank touched (its flag), then zeros again
                 float *touched = table->gpu_dense_grad + (size_t)table->rows * dim;
                 gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, NULL, touched,
-                                table->gpu_dense_grad, NULL, table->rows, dim, minus_step_size, one_minus_beta1,
+                                table->gpu_dense_grad, NULL, table->rows, dim, model->gpu_step, one_minus_beta1,
                                 one_minus_beta2, eps, device_stream());
                 gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (dim + 1), 0.0f, device_stream());
             } else {
                 gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->gpu_update_rows, NULL,
                                 table->gpu_update_grads, table->gpu_update_count, table->update_bound, dim,
-                                minus_step_size, one_minus_beta1, one_minus_beta2, eps, device_stream());
+                                model->gpu_step, one_minus_beta1, one_minus_beta2, eps, device_stream());
             }
             continue;
         }
@@ -875,6 +869,47 @@ void mf_adam_step(Mf *model) {
             }
         }
     }
+}
+
+// ------------------------------------------------------------------ around the step
+void mf_prepare_step(Mf *model, const RatingBatch *batch) {
+    CHECK(batch->n <= batch->max_n, "mf_prepare_step: %d samples, past the batch's bound %d", batch->n, batch->max_n);
+    // SparseAdam's step size, in double as Python computes it, rounded to float once.
+    model->step++;
+    const double beta1 = 0.9, beta2 = 0.999;
+    double bias_correction1 = 1.0 - pow(beta1, (double)model->step), bias_correction2 = 1.0 - pow(beta2, (double)model->step);
+    model->minus_step_size = (float)(-(model->lr * sqrt(bias_correction2) / bias_correction1));
+    model->prepared = true;
+#if HAVE_CUDA
+    if (on_gpu(model)) {
+        // The step's own buffers, sized by the batch's bound: allocated here, never inside the step.
+        size_t ints = ((size_t)batch->max_n + 1) * sizeof(int);
+        int *user = device_buffer_reserve(&model->gpu_user, ints), *item = device_buffer_reserve(&model->gpu_item, ints);
+        float *rating = device_buffer_reserve(&model->gpu_rating, ((size_t)batch->max_n + 1) * sizeof(float));
+        if (!model->gpu_step) model->gpu_step = device_alloc(sizeof(MfStepInputs));
+        if (!model->gpu_step_loss) model->gpu_step_loss = device_alloc(sizeof(double));
+        MfStepInputs inputs = {.user = batch->gpu_user, .item = batch->gpu_item, .rating = batch->gpu_rating,
+                               .minus_step_size = model->minus_step_size};
+        if (!batch->gpu_user) {  // ids on the host: to the step's buffers through page-locked memory (no wait)
+            device_upload(user, batch->user, (size_t)batch->n * sizeof(int), "the batch's users");
+            device_upload(item, batch->item, (size_t)batch->n * sizeof(int), "the batch's items");
+            device_upload(rating, batch->rating, (size_t)batch->n * sizeof(float), "the batch's ratings");
+        }
+        device_upload(model->gpu_step, &inputs, sizeof inputs, "the step's inputs");
+    }
+#else
+    (void)batch;
+#endif
+}
+
+void mf_end_step(Mf *model) {
+#if HAVE_CUDA
+    if (on_gpu(model))  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
+        CHECK_CUDA(cudaMemcpyAsync(loss_slot(model), model->gpu_step_loss, sizeof(double), cudaMemcpyDeviceToDevice,
+                                   device_stream()));
+#else
+    (void)model;  // (a CPU rank kept its loss in mf_forward_backward)
+#endif
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 

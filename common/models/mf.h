@@ -120,6 +120,8 @@ typedef struct {
     int dim;
     double lr, weight_decay;
     long step;                       // Adam's step count
+    float minus_step_size;           // this step's SparseAdam step size (mf_prepare_step)
+    bool prepared;                   // mf_prepare_step came since the last mf_adam_step
     Tensor global_mean;              // [1, 1]: a buffer, the mean training rating
     EmbeddingTable user_embedding, item_embedding, user_bias, item_bias;
     // Communication, counted by the ring model of nccl-tests (bytes this rank
@@ -129,8 +131,10 @@ typedef struct {
     // For h5 (--save, --init): the whole tables in state_dict order.
     Tensor full[4];
     Param params[5];
-    DeviceBuffer gpu_rating, gpu_forward;  // GPU: the batch's ratings; per sample prediction, error, |p|^2, |q|^2
-    DeviceBuffer gpu_user, gpu_item;       // GPU: ids copied from the host (a batch without gpu_user, a prediction)
+    DeviceBuffer gpu_rating, gpu_forward;  // GPU: the step's ratings; per sample prediction, error, |p|^2, |q|^2
+    DeviceBuffer gpu_user, gpu_item;       // GPU: the step's ids (and a prediction's, copied from the host)
+    struct MfStepInputs *gpu_step;         // GPU: where the step's batch is and its step size (mf_prepare_step)
+    double *gpu_step_loss;                 // GPU: the step's loss share, until mf_end_step keeps it
     struct GpuGroups *gpu_users, *gpu_items;  // GPU: the batch's rows of each, found by gpu_sort_groups
     float *forward;                        // the host's copy of gpu_forward
     int forward_capacity;
@@ -159,15 +163,25 @@ void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int 
 // RatingBatch: n >= 0 samples of global_n, at most max_n, the same max_n on every
 // rank; on a GPU rank its ids on the GPU, or copied there when gpu_user is NULL).
 // Collective (every rank calls it).
-//   mf_lookup: the rows of the batch's users and items (sharded: from their owners);
+//   mf_prepare_step: what changes from step to step, written before the step: Adam's step count
+//     and step size, and on a GPU rank, in device memory, where the batch is (ids from the host:
+//     copied to the step's buffers) and that step size. So the four calls after it read nothing
+//     that a CUDA graph would have frozen (train/step_graph.h): at world size 1 (no collective in
+//     the step) step 15 captures them once and replays them, for batches of the same n;
+//   mf_lookup: the batch into the step's buffers (GPU), then the rows of its users and items
+//     (sharded: from their owners);
 //   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses),
 //     and each row's gradient summed over the local samples;
 //   mf_exchange_gradients: the global batch's gradients (dense, sparse or sharded);
-//   mf_adam_step: SparseAdam on the rows the global batch touched.
+//   mf_adam_step: SparseAdam on the rows the global batch touched;
+//   mf_end_step: the step's loss share kept for mf_take_losses (on a GPU rank copied there on the
+//     GPU from the step's own slot, where a replayed step writes it too); the step is queued.
+void mf_prepare_step(Mf *model, const RatingBatch *batch);
 void mf_lookup(Mf *model, const RatingBatch *batch);
 void mf_forward_backward(Mf *model, const RatingBatch *batch);
 void mf_exchange_gradients(Mf *model);
 void mf_adam_step(Mf *model);
+void mf_end_step(Mf *model);
 // The global batch's loss of each step not yet handed over, in step order at *losses (valid until
 // the next step): how many. Collective: the ranks' shares summed (MPI_Allreduce in double). On a
 // CPU rank each step's at once (`due` or not: the loss is on the host already); on a GPU rank none

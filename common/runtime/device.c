@@ -442,14 +442,19 @@ void device_free(void *pointer) {
 #endif
 }
 
+static long g_buffer_moves;  // DeviceBuffers (re)allocated so far: see device_buffer_moves
+
 void *device_buffer_reserve(DeviceBuffer *buffer, size_t bytes) {
     if (bytes > buffer->bytes || !buffer->data) {
+        g_buffer_moves++;
         device_free(buffer->data);
         buffer->bytes = bytes + bytes / 2 + 256;
         buffer->data = device_alloc(buffer->bytes);
     }
     return buffer->data;
 }
+
+long device_buffer_moves(void) { return g_buffer_moves; }
 
 void device_buffer_free(DeviceBuffer *buffer) {
     device_free(buffer->data);

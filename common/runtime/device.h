@@ -81,6 +81,10 @@ typedef struct {
 } DeviceBuffer;
 void *device_buffer_reserve(DeviceBuffer *buffer, size_t bytes);
 void device_buffer_free(DeviceBuffer *buffer);
+// How many times device_buffer_reserve has (re)allocated a buffer in this process: when it changed,
+// some buffer may have moved, and a CUDA graph captured before holds its old address
+// (train/step_graph.h captures again).
+long device_buffer_moves(void);
 // The most bytes device_alloc held at once on this rank's GPU, as torch.cuda.max_memory_allocated()
 // counts them (0 on a CPU rank): what the model, its state and the activations took, without what the
 // CUDA context, cuBLAS and NCCL keep for themselves.

@@ -836,16 +836,30 @@ __global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const 
     }
 }
 
-// One thread: the CPU's sum in double, sample after sample (__dadd_rn, __dmul_rn: no FMA).
+// The CPU's sum in double, sample after sample (__dadd_rn, __dmul_rn: no FMA). One block: each
+// sample's term computed by a thread of its own, a chunk of MF_LOSS_THREADS samples at a time, then
+// added by thread 0 in the samples' order: the one thread's sequential sum of before, with the
+// same bits, that no longer waits for memory at every sample.
+#define MF_LOSS_THREADS 256
 __global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, double global_n, double *loss) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    double sum = 0.0;
-    for (int s = 0; s < n; s++) {
-        const double error = forward[4 * (size_t)s + 1];
-        const double norms = __dadd_rn((double)forward[4 * (size_t)s + 2], (double)forward[4 * (size_t)s + 3]);
-        sum = __dadd_rn(sum, __dadd_rn(__dmul_rn(error, error), __dmul_rn((double)weight_decay, norms)));
+    __shared__ double terms[MF_LOSS_THREADS];
+    const int t = threadIdx.x;
+    double sum = 0.0;  // (thread 0's)
+    for (int base = 0; base < n; base += MF_LOSS_THREADS) {
+        const int s = base + t;
+        if (s < n) {
+            const double error = forward[4 * (size_t)s + 1];
+            const double norms = __dadd_rn((double)forward[4 * (size_t)s + 2], (double)forward[4 * (size_t)s + 3]);
+            terms[t] = __dadd_rn(__dmul_rn(error, error), __dmul_rn((double)weight_decay, norms));
+        }
+        __syncthreads();
+        if (t == 0) {
+            const int chunk = n - base < MF_LOSS_THREADS ? n - base : MF_LOSS_THREADS;
+            for (int k = 0; k < chunk; k++) sum = __dadd_rn(sum, terms[k]);
+        }
+        __syncthreads();  // thread 0 is done with the chunk before it is written again
     }
-    *loss = __ddiv_rn(sum, global_n);
+    if (t == 0) *loss = __ddiv_rn(sum, global_n);
 }
 
 __global__ void embedding_backward_kernel(const float *forward, float scale, const int *start, const int *sample,
@@ -867,10 +881,19 @@ __global__ void embedding_backward_kernel(const float *forward, float scale, con
     }
 }
 
+__global__ void mf_take_batch_kernel(const MfStepInputs *inputs, int n, int *user, int *item, float *rating) {
+    for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
+        user[s] = inputs->user[s];
+        item[s] = inputs->item[s];
+        rating[s] = inputs->rating[s];
+    }
+}
+
 __global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                                   const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                                   const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
                                    float one_minus_beta1, float one_minus_beta2, float eps) {
     const size_t total = (size_t)counted(count, n_max) * dim;
+    const float minus_step_size = inputs->minus_step_size;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         if (flags && flags[i / dim] == 0.0f) continue;  // (dense) a row no rank touched
         size_t at = (rows ? (size_t)rows[i / dim] : i / dim) * dim + i % dim;
@@ -953,7 +976,7 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
 }
 
 void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream) {
-    mf_loss_kernel<<<1, 1, 0, stream>>>(forward, n, weight_decay, global_n, loss);
+    mf_loss_kernel<<<1, MF_LOSS_THREADS, 0, stream>>>(forward, n, weight_decay, global_n, loss);
     CHECK_LAUNCH("mf_loss_kernel");
 }
 
@@ -966,12 +989,18 @@ void gpu_embedding_backward(const float *forward, float scale, const int *start,
     CHECK_LAUNCH("embedding_backward_kernel");
 }
 
+void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream) {
+    if (n <= 0) return;
+    mf_take_batch_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(inputs, n, user, item, rating);
+    CHECK_LAUNCH("mf_take_batch_kernel");
+}
+
 void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                     const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                     const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
                      float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
     if (n_max <= 0) return;
     sparse_adam_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
-        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, minus_step_size, one_minus_beta1,
+        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, inputs, one_minus_beta1,
         one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }

@@ -161,7 +161,7 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
                     const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
                     const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream);
 // *loss = the sum over s < n of error^2 + weight_decay (|p|^2 + |q|^2), in double and in the
-// samples' order, / global_n: mf.c's arithmetic, one thread.
+// samples' order, / global_n: mf.c's arithmetic (the terms in parallel, their sum by one thread).
 void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream);
 // A table's gradient rows j < *count, a thread per element: row j sums, over its samples
 // sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
@@ -169,10 +169,22 @@ void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_
 void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, const int *count,
                             int n_max, int dim, const float *self, const float *other, const int *other_slot,
                             float decay, float *grad, cudaStream_t stream);
+// What changes from one training step to the next, in device memory written before the step
+// (mf_prepare_step), so that a step replayed from a CUDA graph reads it there, not in its kernels'
+// captured arguments: where the batch's samples are (its slice of the epoch's ratings on the GPU)
+// and SparseAdam's step size, -lr sqrt(1 - beta2^t) / (1 - beta1^t), computed on the host.
+typedef struct MfStepInputs {
+    const int *user, *item;
+    const float *rating;
+    float minus_step_size;
+} MfStepInputs;
+// The batch's n samples from where inputs says into the step's own buffers (user, item, rating).
+void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream);
 // torch.optim.SparseAdam on rows[j] (NULL: j) of weight and its moments with gradient row grad[j],
-// j < *count, skipping the rows whose flags[j] is 0 (flags NULL: none skipped); mf.c's arithmetic.
+// j < *count, skipping the rows whose flags[j] is 0 (flags NULL: none skipped); mf.c's arithmetic,
+// the step size read from inputs->minus_step_size.
 void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                     const float *grad, const int *count, int n_max, int dim, float minus_step_size,
+                     const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
                      float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
 
 // ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)

@@ -13,6 +13,14 @@ StepGraph step_graph_new(Device device, bool enabled) {
 
 bool step_graph_replay(StepGraph *graph, int rows) {
 #if HAVE_CUDA
+    if (graph->graph && device_buffer_moves() != graph->buffer_moves) {
+        // A scratch buffer moved since the capture (step 15's evaluation between epochs grows the
+        // ones its step uses): the graph would use the old address. Dropped, then captured again
+        // after a warm-up step, as the first time.
+        device_graph_free(graph->graph);
+        graph->graph = NULL;
+        graph->captured_rows = graph->eager_rows = 0;
+    }
     if (graph->graph && rows == graph->captured_rows) {
         device_graph_launch(graph->graph);
         graph->replays++;
@@ -30,6 +38,8 @@ void step_graph_begin(StepGraph *graph, int rows) {
     if (capture) {
         device_graph_begin();
         graph->capturing = true;
+        graph->captures++;
+        graph->buffer_moves = device_buffer_moves();
         graph->captured_rows = rows;
         return;
     }

@@ -44,10 +44,14 @@ typedef struct {
     bool capturing;
     struct DeviceGraph *graph;
     long replays;              // steps replayed from the graph
+    int captures;              // graphs captured: 1, or more where a buffer the step uses moved (step_graph_replay)
+    long buffer_moves;         // device_buffer_moves() at the capture
 } StepGraph;
 
 StepGraph step_graph_new(Device device, bool enabled);
-// Launches the captured step if it holds a batch of `rows`; false (nothing done) otherwise.
+// Launches the captured step if it holds a batch of `rows`; false (nothing done) otherwise. A graph
+// captured before a DeviceBuffer moved (device_buffer_moves) is dropped first, and captured again
+// after the next eager step of the shape: what runs between steps may grow the step's buffers.
 bool step_graph_replay(StepGraph *graph, int rows);
 // Before an eager step of `rows`: captures it (then step_graph_end launches it) when graphs are on,
 // none is captured yet, and the step before had the same rows (the warm-up).

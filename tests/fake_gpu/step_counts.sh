@@ -39,6 +39,8 @@ add 11 2 day2/11_multinode_streaming --h5 "$out/mnist.h5" --batch_size 2000 --pl
 add 13 2 day3/13_fault_tolerant_ddp "${mnist[@]}" --total_epochs 2 --snapshot "$out/13_snapshot.h5"
 add 14 2 day3/14_cnn_ddp --data "$DATA" --batch_size 64 --plot '' --device cuda --max_steps 12
 add 15 2 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
+# Step 15 on 1 rank: no collective in its step, so it is replayed from a CUDA graph (--cuda_graph on).
+add 15-1 1 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
 add 16 2 day4/16_pipeline_ddp "${mnist[@]}" --epochs 1 --pp 2 --micro_batches 4
 add 17 2 day4/17_tensor_parallel "${mnist[@]}" --epochs 1 --tp 2
 add 18 2 day4/18_zero_sharding "${mnist[@]}" --epochs 1 --zero 3
@@ -47,12 +49,12 @@ add 19 2 day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_
 add 20 2 day5/20_gpt_3d --pp 2 --micro_batches 2 --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
     --max_iters 12 --eval_interval 12 --eval_iters 2 --sample 0 --plot '' --device cuda
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 15 16 17 18 19 20)
+[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 15 15-1 16 17 18 19 20)
 
 for name in "${names[@]}"; do
     [ -n "${command[$name]:-}" ] || { echo "step_counts.sh: no program $name" >&2; exit 2; }
     # Step 15's --synthetic writes its ratings into its --data folder: one of our own, never data/movielens.
-    if [ "$name" = 15 ]; then
+    if [ "$name" = 15 ] || [ "$name" = 15-1 ]; then
         mkdir -p "$out/movielens"
         day3/15_recommender_ddp --data "$out/movielens" --synthetic 20000 > /dev/null 2>&1
     fi

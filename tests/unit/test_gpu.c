@@ -483,17 +483,21 @@ static void test_mf(void) {
             }
             RatingBatch batch = {.user = user, .item = item, .rating = rating, .n = n, .global_n = BATCH, .max_n = BATCH};
             const double *loss_cpu, *loss_gpu;
+            mf_prepare_step(cpu, &batch);
             mf_lookup(cpu, &batch);
             mf_forward_backward(cpu, &batch);
             mf_exchange_gradients(cpu);
             mf_adam_step(cpu);
+            mf_end_step(cpu);
             int taken_cpu = mf_take_losses(cpu, false, &loss_cpu);
             losses_differ += taken_cpu != 1;
             cpu_losses[step] = taken_cpu == 1 ? loss_cpu[0] : NAN;
-            mf_lookup(gpu, &batch);  // (the ids from the host: copied to the GPU)
+            mf_prepare_step(gpu, &batch);  // (the ids from the host: copied to the GPU)
+            mf_lookup(gpu, &batch);
             mf_forward_backward(gpu, &batch);
             mf_exchange_gradients(gpu);
             mf_adam_step(gpu);
+            mf_end_step(gpu);
             // The GPU's stay there until due: the steps' losses in one hand-over, at the last.
             int taken_gpu = mf_take_losses(gpu, step == STEPS - 1, &loss_gpu);
             losses_differ += taken_gpu != (step == STEPS - 1 ? STEPS : 0);
