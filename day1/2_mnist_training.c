@@ -42,16 +42,15 @@
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);  // a world of one: MPI only so that every step shares one skeleton
     TrainOptions opt = TRAIN_OPTIONS_DEFAULTS("img/2_mnist_training.png");
-    const char *cuda_graph = "on", *dtype = "float32";
+    const char *cuda_graph = "on";
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs)", 0, "on|off"},
-        {"dtype", ARG_STRING, &dtype, "float32|bfloat16", "the matrix products' precision: bfloat16 operands, float32 sums and weights (torch.autocast)", 0, "float32|bfloat16"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 2: train the MLP on MNIST in one process.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
-    matmul_set_dtype(matmul_dtype_from_flag(dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);

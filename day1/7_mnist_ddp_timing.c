@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     if (results) scaling_results_check(results);  // a corrupt file is refused before the run, not after it
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);

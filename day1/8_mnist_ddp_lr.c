@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
     LossLog one_process = {0};  // read now: a bad file should not wait for the end of training
     if (compare) one_process = loss_log_read_csv(compare, "--compare");
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);

@@ -52,6 +52,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 10: DDP across nodes (lr x world size).");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);

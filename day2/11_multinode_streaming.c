@@ -100,6 +100,7 @@ int main(int argc, char **argv) {
     int groups_per_batch = opt.batch_size / H5_GROUP_SIZE;  // 64 groups of 100 samples
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     if (workers == 0) workers = h5_stream_default_workers(device);
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     const int sizes[] = {MNIST_PIXELS, 128, MNIST_CLASSES};

@@ -107,6 +107,7 @@ int main(int argc, char **argv) {
     bool save_errors_continue = strcmp(save_errors, "continue") == 0;
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     int rank = dist_rank(), world = dist_world_size();
     if (fail_rank == -1) fail_rank = world - 1;
     if (fail_rank >= world) usage_error("--fail_rank %d: the ranks are 0 to %d", fail_rank, world - 1);

@@ -74,6 +74,7 @@ int main(int argc, char **argv) {
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what the flags will allocate on this rank, refused now if it would not fit (exit 2).
     MemoryNeed need = memory_need("--batch_size %d", opt.batch_size);
     cnn_add_memory_need(&need, opt.batch_size);  // about 1 MB a sample

@@ -249,6 +249,7 @@ int main(int argc, char **argv) {
         usage_error("--micro_batches %d: expected a divisor of --batch_size %d", micro_batches, opt.batch_size);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: this rank's stage, refused now if it would not fit (exit 2): its layers' state, and as
     // many micro-batches' activations as the schedule keeps in flight on it (GPipe M, 1F1B P - stage).
     Schedule schedule = schedule_new(kind, pp, micro_batches);

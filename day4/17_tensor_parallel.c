@@ -403,6 +403,7 @@ int main(int argc, char **argv) {
                         "multiple of it", tp, sizes[l + 1], 2 * l);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory, per rank, refused now if it would not fit (exit 2): the model's state as the report
     // at the end counts it (16 B a weight of its share: value, gradient, Adam's two moments), DDP's
     // copy of the gradients, and every layer's output and its gradient (its 1/T of a split layer's).

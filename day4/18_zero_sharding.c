@@ -441,6 +441,7 @@ int main(int argc, char **argv) {
     mlp_describe_sizes(sizes, n_sizes, model_name, sizeof model_name);
     Device device = device_from_flag(opt.device);
     threads_init(opt.threads);
+    matmul_set_dtype(matmul_dtype_from_flag(opt.dtype));  // with torch.autocast(device_type, dtype=torch.bfloat16):
     // Memory: what this stage keeps on each rank (the theory the report shows at the end), refused
     // now if it would not fit (exit 2).
     MemoryNeed need = memory_need("--hidden %s --zero %d%s --batch_size %d (%d rank%s)", hidden, zero,

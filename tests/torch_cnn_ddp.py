@@ -7,6 +7,7 @@ torch_mnist_ddp.py does. Needs Debian's python3-torch (python3-h5py for
 usage: python3 torch_cnn_ddp.py MNIST_DIR WORLD_SIZE [--epochs N] [--batch N]
            [--lr X] [--seed N] [--no-shuffle] [--max-steps N] [--init ckpt.h5]
            [--save-init ckpt.h5] [--threads N] [--device cpu|cuda]
+           [--dtype float32|bfloat16]   (bfloat16: forward, loss and test under torch.autocast)
 prints: one JSON line with wall times, per-step losses (rank 0's), test loss,
 test accuracy and the confusion matrix (rows: true class).
 """
@@ -80,6 +81,7 @@ def worker(rank, ws, a, q):
     model = DDP(model.to(dev), device_ids=[rank] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     crit = nn.CrossEntropyLoss()
+    autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
     losses = []
     epochs = a.epochs if a.max_steps < 0 else -(-a.max_steps // len(loader))
     dist.barrier()
@@ -91,7 +93,8 @@ def worker(rank, ws, a, q):
                 break
             data, target = data.to(dev), target.to(dev)
             opt.zero_grad()
-            loss = crit(model(data), target)
+            with autocast:
+                loss = crit(model(data), target)
             loss.backward()
             opt.step()
             losses.append(loss.item())
@@ -101,8 +104,8 @@ def worker(rank, ws, a, q):
     t_train = time.time() - t0
     if rank == 0:
         xt, yt = load(a.mnist, "test")
-        with torch.no_grad():
-            logits = torch.cat([model(xt[i:i + 1000].to(dev)).cpu() for i in range(0, len(xt), 1000)])
+        with torch.no_grad(), autocast:
+            logits = torch.cat([model(xt[i:i + 1000].to(dev)).float().cpu() for i in range(0, len(xt), 1000)])
         test_loss = nn.functional.cross_entropy(logits, yt, reduction="sum").item() / len(yt)
         pred = logits.argmax(1)
         confusion = torch.zeros(10, 10, dtype=torch.long)
@@ -124,6 +127,7 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=0, help="per rank (0: the cores / world size)")
     p.add_argument("--port", type=int, default=29521)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     a = p.parse_args()
     t = time.time()
     ctx = mp.get_context("spawn"); q = ctx.SimpleQueue()

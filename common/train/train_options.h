@@ -23,6 +23,7 @@ typedef struct {
     const char *losses;  // CSV "step,epoch,loss", one line per optimizer step (rank 0)
     const char *plot;    // loss-curve PNG
     const char *device;  // cpu | cuda | auto
+    const char *dtype;   // float32 | bfloat16: the matrix products' precision (tensor.h's matmul_set_dtype)
     int threads;         // CPU threads of this rank; 0: its share of the node's cores
     TrackingOptions tracking;  // --mlflow, --experiment, --run_name: where rank 0 logs the run
 } TrainOptions;
@@ -30,7 +31,7 @@ typedef struct {
 // The workshop's defaults: MLP trained with Adam (lr 1e-3), batch 6400, 5 epochs.
 #define TRAIN_OPTIONS_DEFAULTS(plot_path)                                                 \
     (TrainOptions) { .data = "data/mnist", .epochs = 5, .batch_size = 6400, .lr = 1e-3,   \
-                     .seed = 0, .plot = (plot_path), .device = "auto" }
+                     .seed = 0, .plot = (plot_path), .device = "auto", .dtype = "float32" }
 
 #define TRAIN_FLAGS(o) TRAIN_FLAGS_WITH_EPOCHS(o, "epochs")
 // The same flags with another name for --epochs: step 13 takes the DDP
@@ -47,5 +48,6 @@ typedef struct {
     {"losses", ARG_OUTPUT, &(o).losses, "FILE.csv", "write step,epoch,loss per step (rank 0)", 0, NULL}, \
     {"plot", ARG_OUTPUT_OR_NONE, &(o).plot, "FILE.png", "loss-curve PNG ('' for none)", 0, NULL},         \
     {"device", ARG_STRING, &(o).device, "DEV", "where to compute (auto: the GPU when every rank has one)", 0, "cpu|cuda|auto"}, \
+    {"dtype", ARG_STRING, &(o).dtype, "TYPE", "the matrix products' precision: bfloat16 operands, float32 sums and weights (torch.autocast)", 0, "float32|bfloat16"}, \
     {"threads", ARG_INT, &(o).threads, "N", "CPU threads per rank, as torch.set_num_threads (0: the node's cores / its ranks)", 0, NULL}, \
     TRACKING_FLAGS((o).tracking)
