@@ -309,8 +309,9 @@ int main(int argc, char **argv) {
     double flops_per_iter = gpt_flops_per_token(model, o.block_size) * global_batch * o.block_size;
     double peak = o.max_iters > 0 ? sgemm_peak_flops(device, device == DEVICE_CUDA ? 2048 : 1024, 5) : 0.0;
     if (o.max_iters > 0)
-        print0("%.2f GFLOP per iteration (6 N + 12 L H Q T per token, as nanoGPT counts); this rank's sgemm peak %.1f "
-               "GFLOP/s, measured\n", flops_per_iter / 1e9, peak / 1e9);
+        print0("%.2f GFLOP per iteration (6 N + 12 L H Q T per token, as nanoGPT counts); this rank's %s peak %.1f "
+               "GFLOP/s, measured\n", flops_per_iter / 1e9,
+               matmul_dtype() == MATMUL_BFLOAT16 ? "bfloat16 GEMM" : "sgemm", peak / 1e9);  // (gemm's, in --dtype)
 
     Rng train_rng, eval_rng;
     rng_seed(&train_rng, (uint64_t)o.seed);      // the training windows
