@@ -424,21 +424,23 @@ else
     s19=(day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
          --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --dropout 0.1 --sample 20 --plot '')
     # With --dtype bfloat16 (cublasGemmEx and cublasGemmBatchedEx against the CPU's GEMMs of the same
-    # rounded operands) within 1e-4: where a float32 sum in another order lands an operand on the
-    # other side of a bfloat16 rounding, that value moves by 2^-8 (the validation loss is not compared).
+    # rounded operands) the losses within 1e-4 and the weights within 1e-3: where a float32 sum in
+    # another order (cuBLAS's bias gradients) lands an operand on the other side of a bfloat16
+    # rounding, that value moves by 2^-8 (simulated: 3.4e-6 and 1.8e-4; the validation loss is not
+    # compared).
     runs=("1 philox float32" "1 torch float32" "1 philox bfloat16")
     [ "$gpus" -ge 4 ] && runs+=("4 philox float32")
     for run in "${runs[@]}"; do
         read -r np rng dtype <<< "$run"
         batch=$((8 / np))  # the same global batch of 8 windows at either world size
-        c="$tmp/g19c_${np}_${rng}_$dtype" g="$tmp/g19g_${np}_${rng}_$dtype" tol=1e-5
-        [ "$dtype" = bfloat16 ] && tol=1e-4
+        c="$tmp/g19c_${np}_${rng}_$dtype" g="$tmp/g19g_${np}_${rng}_$dtype" tol=1e-5 weights_tol=1e-5
+        [ "$dtype" = bfloat16 ] && tol=1e-4 weights_tol=1e-3
         mpi $np "${s19[@]}" --batch_size $batch --dropout_rng $rng --dtype $dtype --device cpu --losses "$c.csv" --save "$c.h5" > "$c" 2>&1
         mpi $np "${s19[@]}" --batch_size $batch --dropout_rng $rng --dtype $dtype --losses "$g.csv" --save "$g.h5" > "$g" 2>&1
         status=$?
         verdict=$(same_losses "$c.csv" "$g.csv" $tol)
         same=$?
-        weights=$(build/tools/compare_h5_weights "$c.h5" "$g.h5" $tol 2>&1)
+        weights=$(build/tools/compare_h5_weights "$c.h5" "$g.h5" $weights_tol 2>&1)
         close=$?
         bits=$([ "$(checksum "$c")" = "$(checksum "$g")" ] && echo "the same bits" || echo "not bit for bit")
         cpu_val=$(val_loss19 "$c" 12) gpu_val=$(val_loss19 "$g" 12)
