@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include <cblas.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include "base/check.h"
 #include "base/cpu_dispatch.h"
@@ -223,6 +225,22 @@ static inline void causal_softmax_row(float *restrict row, int n, int T) {
 static float *g_rounded_qkv, *g_rounded_grad_y, *g_pair_rounded;
 static size_t g_rounded_qkv_count, g_rounded_grad_y_count, g_pair_rounded_count;
 
+// This thread's number in the pairs' loop, and how many there can be (1 and 0 in a build without OpenMP).
+static int thread_slots(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+static int thread_slot(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 static float *grown(float **buffer, size_t *count, size_t n) {
     if (n > *count) {
         free(*buffer);
@@ -242,7 +260,7 @@ static const float *rounded_whole(float **buffer, size_t *count, const float *x,
 // The calling thread's [T, T] block holding x rounded (x itself with float32 matmuls).
 static const float *pair_operand(const float *x, int T, bool bf16) {
     if (!bf16) return x;
-    float *mine = g_pair_rounded + (size_t)omp_get_thread_num() * T * T;
+    float *mine = g_pair_rounded + (size_t)thread_slot() * T * T;
     for (int i = 0; i < T * T; i++) mine[i] = round_to_bfloat16(x[i]);
     return mine;
 }
@@ -260,7 +278,7 @@ CPU_DISPATCHED static void cpu_attention_forward(const float *qkv, int B, int T,
     const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
     if (bf16) {
         qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
-        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)omp_get_max_threads() * T * T);
+        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)thread_slots() * T * T);
     }
 #pragma omp parallel for schedule(static)
     for (int pair = 0; pair < B * n_head; pair++) {
@@ -292,7 +310,7 @@ CPU_DISPATCHED static void cpu_attention_backward(const float *qkv, const float 
     if (bf16) {  // (the products' operands; the softmax's backward reads qkv's att, not these)
         qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
         grad_y = rounded_whole(&g_rounded_grad_y, &g_rounded_grad_y_count, grad_y, (size_t)B * T * C);
-        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)omp_get_max_threads() * T * T);
+        grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)thread_slots() * T * T);
     }
 #pragma omp parallel for schedule(static)
     for (int pair = 0; pair < B * n_head; pair++) {
