@@ -12,7 +12,9 @@
 // evaluates its share of the test set and rank 0 prints what the tutorial's
 // Trainer reports: test loss and accuracy, per-class precision, recall and
 // F1, and the confusion matrix. --max_steps N stops after N optimizer steps
-// (Hugging Face's max_steps: it overrides --epochs).
+// (Hugging Face's max_steps: it overrides --epochs). On one GPU the step is
+// replayed from a CUDA graph (--cuda_graph, as in steps 2 and 15): at world
+// size 1 DDP has nothing to reduce, so the step holds no collective.
 //
 // Build and run:
 //   make day3/14_cnn_ddp
@@ -41,6 +43,7 @@
 //   Loss curve: img/14_cnn_ddp.png
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/args.h"              // args_parse: the flags and --help
 #include "base/check.h"             // CHECK_MPI, xmalloc: fail fast, on every rank
@@ -55,6 +58,7 @@
 #include "runtime/memory_budget.h"  // memory_need, memory_require: refuse what would not fit, before allocating
 #include "runtime/threads.h"        // threads_init: this rank's CPU threads
 #include "train/divergence.h"       // check_loss_finite: a loss that is nan or inf stops the run, on every rank
+#include "train/step_graph.h"       // StepGraph: the step replayed from a CUDA graph on a GPU (--cuda_graph)
 #include "train/step_losses.h"      // step_losses_take_all: each step's loss, read when the program prints
 #include "train/metrics.h"          // ConfusionMatrix, classification_report: the evaluation's tables
 #include "train/train_options.h"    // TrainOptions, TRAIN_FLAGS: the flags every training program takes
@@ -66,10 +70,12 @@ int main(int argc, char **argv) {
     opt.batch_size = 64;  // of 64 images per rank
     double bucket_mb = 25.0;  // PyTorch's default bucket_cap_mb
     int max_steps = -1;
+    const char *cuda_graph = "on";
     ArgSpec flags[] = {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
+        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs; world size 1)", 0, "on|off"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
@@ -111,6 +117,13 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
     StepLosses pending = step_losses_new(steps_per_epoch, device);
+    // On one GPU the step is captured into a CUDA graph and replayed: one launch a step, not ~50
+    // (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a warm-up).
+    // With more ranks the step holds DDP's allreduces (NCCL's, on a stream of their own; MPI's, on
+    // host copies, where ranks share a GPU), which our simulated GPU cannot capture yet: those steps
+    // run eagerly.
+    bool graph_wanted = strcmp(cuda_graph, "on") == 0 && device == DEVICE_CUDA;
+    StepGraph graph = step_graph_new(device, graph_wanted && world == 1);
 
     int steps = 0;
     double train_start = wall_seconds();
@@ -122,13 +135,19 @@ int main(int argc, char **argv) {
         double loss_sum = 0.0;
         for (int b = 0; b < steps_per_epoch && steps != max_steps; b++) {
             Tensor x = mnist_batch(&train, &sampler, b, opt.batch_size, &batch_images, batch_labels);  // [rows, 784]
-            cnn_zero_grad(model);                         // optimizer.zero_grad()
-            cnn_forward(model, &x);                       // output = model(data)
-            cnn_loss_to(model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
-                        step_losses_next(&pending));
-            cnn_backward(model, ddp_grad_ready, &ddp);    // loss.backward(): buckets start here
-            ddp_finish(&ddp);                             // all buckets reduced, grads averaged
-            adam_step(&optimizer);                        // optimizer.step()
+            adam_prepare_step(&optimizer);                // (the step's Adam coefficients, on the GPU before the graph)
+            if (!step_graph_replay(&graph, x.rows)) {     // g.replay(), where the graph holds this batch's shape
+                step_graph_begin(&graph, x.rows);         // (with torch.cuda.graph(g): once, after a warm-up step)
+                cnn_zero_grad(model);                     // optimizer.zero_grad()
+                cnn_forward(model, &x);                   // output = model(data)
+                cnn_loss_to(model, batch_labels, mnist_batch_device_labels(&train),  // loss = criterion(output, target)
+                            step_graph_loss(&graph));
+                cnn_backward(model, ddp_grad_ready, &ddp);  // loss.backward(): buckets start here
+                ddp_finish(&ddp);                         // all buckets reduced, grads averaged
+                adam_apply_step(&optimizer);              // optimizer.step()
+                step_graph_end(&graph);
+            }
+            step_graph_hand_loss(&graph, step_losses_next(&pending));  // losses.append(loss.detach())
             samples += (long)x.rows * world;
             epoch_steps++;
             steps++;
@@ -152,6 +171,13 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
+    if (graph.enabled)
+        print0("CUDA graph: %ld of %d steps replayed from %d capture%s (--cuda_graph off: each kernel launched by itself)\n",
+               graph.replays, steps, graph.captures, graph.captures == 1 ? "" : "s");
+    else if (graph_wanted)
+        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds DDP's allreduces (NCCL's, on a stream "
+               "of their own, or MPI's on host copies, where ranks share a GPU), which the simulated GPU cannot capture "
+               "yet; each kernel launched by itself\n", steps, world);
     check_weights_finite(model->params, model->n_params, losses.n, epochs, run);  // the last step's update
 
     // Evaluation: rank r takes test images [r N / W, (r + 1) N / W), and the
@@ -206,6 +232,7 @@ int main(int argc, char **argv) {
     free(batch_labels);
     loss_log_free(&losses);
     step_losses_free(&pending);
+    step_graph_free(&graph);
     adam_free(&optimizer);
     ddp_free(&ddp);
     cnn_free(model);

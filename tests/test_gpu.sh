@@ -109,6 +109,7 @@ gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every elemen
     "step 12 --device cuda at 1, 2, 3 and 4 ranks: every collective verified, the demo as on the CPU"
     "step 12 --device cuda: a wrong element fails the run, named"
     "step 14: CPU and GPU per-step losses from the same --init" "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64"
+    "step 14 on 2 GPU ranks runs each step eagerly" "step 14's CUDA graph: the eager steps' losses and weights bit for bit"
     "step 14 on the GPU refuses a batch past its int pooling indexes"
     "step 15 on the GPU: dense, sparse and sharded embeddings take the CPU's steps at 1 and 2 ranks"
     "step 15's CUDA graph: the eager steps' losses and weights bit for bit (dense, sparse, sharded)"
@@ -354,6 +355,23 @@ status=$?
 checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/cnn_g2" | sort -u | wc -l)
 expect "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (40 steps): $verdict; both ranks end bit-identical" \
     test $status -eq 0 -a "$checksums" -eq 1
+# With more ranks the step holds DDP's allreduces: no graph, and the run says so.
+expect "step 14 on 2 GPU ranks runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of 40 steps replayed: with 2 ranks' "$tmp/cnn_g2")" \
+    grep -q '^CUDA graph: 0 of 40 steps replayed: with 2 ranks' "$tmp/cnn_g2"
+# Step 14's CUDA graph (--cuda_graph, on by default; 1 rank: DDP has nothing to reduce, so the step
+# holds no collective): the steps replayed take the eager steps' losses and weights bit for bit. On a
+# GPU, 2 epochs of 938 steps: the first step is the warm-up before the capture, and each epoch's last
+# batch (32 images) runs eagerly, so 1873 replayed. On the simulated GPU (minutes an epoch), 40 steps.
+if grep -q -- '-lfakegpu' build/flags 2> /dev/null; then cnn_run=(--max_steps 40) cnn_replayed="39 of 40"
+else cnn_run=(--epochs 2) cnn_replayed="1873 of 1876"; fi
+day3/14_cnn_ddp --device cuda "${cnn_run[@]}" --losses "$tmp/cnn_graph.csv" --save "$tmp/cnn_graph.h5" --plot '' > "$tmp/cnn_graph" 2>&1
+day3/14_cnn_ddp --device cuda "${cnn_run[@]}" --losses "$tmp/cnn_eager.csv" --save "$tmp/cnn_eager.h5" --plot '' \
+    --cuda_graph off > "$tmp/cnn_eager" 2>&1
+expect "step 14's CUDA graph ($(grep -o '[0-9]* of [0-9]* steps replayed from [0-9]* capture' "$tmp/cnn_graph")): the eager steps' losses and weights, bit for bit" \
+    eval 'grep -q "^CUDA graph: $cnn_replayed steps replayed from 1 capture" "$tmp/cnn_graph" &&
+          ! grep -q "^CUDA graph" "$tmp/cnn_eager" && test -s "$tmp/cnn_graph.csv" &&
+          cmp -s "$tmp/cnn_graph.csv" "$tmp/cnn_eager.csv" &&
+          build/tools/compare_h5_weights "$tmp/cnn_graph.h5" "$tmp/cnn_eager.h5" 0 > /dev/null 2>&1'
 
 # Past batch 85598 the first pool's argmax (int indices into 32 x batch x 28 x 28)
 # would wrap; a GPU has no host memory expect to refuse it first, as the CPU does.

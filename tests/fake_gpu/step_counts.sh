@@ -38,6 +38,8 @@ add 10 2 day2/10_mnist_ddp_multinode "${mnist[@]}" --epochs 2
 add 11 2 day2/11_multinode_streaming --h5 "$out/mnist.h5" --batch_size 2000 --plot '' --device cuda --epochs 2
 add 13 2 day3/13_fault_tolerant_ddp "${mnist[@]}" --total_epochs 2 --snapshot "$out/13_snapshot.h5"
 add 14 2 day3/14_cnn_ddp --data "$DATA" --batch_size 64 --plot '' --device cuda --max_steps 12
+# Step 14 on 1 rank: DDP has nothing to reduce, so its step is replayed from a CUDA graph (--cuda_graph on).
+add 14-1 1 day3/14_cnn_ddp --data "$DATA" --batch_size 64 --plot '' --device cuda --max_steps 12
 add 15 2 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
 # Step 15 on 1 rank: no collective in its step, so it is replayed from a CUDA graph (--cuda_graph on).
 add 15-1 1 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
@@ -49,7 +51,7 @@ add 19 2 day5/19_gpt --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_
 add 20 2 day5/20_gpt_3d --pp 2 --micro_batches 2 --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
     --max_iters 12 --eval_interval 12 --eval_iters 2 --sample 0 --plot '' --device cuda
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 15 15-1 16 17 18 19 20)
+[ ${#names[@]} -gt 0 ] || names=(2 3 4 5 6 7 8 10 11 13 14 14-1 15 15-1 16 17 18 19 20)
 
 for name in "${names[@]}"; do
     [ -n "${command[$name]:-}" ] || { echo "step_counts.sh: no program $name" >&2; exit 2; }
