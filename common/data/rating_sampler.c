@@ -82,20 +82,47 @@ typedef struct {
     float rating;
 } Record;
 
+// The epoch's arrays on the GPU, from page-locked memory: queued, no wait.
+static void upload_epoch(RatingSampler *s) {
+#if HAVE_CUDA
+    if (s->device == DEVICE_CUDA && s->n_mine > 0) {
+        cudaStream_t stream = device_stream();
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_user, s->epoch_user, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_item, s->epoch_item, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(s->gpu_rating, s->epoch_rating, (size_t)s->n_mine * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream));
+        CHECK_CUDA(cudaEventRecord((cudaEvent_t)s->copied, stream));
+    }
+#else
+    (void)s;
+#endif
+}
+
 void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
     int world = s->world;
     long n = s->n_total;
-    int *position = xmalloc((size_t)n * sizeof(int) + 1);  // position[t]: where training rating t comes this epoch
+    int *perm = NULL;  // perm[p]: the training rating at position p this epoch (NULL: no shuffle, rating p)
     if (s->shuffle) {
-        int *perm = xmalloc((size_t)n * sizeof(int) + 1);
+        perm = xmalloc((size_t)n * sizeof(int) + 1);
         Rng rng;
         rng_seed(&rng, s->seed + (uint64_t)epoch);  // as DistributedSampler: a new order every epoch
         rng_randperm(&rng, (int)n, perm);
-        for (long p = 0; p < n; p++) position[perm[p]] = (int)p;
-        free(perm);
-    } else {
-        for (long p = 0; p < n; p++) position[p] = (int)p;
     }
+    if (world == 1) {  // every rating stays, at its position (owner_of's slot is the position itself)
+        s->n_mine = n;
+        epoch_arrays(s);
+#pragma omp parallel for schedule(static)
+        for (long p = 0; p < n; p++) {
+            long t = perm ? perm[p] : p;
+            s->epoch_user[p] = s->user[t], s->epoch_item[p] = s->item[t], s->epoch_rating[p] = s->rating[t];
+        }
+        free(perm);
+        upload_epoch(s);
+        return;
+    }
+    int *position = xmalloc((size_t)n * sizeof(int) + 1);  // position[t]: where training rating t comes this epoch
+    for (long p = 0; p < n; p++) position[perm ? perm[p] : p] = (int)p;
+    free(perm);
     int *send_count = xcalloc((size_t)world, sizeof(int)), *receive_count = xcalloc((size_t)world, sizeof(int));
     int *send_offset = xcalloc((size_t)world + 1, sizeof(int)), *receive_offset = xcalloc((size_t)world + 1, sizeof(int));
     int *owner = xmalloc((size_t)s->n_local * sizeof(int) + 1);
@@ -134,16 +161,7 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
         s->epoch_rating[rec->slot] = rec->rating;
     }
     free(received);
-#if HAVE_CUDA
-    if (s->device == DEVICE_CUDA && s->n_mine > 0) {  // to the GPU, from page-locked memory: queued, no wait
-        cudaStream_t stream = device_stream();
-        CHECK_CUDA(cudaMemcpyAsync(s->gpu_user, s->epoch_user, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
-        CHECK_CUDA(cudaMemcpyAsync(s->gpu_item, s->epoch_item, (size_t)s->n_mine * sizeof(int), cudaMemcpyHostToDevice, stream));
-        CHECK_CUDA(cudaMemcpyAsync(s->gpu_rating, s->epoch_rating, (size_t)s->n_mine * sizeof(float), cudaMemcpyHostToDevice,
-                                   stream));
-        CHECK_CUDA(cudaEventRecord((cudaEvent_t)s->copied, stream));
-    }
-#endif
+    upload_epoch(s);
     free(send_count);
     free(receive_count);
     free(send_offset);
