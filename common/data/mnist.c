@@ -363,10 +363,8 @@ void sampler_set_epoch(DistributedSampler *s, int epoch) { sampler_set_epoch_fro
 void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_position) {
     CHECK(first_position >= 0 && first_position < s->dataset_size,
           "sampler: position %ld is not inside an epoch of %d samples", first_position, s->dataset_size);
-    if (s->shuffle) {
-        Rng rng;
-        rng_seed(&rng, s->seed + (uint64_t)epoch);  // a new, reproducible order every epoch
-        rng_randperm(&rng, s->dataset_size, s->order);
+    if (s->shuffle) {  // a new, reproducible order every epoch: randperm seeded seed + epoch (drawn ahead)
+        perm_ahead_take(&s->ahead, s->seed + (uint64_t)epoch, s->dataset_size, &s->order, s->seed + (uint64_t)epoch + 1);
     } else {
         for (int i = 0; i < s->dataset_size; i++) s->order[i] = i;
     }
@@ -383,6 +381,7 @@ void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_positio
 }
 
 void sampler_free(DistributedSampler *s) {
+    perm_ahead_free(&s->ahead);
     free(s->indices);
     free(s->order);
     *s = (DistributedSampler){0};

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/perm_ahead.h"        // PermAhead: the sampler's next shuffle
 #include "runtime/memory_budget.h"  // MemoryNeed
 #include "tensor/tensor.h"
 
@@ -89,6 +90,7 @@ typedef struct {
     int num_samples;  // per rank
     int *indices;     // [num_samples]: this rank's samples for the current epoch
     int *order;       // [dataset_size]: scratch for the permutation
+    PermAhead ahead;  // the next epoch's permutation, drawn on a thread while this one trains
     unsigned long serial;  // new at each sampler_set_epoch_from, unique in the process: a new `indices`
 } DistributedSampler;
 

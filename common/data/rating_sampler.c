@@ -102,11 +102,10 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
     int world = s->world;
     long n = s->n_total;
     int *perm = NULL;  // perm[p]: the training rating at position p this epoch (NULL: no shuffle, rating p)
-    if (s->shuffle) {
-        perm = xmalloc((size_t)n * sizeof(int) + 1);
-        Rng rng;
-        rng_seed(&rng, s->seed + (uint64_t)epoch);  // as DistributedSampler: a new order every epoch
-        rng_randperm(&rng, (int)n, perm);
+    if (s->shuffle) {  // as DistributedSampler: a new order every epoch, randperm seeded seed + epoch (drawn ahead)
+        if (!s->perm) s->perm = xmalloc((size_t)n * sizeof(int) + 1);
+        perm_ahead_take(&s->ahead, s->seed + (uint64_t)epoch, (int)n, &s->perm, s->seed + (uint64_t)epoch + 1);
+        perm = s->perm;
     }
     if (world == 1) {  // every rating stays, at its position (owner_of's slot is the position itself)
         s->n_mine = n;
@@ -116,13 +115,11 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
             long t = perm ? perm[p] : p;
             s->epoch_user[p] = s->user[t], s->epoch_item[p] = s->item[t], s->epoch_rating[p] = s->rating[t];
         }
-        free(perm);
         upload_epoch(s);
         return;
     }
     int *position = xmalloc((size_t)n * sizeof(int) + 1);  // position[t]: where training rating t comes this epoch
     for (long p = 0; p < n; p++) position[perm ? perm[p] : p] = (int)p;
-    free(perm);
     int *send_count = xcalloc((size_t)world, sizeof(int)), *receive_count = xcalloc((size_t)world, sizeof(int));
     int *send_offset = xcalloc((size_t)world + 1, sizeof(int)), *receive_offset = xcalloc((size_t)world + 1, sizeof(int));
     int *owner = xmalloc((size_t)s->n_local * sizeof(int) + 1);
@@ -182,6 +179,8 @@ RatingBatch rating_sampler_batch(const RatingSampler *s, int b) {
 }
 
 void rating_sampler_free(RatingSampler *s) {
+    perm_ahead_free(&s->ahead);
+    free(s->perm);
     if (s->device == DEVICE_CUDA) {
         device_synchronize();
         device_host_free(s->epoch_user), device_host_free(s->epoch_item), device_host_free(s->epoch_rating);

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/perm_ahead.h"  // PermAhead
 #include "runtime/device.h"
 
 typedef struct {
@@ -36,6 +37,8 @@ typedef struct {
     int batch_size, world, rank;
     bool shuffle;
     uint64_t seed;
+    int *perm;                // [n_total]: the epoch's permutation (shuffle)
+    PermAhead ahead;          // the next epoch's, drawn on a thread while this one trains
     // This epoch: this rank's slices of every global batch, one after the other.
     int n_batches;
     long n_mine;
