@@ -666,21 +666,23 @@ __device__ static int counted(const int *count, int n_max) {
 }
 
 // Exclusive prefix sum over the block of each thread's `value`, and the block's total: Hillis and
-// Steele's scan in shared memory, log2(SORT_THREADS) rounds; every thread of the block calls it.
+// Steele's scan in shared memory, log2(blockDim.x) rounds, for blocks of up to SORT_MAX_THREADS (a
+// power of two); every thread of the block calls it.
 #define SORT_THREADS 256
+#define SORT_MAX_THREADS 1024
 __device__ static int block_exclusive_scan(int value, int *total) {
-    __shared__ int scan[2][SORT_THREADS];
-    const int t = threadIdx.x;
+    __shared__ int scan[2][SORT_MAX_THREADS];
+    const int t = threadIdx.x, threads = blockDim.x;
     int in = 0;
     __syncthreads();  // the last call's readers are done with `scan`
     scan[0][t] = value;
     __syncthreads();
-    for (int offset = 1; offset < SORT_THREADS; offset *= 2) {
+    for (int offset = 1; offset < threads; offset *= 2) {
         scan[1 - in][t] = scan[in][t] + (t >= offset ? scan[in][t - offset] : 0);
         in = 1 - in;
         __syncthreads();
     }
-    *total = scan[in][SORT_THREADS - 1];
+    *total = scan[in][threads - 1];
     return scan[in][t] - value;
 }
 
@@ -743,6 +745,74 @@ __global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, i
             group_key[g] = key_a[k], group_start[g] = k;
         }
         const int p = pos_a[k];
+        group_of[p] = g;
+        order[k] = p / block * block_stride + p % block;
+    }
+    if (t == 0) *n_groups = groups, group_start[groups] = m;
+}
+
+// gpu_sort_groups for a batch's sizes (n <= SORT_SMALL_MAX, a key and a position in 31 bits): one
+// block of SORT_SMALL_THREADS, everything in shared memory. Entry p is one word, key <<
+// position_bits | p if it is valid, INVALID | p (above every valid word) if not: the words are
+// distinct and their order is (key, p)'s, so sorting them sorts the valid entries stably, the
+// invalid ones after them. A merge sort whose rounds rank rather than merge: in the round of runs
+// of `width`, a word's place in its pair of runs merged is its place in its own run plus the number
+// of the other run's words below it, found by binary search (distinct words: no tie to break). A
+// round is one barrier, and a word's search log2(width) + 1 reads of shared memory: at n = 1024, a
+// word per thread, 10 rounds and 55 reads and compares in all, where the radix sort takes 4 passes
+// (15-bit keys), each a block-wide scan over 256 threads that walk their chunks in turn and scatter
+// through global memory (and where ranking each entry by counting the entries below it would take
+// n compares per thread). The groups then come from one scan of the group starts, as in
+// sort_groups_kernel. Each word's place depends on the keys alone: the same result whatever the
+// GPU's timing.
+#define SORT_SMALL_THREADS 1024
+#define SORT_SMALL_MAX 4096  // 2 x 16 KiB of words and the scan's 8 KiB: of the 48 KiB a block's static arrays may take
+__global__ void sort_groups_small_kernel(const int *keys, int n, const int *n_valid, int position_bits, int block,
+                                         int block_stride, int *order, int *n_groups, int *group_key, int *group_start,
+                                         int *group_of) {
+    __shared__ unsigned words[2][SORT_SMALL_MAX];
+    __shared__ int valid;  // the valid entries: the first invalid word's place once sorted
+    const unsigned INVALID = 1u << 31;
+    const int t = threadIdx.x, limit = counted(n_valid, n);
+    if (t == 0) valid = 0;
+    for (int p = t; p < n; p += SORT_SMALL_THREADS)
+        words[0][p] = (p < limit && keys[p] >= 0 ? (unsigned)keys[p] << position_bits : INVALID) | (unsigned)p;
+    int in = 0;
+    for (int width = 1; width < n; width *= 2) {
+        __syncthreads();  // the last round's words are in
+        const unsigned *from = words[in];
+        unsigned *to = words[1 - in];
+        for (int i = t; i < n; i += SORT_SMALL_THREADS) {
+            const unsigned word = from[i];
+            const int left = (i & width) == 0, other = (i & ~(width - 1)) ^ width;  // the other run's start
+            int lo = other, hi = other + width < n ? other + width : n;             // a last left run may have none
+            if (hi < lo) hi = lo;
+            while (lo < hi) {  // the other run's words below this one
+                const int mid = (lo + hi) >> 1;
+                if (from[mid] < word) lo = mid + 1;
+                else hi = mid;
+            }
+            to[i - (left ? 0 : width) + lo - other] = word;
+        }
+        in = 1 - in;
+    }
+    __syncthreads();
+    const unsigned *sorted = words[in];
+    for (int k = t; k < n; k += SORT_SMALL_THREADS)
+        if (sorted[k] < INVALID && (k + 1 == n || sorted[k + 1] >= INVALID)) valid = k + 1;
+    __syncthreads();
+    // The groups: each thread a contiguous chunk of the sorted entries, its starts numbered by a scan.
+    const int m = valid, chunk = (m + SORT_SMALL_THREADS - 1) / SORT_SMALL_THREADS;
+    const int lo = t * chunk < m ? t * chunk : m, hi = lo + chunk < m ? lo + chunk : m;
+    int starts = 0;
+    for (int k = lo; k < hi; k++) starts += k == 0 || (sorted[k] ^ sorted[k - 1]) >> position_bits != 0;
+    int groups, g = block_exclusive_scan(starts, &groups) - 1;  // the group of the entry before lo
+    for (int k = lo; k < hi; k++) {
+        const int key = (int)(sorted[k] >> position_bits), p = (int)(sorted[k] & ((1u << position_bits) - 1));
+        if (k == 0 || (sorted[k] ^ sorted[k - 1]) >> position_bits != 0) {
+            g++;
+            group_key[g] = key, group_start[g] = k;
+        }
         group_of[p] = g;
         order[k] = p / block * block_stride + p % block;
     }
@@ -910,11 +980,22 @@ __global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg
 void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
                      int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream) {
     // Launched even for n == 0: *n_groups must say 0.
+    if (block <= 0) block = block_stride = 1;
+    // A batch's sizes in shared memory; the radix sort, in global memory, for more entries than fit,
+    // or keys too wide to share a word with their position.
+    int position_bits = 0;  // of p < n
+    while ((1L << position_bits) < n) position_bits++;
+    if (n <= SORT_SMALL_MAX && key_bits + position_bits <= 31) {
+        sort_groups_small_kernel<<<1, SORT_SMALL_THREADS, 0, stream>>>(keys, n, n_valid, position_bits, block,
+                                                                       block_stride, order, n_groups, group_key,
+                                                                       group_start, group_of);
+        CHECK_LAUNCH("sort_groups_small_kernel");
+        return;
+    }
     size_t quarter = (size_t)(n > 0 ? n : 1);
-    sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(keys, n, n_valid, key_bits, block > 0 ? block : 1,
-                                                       block > 0 ? block_stride : 1, scratch, scratch + quarter,
-                                                       scratch + 2 * quarter, scratch + 3 * quarter, order, n_groups,
-                                                       group_key, group_start, group_of);
+    sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(keys, n, n_valid, key_bits, block, block_stride, scratch,
+                                                       scratch + quarter, scratch + 2 * quarter, scratch + 3 * quarter,
+                                                       order, n_groups, group_key, group_start, group_of);
     CHECK_LAUNCH("sort_groups_kernel");
 }
 

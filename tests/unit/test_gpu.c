@@ -523,7 +523,9 @@ static void test_mf(void) {
 // CPU: the entries' order, the groups and each entry's group, on the edge cases: no entry, one,
 // all of one key, all distinct, keys at the table's two ends, invalid entries (-1, past a count
 // held in device memory), entries in blocks of a larger stride, more entries than the block has
-// threads, keys of 18 bits.
+// threads, keys of 18 bits. Both of its kernels (kernels.cu): the one in shared memory, for up to
+// 4096 entries whose key and position fit in 31 bits, and the radix sort, for the others; sizes on
+// either side of each edge.
 static int sort_case_compare(const void *a, const void *b) {
     const int *x = a, *y = b;  // (key, p): p breaks ties, so the sort is stable
     return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
@@ -601,12 +603,46 @@ static void test_sort_groups(void) {
     for (int p = 0; p < 777; p++) keys[p] = p % 13 == 0 ? -1 : (int)(rng_uniform(&rng, 0, 1) * 50);
     sort_case("777 keys, some -1, the first 500 counted (a count on the GPU)", keys, 777, 500, 50, 777, 777);
     sort_case("a short last batch: 3 of 777 counted", keys, 777, 3, 50, 777, 777);
+    sort_case("none of 777 counted", keys, 777, 0, 50, 777, 777);
     for (int r = 0; r < 4; r++)  // 4 ranks' blocks of 300, each valid up to its own count
         for (int i = 0; i < 300; i++) keys[r * 300 + i] = i < 100 + 60 * r ? (int)(rng_uniform(&rng, 0, 1) * 400) : -1;
     sort_case("4 blocks of 300 at a stride of 311, padded with -1", keys, 1200, 1200, 400, 300, 311);
     for (int p = 0; p < N; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 162541);
     keys[0] = 162540, keys[N - 1] = 0;
     sort_case("5000 keys of 18 bits (ml-25m's users)", keys, N, N, 162541, N, N);
+    // Sizes about the edges of the runs that the shared-memory kernel merges (powers of two) and of
+    // its 4096 entries, with few keys (long runs of each), a tenth -1, all counted or two thirds.
+    const int sizes[] = {2, 3, 31, 32, 33, 1023, 1024, 1025, 2048, 2049, 4095, 4096, 4097, 5000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int n = sizes[s];
+        for (int p = 0; p < n; p++)
+            keys[p] = rng_uniform(&rng, 0, 1) < 0.1f ? -1 : (int)(rng_uniform(&rng, 0, 1) * 97) % 97;
+        char what[96];
+        snprintf(what, sizeof what, "%d keys of 97, a tenth -1", n);
+        sort_case(what, keys, n, n, 97, n, n);
+        snprintf(what, sizeof what, "%d keys of 97, a tenth -1, the first %d counted", n, n - n / 3);
+        sort_case(what, keys, n, n - n / 3, 97, n, n);
+    }
+    for (int p = 0; p < N; p++) keys[p] = 42;
+    sort_case("4096 of one key", keys, 4096, 4096, 97, 4096, 4096);
+    sort_case("5000 of one key", keys, N, N, 97, N, N);
+    for (int p = 0; p < N; p++) keys[p] = -1;
+    sort_case("4096 of -1", keys, 4096, 4096, 97, 4096, 4096);
+    sort_case("5000 of -1", keys, N, N, 97, N, N);
+    // The widest keys: 4096 entries (12 bits of position) take the shared-memory kernel with keys of 19
+    // bits, the last entry's word 2^31 - 1, and the radix sort with 20; so do 2 entries with keys of 30
+    // bits and 3 entries; and keys of 31 bits.
+    for (int p = 0; p < 4096; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * (1 << 19)) % (1 << 19);
+    keys[4095] = (1 << 19) - 1, keys[7] = 0;
+    sort_case("4096 keys of 19 bits, the last the largest", keys, 4096, 4096, 1 << 19, 4096, 4096);
+    keys[4095] = (1 << 20) - 1;
+    sort_case("4096 keys of 20 bits", keys, 4096, 4096, 1 << 20, 4096, 4096);
+    keys[0] = (1 << 30) - 1, keys[1] = 5, keys[2] = (1 << 30) - 1;
+    sort_case("2 keys of 30 bits", keys, 2, 2, 1 << 30, 2, 2);
+    sort_case("3 keys of 30 bits", keys, 3, 3, 1 << 30, 3, 3);
+    for (int p = 0; p < 1000; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 32768) % 32768 << 16 | p;
+    keys[500] = 0x7fffffff, keys[501] = 0, keys[502] = keys[3];
+    sort_case("1000 keys of 31 bits", keys, 1000, 1000, 0x7fffffff, 1000, 1000);
     free(keys);
 }
 #endif
