@@ -171,6 +171,39 @@ static void test_gemm(void) {
             tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
         }
 
+    // The GPU's bfloat16 GEMM multiplies each float32 operand rounded to nearest, ties to even, as
+    // round_to_bfloat16 and autocast's .to(torch.bfloat16) round it. An outer product (k = 1): each
+    // C[i][j] is one product of two rounded values, exact in float32, so it shows both operands'
+    // rounding: ties either way, just above and below a half, both signs. (cuBLAS's own
+    // CUBLAS_COMPUTE_32F_FAST_16BF on float32 operands fails this on an H100: 1 + 2^-8 x -2.75 gave
+    // -2.76074219, the operand not rounded to bfloat16 at all; docs/gpus.md.)
+    {
+        const float half = 0x1p-8f, bit = 0x1p-20f;
+        const float values[] = {1 + half, 1 + 3 * half, 1 + half + bit, 1 + half - bit, -(1 + half + bit),
+                                -(1 + 3 * half), 0.1f, 3.14159265f, 1000.5f, 1e-3f + 1e-10f, -2.75f, 0.0f};
+        const int count = (int)(sizeof values / sizeof *values);
+        Tensor a = tensor_zeros(count, 1, DEVICE_CPU), b = tensor_zeros(1, count, DEVICE_CPU);
+        for (int i = 0; i < count; i++) a.data[i] = values[i], b.data[i] = values[count - 1 - i];
+        Tensor ga = on_gpu(&a), gb = on_gpu(&b), gc = tensor_zeros(count, count, DEVICE_CUDA);
+        matmul_set_dtype(MATMUL_BFLOAT16);
+        gemm(false, false, 1.0f, &ga, &gb, 0.0f, &gc);
+        matmul_set_dtype(MATMUL_FLOAT32);
+        float *c = xmalloc((size_t)count * count * sizeof(float));
+        tensor_to_host(&gc, c);
+        int wrong = 0, first = -1;
+        for (int i = 0; i < count * count; i++) {
+            float want = round_to_bfloat16(a.data[i / count]) * round_to_bfloat16(b.data[i % count]);
+            if (c[i] != want && wrong++ == 0) first = i;  // (exact: a product of two bfloat16 values)
+        }
+        EXPECT(wrong == 0, "gemm with bfloat16 matmuls on the GPU rounds each float32 operand to nearest, ties to even "
+               "(round_to_bfloat16's, autocast's): %d of %d products of rounded values differ", wrong, count * count);
+        if (wrong)
+            printf("  the first: %.9g x %.9g gave %.9g, not %.9g\n", a.data[first / count], b.data[first % count], c[first],
+                   round_to_bfloat16(a.data[first / count]) * round_to_bfloat16(b.data[first % count]));
+        free(c);
+        tensor_free(&a), tensor_free(&b), tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
+    }
+
     Tensor x = tensor_zeros(300, 17, DEVICE_CPU), sums = tensor_zeros(1, 17, DEVICE_CPU);
     fill_uniform(&x, -1, 1), fill_uniform(&sums, -1, 1);
     Tensor gx = on_gpu(&x), gsums = on_gpu(&sums);
