@@ -245,22 +245,24 @@ float round_to_bfloat16(float x) {
     return x;
 }
 
+const float *rounded_to_bfloat16(float **buffer, size_t *capacity, const float *x, size_t n) {
+    if (n > *capacity) {
+        free(*buffer);
+        *buffer = xmalloc(n * sizeof(float) + 1);
+        *capacity = n;
+    }
+    float *copy = *buffer;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) copy[i] = round_to_bfloat16(x[i]);
+    return copy;
+}
+
 // A bfloat16 GEMM's operands on the CPU: rounded copies, one per operand, grown to the largest.
 static float *g_rounded[2];
 static size_t g_rounded_count[2];
 
 static const float *rounded_copy(int which, const Tensor *t) {
-    size_t n = tensor_numel(t);
-    if (n > g_rounded_count[which]) {
-        free(g_rounded[which]);
-        g_rounded[which] = xmalloc(n * sizeof(float));
-        g_rounded_count[which] = n;
-    }
-    float *copy = g_rounded[which];
-    const float *values = t->data;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) copy[i] = round_to_bfloat16(values[i]);
-    return copy;
+    return rounded_to_bfloat16(&g_rounded[which], &g_rounded_count[which], t->data, tensor_numel(t));
 }
 
 #if HAVE_CUDA

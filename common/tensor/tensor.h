@@ -61,5 +61,8 @@ MatmulDtype matmul_dtype(void);
 // x rounded to bfloat16, as a float (its low 16 bits 0): NaN stays NaN, a value past bfloat16's
 // largest becomes infinite.
 float round_to_bfloat16(float x);
+// The host's n floats x rounded to bfloat16 (all of this rank's threads) into *buffer, which grows
+// to hold them (*capacity floats; free(*buffer) when done): a bfloat16 GEMM's operand on the CPU.
+const float *rounded_to_bfloat16(float **buffer, size_t *capacity, const float *x, size_t n);
 // sums [1, cols] += the sum over the rows of x [rows, cols] (a bias gradient).
 void add_sum_over_rows(const Tensor *x, Tensor *sums);

@@ -250,13 +250,6 @@ static float *grown(float **buffer, size_t *count, size_t n) {
     return *buffer;
 }
 
-static const float *rounded_whole(float **buffer, size_t *count, const float *x, size_t n) {
-    float *copy = grown(buffer, count, n);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) copy[i] = round_to_bfloat16(x[i]);
-    return copy;
-}
-
 // The calling thread's [T, T] block holding x rounded (x itself with float32 matmuls).
 static const float *pair_operand(const float *x, int T, bool bf16) {
     if (!bf16) return x;
@@ -277,7 +270,7 @@ CPU_DISPATCHED static void cpu_attention_forward(const float *qkv, int B, int T,
     const float scale = 1.0f / sqrtf((float)head_dim);
     const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
     if (bf16) {
-        qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
+        qkv = rounded_to_bfloat16(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
         grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)thread_slots() * T * T);
     }
 #pragma omp parallel for schedule(static)
@@ -308,8 +301,8 @@ CPU_DISPATCHED static void cpu_attention_backward(const float *qkv, const float 
     const float scale = 1.0f / sqrtf((float)head_dim);
     const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
     if (bf16) {  // (the products' operands; the softmax's backward reads qkv's att, not these)
-        qkv = rounded_whole(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
-        grad_y = rounded_whole(&g_rounded_grad_y, &g_rounded_grad_y_count, grad_y, (size_t)B * T * C);
+        qkv = rounded_to_bfloat16(&g_rounded_qkv, &g_rounded_qkv_count, qkv, (size_t)B * T * stride);
+        grad_y = rounded_to_bfloat16(&g_rounded_grad_y, &g_rounded_grad_y_count, grad_y, (size_t)B * T * C);
         grown(&g_pair_rounded, &g_pair_rounded_count, (size_t)thread_slots() * T * T);
     }
 #pragma omp parallel for schedule(static)
