@@ -117,6 +117,9 @@ compare_peak() {  # NAME COLUMN NP PROGRAM FLAGS...: COLUMN is the peak's field 
 # make test: one whose activations and data dominate (1 s); make test-all adds those whose model
 # state does (an 8192-wide layer's evaluation alone takes 10 s on 2 cores).
 compare_peak "step 17 --tp 2 --batch_size 60000" 8 2 day4/17_tensor_parallel --tp 2 --hidden 1024 --batch_size 60000 --max_steps 1
+# --dtype bfloat16 adds the GEMMs' rounded operand copies (a CPU's: float32 copies of the largest
+# operands, here the batch's inputs and hidden activations): estimate and peak both grow by ~0.4 GB.
+compare_peak "step 17 --tp 2 --batch_size 60000 --dtype bfloat16" 8 2 day4/17_tensor_parallel --tp 2 --hidden 1024 --batch_size 60000 --max_steps 1 --dtype bfloat16
 if thorough; then
     compare_peak "step 17 --tp 2 --hidden 8192,8192" 8 2 day4/17_tensor_parallel --tp 2 --hidden 8192,8192 --batch_size 64 --max_steps 2
     compare_peak "step 18 --zero 0 --hidden 8192,8192" 9 2 day4/18_zero_sharding --zero 0 --hidden 8192,8192 --batch_size 64 --max_steps 2

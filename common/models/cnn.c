@@ -2,6 +2,7 @@
 #include "models/cnn.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -52,6 +53,8 @@ void cnn_add_memory_need(MemoryNeed *need, int max_batch) {
     memory_need_add(need, "gradients", weights * sizeof(float));
     memory_need_add(need, "Adam's moments", 2 * weights * sizeof(float));
     memory_need_add(need, "activations", words_per_sample() * 4.0 * max_batch);
+    // --dtype bfloat16: the largest product's operands are conv2's columns [9 C1, B x 14 x 14] or fc1's weight.
+    matmul_add_memory_need(need, fmax(9.0 * C1 * (SIDE / 2) * (SIDE / 2) * max_batch, (double)FLAT * HIDDEN));
 }
 
 Cnn *cnn_new(int max_batch, Rng *rng, Device device) {

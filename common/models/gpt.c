@@ -39,6 +39,7 @@ const char *gpt_config_problem(const GptConfig *c) {
 // parameter counts; gpt_add_memory_need's whole model is n_layer blocks, tp 1, both ends).
 typedef struct {
     double params, kept, scratch, tokens;
+    double largest_operand, largest_pair_operand;  // of a Linear's or the head's product; of attention's products
 } PartFloats;
 
 static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, int tp, bool embeddings, bool head,
@@ -70,6 +71,11 @@ static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, i
                 (sequence_parallel ? N * C + 2 * C : 0);
     // The batch's tokens, and on a GPU their index by token (transformer_ops.h's TokenBatch).
     f.tokens = embeddings ? N + V + 1 + N : 0;
+    // What --dtype bfloat16 rounds: a Linear's input, weight or output gradient (fc's [N, 4C / tp] the
+    // largest), the head's wte [V, C] and logits' gradient [N, V]; attention's probabilities (all B
+    // sequences' H heads at once, as their batched products read them) or qkv.
+    f.largest_operand = fmax(N * 4 * C / tp, head ? fmax(V * C, N * V) : 0);
+    f.largest_pair_operand = fmax(B * H * T * T, N * 3 * C / tp);
     return f;
 }
 
@@ -79,6 +85,8 @@ static void add_part_need(MemoryNeed *need, PartFloats f) {
     memory_need_add(need, "AdamW's moments", 8 * f.params);
     memory_need_add(need, "DDP's buckets", 4 * f.params);
     memory_need_add(need, "activations", 4 * (f.kept + f.scratch + f.tokens));
+    matmul_add_memory_need(need, f.largest_operand);  // (nothing with float32 matmuls)
+    matmul_add_memory_need(need, f.largest_pair_operand);
 }
 
 void gpt_add_memory_need(MemoryNeed *need, const GptConfig *c, int max_batch) {

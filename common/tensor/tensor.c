@@ -245,6 +245,10 @@ float round_to_bfloat16(float x) {
     return x;
 }
 
+void matmul_add_memory_need(MemoryNeed *need, double largest_operand) {
+    if (g_matmul_dtype == MATMUL_BFLOAT16) memory_need_add(need, "bfloat16 copies", 2 * largest_operand * sizeof(float));
+}
+
 const float *rounded_to_bfloat16(float **buffer, size_t *capacity, const float *x, size_t n) {
     if (n > *capacity) {
         free(*buffer);

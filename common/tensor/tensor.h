@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "runtime/device.h"
+#include "runtime/memory_budget.h"  // MemoryNeed
 
 typedef struct {
     float *data;
@@ -58,6 +59,11 @@ typedef enum { MATMUL_FLOAT32, MATMUL_BFLOAT16 } MatmulDtype;
 MatmulDtype matmul_dtype_from_flag(const char *flag);
 void matmul_set_dtype(MatmulDtype dtype);
 MatmulDtype matmul_dtype(void);
+// What bfloat16 matmuls' rounded operands take (nothing with float32), for a program's memory
+// estimate: a product's two operands rounded, each at most `largest_operand` floats (the largest
+// matrix any of the model's products reads), counted as float32 copies, the CPU's rounding (a GPU's
+// copies are bfloat16: half of it). Added under "bfloat16 copies".
+void matmul_add_memory_need(MemoryNeed *need, double largest_operand);
 // x rounded to bfloat16, as a float (its low 16 bits 0): NaN stays NaN, a value past bfloat16's
 // largest becomes infinite.
 float round_to_bfloat16(float x);
