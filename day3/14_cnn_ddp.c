@@ -171,13 +171,7 @@ int main(int argc, char **argv) {
     }
     device_synchronize();  // torch.cuda.synchronize(): the GPU may still be at work
     double train_seconds = wall_seconds() - train_start;
-    if (graph.enabled)
-        print0("CUDA graph: %ld of %d steps replayed from %d capture%s (--cuda_graph off: each kernel launched by itself)\n",
-               graph.replays, steps, graph.captures, graph.captures == 1 ? "" : "s");
-    else if (graph_wanted)
-        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds DDP's allreduces (NCCL's, on a stream "
-               "of their own, or MPI's on host copies, where ranks share a GPU), which the simulated GPU cannot capture "
-               "yet; each kernel launched by itself\n", steps, world);
+    step_graph_report(&graph, graph_wanted, steps, world, "DDP's allreduces");
     check_weights_finite(model->params, model->n_params, losses.n, epochs, run);  // the last step's update
 
     // Evaluation: rank r takes test images [r N / W, (r + 1) N / W), and the

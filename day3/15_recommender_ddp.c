@@ -273,13 +273,7 @@ int main(int argc, char **argv) {
         print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
                "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
                steps ? 1e3 * mf_comm_seconds(model) / steps : 0.0, mf_embedding_bytes(model) / 1e6);
-    if (graph.enabled)
-        print0("CUDA graph: %ld of %d steps replayed from %d capture%s (--cuda_graph off: each kernel launched by itself)\n",
-               graph.replays, steps, graph.captures, graph.captures == 1 ? "" : "s");
-    else if (graph_wanted)
-        print0("CUDA graph: 0 of %d steps replayed: with %d ranks each step holds the exchanges' collectives (NCCL's, on a "
-               "stream of their own, or MPI's on host copies), which the simulated GPU cannot capture yet; each kernel "
-               "launched by itself\n", steps, world);
+    step_graph_report(&graph, graph_wanted, steps, world, "the exchanges' collectives");
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/check.h"
+#include "runtime/dist.h"
 
 StepGraph step_graph_new(Device device, bool enabled) {
     StepGraph graph = {.enabled = HAVE_CUDA && enabled && device == DEVICE_CUDA, .device = device};
@@ -72,6 +73,16 @@ void step_graph_hand_loss(StepGraph *graph, LossSlot slot) {
 #endif
         *slot.value = *graph->loss;
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
+}
+
+void step_graph_report(const StepGraph *graph, bool wanted, long steps, int world, const char *collectives) {
+    if (graph->enabled)
+        print0("CUDA graph: %ld of %ld steps replayed from %d capture%s (--cuda_graph off: each kernel launched by "
+               "itself)\n", graph->replays, steps, graph->captures, graph->captures == 1 ? "" : "s");
+    else if (wanted)
+        print0("CUDA graph: 0 of %ld steps replayed: with %d ranks each step holds %s (NCCL's, on a stream of their "
+               "own, or MPI's on host copies, where ranks share a GPU), which the simulated GPU cannot capture yet; "
+               "each kernel launched by itself\n", steps, world, collectives);
 }
 
 void step_graph_free(StepGraph *graph) {

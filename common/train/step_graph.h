@@ -62,4 +62,9 @@ LossSlot step_graph_loss(const StepGraph *graph);
 // The step's loss into `slot` (train/step_losses.h's step_losses_next: weight 1, not accumulated),
 // queued after the step; the step is then queued (the simulated GPU counts per step).
 void step_graph_hand_loss(StepGraph *graph, LossSlot slot);
+// The run's "CUDA graph:" line (rank 0, after training): how many of `steps` were replayed from how
+// many captures; where graphs were asked for (`wanted`: --cuda_graph on, a GPU) but the world's
+// ranks put collectives in the step (`collectives` names them: "DDP's allreduces"), why none were;
+// nothing where none were asked for.
+void step_graph_report(const StepGraph *graph, bool wanted, long steps, int world, const char *collectives);
 void step_graph_free(StepGraph *graph);
