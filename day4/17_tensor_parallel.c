@@ -408,18 +408,16 @@ int main(int argc, char **argv) {
     // at the end counts it (16 B a weight of its share: value, gradient, Adam's two moments), DDP's
     // copy of the gradients, and every layer's output and its gradient (its 1/T of a split layer's).
     double split_share = (double)split_weights / tp + (double)(weights - split_weights);  // weights a rank holds
-    double activations = 0, largest_operand = 0;  // (the whole layer's: a bound on a split one's)
-    for (int l = 0; l < n_layers; l++) {
+    double activations = 0;
+    for (int l = 0; l < n_layers; l++)
         activations += 2.0 * opt.batch_size * (split_kind(l, n_layers) == COLUMN_PARALLEL ? sizes[l + 1] / tp : sizes[l + 1]);
-        largest_operand = fmax(largest_operand, fmax((double)sizes[l] * sizes[l + 1], (double)opt.batch_size * fmax(sizes[l], sizes[l + 1])));
-    }
     MemoryNeed need = memory_need("--hidden %s --tp %d --batch_size %d", hidden, tp, opt.batch_size);
     memory_need_add(&need, "parameters", 4 * split_share);
     memory_need_add(&need, "gradients", 4 * split_share);
     memory_need_add(&need, "Adam's moments", 8 * split_share);
     memory_need_add(&need, "DDP's buckets", 4 * split_share);
     memory_need_add(&need, "activations", activations * sizeof(float));
-    matmul_add_memory_need(&need, largest_operand);  // --dtype bfloat16's rounded operands
+    matmul_add_memory_need(&need, mlp_largest_operand(sizes, 0, n_layers, opt.batch_size));  // --dtype bfloat16's copies
     mnist_add_memory_need(&need, opt.batch_size);
     memory_require(&need, device);
 

@@ -704,13 +704,11 @@ static void state_bytes_per_weight(int zero, double n, double bytes[3]) {
 static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int zero, bool prefetch, int world,
                             int max_batch) {
     double weights = 0, activations = 0, largest[2] = {0, 0};  // of the even and the odd layers
-    double largest_operand = 0;  // a layer's input, output gradient or (gathered) weight: --dtype bfloat16 rounds it
     for (int i = 0; i + 1 < n_sizes; i++) {
         double numel = (double)sizes[i] * sizes[i + 1] + sizes[i + 1];
         weights += numel;
         largest[i % 2] = numel > largest[i % 2] ? numel : largest[i % 2];
         activations += 2.0 * max_batch * sizes[i + 1];
-        largest_operand = fmax(largest_operand, fmax((double)sizes[i] * sizes[i + 1], (double)max_batch * fmax(sizes[i], sizes[i + 1])));
     }
     double per_weight[3], both = largest[0] + largest[1], any = largest[0] > largest[1] ? largest[0] : largest[1];
     state_bytes_per_weight(zero, world, per_weight);
@@ -720,7 +718,7 @@ static void add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int
     double working = zero == 0 ? weights : zero == 1 ? 0 : both + (zero == 3 ? (prefetch ? both : any) : 0);
     memory_need_add(need, "working buffers", working * sizeof(float));
     memory_need_add(need, "activations", activations * sizeof(float));
-    matmul_add_memory_need(need, largest_operand);
+    matmul_add_memory_need(need, mlp_largest_operand(sizes, 0, n_sizes - 1, max_batch));  // --dtype bfloat16's copies
 }
 
 // Per rank: the bytes of parameters, gradients and Adam's moments it holds,

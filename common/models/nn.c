@@ -208,18 +208,24 @@ size_t mlp_num_weights(const Mlp *model) {
 }
 
 void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats) {
-    double weights = 0, activations = 0, largest_operand = 0;
+    double weights = 0, activations = 0;
     for (int i = 0; i + 1 < n_sizes; i++) {
         weights += (double)sizes[i] * sizes[i + 1] + sizes[i + 1];  // Linear(sizes[i], sizes[i + 1])
         activations += 2.0 * max_batch * sizes[i + 1];               // outputs[i], grad_outputs[i]
-        largest_operand = fmax(largest_operand, fmax((double)sizes[i] * sizes[i + 1], (double)max_batch * fmax(sizes[i], sizes[i + 1])));
     }
     memory_need_add(need, "parameters", weights * sizeof(float));
     memory_need_add(need, "gradients", weights * sizeof(float));
     if (state_floats) memory_need_add(need, state_floats == 2 ? "Adam's moments" : "optimizer state",
                                       state_floats * weights * sizeof(float));
     memory_need_add(need, "activations", activations * sizeof(float));
-    matmul_add_memory_need(need, largest_operand);  // --dtype bfloat16: a layer's input or weight, rounded
+    matmul_add_memory_need(need, mlp_largest_operand(sizes, 0, n_sizes - 1, max_batch));  // --dtype bfloat16's copies
+}
+
+double mlp_largest_operand(const int *sizes, int first_layer, int end_layer, int rows) {
+    double largest = 0;
+    for (int l = first_layer; l < end_layer; l++)
+        largest = fmax(largest, fmax((double)sizes[l] * sizes[l + 1], (double)rows * fmax(sizes[l], sizes[l + 1])));
+    return largest;
 }
 
 unsigned long long params_checksum(const Param *params, int n_params) {

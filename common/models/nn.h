@@ -102,6 +102,10 @@ size_t mlp_num_weights(const Mlp *model);
 // gradients, `state_floats` floats of optimizer state per weight (Adam's 2,
 // SGD's 0), and every layer's output and its gradient for max_batch rows.
 void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats);
+// The largest matrix a product of Linear layers first_layer .. end_layer - 1 (layer l: sizes[l] ->
+// sizes[l + 1]) reads for `rows` rows: an input, an output's gradient or a weight (whole: a bound
+// on a split layer's). What --dtype bfloat16 rounds (tensor.h's matmul_add_memory_need).
+double mlp_largest_operand(const int *sizes, int first_layer, int end_layer, int rows);
 // A 64-bit hash of every parameter's bits: equal on two ranks iff (almost
 // surely) their models are bit-identical.
 unsigned long long params_checksum(const Param *params, int n_params);

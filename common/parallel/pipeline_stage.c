@@ -1,7 +1,6 @@
 // pipeline_stage.c: a pipeline stage of the MLP. See pipeline_stage.h.
 #include "parallel/pipeline_stage.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -20,11 +19,9 @@ static size_t slot_floats_per_row(const int *sizes, int n_sizes, int first_layer
 void stage_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int first_layer, int end_layer, int rows,
                            int max_in_flight) {
     double weights = 0, scratch = first_layer == 0 ? 0 : (double)rows * sizes[first_layer];  // grad_input
-    double largest_operand = 0;  // a layer's input, output gradient or weight (--dtype bfloat16 rounds it)
     for (int g = first_layer; g < end_layer; g++) {
         weights += (double)sizes[g] * sizes[g + 1] + sizes[g + 1];
         scratch += (double)rows * sizes[g + 1];  // grad_scratch
-        largest_operand = fmax(largest_operand, fmax((double)sizes[g] * sizes[g + 1], (double)rows * fmax(sizes[g], sizes[g + 1])));
     }
     memory_need_add(need, "parameters", weights * sizeof(float));
     memory_need_add(need, "gradients", weights * sizeof(float));
@@ -32,7 +29,7 @@ void stage_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int 
     memory_need_add(need, "DDP's buckets", weights * sizeof(float));
     memory_need_add(need, "activations", ((double)max_in_flight * rows * slot_floats_per_row(sizes, n_sizes, first_layer, end_layer)
                                           + scratch) * sizeof(float));
-    matmul_add_memory_need(need, largest_operand);
+    matmul_add_memory_need(need, mlp_largest_operand(sizes, first_layer, end_layer, rows));  // --dtype bfloat16's copies
 }
 
 Stage stage_new(const int *sizes, int n_sizes, int first_layer, int end_layer, int rows, Rng *rng, Device device) {
