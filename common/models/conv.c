@@ -74,11 +74,13 @@ void conv2d_forward(Conv2d *conv, const Tensor *x, int batch, Tensor *y, bool re
 void conv2d_backward(Conv2d *conv, const Tensor *grad_y, Tensor *grad_x) {
     int positions = conv->batch * conv2d_out_height(conv) * conv2d_out_width(conv);
     Tensor columns = tensor_view(&conv->columns, conv->columns.rows, positions);
+    gemm_hold_rounded(grad_y);  // (--dtype bfloat16: rounded once for both products)
     gemm(false, true, 1.0f, grad_y, &columns, 1.0f, &conv->grad_weight);  // [out, B*hw] @ [B*hw, in*k*k]
     add_sum_of_rows(grad_y, &conv->grad_bias);                            // sum over images and pixels
-    if (!grad_x) return;
     Tensor grad_columns = tensor_view(&conv->grad_columns, conv->grad_columns.rows, positions);
-    gemm(true, false, 1.0f, &conv->weight, grad_y, 0.0f, &grad_columns);  // [in*k*k, out] @ [out, B*hw]
+    if (grad_x) gemm(true, false, 1.0f, &conv->weight, grad_y, 0.0f, &grad_columns);  // [in*k*k, out] @ [out, B*hw]
+    gemm_release_rounded();
+    if (!grad_x) return;
     ConvGeometry g = geometry(conv, conv->batch);
     col2im(&grad_columns, &g, grad_x);  // each pixel: the sum over the windows it was in
 }

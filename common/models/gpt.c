@@ -540,9 +540,11 @@ static void linear(Gpt *m, int layer, int weight_kind, const Tensor *x, Tensor *
 // grad_x = grad_y @ weight (+= with accumulate_x: a residual stream's gradient).
 static void linear_back(Gpt *m, int layer, int weight_kind, const Tensor *x, const Tensor *grad_y, Tensor *grad_x,
                         bool accumulate_x) {
+    gemm_hold_rounded(grad_y);  // (--dtype bfloat16: rounded once for both products)
     gemm(true, false, 1.0f, grad_y, x, 1.0f, block_grad(m, layer, weight_kind));
     if (m->config.bias) add_sum_over_rows(grad_y, block_grad(m, layer, weight_kind + 1));
     gemm(false, false, 1.0f, grad_y, block_tensor(m, layer, weight_kind), accumulate_x ? 1.0f : 0.0f, grad_x);
+    gemm_release_rounded();
 }
 
 void gpt_set_training(Gpt *m, bool training) { m->training = training; }
@@ -780,8 +782,10 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         Tensor grad_logits = rows_at(&m->grad_logits, first, N), ln_f = rows_at(&m->ln_f, first, N);
         Tensor ln_f_mean = values_at(&m->ln_f_mean, micro * n, 1, n), ln_f_rstd = values_at(&m->ln_f_rstd, micro * n, 1, n);
         // The head: wte's gradient gets its first part here (its last comes from the embedding).
+        gemm_hold_rounded(&grad_logits);
         gemm(true, false, 1.0f, &grad_logits, &ln_f, 1.0f, &m->grad_wte);  // [V, N] @ [N, C]
         gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
+        gemm_release_rounded();
         // ln_f, on this rank's rows: the residual stream's gradient starts here.
         Tensor x_last = L ? block_views(m, L - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);
         Tensor grad_ln_mine = rows_at(&grad_ln, first_token_row(m, N), n);

@@ -42,9 +42,11 @@ void linear_forward(const Linear *layer, const Tensor *x, Tensor *y, bool relu) 
 }
 
 void linear_backward(Linear *layer, const Tensor *x, const Tensor *grad_y, Tensor *grad_x) {
+    gemm_hold_rounded(grad_y);  // (--dtype bfloat16: rounded once for both products)
     gemm(true, false, 1.0f, grad_y, x, 1.0f, &layer->grad_weight);  // [out, B] @ [B, in]
     add_sum_over_rows(grad_y, &layer->grad_bias);
     if (grad_x) gemm(false, false, 1.0f, grad_y, &layer->weight, 0.0f, grad_x);  // [B, out] @ [out, in]
+    gemm_release_rounded();
 }
 
 // ------------------------------------------------------------------ MLP

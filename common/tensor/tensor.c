@@ -261,32 +261,70 @@ const float *rounded_to_bfloat16(float **buffer, size_t *capacity, const float *
     return copy;
 }
 
+// The operand that gemm_hold_rounded holds: its values, their count, and whether its rounded copy
+// (slot 0's) is made yet. No data: none held.
+static struct {
+    const float *data;
+    size_t count;
+    bool rounded;
+} g_held;
+
+void gemm_hold_rounded(const Tensor *t) {
+    CHECK(!g_held.data, "gemm_hold_rounded: an operand is held already");
+    g_held.data = t->data, g_held.count = tensor_numel(t), g_held.rounded = false;
+}
+
+void gemm_release_rounded(void) { g_held.data = NULL; }
+
+static bool is_held(const Tensor *t) { return g_held.data && t->data == g_held.data && tensor_numel(t) == g_held.count; }
+
+// Which slot of rounded copies a product's operand takes (which: 0 for A, 1 for B), and whether it
+// must be rounded there: the held operand slot 0, rounded at the first product that reads it; while
+// one is held, the product's other operand slot 1.
+static int rounded_slot(int which, const Tensor *t, bool *round) {
+    *round = true;
+    if (!g_held.data) return which;
+    if (!is_held(t)) return 1;
+    *round = !g_held.rounded;
+    g_held.rounded = true;
+    return 0;
+}
+
 // A bfloat16 GEMM's operands on the CPU: rounded copies, one per operand, grown to the largest.
 static float *g_rounded[2];
 static size_t g_rounded_count[2];
 
 static const float *rounded_copy(int which, const Tensor *t) {
-    return rounded_to_bfloat16(&g_rounded[which], &g_rounded_count[which], t->data, tensor_numel(t));
+    bool round;
+    int slot = rounded_slot(which, t, &round);
+    if (!round) return g_rounded[slot];
+    return rounded_to_bfloat16(&g_rounded[slot], &g_rounded_count[slot], t->data, tensor_numel(t));
 }
 
 #if HAVE_CUDA
 // A bfloat16 GEMM's operands on the GPU, rounded (gpu_round_to_bfloat16), grown to the largest.
 static DeviceBuffer g_bf16_operands[2];
 
+static const uint16_t *gpu_rounded_copy(int which, const Tensor *t) {
+    bool round;
+    int slot = rounded_slot(which, t, &round);
+    size_t count = tensor_numel(t);
+    uint16_t *copy = device_buffer_reserve(&g_bf16_operands[slot], count * sizeof(uint16_t));
+    if (round) gpu_round_to_bfloat16(t->data, count, copy, device_stream());
+    return copy;
+}
+
 // C = alpha op(A) op(B) + beta C, row-major as gemm's, A and B rounded to bfloat16 and multiplied on
 // the tensor cores with float32 sums (cuBLAS's CUBLAS_COMPUTE_32F), C float32.
-static void gpu_bfloat16_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a,
-                              int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    cudaStream_t stream = device_stream();
-    size_t a_count = (size_t)(transpose_a ? k : m) * lda, b_count = (size_t)(transpose_b ? n : k) * ldb;
-    uint16_t *a16 = device_buffer_reserve(&g_bf16_operands[0], a_count * sizeof(uint16_t));
-    uint16_t *b16 = device_buffer_reserve(&g_bf16_operands[1], b_count * sizeof(uint16_t));
-    gpu_round_to_bfloat16(a, a_count, a16, stream);
-    gpu_round_to_bfloat16(b, b_count, b16, stream);
+static void gpu_bfloat16_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Tensor *a,
+                              const Tensor *b, float beta, Tensor *c) {
+    const uint16_t *a16 = gpu_rounded_copy(0, a), *b16 = gpu_rounded_copy(1, b);
+    const int lda = a->cols, ldb = b->cols, ldc = c->cols;
     // Column-major: C^T = op(B)^T op(A)^T, as gemm's cublasSgemm below.
     CHECK_CUBLAS(cublasGemmEx(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16,
-                              CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              CUDA_R_16BF, lda, &beta, c->data, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 #endif
 
@@ -299,6 +337,8 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
     CHECK(k == kb && c->rows == m && c->cols == n,
           "gemm shapes: op(A) [%d, %d] @ op(B) [%d, %d] -> C [%d, %d]", m, k, kb, n, c->rows, c->cols);
     CHECK(a->device == c->device && b->device == c->device, "gemm: operands on different devices");
+    CHECK(!g_held.data || ((is_held(a) || is_held(b)) && c->data != g_held.data),
+          "gemm: a product between gemm_hold_rounded and its release must read the held operand, and not write it");
     if (m == 0 || n == 0) return;
     if (tensor_on_gpu(c)) {
 #if HAVE_CUDA
@@ -306,8 +346,7 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
         // [c, r] one: its transpose. So compute C^T = op(B)^T @ op(A)^T, which
         // cuBLAS sees as B' @ A' on the very same buffers: swap the operands.
         if (g_matmul_dtype == MATMUL_BFLOAT16) {
-            gpu_bfloat16_gemm(transpose_a, transpose_b, m, n, k, alpha, a->data, a->cols, b->data, b->cols, beta,
-                              c->data, c->cols);
+            gpu_bfloat16_gemm(transpose_a, transpose_b, m, n, k, alpha, a, b, beta, c);
             return;
         }
         CHECK_CUBLAS(cublasSgemm(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -59,6 +59,12 @@ typedef enum { MATMUL_FLOAT32, MATMUL_BFLOAT16 } MatmulDtype;
 MatmulDtype matmul_dtype_from_flag(const char *flag);
 void matmul_set_dtype(MatmulDtype dtype);
 MatmulDtype matmul_dtype(void);
+// Until gemm_release_rounded, a bfloat16 gemm rounds t once, at the first product that reads it,
+// where it would round it at every product: a Linear's output gradient, which both of its backward
+// products read. Each product in between must read t, and none may write it. (With float32
+// matmuls, nothing.) One operand at a time.
+void gemm_hold_rounded(const Tensor *t);
+void gemm_release_rounded(void);
 // What bfloat16 matmuls' rounded operands take (nothing with float32), for a program's memory
 // estimate: a product's two operands rounded, each at most `largest_operand` floats (the largest
 // matrix any of the model's products reads), counted as float32 copies, the CPU's rounding (a GPU's

@@ -500,39 +500,23 @@ static void check_attention(const char *what, const Tensor *qkv, int B, int T, i
 // the calls are in stream order). The operands swapped as tensor.c's gemm swaps them (a row-major
 // matrix is its column-major transpose). One call for the B n_head products, where a batch of heads
 // per sequence took B calls: at nanoGPT's B = 64, the launches were most of the attention's time.
-// With bfloat16 matmuls (tensor.h), A's and B's matrices are first rounded into bfloat16 copies, at
-// the same offsets (their whole extent, every pair's matrix), and cublasGemmBatchedEx multiplies those
-// with float32 sums, as tensor.c's gemm does.
-static DeviceBuffer g_pair_pointers, g_pair_bf16[2];
+// With bfloat16 matmuls (tensor.h) A and B are bfloat16 copies (element_bytes 2), which the caller
+// rounds (gpu_pair_operand), each tensor once for all the products that read it, and
+// cublasGemmBatchedEx multiplies them with float32 sums, as tensor.c's gemm does.
+static DeviceBuffer g_pair_pointers;
 
-// The elements a batch of pairs reads of an operand stored [rows, ld] per pair (the stored matrix:
-// op's transpose where it is one), the last pair's last row ending at its cols.
-static size_t pairs_extent(int rows, int cols, int ld, long long outer, long long inner, int B, int n_head) {
-    return (size_t)((long long)(B - 1) * outer + (long long)(n_head - 1) * inner + (long long)(rows - 1) * ld + cols);
-}
-
-static void gemm_pairs(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float *a, int lda,
-                       long long a_outer, long long a_inner, const float *b, int ldb, long long b_outer,
+static void gemm_pairs(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const void *a, int lda,
+                       long long a_outer, long long a_inner, const void *b, int ldb, long long b_outer,
                        long long b_inner, float beta, float *c, int ldc, long long c_outer, long long c_inner, int B,
                        int n_head) {
     const int pairs = B * n_head;
     const bool bf16 = matmul_dtype() == MATMUL_BFLOAT16;
     cudaStream_t stream = device_stream();
-    const void *a_data = a, *b_data = b;
-    if (bf16) {
-        size_t a_count = pairs_extent(transpose_a ? k : m, transpose_a ? m : k, lda, a_outer, a_inner, B, n_head);
-        size_t b_count = pairs_extent(transpose_b ? n : k, transpose_b ? k : n, ldb, b_outer, b_inner, B, n_head);
-        uint16_t *a16 = device_buffer_reserve(&g_pair_bf16[0], a_count * sizeof(uint16_t));
-        uint16_t *b16 = device_buffer_reserve(&g_pair_bf16[1], b_count * sizeof(uint16_t));
-        gpu_round_to_bfloat16(a, a_count, a16, stream);
-        gpu_round_to_bfloat16(b, b_count, b16, stream);
-        a_data = a16, b_data = b16;
-    }
     const void **pointers = device_buffer_reserve(&g_pair_pointers, 3 * (size_t)pairs * sizeof(void *));
     const void **a_array = pointers, **b_array = pointers + pairs;
     float **c_array = (float **)(pointers + 2 * pairs);
-    gpu_pair_pointers(a_data, a_outer, a_inner, b_data, b_outer, b_inner, bf16 ? 2 : 4, c, c_outer, c_inner, n_head,
-                      pairs, a_array, b_array, c_array, stream);
+    gpu_pair_pointers(a, a_outer, a_inner, b, b_outer, b_inner, bf16 ? 2 : 4, c, c_outer, c_inner, n_head, pairs,
+                      a_array, b_array, c_array, stream);
     if (bf16)
         CHECK_CUBLAS(cublasGemmBatchedEx(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b_array, CUDA_R_16BF,
@@ -543,6 +527,25 @@ static void gemm_pairs(bool transpose_a, bool transpose_b, int m, int n, int k, 
                                         transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
                                         (const float *const *)b_array, ldb, (const float *const *)a_array, lda, &beta,
                                         c_array, ldc, pairs));
+}
+
+// The batched products' operands with bfloat16 matmuls: slot 0 qkv's copy, 1 the probabilities' (or
+// their gradient's), 2 y's gradient's. Each is rounded once per attention_forward or _backward:
+// qkv's once for q, k and v, where each product rounded both of its operands (q's and k's extents
+// each nearly the whole of qkv), which made the rounding about a third of a bfloat16 step's time.
+static DeviceBuffer g_pair_bf16[3];
+
+// x [n] as the products read it: x itself with float32 matmuls, else its bfloat16 copy in `slot`.
+static const void *gpu_pair_operand(int slot, const float *x, size_t n) {
+    if (matmul_dtype() != MATMUL_BFLOAT16) return x;
+    uint16_t *copy = device_buffer_reserve(&g_pair_bf16[slot], n * sizeof(uint16_t));
+    gpu_round_to_bfloat16(x, n, copy, device_stream());
+    return copy;
+}
+
+// The element `offset` floats into an operand of gpu_pair_operand's.
+static const void *operand_at(const void *x, size_t offset) {
+    return (const char *)x + offset * (matmul_dtype() == MATMUL_BFLOAT16 ? 2 : 4);
 }
 #endif
 
@@ -557,17 +560,18 @@ void attention_forward(const Tensor *qkv, int B, int T, int n_head, Tensor *att,
         const int head_dim = C / n_head, stride = 3 * C;
         const float scale = 1.0f / sqrtf((float)head_dim);
         const long long square = (long long)T * T, sequence = (long long)T * stride;  // a pair's [T, T]; a sequence's qkv
-        const float *q = qkv->data, *k = q + C, *v = q + 2 * C;
+        const void *q = gpu_pair_operand(0, qkv->data, tensor_numel(qkv)), *k = operand_at(q, C), *v = operand_at(q, 2 * C);
         gemm_pairs(false, true, T, T, head_dim, scale, q, stride, sequence, head_dim, k, stride, sequence, head_dim, 0.0f,
                    att->data, T, n_head * square, square, B, n_head);
         gpu_causal_softmax(att->data, B * n_head, T, device_stream());
+        const size_t scores = (size_t)B * n_head * square;
         const float *weights = att->data;
         if (dropout_mask) {
-            gpu_multiply(att->data, dropout_mask->data, (size_t)B * n_head * square, att_dropped->data, device_stream());
+            gpu_multiply(att->data, dropout_mask->data, scores, att_dropped->data, device_stream());
             weights = att_dropped->data;
         }
-        gemm_pairs(false, false, T, head_dim, T, 1.0f, weights, T, n_head * square, square, v, stride, sequence, head_dim,
-                   0.0f, y->data, C, (long long)T * C, head_dim, B, n_head);
+        gemm_pairs(false, false, T, head_dim, T, 1.0f, gpu_pair_operand(1, weights, scores), T, n_head * square, square,
+                   v, stride, sequence, head_dim, 0.0f, y->data, C, (long long)T * C, head_dim, B, n_head);
 #endif
         return;
     }
@@ -588,21 +592,24 @@ void attention_backward(const Tensor *qkv, const Tensor *att, const Tensor *drop
         const int head_dim = C / n_head, stride = 3 * C;
         const float scale = 1.0f / sqrtf((float)head_dim);
         const long long square = (long long)T * T, sequence = (long long)T * stride, pairs_square = n_head * square;
-        const float *weights = dropout_mask ? att_dropped->data : att->data;  // what multiplied v
-        const float *q = qkv->data, *k = q + C, *v = q + 2 * C;
+        const size_t n = (size_t)B * pairs_square;
+        // What multiplied v, and q, k, v, and dy: each rounded once with bfloat16 matmuls.
+        const void *weights = gpu_pair_operand(1, dropout_mask ? att_dropped->data : att->data, n);
+        const void *q = gpu_pair_operand(0, qkv->data, tensor_numel(qkv)), *k = operand_at(q, C), *v = operand_at(q, 2 * C);
+        const void *gy = gpu_pair_operand(2, grad_y->data, tensor_numel(grad_y));
         float *grad_q = grad_qkv->data, *grad_k = grad_q + C, *grad_v = grad_q + 2 * C;
         // y = weights v: d weights = dy v^T, dv = weights^T dy.
-        gemm_pairs(false, true, T, T, head_dim, 1.0f, grad_y->data, C, (long long)T * C, head_dim, v, stride, sequence,
-                   head_dim, 0.0f, grad_att->data, T, pairs_square, square, B, n_head);
-        gemm_pairs(true, false, T, head_dim, T, 1.0f, weights, T, pairs_square, square, grad_y->data, C, (long long)T * C,
+        gemm_pairs(false, true, T, T, head_dim, 1.0f, gy, C, (long long)T * C, head_dim, v, stride, sequence, head_dim,
+                   0.0f, grad_att->data, T, pairs_square, square, B, n_head);
+        gemm_pairs(true, false, T, head_dim, T, 1.0f, weights, T, pairs_square, square, gy, C, (long long)T * C,
                    head_dim, 0.0f, grad_v, stride, sequence, head_dim, B, n_head);
-        size_t n = (size_t)B * pairs_square;
         if (dropout_mask) gpu_multiply(grad_att->data, dropout_mask->data, n, grad_att->data, device_stream());
         gpu_causal_softmax_backward(att->data, grad_att->data, B * n_head, T, scale, device_stream());
-        // scores = q k^T: dq = d score k, dk = d score^T q.
-        gemm_pairs(false, false, T, head_dim, T, 1.0f, grad_att->data, T, pairs_square, square, k, stride, sequence,
+        // scores = q k^T: dq = d score k, dk = d score^T q (d score rounded where the weights were).
+        const void *grad_scores = gpu_pair_operand(1, grad_att->data, n);
+        gemm_pairs(false, false, T, head_dim, T, 1.0f, grad_scores, T, pairs_square, square, k, stride, sequence,
                    head_dim, 0.0f, grad_q, stride, sequence, head_dim, B, n_head);
-        gemm_pairs(true, false, T, head_dim, T, 1.0f, grad_att->data, T, pairs_square, square, q, stride, sequence,
+        gemm_pairs(true, false, T, head_dim, T, 1.0f, grad_scores, T, pairs_square, square, q, stride, sequence,
                    head_dim, 0.0f, grad_k, stride, sequence, head_dim, B, n_head);
 #endif
         return;

@@ -204,6 +204,37 @@ static void test_gemm(void) {
         tensor_free(&a), tensor_free(&b), tensor_free(&ga), tensor_free(&gb), tensor_free(&gc);
     }
 
+    // gemm_hold_rounded on the GPU: the held operand's bfloat16 copy, made by the first product,
+    // serves the next (as A, then as B: a Linear's and conv2d_backward's grad_y) with each product's
+    // own bits; held again after new values were copied in, the products read those.
+    {
+        Tensor g = tensor_zeros(23, 31, DEVICE_CPU), x = tensor_zeros(31, 19, DEVICE_CPU), w = tensor_zeros(19, 23, DEVICE_CPU);
+        fill_uniform(&x, -2, 2), fill_uniform(&w, -2, 2);
+        Tensor gg = on_gpu(&g), gx = on_gpu(&x), gw = on_gpu(&w);
+        Tensor c[4] = {tensor_zeros(23, 19, DEVICE_CUDA), tensor_zeros(19, 31, DEVICE_CUDA), tensor_zeros(23, 19, DEVICE_CUDA),
+                       tensor_zeros(19, 31, DEVICE_CUDA)};
+        matmul_set_dtype(MATMUL_BFLOAT16);
+        size_t differ = 0;
+        for (int round = 0; round < 2; round++) {
+            fill_uniform(&g, -2, 2);
+            tensor_from_host(&gg, g.data);
+            gemm(false, false, 1.0f, &gg, &gx, 0.0f, &c[0]);
+            gemm(false, false, 1.0f, &gw, &gg, 0.0f, &c[1]);
+            gemm_hold_rounded(&gg);
+            gemm(false, false, 1.0f, &gg, &gx, 0.0f, &c[2]);
+            gemm(false, false, 1.0f, &gw, &gg, 0.0f, &c[3]);
+            gemm_release_rounded();
+            Tensor own_a = on_cpu(&c[0]), own_b = on_cpu(&c[1]);
+            differ += bits_differ(&c[2], &own_a) + bits_differ(&c[3], &own_b);
+            tensor_free(&own_a), tensor_free(&own_b);
+        }
+        matmul_set_dtype(MATMUL_FLOAT32);
+        EXPECT(differ == 0, "gemm_hold_rounded on the GPU with bfloat16 matmuls: the held operand as A and as B, twice with "
+               "new values: each product's own rounding, bit for bit (%zu of %d differ)", differ, 2 * (23 * 19 + 19 * 31));
+        Tensor *all[] = {&g, &x, &w, &gg, &gx, &gw, &c[0], &c[1], &c[2], &c[3]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+    }
+
     Tensor x = tensor_zeros(300, 17, DEVICE_CPU), sums = tensor_zeros(1, 17, DEVICE_CPU);
     fill_uniform(&x, -1, 1), fill_uniform(&sums, -1, 1);
     Tensor gx = on_gpu(&x), gsums = on_gpu(&sums);

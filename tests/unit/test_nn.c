@@ -517,6 +517,36 @@ static void test_bfloat16_matmul(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
 }
 
+// gemm_hold_rounded: a held operand rounded once serves two products, one reading it as A and one as
+// B (conv2d_backward's grad_y), with the bits of each product rounding it itself; held again after it
+// changed, the products read its new values, not the last hold's copy.
+static void test_bfloat16_hold(void) {
+    enum { M = 23, K = 31, N = 19 };
+    Tensor g = tensor_zeros(M, K, DEVICE_CPU), x = tensor_zeros(K, N, DEVICE_CPU), w = tensor_zeros(N, M, DEVICE_CPU);
+    Tensor c1 = tensor_zeros(M, N, DEVICE_CPU), c2 = tensor_zeros(N, K, DEVICE_CPU);
+    Tensor h1 = tensor_zeros(M, N, DEVICE_CPU), h2 = tensor_zeros(N, K, DEVICE_CPU);
+    fill_uniform(x.data, tensor_numel(&x), -2, 2);
+    fill_uniform(w.data, tensor_numel(&w), -2, 2);
+    matmul_set_dtype(MATMUL_BFLOAT16);
+    size_t differ = 0;
+    for (int round = 0; round < 2; round++) {
+        fill_uniform(g.data, tensor_numel(&g), -2, 2);  // new values for the second hold
+        gemm(false, false, 1.0f, &g, &x, 0.0f, &c1);  // g as A
+        gemm(false, false, 1.0f, &w, &g, 0.0f, &c2);  // g as B
+        gemm_hold_rounded(&g);
+        gemm(false, false, 1.0f, &g, &x, 0.0f, &h1);
+        gemm(false, false, 1.0f, &w, &g, 0.0f, &h2);
+        gemm_release_rounded();
+        for (size_t i = 0; i < tensor_numel(&c1); i++) differ += c1.data[i] != h1.data[i];
+        for (size_t i = 0; i < tensor_numel(&c2); i++) differ += c2.data[i] != h2.data[i];
+    }
+    matmul_set_dtype(MATMUL_FLOAT32);
+    EXPECT(differ == 0, "gemm_hold_rounded with bfloat16 matmuls: the held operand as A and as B, twice with new values: "
+           "each product's own rounding, bit for bit (%zu of %d differ)", differ, 2 * (M * N + N * K));
+    Tensor *all[] = {&g, &x, &w, &c1, &c2, &h1, &h2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
+}
+
 int main(void) {
     rng_seed(&data_rng, 2024);
     test_linear();
@@ -529,5 +559,6 @@ int main(void) {
     test_init_and_names();
     test_accuracy();
     test_bfloat16_matmul();
+    test_bfloat16_hold();
     return test_summary();
 }
