@@ -246,7 +246,7 @@ static double pipeline_step(Gpt *model, const Grid *grid, const Schedule *schedu
         n_send = 0;
         if (timer) stage_timer_compute_start(timer, k);  // (on a GPU, marked once what came in is there)
         if (forward) {
-            const Tensor *out = gpt_stage_forward(model, slot, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
+            const Tensor *out = gpt_stage_forward(model, slot, i, inputs + offset, Bm, T);  // logits, loss = model(X, Y)
             if (last && losses)
                 gpt_stage_loss_to(model, slot, targets + offset, Bm, T, factor,
                                   step_losses_next_share(losses, 1.0f, starts_iteration && i == 0));  // (the iteration's sum)
@@ -362,7 +362,9 @@ static double activation_formula(const Gpt *model, const Options *o, double S, b
     // --recompute: each block's output (the next one's input) for every micro-batch held, and one
     // micro-batch's (B_m = batch_size / M) inside, shared by the blocks, in place of every block's inside.
     if (recompute) return N * Ls * C / S + ends + Bm * T * ((3 * C + 4) / S + 12 * C / Tp) + Bm * H / Tp * T * T;
-    double masks = c->dropout > 0 ? N * C * (2 * Ls + 1) + 2 * Ls * B * H * T * T : 0;
+    // Dropout's masks (not with --recompute): the embeddings' on the first stage and two per block on
+    // the token-wise rows, attention's on this rank's heads.
+    double masks = c->dropout > 0 ? N * C / S * (2 * Ls + model->has_embeddings) + 2 * Ls * B * H / Tp * T * T : 0;
     return N * Ls * ((4 * C + 4) / S + 12 * C / Tp) + ends + Ls * B * H / Tp * T * T + masks;
 }
 
@@ -393,10 +395,11 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
            "  activations  B T (L_s (4 C + 4 + 12 C / T) + C) + [last] B T (C + 2 + 2 V) + L_s B (H / T) T^2%s\n",
            model->n_blocks, o->tp, model->max_batch, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
-           c->dropout > 0 ? " + dropout's masks B T C (2 L + 1) + 2 L B H T^2" : "");
+           c->dropout > 0 ? " + dropout's masks B T C (2 L_s + [first]) + 2 L_s B (H / T) T^2" : "");
     if (o->sp)
         print0("  --sp         B T (L_s ((4 C + 4) / T + 12 C / T) + C / T) + [last] B T (C + 2 / T + 2 V) + L_s B (H / T) "
-               "T^2: the LayerNorms, the residuals and the stage's input cut T = %d ways along the tokens\n", o->tp);
+               "T^2%s: the LayerNorms, the residuals and the stage's input cut T = %d ways along the tokens\n",
+               c->dropout > 0 ? " + dropout's masks B T C (2 L_s + [first]) / T + 2 L_s B (H / T) T^2" : "", o->tp);
     if (o->recompute)
         print0("  --recompute  B T (L_s C + C)%s + [last] B T (C + 2%s + 2 V) + B_m T (%s + 12 C / T) + B_m (H / T) T^2, "
                "B_m = %.0f, a micro-batch's windows: the blocks' outputs, one micro-batch's inside\n", o->sp ? " / T" : "",
@@ -519,9 +522,10 @@ int main(int argc, char **argv) {
         {"block_size", ARG_INT, &o.block_size, "N", "context: characters the model sees", 1, NULL},
         {"batch_size", ARG_INT, &o.batch_size, "N", "windows per micro-step, per replica", 1, NULL},
         {"bias", ARG_SWITCH, &o.bias, NULL, "biases in the Linears and LayerNorms (nanoGPT's bias=True)", 0, NULL},
-        {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (the whole model only: D ranks, no --tp, --pp or --micro_batches)", 0, NULL},
+        {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (after the embeddings, on attention, after each c_proj)", 0, NULL},
         {"dropout_rng", ARG_STRING, &o.dropout_rng, "GEN", "the masks' generator: torch (its CPU generator's bits, drawn on "
-         "the host) or philox (counter-based, drawn where the model is); auto: philox on a GPU, torch on the CPU", 0,
+         "the host; whole models only) or philox (counter-based, drawn where the model is, each rank its part); auto: "
+         "philox on a GPU or a split model, torch on the CPU", 0,
          "torch|philox|auto"},
         {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
         {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
@@ -589,9 +593,13 @@ int main(int argc, char **argv) {
     if (o.sp && (long)o.batch_size / o.micro_batches * o.block_size % o.tp != 0)
         usage_error("--sp: a micro-batch's %d x %d tokens do not split into --tp %d equal parts", o.batch_size / o.micro_batches,
                     o.block_size, o.tp);
-    if (o.dropout > 0 && o.tp * o.pp * o.micro_batches > 1)
-        usage_error("--dropout %g: only with whole models (no --tp, --pp or --micro_batches): step 19 draws the masks of "
-                    "a whole micro-step, which a split would draw otherwise", o.dropout);
+    // A split's rank draws its part of each mask (its micro-batch's rows, its heads, its stages'
+    // blocks) at the values step 19 draws for the whole micro-step: Philox gives any value alone;
+    // torch's generator is a sequence, which only a whole model draws in step 19's order.
+    const bool split_model = o.tp * o.pp * o.micro_batches > 1;
+    if (o.dropout > 0 && split_model && strcmp(o.dropout_rng, "torch") == 0)
+        usage_error("--dropout_rng torch with --tp, --pp or --micro_batches: torch's generator draws whole masks in order, "
+                    "and a split model's ranks each draw a part of them (--dropout_rng philox)");
     if (o.recompute && o.dropout > 0)
         usage_error("--recompute with --dropout %g: the recomputed forward would need the masks drawn again", o.dropout);
     Device device = device_from_flag(o.device);
@@ -649,7 +657,8 @@ int main(int argc, char **argv) {
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
     Gpt *model = gpt_new_part(whole, held_batch, &split, device);  // its part, .to(device)
-    if (strcmp(o.dropout_rng, "auto") != 0) gpt_set_dropout_philox(model, strcmp(o.dropout_rng, "philox") == 0);
+    if (strcmp(o.dropout_rng, "auto") != 0 || split_model)
+        gpt_set_dropout_philox(model, split_model || strcmp(o.dropout_rng, "philox") == 0);
     Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
     // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
     AdamW optimizer = {0};
@@ -681,6 +690,11 @@ int main(int argc, char **argv) {
                t, t * H, (t + 1) * H - 1, t * 4 * o.n_embd / o.tp, (t + 1) * 4 * o.n_embd / o.tp - 1);
     }
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
+    if (o.dropout > 0)
+        print0("dropout %g: masks from %s\n", o.dropout,
+               model->dropout_philox ? split_model ? "Philox, each rank drawing its part where the model is"
+                                                   : "Philox, drawn where the model is"
+                                     : "torch's CPU generator, drawn on the host");
     // MFU's yardstick: this rank's sgemm peak on its device, measured now.
     double flops_per_iter = gpt_flops_per_token(whole, o.block_size) * global_batch * o.block_size;
     double peak = o.max_iters > 0 ? sgemm_peak_flops(device, device == DEVICE_CUDA ? 2048 : 1024, 5) : 0.0;
@@ -794,7 +808,7 @@ int main(int argc, char **argv) {
         for (int m = 0; m < o.accum_steps; m++) {
             char_text_windows(&text, SPLIT_TRAIN, offsets + (size_t)(grid.replica * o.accum_steps + m) * o.batch_size,
                               o.batch_size, o.block_size, inputs, targets);
-            // The dropout masks of micro-batch (iteration, slice), as step 19 draws them (whole models only).
+            // The dropout masks of micro-batch (iteration, slice), as step 19 draws them (a split: each rank its part).
             int slice = grid.replica * o.accum_steps + m, slices = o.accum_steps * o.dp;
             gpt_seed_dropout(model, ((uint64_t)o.seed << 32) + (1ULL << 31) + (uint64_t)iter * slices + slice);
             // Forward, loss and backward of the micro-step's M micro-batches, in the schedule's order.

@@ -41,12 +41,17 @@ PHILOX_FUNCTION int philox_keeps(uint32_t bits, float keep) {
     return (float)(bits >> 8) * 0x1p-24f < keep;
 }
 
-// Evaluation `group` of a dropout mask (transformer_ops.h's dropout_philox): Philox's four words for
-// the counter (group, stream) under the key give mask values 4 group .. 4 group + 3, those below n:
-// scale where philox_keeps, else 0. The CPU's loop and the GPU's kernel both call it.
+// Evaluation `group` of a dropout mask (transformer_ops.h's dropout_philox_part), for its run of
+// values first .. first + length - 1: Philox's four words for the counter (group, stream) under the
+// key give mask values 4 group .. 4 group + 3, and those in the run go to run[value - first]: scale
+// where philox_keeps, else 0. A run's evaluations are groups first / 4 .. (first + length - 1) / 4.
+// The CPU's loop and the GPU's kernel both call it.
 PHILOX_FUNCTION void philox_dropout_group(uint64_t group, uint32_t key0, uint32_t key1, uint64_t stream, float keep,
-                                          float scale, uint64_t n, float *mask) {
+                                          float scale, uint64_t first, uint64_t length, float *run) {
     Philox4x32 counter = {{(uint32_t)group, (uint32_t)(group >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
     Philox4x32 bits = philox4x32_10(counter, key0, key1);
-    for (int j = 0; j < 4 && 4 * group + j < n; j++) mask[4 * group + j] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
+    for (int j = 0; j < 4; j++) {
+        uint64_t value = 4 * group + j;
+        if (value >= first && value < first + length) run[value - first] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
+    }
 }

@@ -62,7 +62,9 @@ static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, i
         const double Bi = recompute_batch;
         f.kept = N * L * C / S + Bi * T * ((3 * C + 4) / S + 12 * C / tp) + Bi * H * T * T + ends;
     }
-    if (c->dropout > 0) f.kept += N * C * (2 * L + 1) + 2 * L * B * H * T * T;  // its masks
+    // Dropout's masks: the embeddings' (the first stage's) and two per block on the token-wise rows,
+    // attention's on this rank's heads.
+    if (c->dropout > 0) f.kept += N * C / S * (2 * L + (embeddings ? 1 : 0)) + 2 * L * B * H * T * T;
     // Backward's [N, C..4C] buffers (grad_residual, grad_ln; split: grad_qkv, grad_attn_y, grad_fc),
     // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient);
     // sequence parallelism's gathered rows and a LayerNorm's partial gradients.
@@ -203,7 +205,7 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     const int H = c->n_head / tp, N = max_batch * T;
     const int S = m->sequence_parallel ? tp : 1, NS = N / S;  // the token-wise regions' rows
     CHECK(m->first_layer >= 0 && L >= 1 && m->first_layer + L <= c->n_layer && c->n_head % tp == 0 &&
-          (4 * C) % tp == 0 && N % S == 0 && (!m->sequence_parallel || c->dropout == 0),
+          (4 * C) % tp == 0 && N % S == 0,
           "gpt: blocks [%d, %d) of %d split %d ways (%d tokens over %d)", m->first_layer, m->first_layer + L,
           c->n_layer, tp, N, S);
     m->blocks = xcalloc((size_t)L * GPT_BLOCK_TENSORS, sizeof(Tensor));
@@ -272,12 +274,12 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
         if (c->dropout > 0) {
             a->att_mask = tensor_zeros(max_batch * H, T * T, device);
             a->att_dropped = tensor_zeros(max_batch * H, T * T, device);
-            a->attn_proj_mask = tensor_zeros(N, C, device);
-            a->mlp_proj_mask = tensor_zeros(N, C, device);
+            a->attn_proj_mask = tensor_zeros(NS, C, device);
+            a->mlp_proj_mask = tensor_zeros(NS, C, device);
         }
     }
     if (c->dropout > 0) {
-        m->embed_mask = tensor_zeros(N, C, device);
+        if (m->has_embeddings) m->embed_mask = tensor_zeros(NS, C, device);
         m->grad_proj_out = tensor_zeros(N, C, device);
     }
     if (c->dropout > 0 || tp > 1) m->proj_out = tensor_zeros(N, C, device);
@@ -334,9 +336,6 @@ static int kind_of(const char *name) {
 
 Gpt *gpt_new_part(const Gpt *whole, int max_batch, const GptSplit *split, Device device) {
     CHECK(whole->n_blocks == whole->config.n_layer && whole->device == DEVICE_CPU, "gpt_new_part: a whole model on the host");
-    const bool whole_part = split->first_layer == 0 && split->end_layer == whole->config.n_layer &&
-                            (!split->tensor_group || split->tensor_group->size == 1);
-    CHECK(whole->config.dropout == 0 || whole_part, "gpt_new_part: dropout's masks are drawn for the whole model, not per part");
     Gpt *m = gpt_allocate(&whole->config, max_batch, split, device);
     for (int i = 0; i < m->n_params; i++) {
         Param *p = &m->params[i];
@@ -556,30 +555,6 @@ void gpt_seed_dropout(Gpt *m, uint64_t seed) {
 
 void gpt_set_dropout_philox(Gpt *m, bool philox) { m->dropout_philox = philox; }
 
-// One mask of a forward: mask `index` (0 the embeddings', 1 + 3 l + k block l's k-th) of n values.
-static void draw_dropout_mask(Gpt *m, int index, long n, Tensor *mask) {
-    if (m->dropout_philox)
-        dropout_philox(m->dropout_seed, m->dropout_forwards << 32 | (uint64_t)index, m->config.dropout, n, mask);
-    else
-        dropout_draw(&m->dropout_rng, m->config.dropout, n, mask);
-}
-
-// The masks of a forward of [B, T] in training, drawn in nanoGPT's order (the embeddings', then per
-// block attention's, after attn.c_proj, after mlp.c_proj), all before the forward computes. With
-// torch's generator on a GPU they are drawn on the host and copied (transformer_ops.h's
-// dropout_draw): the host waits for the GPU once per forward, and copies B T (2 L + 1) C + L B H T^2
-// floats; Philox draws them on the GPU. (A whole model's: gpt_new_part takes dropout on whole models only.)
-static void draw_dropout_masks(Gpt *m, int B, int T) {
-    const long tokens = (long)B * T * m->config.n_embd, scores = (long)B * m->config.n_head * T * T;
-    draw_dropout_mask(m, 0, tokens, &m->embed_mask);
-    for (int l = 0; l < m->n_blocks; l++) {
-        draw_dropout_mask(m, 1 + 3 * l, scores, &m->acts[l].att_mask);
-        draw_dropout_mask(m, 2 + 3 * l, tokens, &m->acts[l].attn_proj_mask);
-        draw_dropout_mask(m, 3 + 3 * l, tokens, &m->acts[l].mlp_proj_mask);
-    }
-    m->dropout_forwards++;
-}
-
 // residual_out = residual_in + dropout(y @ weight^T + bias): a block's c_proj and its residual.
 // Without dropout and split, in one GEMM that adds onto a copy of residual_in. Row-parallel (T > 1):
 // each rank's y holds its heads (or its MLP columns), so y @ weight^T is a partial sum, summed over
@@ -604,6 +579,7 @@ static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor
 // Micro-batch micro's views of a block's activations (B sequences of T at rows micro * B * T).
 typedef struct {
     Tensor ln_1, ln_1_mean, ln_1_rstd, qkv, att, attn_y, residual_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu, residual_2;
+    Tensor att_mask, att_dropped, attn_proj_mask, mlp_proj_mask;  // with dropout (draw_dropout_masks')
 } BlockViews;
 
 // The token-wise ones (LayerNorms, residuals) hold this rank's n = token_rows(N) rows.
@@ -621,8 +597,17 @@ static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
         .ln_2_mean = values_at(&a->ln_2_mean, first_n, 1, n), .ln_2_rstd = values_at(&a->ln_2_rstd, first_n, 1, n),
         .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N)};
     views.residual_2 = rows_at(&a->residual_2, micro * n, n);  // kept per micro-batch
+    if (m->config.dropout > 0) {  // drawn per micro-batch
+        views.att_mask = values_at(&a->att_mask, micro * scores, B * H, T * T);
+        views.att_dropped = values_at(&a->att_dropped, micro * scores, B * H, T * T);
+        views.attn_proj_mask = rows_at(&a->attn_proj_mask, micro * n, n);
+        views.mlp_proj_mask = rows_at(&a->mlp_proj_mask, micro * n, n);
+    }
     return views;
 }
+
+// transformer.drop's mask of micro-batch slot micro (n token rows).
+static Tensor embed_mask(Gpt *m, int micro, int n) { return rows_at(&m->embed_mask, micro * n, n); }
 
 static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
     CHECK(B >= 1 && T >= 1 && T <= m->config.block_size && micro >= 0 &&
@@ -630,27 +615,70 @@ static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
           "gpt: micro-batch %d of [%d, %d] beyond the buffers of [%d, %d]", micro, B, T, m->max_batch, m->config.block_size);
 }
 
+// This rank's part of mask `index` of a forward (0 the embeddings', 1 + 3 l + k block l's k-th, l
+// counted in the whole model): `runs` runs of `length` values, the first at value `first` of the
+// whole mask, the others `stride` apart. torch's generator is a sequence, drawn whole: a whole model's
+// first micro-batch only.
+static void draw_dropout_mask(Gpt *m, int index, long first, long length, long stride, long runs, Tensor *mask) {
+    if (m->dropout_philox) {
+        dropout_philox_part(m->dropout_seed, m->dropout_forward << 32 | (uint64_t)index, m->config.dropout, first,
+                            length, stride, runs, mask);
+        return;
+    }
+    CHECK(first == 0 && (runs == 1 || stride == length),
+          "gpt: dropout's masks from torch's generator for a part of the model or a micro-batch after the first: "
+          "only Philox draws a part (--dropout_rng philox)");
+    dropout_draw(&m->dropout_rng, m->config.dropout, length * runs, mask);
+}
+
+// The masks of micro-batch `micro_batch` of B sequences (a whole forward: micro-batch 0, the micro-
+// step's batch) in training, drawn in nanoGPT's order (the embeddings', then per block attention's,
+// after attn.c_proj, after mlp.c_proj), all before the forward computes, into slot `micro`'s rows of
+// the mask buffers (a pipeline runs each one's backward after other forwards). Each is this rank's
+// part of the whole micro-step's mask, the values step 19 draws for the same tokens: the micro-
+// batch's rows, with sequence parallelism this rank's share of them; attention's, this rank's heads
+// of each sequence. With torch's generator on a GPU they are drawn on the host and copied
+// (transformer_ops.h's dropout_draw): the host waits for the GPU once per forward, and copies
+// B T (2 L + 1) C + L B H T^2 floats; Philox draws them on the GPU.
+static void draw_dropout_masks(Gpt *m, int micro, int micro_batch, int B, int T) {
+    const int C = m->config.n_embd, all_heads = m->config.n_head, H = all_heads / m->tp_size, N = B * T;
+    const long n = token_rows(m, N), square = (long)T * T;
+    if (micro_batch == 0) m->dropout_forward = m->dropout_forwards++;  // a micro-step's forward, whatever its micro-batches
+    const long tokens_first = ((long)micro_batch * N + first_token_row(m, N)) * C;
+    const long scores_first = ((long)micro_batch * B * all_heads + (long)m->tp_rank * H) * square;
+    if (m->has_embeddings) {
+        Tensor mask = embed_mask(m, micro, n);
+        draw_dropout_mask(m, 0, tokens_first, n * C, n * C, 1, &mask);
+    }
+    for (int l = 0; l < m->n_blocks; l++) {
+        BlockViews v = block_views(m, l, micro, B, T);
+        const int index = 1 + 3 * (m->first_layer + l);
+        draw_dropout_mask(m, index, scores_first, H * square, all_heads * square, B, &v.att_mask);
+        draw_dropout_mask(m, index + 1, tokens_first, n * C, n * C, 1, &v.attn_proj_mask);
+        draw_dropout_mask(m, index + 2, tokens_first, n * C, n * C, 1, &v.mlp_proj_mask);
+    }
+}
+
 // Block l's forward of micro-batch micro from its input x: its inside into its views (with
 // recompute, the shared set), its output into residual_2's rows. Returns the output.
 static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor *x, bool dropout) {
     const int H = m->config.n_head / m->tp_size;
-    GptBlockActivations *a = &m->acts[l];
     BlockViews v = block_views(m, l, micro, B, T);
     // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
     layernorm_forward(x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
                       &v.ln_1_rstd);
     Tensor ln_1 = gather_tokens(m, &v.ln_1);                      // every token's (sequence parallelism: all-gathered)
     linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &v.qkv);                 // [N, 3C]
-    attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL,
+    attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &v.att_mask : NULL, dropout ? &v.att_dropped : NULL,
                       &v.attn_y);                                 // attn_dropout's mask drawn above
-    projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, x, &v.residual_1, &a->attn_proj_mask, dropout);  // x + c_proj(y)
+    projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, x, &v.residual_1, &v.attn_proj_mask, dropout);  // x + c_proj(y)
     // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
     layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
                       &v.ln_2_mean, &v.ln_2_rstd);
     Tensor ln_2 = gather_tokens(m, &v.ln_2);
     linear(m, l, GPT_FC_WEIGHT, &ln_2, &v.fc);                    // [N, 4C]
     gelu_forward(&v.fc, &v.fc_gelu);
-    projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &a->mlp_proj_mask, dropout);
+    projection_residual(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &v.residual_1, &v.residual_2, &v.mlp_proj_mask, dropout);
     return v.residual_2;
 }
 
@@ -660,7 +688,7 @@ Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
     return rows_at(&m->embedded, micro * n, n);
 }
 
-const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int T) {
+const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *inputs, int B, int T) {
     const GptConfig *c = &m->config;
     check_micro_batch(m, micro, B, T);
     const int N = B * T, first = micro * N, n = token_rows(m, N);
@@ -668,7 +696,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
           B, m->recompute_batch);
     m->B = B, m->T = T;
     const bool dropout = m->training && c->dropout > 0;
-    if (dropout) draw_dropout_masks(m, B, T);
+    if (dropout) draw_dropout_masks(m, micro, micro_batch, B, T);
     Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
     if (m->has_embeddings) {
         TokenBatch *tokens = &m->slot_tokens[micro];
@@ -682,7 +710,10 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
         } else {
             embedding_forward(tokens, &m->wte, &m->wpe, B, T, &x);
         }
-        if (dropout) multiply_by_mask(&x, &m->embed_mask);  // transformer.drop
+        if (dropout) {
+            Tensor mask = embed_mask(m, micro, n);
+            multiply_by_mask(&x, &mask);  // transformer.drop
+        }
     }
     for (int l = 0; l < m->n_blocks; l++) x = block_forward(m, l, micro, B, T, &x, dropout);
     if (!m->has_head) {
@@ -702,7 +733,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, const int *inputs, int B, int
 
 const Tensor *gpt_forward(Gpt *m, const int *inputs, int B, int T) {
     CHECK(m->has_embeddings && m->has_head, "gpt_forward: a whole model (a stage: gpt_stage_forward)");
-    return gpt_stage_forward(m, 0, inputs, B, T);
+    return gpt_stage_forward(m, 0, 0, inputs, B, T);
 }
 
 void gpt_logits_row(const Gpt *m, int row, float *host) {
@@ -801,7 +832,6 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         tensor_copy(&grad_residual, &grad_output);
     }
     for (int l = L - 1; l >= 0; l--) {
-        GptBlockActivations *a = &m->acts[l];
         BlockViews v = block_views(m, l, micro, B, T);
         Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);  // the block's input
         int slot = l * GPT_BLOCK_TENSORS;
@@ -809,7 +839,7 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
         // (Sequence parallelism: d mlp.c_proj's output and ln_2(x) all-gathered, as the Linears'
         // gradients need every token; d ln_2(x) reduce-scattered onto this rank's rows.)
-        Tensor grad_mlp_out = dropout_back(m, &a->mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
+        Tensor grad_mlp_out = dropout_back(m, &v.mlp_proj_mask, &grad_residual);  // d mlp.c_proj's output
         Tensor grad_mlp_all = gather_tokens(m, &grad_mlp_out);
         linear_back(m, l, GPT_FC_PROJ_WEIGHT, &v.fc_gelu, &grad_mlp_all, &grad_fc, false);  // d gelu(fc), [N, 4C]
         ready(m, slot + GPT_FC_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_FC_PROJ_BIAS, hook, context);
@@ -822,11 +852,11 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
                        &grad_residual, block_grad(m, l, GPT_LN_2_WEIGHT), c->bias ? block_grad(m, l, GPT_LN_2_BIAS) : NULL);
         ready(m, slot + GPT_LN_2_WEIGHT, hook, context), ready(m, slot + GPT_LN_2_BIAS, hook, context);
         // x = x + attn(ln_1(x))
-        Tensor grad_attn_out = dropout_back(m, &a->attn_proj_mask, &grad_residual);  // d attn.c_proj's output
+        Tensor grad_attn_out = dropout_back(m, &v.attn_proj_mask, &grad_residual);  // d attn.c_proj's output
         Tensor grad_attn_all = gather_tokens(m, &grad_attn_out);
         linear_back(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, &grad_attn_all, &grad_attn_y, false);
         ready(m, slot + GPT_ATTN_PROJ_WEIGHT, hook, context), ready(m, slot + GPT_ATTN_PROJ_BIAS, hook, context);
-        attention_backward(&v.qkv, &v.att, dropout ? &a->att_mask : NULL, dropout ? &a->att_dropped : NULL, &grad_attn_y,
+        attention_backward(&v.qkv, &v.att, dropout ? &v.att_mask : NULL, dropout ? &v.att_dropped : NULL, &grad_attn_y,
                            B, T, H, &m->grad_att, &grad_qkv);
         Tensor ln_1 = gather_tokens(m, &v.ln_1);
         linear_back(m, l, GPT_ATTN_WEIGHT, &ln_1, &grad_qkv, &grad_ln, false);
@@ -841,7 +871,10 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         m->grad_input = grad_residual;
         return &m->grad_input;
     }
-    if (dropout) multiply_by_mask(&grad_residual, &m->embed_mask);  // through transformer.drop
+    if (dropout) {
+        Tensor mask = embed_mask(m, micro, n);
+        multiply_by_mask(&grad_residual, &mask);  // through transformer.drop
+    }
     const TokenBatch *tokens = &m->slot_tokens[micro];  // (its forward's: a pipeline runs others' in between)
     CHECK(tokens->n == N, "gpt: micro-batch slot %d's backward for %d tokens, its forward had %d", micro, N, tokens->n);
     Tensor grad_embedded = gather_tokens(m, &grad_residual);  // every token's (alike on the group's ranks)

@@ -119,6 +119,7 @@ typedef struct {
     // mask), drawn where the model lives (transformer_ops.h's dropout_philox).
     bool dropout_philox;
     uint64_t dropout_seed, dropout_forwards;
+    uint64_t dropout_forward;                      // the forward whose masks are drawn: micro-batch 0's opens the next
     // The last forward's batch and activations.
     int B, T;
     TokenBatch *slot_tokens;                       // [max_batch] (the first stage): micro-batch slot s's inputs on the
@@ -210,9 +211,12 @@ const Tensor *gpt_forward(Gpt *model, const int *inputs, int B, int T);
 // activation buffers (B * T * (micro + 1) <= max_batch * block_size). Forward: the first stage
 // from inputs [B * T] on the host; a later one from gpt_stage_input's view, which the caller fills
 // with the previous stage's output. Returns the stage's output: the logits on the last stage (then
-// gpt_stage_loss), else the last block's output [B * T, C], to send on.
+// gpt_stage_loss), else the last block's output [B * T, C], to send on. With dropout in training,
+// the masks are those of the micro-step's micro-batch `micro_batch` (of the micro-step's B M
+// sequences, sequences micro_batch B ..), which step 19's whole forward of the micro-step draws
+// for them, whatever slot `micro` holds it; micro-batch 0's forward starts the micro-step's.
 Tensor gpt_stage_input(Gpt *model, int micro, int B, int T);
-const Tensor *gpt_stage_forward(Gpt *model, int micro, const int *inputs, int B, int T);
+const Tensor *gpt_stage_forward(Gpt *model, int micro, int micro_batch, const int *inputs, int B, int T);
 // The last stage: F.cross_entropy of micro-batch micro's logits (its mean), and its gradient times
 // factor (its share of the step) kept for backward.
 float gpt_stage_loss(Gpt *model, int micro, const int *targets, int B, int T, float factor);

@@ -224,9 +224,10 @@ void gpu_pair_pointers(const void *a, long long a_outer, long long a_inner, cons
                        long long b_inner, int operand_bytes, float *c, long long c_outer, long long c_inner,
                        int per_sequence, int count, const void **a_out, const void **b_out, float **c_out,
                        cudaStream_t stream);
-// transformer_ops.h's dropout_philox: mask[i] = scale or 0, from Philox4x32-10 (base/philox.h).
-void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, size_t n,
-                        float *mask, cudaStream_t stream);
+// transformer_ops.h's dropout_philox_part: mask [runs, length], run r the whole mask's values
+// first + r stride .., each scale or 0, from Philox4x32-10 (base/philox.h).
+void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, uint64_t first,
+                        uint64_t length, uint64_t stride, size_t runs, float *mask, cudaStream_t stream);
 // x [B * T, C] = wte[tokens] + wpe[position].
 void gpu_embedding_forward(const int *tokens, const float *wte, const float *wpe, int B, int T, int C, float *x,
                            cudaStream_t stream);

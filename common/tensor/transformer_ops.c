@@ -640,24 +640,36 @@ void dropout_draw(Rng *rng, double p, long n, Tensor *mask) {
 }
 
 CPU_DISPATCHED static void cpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream, float keep, float scale,
-                                              long n, float *mask) {
+                                              long first, long length, long stride, long runs, float *mask) {
+    const long groups_per_run = (length + 3) / 4 + 1;  // (kernels.cu's dropout_philox_kernel's)
 #pragma omp parallel for schedule(static)
-    for (long group = 0; group < (n + 3) / 4; group++)  // four values per evaluation
-        philox_dropout_group((uint64_t)group, key0, key1, stream, keep, scale, (uint64_t)n, mask);
+    for (long i = 0; i < runs * groups_per_run; i++) {  // four values per evaluation
+        const long r = i / groups_per_run, run_first = first + r * stride;
+        philox_dropout_group((uint64_t)(run_first / 4 + i % groups_per_run), key0, key1, stream, keep, scale,
+                             (uint64_t)run_first, (uint64_t)length, mask + r * length);
+    }
 }
 
-void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask) {
-    CHECK(n >= 0 && (size_t)n <= tensor_numel(mask), "dropout_philox: %ld values into a mask of %zu", n,
+void dropout_philox_part(uint64_t seed, uint64_t stream, double p, long first, long length, long stride, long runs,
+                         Tensor *mask) {
+    CHECK(first >= 0 && length >= 0 && runs >= 0 && (runs <= 1 || stride >= length) &&
+              (size_t)(length * runs) <= tensor_numel(mask),
+          "dropout_philox: %ld runs of %ld values (from %ld, every %ld) into a mask of %zu", runs, length, first, stride,
           tensor_numel(mask));
     const float keep = (float)(1.0 - p), scale = 1.0f / (float)(1.0 - p);  // as dropout_mask's
     if (tensor_on_gpu(mask)) {
 #if HAVE_CUDA
-        gpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, (size_t)n, mask->data,
-                           device_stream());
+        gpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, (uint64_t)first,
+                           (uint64_t)length, (uint64_t)stride, (size_t)runs, mask->data, device_stream());
 #endif
         return;
     }
-    cpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, n, mask->data);
+    cpu_dropout_philox((uint32_t)seed, (uint32_t)(seed >> 32), stream, keep, scale, first, length, stride, runs,
+                       mask->data);
+}
+
+void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask) {
+    dropout_philox_part(seed, stream, p, 0, n, n, 1, mask);
 }
 
 void multiply_by_mask(Tensor *x, const Tensor *mask) {

@@ -63,6 +63,11 @@ void dropout_draw(Rng *rng, double p, long n, Tensor *mask);
 // lives, a kernel on a GPU and the rank's threads on the CPU, with no host wait and no copy: the
 // same bits on either device at any thread count. Not torch's bits on either device.
 void dropout_philox(uint64_t seed, uint64_t stream, double p, long n, Tensor *mask);
+// The part of such a mask that a rank of a split model holds, into mask [runs, length]: run r is the
+// whole mask's values first + r stride .. first + r stride + length - 1 (a micro-batch's rows; a
+// tensor-parallel rank's heads of each sequence), the bits dropout_philox gives them in the whole.
+void dropout_philox_part(uint64_t seed, uint64_t stream, double p, long first, long length, long stride, long runs,
+                         Tensor *mask);
 // x *= mask, elementwise over x's values (forward: the dropout; backward: its gradient).
 void multiply_by_mask(Tensor *x, const Tensor *mask);
 // out = a + b, elementwise over out's values (a residual: x + dropout(c_proj(y))).

@@ -243,6 +243,30 @@ static void test_philox(void) {
     EXPECT(fabs((double)differ / N - 0.42) < 0.01 && fabs((double)differ_seed / N - 0.42) < 0.01,
            "dropout_philox: another stream differs at %.1f%% of the values, another seed at %.1f%% (independent: 42%%)",
            100.0 * differ / N, 100.0 * differ_seed / N);
+    // dropout_philox_part: a split model's share of the whole mask (runs of a length, a stride apart,
+    // from any first value: a micro-batch's rows, a tensor-parallel rank's heads), each value the
+    // whole's, at alignments that start and end runs inside an evaluation's four words.
+    const struct { long first, length, stride, runs; } parts[] = {
+        {0, N, N, 1}, {1, 5, 7, 3}, {6, 13, 13, 2}, {4 * 2500 + 3, 2499, 9000, 10}, {N - 9, 9, 9, 1}, {17, 0, 3, 4}};
+    long wrong = 0;
+    for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
+        Tensor part = tensor_zeros(1, (int)(parts[k].length * parts[k].runs) + 1, DEVICE_CPU);
+        part.data[parts[k].length * parts[k].runs] = -1.0f;  // past the part: left as it was
+#ifdef _OPENMP
+        omp_set_num_threads(k % 2 ? 4 : 1);
+#endif
+        dropout_philox_part(seed, stream, p, parts[k].first, parts[k].length, parts[k].stride, parts[k].runs, &part);
+        for (long r = 0; r < parts[k].runs; r++)
+            for (long i = 0; i < parts[k].length; i++)
+                wrong += part.data[r * parts[k].length + i] != one.data[parts[k].first + r * parts[k].stride + i];
+        wrong += part.data[parts[k].length * parts[k].runs] != -1.0f;
+        tensor_free(&part);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    EXPECT(wrong == 0, "dropout_philox_part: %zu parts (runs from any value, a stride apart) are the whole mask's values "
+           "there, nothing written past them (%ld wrong)", sizeof parts / sizeof *parts, wrong);
     tensor_free(&one), tensor_free(&four), tensor_free(&other);
 }
 

@@ -847,6 +847,12 @@ static void test_transformer_ops(void) {
         size_t differ = bits_differ(&mask.gpu, &mask.cpu);
         EXPECT(differ == 0, "dropout_philox on the GPU (a Philox4x32-10 kernel): the CPU's %ld values, bit for bit (%zu differ)",
                n, differ);
+        // A split model's part (dropout_philox_part): 7 runs of 999 values, 4001 apart, from value 3.
+        dropout_philox_part(0xfeedULL, 9, 0.2, 3, 999, 4001, 7, &mask.cpu);
+        dropout_philox_part(0xfeedULL, 9, 0.2, 3, 999, 4001, 7, &mask.gpu);
+        differ = bits_differ(&mask.gpu, &mask.cpu);
+        EXPECT(differ == 0, "dropout_philox_part on the GPU: 7 runs of 999 values, from value 3, 4001 apart: the CPU's bits "
+               "(%zu of %ld differ)", differ, n);
         pair_free(&mask);
     }
 
