@@ -359,13 +359,17 @@ static double activation_formula(const Gpt *model, const Options *o, double S, b
     const double Ls = model->n_blocks, C = c->n_embd, V = c->vocab_size, T = c->block_size, Tp = o->tp;
     const double H = c->n_head, B = model->max_batch, N = B * T, Bm = (double)o->batch_size / o->micro_batches;
     const double ends = N * C / S + (model->has_head ? N * (C + 2 / S + 2 * V) : 0);  // the stage's input; ln_f, logits
+    // Dropout's masks: the embeddings' on the first stage, and per block two on the token-wise rows and
+    // attention's on this rank's heads (with its probabilities after it).
+    const double embed_mask = c->dropout > 0 && model->has_embeddings ? N * C / S : 0, drop = c->dropout > 0 ? 1 : 0;
     // --recompute: each block's output (the next one's input) for every micro-batch held, and one
-    // micro-batch's (B_m = batch_size / M) inside, shared by the blocks, in place of every block's inside.
-    if (recompute) return N * Ls * C / S + ends + Bm * T * ((3 * C + 4) / S + 12 * C / Tp) + Bm * H / Tp * T * T;
-    // Dropout's masks (not with --recompute): the embeddings' on the first stage and two per block on
-    // the token-wise rows, attention's on this rank's heads.
-    double masks = c->dropout > 0 ? N * C / S * (2 * Ls + model->has_embeddings) + 2 * Ls * B * H / Tp * T * T : 0;
-    return N * Ls * ((4 * C + 4) / S + 12 * C / Tp) + ends + Ls * B * H / Tp * T * T + masks;
+    // micro-batch's (B_m = batch_size / M) inside, shared by the blocks, in place of every block's
+    // inside (its masks among it, drawn again).
+    if (recompute)
+        return N * Ls * C / S + ends + Bm * T * ((3 * C + 4) / S + 12 * C / Tp) + Bm * H / Tp * T * T + embed_mask +
+               drop * 2 * Bm * T * (C / S + H / Tp * T);
+    return N * Ls * ((4 * C + 4) / S + 12 * C / Tp) + ends + Ls * B * H / Tp * T * T + embed_mask +
+           drop * 2 * Ls * B * T * (C / S + H / Tp * T);
 }
 
 // What a rank holds, each part beside its formula (L_s = n_layer / P blocks of its stage, C wide,
@@ -396,14 +400,17 @@ static void print_memory(const Gpt *model, const Grid *grid, const Options *o, d
            model->n_blocks, o->tp, model->max_batch, c->bias ? " + L_s (7 C / T + 4 C)" : "", c->bias ? "2 " : "",
            o->zero == 1 ? ", / D with --zero 1 (each tensor's block of ceil(n / D) values)" : "",
            c->dropout > 0 ? " + dropout's masks B T C (2 L_s + [first]) + 2 L_s B (H / T) T^2" : "");
+    const char *recomputed_masks = !(c->dropout > 0) ? ""
+                                   : o->sp ? " + dropout's masks ([first] B + 2 B_m) T C / T + 2 B_m (H / T) T^2"
+                                           : " + dropout's masks ([first] B + 2 B_m) T C + 2 B_m (H / T) T^2";
     if (o->sp)
         print0("  --sp         B T (L_s ((4 C + 4) / T + 12 C / T) + C / T) + [last] B T (C + 2 / T + 2 V) + L_s B (H / T) "
                "T^2%s: the LayerNorms, the residuals and the stage's input cut T = %d ways along the tokens\n",
                c->dropout > 0 ? " + dropout's masks B T C (2 L_s + [first]) / T + 2 L_s B (H / T) T^2" : "", o->tp);
     if (o->recompute)
-        print0("  --recompute  B T (L_s C + C)%s + [last] B T (C + 2%s + 2 V) + B_m T (%s + 12 C / T) + B_m (H / T) T^2, "
+        print0("  --recompute  B T (L_s C + C)%s + [last] B T (C + 2%s + 2 V) + B_m T (%s + 12 C / T) + B_m (H / T) T^2%s, "
                "B_m = %.0f, a micro-batch's windows: the blocks' outputs, one micro-batch's inside\n", o->sp ? " / T" : "",
-               o->sp ? " / T" : "", o->sp ? "(3 C + 4) / T" : "3 C + 4", Bm);
+               o->sp ? " / T" : "", o->sp ? "(3 C + 4) / T" : "3 C + 4", recomputed_masks, Bm);
     print0("  rank  replica  stage  tp  parameters MB  gradients MB  AdamW MB  activations MB  of which attention's");
     if (savings) print0("  without %s MB", without);
     print0("\n");
@@ -525,7 +532,7 @@ int main(int argc, char **argv) {
         {"dropout", ARG_FLOAT_GE, &o.dropout, "P", "dropout probability (after the embeddings, on attention, after each c_proj)", 0, NULL},
         {"dropout_rng", ARG_STRING, &o.dropout_rng, "GEN", "the masks' generator: torch (its CPU generator's bits, drawn on "
          "the host; whole models only) or philox (counter-based, drawn where the model is, each rank its part); auto: "
-         "philox on a GPU or a split model, torch on the CPU", 0,
+         "philox on a GPU or a split or recomputed model, torch on the CPU", 0,
          "torch|philox|auto"},
         {"max_iters", ARG_INT, &o.max_iters, "N", "optimizer steps (0: none, e.g. to --sample an --init)", 0, NULL},
         {"learning_rate", ARG_FLOAT, &o.learning_rate, "X", "AdamW's peak learning rate", 0, NULL},
@@ -594,14 +601,14 @@ int main(int argc, char **argv) {
         usage_error("--sp: a micro-batch's %d x %d tokens do not split into --tp %d equal parts", o.batch_size / o.micro_batches,
                     o.block_size, o.tp);
     // A split's rank draws its part of each mask (its micro-batch's rows, its heads, its stages'
-    // blocks) at the values step 19 draws for the whole micro-step: Philox gives any value alone;
-    // torch's generator is a sequence, which only a whole model draws in step 19's order.
-    const bool split_model = o.tp * o.pp * o.micro_batches > 1;
+    // blocks) at the values step 19 draws for the whole micro-step, and --recompute draws a block's
+    // again: Philox gives any value alone, again; torch's generator is a sequence, which only a whole
+    // model draws, once, in step 19's order.
+    const bool split_model = o.tp * o.pp * o.micro_batches > 1 || o.recompute;
     if (o.dropout > 0 && split_model && strcmp(o.dropout_rng, "torch") == 0)
-        usage_error("--dropout_rng torch with --tp, --pp or --micro_batches: torch's generator draws whole masks in order, "
-                    "and a split model's ranks each draw a part of them (--dropout_rng philox)");
-    if (o.recompute && o.dropout > 0)
-        usage_error("--recompute with --dropout %g: the recomputed forward would need the masks drawn again", o.dropout);
+        usage_error("--dropout_rng torch with --tp, --pp, --micro_batches or --recompute: torch's generator draws whole "
+                    "masks once, in order, where a split model's ranks each draw a part of them and --recompute draws "
+                    "them again (--dropout_rng philox)");
     Device device = device_from_flag(o.device);
     threads_init(o.threads);
     matmul_set_dtype(matmul_dtype_from_flag(o.dtype));  // ctx = torch.autocast(device_type, dtype=ptdtype)
@@ -692,7 +699,7 @@ int main(int argc, char **argv) {
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
     if (o.dropout > 0)
         print0("dropout %g: masks from %s\n", o.dropout,
-               model->dropout_philox ? split_model ? "Philox, each rank drawing its part where the model is"
+               model->dropout_philox ? o.tp * o.pp * o.micro_batches > 1 ? "Philox, each rank drawing its part where the model is"
                                                    : "Philox, drawn where the model is"
                                      : "torch's CPU generator, drawn on the host");
     // MFU's yardstick: this rank's sgemm peak on its device, measured now.

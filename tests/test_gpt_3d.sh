@@ -8,7 +8,7 @@
 # --recompute (activation checkpointing) takes the same grid's steps without it bit for bit, holding fewer activations.
 # --sp (sequence parallelism) takes step 19's steps as every grid does, holding fewer activations than the grid without it.
 # --dropout takes step 19's steps: on whole models (D ranks) with either --dropout_rng, and split
-# (--tp, --sp, --pp, --micro_batches) with Philox's masks, each rank drawing its part; --mlflow logs the
+# (--tp, --sp, --pp, --micro_batches; --recompute draws them again) with Philox's masks, each rank its part; --mlflow logs the
 # run as the other steps do (an mlruns folder); a rank SIGKILLed in a 2 x 2 grid ends the job.
 # --checkpoint: stopped and resumed bit for bit; resumed under another grid, by step 19, and from step
 # 19's checkpoint, within 1e-5 of step 19's losses; made whole, --save's weights; another model's refused.
@@ -71,24 +71,6 @@ for rng in torch $(thorough && echo philox); do
         --save "$tmp/s19dp2_drop_$rng.h5" > "$tmp/s19dp2_drop_$rng.out" 2>&1 || fail "step 19 with --dropout did not run: $(tail -1 "$tmp/s19dp2_drop_$rng.out")"
     grid 2 "s19dp2_drop_$rng" "dp2_drop_$rng" --dp 2 --dropout 0.2 --dropout_rng $rng --max_iters 10 --eval_interval 10
 done
-# Split models: each rank draws its part of every mask from Philox (--dropout_rng auto picks it for
-# a split), at the values of step 19's whole mask for the same tokens: a micro-batch's rows (in any
-# activation slot), a tensor-parallel rank's heads of each sequence, a stage's blocks, sequence
-# parallelism's share of the rows. Against step 19 on 1 rank with --dropout_rng philox.
-run day5/19_gpt "${short[@]}" --max_iters 10 --eval_interval 10 --init "$tmp/init.h5" --dropout 0.2 --dropout_rng philox \
-    --losses "$tmp/s19_drop.csv" --save "$tmp/s19_drop.h5" > "$tmp/s19_drop.out" 2>&1 || fail "step 19 --dropout_rng philox did not run: $(tail -1 "$tmp/s19_drop.out")"
-drop=(--dropout 0.2 --max_iters 10 --eval_interval 10)
-grid 2 s19_drop tp2_drop --tp 2 "${drop[@]}"
-expect "... each rank drawing its part of the masks from Philox (--dropout_rng auto on a split model): $(grep -a '^dropout' "$tmp/tp2_drop.out")" \
-    grep -q "^dropout 0.2: masks from Philox, each rank drawing its part" "$tmp/tp2_drop.out"
-grid 2 s19_drop pp2_drop --pp 2 --micro_batches 2 "${drop[@]}"
-if thorough; then
-    grid 1 s19_drop micro3_drop --micro_batches 3 "${drop[@]}"
-    grid 2 s19_drop tp2sp_drop --tp 2 --sp "${drop[@]}"
-    grid 4 s19_drop tp2pp2sp_drop --tp 2 --pp 2 --micro_batches 4 --schedule gpipe --sp "${drop[@]}"
-    grid 4 s19dp2_drop_philox dp2tp2_drop --dp 2 --tp 2 --micro_batches 2 "${drop[@]}"  # (2 replicas: step 19 on 2 ranks)
-fi
-
 # --dtype bfloat16: the split GEMMs round the operands that step 19's whole GEMMs round (element by
 # element), and sum their partials in float32; step 19's bfloat16 steps within 1e-4 (float32's
 # ordering differences, 1e-7, move an operand across a bfloat16 rounding here and there: 2^-8).
@@ -139,7 +121,7 @@ recomputed() {
     fi
     local same_losses=no
     test -s "$out.csv" && cmp -s "$tmp/$name.csv" "$out.csv" && same_losses=yes
-    expect "$np ranks, $* --recompute: the losses without it, bit for bit (20 iterations), and its checksum $(checksum "$out.out")" \
+    expect "$np ranks, $* --recompute: the losses without it, bit for bit ($(($(wc -l < "$out.csv") - 1)) iterations), and its checksum $(checksum "$out.out")" \
         test "$same_losses" = yes -a -n "$(checksum "$out.out")" -a "$(checksum "$out.out")" = "$(checksum "$tmp/$name.out")"
     holds_less "$out.out" "$tmp/${name%_sp}.out" --recompute  # (NAME_sp: its table's without is NAME's, without --sp)
 }
@@ -205,6 +187,27 @@ idle_rows() { sed -n '/^  stage  forward ms  backward ms/,/^[^ ]/p' "$1" | awk '
 expect "... each stage's idle share, measured beside the schedule replayed with its times: $(idle_rows "$tmp/pp2.out" | awk '{ printf "stage %s %s (%s) ", $1, $4, $5 }')" \
     test "$(idle_rows "$tmp/pp2.out" | awk '{ gsub("%", ""); if ($2 > 0 && $3 > 0 && $4 >= 0 && $4 <= 100 && $5 >= 0 && $5 <= 100) n++ } END { print n + 0 }')" = 2
 recomputed 2 pp2 --pp 2 --micro_batches 2 --schedule 1f1b
+
+# Split models: each rank draws its part of every mask from Philox (--dropout_rng auto picks it for
+# a split), at the values of step 19's whole mask for the same tokens: a micro-batch's rows (in any
+# activation slot), a tensor-parallel rank's heads of each sequence, a stage's blocks, sequence
+# parallelism's share of the rows. Against step 19 on 1 rank with --dropout_rng philox. With
+# --recompute each block's masks are drawn again in backward: the same steps, bit for bit.
+run day5/19_gpt "${short[@]}" --max_iters 10 --eval_interval 10 --init "$tmp/init.h5" --dropout 0.2 --dropout_rng philox \
+    --losses "$tmp/s19_drop.csv" --save "$tmp/s19_drop.h5" > "$tmp/s19_drop.out" 2>&1 || fail "step 19 --dropout_rng philox did not run: $(tail -1 "$tmp/s19_drop.out")"
+drop=(--dropout 0.2 --max_iters 10 --eval_interval 10)
+grid 2 s19_drop tp2_drop --tp 2 "${drop[@]}"
+expect "... each rank drawing its part of the masks from Philox (--dropout_rng auto on a split model): $(grep -a '^dropout' "$tmp/tp2_drop.out")" \
+    grep -q "^dropout 0.2: masks from Philox, each rank drawing its part" "$tmp/tp2_drop.out"
+grid 2 s19_drop pp2_drop --pp 2 --micro_batches 2 "${drop[@]}"
+recomputed 2 pp2_drop --pp 2 --micro_batches 2 "${drop[@]}"
+if thorough; then
+    grid 2 s19_drop tp2m3_drop --tp 2 --micro_batches 3 "${drop[@]}"
+    grid 2 s19_drop tp2_drop_sp --tp 2 --sp "${drop[@]}"
+    recomputed 2 tp2_drop_sp --tp 2 --sp "${drop[@]}"  # (its table's without: tp2_drop's, without --sp)
+    grid 4 s19_drop tp2pp2sp_drop --tp 2 --pp 2 --micro_batches 4 --schedule gpipe --sp "${drop[@]}"
+    grid 4 s19dp2_drop_philox dp2tp2_drop --dp 2 --tp 2 --micro_batches 2 "${drop[@]}"  # (2 replicas: step 19 on 2 ranks)
+fi
 
 # ---------------------------------------------------------------- sharded checkpoints, any grid
 # --tp 2 stopped at step 13 (--save_every 5) and resumed as itself: the uninterrupted run's losses
@@ -352,9 +355,9 @@ expect_refused_flags day5/20_gpt_3d 2 "--pp not dividing --n_layer" "error: --pp
 expect_refused_flags day5/20_gpt_3d 2 "--micro_batches not dividing --batch_size" "error: --micro_batches 5: expected a divisor of --batch_size 12" --pp 2 --micro_batches 5
 expect_refused_flags day5/20_gpt_3d 2 "an unknown --schedule" "error: --schedule expects one of gpipe|1f1b, got 'zigzag'" --pp 2 --schedule zigzag
 expect_refused_flags day5/20_gpt_3d 2 "--zero 2" "error: --zero 2: expected 0 or 1" --dp 2 --zero 2
-expect_refused_flags day5/20_gpt_3d 2 "--dropout_rng torch with a split model" "error: --dropout_rng torch with --tp, --pp or --micro_batches: torch's generator draws whole masks in order" --tp 2 --dropout 0.1 --dropout_rng torch
+expect_refused_flags day5/20_gpt_3d 2 "--dropout_rng torch with a split model" "error: --dropout_rng torch with --tp, --pp, --micro_batches or --recompute: torch's generator draws whole masks once" --tp 2 --dropout 0.1 --dropout_rng torch
 expect_refused_flags day5/20_gpt_3d 1 "--sp without --tp" "error: --sp: sequence parallelism cuts the tensor-parallel group's tokens, and needs --tp 2 or more" --sp
 expect_refused_flags day5/20_gpt_3d 2 "--sp with tokens that do not split" "error: --sp: a micro-batch's 1 x 63 tokens do not split into --tp 2 equal parts" --tp 2 --sp --batch_size 1 --block_size 63
 expect_refused_flags day5/20_gpt_3d 1 "--on_resize without --checkpoint" "error: --on_resize: only with --checkpoint DIR" --on_resize keep_batch
-expect_refused_flags day5/20_gpt_3d 1 "--recompute with --dropout" "error: --recompute with --dropout 0.1: the recomputed forward would need the masks drawn again" --recompute --dropout 0.1
+expect_refused_flags day5/20_gpt_3d 1 "--recompute with --dropout_rng torch" "error: --dropout_rng torch with --tp, --pp, --micro_batches or --recompute: torch's generator draws whole masks once" --recompute --dropout 0.1 --dropout_rng torch
 exit_status

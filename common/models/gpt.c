@@ -63,8 +63,10 @@ static PartFloats part_floats(const GptConfig *c, int max_batch, int n_blocks, i
         f.kept = N * L * C / S + Bi * T * ((3 * C + 4) / S + 12 * C / tp) + Bi * H * T * T + ends;
     }
     // Dropout's masks: the embeddings' (the first stage's) and two per block on the token-wise rows,
-    // attention's on this rank's heads.
-    if (c->dropout > 0) f.kept += N * C / S * (2 * L + (embeddings ? 1 : 0)) + 2 * L * B * H * T * T;
+    // attention's on this rank's heads, its probabilities after it too; with recompute the blocks'
+    // are one micro-batch's inside, drawn again.
+    const double blocks_masks = recompute_batch ? 2 * recompute_batch * T * (C / S + H * T) : 2 * L * B * T * (C / S + H * T);
+    if (c->dropout > 0) f.kept += (embeddings ? N * C / S : 0) + blocks_masks;
     // Backward's [N, C..4C] buffers (grad_residual, grad_ln; split: grad_qkv, grad_attn_y, grad_fc),
     // d att, and with dropout or tp > 1 a c_proj's output before the residual (and its gradient);
     // sequence parallelism's gathered rows and a LayerNorm's partial gradients.
@@ -251,8 +253,8 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
     m->acts = xcalloc((size_t)L, sizeof(GptBlockActivations));
     // With recompute, block 0's inside is allocated for a micro-batch and the other blocks share it.
     const int inside_batch = m->recompute_batch ? m->recompute_batch : max_batch, NI = inside_batch * T, NIS = NI / S;
-    CHECK(inside_batch <= max_batch && (!m->recompute_batch || c->dropout == 0) && NI % S == 0,
-          "gpt: recompute for micro-batches of %d sequences (of %d), without dropout", inside_batch, max_batch);
+    CHECK(inside_batch <= max_batch && NI % S == 0, "gpt: recompute for micro-batches of %d sequences (of %d)",
+          inside_batch, max_batch);
     for (int l = 0; l < L; l++) {
         GptBlockActivations *a = &m->acts[l];
         a->residual_2 = tensor_zeros(NS, C, device);
@@ -271,15 +273,16 @@ static Gpt *gpt_allocate(const GptConfig *config, int max_batch, const GptSplit 
         a->ln_2_rstd = tensor_zeros(1, NIS, device);
         a->fc = tensor_zeros(NI, 4 * C / tp, device);
         a->fc_gelu = tensor_zeros(NI, 4 * C / tp, device);
-        if (c->dropout > 0) {
-            a->att_mask = tensor_zeros(max_batch * H, T * T, device);
-            a->att_dropped = tensor_zeros(max_batch * H, T * T, device);
-            a->attn_proj_mask = tensor_zeros(NS, C, device);
-            a->mlp_proj_mask = tensor_zeros(NS, C, device);
+        if (c->dropout > 0) {  // (part of the inside: with recompute, drawn again)
+            a->att_mask = tensor_zeros(inside_batch * H, T * T, device);
+            a->att_dropped = tensor_zeros(inside_batch * H, T * T, device);
+            a->attn_proj_mask = tensor_zeros(NIS, C, device);
+            a->mlp_proj_mask = tensor_zeros(NIS, C, device);
         }
     }
     if (c->dropout > 0) {
         if (m->has_embeddings) m->embed_mask = tensor_zeros(NS, C, device);
+        m->slot_micro_batch = xcalloc((size_t)max_batch, sizeof(int));
         m->grad_proj_out = tensor_zeros(N, C, device);
     }
     if (c->dropout > 0 || tp > 1) m->proj_out = tensor_zeros(N, C, device);
@@ -435,6 +438,7 @@ void gpt_free(Gpt *m) {
     for (int i = 0; m->slot_tokens && i < m->max_batch; i++)
         if (m->slot_tokens[i].capacity) token_batch_free(&m->slot_tokens[i]);
     free(m->slot_tokens);
+    free(m->slot_micro_batch);
     free(m->targets);
     free(m);
 }
@@ -597,11 +601,11 @@ static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
         .ln_2_mean = values_at(&a->ln_2_mean, first_n, 1, n), .ln_2_rstd = values_at(&a->ln_2_rstd, first_n, 1, n),
         .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N)};
     views.residual_2 = rows_at(&a->residual_2, micro * n, n);  // kept per micro-batch
-    if (m->config.dropout > 0) {  // drawn per micro-batch
-        views.att_mask = values_at(&a->att_mask, micro * scores, B * H, T * T);
-        views.att_dropped = values_at(&a->att_dropped, micro * scores, B * H, T * T);
-        views.attn_proj_mask = rows_at(&a->attn_proj_mask, micro * n, n);
-        views.mlp_proj_mask = rows_at(&a->mlp_proj_mask, micro * n, n);
+    if (m->config.dropout > 0) {  // the inside's too
+        views.att_mask = values_at(&a->att_mask, inside_micro * scores, B * H, T * T);
+        views.att_dropped = values_at(&a->att_dropped, inside_micro * scores, B * H, T * T);
+        views.attn_proj_mask = rows_at(&a->attn_proj_mask, first_n, n);
+        views.mlp_proj_mask = rows_at(&a->mlp_proj_mask, first_n, n);
     }
     return views;
 }
@@ -631,46 +635,48 @@ static void draw_dropout_mask(Gpt *m, int index, long first, long length, long s
     dropout_draw(&m->dropout_rng, m->config.dropout, length * runs, mask);
 }
 
-// The masks of micro-batch `micro_batch` of B sequences (a whole forward: micro-batch 0, the micro-
-// step's batch) in training, drawn in nanoGPT's order (the embeddings', then per block attention's,
-// after attn.c_proj, after mlp.c_proj), all before the forward computes, into slot `micro`'s rows of
-// the mask buffers (a pipeline runs each one's backward after other forwards). Each is this rank's
-// part of the whole micro-step's mask, the values step 19 draws for the same tokens: the micro-
-// batch's rows, with sequence parallelism this rank's share of them; attention's, this rank's heads
-// of each sequence. With torch's generator on a GPU they are drawn on the host and copied
-// (transformer_ops.h's dropout_draw): the host waits for the GPU once per forward, and copies
-// B T (2 L + 1) C + L B H T^2 floats; Philox draws them on the GPU.
-static void draw_dropout_masks(Gpt *m, int micro, int micro_batch, int B, int T) {
-    const int C = m->config.n_embd, all_heads = m->config.n_head, H = all_heads / m->tp_size, N = B * T;
-    const long n = token_rows(m, N), square = (long)T * T;
-    if (micro_batch == 0) m->dropout_forward = m->dropout_forwards++;  // a micro-step's forward, whatever its micro-batches
-    const long tokens_first = ((long)micro_batch * N + first_token_row(m, N)) * C;
-    const long scores_first = ((long)micro_batch * B * all_heads + (long)m->tp_rank * H) * square;
-    if (m->has_embeddings) {
-        Tensor mask = embed_mask(m, micro, n);
-        draw_dropout_mask(m, 0, tokens_first, n * C, n * C, 1, &mask);
-    }
-    for (int l = 0; l < m->n_blocks; l++) {
-        BlockViews v = block_views(m, l, micro, B, T);
-        const int index = 1 + 3 * (m->first_layer + l);
-        draw_dropout_mask(m, index, scores_first, H * square, all_heads * square, B, &v.att_mask);
-        draw_dropout_mask(m, index + 1, tokens_first, n * C, n * C, 1, &v.attn_proj_mask);
-        draw_dropout_mask(m, index + 2, tokens_first, n * C, n * C, 1, &v.mlp_proj_mask);
-    }
+// Micro-batch micro_batch's masks (of B sequences; a whole forward's: micro-batch 0, the micro-
+// step's batch) are this rank's part of the whole micro-step's, the values step 19 draws for the same
+// tokens: the micro-batch's rows, with sequence parallelism this rank's share of them, from value
+// *tokens_first of a token-wise mask; attention's, this rank's heads of each sequence, the first
+// from value *scores_first.
+static void dropout_parts(const Gpt *m, int micro_batch, int B, int T, long *tokens_first, long *scores_first) {
+    const int N = B * T, all_heads = m->config.n_head, H = all_heads / m->tp_size;
+    *tokens_first = ((long)micro_batch * N + first_token_row(m, N)) * m->config.n_embd;
+    *scores_first = ((long)micro_batch * B * all_heads + (long)m->tp_rank * H) * T * T;
+}
+
+// Block l's three masks for micro-batch slot micro, into its views, in nanoGPT's order (attention's,
+// after attn.c_proj, after mlp.c_proj), before the block computes. With recompute they are part of
+// the inside, and the second forward draws them again: Philox gives the same values; torch's
+// generator, a sequence, would not. With torch's generator on a GPU each is drawn on the host and
+// copied (transformer_ops.h's dropout_draw: a host wait); Philox draws them on the GPU.
+static void draw_block_masks(Gpt *m, int l, int micro, BlockViews *v, int B, int T, bool again) {
+    CHECK(!again || m->dropout_philox, "gpt: recompute with dropout draws a block's masks again: Philox's only");
+    const int C = m->config.n_embd, all_heads = m->config.n_head, H = all_heads / m->tp_size;
+    const long n = token_rows(m, B * T), square = (long)T * T;
+    long tokens_first, scores_first;
+    dropout_parts(m, m->slot_micro_batch[micro], B, T, &tokens_first, &scores_first);
+    const int index = 1 + 3 * (m->first_layer + l);  // (the whole model's block number)
+    draw_dropout_mask(m, index, scores_first, H * square, all_heads * square, B, &v->att_mask);
+    draw_dropout_mask(m, index + 1, tokens_first, n * C, n * C, 1, &v->attn_proj_mask);
+    draw_dropout_mask(m, index + 2, tokens_first, n * C, n * C, 1, &v->mlp_proj_mask);
 }
 
 // Block l's forward of micro-batch micro from its input x: its inside into its views (with
-// recompute, the shared set), its output into residual_2's rows. Returns the output.
-static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor *x, bool dropout) {
+// recompute, the shared set), its output into residual_2's rows; `again`: recompute's second
+// forward, in backward. Returns the output.
+static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor *x, bool dropout, bool again) {
     const int H = m->config.n_head / m->tp_size;
     BlockViews v = block_views(m, l, micro, B, T);
+    if (dropout) draw_block_masks(m, l, micro, &v, B, T, again);
     // x = x + attn(ln_1(x)); column-parallel c_attn: this rank's heads' q, k, v [N, 3C / T]
     layernorm_forward(x, block_tensor(m, l, GPT_LN_1_WEIGHT), bias_of(m, l, GPT_LN_1_BIAS), &v.ln_1, &v.ln_1_mean,
                       &v.ln_1_rstd);
     Tensor ln_1 = gather_tokens(m, &v.ln_1);                      // every token's (sequence parallelism: all-gathered)
     linear(m, l, GPT_ATTN_WEIGHT, &ln_1, &v.qkv);                 // [N, 3C]
     attention_forward(&v.qkv, B, T, H, &v.att, dropout ? &v.att_mask : NULL, dropout ? &v.att_dropped : NULL,
-                      &v.attn_y);                                 // attn_dropout's mask drawn above
+                      &v.attn_y);                                 // attn_dropout
     projection_residual(m, l, GPT_ATTN_PROJ_WEIGHT, &v.attn_y, x, &v.residual_1, &v.attn_proj_mask, dropout);  // x + c_proj(y)
     // x = x + mlp(ln_2(x)); c_fc column-, mlp.c_proj row-parallel
     layernorm_forward(&v.residual_1, block_tensor(m, l, GPT_LN_2_WEIGHT), bias_of(m, l, GPT_LN_2_BIAS), &v.ln_2,
@@ -696,7 +702,10 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
           B, m->recompute_batch);
     m->B = B, m->T = T;
     const bool dropout = m->training && c->dropout > 0;
-    if (dropout) draw_dropout_masks(m, micro, micro_batch, B, T);
+    if (dropout) {  // the micro-step's forward starts at its first micro-batch's, whatever the slot
+        if (micro_batch == 0) m->dropout_forward = m->dropout_forwards++;
+        m->slot_micro_batch[micro] = micro_batch;  // (for its blocks' masks, drawn as they go)
+    }
     Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
     if (m->has_embeddings) {
         TokenBatch *tokens = &m->slot_tokens[micro];
@@ -710,12 +719,15 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
         } else {
             embedding_forward(tokens, &m->wte, &m->wpe, B, T, &x);
         }
-        if (dropout) {
+        if (dropout) {  // transformer.drop
             Tensor mask = embed_mask(m, micro, n);
-            multiply_by_mask(&x, &mask);  // transformer.drop
+            long tokens_first, scores_first;
+            dropout_parts(m, micro_batch, B, T, &tokens_first, &scores_first);
+            draw_dropout_mask(m, 0, tokens_first, n * c->n_embd, n * c->n_embd, 1, &mask);
+            multiply_by_mask(&x, &mask);
         }
     }
-    for (int l = 0; l < m->n_blocks; l++) x = block_forward(m, l, micro, B, T, &x, dropout);
+    for (int l = 0; l < m->n_blocks; l++) x = block_forward(m, l, micro, B, T, &x, dropout, false);
     if (!m->has_head) {
         m->last_logits = (Tensor){0};
         m->stage_output = x;
@@ -835,7 +847,7 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         BlockViews v = block_views(m, l, micro, B, T);
         Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);  // the block's input
         int slot = l * GPT_BLOCK_TENSORS;
-        if (m->recompute_batch) block_forward(m, l, micro, B, T, &x_in, dropout);  // the inside again, from the kept input
+        if (m->recompute_batch) block_forward(m, l, micro, B, T, &x_in, dropout, true);  // the inside again, from the kept input
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
         // (Sequence parallelism: d mlp.c_proj's output and ln_2(x) all-gathered, as the Linears'
         // gradients need every token; d ln_2(x) reduce-scattered onto this rank's rows.)

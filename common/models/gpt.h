@@ -120,6 +120,7 @@ typedef struct {
     bool dropout_philox;
     uint64_t dropout_seed, dropout_forwards;
     uint64_t dropout_forward;                      // the forward whose masks are drawn: micro-batch 0's opens the next
+    int *slot_micro_batch;                         // [max_batch] (dropout): the micro-batch each slot holds, for its masks
     // The last forward's batch and activations.
     int B, T;
     TokenBatch *slot_tokens;                       // [max_batch] (the first stage): micro-batch slot s's inputs on the
