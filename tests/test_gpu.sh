@@ -473,15 +473,15 @@ fi
 # same grid: every iteration's loss within 1e-5, the saved whole model within 1e-5. On 2 ranks
 # (--tp 2, with and without --sp: sequence parallelism's all-gathers and reduce-scatters; --pp 2
 # --recompute: each block's forward redone on the GPU before its backward; with dropout, --tp 2 --sp
-# and --pp 2 with 2 micro-batches and --recompute: each rank's part of Philox's masks drawn by the
-# kernel, a block's again in its second forward), and with
+# and --pp 2 with 2 micro-batches, with and without --recompute: each rank's part of Philox's masks
+# drawn by the kernel, with --recompute a block's again in its second forward), and with
 # 4 GPUs on 4 (--dp 2 --pp 2 --zero 1 with 2 micro-batches; --tp 2 --pp 2, with and without
 # --recompute, with --sp --recompute, and with --sp and dropout).
 if [ -f data/shakespeare/input.txt ]; then
     s20=(day5/20_gpt_3d --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --max_iters 12 --eval_interval 12 --eval_iters 2
          --warmup_iters 4 --lr_decay_iters 12 --learning_rate 3e-3 --bias --batch_size 8 --sample 20 --plot '')
     grids=("2 --tp 2" "2 --tp 2 --sp" "2 --pp 2 --micro_batches 2 --recompute" "2 --tp 2 --sp --dropout 0.1"
-           "2 --pp 2 --micro_batches 2 --recompute --dropout 0.1")
+           "2 --pp 2 --micro_batches 2 --dropout 0.1" "2 --pp 2 --micro_batches 2 --recompute --dropout 0.1")
     [ "$gpus" -ge 4 ] && grids+=("4 --dp 2 --pp 2 --micro_batches 2 --zero 1" "4 --tp 2 --pp 2 --micro_batches 2"
                            "4 --tp 2 --pp 2 --micro_batches 2 --recompute" "4 --tp 2 --pp 2 --micro_batches 2 --sp --recompute"
                            "4 --tp 2 --pp 2 --micro_batches 2 --sp --dropout 0.1")

@@ -583,7 +583,7 @@ static void projection_residual(Gpt *m, int layer, int weight_kind, const Tensor
 // Micro-batch micro's views of a block's activations (B sequences of T at rows micro * B * T).
 typedef struct {
     Tensor ln_1, ln_1_mean, ln_1_rstd, qkv, att, attn_y, residual_1, ln_2, ln_2_mean, ln_2_rstd, fc, fc_gelu, residual_2;
-    Tensor att_mask, att_dropped, attn_proj_mask, mlp_proj_mask;  // with dropout (draw_dropout_masks')
+    Tensor att_mask, att_dropped, attn_proj_mask, mlp_proj_mask;  // with dropout (draw_block_masks')
 } BlockViews;
 
 // The token-wise ones (LayerNorms, residuals) hold this rank's n = token_rows(N) rows.
@@ -629,9 +629,10 @@ static void draw_dropout_mask(Gpt *m, int index, long first, long length, long s
                             length, stride, runs, mask);
         return;
     }
-    CHECK(first == 0 && (runs == 1 || stride == length),
-          "gpt: dropout's masks from torch's generator for a part of the model or a micro-batch after the first: "
-          "only Philox draws a part (--dropout_rng philox)");
+    CHECK(first == 0 && (runs == 1 || stride == length) && m->has_embeddings && m->has_head && m->tp_size == 1 &&
+              !m->recompute_batch,
+          "gpt: dropout's masks from torch's generator for a part of the model, a micro-batch after the first or a "
+          "recomputed forward: only Philox draws a part (--dropout_rng philox)");
     dropout_draw(&m->dropout_rng, m->config.dropout, length * runs, mask);
 }
 
@@ -723,7 +724,8 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
             Tensor mask = embed_mask(m, micro, n);
             long tokens_first, scores_first;
             dropout_parts(m, micro_batch, B, T, &tokens_first, &scores_first);
-            draw_dropout_mask(m, 0, tokens_first, n * c->n_embd, n * c->n_embd, 1, &mask);
+            const long values = (long)n * c->n_embd;
+            draw_dropout_mask(m, 0, tokens_first, values, values, 1, &mask);
             multiply_by_mask(&x, &mask);
         }
     }

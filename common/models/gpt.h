@@ -70,9 +70,10 @@ typedef struct {
     Tensor fc;                           // [N, 4C]: c_fc's output, before GELU
     Tensor fc_gelu;                      // [N, 4C]
     Tensor residual_2;                   // [N, C]: the block's output
-    // Dropout's masks (each value 0 or 1 / (1 - p)), allocated only when config.dropout > 0:
-    Tensor att_mask, att_dropped;        // [B * n_head, T * T]: attn_dropout's, and att * mask
-    Tensor attn_proj_mask, mlp_proj_mask;  // [N, C]: resid_dropout's after attn.c_proj, the MLP's after mlp.c_proj
+    // Dropout's masks (each value 0 or 1 / (1 - p)), allocated only when config.dropout > 0, part of
+    // the inside (with recompute, one micro-batch's, drawn again), on this rank's heads and rows:
+    Tensor att_mask, att_dropped;        // [B * n_head / T, T * T]: attn_dropout's, and att * mask
+    Tensor attn_proj_mask, mlp_proj_mask;  // [N / S, C]: resid_dropout's after attn.c_proj, the MLP's after mlp.c_proj
 } GptBlockActivations;
 
 // A rank's part of the model (gpt_new_part): blocks [first_layer, end_layer) of a pipeline stage,
@@ -128,7 +129,7 @@ typedef struct {
                                                    // again by its backward, which a pipeline runs after others' forwards
     int *targets;                                  // [max_batch * block_size], on the host (the loss copies them)
     Tensor embedded;                               // [N, C]: wte[idx] + wpe[pos] (after dropout); a later stage's input
-    Tensor embed_mask;                             // [N, C]: transformer.drop's mask (dropout > 0)
+    Tensor embed_mask;                             // [N / S, C]: transformer.drop's mask (dropout > 0; the first stage's)
     Tensor proj_out;                               // [N, C]: a c_proj's output before its dropout (dropout > 0) or its allreduce (T > 1)
     GptBlockActivations *acts;                     // [n_blocks]
     Tensor ln_f, ln_f_mean, ln_f_rstd;
@@ -199,8 +200,8 @@ void gpt_set_training(Gpt *model, bool training);
 // the embeddings', then per block attention's probabilities, after attn.c_proj, after mlp.c_proj.
 void gpt_seed_dropout(Gpt *model, uint64_t seed);
 // Which generator draws the masks: torch's CPU generator on the host (false: the twin's masks, and
-// a GPU waits for their copy at each forward) or Philox where the model lives (true: no wait, no
-// copy, other masks). A new model takes Philox on a GPU and torch's generator on the CPU, as
+// a GPU waits for the copy of each; a whole model's only, drawn once) or Philox where the model
+// lives (true: no wait, no copy, other masks; any part, drawn again by recompute). A new model takes Philox on a GPU and torch's generator on the CPU, as
 // PyTorch's devices each have their own; either device computes either generator's bits.
 void gpt_set_dropout_philox(Gpt *model, bool philox);
 

@@ -1472,10 +1472,10 @@ __global__ void dropout_philox_kernel(uint32_t key0, uint32_t key1, uint64_t str
     const uint64_t groups_per_run = (length + 3) / 4 + 1;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < runs * groups_per_run;
          i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / groups_per_run;
+        const size_t r = runs == 1 ? 0 : i / groups_per_run;  // (a whole mask: no 64-bit division)
         const uint64_t run_first = first + r * stride;
-        philox_dropout_group(run_first / 4 + i % groups_per_run, key0, key1, stream_id, keep, scale, run_first, length,
-                             mask + r * length);
+        philox_dropout_group(run_first / 4 + (runs == 1 ? i : i % groups_per_run), key0, key1, stream_id, keep, scale,
+                             run_first, length, mask + r * length);
     }
 }
 

@@ -68,7 +68,8 @@ void gemm_release_rounded(void);
 // What bfloat16 matmuls' rounded operands take (nothing with float32), for a program's memory
 // estimate: a product's two operands rounded, each at most `largest_operand` floats (the largest
 // matrix any of the model's products reads), counted as float32 copies, the CPU's rounding (a GPU's
-// copies are bfloat16: half of it). Added under "bfloat16 copies".
+// copies are bfloat16: half of it, which also covers attention's three on a GPU: qkv's, the
+// probabilities' and y's gradient's). Added under "bfloat16 copies".
 void matmul_add_memory_need(MemoryNeed *need, double largest_operand);
 // x rounded to bfloat16, as a float (its low 16 bits 0): NaN stays NaN, a value past bfloat16's
 // largest becomes infinite.
