@@ -604,8 +604,8 @@ int main(int argc, char **argv) {
     // blocks) at the values step 19 draws for the whole micro-step, and --recompute draws a block's
     // again: Philox gives any value alone, again; torch's generator is a sequence, which only a whole
     // model draws, once, in step 19's order.
-    const bool split_model = o.tp * o.pp * o.micro_batches > 1 || o.recompute;
-    if (o.dropout > 0 && split_model && strcmp(o.dropout_rng, "torch") == 0)
+    const bool split_model = o.tp * o.pp * o.micro_batches > 1, masks_in_parts = split_model || o.recompute;
+    if (o.dropout > 0 && masks_in_parts && strcmp(o.dropout_rng, "torch") == 0)
         usage_error("--dropout_rng torch with --tp, --pp, --micro_batches or --recompute: torch's generator draws whole "
                     "masks once, in order, where a split model's ranks each draw a part of them and --recompute draws "
                     "them again (--dropout_rng philox)");
@@ -664,8 +664,8 @@ int main(int argc, char **argv) {
     // Every tensor of the state_dict, and nothing else (lm_head.weight aside: wte's, tied).
     if (o.init) h5_load_params_exactly(o.init, whole->params, whole->n_params, (const char *const[]){"lm_head.weight", NULL});
     Gpt *model = gpt_new_part(whole, held_batch, &split, device);  // its part, .to(device)
-    if (strcmp(o.dropout_rng, "auto") != 0 || split_model)
-        gpt_set_dropout_philox(model, split_model || strcmp(o.dropout_rng, "philox") == 0);
+    if (strcmp(o.dropout_rng, "auto") != 0 || masks_in_parts)
+        gpt_set_dropout_philox(model, masks_in_parts || strcmp(o.dropout_rng, "philox") == 0);
     Ddp ddp = ddp_wrap_group(model->params, model->n_params, o.bucket_mb, &grid.data_parallel);  // model = DDP(model, process_group)
     // The optimizer over the part: AdamW, or with --zero 1 AdamW over this replica's 1/D of every tensor.
     AdamW optimizer = {0};
@@ -699,7 +699,7 @@ int main(int argc, char **argv) {
     print0("data: %s/input.txt, %ld characters: %ld train, %ld validate\n", o.data, text.n, text.n_train, text.n - text.n_train);
     if (o.dropout > 0)
         print0("dropout %g: masks from %s\n", o.dropout,
-               model->dropout_philox ? o.tp * o.pp * o.micro_batches > 1 ? "Philox, each rank drawing its part where the model is"
+               model->dropout_philox ? split_model ? "Philox, each rank drawing its part where the model is"
                                                    : "Philox, drawn where the model is"
                                      : "torch's CPU generator, drawn on the host");
     // MFU's yardstick: this rank's sgemm peak on its device, measured now.

@@ -45,7 +45,6 @@ PHILOX_FUNCTION int philox_keeps(uint32_t bits, float keep) {
 // values first .. first + length - 1: Philox's four words for the counter (group, stream) under the
 // key give mask values 4 group .. 4 group + 3, and those in the run go to run[value - first]: scale
 // where philox_keeps, else 0. A run's evaluations are groups first / 4 .. (first + length - 1) / 4.
-// The CPU's loop and the GPU's kernel both call it.
 PHILOX_FUNCTION void philox_dropout_group(uint64_t group, uint32_t key0, uint32_t key1, uint64_t stream, float keep,
                                           float scale, uint64_t first, uint64_t length, float *run) {
     Philox4x32 counter = {{(uint32_t)group, (uint32_t)(group >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
@@ -54,4 +53,20 @@ PHILOX_FUNCTION void philox_dropout_group(uint64_t group, uint32_t key0, uint32_
         uint64_t value = 4 * group + j;
         if (value >= first && value < first + length) run[value - first] = philox_keeps(bits.v[j], keep) ? scale : 0.0f;
     }
+}
+
+// The evaluations a run of `length` values takes at any alignment: (length + 3) / 4 + 1, the extra
+// one writing nothing where the run starts on a group's first value.
+PHILOX_FUNCTION uint64_t philox_run_evaluations(uint64_t length) { return (length + 3) / 4 + 1; }
+
+// Evaluation i of dropout_philox_part's `runs` runs (i < runs philox_run_evaluations(length)): run
+// r = i / philox_run_evaluations(length), its values first + r stride .. into mask + r length, and
+// its evaluation i % that. The CPU's loop and the GPU's kernel both call it.
+PHILOX_FUNCTION void philox_dropout_part_evaluation(uint64_t i, uint64_t runs, uint32_t key0, uint32_t key1,
+                                                    uint64_t stream, float keep, float scale, uint64_t first,
+                                                    uint64_t length, uint64_t stride, float *mask) {
+    const uint64_t per_run = philox_run_evaluations(length);
+    const uint64_t r = runs == 1 ? 0 : i / per_run, q = runs == 1 ? i : i % per_run;  // (a whole mask: no division)
+    const uint64_t run_first = first + r * stride;
+    philox_dropout_group(run_first / 4 + q, key0, key1, stream, keep, scale, run_first, length, mask + r * length);
 }

@@ -625,8 +625,9 @@ static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
 // first micro-batch only.
 static void draw_dropout_mask(Gpt *m, int index, long first, long length, long stride, long runs, Tensor *mask) {
     if (m->dropout_philox) {
-        dropout_philox_part(m->dropout_seed, m->dropout_forward << 32 | (uint64_t)index, m->config.dropout, first,
-                            length, stride, runs, mask);
+        CHECK(m->dropout_forwards > 0, "gpt: dropout's masks of a micro-batch before its micro-step's first");
+        dropout_philox_part(m->dropout_seed, (m->dropout_forwards - 1) << 32 | (uint64_t)index, m->config.dropout,
+                            first, length, stride, runs, mask);
         return;
     }
     CHECK(first == 0 && (runs == 1 || stride == length) && m->has_embeddings && m->has_head && m->tp_size == 1 &&
@@ -704,7 +705,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
     m->B = B, m->T = T;
     const bool dropout = m->training && c->dropout > 0;
     if (dropout) {  // the micro-step's forward starts at its first micro-batch's, whatever the slot
-        if (micro_batch == 0) m->dropout_forward = m->dropout_forwards++;
+        if (micro_batch == 0) m->dropout_forwards++;
         m->slot_micro_batch[micro] = micro_batch;  // (for its blocks' masks, drawn as they go)
     }
     Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]

@@ -119,8 +119,8 @@ typedef struct {
     // with dropout_philox (a GPU's default), Philox keyed by the seed, stream (forward since the seed,
     // mask), drawn where the model lives (transformer_ops.h's dropout_philox).
     bool dropout_philox;
-    uint64_t dropout_seed, dropout_forwards;
-    uint64_t dropout_forward;                      // the forward whose masks are drawn: micro-batch 0's opens the next
+    uint64_t dropout_seed, dropout_forwards;       // forwards since the seed (micro-batch 0's count): the masks drawn are
+                                                   // forward dropout_forwards - 1's
     int *slot_micro_batch;                         // [max_batch] (dropout): the micro-batch each slot holds, for its masks
     // The last forward's batch and activations.
     int B, T;
@@ -201,8 +201,9 @@ void gpt_set_training(Gpt *model, bool training);
 void gpt_seed_dropout(Gpt *model, uint64_t seed);
 // Which generator draws the masks: torch's CPU generator on the host (false: the twin's masks, and
 // a GPU waits for the copy of each; a whole model's only, drawn once) or Philox where the model
-// lives (true: no wait, no copy, other masks; any part, drawn again by recompute). A new model takes Philox on a GPU and torch's generator on the CPU, as
-// PyTorch's devices each have their own; either device computes either generator's bits.
+// lives (true: no wait, no copy, other masks; any part, drawn again by recompute). A new model
+// takes Philox on a GPU and torch's generator on the CPU, as PyTorch's devices each have their
+// own; either device computes either generator's bits.
 void gpt_set_dropout_philox(Gpt *model, bool philox);
 
 // Forward of B sequences of T <= block_size tokens each (inputs [B * T] on the host, values <

@@ -1463,26 +1463,18 @@ void gpu_pair_pointers(const void *a, long long a_outer, long long a_inner, cons
     CHECK_LAUNCH("pair_pointers_kernel");
 }
 
-// A thread per four values, as the CPU's loop takes them: one Philox evaluation each. Thread
-// (run r, evaluation q of it): evaluation first_r / 4 + q, where first_r = first + r stride;
-// groups_per_run (length + 3) / 4 + 1 covers a run at any alignment, the extra evaluations writing
-// nothing.
+// A thread per four values, as the CPU's loop takes them: one Philox evaluation each.
 __global__ void dropout_philox_kernel(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale,
                                       uint64_t first, uint64_t length, uint64_t stride, size_t runs, float *mask) {
-    const uint64_t groups_per_run = (length + 3) / 4 + 1;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < runs * groups_per_run;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = runs == 1 ? 0 : i / groups_per_run;  // (a whole mask: no 64-bit division)
-        const uint64_t run_first = first + r * stride;
-        philox_dropout_group(run_first / 4 + (runs == 1 ? i : i % groups_per_run), key0, key1, stream_id, keep, scale,
-                             run_first, length, mask + r * length);
-    }
+    const size_t evaluations = runs * philox_run_evaluations(length);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < evaluations; i += (size_t)gridDim.x * blockDim.x)
+        philox_dropout_part_evaluation(i, runs, key0, key1, stream_id, keep, scale, first, length, stride, mask);
 }
 
 void gpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream_id, float keep, float scale, uint64_t first,
                         uint64_t length, uint64_t stride, size_t runs, float *mask, cudaStream_t stream) {
     if (length == 0 || runs == 0) return;
-    dropout_philox_kernel<<<blocks_for(runs * ((length + 3) / 4 + 1)), THREADS, 0, stream>>>(
+    dropout_philox_kernel<<<blocks_for(runs * philox_run_evaluations(length)), THREADS, 0, stream>>>(
         key0, key1, stream_id, keep, scale, first, length, stride, runs, mask);
     CHECK_LAUNCH("dropout_philox_kernel");
 }

@@ -641,13 +641,11 @@ void dropout_draw(Rng *rng, double p, long n, Tensor *mask) {
 
 CPU_DISPATCHED static void cpu_dropout_philox(uint32_t key0, uint32_t key1, uint64_t stream, float keep, float scale,
                                               long first, long length, long stride, long runs, float *mask) {
-    const long groups_per_run = (length + 3) / 4 + 1;  // (kernels.cu's dropout_philox_kernel's)
+    const long evaluations = runs * (long)philox_run_evaluations((uint64_t)length);
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < runs * groups_per_run; i++) {  // four values per evaluation
-        const long r = i / groups_per_run, run_first = first + r * stride;
-        philox_dropout_group((uint64_t)(run_first / 4 + i % groups_per_run), key0, key1, stream, keep, scale,
-                             (uint64_t)run_first, (uint64_t)length, mask + r * length);
-    }
+    for (long i = 0; i < evaluations; i++)  // four values per evaluation
+        philox_dropout_part_evaluation((uint64_t)i, (uint64_t)runs, key0, key1, stream, keep, scale, (uint64_t)first,
+                                       (uint64_t)length, (uint64_t)stride, mask);
 }
 
 void dropout_philox_part(uint64_t seed, uint64_t stream, double p, long first, long length, long stride, long runs,
