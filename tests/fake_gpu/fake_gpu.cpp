@@ -26,10 +26,15 @@
 //    a cudaFree, a synchronize block the host, as on a GPU, while queries
 //    (cudaStreamQuery, cudaEventQuery) answer "not ready".
 //  - Stream capture into a CUDA graph (cudaStreamBeginCapture .. cudaGraphLaunch)
-//    records one stream's work without running it; each launch runs it again. A
-//    wait for the GPU, a query of the captured stream, an event or NCCL inside a
-//    capture stops the run, named (CUDA refuses the first two; the others are not
-//    simulated).
+//    records the work without running it; each launch runs it again. Another
+//    stream joins the capture by waiting for an event recorded in it (a fork: DDP's
+//    communication stream) and must be joined back before the capture ends; NCCL's
+//    operations are captured as any other. Each branch of a launched graph runs on
+//    a stream of its own, ordered only by the captured events, so a missing join
+//    reads stale data as it would eagerly. A wait for the GPU, a query of a
+//    captured stream or event, a captured stream waiting for an event recorded
+//    outside its capture, or a fork not joined back stops the run, named, as CUDA
+//    refuses each.
 // It does not model timing, streams running side by side, memory sizes, or
 // the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
 // Nor does it catch, since the threads of a grid run one after the other and
@@ -70,6 +75,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -262,17 +268,31 @@ struct Operation {
     std::function<void()> run;
 };
 
-// A CUDA graph as captured from one stream (cudaStreamBeginCapture to cudaStreamEndCapture): that
-// stream's operations in order, not run; each cudaGraphLaunch of its instance queues copies of them
-// on the launch stream, where they run as its other work does (a kernel's arguments and a copy's
-// pointers as captured, the memory's contents as they are when the graph runs, as in CUDA). One
-// stream only: an event or NCCL inside a capture (a fork into another stream, NCCL in a graph)
-// is not simulated and stops the run, named.
+// A CUDA graph as captured (cudaStreamBeginCapture to cudaStreamEndCapture): the operations, not
+// run, each on its branch. Branch 0 is the stream the capture began on; another stream becomes a
+// branch when it waits for an event recorded in the capture (a fork), and a branch's operations
+// after such a wait depend on the waited-for branch up to the event (a captured wait: `after`).
+// Each cudaGraphLaunch of its instance queues copies of them, branch 0's on the launch stream and
+// each other branch's on a stream of the instance's own, where they run as other work does (a
+// kernel's arguments and a copy's pointers as captured, the memory's contents as they are when
+// the graph runs, as in CUDA).
+struct CapturedOperation {
+    int branch;
+    Operation op;        // none where this is a captured wait
+    int after = -1;      // a captured wait: for branch `after` ...
+    unsigned long long position = 0;  // ... to have run this many of its operations
+};
+struct CUstream_st;
 struct CUgraph_st {
-    std::vector<Operation> operations;
+    std::vector<CapturedOperation> operations;
+    std::vector<unsigned long long> length;  // per branch: its operations so far
+    std::vector<unsigned long long> joined;  // per branch: how far another branch has waited for it
+    std::vector<CUstream_st *> members;      // the streams captured into it, by branch (while capturing)
+    bool capturing = true;
 };
 struct CUgraphExec_st {
-    std::vector<Operation> operations;
+    std::vector<CapturedOperation> operations;
+    std::vector<CUstream_st *> branch_streams;  // [0] unused: branch 0 runs on the launch stream
 };
 
 struct CUstream_st {
@@ -280,12 +300,15 @@ struct CUstream_st {
     unsigned long long queued = 0, done = 0;  // operations ever queued, and run
     bool blocking = true;                     // synchronises with the legacy default stream
     CUgraph_st *capture = nullptr;            // being captured into it: its operations go there
+    int branch = 0;                           // ... as this branch
 };
 
 struct CUevent_st {
     CUstream_st *stream = nullptr;  // where it was last recorded (nullptr: complete)
     unsigned long long position = 0;
     double seconds = 0;  // when it completed
+    CUgraph_st *captured = nullptr;  // recorded inside this capture (at `position` of `branch`): the graph's
+    int branch = 0;
 };
 
 namespace {
@@ -346,7 +369,8 @@ void run_every_stream() {
 void enqueue_operation(cudaStream_t stream, Operation op) {
     CUstream_st *s = stream_of(stream);
     if (s->capture) {
-        s->capture->operations.push_back(std::move(op));
+        s->capture->operations.push_back(CapturedOperation{s->branch, std::move(op)});
+        s->capture->length[(size_t)s->branch]++;
         return;
     }
     if (s == &legacy_stream) {
@@ -363,6 +387,14 @@ void enqueue_operation(cudaStream_t stream, Operation op) {
 void enqueue(cudaStream_t stream, std::function<void()> work) { enqueue_operation(stream, Operation{{}, std::move(work)}); }
 
 bool event_complete(const CUevent_st *e) { return !e->stream || e->stream->done >= e->position; }
+
+// An event recorded inside a capture marks a place in the graph, not on a timeline: CUDA refuses
+// to query it, wait for it on the host, or time it.
+void require_not_captured(const CUevent_st *e, const char *call) {
+    if (e->captured)
+        fail("%s of an event recorded inside a stream capture: it marks a place in the graph, and CUDA refuses it "
+             "(record it again outside the capture)", call);
+}
 
 // ------------------------------------------------------------------ devices
 
@@ -766,7 +798,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     Guard guard(big_lock);
-    if (!event_complete(event)) run_until(event->stream, event->position);  // its marker holds the event
+    if (!event->captured && !event_complete(event)) run_until(event->stream, event->position);  // its marker holds the event
     delete event;
     return cudaSuccess;
 }
@@ -774,7 +806,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
-    if (s->capture) fail("cudaEventRecord on a stream being captured: events inside a CUDA graph are not simulated");
+    event->captured = nullptr;
+    if (s->capture) {  // a place in the graph, for captured waits (a fork, a join): nothing is queued
+        event->captured = s->capture;
+        event->branch = s->branch;
+        event->position = s->capture->length[(size_t)s->branch];
+        event->stream = nullptr;
+        return cudaSuccess;
+    }
     if (s == &legacy_stream) {
         run_blocking_streams();
         event->stream = nullptr;
@@ -789,6 +828,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     Guard guard(big_lock);
+    require_not_captured(event, "cudaEventQuery");
     count_query(event, event_complete(event), "a cudaEventQuery loop");
     if (event_complete(event)) return cudaSuccess;
     advance(event->stream, event->position);
@@ -797,6 +837,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     Guard guard(big_lock);
+    require_not_captured(event, "cudaEventSynchronize");
     count_wait("cudaEventSynchronize");
     if (!event_complete(event)) run_until(event->stream, event->position);
     return cudaSuccess;
@@ -804,17 +845,39 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     Guard guard(big_lock);
+    require_not_captured(start, "cudaEventElapsedTime");
+    require_not_captured(end, "cudaEventElapsedTime");
     if (!event_complete(start) || !event_complete(end)) return last_error = cudaErrorNotReady;
     *ms = (float)((end->seconds - start->seconds) * 1e3);
     return cudaSuccess;
 }
 
-// The stream's later work waits for the event's stream up to the event.
+// The stream's later work waits for the event's stream up to the event. For an event recorded in a
+// capture the wait is captured, and a stream not yet captured joins the capture as a new branch.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     Guard guard(big_lock);
     (void)flags;
-    if (stream_of(stream)->capture)
-        fail("cudaStreamWaitEvent on a stream being captured: events inside a CUDA graph are not simulated");
+    CUstream_st *s = stream_of(stream);
+    if (CUgraph_st *g = event->captured) {
+        if (!g->capturing) fail("cudaStreamWaitEvent for an event recorded in a capture that has ended: CUDA refuses it");
+        if (s->capture && s->capture != g) fail("cudaStreamWaitEvent joins two captures: CUDA refuses it");
+        if (s == &legacy_stream) fail("cudaStreamWaitEvent: the legacy default stream cannot join a capture");
+        if (!s->capture) {  // a fork: s is captured from here, as a branch of its own
+            s->capture = g;
+            s->branch = (int)g->length.size();
+            g->length.push_back(0);
+            g->joined.push_back(0);
+            g->members.push_back(s);
+            active_captures++;
+        }
+        g->operations.push_back(CapturedOperation{s->branch, Operation{}, event->branch, event->position});
+        g->length[(size_t)s->branch]++;
+        g->joined[(size_t)event->branch] = std::max(g->joined[(size_t)event->branch], event->position);
+        return cudaSuccess;
+    }
+    if (s->capture)
+        fail("cudaStreamWaitEvent: a stream being captured waits for an event recorded outside its capture: CUDA "
+             "refuses it (cudaErrorStreamCaptureIsolation)");
     if (event_complete(event)) return cudaSuccess;
     CUstream_st *other = event->stream;
     unsigned long long position = event->position;
@@ -831,6 +894,10 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
     if (s == &legacy_stream) return last_error = cudaErrorStreamCaptureUnsupported;
     if (s->capture) return last_error = cudaErrorIllegalState;
     s->capture = new CUgraph_st;
+    s->capture->length = {0};
+    s->capture->joined = {0};
+    s->capture->members = {s};
+    s->branch = 0;
     active_captures++;
     return cudaSuccess;
 }
@@ -838,10 +905,22 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
-    if (!s->capture) return last_error = cudaErrorIllegalState;
-    *graph = s->capture;
-    s->capture = nullptr;
-    active_captures--;
+    if (!s->capture || s->branch != 0) return last_error = cudaErrorIllegalState;  // ended where it began
+    CUgraph_st *g = s->capture;
+    // Every forked stream joined back: its last operation waited for by another branch (CUDA:
+    // cudaErrorStreamCaptureUnjoined, and the capture is lost).
+    for (size_t b = 1; b < g->length.size(); b++)
+        if (g->joined[b] < g->length[b])
+            fail("cudaStreamEndCapture: a stream forked into the capture (branch %zu) was not joined back to the one "
+                 "the capture began on: CUDA refuses it (cudaErrorStreamCaptureUnjoined)", b);
+    for (CUstream_st *member : g->members) {
+        member->capture = nullptr;
+        member->branch = 0;
+        active_captures--;
+    }
+    g->members.clear();
+    g->capturing = false;
+    *graph = g;
     return cudaSuccess;
 }
 
@@ -854,19 +933,50 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
     Guard guard(big_lock);
     (void)flags;
-    *exec = new CUgraphExec_st{graph->operations};
+    CUgraphExec_st *e = new CUgraphExec_st{graph->operations, {nullptr}};
+    for (size_t b = 1; b < graph->length.size(); b++) {  // a stream for each forked branch, as a GPU's graph
+        CUstream_st *s = new CUstream_st;                // runs its branches side by side
+        s->blocking = false;
+        streams.push_back(s);
+        e->branch_streams.push_back(s);
+    }
+    *exec = e;
     return cudaSuccess;
 }
 
+// Branch 0's operations on the launch stream, the others' on the instance's streams; a captured
+// wait becomes a wait for the other branch's stream up to the captured place, in this launch.
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     Guard guard(big_lock);
-    if (stream_of(stream)->capture) fail("cudaGraphLaunch into a stream being captured: not simulated");
-    count_launch();  // the graph's kernels, copies and GEMMs: one launch
-    for (const Operation &op : exec->operations) enqueue_operation(stream, op);
+    CUstream_st *launch_stream = stream_of(stream);
+    if (launch_stream->capture) fail("cudaGraphLaunch into a stream being captured: not simulated");
+    if (launch_stream == &legacy_stream) fail("cudaGraphLaunch on the legacy default stream: not simulated");
+    count_launch();  // the graph's kernels, copies, GEMMs and NCCL operations: one launch
+    std::vector<CUstream_st *> where = exec->branch_streams;
+    where[0] = launch_stream;
+    std::vector<unsigned long long> base;
+    for (CUstream_st *s : where) base.push_back(s->queued);
+    for (const CapturedOperation &c : exec->operations) {
+        if (c.after < 0) {
+            enqueue_operation(where[(size_t)c.branch], c.op);
+            continue;
+        }
+        CUstream_st *other = where[(size_t)c.after];
+        unsigned long long position = base[(size_t)c.after] + c.position;
+        enqueue_operation(where[(size_t)c.branch], Operation{[other, position] { return advance(other, position); }, {}});
+    }
     return cudaSuccess;
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    Guard guard(big_lock);
+    for (size_t b = 1; b < exec->branch_streams.size(); b++) {
+        CUstream_st *s = exec->branch_streams[b];
+        run_all(s);  // (a launch's work still runs)
+        for (size_t i = 0; i < streams.size(); i++)
+            if (streams[i] == s) streams.erase(streams.begin() + (long)i);
+        // Not deleted: a launch stream's captured wait may still name it (as cudaStreamDestroy).
+    }
     delete exec;
     return cudaSuccess;
 }
@@ -1241,13 +1351,13 @@ void queue_transfers(std::vector<Transfer> &transfers) {
         auto f = flights[i];
         enqueue_operation(t.stream, Operation{[t, f] { return joined(t, *f); }, [t, f] { complete(t, *f); }});
     }
-    for (Transfer &t : transfers) advance(stream_of(t.stream), stream_of(t.stream)->queued);
+    for (Transfer &t : transfers)
+        if (!stream_of(t.stream)->capture) advance(stream_of(t.stream), stream_of(t.stream)->queued);
 }
 
 ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
-    if (stream_of(t.stream)->capture) fail("NCCL on a stream being captured: NCCL inside a CUDA graph is not simulated");
-    count_launch();
+    count_launch();  // (none while captured: the graph's launch counts)
     group.push_back(std::move(t));
     if (group_depth == 0) {
         std::vector<Transfer> now;

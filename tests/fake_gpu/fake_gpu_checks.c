@@ -5,6 +5,7 @@
 // the correct versions of the same code must give the right numbers. Built
 // and run by tests/test_fake_gpu.sh on a FAKE_GPU=1 build; prints PASS/FAIL lines.
 #include <math.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,13 +93,42 @@ static void wait_inside_a_capture(void) {
     cudaMemcpy(host, x, sizeof host, cudaMemcpyDeviceToHost);
 }
 
-static void event_inside_a_capture(void) {
+// A fork into a second stream (an event recorded in the capture, waited for there) must be joined
+// back before the capture ends.
+static void fork_not_joined(void) {
+    cudaStream_t stream, side;
+    cudaStreamCreate(&stream);
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEvent_t forked;
+    cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);
+    float *x = device_floats(4);
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(forked, stream);
+    cudaStreamWaitEvent(side, forked, 0);
+    gpu_fill(x, 4, 1.0f, side);
+    cudaGraph_t graph;
+    cudaStreamEndCapture(stream, &graph);
+}
+
+static void wait_for_an_outside_event(void) {
+    cudaStream_t stream, side;
+    cudaStreamCreate(&stream);
+    cudaStreamCreate(&side);
+    cudaEvent_t outside;
+    cudaEventCreate(&outside);
+    cudaEventRecord(outside, side);
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaStreamWaitEvent(stream, outside, 0);
+}
+
+static void query_a_captured_event(void) {
     cudaStream_t stream;
     cudaStreamCreate(&stream);
     cudaEvent_t event;
     cudaEventCreate(&event);
     cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
     cudaEventRecord(event, stream);
+    cudaEventQuery(event);
 }
 
 // What the captured step below does, queued eagerly: the input's copy up, y = x / 2, its sum, the
@@ -110,11 +140,74 @@ static void step(const float *input, float *x, float *y, size_t n, double *sum, 
     cudaMemcpyAsync(output, sum, sizeof *output, cudaMemcpyDeviceToHost, stream);
 }
 
+// A capture that forks into a second stream and joins back (DDP's: the communication stream waits
+// for the compute stream's event, then the compute stream for the communication stream's): y = x / 2
+// on the side stream, y's value copied down on the first. With the join where it belongs, each launch
+// gives the eager result; with the first stream's copy queued before its wait for the side stream,
+// the launched graph reads y before the side branch has written it, as a GPU may.
+static void forked_step(float *x, float *y, size_t n, float value, float *output, bool joined_late, cudaStream_t stream,
+                        cudaStream_t side, cudaEvent_t forked, cudaEvent_t joined) {
+    gpu_fill(x, n, value, stream);
+    cudaEventRecord(forked, stream);
+    cudaStreamWaitEvent(side, forked, 0);
+    gpu_divide(y, x, n, 2.0f, side);
+    cudaEventRecord(joined, side);
+    if (joined_late) cudaMemcpyAsync(output, y + n - 1, sizeof *output, cudaMemcpyDeviceToHost, stream);
+    cudaStreamWaitEvent(stream, joined, 0);
+    if (!joined_late) cudaMemcpyAsync(output, y + n - 1, sizeof *output, cudaMemcpyDeviceToHost, stream);
+}
+
+static void test_forked_graphs(cudaStream_t stream, float *x, float *y, size_t n) {
+    cudaStream_t side;
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEvent_t forked, joined;
+    cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&joined, cudaEventDisableTiming);
+    float *output = NULL;
+    cudaMallocHost((void **)&output, 4 * sizeof *output);
+    cudaGraphExec_t exec[2];
+    cudaGraph_t graph[2];
+    for (int late = 0; late < 2; late++) {
+        gpu_fill(y, n, -7.0f, stream);  // what y holds before the graph
+        cudaStreamSynchronize(stream);
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        forked_step(x, y, n, 3.0f + (float)late, &output[late], late, stream, side, forked, joined);
+        cudaStreamEndCapture(stream, &graph[late]);
+        cudaGraphInstantiate(&exec[late], graph[late], 0);
+    }
+    enum cudaStreamCaptureStatus status;
+    cudaStreamIsCapturing(side, &status);
+    check(status == cudaStreamCaptureStatusNone, "the forked stream leaves the capture with the stream it began on");
+    cudaGraphLaunch(exec[0], stream);
+    cudaStreamSynchronize(stream);
+    forked_step(x, y, n, 3.0f, &output[2], false, stream, side, forked, joined);
+    cudaStreamSynchronize(stream);
+    char what[200];
+    snprintf(what, sizeof what, "a graph forked into a second stream and joined back: %g, as eagerly (%g)", output[0],
+             output[2]);
+    check(output[0] == 1.5f && output[2] == 1.5f, what);
+    gpu_fill(y, n, -7.0f, stream);
+    cudaGraphLaunch(exec[1], stream);
+    cudaStreamSynchronize(stream);
+    snprintf(what, sizeof what, "a graph whose stream reads the side branch's result before it joins reads the old "
+             "value (%g, not 2)", output[1]);
+    check(output[1] == -7.0f, what);
+    for (int late = 0; late < 2; late++) {
+        cudaGraphExecDestroy(exec[late]);
+        cudaGraphDestroy(graph[late]);
+    }
+    cudaFreeHost(output);
+}
+
 static void test_graphs(void) {
     check(dies(wait_inside_a_capture, SIGABRT, "while a stream is captured into a CUDA graph"),
           "a wait for the GPU inside a stream capture stops the run, named");
-    check(dies(event_inside_a_capture, SIGABRT, "events inside a CUDA graph are not simulated"),
-          "an event inside a stream capture stops the run, named");
+    check(dies(fork_not_joined, SIGABRT, "was not joined back"),
+          "a stream forked into a capture and not joined back stops the run at the capture's end, named");
+    check(dies(wait_for_an_outside_event, SIGABRT, "recorded outside its capture"),
+          "a captured stream waiting for an event recorded outside the capture stops the run, named");
+    check(dies(query_a_captured_event, SIGABRT, "cudaEventQuery of an event recorded inside a stream capture"),
+          "a query of an event recorded in a capture stops the run, named");
     const size_t n = 1000;
     cudaStream_t stream;
     cudaStreamCreate(&stream);
@@ -154,6 +247,7 @@ static void test_graphs(void) {
     cudaGetLastError();
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+    test_forked_graphs(stream, x, y, n);
 }
 
 int main(void) {
