@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
     StepLosses pending = step_losses_new(sampler_num_batches(&sampler, opt.batch_size), device);
     // On a GPU the step is captured once into a CUDA graph and replayed: one launch a step, not ~20
     // (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a warm-up).
-    StepGraph graph = step_graph_new(device, strcmp(cuda_graph, "on") == 0);
+    StepGraph graph = step_graph_new(device, strcmp(cuda_graph, "on") == 0, false);
 
     double train_start = wall_seconds();
     for (int epoch = 0; epoch < opt.epochs; epoch++) {

@@ -12,9 +12,9 @@
 // evaluates its share of the test set and rank 0 prints what the tutorial's
 // Trainer reports: test loss and accuracy, per-class precision, recall and
 // F1, and the confusion matrix. --max_steps N stops after N optimizer steps
-// (Hugging Face's max_steps: it overrides --epochs). On one GPU the step is
-// replayed from a CUDA graph (--cuda_graph, as in steps 2 and 15): at world
-// size 1 DDP has nothing to reduce, so the step holds no collective.
+// (Hugging Face's max_steps: it overrides --epochs). On GPUs the step is
+// replayed from a CUDA graph (--cuda_graph, as in steps 2 and 15), DDP's
+// NCCL allreduces on their own stream inside it.
 //
 // Build and run:
 //   make day3/14_cnn_ddp
@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
         TRAIN_FLAGS(opt),
         {"bucket_mb", ARG_FLOAT_GE, &bucket_mb, "MiB", "gradient bucket size, as PyTorch's bucket_cap_mb; 0: one bucket per tensor", 0, NULL},
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
-        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs; world size 1)", 0, "on|off"},
+        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs)", 0, "on|off"},
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 14: a convolutional network (the torchrun tutorial's SimpleCNN) under DDP, with evaluation metrics.");
     Device device = device_from_flag(opt.device);
@@ -117,13 +117,13 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // Each step's loss stays on the GPU until the epoch's end (step_losses.h): no step waits for it.
     StepLosses pending = step_losses_new(steps_per_epoch, device);
-    // On one GPU the step is captured into a CUDA graph and replayed: one launch a step, not ~50
+    // On a GPU the step is captured into a CUDA graph and replayed: one launch a step, not ~50
     // (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a warm-up).
-    // With more ranks the step holds DDP's allreduces (NCCL's, on a stream of their own; MPI's, on
-    // host copies, where ranks share a GPU), which our simulated GPU cannot capture yet: those steps
-    // run eagerly.
+    // DDP's NCCL allreduces are captured with it, on their stream (as torch.cuda.graphs allows);
+    // where ranks share a GPU, DDP reduces through MPI on host copies, which no graph can hold:
+    // those steps run eagerly.
     bool graph_wanted = strcmp(cuda_graph, "on") == 0 && device == DEVICE_CUDA;
-    StepGraph graph = step_graph_new(device, graph_wanted && world == 1);
+    StepGraph graph = step_graph_new(device, graph_wanted && (world == 1 || ddp.nccl), world > 1);
 
     int steps = 0;
     double train_start = wall_seconds();

@@ -20,8 +20,9 @@
 // The three take the same steps (mf.h says how the sums are ordered for it),
 // on CPUs or GPUs (--device: the tables on the GPU, the gathers, scatters and
 // SparseAdam in kernels, the rows by NCCL; the host queues each step and never
-// waits for the GPU inside it: mf.h says how). On one GPU at world size 1 the
-// step is captured once into a CUDA graph and replayed (--cuda_graph, as in step 2).
+// waits for the GPU inside it: mf.h says how). On GPUs the step is captured
+// once into a CUDA graph and replayed, NCCL's collectives inside it (--cuda_graph,
+// as in step 2).
 //
 // The data: each rank reads only its byte range of ratings.csv
 // (common/data/movielens.h), so no rank holds the whole file; every epoch the
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
         {"max_steps", ARG_INT, &max_steps, "N", "stop after N optimizer steps, overriding --epochs (-1: --epochs decides)", -1, NULL},
         {"recommend", ARG_INT, &recommend, "USER", "at the end, the top 10 unseen movies for this userId (0: none)", 0, NULL},
         {"synthetic", ARG_INT, &synthetic, "N", "write a MovieLens-shaped ratings.csv of N ratings into --data, and stop", 0, NULL},
-        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs; world size 1)", 0, "on|off"},
+        {"cuda_graph", ARG_STRING, &cuda_graph, "on|off", "on a GPU, each step replayed from a CUDA graph captured once (torch.cuda.graphs)", 0, "on|off"},
         TRACKING_FLAGS(opt.tracking),
     };
     args_parse(argc, argv, flags, ARRAY_LEN(flags), "Step 15: a MovieLens recommender (matrix factorisation) under DDP, with dense, sparse or sharded embeddings.");
@@ -211,11 +212,10 @@ int main(int argc, char **argv) {
     LossLog losses = {0};
     // On a GPU the step is captured into a CUDA graph and replayed: one launch a step, not one per
     // kernel (step_graph.h: the epoch's last, shorter batch runs eagerly, and so does the first, a
-    // warm-up). With more ranks the step holds the exchanges' collectives (NCCL's, on a stream of
-    // their own; MPI's, on host copies, where ranks share a GPU), which our simulated GPU cannot
-    // capture yet: those steps run eagerly.
+    // warm-up). The exchanges' NCCL collectives are captured with it, on their stream; where ranks
+    // share a GPU they go through MPI on host copies, which no graph can hold: those steps run eagerly.
     bool graph_wanted = strcmp(cuda_graph, "on") == 0 && device == DEVICE_CUDA;
-    StepGraph graph = step_graph_new(device, graph_wanted && world == 1);
+    StepGraph graph = step_graph_new(device, graph_wanted && (world == 1 || device_nccl()), world > 1);
     float *epoch_rmse = xmalloc(((size_t)epochs + 1) * sizeof(float));  // the test RMSE after each epoch, for the PNG
     int steps = 0;
     double train_start = wall_seconds(), rmse = 0.0;
@@ -227,8 +227,10 @@ int main(int argc, char **argv) {
         for (int b = 0; b < sampler.n_batches && steps != max_steps; b++) {
             RatingBatch batch = rating_sampler_batch(&sampler, b);
             mf_prepare_step(model, &batch);               // (where the batch is, Adam's step size: before the graph)
-            if (!step_graph_replay(&graph, batch.n)) {    // g.replay(), where the graph holds this batch's shape
-                step_graph_begin(&graph, batch.n);        // (with torch.cuda.graph(g): once, after a warm-up step)
+            // The graph is keyed by the global batch's size: the same on every rank, where a rank's
+            // slice of a short last batch may differ by one (NCCL: every rank replays, or none).
+            if (!step_graph_replay(&graph, (int)batch.global_n)) {  // g.replay(), where the graph holds this batch's shape
+                step_graph_begin(&graph, (int)batch.global_n);     // (with torch.cuda.graph(g): once, after a warm-up step)
                 mf_lookup(model, &batch);                 // embedding(user), embedding(item)
                 mf_forward_backward(model, &batch);       // loss = ...; loss.backward()
                 mf_exchange_gradients(model);             // DDP: the global batch's gradients
@@ -269,10 +271,15 @@ int main(int argc, char **argv) {
     if (world == 1)
         print0("%s embeddings: no communication (world size 1); embedding memory %.2f MB per rank\n",
                embeddings_mode_name(mode), mf_embedding_bytes(model) / 1e6);
-    else
-        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
-               "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
-               steps ? 1e3 * mf_comm_seconds(model) / steps : 0.0, mf_embedding_bytes(model) / 1e6);
+    else {
+        long timed_steps;
+        double comm_seconds = mf_comm_seconds_per_step(model, &timed_steps);
+        char timed_text[96] = "";  // replayed steps are not timed (step_graph.h)
+        if (timed_steps < steps) snprintf(timed_text, sizeof timed_text, " (over the %ld steps run eagerly)", timed_steps);
+        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating%s; embedding "
+               "memory %.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
+               1e3 * comm_seconds, timed_text, mf_embedding_bytes(model) / 1e6);
+    }
     step_graph_report(&graph, graph_wanted, steps, world, "the exchanges' collectives");
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);

@@ -349,15 +349,29 @@ expect "step 14: CPU and GPU per-step losses from the same --init, --no-shuffle,
 # 40 steps, as on the CPU (tests/test_cnn.sh): Adam's first steps magnify the
 # rounding differences of a weight gradient summed over 32 rows twice or 64 once.
 day3/14_cnn_ddp --device cuda --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --losses "$tmp/cnn_gpu40.csv" --plot '' > /dev/null 2>&1
-mpi 2 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --batch_size 32 --losses "$tmp/cnn_gpu2.csv" --plot '' > "$tmp/cnn_g2" 2>&1
+mpi 2 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --batch_size 32 --losses "$tmp/cnn_gpu2.csv" \
+    --save "$tmp/cnn_graph2.h5" --plot '' > "$tmp/cnn_g2" 2>&1
 verdict=$(same_losses "$tmp/cnn_gpu40.csv" "$tmp/cnn_gpu2.csv" 1e-4)
 status=$?
 checksums=$(grep -o 'parameter checksum [0-9a-f]*' "$tmp/cnn_g2" | sort -u | wc -l)
 expect "step 14: DDP on the GPU, 2 ranks x 32 == 1 x 64 (40 steps): $verdict; both ranks end bit-identical" \
     test $status -eq 0 -a "$checksums" -eq 1
-# With more ranks the step holds DDP's allreduces: no graph, and the run says so.
-expect "step 14 on 2 GPU ranks runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of 40 steps replayed: with 2 ranks' "$tmp/cnn_g2")" \
-    grep -q '^CUDA graph: 0 of 40 steps replayed: with 2 ranks' "$tmp/cnn_g2"
+# With a GPU each, DDP's NCCL allreduces are captured into the step's CUDA graph (the communication
+# stream forks from the compute stream and joins it again inside the capture): the replayed steps
+# take the eager steps' losses and weights bit for bit. Where the 2 ranks share a GPU, DDP reduces
+# through MPI on host copies: no graph, and the run says why.
+if [ "$gpus" -ge 2 ]; then
+    mpi 2 day3/14_cnn_ddp --init "$tmp/cnn_init.h5" --no-shuffle --max_steps 40 --batch_size 32 --losses "$tmp/cnn_eager2.csv" \
+        --save "$tmp/cnn_eager2.h5" --plot '' --cuda_graph off > "$tmp/cnn_e2" 2>&1
+    expect "step 14 on 2 GPU ranks replays its step, DDP's NCCL allreduces inside ($(grep -o '[0-9]* of 40 steps replayed from [0-9]* capture' "$tmp/cnn_g2")): the eager steps' losses and weights, bit for bit; $(grep -o 'over the [0-9]* step run eagerly' "$tmp/cnn_g2")" \
+        eval 'grep -q "^CUDA graph: 39 of 40 steps replayed from 1 capture" "$tmp/cnn_g2" &&
+              grep -q "^DDP: gradient allreduce .* (over the 1 step run eagerly: a step replayed from a CUDA graph records no times)" "$tmp/cnn_g2" &&
+              cmp -s "$tmp/cnn_gpu2.csv" "$tmp/cnn_eager2.csv" && ! grep -q "^CUDA graph" "$tmp/cnn_e2" &&
+              build/tools/compare_h5_weights "$tmp/cnn_graph2.h5" "$tmp/cnn_eager2.h5" 0 > /dev/null 2>&1'
+else
+    expect "step 14 on 2 ranks sharing a GPU runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of 40 steps replayed: 2 ranks share a GPU' "$tmp/cnn_g2")" \
+        grep -q '^CUDA graph: 0 of 40 steps replayed: 2 ranks share a GPU' "$tmp/cnn_g2"
+fi
 # Step 14's CUDA graph (--cuda_graph, on by default; 1 rank: DDP has nothing to reduce, so the step
 # holds no collective): the steps replayed take the eager steps' losses and weights bit for bit. On a
 # GPU, 2 epochs of 938 steps: the first step is the warm-up before the capture, and each epoch's last
@@ -406,23 +420,35 @@ else
                       [ -n "$(rmse15 "$tmp/r15c_${mode}_$np")" ] && [ "$(rmse15 "$tmp/r15g_${mode}_$np")" = "$(rmse15 "$tmp/r15c_${mode}_$np")" ]'
         done
     done
-    # With more ranks than one the step holds NCCL's collectives: no graph, and the run says so.
-    expect "step 15 on 2 GPU ranks runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of [0-9]* steps replayed: with 2 ranks' "$tmp/r15g_sparse_2")" \
-        grep -q '^CUDA graph: 0 of [0-9]* steps replayed: with 2 ranks' "$tmp/r15g_sparse_2"
-    # Step 15's CUDA graph (--cuda_graph, on by default; 1 rank: no collective in its step): the
-    # steps replayed take the eager steps' losses and weights bit for bit, in each mode, 2 epochs of
-    # 89 steps, each ending in a shorter batch run eagerly. Each epoch starts with an eager step:
-    # the first, a warm-up before the capture; the second, after the evaluation grew the buffers
-    # the step uses, a warm-up before capturing it again (step_graph.h). So 2 x 87 replayed.
-    for mode in dense sparse sharded; do
-        s15=(day3/15_recommender_ddp --embeddings $mode --epochs 2 --plot '' --device cuda)
-        "${s15[@]}" --losses "$tmp/r15graph_$mode.csv" --save "$tmp/r15graph_$mode.h5" > "$tmp/r15graph_$mode" 2>&1
-        "${s15[@]}" --losses "$tmp/r15eager_$mode.csv" --save "$tmp/r15eager_$mode.h5" --cuda_graph off > "$tmp/r15eager_$mode" 2>&1
-        expect "step 15's CUDA graph, $mode embeddings ($(grep -o '[0-9]* of [0-9]* steps replayed from [0-9]* captures' "$tmp/r15graph_$mode")): the eager steps' losses and weights, bit for bit" \
-            eval 'grep -q "^CUDA graph: 174 of 178 steps replayed from 2 captures" "$tmp/r15graph_$mode" &&
-                  ! grep -q "^CUDA graph" "$tmp/r15eager_$mode" && test -s "$tmp/r15graph_$mode.csv" &&
-                  cmp -s "$tmp/r15graph_$mode.csv" "$tmp/r15eager_$mode.csv" &&
-                  build/tools/compare_h5_weights "$tmp/r15graph_$mode.h5" "$tmp/r15eager_$mode.h5" 0 > /dev/null 2>&1'
+    # Where 2 ranks share a GPU the exchanges go through MPI on host copies: no graph, and the run
+    # says why. (With a GPU each, their NCCL collectives are captured: below.)
+    if [ "$gpus" -lt 2 ]; then
+        expect "step 15 on 2 ranks sharing a GPU runs each step eagerly, and says why: $(grep -o '^CUDA graph: 0 of [0-9]* steps replayed: 2 ranks share a GPU' "$tmp/r15g_sparse_2")" \
+            grep -q '^CUDA graph: 0 of [0-9]* steps replayed: 2 ranks share a GPU' "$tmp/r15g_sparse_2"
+    fi
+    # Step 15's CUDA graph (--cuda_graph, on by default): the steps replayed take the eager steps'
+    # losses and weights bit for bit, in each mode, 2 epochs, each ending in a shorter batch run
+    # eagerly. Each epoch starts with an eager step: the first, a warm-up before the capture; the
+    # second, after the evaluation grew the buffers the step uses, a warm-up before capturing it
+    # again (step_graph.h). On 1 rank, 2 epochs of 89 steps: 2 x 87 replayed. With a GPU each, on 2
+    # ranks too, the exchanges' NCCL collectives inside the graph (2 epochs of 45 steps: 2 x 43),
+    # and the bytes sent per step counted for the replayed steps as for the eager ones.
+    graph15=("1 174 of 178")
+    [ "$gpus" -ge 2 ] && graph15+=("2 86 of 90")
+    for run in "${graph15[@]}"; do
+        read -r np replayed <<< "$run"
+        for mode in dense sparse sharded; do
+            s15=(day3/15_recommender_ddp --embeddings $mode --epochs 2 --plot '' --device cuda)
+            g="$tmp/r15graph_${mode}_$np" e="$tmp/r15eager_${mode}_$np"
+            mpi $np "${s15[@]}" --losses "$g.csv" --save "$g.h5" > "$g" 2>&1
+            mpi $np "${s15[@]}" --losses "$e.csv" --save "$e.h5" --cuda_graph off > "$e" 2>&1
+            sent() { grep -o '[0-9.]* kB sent per step' "$1"; }
+            expect "step 15's CUDA graph, $mode embeddings, $np rank(s) ($(grep -o '[0-9]* of [0-9]* steps replayed from [0-9]* captures' "$g")): the eager steps' losses and weights, bit for bit$([ "$np" -gt 1 ] && echo "; $(sent "$g") (eager: $(sent "$e"))")" \
+                eval 'grep -q "^CUDA graph: $replayed steps replayed from 2 captures" "$g" &&
+                      ! grep -q "^CUDA graph" "$e" && test -s "$g.csv" && cmp -s "$g.csv" "$e.csv" &&
+                      [ "$(sent "$g")" = "$(sent "$e")" ] &&
+                      build/tools/compare_h5_weights "$g.h5" "$e.h5" 0 > /dev/null 2>&1'
+        done
     done
 fi
 

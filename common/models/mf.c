@@ -676,7 +676,7 @@ static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
 static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool timed) {
     sort_groups(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n);
     sort_groups(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n);
-    timed = timed && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1;
+    timed = timed && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1 && !device_graph_capturing();
     if (timed) comm_begin(model);
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *t = table_of(model, k);
@@ -805,7 +805,9 @@ static void exchange_sharded_gpu(Mf *model, EmbeddingTable *t) {
 void mf_exchange_gradients(Mf *model) {
 #if HAVE_CUDA
     if (on_gpu(model)) {
-        bool timed = dist_world_size() > 1;
+        // Timed by events on the compute stream, except in a capture: there an event marks a place in
+        // the graph, and replays run no host code to read one (their time is not counted).
+        bool timed = dist_world_size() > 1 && !device_graph_capturing();
         if (timed) comm_begin(model);
         for (int t = 0; t < 4; t++) {
             EmbeddingTable *table = table_of(model, t);
@@ -814,6 +816,7 @@ void mf_exchange_gradients(Mf *model) {
             else exchange_sparse_gpu(model, table);
         }
         if (timed) comm_end(model);
+        model->exchanged = true, model->exchange_timed = !device_graph_capturing();
         return;
     }
 #endif
@@ -823,6 +826,7 @@ void mf_exchange_gradients(Mf *model) {
         else if (table->mode == EMBEDDINGS_DENSE) exchange_dense(model, table);
         else exchange_sparse(model, table);
     }
+    model->exchanged = model->exchange_timed = true;
 }
 
 // ------------------------------------------------------------------ SparseAdam
@@ -880,6 +884,8 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
     double bias_correction1 = 1.0 - pow(beta1, (double)model->step), bias_correction2 = 1.0 - pow(beta2, (double)model->step);
     model->minus_step_size = (float)(-(model->lr * sqrt(bias_correction2) / bias_correction1));
     model->prepared = true;
+    model->exchanged = false;
+    model->bytes_at_prepare = model->bytes_sent;
 #if HAVE_CUDA
     if (on_gpu(model)) {
         // The step's own buffers, sized by the batch's bound: allocated here, never inside the step.
@@ -904,12 +910,17 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
 
 void mf_end_step(Mf *model) {
 #if HAVE_CUDA
-    if (on_gpu(model))  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
+    if (on_gpu(model)) {  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
         CHECK_CUDA(cudaMemcpyAsync(loss_slot(model), model->gpu_step_loss, sizeof(double), cudaMemcpyDeviceToDevice,
                                    device_stream()));
-#else
-    (void)model;  // (a CPU rank kept its loss in mf_forward_backward)
-#endif
+    }
+#endif  // (a CPU rank kept its loss in mf_forward_backward)
+    if (model->exchanged) {  // an eager step: what it sent, and whether its time was taken
+        model->step_bytes = model->bytes_sent - model->bytes_at_prepare;
+        model->comm_timed_steps += model->exchange_timed;
+    } else {  // replayed from a CUDA graph, no host code run: it sent what the captured step did (the bounds')
+        model->bytes_sent += model->step_bytes;
+    }
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
@@ -929,11 +940,12 @@ int mf_take_losses(Mf *model, bool due, const double **losses) {
     return n;
 }
 
-double mf_comm_seconds(Mf *model) {
+double mf_comm_seconds_per_step(Mf *model, long *timed_steps) {
 #if HAVE_CUDA
     comm_account(model, true);
 #endif
-    return model->comm_seconds;
+    *timed_steps = model->comm_timed_steps;
+    return model->comm_timed_steps ? model->comm_seconds / model->comm_timed_steps : 0.0;
 }
 
 // ------------------------------------------------------------------ predictions

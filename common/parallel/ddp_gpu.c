@@ -17,10 +17,13 @@
 typedef struct {
     float *device_buffer;               // [count]: packed here, reduced here by NCCL
     cudaEvent_t packed;                 // the compute stream has packed the bucket (and copied it to the host)
+    cudaEvent_t reduced;                // NCCL: the communication stream has reduced it
 } GpuBucket;
 
 // NCCL: one step's marks on the GPU's timeline, for the statistics. They are read once they have
-// happened, a few steps later, so that no step waits for the GPU to get there: a ring of steps.
+// happened, a few steps later, so that no step waits for the GPU to get there: a ring of steps. A
+// step captured into a CUDA graph (train/step_graph.h) records none: an event recorded in a capture
+// marks a place in the graph, not a time, and its replays run no host code to move the ring on.
 enum { TIMED_STEPS = 32 };
 typedef struct {
     cudaEvent_t step_start, backward_end;  // the step's first packing, and the end of its backward
@@ -42,6 +45,7 @@ DdpGpu *ddp_gpu_new(const Ddp *ddp) {
         GpuBucket *bucket = &gpu->buckets[b];
         bucket->device_buffer = device_alloc(ddp->buckets[b].count * sizeof(float));
         CHECK_CUDA(cudaEventCreateWithFlags(&bucket->packed, cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventCreateWithFlags(&bucket->reduced, cudaEventDisableTiming));
     }
     if (ddp->nccl)  // NCCL's statistics come from the GPU's timeline
         for (int t = 0; t < TIMED_STEPS; t++) {
@@ -64,6 +68,7 @@ void ddp_gpu_free(Ddp *ddp) {
     for (int b = 0; b < ddp->n_buckets; b++) {
         device_free(gpu->buckets[b].device_buffer);
         CHECK_CUDA(cudaEventDestroy(gpu->buckets[b].packed));
+        CHECK_CUDA(cudaEventDestroy(gpu->buckets[b].reduced));
     }
     if (ddp->nccl)
         for (int t = 0; t < TIMED_STEPS; t++) {
@@ -158,7 +163,8 @@ static bool account_oldest(Ddp *ddp, bool wait) {
 
 void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
     DdpGpu *gpu = ddp->gpu;
-    if (b == 0) {  // the step's first bucket: account for the steps that are over, then mark this one's start
+    bool timed = !device_graph_capturing();
+    if (b == 0 && timed) {  // the step's first bucket: account for the steps that are over, then mark this one's start
         while (account_oldest(ddp, false)) {}
         if (gpu->n_timed == TIMED_STEPS) account_oldest(ddp, true);  // the host is that far ahead
         if (profile_recording()) {  // with the GPU idle, step_start happens when the host records it
@@ -170,31 +176,34 @@ void ddp_nccl_bucket_ready(Ddp *ddp, int b) {
         CHECK_CUDA(cudaEventRecord(recording(gpu)->step_start, device_stream()));
     }
     GpuBucket *bucket = &gpu->buckets[b];
-    TimedStep *timed = recording(gpu);
+    TimedStep *timed_step = recording(gpu);
     pack_on_gpu(ddp, b);
     CHECK_CUDA(cudaEventRecord(bucket->packed, device_stream()));
     // The allreduce on the communication stream, behind the packing.
     cudaStream_t comm = device_comm_stream();
-    CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));
-    CHECK_CUDA(cudaEventRecord(timed->comm_start[b], comm));
+    CHECK_CUDA(cudaStreamWaitEvent(comm, bucket->packed, 0));  // (in a capture: the communication stream forks)
+    if (timed) CHECK_CUDA(cudaEventRecord(timed_step->comm_start[b], comm));
     group_count_traffic(ddp->group, TRAFFIC_ALL_REDUCE, ddp->buckets[b].count);
     CHECK_NCCL(ncclAllReduce(bucket->device_buffer, bucket->device_buffer, ddp->buckets[b].count, ncclFloat, ncclSum,
                              ddp->group->nccl, comm));
-    CHECK_CUDA(cudaEventRecord(timed->comm_done[b], comm));
+    if (timed) CHECK_CUDA(cudaEventRecord(timed_step->comm_done[b], comm));
+    CHECK_CUDA(cudaEventRecord(bucket->reduced, comm));
 }
 
-// Nothing to wait for on the host: the compute stream waits for each bucket.
+// Nothing to wait for on the host: the compute stream waits for each bucket (in a capture: the
+// communication stream joins it again).
 void ddp_nccl_finish(Ddp *ddp) {
     DdpGpu *gpu = ddp->gpu;
-    TimedStep *timed = recording(gpu);
-    CHECK_CUDA(cudaEventRecord(timed->backward_end, device_stream()));
+    bool timed = !device_graph_capturing();
+    if (timed) CHECK_CUDA(cudaEventRecord(recording(gpu)->backward_end, device_stream()));
     for (int b = 0; b < ddp->n_buckets; b++) {
         CHECK(ddp->buckets[b].pending == 0, "ddp_finish: backward did not produce bucket %d", b);
-        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), timed->comm_done[b], 0));
+        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), gpu->buckets[b].reduced, 0));
         divide_into_grads(ddp, b);
         ddp->buckets[b].pending = ddp->buckets[b].n_params;
     }
-    gpu->n_timed++;
+    if (timed) gpu->n_timed++;
+    else ddp->untimed_steps++;
 }
 
 // NCCL's statistics of every recorded step, read off the GPU's timeline (waiting for it), with

@@ -302,13 +302,19 @@ struct DeviceGraph {
     cudaGraphExec_t exec;
 };
 
+static bool g_capturing;
+
 void device_graph_begin(void) {
     // Thread-local: only this thread's calls could spoil the capture (step 11's readers may wait meanwhile).
     CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    g_capturing = true;
 }
+
+bool device_graph_capturing(void) { return g_capturing; }
 
 DeviceGraph *device_graph_end(void) {
     DeviceGraph *graph = xcalloc(1, sizeof *graph);
+    g_capturing = false;
     CHECK_CUDA(cudaStreamEndCapture(g_stream, &graph->graph));
     CHECK_CUDA(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
     return graph;

@@ -135,11 +135,17 @@ void device_upload(void *device_memory, const void *host, size_t bytes, const ch
 
 // The compute stream's work between device_graph_begin and device_graph_end as a CUDA graph
 // (torch.cuda.CUDAGraph): captured, not run; device_graph_launch queues all of it again in one
-// launch. In between, nothing may wait for the GPU (CUDA refuses it: a buffer that grows, a read
+// launch. The work of a stream that waits for an event the compute stream recorded meanwhile is
+// captured too (the communication stream's NCCL calls: collectives.c, DDP's buckets), and must be
+// joined back (the compute stream waits for an event of it) before device_graph_end. In between, nothing may wait for the GPU (CUDA refuses it: a buffer that grows, a read
 // back), and every kernel's arguments, pointers included, are those of the capture: what changes
 // from one launch to the next lives in device memory that is written before it (train/step_graph.h).
 typedef struct DeviceGraph DeviceGraph;
 void device_graph_begin(void);
+// Between device_graph_begin and device_graph_end: what is queued now is recorded into the graph, so
+// an event recorded now marks a place in the graph, to order streams by (DDP's communication stream
+// forks from the compute stream and joins it again), not a time to read: timers skip such a step.
+bool device_graph_capturing(void);
 DeviceGraph *device_graph_end(void);
 void device_graph_launch(const DeviceGraph *graph);
 void device_graph_free(DeviceGraph *graph);

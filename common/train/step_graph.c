@@ -6,15 +6,19 @@
 #include "base/check.h"
 #include "runtime/dist.h"
 
-StepGraph step_graph_new(Device device, bool enabled) {
-    StepGraph graph = {.enabled = HAVE_CUDA && enabled && device == DEVICE_CUDA, .device = device};
+StepGraph step_graph_new(Device device, bool enabled, bool across_ranks) {
+    StepGraph graph = {.enabled = HAVE_CUDA && enabled && device == DEVICE_CUDA, .device = device,
+                       .across_ranks = across_ranks};
     graph.loss = device == DEVICE_CUDA ? device_alloc(sizeof(float)) : xcalloc(1, sizeof(float));
     return graph;
 }
 
 bool step_graph_replay(StepGraph *graph, int rows) {
 #if HAVE_CUDA
-    if (graph->graph && device_buffer_moves() != graph->buffer_moves) {
+    int moved = graph->graph && device_buffer_moves() != graph->buffer_moves;
+    if (graph->graph && graph->across_ranks)  // a rank whose buffers moved recaptures when all do
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &moved, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (moved) {
         // A scratch buffer moved since the capture (step 15's evaluation between epochs grows the
         // ones its step uses): the graph would use the old address. Dropped, then captured again
         // after a warm-up step, as the first time.
@@ -80,9 +84,8 @@ void step_graph_report(const StepGraph *graph, bool wanted, long steps, int worl
         print0("CUDA graph: %ld of %ld steps replayed from %d capture%s (--cuda_graph off: each kernel launched by "
                "itself)\n", graph->replays, steps, graph->captures, graph->captures == 1 ? "" : "s");
     else if (wanted)
-        print0("CUDA graph: 0 of %ld steps replayed: with %d ranks each step holds %s (NCCL's, on a stream of their "
-               "own, or MPI's on host copies, where ranks share a GPU), which the simulated GPU cannot capture yet; "
-               "each kernel launched by itself\n", steps, world, collectives);
+        print0("CUDA graph: 0 of %ld steps replayed: %d ranks share a GPU, so each step holds %s through MPI on host "
+               "copies, which no graph can hold; each kernel launched by itself\n", steps, world, collectives);
 }
 
 void step_graph_free(StepGraph *graph) {

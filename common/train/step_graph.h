@@ -1,7 +1,7 @@
 // step_graph.h: a training step replayed from a CUDA graph (torch.cuda.graphs): its kernels,
 // GEMMs and copies captured once, then queued again in one launch a step, not one by one.
 //
-//   StepGraph graph = step_graph_new(device, cuda_graph);   // --cuda_graph on|off (on: a GPU's default)
+//   StepGraph graph = step_graph_new(device, cuda_graph, false);  // --cuda_graph on|off (on: a GPU's default)
 //   for (...) {
 //       Tensor x = mnist_batch(...);                          // into the same buffers every step
 //       adam_prepare_step(&optimizer);                        // what changes step by step, on the GPU first
@@ -25,6 +25,18 @@
 // use have grown, as nothing may allocate or wait for the GPU inside a capture. The same operations
 // on the same data: the same bits as the eager step (tests/test_gpu.sh checks).
 //
+// With NCCL between ranks the step's collectives are captured too, on their own stream, as
+// torch.cuda.graphs allows: the communication stream forks from the compute stream at an event and
+// joins it again (comm/collectives.c, DDP's buckets in parallel/ddp_gpu.c), so the graph holds both
+// streams and the order between them; every rank replays the same collectives in the same order. A
+// replay runs no host code: what the host counts or times in a step (DDP's overlap, step 15's
+// communication time) it counts in the steps run eagerly, and says so. NCCL asks that a captured
+// collective be captured, and replayed, on every rank alike: so the batch's rows must be the same on
+// every rank (a global batch's size), and a graph holding collectives (`across_ranks`) is dropped
+// for a moved buffer only when all ranks agree (one MPI_Allreduce of an int a step, on the host).
+// Ranks that share a GPU reduce through MPI on host copies, which no graph can hold: their steps run
+// eagerly.
+//
 // Off (a CPU rank, --cuda_graph off, a build without CUDA), every step runs eagerly through the
 // same calls; the loss still goes through the slot (a copy more).
 //
@@ -46,12 +58,16 @@ typedef struct {
     long replays;              // steps replayed from the graph
     int captures;              // graphs captured: 1, or more where a buffer the step uses moved (step_graph_replay)
     long buffer_moves;         // device_buffer_moves() at the capture
+    bool across_ranks;         // the step holds collectives: each rank replays, or captures, when all do
 } StepGraph;
 
-StepGraph step_graph_new(Device device, bool enabled);
+// `across_ranks`: the step holds collectives over the world's ranks (NCCL's), so the ranks decide
+// together (rows: the same on every rank).
+StepGraph step_graph_new(Device device, bool enabled, bool across_ranks);
 // Launches the captured step if it holds a batch of `rows`; false (nothing done) otherwise. A graph
 // captured before a DeviceBuffer moved (device_buffer_moves) is dropped first, and captured again
 // after the next eager step of the shape: what runs between steps may grow the step's buffers.
+// Collective where the graph is `across_ranks` and one is captured.
 bool step_graph_replay(StepGraph *graph, int rows);
 // Before an eager step of `rows`: captures it (then step_graph_end launches it) when graphs are on,
 // none is captured yet, and the step before had the same rows (the warm-up).
@@ -63,8 +79,8 @@ LossSlot step_graph_loss(const StepGraph *graph);
 // queued after the step; the step is then queued (the simulated GPU counts per step).
 void step_graph_hand_loss(StepGraph *graph, LossSlot slot);
 // The run's "CUDA graph:" line (rank 0, after training): how many of `steps` were replayed from how
-// many captures; where graphs were asked for (`wanted`: --cuda_graph on, a GPU) but the world's
-// ranks put collectives in the step (`collectives` names them: "DDP's allreduces"), why none were;
-// nothing where none were asked for.
+// many captures; where graphs were asked for (`wanted`: --cuda_graph on, a GPU) but not enabled
+// (ranks that share a GPU put MPI's collectives in the step: `collectives` names them, "DDP's
+// allreduces"), why none were; nothing where none were asked for.
 void step_graph_report(const StepGraph *graph, bool wanted, long steps, int world, const char *collectives);
 void step_graph_free(StepGraph *graph);

@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     Adam optimizer = adam_new(model.params, model.n_params, 1e-3);
     Tensor images = tensor_zeros(B, MNIST_PIXELS, device);
     int *labels = malloc((size_t)B * sizeof *labels);
-    StepGraph graph = step_graph_new(device, true);
+    StepGraph graph = step_graph_new(device, true, false);
     printf("Step 2's step at batch %d, MLP 784-%d-10, on %s (each line: per call)\n", B, HIDDEN, device_name(device));
 
     // What the first epoch pays once: the split's upload (at the first gather on a GPU) and the
