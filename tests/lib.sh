@@ -39,6 +39,22 @@ expect_output() {
 }
 # exit_status: the script's exit status, 1 if any check failed.
 exit_status() { [ "$failures" -eq 0 ]; }
+# A helper of the script called before the script defines it would leave only bash's "command not
+# found" among a check's output, and the check silently not run: bash calls command_not_found_handle
+# for a command it cannot find, and where the script defines a function of that name further down,
+# that is a FAIL line, on the script's own output whatever the call's redirections (verdict_fd),
+# which tests/run.sh counts. Anything else (a tool this machine lacks, which a script may probe for
+# by running it) keeps bash's message and exit status 127.
+exec {verdict_fd}>&1
+command_not_found_handle() {
+    if [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] &&
+        grep -qE "^[[:space:]]*(function[[:space:]]+)?$1[[:space:]]*\(\)" "$0" 2> /dev/null; then
+        echo "FAIL $SUITE: $1 is called before $0 defines it: the check it belongs to did not run" >&"$verdict_fd"
+    else
+        echo "$0: $1: command not found" >&2
+    fi
+    return 127
+}
 
 # ---------------------------------------------------------------- guards
 # needs_built PROGRAM...: FAIL and stop the script if a program is not built.
