@@ -51,6 +51,17 @@ relabelled() {
     fi
 }
 relabelled fake_gpu_checks "fake GPU" build/fake_gpu/fake_gpu_checks
+# NCCL inside a CUDA graph (tests/fake_gpu/nccl_graph_checks.c): a step whose communication stream
+# forks from the captured one, allreduces and exchanges round a ring, launched on new inputs, on 2
+# and 3 simulated GPUs; and a graph launched on one rank where another runs the step eagerly, which
+# NCCL forbids, stopped, named.
+for np in 2 3; do
+    FAKE_GPU_COUNT=$np relabelled nccl_graph_checks "fake GPU x$np" mpi $np -x FAKE_GPU_COUNT build/fake_gpu/nccl_graph_checks
+done
+(cd "$src" && FAKE_GPU_COUNT=2 mpi 2 -x FAKE_GPU_COUNT build/fake_gpu/nccl_graph_checks mismatch) > "$tmp/mismatch" 2>&1
+status=$?
+expect "fake GPU x2: an NCCL allreduce launched from a graph on one rank and eagerly on the other stops the run (exit $status): $(grep -o -m1 'an NCCL collective launched from a CUDA graph on some ranks and eagerly on others' "$tmp/mismatch")" \
+    eval '[ $status -ne 0 ] && grep -q "fake GPU: an NCCL collective launched from a CUDA graph on some ranks and eagerly on others" "$tmp/mismatch"'
 # Every GPU operation against the CPU code (tests/unit/test_gpu.c).
 relabelled test_gpu "fake GPU" build/tests/test_gpu
 # A pipeline stage's timer on the GPU's clock: more steps than its ring of events (tests/unit/test_stage_timer.c).

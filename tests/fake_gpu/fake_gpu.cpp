@@ -34,7 +34,8 @@
 //    reads stale data as it would eagerly. A wait for the GPU, a query of a
 //    captured stream or event, a captured stream waiting for an event recorded
 //    outside its capture, or a fork not joined back stops the run, named, as CUDA
-//    refuses each.
+//    refuses each; so does an NCCL operation launched from a graph on some ranks
+//    and eagerly on others, as NCCL requires them alike.
 // It does not model timing, streams running side by side, memory sizes, or
 // the GPU's rounding (nvcc contracts a * b + c into one FMA; g++ here does not).
 // Nor does it catch, since the threads of a grid run one after the other and
@@ -1230,6 +1231,7 @@ cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, in
 // ================================================================== NCCL, over MPI
 struct ncclComm {
     MPI_Comm mpi;
+    MPI_Comm agree = MPI_COMM_NULL;  // each operation's check that every rank ran it captured, or none did
     int rank, size;
     bool aborted = false;  // ncclCommAbort: what it had queued is dropped
 };
@@ -1295,11 +1297,18 @@ struct Transfer {
     int peer;                                                                    // SEND, RECV
     std::function<int(const void *input, void *result, MPI_Request *)> start;  // COLLECTIVE: MPI_I...
     std::function<void(void *result)> finish;                                   // ncclAvg's division, or none
+    bool captured = false;  // queued by a CUDA graph's launch
 };
 
+// Each operation's launch is captured into a CUDA graph on every rank of its communicator, or on
+// none (NCCL: a captured launch is a collective property, and so is a graph's launch). Beside the
+// operation, a check on the communicator's twin: for a collective, the largest and the smallest
+// flag over the ranks (an MPI_Iallreduce of {flag, -flag}); for a send, the flag to the receiver,
+// which compares it with its own.
 struct InFlight {
     std::vector<char> input, result;
-    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Request request = MPI_REQUEST_NULL, agree = MPI_REQUEST_NULL;
+    int mine[2] = {0, 0}, theirs[2] = {0, 0};
 };
 
 int group_depth;
@@ -1307,6 +1316,14 @@ std::vector<Transfer> group;
 
 void post(const Transfer &t, InFlight &f) {
     if (t.comm->aborted) return;
+    f.mine[0] = t.captured, f.mine[1] = -(int)t.captured;
+    if (t.kind == Transfer::SEND)
+        check_mpi(MPI_Isend(f.mine, 1, MPI_INT, t.peer, 78, t.comm->agree, &f.agree), "ncclSend (MPI_Isend)");
+    else if (t.kind == Transfer::RECV)
+        check_mpi(MPI_Irecv(f.theirs, 1, MPI_INT, t.peer, 78, t.comm->agree, &f.agree), "ncclRecv (MPI_Irecv)");
+    else
+        check_mpi(MPI_Iallreduce(f.mine, f.theirs, 2, MPI_INT, MPI_MAX, t.comm->agree, &f.agree),
+                  "an NCCL collective (MPI_Iallreduce)");
     if (t.send_buffer) {
         Window open;
         f.input.assign((const char *)t.send_buffer, (const char *)t.send_buffer + t.send_bytes);
@@ -1325,13 +1342,21 @@ void post(const Transfer &t, InFlight &f) {
 // Every peer has joined: the MPI call is done (MPI_Test drives it on).
 bool joined(const Transfer &t, InFlight &f) {
     if (t.comm->aborted) return true;
-    int done = 0;
+    int done = 0, agreed = 0;
     check_mpi(MPI_Test(&f.request, &done, MPI_STATUS_IGNORE), "an NCCL operation (MPI_Test)");
-    return done;
+    check_mpi(MPI_Test(&f.agree, &agreed, MPI_STATUS_IGNORE), "an NCCL operation (MPI_Test)");
+    return done && agreed;
 }
 
 void complete(const Transfer &t, InFlight &f) {
     if (t.comm->aborted) return;
+    bool alike = t.kind == Transfer::SEND || (t.kind == Transfer::RECV ? f.theirs[0] == f.mine[0]
+                                                                        : f.theirs[0] == -f.theirs[1]);
+    if (!alike)
+        fail("an NCCL %s launched from a CUDA graph on some ranks and eagerly on others (rank %d: %s): NCCL "
+             "requires every rank of the communicator to capture it, and to launch the graph, alike",
+             t.kind == Transfer::COLLECTIVE ? "collective" : "send/receive", t.comm->rank,
+             t.captured ? "from the graph" : "eagerly");
     if (t.finish) t.finish(f.result.data());
     if (t.recv_buffer && !f.result.empty()) copy_now(t.recv_buffer, f.result.data(), f.result.size());
     f = InFlight();
@@ -1358,6 +1383,7 @@ void queue_transfers(std::vector<Transfer> &transfers) {
 ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
     count_launch();  // (none while captured: the graph's launch counts)
+    t.captured = stream_of(t.stream)->capture != nullptr;
     group.push_back(std::move(t));
     if (group_depth == 0) {
         std::vector<Transfer> now;
@@ -1438,6 +1464,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
         }
     ncclComm *c = new ncclComm;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi), "ncclCommInitRank (MPI_Comm_dup)");
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c->agree), "ncclCommInitRank (MPI_Comm_dup)");
     c->rank = rank;
     c->size = nranks;
     *comm = c;
@@ -1455,6 +1482,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     if (split == MPI_COMM_NULL) return ncclSuccess;
     ncclComm *c = new ncclComm;
     c->mpi = split;
+    check_mpi(MPI_Comm_dup(split, &c->agree), "ncclCommSplit (MPI_Comm_dup)");
     MPI_Comm_rank(split, &c->rank);
     MPI_Comm_size(split, &c->size);
     *newcomm = c;
@@ -1464,6 +1492,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     Guard guard(big_lock);
     MPI_Comm_free(&comm->mpi);
+    MPI_Comm_free(&comm->agree);
     delete comm;
     return ncclSuccess;
 }

@@ -34,4 +34,8 @@ $(BUILD)/common/tensor/kernels.o: tests/fake_gpu/nvcc tests/fake_gpu/kernel_emul
 FAKE_GPU_CHECKS := $(FAKE_GPU_DIR)/fake_gpu_checks
 $(FAKE_GPU_CHECKS): tests/fake_gpu/fake_gpu_checks.c $(COMMON_LIB) $(FLAGS_STAMP)
 	$(MPICC) $(CFLAGS) $(LDFLAGS) $< $(COMMON_LIB) -o $@ $(LDLIBS)
-all: $(FAKE_GPU_CHECKS)
+# NCCL inside a CUDA graph, under mpirun (tests/test_fake_gpu.sh runs it on 2 simulated GPUs).
+FAKE_NCCL_GRAPH_CHECKS := $(FAKE_GPU_DIR)/nccl_graph_checks
+$(FAKE_NCCL_GRAPH_CHECKS): tests/fake_gpu/nccl_graph_checks.c $(COMMON_LIB) $(FLAGS_STAMP)
+	$(MPICC) $(CFLAGS) $(LDFLAGS) $< -o $@ $(LDLIBS)
+all: $(FAKE_GPU_CHECKS) $(FAKE_NCCL_GRAPH_CHECKS)
