@@ -289,11 +289,13 @@ struct CUgraph_st {
     std::vector<unsigned long long> length;  // per branch: its operations so far
     std::vector<unsigned long long> joined;  // per branch: how far another branch has waited for it
     std::vector<CUstream_st *> members;      // the streams captured into it, by branch (while capturing)
-    bool capturing = true;
+    unsigned long long id;                   // this capture's, never reused (open_captures)
+    bool nccl = false;                       // it holds NCCL operations
 };
 struct CUgraphExec_st {
     std::vector<CapturedOperation> operations;
     std::vector<CUstream_st *> branch_streams;  // [0] unused: branch 0 runs on the launch stream
+    bool nccl;
 };
 
 struct CUstream_st {
@@ -305,10 +307,13 @@ struct CUstream_st {
 };
 
 struct CUevent_st {
-    CUstream_st *stream = nullptr;  // where it was last recorded (nullptr: complete)
+    CUstream_st *stream = nullptr;  // where it was last recorded outside a capture (nullptr: complete)
     unsigned long long position = 0;
-    double seconds = 0;  // when it completed
-    CUgraph_st *captured = nullptr;  // recorded inside this capture (at `position` of `branch`): the graph's
+    // When it completed: each record's own cell, which its marker writes (a marker still queued
+    // from an earlier record writes that record's, never a destroyed event's).
+    std::shared_ptr<double> seconds = std::make_shared<double>(0.0);
+    // Recorded inside a capture (0: not), at branch_position of branch: a place in the graph.
+    unsigned long long capture_id = 0, branch_position = 0;
     int branch = 0;
 };
 
@@ -389,10 +394,15 @@ void enqueue(cudaStream_t stream, std::function<void()> work) { enqueue_operatio
 
 bool event_complete(const CUevent_st *e) { return !e->stream || e->stream->done >= e->position; }
 
+// The captures under way, by id: an event recorded in one names it by id, so that an event from a
+// capture that has ended (its graph perhaps freed, its address reused) is known as such.
+std::map<unsigned long long, CUgraph_st *> open_captures;
+unsigned long long next_capture_id = 1;
+
 // An event recorded inside a capture marks a place in the graph, not on a timeline: CUDA refuses
 // to query it, wait for it on the host, or time it.
 void require_not_captured(const CUevent_st *e, const char *call) {
-    if (e->captured)
+    if (e->capture_id)
         fail("%s of an event recorded inside a stream capture: it marks a place in the graph, and CUDA refuses it "
              "(record it again outside the capture)", call);
 }
@@ -799,7 +809,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     Guard guard(big_lock);
-    if (!event->captured && !event_complete(event)) run_until(event->stream, event->position);  // its marker holds the event
+    if (!event_complete(event)) run_until(event->stream, event->position);  // as some drivers do
     delete event;
     return cudaSuccess;
 }
@@ -807,21 +817,22 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     Guard guard(big_lock);
     CUstream_st *s = stream_of(stream);
-    event->captured = nullptr;
     if (s->capture) {  // a place in the graph, for captured waits (a fork, a join): nothing is queued
-        event->captured = s->capture;
+        event->capture_id = s->capture->id;
         event->branch = s->branch;
-        event->position = s->capture->length[(size_t)s->branch];
-        event->stream = nullptr;
+        event->branch_position = s->capture->length[(size_t)s->branch];
         return cudaSuccess;
     }
+    event->capture_id = 0;
+    event->seconds = std::make_shared<double>(0.0);
     if (s == &legacy_stream) {
         run_blocking_streams();
         event->stream = nullptr;
-        event->seconds = now_seconds();
+        *event->seconds = now_seconds();
         return cudaSuccess;
     }
-    enqueue(stream, [event] { event->seconds = now_seconds(); });
+    std::shared_ptr<double> cell = event->seconds;
+    enqueue(stream, [cell] { *cell = now_seconds(); });
     event->stream = s;
     event->position = s->queued;
     return cudaSuccess;
@@ -849,7 +860,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
     require_not_captured(start, "cudaEventElapsedTime");
     require_not_captured(end, "cudaEventElapsedTime");
     if (!event_complete(start) || !event_complete(end)) return last_error = cudaErrorNotReady;
-    *ms = (float)((end->seconds - start->seconds) * 1e3);
+    *ms = (float)((*end->seconds - *start->seconds) * 1e3);
     return cudaSuccess;
 }
 
@@ -859,8 +870,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     Guard guard(big_lock);
     (void)flags;
     CUstream_st *s = stream_of(stream);
-    if (CUgraph_st *g = event->captured) {
-        if (!g->capturing) fail("cudaStreamWaitEvent for an event recorded in a capture that has ended: CUDA refuses it");
+    if (event->capture_id) {
+        auto open = open_captures.find(event->capture_id);
+        if (open == open_captures.end())
+            fail("cudaStreamWaitEvent for an event recorded in a capture that has ended: CUDA refuses it");
+        CUgraph_st *g = open->second;
         if (s->capture && s->capture != g) fail("cudaStreamWaitEvent joins two captures: CUDA refuses it");
         if (s == &legacy_stream) fail("cudaStreamWaitEvent: the legacy default stream cannot join a capture");
         if (!s->capture) {  // a fork: s is captured from here, as a branch of its own
@@ -871,9 +885,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
             g->members.push_back(s);
             active_captures++;
         }
-        g->operations.push_back(CapturedOperation{s->branch, Operation{}, event->branch, event->position});
+        if (s->branch == event->branch) return cudaSuccess;  // its own earlier work: already before it
+        g->operations.push_back(CapturedOperation{s->branch, Operation{}, event->branch, event->branch_position});
         g->length[(size_t)s->branch]++;
-        g->joined[(size_t)event->branch] = std::max(g->joined[(size_t)event->branch], event->position);
+        g->joined[(size_t)event->branch] = std::max(g->joined[(size_t)event->branch], event->branch_position);
         return cudaSuccess;
     }
     if (s->capture)
@@ -898,6 +913,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
     s->capture->length = {0};
     s->capture->joined = {0};
     s->capture->members = {s};
+    s->capture->id = next_capture_id++;
+    open_captures[s->capture->id] = s->capture;
     s->branch = 0;
     active_captures++;
     return cudaSuccess;
@@ -920,7 +937,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
         active_captures--;
     }
     g->members.clear();
-    g->capturing = false;
+    open_captures.erase(g->id);
     *graph = g;
     return cudaSuccess;
 }
@@ -934,7 +951,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
     Guard guard(big_lock);
     (void)flags;
-    CUgraphExec_st *e = new CUgraphExec_st{graph->operations, {nullptr}};
+    CUgraphExec_st *e = new CUgraphExec_st{graph->operations, {nullptr}, graph->nccl};
     for (size_t b = 1; b < graph->length.size(); b++) {  // a stream for each forked branch, as a GPU's graph
         CUstream_st *s = new CUstream_st;                // runs its branches side by side
         s->blocking = false;
@@ -966,6 +983,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
         unsigned long long position = base[(size_t)c.after] + c.position;
         enqueue_operation(where[(size_t)c.branch], Operation{[other, position] { return advance(other, position); }, {}});
     }
+    // A graph with NCCL operations: each branch as far as it goes now, as an eager NCCL call posts at
+    // once, so that they are posted before the host's next call, whatever that is (another rank may
+    // wait for them in a host MPI call).
+    if (exec->nccl)
+        for (CUstream_st *s : where) advance(s, s->queued);
     return cudaSuccess;
 }
 
@@ -1384,6 +1406,7 @@ ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
     count_launch();  // (none while captured: the graph's launch counts)
     t.captured = stream_of(t.stream)->capture != nullptr;
+    if (t.captured) stream_of(t.stream)->capture->nccl = true;
     group.push_back(std::move(t));
     if (group_depth == 0) {
         std::vector<Transfer> now;

@@ -121,6 +121,23 @@ static void wait_for_an_outside_event(void) {
     cudaStreamWaitEvent(stream, outside, 0);
 }
 
+// An event recorded in a capture that has ended, waited for in the next capture (its graph freed:
+// the next one may take its address).
+static void wait_for_an_ended_capture(void) {
+    cudaStream_t stream, side;
+    cudaStreamCreate(&stream);
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEvent_t event;
+    cudaEventCreate(&event);
+    cudaGraph_t graph;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(event, stream);
+    cudaStreamEndCapture(stream, &graph);
+    cudaGraphDestroy(graph);
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    cudaStreamWaitEvent(side, event, 0);
+}
+
 static void query_a_captured_event(void) {
     cudaStream_t stream;
     cudaStreamCreate(&stream);
@@ -208,6 +225,8 @@ static void test_graphs(void) {
           "a captured stream waiting for an event recorded outside the capture stops the run, named");
     check(dies(query_a_captured_event, SIGABRT, "cudaEventQuery of an event recorded inside a stream capture"),
           "a query of an event recorded in a capture stops the run, named");
+    check(dies(wait_for_an_ended_capture, SIGABRT, "recorded in a capture that has ended"),
+          "a wait, in a new capture, for an event recorded in one that has ended stops the run, named");
     const size_t n = 1000;
     cudaStream_t stream;
     cudaStreamCreate(&stream);
