@@ -271,15 +271,14 @@ int main(int argc, char **argv) {
     if (world == 1)
         print0("%s embeddings: no communication (world size 1); embedding memory %.2f MB per rank\n",
                embeddings_mode_name(mode), mf_embedding_bytes(model) / 1e6);
-    else {
-        long timed_steps;
-        double comm_seconds = mf_comm_seconds_per_step(model, &timed_steps);
-        char timed_text[96] = "";  // replayed steps are not timed (step_graph.h)
-        if (timed_steps < steps) snprintf(timed_text, sizeof timed_text, " (over the %ld steps run eagerly)", timed_steps);
-        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating%s; embedding "
-               "memory %.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
-               1e3 * comm_seconds, timed_text, mf_embedding_bytes(model) / 1e6);
-    }
+    else if (model->captured_steps > 0)  // (the eager steps left, the first and the short last ones, are not the run's)
+        print0("%s embeddings: %.1f kB sent per step by each rank, the exchanges inside the step's CUDA graph: not "
+               "timed (--cuda_graph off times them); embedding memory %.2f MB per rank\n", embeddings_mode_name(mode),
+               steps ? model->bytes_sent / steps / 1e3 : 0.0, mf_embedding_bytes(model) / 1e6);
+    else
+        print0("%s embeddings: %.1f kB sent per step by each rank, %.3f ms per step communicating; embedding memory "
+               "%.2f MB per rank\n", embeddings_mode_name(mode), steps ? model->bytes_sent / steps / 1e3 : 0.0,
+               steps ? 1e3 * mf_comm_seconds(model) / steps : 0.0, mf_embedding_bytes(model) / 1e6);
     step_graph_report(&graph, graph_wanted, steps, world, "the exchanges' collectives");
     print0("World Size: %d. Training completed in %.2f seconds (%d step%s). Test RMSE %.4f\n", world, seconds, steps,
            steps == 1 ? "" : "s", rmse);

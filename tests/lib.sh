@@ -37,23 +37,38 @@ expect_output() {
     local what=$1 out; shift
     if out=$("$@" 2>&1); then pass "$what"; else fail "$what: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
 }
-# exit_status: the script's exit status, 1 if any check failed.
-exit_status() { [ "$failures" -eq 0 ]; }
+# exit_status: the script's exit status, 1 if any check failed (a helper called too early included).
+exit_status() { [ "$failures" -eq 0 ] && [ ! -e "$late_helpers" ]; }
 # A helper of the script called before the script defines it would leave only bash's "command not
-# found" among a check's output, and the check silently not run: bash calls command_not_found_handle
-# for a command it cannot find, and where the script defines a function of that name further down,
-# that is a FAIL line, on the script's own output whatever the call's redirections (verdict_fd),
-# which tests/run.sh counts. Anything else (a tool this machine lacks, which a script may probe for
-# by running it) keeps bash's message and exit status 127.
-exec {verdict_fd}>&1
+# found" among a check's output, and the check silently not run. bash calls command_not_found_handle
+# for a command it cannot find (in a subshell: it cannot count a failure itself); where the script
+# defines a function of that name further down, the handler says so on stderr and notes the name,
+# and when the script exits each one noted is a FAIL line on its output (tests/run.sh counts them;
+# exit_status gives 1). Anything else (a tool this machine lacks, which a script may probe for by
+# running it) keeps bash's message and exit status 127.
+case $0 in
+    /*) script_file=$0 ;;
+    *) if [ -f "$0" ]; then script_file=$PWD/$0; else script_file=${OLDPWD:-.}/$0; fi ;;  # (before or after its cd)
+esac
+late_helpers=${TMPDIR:-/tmp}/lib-late-helpers.$$
 command_not_found_handle() {
     if [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] &&
-        grep -qE "^[[:space:]]*(function[[:space:]]+)?$1[[:space:]]*\(\)" "$0" 2> /dev/null; then
-        echo "FAIL $SUITE: $1 is called before $0 defines it: the check it belongs to did not run" >&"$verdict_fd"
+        grep -qE "^[[:space:]]*(function[[:space:]]+)?$1[[:space:]]*\(\)" "$script_file" 2> /dev/null; then
+        echo "$0: $1 is called before the script defines it" >&2
+        echo "$1" >> "$late_helpers"
     else
         echo "$0: $1: command not found" >&2
     fi
     return 127
+}
+# report_late_helpers: the FAIL lines of the helpers called too early (an exit command).
+report_late_helpers() {
+    [ -e "$late_helpers" ] || return 0
+    local name
+    sort -u "$late_helpers" | while read -r name; do
+        echo "FAIL $SUITE: $name is called before $0 defines it: the check it belongs to did not run"
+    done
+    rm -f "$late_helpers"
 }
 
 # ---------------------------------------------------------------- guards
@@ -87,6 +102,8 @@ exit_commands=()
 at_exit() { exit_commands=("$1" "${exit_commands[@]}"); }
 # run_exit_commands: the EXIT trap, running what at_exit collected.
 run_exit_commands() { local command; for command in "${exit_commands[@]}"; do eval "$command"; done; }
+at_exit report_late_helpers
+trap run_exit_commands EXIT  # (scratch sets it again; a script with an EXIT trap of its own calls run_exit_commands)
 # scratch: $tmp, a new folder for the script's files, removed when it exits.
 scratch() { tmp=$(mktemp -d); at_exit 'rm -rf "$tmp"'; trap run_exit_commands EXIT; }
 

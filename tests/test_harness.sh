@@ -25,9 +25,17 @@ expect "a failing check is a FAIL line and the script's exit status 1 (exit $sta
 
 planted 'result=$(count_rows 2> /dev/null) > /dev/null
 count_rows() { echo 3; }
-expect "count_rows gives 3" test "$(count_rows)" = 3'
-expect "a helper called before its definition, in a command substitution sent to /dev/null, is a FAIL line naming it: $(grep -m1 '^FAIL' "$tmp/out")" \
-    grep -q '^FAIL planted: count_rows is called before .*planted.sh defines it' "$tmp/out"
+expect "count_rows gives 3" test "$(count_rows)" = 3
+exit_status'
+status=$?
+expect "a helper called before its definition, in a command substitution sent to /dev/null, is a FAIL line naming it and exit status 1 (exit $status): $(grep -m1 '^FAIL' "$tmp/out")" \
+    eval '[ $status -eq 1 ] && grep -q "^FAIL planted: count_rows is called before .*planted.sh defines it" "$tmp/out"'
+# The same script run from another folder, by a relative path (its `cd` then leaves $0 behind).
+sed -i '1a cd "$(dirname "$0")/../.."' "$tmp/planted.sh"
+mkdir -p "$tmp/a/b" && mv "$tmp/planted.sh" "$tmp/a/b/" && ln -s "$PWD/tests" "$tmp/tests"
+(cd "$tmp/a/b" && bash planted.sh) > "$tmp/out" 2> "$tmp/err"
+expect "... and run by a relative path from its own folder: $(grep -m1 '^FAIL' "$tmp/out")" \
+    grep -q '^FAIL planted: count_rows is called before' "$tmp/out"
 
 planted 'no_such_tool_for_the_harness --version > /dev/null 2>&1
 echo "probe status $?"'

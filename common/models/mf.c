@@ -816,7 +816,8 @@ void mf_exchange_gradients(Mf *model) {
             else exchange_sparse_gpu(model, table);
         }
         if (timed) comm_end(model);
-        model->exchanged = true, model->exchange_timed = !device_graph_capturing();
+        model->exchanged = true;
+        model->captured_steps += device_graph_capturing();
         return;
     }
 #endif
@@ -826,7 +827,7 @@ void mf_exchange_gradients(Mf *model) {
         else if (table->mode == EMBEDDINGS_DENSE) exchange_dense(model, table);
         else exchange_sparse(model, table);
     }
-    model->exchanged = model->exchange_timed = true;
+    model->exchanged = true;
 }
 
 // ------------------------------------------------------------------ SparseAdam
@@ -915,12 +916,10 @@ void mf_end_step(Mf *model) {
                                    device_stream()));
     }
 #endif  // (a CPU rank kept its loss in mf_forward_backward)
-    if (model->exchanged) {  // an eager step: what it sent, and whether its time was taken
+    if (model->exchanged)  // queued by the host: what it sent
         model->step_bytes = model->bytes_sent - model->bytes_at_prepare;
-        model->comm_timed_steps += model->exchange_timed;
-    } else {  // replayed from a CUDA graph, no host code run: it sent what the captured step did (the bounds')
+    else  // replayed from a CUDA graph, no host code run: it sent what the captured step did (the bounds')
         model->bytes_sent += model->step_bytes;
-    }
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
 
@@ -940,12 +939,11 @@ int mf_take_losses(Mf *model, bool due, const double **losses) {
     return n;
 }
 
-double mf_comm_seconds_per_step(Mf *model, long *timed_steps) {
+double mf_comm_seconds(Mf *model) {
 #if HAVE_CUDA
     comm_account(model, true);
 #endif
-    *timed_steps = model->comm_timed_steps;
-    return model->comm_timed_steps ? model->comm_seconds / model->comm_timed_steps : 0.0;
+    return model->comm_seconds;
 }
 
 // ------------------------------------------------------------------ predictions

@@ -128,12 +128,14 @@ typedef struct {
     // sends): allreduce 2(W-1)/W of the buffer, allgather (W-1)/W of what all
     // gather, all-to-all what goes to the other ranks.
     double bytes_sent, comm_seconds;
-    long comm_timed_steps;           // the steps comm_seconds covers: all on a CPU; on a GPU those run eagerly
+    // GPU: steps captured into a CUDA graph, whose exchanges (and their replays') are not timed: an
+    // event recorded in a capture marks a place in the graph, and a replay runs no host code.
+    long captured_steps;
     // This step's, between mf_prepare_step and mf_end_step: bytes_sent when it began, whether its
-    // exchanges ran on the host (not replayed from a CUDA graph) and were timed (not captured), and
-    // the bytes of the last step that did (a replay sends the same: a GPU step's bounds do not change).
+    // exchanges were queued by the host (not replayed from a CUDA graph), and the bytes of the last
+    // step that was (a replay sends the same: a GPU step's bounds do not change).
     double bytes_at_prepare, step_bytes;
-    bool exchanged, exchange_timed;
+    bool exchanged;
     // For h5 (--save, --init): the whole tables in state_dict order.
     Tensor full[4];
     Param params[5];
@@ -195,10 +197,9 @@ void mf_end_step(Mf *model);
 // allreduce: the host never waits for the GPU inside a step. (The GPU's array doubles, a wait, when
 // more steps than ever come between two hand-overs: in the first epoch only.)
 int mf_take_losses(Mf *model, bool due, const double **losses);
-// The seconds this rank spent in the exchanges per step, and over how many steps (*timed_steps):
-// on a CPU rank every step's; on a GPU rank from CUDA events around each exchange (waited for
-// here) in the steps run eagerly: a step captured into a CUDA graph, and its replays, record none.
-double mf_comm_seconds_per_step(Mf *model, long *timed_steps);
+// The seconds this rank spent in the exchanges, over all steps (on a GPU rank from CUDA events
+// around each exchange, waited for here; none where the step was captured: captured_steps).
+double mf_comm_seconds(Mf *model);
 
 // Predictions for n (user, item) pairs. Collective: every rank calls it, n may differ.
 // (Sharded, its lookups travel too; they are not counted in bytes_sent and comm_seconds.)

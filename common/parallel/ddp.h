@@ -81,10 +81,10 @@ typedef struct {
     bool finishing;            // the main thread waits in ddp_finish: test without napping
     bool stopping;
 
-    // Overlap statistics, over the synchronised steps run eagerly (the host queues each: `steps`
-    // counts them, a capture included; a replay of a CUDA graph is not seen here).
+    // Overlap statistics, over all synchronised steps (each queued by the host: a step replayed
+    // from a CUDA graph is not seen here, and then none are reported: captured_steps).
     long steps;
-    long untimed_steps;        // NCCL: of `steps`, those captured into a CUDA graph (no times recorded)
+    long captured_steps;       // NCCL: of `steps`, those captured into a CUDA graph (no times recorded)
     double comm_seconds;       // time some bucket's allreduce was in flight
     double hidden_seconds;     // of that, the part before ddp_finish was entered
     double wait_seconds;       // time the main thread waited in ddp_finish
@@ -113,7 +113,10 @@ void ddp_finish(Ddp *ddp);
 void ddp_set_sync(Ddp *ddp, bool sync);
 
 // "gradient allreduce 0.42 ms per step in 1 bucket, 0.05 ms (12%) of it hidden behind backward; ..."
-// With NCCL, times come from CUDA events on the GPU's timeline, in the steps run eagerly: a step
-// captured into a CUDA graph, and its replays, record none (the report says over how many).
+// With NCCL, times come from CUDA events on the GPU's timeline. A step captured into a CUDA graph,
+// and its replays, record none (an event recorded in a capture marks a place in the graph, and a
+// replay runs no host code): where a step was captured the report says the allreduce was not timed,
+// rather than give the few eager steps' times (the first, NCCL's connections made in it) as the
+// run's.
 void ddp_describe_overlap(Ddp *ddp, char *out, size_t size);
 void ddp_describe_buckets(const Ddp *ddp, char *out, size_t size);

@@ -203,7 +203,7 @@ void ddp_nccl_finish(Ddp *ddp) {
         ddp->buckets[b].pending = ddp->buckets[b].n_params;
     }
     if (timed) gpu->n_timed++;
-    else ddp->untimed_steps++;
+    else ddp->captured_steps++;
 }
 
 // NCCL's statistics of every recorded step, read off the GPU's timeline (waiting for it), with

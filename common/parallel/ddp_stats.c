@@ -18,22 +18,23 @@ void ddp_account_bucket(Ddp *ddp, double start, double done, double backward_end
 }
 
 void ddp_describe_totals(const Ddp *ddp, char *out, size_t size) {
-    long timed = ddp->steps - ddp->untimed_steps;
-    if (ddp->world_size == 1 || timed == 0) {
+    if (ddp->world_size == 1 || ddp->steps == 0) {
         snprintf(out, size, ddp->world_size == 1 ? "no gradient allreduce (world size 1)"
-                            : ddp->steps == 0   ? "no synchronised step yet"
-                                                : "no step timed (each was captured into a CUDA graph or replayed)");
+                                                 : "no synchronised step yet");
         return;
     }
-    double comm = ddp->comm_seconds / timed, hidden = ddp->hidden_seconds / timed;
-    int len = snprintf(out, size,
-                       "gradient allreduce %.2f ms per step in %d bucket%s, %.2f ms (%.0f%%) of it hidden behind "
-                       "backward; the step waited %.2f ms for it",
-                       1e3 * comm, ddp->n_buckets, ddp->n_buckets == 1 ? "" : "s", 1e3 * hidden,
-                       comm > 0 ? 100 * hidden / comm : 0.0, 1e3 * ddp->wait_seconds / timed);
-    if (ddp->untimed_steps > 0 && len > 0 && (size_t)len < size)
-        snprintf(out + len, size - (size_t)len, " (over the %ld step%s run eagerly: a step replayed from a CUDA graph "
-                 "records no times)", timed, timed == 1 ? "" : "s");
+    if (ddp->captured_steps > 0) {  // the eager steps left (the first, a short last batch) are not the run's
+        snprintf(out, size, "gradient allreduce in %d bucket%s, inside the step's CUDA graph: not timed (a replayed "
+                 "step runs no host code to read the GPU's clock; --cuda_graph off times each step)",
+                 ddp->n_buckets, ddp->n_buckets == 1 ? "" : "s");
+        return;
+    }
+    double comm = ddp->comm_seconds / ddp->steps, hidden = ddp->hidden_seconds / ddp->steps;
+    snprintf(out, size,
+             "gradient allreduce %.2f ms per step in %d bucket%s, %.2f ms (%.0f%%) of it hidden behind backward; "
+             "the step waited %.2f ms for it",
+             1e3 * comm, ddp->n_buckets, ddp->n_buckets == 1 ? "" : "s", 1e3 * hidden,
+             comm > 0 ? 100 * hidden / comm : 0.0, 1e3 * ddp->wait_seconds / ddp->steps);
 }
 
 void ddp_describe_buckets(const Ddp *ddp, char *out, size_t size) {

@@ -16,7 +16,7 @@ StepGraph step_graph_new(Device device, bool enabled, bool across_ranks) {
 bool step_graph_replay(StepGraph *graph, int rows) {
 #if HAVE_CUDA
     int moved = graph->graph && device_buffer_moves() != graph->buffer_moves;
-    if (graph->graph && graph->across_ranks)  // a rank whose buffers moved recaptures when all do
+    if (graph->graph && graph->across_ranks)  // where one rank's buffers moved, every rank captures again
         CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &moved, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (moved) {
         // A scratch buffer moved since the capture (step 15's evaluation between epochs grows the

@@ -29,11 +29,12 @@
 // torch.cuda.graphs allows: the communication stream forks from the compute stream at an event and
 // joins it again (comm/collectives.c, DDP's buckets in parallel/ddp_gpu.c), so the graph holds both
 // streams and the order between them; every rank replays the same collectives in the same order. A
-// replay runs no host code: what the host counts or times in a step (DDP's overlap, step 15's
-// communication time) it counts in the steps run eagerly, and says so. NCCL asks that a captured
-// collective be captured, and replayed, on every rank alike: so the batch's rows must be the same on
-// every rank (a global batch's size), and a graph holding collectives (`across_ranks`) is dropped
-// for a moved buffer only when all ranks agree (one MPI_Allreduce of an int a step, on the host).
+// replay runs no host code: what the host times in a step with events (DDP's overlap, step 15's
+// communication time) is not timed where the step was captured, and the reports say so. NCCL asks
+// that a collective be captured, and replayed, on every rank alike: so the batch's rows must be the
+// same on every rank (a global batch's size), and a graph holding collectives (`across_ranks`) is
+// dropped on every rank as soon as a buffer moved on any (one MPI_Allreduce of an int a step, on
+// the host).
 // Ranks that share a GPU reduce through MPI on host copies, which no graph can hold: their steps run
 // eagerly.
 //

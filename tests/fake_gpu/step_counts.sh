@@ -38,10 +38,10 @@ add 10 2 day2/10_mnist_ddp_multinode "${mnist[@]}" --epochs 2
 add 11 2 day2/11_multinode_streaming --h5 "$out/mnist.h5" --batch_size 2000 --plot '' --device cuda --epochs 2
 add 13 2 day3/13_fault_tolerant_ddp "${mnist[@]}" --total_epochs 2 --snapshot "$out/13_snapshot.h5"
 add 14 2 day3/14_cnn_ddp --data "$DATA" --batch_size 64 --plot '' --device cuda --max_steps 12
-# Step 14 on 1 rank: DDP has nothing to reduce, so its step is replayed from a CUDA graph (--cuda_graph on).
+# Steps 14 and 15 replay their step from a CUDA graph (--cuda_graph on): on 2 ranks (2 simulated GPUs) with
+# NCCL's collectives inside it; on 1 rank with none.
 add 14-1 1 day3/14_cnn_ddp --data "$DATA" --batch_size 64 --plot '' --device cuda --max_steps 12
 add 15 2 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
-# Step 15 on 1 rank: no collective in its step, so it is replayed from a CUDA graph (--cuda_graph on).
 add 15-1 1 day3/15_recommender_ddp --data "$out/movielens" --batch_size 1000 --epochs 2 --plot '' --device cuda
 add 16 2 day4/16_pipeline_ddp "${mnist[@]}" --epochs 1 --pp 2 --micro_batches 4
 add 17 2 day4/17_tensor_parallel "${mnist[@]}" --epochs 1 --tp 2
