@@ -1150,8 +1150,51 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// cublasGemmEx's GEMM for each of batchCount matrices, where Aarray, Barray and Carray point (device
-// memory read when the GEMMs run, as cublasSgemmBatched's).
+// The batched GEMMs' checks and work, for either element type: batchCount GEMMs whose A, B and C
+// are where the arrays (device memory, read when the GEMMs run) point; bfloat16 A and B are widened
+// to float (exact) for the float32 GEMM, as cublasGemmEx's tensor cores sum in float32.
+static cublasStatus_t batched_gemm(const char *name, bool bfloat16, cublasHandle_t handle, cublasOperation_t transa,
+                                   cublasOperation_t transb, int m, int n, int k, const float *alpha,
+                                   const void *const Aarray[], int lda, const void *const Barray[], int ldb,
+                                   const float *beta, void *const Carray[], int ldc, int batchCount) {
+    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc) || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+    std::string what = name;
+    size_t arrays = (size_t)batchCount * sizeof(void *);
+    require_device(Aarray, arrays, (what + "'s Aarray").c_str());
+    require_device(Barray, arrays, (what + "'s Barray").c_str());
+    require_device(Carray, arrays, (what + "'s Carray").c_str());
+    require_host(alpha, sizeof *alpha, (what + "'s alpha").c_str());
+    require_host(beta, sizeof *beta, (what + "'s beta").c_str());
+    float a = *alpha, b = *beta;
+    size_t element = bfloat16 ? sizeof(uint16_t) : sizeof(float);
+    size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
+    size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
+    count_launch();
+    enqueue(handle->stream, [=] {
+        Window open;
+        for (int i = 0; i < batchCount; i++) {
+            const void *A_i = Aarray[i], *B_i = Barray[i];
+            float *C_i = (float *)Carray[i];
+            if (k > 0) {
+                require_device(A_i, a_count * element, (what + "'s A[i]").c_str());
+                require_device(B_i, b_count * element, (what + "'s B[i]").c_str());
+            }
+            require_device(C_i, matrix_bytes(m, n, ldc), (what + "'s C[i]").c_str());
+            if (!bfloat16) {
+                run_sgemm(transa, transb, m, n, k, a, (const float *)A_i, lda, (const float *)B_i, ldb, b, C_i, ldc);
+                continue;
+            }
+            std::vector<float> A32 = widen_bfloat16((const uint16_t *)A_i, k > 0 ? a_count : 0),
+                               B32 = widen_bfloat16((const uint16_t *)B_i, k > 0 ? b_count : 0);
+            run_sgemm(transa, transb, m, n, k, a, A32.data(), lda, B32.data(), ldb, b, C_i, ldc);
+        }
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// cublasGemmEx's GEMM for each of batchCount matrices, where Aarray, Barray and Carray point.
 cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                    int n, int k, const void *alpha, const void *const Aarray[], cudaDataType_t Atype,
                                    int lda, const void *const Barray[], cudaDataType_t Btype, int ldb, const void *beta,
@@ -1161,34 +1204,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
     (void)algo;
     if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
         fail("cublasGemmBatchedEx: only bfloat16 A and B, float32 C and CUBLAS_COMPUTE_32F are simulated");
-    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc) || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
-    size_t arrays = (size_t)batchCount * sizeof(void *);
-    require_device(Aarray, arrays, "cublasGemmBatchedEx's Aarray");
-    require_device(Barray, arrays, "cublasGemmBatchedEx's Barray");
-    require_device(Carray, arrays, "cublasGemmBatchedEx's Carray");
-    require_host(alpha, sizeof(float), "cublasGemmBatchedEx's alpha");
-    require_host(beta, sizeof(float), "cublasGemmBatchedEx's beta");
-    float a = *(const float *)alpha, b = *(const float *)beta;
-    size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
-    size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
-    count_launch();
-    enqueue(handle->stream, [=] {
-        Window open;
-        for (int i = 0; i < batchCount; i++) {
-            const uint16_t *A_i = (const uint16_t *)Aarray[i], *B_i = (const uint16_t *)Barray[i];
-            float *C_i = (float *)Carray[i];
-            if (k > 0) {
-                require_device(A_i, a_count * sizeof(uint16_t), "cublasGemmBatchedEx's A[i]");
-                require_device(B_i, b_count * sizeof(uint16_t), "cublasGemmBatchedEx's B[i]");
-            }
-            require_device(C_i, matrix_bytes(m, n, ldc), "cublasGemmBatchedEx's C[i]");
-            std::vector<float> A32 = widen_bfloat16(A_i, k > 0 ? a_count : 0), B32 = widen_bfloat16(B_i, k > 0 ? b_count : 0);
-            run_sgemm(transa, transb, m, n, k, a, A32.data(), lda, B32.data(), ldb, b, C_i, ldc);
-        }
-    });
-    return CUBLAS_STATUS_SUCCESS;
+    return batched_gemm("cublasGemmBatchedEx", true, handle, transa, transb, m, n, k, (const float *)alpha, Aarray, lda,
+                        Barray, ldb, (const float *)beta, Carray, ldc, batchCount);
 }
 
 // batchCount GEMMs, matrix i of A, B and C where pointer i of Aarray, Barray and Carray points, as
@@ -1200,31 +1217,8 @@ cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t trans
                                   const float *const Barray[], int ldb, const float *beta, float *const Carray[],
                                   int ldc, int batchCount) {
     Guard guard(big_lock);
-    bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-    if (!sgemm_sizes_valid(transa, transb, m, n, k, lda, ldb, ldc) || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (batchCount == 0) return CUBLAS_STATUS_SUCCESS;
-    size_t arrays = (size_t)batchCount * sizeof(float *);
-    require_device(Aarray, arrays, "cublasSgemmBatched's Aarray");
-    require_device(Barray, arrays, "cublasSgemmBatched's Barray");
-    require_device(Carray, arrays, "cublasSgemmBatched's Carray");
-    require_host(alpha, sizeof *alpha, "cublasSgemmBatched's alpha");
-    require_host(beta, sizeof *beta, "cublasSgemmBatched's beta");
-    float a = *alpha, b = *beta;
-    count_launch();
-    enqueue(handle->stream, [=] {
-        Window open;
-        for (int i = 0; i < batchCount; i++) {
-            const float *A_i = Aarray[i], *B_i = Barray[i];
-            float *C_i = Carray[i];
-            if (k > 0) {
-                require_device(A_i, matrix_bytes(ta ? k : m, ta ? m : k, lda), "cublasSgemmBatched's A[i]");
-                require_device(B_i, matrix_bytes(tb ? n : k, tb ? k : n, ldb), "cublasSgemmBatched's B[i]");
-            }
-            require_device(C_i, matrix_bytes(m, n, ldc), "cublasSgemmBatched's C[i]");
-            run_sgemm(transa, transb, m, n, k, a, A_i, lda, B_i, ldb, b, C_i, ldc);
-        }
-    });
-    return CUBLAS_STATUS_SUCCESS;
+    return batched_gemm("cublasSgemmBatched", false, handle, transa, transb, m, n, k, alpha, (const void *const *)Aarray,
+                        lda, (const void *const *)Barray, ldb, beta, (void *const *)Carray, ldc, batchCount);
 }
 
 cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
