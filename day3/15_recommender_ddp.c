@@ -271,7 +271,7 @@ int main(int argc, char **argv) {
     if (world == 1)
         print0("%s embeddings: no communication (world size 1); embedding memory %.2f MB per rank\n",
                embeddings_mode_name(mode), mf_embedding_bytes(model) / 1e6);
-    else if (model->captured_steps > 0)  // (the eager steps left, the first and the short last ones, are not the run's)
+    else if (graph.captures > 0)  // not timed (mf.h): the eager steps left, the first and the short last, are not the run's
         print0("%s embeddings: %.1f kB sent per step by each rank, the exchanges inside the step's CUDA graph: not "
                "timed (--cuda_graph off times them); embedding memory %.2f MB per rank\n", embeddings_mode_name(mode),
                steps ? model->bytes_sent / steps / 1e3 : 0.0, mf_embedding_bytes(model) / 1e6);

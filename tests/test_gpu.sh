@@ -404,6 +404,7 @@ expect "step 14 on the GPU refuses a batch past its int pooling indexes, exit $s
 # with NCCL's rank-ordered sums, the losses are the same bits; the verdict
 # says whether they were.)
 rmse15() { grep -o 'Test RMSE [0-9.]*' "$1" | tail -1; }
+sent() { grep -o '[0-9.]* kB sent per step' "$1"; }  # (step 15's, at 2 ranks or more)
 if [ ! -f data/movielens/ratings.csv ]; then
     skip "step 15 on the GPU (no data/movielens/ratings.csv: make movielens)"
 else
@@ -443,7 +444,6 @@ else
             g="$tmp/r15graph_${mode}_$np" e="$tmp/r15eager_${mode}_$np"
             mpi $np "${s15[@]}" --losses "$g.csv" --save "$g.h5" > "$g" 2>&1
             mpi $np "${s15[@]}" --losses "$e.csv" --save "$e.h5" --cuda_graph off > "$e" 2>&1
-            sent() { grep -o '[0-9.]* kB sent per step' "$1"; }
             expect "step 15's CUDA graph, $mode embeddings, $np rank(s) ($(grep -o '[0-9]* of [0-9]* steps replayed from [0-9]* captures' "$g")): the eager steps' losses and weights, bit for bit$([ "$np" -gt 1 ] && echo "; $(sent "$g") (eager: $(sent "$e"))")" \
                 eval 'grep -q "^CUDA graph: $replayed steps replayed from 2 captures" "$g" &&
                       ! grep -q "^CUDA graph" "$e" && test -s "$g.csv" && cmp -s "$g.csv" "$e.csv" &&

@@ -817,7 +817,6 @@ void mf_exchange_gradients(Mf *model) {
         }
         if (timed) comm_end(model);
         model->exchanged = true;
-        model->captured_steps += device_graph_capturing();
         return;
     }
 #endif

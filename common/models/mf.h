@@ -128,9 +128,6 @@ typedef struct {
     // sends): allreduce 2(W-1)/W of the buffer, allgather (W-1)/W of what all
     // gather, all-to-all what goes to the other ranks.
     double bytes_sent, comm_seconds;
-    // GPU: steps captured into a CUDA graph, whose exchanges (and their replays') are not timed: an
-    // event recorded in a capture marks a place in the graph, and a replay runs no host code.
-    long captured_steps;
     // This step's, between mf_prepare_step and mf_end_step: bytes_sent when it began, whether its
     // exchanges were queued by the host (not replayed from a CUDA graph), and the bytes of the last
     // step that was (a replay sends the same: a GPU step's bounds do not change).
@@ -198,7 +195,8 @@ void mf_end_step(Mf *model);
 // more steps than ever come between two hand-overs: in the first epoch only.)
 int mf_take_losses(Mf *model, bool due, const double **losses);
 // The seconds this rank spent in the exchanges, over all steps (on a GPU rank from CUDA events
-// around each exchange, waited for here; none where the step was captured: captured_steps).
+// around each exchange, waited for here; a step captured into a CUDA graph, and its replays, record
+// none: an event recorded in a capture marks a place in the graph, and a replay runs no host code).
 double mf_comm_seconds(Mf *model);
 
 // Predictions for n (user, item) pairs. Collective: every rank calls it, n may differ.

@@ -137,9 +137,10 @@ void device_upload(void *device_memory, const void *host, size_t bytes, const ch
 // (torch.cuda.CUDAGraph): captured, not run; device_graph_launch queues all of it again in one
 // launch. The work of a stream that waits for an event the compute stream recorded meanwhile is
 // captured too (the communication stream's NCCL calls: collectives.c, DDP's buckets), and must be
-// joined back (the compute stream waits for an event of it) before device_graph_end. In between, nothing may wait for the GPU (CUDA refuses it: a buffer that grows, a read
-// back), and every kernel's arguments, pointers included, are those of the capture: what changes
-// from one launch to the next lives in device memory that is written before it (train/step_graph.h).
+// joined back (the compute stream waits for an event of it) before device_graph_end. In between,
+// nothing may wait for the GPU (CUDA refuses it: a buffer that grows, a read back), and every
+// kernel's arguments, pointers included, are those of the capture: what changes from one launch to
+// the next lives in device memory that is written before it (train/step_graph.h).
 typedef struct DeviceGraph DeviceGraph;
 void device_graph_begin(void);
 // Between device_graph_begin and device_graph_end: what is queued now is recorded into the graph, so

@@ -34,9 +34,8 @@
 // that a collective be captured, and replayed, on every rank alike: so the batch's rows must be the
 // same on every rank (a global batch's size), and a graph holding collectives (`across_ranks`) is
 // dropped on every rank as soon as a buffer moved on any (one MPI_Allreduce of an int a step, on
-// the host).
-// Ranks that share a GPU reduce through MPI on host copies, which no graph can hold: their steps run
-// eagerly.
+// the host). Ranks that share a GPU reduce through MPI on host copies, which no graph can hold:
+// their steps run eagerly.
 //
 // Off (a CPU rank, --cuda_graph off, a build without CUDA), every step runs eagerly through the
 // same calls; the loss still goes through the slot (a copy more).

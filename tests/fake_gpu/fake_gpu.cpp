@@ -1171,6 +1171,7 @@ static cublasStatus_t batched_gemm(const char *name, bool bfloat16, cublasHandle
     size_t element = bfloat16 ? sizeof(uint16_t) : sizeof(float);
     size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
     size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
+    std::string a_name = what + "'s A[i]", b_name = what + "'s B[i]", c_name = what + "'s C[i]";
     count_launch();
     enqueue(handle->stream, [=] {
         Window open;
@@ -1178,10 +1179,10 @@ static cublasStatus_t batched_gemm(const char *name, bool bfloat16, cublasHandle
             const void *A_i = Aarray[i], *B_i = Barray[i];
             float *C_i = (float *)Carray[i];
             if (k > 0) {
-                require_device(A_i, a_count * element, (what + "'s A[i]").c_str());
-                require_device(B_i, b_count * element, (what + "'s B[i]").c_str());
+                require_device(A_i, a_count * element, a_name.c_str());
+                require_device(B_i, b_count * element, b_name.c_str());
             }
-            require_device(C_i, matrix_bytes(m, n, ldc), (what + "'s C[i]").c_str());
+            require_device(C_i, matrix_bytes(m, n, ldc), c_name.c_str());
             if (!bfloat16) {
                 run_sgemm(transa, transb, m, n, k, a, (const float *)A_i, lda, (const float *)B_i, ldb, b, C_i, ldc);
                 continue;
