@@ -572,13 +572,17 @@ static void *exchange_buffer(DeviceBuffer *b, size_t bytes) {
     return data;
 }
 
-static void sort_groups(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
+// The sort of n keys below key_limit into g's buffers (grown to n entries).
+static SortGroups sort_of(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
     size_t entries = n > 0 ? (size_t)n : 1;
-    int *order = device_ints(&g->order, entries), *count = device_ints(&g->count, 1);
-    int *group_key = device_ints(&g->group_key, entries), *group_start = device_ints(&g->group_start, entries + 1);
-    int *group_of = device_ints(&g->group_of, entries), *scratch = device_ints(&g->scratch, 4 * entries);
-    gpu_sort_groups(keys, n, n_valid, key_bits(key_limit), block, stride, scratch, order, count, group_key, group_start,
-                    group_of, device_stream());
+    return (SortGroups){keys, n, n_valid, key_bits(key_limit), block, stride, device_ints(&g->scratch, 4 * entries),
+                        device_ints(&g->order, entries), device_ints(&g->count, 1), device_ints(&g->group_key, entries),
+                        device_ints(&g->group_start, entries + 1), device_ints(&g->group_of, entries)};
+}
+
+static void sort_groups(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
+    SortGroups sort = sort_of(g, keys, n, n_valid, key_limit, block, stride);
+    gpu_sort_groups_each(&sort, 1, device_stream());
 }
 
 // Blocks of per_peer rows of dim to every rank and from every rank, block r of send to rank r,
@@ -674,18 +678,22 @@ static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
 // The batch's rows on the GPU: each id array's ids sorted, stably (each row's samples stay in the
 // batch's order), and grouped, once for the two tables it indexes; then each table's rows.
 static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool timed) {
-    sort_groups(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n);
-    sort_groups(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n);
+    SortGroups sorts[2] = {sort_of(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n),
+                           sort_of(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n)};
+    gpu_sort_groups_each(sorts, 2, device_stream());  // (in one launch)
     timed = timed && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1 && !device_graph_capturing();
     if (timed) comm_begin(model);
+    RowsCopy copies[MF_TABLES];  // the tables that are not sharded: their rows copied in one launch
+    int n_copies = 0;
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *t = table_of(model, k);
         t->bound = max_n < t->rows ? max_n : t->rows;
         float *looked_up = device_rows(&t->gpu_looked_up, (size_t)t->bound, t->dim);
         if (t->sharded) fetch_sharded_gpu(model, t);
-        else gpu_copy_rows(t->gpu_weight, t->batch_rows->group_key.data, looked_up, NULL, NULL, t->batch_rows->count.data,
-                           t->bound, t->dim, device_stream());
+        else copies[n_copies++] = (RowsCopy){t->gpu_weight, t->batch_rows->group_key.data, looked_up, NULL, NULL,
+                                             t->batch_rows->count.data, t->bound, t->dim};
     }
+    if (n_copies > 0) gpu_copy_rows_tables(copies, n_copies, device_stream());
     if (timed) comm_end(model);
 }
 
@@ -708,8 +716,8 @@ static double *loss_slot(Mf *model) {
 }
 
 // The forward and backward on the GPU: a thread per sample for the predictions and errors, one
-// for the loss (mf.c's double sum, kept on the GPU), then, per table, a thread per gradient
-// element that sums its row's samples in the batch's order.
+// for the loss (mf.c's double sum, kept on the GPU), then, the four tables in one launch, a thread
+// per gradient element that sums its row's samples in the batch's order.
 static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
     GpuGroups *users = model->gpu_users, *items = model->gpu_items;
@@ -722,14 +730,16 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
                    dim, model->global_mean.data[0], forward, stream);
     float wd = (float)model->weight_decay, scale = 2.0f / (float)batch->global_n, decay = 2.0f * wd / (float)batch->global_n;
     gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, stream);  // (mf_end_step keeps it)
+    EmbeddingGrad grads[MF_TABLES];  // the four tables' in one launch
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *table = table_of(model, k), *other = k == 0 ? Q : k == 1 ? P : NULL;
         GpuGroups *mine = table->batch_rows;
-        float *grad = device_rows(&table->gpu_grad, (size_t)table->bound, table->dim);
-        gpu_embedding_backward(forward, scale, mine->group_start.data, mine->order.data, mine->count.data, table->bound,
-                               table->dim, other ? table->gpu_looked_up.data : NULL, other ? other->gpu_looked_up.data : NULL,
-                               other ? other->batch_rows->group_of.data : NULL, decay, grad, stream);
+        grads[k] = (EmbeddingGrad){mine->group_start.data, mine->order.data, mine->count.data, table->bound, table->dim,
+                                   other ? table->gpu_looked_up.data : NULL, other ? other->gpu_looked_up.data : NULL,
+                                   other ? other->batch_rows->group_of.data : NULL,
+                                   device_rows(&table->gpu_grad, (size_t)table->bound, table->dim)};
     }
+    gpu_embedding_backward(forward, scale, decay, grads, 4, stream);
 }
 
 // dense: the gradient table (zeros but the touched rows) and a float per row (1: touched)
@@ -840,25 +850,32 @@ void mf_adam_step(Mf *model) {
     const double beta1 = 0.9, beta2 = 0.999;
     float minus_step_size = model->minus_step_size;
     float one_minus_beta1 = (float)(1.0 - beta1), one_minus_beta2 = (float)(1.0 - beta2), eps = 1e-8f;
+#if HAVE_CUDA
+    if (on_gpu(model)) {  // the four tables in one launch
+        SparseAdamRows rows[MF_TABLES];
+        for (int t = 0; t < 4; t++) {
+            EmbeddingTable *table = table_of(model, t);
+            if (!table->sharded && table->mode == EMBEDDINGS_DENSE)  // every row a rank touched (its flag)
+                rows[t] = (SparseAdamRows){table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, NULL,
+                                           table->gpu_dense_grad + (size_t)table->rows * table->dim,
+                                           table->gpu_dense_grad, NULL, table->rows, table->dim};
+            else
+                rows[t] = (SparseAdamRows){table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq,
+                                           table->gpu_update_rows, NULL, table->gpu_update_grads,
+                                           table->gpu_update_count, table->update_bound, table->dim};
+        }
+        gpu_sparse_adam(rows, 4, model->gpu_step, one_minus_beta1, one_minus_beta2, eps, device_stream());
+        for (int t = 0; t < 4; t++) {  // dense: the gradient table and its flags, zeros again
+            EmbeddingTable *table = table_of(model, t);
+            if (!table->sharded && table->mode == EMBEDDINGS_DENSE)
+                gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (table->dim + 1), 0.0f, device_stream());
+        }
+        return;
+    }
+#endif
     for (int t = 0; t < 4; t++) {
         EmbeddingTable *table = table_of(model, t);
         int dim = table->dim;
-#if HAVE_CUDA
-        if (on_gpu(model)) {
-            if (!table->sharded && table->mode == EMBEDDINGS_DENSE) {  // every row a rank touched (its flag), then zeros again
-                float *touched = table->gpu_dense_grad + (size_t)table->rows * dim;
-                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, NULL, touched,
-                                table->gpu_dense_grad, NULL, table->rows, dim, model->gpu_step, one_minus_beta1,
-                                one_minus_beta2, eps, device_stream());
-                gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (dim + 1), 0.0f, device_stream());
-            } else {
-                gpu_sparse_adam(table->gpu_weight, table->gpu_exp_avg, table->gpu_exp_avg_sq, table->gpu_update_rows, NULL,
-                                table->gpu_update_grads, table->gpu_update_count, table->update_bound, dim,
-                                model->gpu_step, one_minus_beta1, one_minus_beta2, eps, device_stream());
-            }
-            continue;
-        }
-#endif
         for (int j = 0; j < table->n_update; j++) {
             size_t at = (size_t)table->update[j] * dim;
             float *w = table->weight + at, *m = table->exp_avg + at, *v = table->exp_avg_sq + at;

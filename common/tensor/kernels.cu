@@ -659,6 +659,13 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // host never reads it: a kernel that works on those rows takes the count in
 // device memory, its grid covers the host's bound n_max, and its threads past
 // the count do nothing.
+// The bits of a position p < n (0 for n <= 1): the host's and the kernels' count.
+__host__ __device__ static int bits_below(int n) {
+    int bits = 0;
+    while ((1L << bits) < n) bits++;
+    return bits;
+}
+
 __device__ static int counted(const int *count, int n_max) {
     if (!count) return n_max;
     const int n = *count;
@@ -767,9 +774,16 @@ __global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, i
 // GPU's timing.
 #define SORT_SMALL_THREADS 1024
 #define SORT_SMALL_MAX 4096  // 2 x 16 KiB of words and the scan's 8 KiB: of the 48 KiB a block's static arrays may take
-__global__ void sort_groups_small_kernel(const int *keys, int n, const int *n_valid, int position_bits, int block,
-                                         int block_stride, int *order, int *n_groups, int *group_key, int *group_start,
-                                         int *group_of) {
+// A block per sort (blockIdx.x picks the job): the batch's users and movies sorted at once.
+struct SmallSorts {
+    SortGroups job[2];
+};
+__global__ void sort_groups_small_kernel(SmallSorts jobs) {
+    const SortGroups &sort = jobs.job[blockIdx.x];
+    const int *keys = sort.keys, *n_valid = sort.n_valid, n = sort.n, block = sort.block, block_stride = sort.block_stride;
+    int *order = sort.order, *n_groups = sort.n_groups, *group_key = sort.group_key, *group_start = sort.group_start;
+    int *group_of = sort.group_of;
+    const int position_bits = bits_below(n);
     __shared__ unsigned words[2][SORT_SMALL_MAX];
     __shared__ int valid;  // the valid entries: the first invalid word's place once sorted
     const unsigned INVALID = 1u << 31;
@@ -819,14 +833,27 @@ __global__ void sort_groups_small_kernel(const int *keys, int n, const int *n_va
     if (t == 0) *n_groups = groups, group_start[groups] = m;
 }
 
-__global__ void copy_rows_kernel(const float *src, const int *src_index, float *dst, const int *dst_index,
-                                 float *dst_flags, const int *count, int n_max, int dim) {
-    const size_t total = (size_t)counted(count, n_max) * dim;
+// Step 15's tables pass through one launch of each kind of kernel, a row of blocks per table
+// (blockIdx.y), each table's pointers and sizes in a job of the kernel's arguments: one launch where
+// there were four, in a step made of small kernels, which their launches bound.
+struct RowsCopies {
+    RowsCopy job[MF_TABLES];
+};
+struct EmbeddingGrads {
+    EmbeddingGrad job[MF_TABLES];
+};
+struct SparseAdamTables {
+    SparseAdamRows job[MF_TABLES];
+};
+
+__global__ void copy_rows_kernel(RowsCopies jobs) {
+    const RowsCopy c = jobs.job[blockIdx.y];
+    const size_t total = (size_t)counted(c.count, c.n_max) * c.dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t j = i / dim, d = i % dim;
-        const size_t from = src_index ? (size_t)src_index[j] : j, to = dst_index ? (size_t)dst_index[j] : j;
-        dst[to * dim + d] = src[from * dim + d];
-        if (dst_flags && d == 0) dst_flags[to] = 1.0f;
+        const size_t j = i / c.dim, d = i % c.dim;
+        const size_t from = c.src_index ? (size_t)c.src_index[j] : j, to = c.dst_index ? (size_t)c.dst_index[j] : j;
+        c.dst[to * c.dim + d] = c.src[from * c.dim + d];
+        if (c.dst_flags && d == 0) c.dst_flags[to] = 1.0f;
     }
 }
 
@@ -948,32 +975,32 @@ __global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, 
 }
 
 // A row's gradient: its samples' terms added in the batch's order (mf.c's backward on the CPU),
-// ROW_TERMS at a time as in sum_rows_kernel.
-__global__ void embedding_backward_kernel(const float *forward, float scale, const int *start, const int *sample,
-                                          const int *count, int n_max, int dim, const float *self, const float *other,
-                                          const int *other_slot, float decay, float *grad) {
-    const size_t total = (size_t)counted(count, n_max) * dim;
+// ROW_TERMS at a time as in sum_rows_kernel; a table a row of blocks.
+__global__ void embedding_backward_kernel(const float *forward, float scale, float decay, EmbeddingGrads jobs) {
+    const EmbeddingGrad e = jobs.job[blockIdx.y];
+    const int dim = e.dim;
+    const size_t total = (size_t)counted(e.count, e.n_max) * dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t j = i / dim, d = i % dim;
-        const int end = start[j + 1];
-        const float own = self ? __fmul_rn(decay, self[i]) : 0.0f;  // the weight decay's term, the same for each sample
+        const int end = e.start[j + 1];
+        const float own = e.self ? __fmul_rn(decay, e.self[i]) : 0.0f;  // the weight decay's term, the same for each sample
         float sum = 0.0f;
-        for (int k = start[j]; k < end; k += ROW_TERMS) {
+        for (int k = e.start[j]; k < end; k += ROW_TERMS) {
             int s[ROW_TERMS], slot[ROW_TERMS];
             float error[ROW_TERMS], o[ROW_TERMS];
-            for (int t = 0; t < ROW_TERMS; t++) s[t] = sample[k + t < end ? k + t : end - 1];
+            for (int t = 0; t < ROW_TERMS; t++) s[t] = e.sample[k + t < end ? k + t : end - 1];
             for (int t = 0; t < ROW_TERMS; t++) error[t] = forward[4 * (size_t)s[t] + 1];
-            if (self) {  // the other table's row of each sample
-                for (int t = 0; t < ROW_TERMS; t++) slot[t] = other_slot[s[t]];
-                for (int t = 0; t < ROW_TERMS; t++) o[t] = other[(size_t)slot[t] * dim + d];
+            if (e.self) {  // the other table's row of each sample
+                for (int t = 0; t < ROW_TERMS; t++) slot[t] = e.other_slot[s[t]];
+                for (int t = 0; t < ROW_TERMS; t++) o[t] = e.other[(size_t)slot[t] * dim + d];
             }
             for (int t = 0; t < ROW_TERMS; t++) {
                 const float g = __fmul_rn(scale, error[t]);
-                const float term = self ? __fadd_rn(__fmul_rn(g, o[t]), own) : g;
+                const float term = e.self ? __fadd_rn(__fmul_rn(g, o[t]), own) : g;
                 sum = k + t < end ? __fadd_rn(sum, term) : sum;
             }
         }
-        grad[i] = sum;
+        e.grad[i] = sum;
     }
 }
 
@@ -985,52 +1012,91 @@ __global__ void mf_take_batch_kernel(const MfStepInputs *inputs, int n, int *use
     }
 }
 
-__global__ void sparse_adam_kernel(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                                   const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
-                                   float one_minus_beta1, float one_minus_beta2, float eps) {
-    const size_t total = (size_t)counted(count, n_max) * dim;
+__global__ void sparse_adam_kernel(SparseAdamTables jobs, const MfStepInputs *inputs, float one_minus_beta1,
+                                   float one_minus_beta2, float eps) {
+    const SparseAdamRows a = jobs.job[blockIdx.y];
+    const int dim = a.dim;
+    const size_t total = (size_t)counted(a.count, a.n_max) * dim;
     const float minus_step_size = inputs->minus_step_size;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        if (flags && flags[i / dim] == 0.0f) continue;  // (dense) a row no rank touched
-        size_t at = (rows ? (size_t)rows[i / dim] : i / dim) * dim + i % dim;
-        float g = grad[i], m_old = exp_avg[at], v_old = exp_avg_sq[at];
+        if (a.flags && a.flags[i / dim] == 0.0f) continue;  // (dense) a row no rank touched
+        size_t at = (a.rows ? (size_t)a.rows[i / dim] : i / dim) * dim + i % dim;
+        float g = a.grad[i], m_old = a.exp_avg[at], v_old = a.exp_avg_sq[at];
         float m_update = __fmul_rn(g - m_old, one_minus_beta1);
-        exp_avg[at] = m_old + m_update;
+        a.exp_avg[at] = m_old + m_update;
         float v_update = __fmul_rn(__fmul_rn(g, g) - v_old, one_minus_beta2);
-        exp_avg_sq[at] = v_old + v_update;
+        a.exp_avg_sq[at] = v_old + v_update;
         float numerator = m_update + m_old, denominator = __fadd_rn(__fsqrt_rn(v_update + v_old), eps);
-        weight[at] = __fadd_rn(weight[at], __fmul_rn(minus_step_size, __fdiv_rn(numerator, denominator)));
+        a.weight[at] = __fadd_rn(a.weight[at], __fmul_rn(minus_step_size, __fdiv_rn(numerator, denominator)));
     }
+}
+
+// The grid for n jobs (a row of blocks each) of at most max(n_max x dim) elements; false for none.
+template <class Job> static bool table_grid(const Job *jobs, int n, dim3 *grid) {
+    if (n < 1 || n > MF_TABLES)
+        fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: %d tables in one launch (1 to %d)", n, (int)MF_TABLES);
+    size_t most = 0;
+    for (int t = 0; t < n; t++) {
+        size_t elements = jobs[t].n_max > 0 ? (size_t)jobs[t].n_max * jobs[t].dim : 0;
+        most = elements > most ? elements : most;
+    }
+    *grid = dim3(blocks_for(most), (unsigned)n);
+    return most > 0;
+}
+
+// gpu_sort_groups' pick: the one-block sort in shared memory, where it fits.
+static bool sort_is_small(const SortGroups *sort) {
+    return sort->n <= SORT_SMALL_MAX && sort->key_bits + bits_below(sort->n) <= 31;
+}
+
+void gpu_sort_groups_each(const SortGroups *sorts, int n_sorts, cudaStream_t stream) {
+    if (n_sorts < 1 || n_sorts > 2) fatal_at(__FILE__, __LINE__, 1, "gpu_sort_groups_each: %d sorts (1 or 2)", n_sorts);
+    SmallSorts small = {};
+    int n_small = 0;
+    for (int i = 0; i < n_sorts; i++) {
+        // Launched even for n == 0: *n_groups must say 0.
+        SortGroups sort = sorts[i];
+        if (sort.block <= 0) sort.block = sort.block_stride = 1;
+        if (sort_is_small(&sort)) {
+            small.job[n_small++] = sort;
+            continue;
+        }
+        // Too many entries for shared memory, or keys too wide to share a word with their position:
+        // the radix sort, in global memory.
+        const int n = sort.n;
+        size_t quarter = (size_t)(n > 0 ? n : 1);
+        sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(sort.keys, n, sort.n_valid, sort.key_bits, sort.block,
+                                                           sort.block_stride, sort.scratch, sort.scratch + quarter,
+                                                           sort.scratch + 2 * quarter, sort.scratch + 3 * quarter,
+                                                           sort.order, sort.n_groups, sort.group_key, sort.group_start,
+                                                           sort.group_of);
+        CHECK_LAUNCH("sort_groups_kernel");
+    }
+    if (n_small == 0) return;
+    sort_groups_small_kernel<<<n_small, SORT_SMALL_THREADS, 0, stream>>>(small);
+    CHECK_LAUNCH("sort_groups_small_kernel");
 }
 
 void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
                      int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream) {
-    // Launched even for n == 0: *n_groups must say 0.
-    if (block <= 0) block = block_stride = 1;
-    // A batch's sizes in shared memory; the radix sort, in global memory, for more entries than fit,
-    // or keys too wide to share a word with their position.
-    int position_bits = 0;  // of p < n
-    while ((1L << position_bits) < n) position_bits++;
-    if (n <= SORT_SMALL_MAX && key_bits + position_bits <= 31) {
-        sort_groups_small_kernel<<<1, SORT_SMALL_THREADS, 0, stream>>>(keys, n, n_valid, position_bits, block,
-                                                                       block_stride, order, n_groups, group_key,
-                                                                       group_start, group_of);
-        CHECK_LAUNCH("sort_groups_small_kernel");
-        return;
-    }
-    size_t quarter = (size_t)(n > 0 ? n : 1);
-    sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(keys, n, n_valid, key_bits, block, block_stride, scratch,
-                                                       scratch + quarter, scratch + 2 * quarter, scratch + 3 * quarter,
-                                                       order, n_groups, group_key, group_start, group_of);
-    CHECK_LAUNCH("sort_groups_kernel");
+    SortGroups sort = {keys, n, n_valid, key_bits, block, block_stride, scratch, order, n_groups, group_key, group_start,
+                       group_of};
+    gpu_sort_groups_each(&sort, 1, stream);
+}
+
+void gpu_copy_rows_tables(const RowsCopy *copies, int n, cudaStream_t stream) {
+    RowsCopies jobs = {};
+    dim3 grid;
+    if (!table_grid(copies, n, &grid)) return;
+    for (int t = 0; t < n; t++) jobs.job[t] = copies[t];
+    copy_rows_kernel<<<grid, THREADS, 0, stream>>>(jobs);
+    CHECK_LAUNCH("copy_rows_kernel");
 }
 
 void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
                    const int *count, int n_max, int dim, cudaStream_t stream) {
-    if (n_max <= 0) return;
-    copy_rows_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(src, src_index, dst, dst_index, dst_flags,
-                                                                              count, n_max, dim);
-    CHECK_LAUNCH("copy_rows_kernel");
+    RowsCopy copy = {src, src_index, dst, dst_index, dst_flags, count, n_max, dim};
+    gpu_copy_rows_tables(&copy, 1, stream);
 }
 
 void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream) {
@@ -1087,12 +1153,13 @@ void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_
     CHECK_LAUNCH("mf_loss_kernel");
 }
 
-void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, const int *count,
-                            int n_max, int dim, const float *self, const float *other, const int *other_slot,
-                            float decay, float *grad, cudaStream_t stream) {
-    if (n_max <= 0) return;
-    embedding_backward_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
-        forward, scale, start, sample, count, n_max, dim, self, other, other_slot, decay, grad);
+void gpu_embedding_backward(const float *forward, float scale, float decay, const EmbeddingGrad *tables, int n,
+                            cudaStream_t stream) {
+    EmbeddingGrads jobs = {};
+    dim3 grid;
+    if (!table_grid(tables, n, &grid)) return;
+    for (int t = 0; t < n; t++) jobs.job[t] = tables[t];
+    embedding_backward_kernel<<<grid, THREADS, 0, stream>>>(forward, scale, decay, jobs);
     CHECK_LAUNCH("embedding_backward_kernel");
 }
 
@@ -1102,13 +1169,13 @@ void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, 
     CHECK_LAUNCH("mf_take_batch_kernel");
 }
 
-void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                     const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
-                     float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream) {
-    if (n_max <= 0) return;
-    sparse_adam_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(
-        weight, exp_avg, exp_avg_sq, rows, flags, grad, count, n_max, dim, inputs, one_minus_beta1,
-        one_minus_beta2, eps);
+void gpu_sparse_adam(const SparseAdamRows *tables, int n, const MfStepInputs *inputs, float one_minus_beta1,
+                     float one_minus_beta2, float eps, cudaStream_t stream) {
+    SparseAdamTables jobs = {};
+    dim3 grid;
+    if (!table_grid(tables, n, &grid)) return;
+    for (int t = 0; t < n; t++) jobs.job[t] = tables[t];
+    sparse_adam_kernel<<<grid, THREADS, 0, stream>>>(jobs, inputs, one_minus_beta1, one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }
 

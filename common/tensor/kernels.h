@@ -133,10 +133,33 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
 void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
                      int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream);
-// dst[dst_index[j]] = src[src_index[j]] (a NULL index: j) for j < *count, rows of dim; with
-// dst_flags, dst_flags[dst_index[j]] = 1 too (dense: which rows were touched).
+// The same for one or two sorts at once (the batch's users and its movies): those of a batch's size
+// in one launch, a block each.
+typedef struct {
+    const int *keys;
+    int n;
+    const int *n_valid;
+    int key_bits, block, block_stride;
+    int *scratch, *order, *n_groups, *group_key, *group_start, *group_of;
+} SortGroups;
+void gpu_sort_groups_each(const SortGroups *sorts, int n_sorts, cudaStream_t stream);
+// Step 15's four tables (the user and movie embeddings, their biases): the kernels below that take
+// an array of jobs, one per table, do up to MF_TABLES tables' work in one launch.
+enum { MF_TABLES = 4 };
+// dst[dst_index[j]] = src[src_index[j]] (a NULL index: j) for j < *count (NULL: n_max), rows of
+// dim; with dst_flags, dst_flags[dst_index[j]] = 1 too (dense: which rows were touched).
+typedef struct {
+    const float *src;
+    const int *src_index;
+    float *dst;
+    const int *dst_index;
+    float *dst_flags;
+    const int *count;
+    int n_max, dim;
+} RowsCopy;
+void gpu_copy_rows_tables(const RowsCopy *copies, int n, cudaStream_t stream);
 void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
-                   const int *count, int n_max, int dim, cudaStream_t stream);
+                   const int *count, int n_max, int dim, cudaStream_t stream);  // one RowsCopy
 // out[p] = table[keys[p]] for p < n, zeros where keys[p] < 0.
 void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream);
 // out[0] = *count, out[1 + i] = ids[i] for i < *count: a block of ids that travels with its count.
@@ -166,9 +189,15 @@ void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_
 // A table's gradient rows j < *count, a thread per element: row j sums, over its samples
 // sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
 // with g = scale * the sample's error (forward's out); a bias table (self NULL) sums g.
-void gpu_embedding_backward(const float *forward, float scale, const int *start, const int *sample, const int *count,
-                            int n_max, int dim, const float *self, const float *other, const int *other_slot,
-                            float decay, float *grad, cudaStream_t stream);
+typedef struct {
+    const int *start, *sample, *count;
+    int n_max, dim;
+    const float *self, *other;
+    const int *other_slot;
+    float *grad;
+} EmbeddingGrad;
+void gpu_embedding_backward(const float *forward, float scale, float decay, const EmbeddingGrad *tables, int n,
+                            cudaStream_t stream);
 // What changes from one training step to the next, in device memory written before the step
 // (mf_prepare_step), so that a step replayed from a CUDA graph reads it there, not in its kernels'
 // captured arguments: where the batch's samples are (its slice of the epoch's ratings on the GPU)
@@ -181,11 +210,18 @@ typedef struct MfStepInputs {
 // The batch's n samples from where inputs says into the step's own buffers (user, item, rating).
 void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream);
 // torch.optim.SparseAdam on rows[j] (NULL: j) of weight and its moments with gradient row grad[j],
-// j < *count, skipping the rows whose flags[j] is 0 (flags NULL: none skipped); mf.c's arithmetic,
-// the step size read from inputs->minus_step_size.
-void gpu_sparse_adam(float *weight, float *exp_avg, float *exp_avg_sq, const int *rows, const float *flags,
-                     const float *grad, const int *count, int n_max, int dim, const MfStepInputs *inputs,
-                     float one_minus_beta1, float one_minus_beta2, float eps, cudaStream_t stream);
+// j < *count (NULL: n_max), skipping the rows whose flags[j] is 0 (flags NULL: none skipped);
+// mf.c's arithmetic, the step size read from inputs->minus_step_size.
+typedef struct {
+    float *weight, *exp_avg, *exp_avg_sq;
+    const int *rows;
+    const float *flags;
+    const float *grad;
+    const int *count;
+    int n_max, dim;
+} SparseAdamRows;
+void gpu_sparse_adam(const SparseAdamRows *tables, int n, const MfStepInputs *inputs, float one_minus_beta1,
+                     float one_minus_beta2, float eps, cudaStream_t stream);
 
 // ------------------------------------------------------------------ step 19's transformer (transformer_ops.c)
 // transformer_ops.c's CPU loops, operation for operation, with __fmul_rn and __fadd_rn where nvcc

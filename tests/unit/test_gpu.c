@@ -595,22 +595,36 @@ static int sort_case_compare(const void *a, const void *b) {
     return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-static int sort_case(const char *what, const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
+// One sort's keys and buffers on the GPU.
+typedef struct {
+    const int *keys;  // host memory
+    int n, n_valid, block, stride;
+    int *device_keys, *device_valid;
+    SortGroups sort;
+} SortCase;
+
+static SortCase sort_case_new(const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
     int bits = 0;
     while ((1L << bits) < key_limit) bits++;
     size_t entries = n > 0 ? (size_t)n : 1;
-    int *device_keys = device_alloc(entries * sizeof(int)), *device_valid = device_alloc(sizeof(int));
-    int *scratch = device_alloc(4 * entries * sizeof(int)), *order = device_alloc(entries * sizeof(int));
-    int *count = device_alloc(sizeof(int)), *group_key = device_alloc(entries * sizeof(int));
-    int *group_start = device_alloc((entries + 1) * sizeof(int)), *group_of = device_alloc(entries * sizeof(int));
-    if (n > 0) device_upload(device_keys, keys, (size_t)n * sizeof(int), "the keys");
-    device_upload(device_valid, &n_valid, sizeof(int), "the count");
-    gpu_sort_groups(device_keys, n, n_valid < n ? device_valid : NULL, bits, block, stride, scratch, order, count,
-                    group_key, group_start, group_of, device_stream());
+    SortCase c = {keys, n, n_valid, block, stride, device_alloc(entries * sizeof(int)), device_alloc(sizeof(int)), {0}};
+    if (n > 0) device_upload(c.device_keys, keys, (size_t)n * sizeof(int), "the keys");
+    device_upload(c.device_valid, &n_valid, sizeof(int), "the count");
+    c.sort = (SortGroups){c.device_keys, n, n_valid < n ? c.device_valid : NULL, bits, block, stride,
+                          device_alloc(4 * entries * sizeof(int)), device_alloc(entries * sizeof(int)),
+                          device_alloc(sizeof(int)), device_alloc(entries * sizeof(int)),
+                          device_alloc((entries + 1) * sizeof(int)), device_alloc(entries * sizeof(int))};
+    return c;
+}
+
+// The sort's results against a stable sort on the CPU: the number of differences. Frees the case.
+static int sort_case_check(const char *what, SortCase *c) {
+    const int n = c->n, n_valid = c->n_valid, block = c->block, stride = c->stride, *keys = c->keys;
+    size_t entries = n > 0 ? (size_t)n : 1;
     int got_groups = -1;
     int *got_order = xmalloc(entries * sizeof(int)), *got_key = xmalloc(entries * sizeof(int));
     int *got_start = xmalloc((entries + 1) * sizeof(int)), *got_of = xmalloc(entries * sizeof(int));
-    device_read_to_host(&got_groups, count, sizeof(int), "the groups");
+    device_read_to_host(&got_groups, c->sort.n_groups, sizeof(int), "the groups");
     // The reference: the valid entries, sorted by (key, p).
     int *pairs = xmalloc(2 * entries * sizeof(int)), m = 0;
     for (int p = 0; p < n && p < n_valid; p++)
@@ -621,11 +635,11 @@ static int sort_case(const char *what, const int *keys, int n, int n_valid, int 
     wrong += got_groups != groups;
     if (got_groups == groups) {
         if (m > 0) {
-            device_read_to_host(got_order, order, (size_t)m * sizeof(int), "the order");
-            device_read_to_host(got_key, group_key, (size_t)groups * sizeof(int), "the groups' keys");
+            device_read_to_host(got_order, c->sort.order, (size_t)m * sizeof(int), "the order");
+            device_read_to_host(got_key, c->sort.group_key, (size_t)groups * sizeof(int), "the groups' keys");
         }
-        device_read_to_host(got_start, group_start, ((size_t)groups + 1) * sizeof(int), "the groups' starts");
-        if (n > 0) device_read_to_host(got_of, group_of, (size_t)n * sizeof(int), "the entries' groups");
+        device_read_to_host(got_start, c->sort.group_start, ((size_t)groups + 1) * sizeof(int), "the groups' starts");
+        if (n > 0) device_read_to_host(got_of, c->sort.group_of, (size_t)n * sizeof(int), "the entries' groups");
         int g = -1;
         for (int k = 0; k < m; k++) {
             int key = pairs[2 * k], p = pairs[2 * k + 1];
@@ -640,10 +654,32 @@ static int sort_case(const char *what, const int *keys, int n, int n_valid, int 
     }
     EXPECT(wrong == 0, "gpu_sort_groups, %s: %d entries (%d valid) in %d groups, a stable sort's (%d differences)", what, n,
            m, groups, wrong);
-    void *buffers[] = {device_keys, device_valid, scratch, order, count, group_key, group_start, group_of};
+    void *buffers[] = {c->device_keys, c->device_valid, c->sort.scratch, c->sort.order, c->sort.n_groups,
+                       c->sort.group_key, c->sort.group_start, c->sort.group_of};
     for (size_t k = 0; k < sizeof buffers / sizeof buffers[0]; k++) device_free(buffers[k]);
     free(got_order), free(got_key), free(got_start), free(got_of), free(pairs);
     return wrong;
+}
+
+static int sort_case(const char *what, const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
+    SortCase c = sort_case_new(keys, n, n_valid, key_limit, block, stride);
+    gpu_sort_groups(c.sort.keys, n, c.sort.n_valid, c.sort.key_bits, block, stride, c.sort.scratch, c.sort.order,
+                    c.sort.n_groups, c.sort.group_key, c.sort.group_start, c.sort.group_of, device_stream());
+    return sort_case_check(what, &c);
+}
+
+// Two sorts in one call (step 15's users and movies: gpu_sort_groups_each), each against its stable sort.
+static void sort_pair_case(const char *what, const int *keys_a, int n_a, int limit_a, const int *keys_b, int n_b,
+                           int n_valid_b, int limit_b) {
+    SortCase c[2] = {sort_case_new(keys_a, n_a, n_a, limit_a, n_a, n_a),
+                     sort_case_new(keys_b, n_b, n_valid_b, limit_b, n_b, n_b)};
+    SortGroups sorts[2] = {c[0].sort, c[1].sort};
+    gpu_sort_groups_each(sorts, 2, device_stream());
+    char first[128], second[128];
+    snprintf(first, sizeof first, "%s, the first of two", what);
+    snprintf(second, sizeof second, "%s, the second of two", what);
+    sort_case_check(first, &c[0]);
+    sort_case_check(second, &c[1]);
 }
 
 static void test_sort_groups(void) {
@@ -707,6 +743,19 @@ static void test_sort_groups(void) {
     for (int p = 0; p < 1000; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 32768) % 32768 << 16 | p;
     keys[500] = 0x7fffffff, keys[501] = 0, keys[502] = keys[3];
     sort_case("1000 keys of 31 bits", keys, 1000, 1000, 0x7fffffff, 1000, 1000);
+    // Two sorts at once (gpu_sort_groups_each): a batch's users and movies, skewed, in one launch of
+    // the shared-memory kernel, the second counted to a short last batch; one of them past it (5000
+    // entries, or keys of 20 bits at 4096: the radix sort) and the other in it; none and some.
+    int *other = xmalloc(N * sizeof(int));
+    for (int p = 0; p < N; p++) {
+        float u = rng_uniform(&rng, 0, 1), v = rng_uniform(&rng, 0, 1);
+        keys[p] = (int)(u * u * u * 32467) % 32467, other[p] = (int)(v * v * v * 11820) % 11820;
+    }
+    sort_pair_case("1024 skewed users and 1024 skewed movies, 700 counted", keys, 1024, 32467, other, 1024, 700, 11820);
+    sort_pair_case("5000 users (the radix sort) and 1024 movies", keys, N, 32467, other, 1024, 1024, 11820);
+    sort_pair_case("1024 users and 4096 movies of 20 bits (the radix sort)", keys, 1024, 32467, other, 4096, 4096, 1 << 20);
+    sort_pair_case("no user and 1024 movies", keys, 0, 32467, other, 1024, 1024, 11820);
+    free(other);
     free(keys);
 }
 #endif
