@@ -66,6 +66,13 @@ static void kernel_given_host_memory(void) {
     gpu_fill(host, 4, 1.0f, 0);
 }
 
+static void kernel_job_given_host_memory(void) {  // a pointer inside a kernel's job (step 15's tables)
+    static float host[4];
+    float *x = device_floats(4);
+    RowsCopy copies[2] = {{x, NULL, x, NULL, NULL, NULL, 4, 1}, {x, NULL, host, NULL, NULL, NULL, 4, 1}};
+    gpu_copy_rows_tables(copies, 2, 0);
+}
+
 static void copy_of_the_wrong_kind(void) {
     float *x = device_floats(4), host[4] = {0};
     cudaMemcpy(x, host, sizeof host, cudaMemcpyDeviceToHost);  // the pointers say host to device
@@ -273,6 +280,8 @@ int main(void) {
     check(dies(host_reads_device_memory, SIGSEGV, NULL), "host code that reads device memory is a segfault");
     check(dies(kernel_given_host_memory, SIGABRT, "kernel fill_kernel: argument 0"),
           "a kernel given host memory stops the run, named");
+    check(dies(kernel_job_given_host_memory, SIGABRT, "kernel copy_rows_kernel: argument 0"),
+          "a kernel whose job (one of the tables it is given) holds host memory stops the run, named");
     check(dies(copy_of_the_wrong_kind, SIGABRT, "cudaMemcpy's destination"), "a cudaMemcpy of the wrong kind stops the run");
     check(dies(copy_past_the_end, SIGABRT, "not inside one block of device memory"),
           "a copy past the end of a device block stops the run");

@@ -15,6 +15,8 @@
 #include <cuda_runtime_api.h>
 #include <functional>
 
+#include "tensor/kernels.h"  // the jobs that some kernels take (RowsCopy, SortGroups, ...): their pointers checked
+
 #undef __global__
 #undef __shared__
 #define __global__
@@ -53,8 +55,31 @@ void check_kernel_pointer(const char *kernel, int argument, const void *p);
 // Queues the grid on `stream` (runs it at once on the legacy default stream).
 void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t stream, std::function<void()> thread);
 
+// The pointers of a job, where a kernel takes an array of them (`job[]`: step 15's kernels, a job
+// per table, kernels.h): each checked as the kernel's own pointer arguments are (a NULL, as in
+// the jobs past those launched, is no pointer to check).
+template <class Visit> void job_pointers(const RowsCopy &j, Visit v) {
+    v(j.src), v(j.src_index), v(j.dst), v(j.dst_index), v(j.dst_flags), v(j.count);
+}
+template <class Visit> void job_pointers(const EmbeddingGrad &j, Visit v) {
+    v(j.start), v(j.sample), v(j.count), v(j.self), v(j.other), v(j.other_slot), v(j.grad);
+}
+template <class Visit> void job_pointers(const SparseAdamRows &j, Visit v) {
+    v(j.weight), v(j.exp_avg), v(j.exp_avg_sq), v(j.rows), v(j.flags), v(j.grad), v(j.count);
+}
+template <class Visit> void job_pointers(const SortGroups &j, Visit v) {
+    v(j.keys), v(j.n_valid), v(j.scratch), v(j.order), v(j.n_groups), v(j.group_key), v(j.group_start), v(j.group_of);
+}
+template <class T>
+auto check_jobs(const char *kernel, int argument, const T &jobs, int) -> decltype((void)jobs.job[0]) {
+    for (const auto &job : jobs.job) job_pointers(job, [&](const void *p) { check_kernel_pointer(kernel, argument, p); });
+}
+template <class T> void check_jobs(const char *, int, const T &, long) {}  // a value: nothing to check
+
 template <class T> void check_argument(const char *kernel, int argument, T *p) { check_kernel_pointer(kernel, argument, p); }
-template <class T> void check_argument(const char *, int, T) {}
+template <class T> void check_argument(const char *kernel, int argument, const T &value) {
+    check_jobs(kernel, argument, value, 0);
+}
 
 template <class... Params>
 auto launcher(const char *name, bool synced, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes = 0,
