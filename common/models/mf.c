@@ -43,6 +43,12 @@ typedef struct CommTimes {
     int oldest, n;
 } CommTimes;
 
+// GPU: the step's loss summed on a stream of its own (forward_backward_gpu says why), forked from
+// the compute stream after the forward and joined back at the step's end (mf_adam_step).
+typedef struct LossBranch {
+    void *stream, *forked, *done;  // cudaStream_t, cudaEvent_t (without timing)
+} LossBranch;
+
 #if HAVE_CUDA
 // ------------------------------------------------------------------ GPU memory
 // Room for n rows of dim floats in b (one more: n may be 0).
@@ -242,6 +248,14 @@ void mf_free(Mf *model) {
             CHECK_CUDA(cudaEventDestroy((cudaEvent_t)times->start[k]));
             CHECK_CUDA(cudaEventDestroy((cudaEvent_t)times->done[k]));
         }
+    }
+    if (model->loss_branch) {
+        LossBranch *branch = model->loss_branch;
+        CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)branch->stream));
+        CHECK_CUDA(cudaStreamDestroy((cudaStream_t)branch->stream));
+        CHECK_CUDA(cudaEventDestroy((cudaEvent_t)branch->forked));
+        CHECK_CUDA(cudaEventDestroy((cudaEvent_t)branch->done));
+        free(branch);
     }
     if (model->losses && on_gpu(model)) device_free(model->losses);
     if (on_gpu(model)) device_free(model->gpu_step), device_free(model->gpu_step_loss);
@@ -729,7 +743,17 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
                    BU->gpu_looked_up.data, users->group_of.data, BI->gpu_looked_up.data, items->group_of.data, rating, n,
                    dim, model->global_mean.data[0], forward, stream);
     float wd = (float)model->weight_decay, scale = 2.0f / (float)batch->global_n, decay = 2.0f * wd / (float)batch->global_n;
-    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, stream);  // (mf_end_step keeps it)
+    // The loss's sum (one thread's, in the samples' order: the CPU's bits) is a chain of a thousand
+    // additions that nothing in the step reads: on a stream of its own, it runs beside the backward,
+    // the exchanges and SparseAdam (in a CUDA graph, a branch beside theirs), and the step joins it
+    // at its end (mf_adam_step), before mf_end_step keeps it and the next step's forward overwrites
+    // what it reads.
+    LossBranch *branch = model->loss_branch;
+    CHECK_CUDA(cudaEventRecord((cudaEvent_t)branch->forked, stream));
+    CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)branch->stream, (cudaEvent_t)branch->forked, 0));
+    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, (cudaStream_t)branch->stream);
+    CHECK_CUDA(cudaEventRecord((cudaEvent_t)branch->done, (cudaStream_t)branch->stream));
+    model->loss_branch_open = true;
     EmbeddingGrad grads[MF_TABLES];  // the four tables' in one launch
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *table = table_of(model, k), *other = k == 0 ? Q : k == 1 ? P : NULL;
@@ -870,6 +894,10 @@ void mf_adam_step(Mf *model) {
             if (!table->sharded && table->mode == EMBEDDINGS_DENSE)
                 gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (table->dim + 1), 0.0f, device_stream());
         }
+        // The step ends: the loss's branch joins the compute stream again (forward_backward_gpu).
+        if (model->loss_branch_open)
+            CHECK_CUDA(cudaStreamWaitEvent(device_stream(), (cudaEvent_t)model->loss_branch->done, 0));
+        model->loss_branch_open = false;
         return;
     }
 #endif
@@ -911,6 +939,12 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
         float *rating = device_buffer_reserve(&model->gpu_rating, ((size_t)batch->max_n + 1) * sizeof(float));
         if (!model->gpu_step) model->gpu_step = device_alloc(sizeof(MfStepInputs));
         if (!model->gpu_step_loss) model->gpu_step_loss = device_alloc(sizeof(double));
+        if (!model->loss_branch) {
+            LossBranch *branch = model->loss_branch = xcalloc(1, sizeof *branch);
+            CHECK_CUDA(cudaStreamCreateWithFlags((cudaStream_t *)&branch->stream, cudaStreamNonBlocking));
+            CHECK_CUDA(cudaEventCreateWithFlags((cudaEvent_t *)&branch->forked, cudaEventDisableTiming));
+            CHECK_CUDA(cudaEventCreateWithFlags((cudaEvent_t *)&branch->done, cudaEventDisableTiming));
+        }
         MfStepInputs inputs = {.user = batch->gpu_user, .item = batch->gpu_item, .rating = batch->gpu_rating,
                                .minus_step_size = model->minus_step_size};
         if (!batch->gpu_user) {  // ids on the host: to the step's buffers through page-locked memory (no wait)

@@ -148,6 +148,8 @@ typedef struct {
     double *losses, *host_losses;
     int pending, losses_capacity;
     struct CommTimes *comm_times;          // GPU: the exchanges' CUDA events, read once they have happened
+    struct LossBranch *loss_branch;        // GPU: the stream that sums the step's loss beside the backward
+    bool loss_branch_open;                 // forked in this step, not yet joined (mf_adam_step joins it)
 } Mf;
 
 const char *embeddings_mode_name(EmbeddingsMode mode);
@@ -171,14 +173,17 @@ void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int 
 //   mf_prepare_step: what changes from step to step, written before the step: Adam's step count
 //     and step size, and on a GPU rank, in device memory, where the batch is (ids from the host:
 //     copied to the step's buffers) and that step size. So the four calls after it read nothing
-//     that a CUDA graph would have frozen (train/step_graph.h): at world size 1 (no collective in
-//     the step) step 15 captures them once and replays them, for batches of the same n;
+//     that a CUDA graph would have frozen (train/step_graph.h): step 15 captures them once and
+//     replays them, for global batches of the same size (with a GPU per rank, NCCL's collectives
+//     inside);
 //   mf_lookup: the batch into the step's buffers (GPU), then the rows of its users and items
 //     (sharded: from their owners);
-//   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses),
-//     and each row's gradient summed over the local samples;
+//   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses;
+//     on a GPU rank summed on a stream of its own, beside the rest of the step), and each row's
+//     gradient summed over the local samples;
 //   mf_exchange_gradients: the global batch's gradients (dense, sparse or sharded);
-//   mf_adam_step: SparseAdam on the rows the global batch touched;
+//   mf_adam_step: SparseAdam on the rows the global batch touched; on a GPU rank the loss's
+//     stream joins the compute stream again: the step is whole there;
 //   mf_end_step: the step's loss share kept for mf_take_losses (on a GPU rank copied there on the
 //     GPU from the step's own slot, where a replayed step writes it too); the step is queued.
 void mf_prepare_step(Mf *model, const RatingBatch *batch);
