@@ -3,7 +3,7 @@
 # same GPU, in one sitting (make bench runs it where there is a GPU):
 #   - step 2's steady step and first epoch            (tests/torch_fast_mlp.py: resident data, eager)
 #   - step 14's epoch                                  (tests/torch_cnn_ddp.py --device cuda)
-#   - step 15's epoch at 5 M synthetic ratings         (and one CPU core of ours)
+#   - step 15's epoch at 5 M synthetic ratings         (graph and eager, one CPU core of ours; 2 GPUs)
 #   - step 19's tokens/s at nanoGPT's GPU config,      (tests/torch_gpt.py --device cuda, float32 and
 #     float32 and --dtype bfloat16                      --dtype bfloat16 under autocast)
 #
@@ -58,13 +58,23 @@ if [ "$torch_cuda" = 1 ]; then
 fi
 echo "step 14, an epoch (s): ${cnn:-?} | PyTorch: ${torch14:-} | target 0.3"
 
-# Step 15: an epoch of N synthetic ratings on the GPU (the second: the first warms up), and on one core.
+# Step 15: an epoch of N synthetic ratings on the GPU (the second: the first warms up), its steps
+# replayed from a CUDA graph and (--cuda_graph off) launched one by one, and on one core; with 2
+# GPUs, on 2 ranks, the exchanges' NCCL collectives inside the graph and not.
+epoch15() { awk '/^epoch / { t = $(NF - 1) } END { print t }' "$1"; }
 day3/15_recommender_ddp --data "$out/ml" --synthetic "$ratings" > /dev/null 2>&1
-day3/15_recommender_ddp --data "$out/ml" --epochs 2 --device cuda --plot '' > "$out/s15" 2>&1
+s15=(day3/15_recommender_ddp --data "$out/ml" --epochs 2 --device cuda --plot '')
+"${s15[@]}" > "$out/s15" 2>&1
+"${s15[@]}" --cuda_graph off > "$out/s15eager" 2>&1
 day3/15_recommender_ddp --data "$out/ml" --epochs 1 --device cpu --threads 1 --plot '' > "$out/s15cpu" 2>&1
-gpu15=$(awk '/^epoch / { t = $(NF - 1) } END { print t }' "$out/s15")
-cpu15=$(awk '/^epoch / { t = $(NF - 1) } END { print t }' "$out/s15cpu")
-echo "step 15, an epoch of $ratings ratings (s): ${gpu15:-?} on the GPU, ${cpu15:-?} on one CPU core | target 0.1 (>= 15x one core)"
+echo "step 15, an epoch of $ratings ratings (s): $(epoch15 "$out/s15") on the GPU (--cuda_graph off: $(epoch15 "$out/s15eager")), $(epoch15 "$out/s15cpu") on one CPU core | target 0.1 (>= 15x one core)"
+if [ "$(build/tools/gpu_count)" -ge 2 ]; then
+    for mode in sparse sharded; do
+        ${MPIRUN:-mpirun} -np 2 "${s15[@]}" --embeddings $mode > "$out/s15x2" 2>&1
+        ${MPIRUN:-mpirun} -np 2 "${s15[@]}" --embeddings $mode --cuda_graph off > "$out/s15x2eager" 2>&1
+        echo "step 15 on 2 GPUs, $mode embeddings, an epoch of $ratings ratings (s): $(epoch15 "$out/s15x2") (--cuda_graph off: $(epoch15 "$out/s15x2eager"))"
+    done
+fi
 
 # Step 19 at nanoGPT's GPU config: tokens/s over the iterations, in float32 and with --dtype bfloat16.
 for dtype in float32 bfloat16; do
