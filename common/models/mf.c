@@ -729,6 +729,15 @@ static double *loss_slot(Mf *model) {
     return model->losses + model->pending++;
 }
 
+// The loss's branch joins the compute stream again, if this step forked it: at the step's end
+// (mf_adam_step), and as a guard wherever the compute stream next reads the step's loss or
+// overwrites what the branch reads (mf_end_step, mf_predict).
+static void join_loss_branch(Mf *model) {
+    if (model->loss_branch_open)
+        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), (cudaEvent_t)model->loss_branch->done, 0));
+    model->loss_branch_open = false;
+}
+
 // The forward and backward on the GPU: a thread per sample for the predictions and errors, one
 // for the loss (mf.c's double sum, kept on the GPU), then, the four tables in one launch, a thread
 // per gradient element that sums its row's samples in the batch's order.
@@ -894,10 +903,7 @@ void mf_adam_step(Mf *model) {
             if (!table->sharded && table->mode == EMBEDDINGS_DENSE)
                 gpu_fill(table->gpu_dense_grad, (size_t)table->rows * (table->dim + 1), 0.0f, device_stream());
         }
-        // The step ends: the loss's branch joins the compute stream again (forward_backward_gpu).
-        if (model->loss_branch_open)
-            CHECK_CUDA(cudaStreamWaitEvent(device_stream(), (cudaEvent_t)model->loss_branch->done, 0));
-        model->loss_branch_open = false;
+        join_loss_branch(model);  // the step ends: the loss's branch joins the compute stream again
         return;
     }
 #endif
@@ -962,6 +968,7 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
 void mf_end_step(Mf *model) {
 #if HAVE_CUDA
     if (on_gpu(model)) {  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
+        join_loss_branch(model);  // (mf_adam_step has: a guard)
         CHECK_CUDA(cudaMemcpyAsync(loss_slot(model), model->gpu_step_loss, sizeof(double), cudaMemcpyDeviceToDevice,
                                    device_stream()));
     }
@@ -1002,6 +1009,7 @@ void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) 
     double bytes_sent = model->bytes_sent, comm_seconds = model->comm_seconds;
 #if HAVE_CUDA
     if (on_gpu(model)) {
+        join_loss_branch(model);  // (a guard: a step's loss sum reads the forward's buffer, reused here)
         // In chunks, the same number on every rank (their lookups' exchanges are collective, and
         // padded to the chunk): the GPU's buffers stay the size of a few batches.
         enum { CHUNK = 8192 };

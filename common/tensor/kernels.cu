@@ -1037,7 +1037,9 @@ template <class Job> static bool table_grid(const Job *jobs, int n, dim3 *grid) 
         fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: %d tables in one launch (1 to %d)", n, (int)MF_TABLES);
     size_t most = 0;
     for (int t = 0; t < n; t++) {
-        size_t elements = jobs[t].n_max > 0 ? (size_t)jobs[t].n_max * jobs[t].dim : 0;
+        if (jobs[t].n_max < 0 || jobs[t].dim < 1)  // (the kernels' counted() would take a negative bound as huge)
+            fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: table %d of %d rows of %d", t, jobs[t].n_max, jobs[t].dim);
+        size_t elements = (size_t)jobs[t].n_max * jobs[t].dim;
         most = elements > most ? elements : most;
     }
     *grid = dim3(blocks_for(most), (unsigned)n);
