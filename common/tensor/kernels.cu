@@ -659,17 +659,17 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // host never reads it: a kernel that works on those rows takes the count in
 // device memory, its grid covers the host's bound n_max, and its threads past
 // the count do nothing.
-// The bits of a position p < n (0 for n <= 1): the host's and the kernels' count.
-__host__ __device__ static int bits_below(int n) {
-    int bits = 0;
-    while ((1L << bits) < n) bits++;
-    return bits;
-}
-
 __device__ static int counted(const int *count, int n_max) {
     if (!count) return n_max;
     const int n = *count;
     return n < n_max ? n : n_max;
+}
+
+// The bits of a position p < n (0 for n <= 1): the host's count and the sort kernel's.
+__host__ __device__ static int bits_below(int n) {
+    int bits = 0;
+    while ((1L << bits) < n) bits++;
+    return bits;
 }
 
 // Exclusive prefix sum over the block of each thread's `value`, and the block's total: Hillis and
