@@ -43,13 +43,14 @@ typedef struct CommTimes {
     int oldest, n;
 } CommTimes;
 
+#if HAVE_CUDA
 // GPU: the step's loss summed on a stream of its own (forward_backward_gpu says why), forked from
 // the compute stream after the forward and joined back at the step's end (mf_adam_step).
 typedef struct LossBranch {
-    void *stream, *forked, *done;  // cudaStream_t, cudaEvent_t (without timing)
+    cudaStream_t stream;
+    cudaEvent_t forked, done;  // (without timing)
 } LossBranch;
 
-#if HAVE_CUDA
 // ------------------------------------------------------------------ GPU memory
 // Room for n rows of dim floats in b (one more: n may be 0).
 static float *device_rows(DeviceBuffer *b, size_t n, int dim) {
@@ -251,10 +252,10 @@ void mf_free(Mf *model) {
     }
     if (model->loss_branch) {
         LossBranch *branch = model->loss_branch;
-        CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)branch->stream));
-        CHECK_CUDA(cudaStreamDestroy((cudaStream_t)branch->stream));
-        CHECK_CUDA(cudaEventDestroy((cudaEvent_t)branch->forked));
-        CHECK_CUDA(cudaEventDestroy((cudaEvent_t)branch->done));
+        CHECK_CUDA(cudaStreamSynchronize(branch->stream));
+        CHECK_CUDA(cudaStreamDestroy(branch->stream));
+        CHECK_CUDA(cudaEventDestroy(branch->forked));
+        CHECK_CUDA(cudaEventDestroy(branch->done));
         free(branch);
     }
     if (model->losses && on_gpu(model)) device_free(model->losses);
@@ -734,7 +735,7 @@ static double *loss_slot(Mf *model) {
 // overwrites what the branch reads (mf_end_step, mf_predict).
 static void join_loss_branch(Mf *model) {
     if (model->loss_branch_open)
-        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), (cudaEvent_t)model->loss_branch->done, 0));
+        CHECK_CUDA(cudaStreamWaitEvent(device_stream(), model->loss_branch->done, 0));
     model->loss_branch_open = false;
 }
 
@@ -758,10 +759,10 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     // at its end (mf_adam_step), before mf_end_step keeps it and the next step's forward overwrites
     // what it reads.
     LossBranch *branch = model->loss_branch;
-    CHECK_CUDA(cudaEventRecord((cudaEvent_t)branch->forked, stream));
-    CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)branch->stream, (cudaEvent_t)branch->forked, 0));
-    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, (cudaStream_t)branch->stream);
-    CHECK_CUDA(cudaEventRecord((cudaEvent_t)branch->done, (cudaStream_t)branch->stream));
+    CHECK_CUDA(cudaEventRecord(branch->forked, stream));
+    CHECK_CUDA(cudaStreamWaitEvent(branch->stream, branch->forked, 0));
+    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, branch->stream);
+    CHECK_CUDA(cudaEventRecord(branch->done, branch->stream));
     model->loss_branch_open = true;
     EmbeddingGrad grads[MF_TABLES];  // the four tables' in one launch
     for (int k = 0; k < 4; k++) {
@@ -947,9 +948,9 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
         if (!model->gpu_step_loss) model->gpu_step_loss = device_alloc(sizeof(double));
         if (!model->loss_branch) {
             LossBranch *branch = model->loss_branch = xcalloc(1, sizeof *branch);
-            CHECK_CUDA(cudaStreamCreateWithFlags((cudaStream_t *)&branch->stream, cudaStreamNonBlocking));
-            CHECK_CUDA(cudaEventCreateWithFlags((cudaEvent_t *)&branch->forked, cudaEventDisableTiming));
-            CHECK_CUDA(cudaEventCreateWithFlags((cudaEvent_t *)&branch->done, cudaEventDisableTiming));
+            CHECK_CUDA(cudaStreamCreateWithFlags(&branch->stream, cudaStreamNonBlocking));
+            CHECK_CUDA(cudaEventCreateWithFlags(&branch->forked, cudaEventDisableTiming));
+            CHECK_CUDA(cudaEventCreateWithFlags(&branch->done, cudaEventDisableTiming));
         }
         MfStepInputs inputs = {.user = batch->gpu_user, .item = batch->gpu_item, .rating = batch->gpu_rating,
                                .minus_step_size = model->minus_step_size};
