@@ -252,8 +252,7 @@ void mf_free(Mf *model) {
     }
     if (model->loss_branch) {
         LossBranch *branch = model->loss_branch;
-        CHECK_CUDA(cudaStreamSynchronize(branch->stream));
-        CHECK_CUDA(cudaStreamDestroy(branch->stream));
+        CHECK_CUDA(cudaStreamDestroy(branch->stream));  // (its queued work still runs)
         CHECK_CUDA(cudaEventDestroy(branch->forked));
         CHECK_CUDA(cudaEventDestroy(branch->done));
         free(branch);
@@ -597,7 +596,7 @@ static SortGroups sort_of(GpuGroups *g, const int *keys, int n, const int *n_val
 
 static void sort_groups(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
     SortGroups sort = sort_of(g, keys, n, n_valid, key_limit, block, stride);
-    gpu_sort_groups_each(&sort, 1, device_stream());
+    gpu_sort_groups(&sort, 1, device_stream());
 }
 
 // Blocks of per_peer rows of dim to every rank and from every rank, block r of send to rank r,
@@ -695,7 +694,7 @@ static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
 static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool timed) {
     SortGroups sorts[2] = {sort_of(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n),
                            sort_of(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n)};
-    gpu_sort_groups_each(sorts, 2, device_stream());  // (in one launch)
+    gpu_sort_groups(sorts, 2, device_stream());  // (in one launch)
     timed = timed && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1 && !device_graph_capturing();
     if (timed) comm_begin(model);
     RowsCopy copies[MF_TABLES];  // the tables that are not sharded: their rows copied in one launch

@@ -1031,16 +1031,20 @@ __global__ void sparse_adam_kernel(SparseAdamTables jobs, const MfStepInputs *in
     }
 }
 
-// The grid for n jobs (a row of blocks each) of at most max(n_max x dim) elements; false for none.
-template <class Job> static bool table_grid(const Job *jobs, int n, dim3 *grid) {
+// A launch's jobs (Jobs: a kernel's argument, `job[MF_TABLES]`) from n tables, and its grid, a row
+// of blocks per table for at most max(n_max x dim) elements; false where there are none.
+template <class Jobs, class Job> static bool table_jobs(const Job *tables, int n, Jobs *jobs, dim3 *grid) {
     if (n < 1 || n > MF_TABLES)
         fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: %d tables in one launch (1 to %d)", n, (int)MF_TABLES);
+    *jobs = Jobs{};
     size_t most = 0;
     for (int t = 0; t < n; t++) {
-        if (jobs[t].n_max < 0 || jobs[t].dim < 1)  // (the kernels' counted() would take a negative bound as huge)
-            fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: table %d of %d rows of %d", t, jobs[t].n_max, jobs[t].dim);
-        size_t elements = (size_t)jobs[t].n_max * jobs[t].dim;
+        if (tables[t].n_max < 0 || tables[t].dim < 1)  // (the kernels' counted() would take a negative bound as huge)
+            fatal_at(__FILE__, __LINE__, 1, "step 15's kernels: table %d of %d rows of %d", t, tables[t].n_max,
+                     tables[t].dim);
+        size_t elements = (size_t)tables[t].n_max * tables[t].dim;
         most = elements > most ? elements : most;
+        jobs->job[t] = tables[t];
     }
     *grid = dim3(blocks_for(most), (unsigned)n);
     return most > 0;
@@ -1051,8 +1055,8 @@ static bool sort_is_small(const SortGroups *sort) {
     return sort->n <= SORT_SMALL_MAX && sort->key_bits + bits_below(sort->n) <= 31;
 }
 
-void gpu_sort_groups_each(const SortGroups *sorts, int n_sorts, cudaStream_t stream) {
-    if (n_sorts < 1 || n_sorts > 2) fatal_at(__FILE__, __LINE__, 1, "gpu_sort_groups_each: %d sorts (1 or 2)", n_sorts);
+void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream) {
+    if (n_sorts < 1 || n_sorts > 2) fatal_at(__FILE__, __LINE__, 1, "gpu_sort_groups: %d sorts (1 or 2)", n_sorts);
     SmallSorts small = {};
     int n_small = 0;
     for (int i = 0; i < n_sorts; i++) {
@@ -1079,18 +1083,10 @@ void gpu_sort_groups_each(const SortGroups *sorts, int n_sorts, cudaStream_t str
     CHECK_LAUNCH("sort_groups_small_kernel");
 }
 
-void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
-                     int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream) {
-    SortGroups sort = {keys, n, n_valid, key_bits, block, block_stride, scratch, order, n_groups, group_key, group_start,
-                       group_of};
-    gpu_sort_groups_each(&sort, 1, stream);
-}
-
 void gpu_copy_rows_tables(const RowsCopy *copies, int n, cudaStream_t stream) {
-    RowsCopies jobs = {};
+    RowsCopies jobs;
     dim3 grid;
-    if (!table_grid(copies, n, &grid)) return;
-    for (int t = 0; t < n; t++) jobs.job[t] = copies[t];
+    if (!table_jobs(copies, n, &jobs, &grid)) return;
     copy_rows_kernel<<<grid, THREADS, 0, stream>>>(jobs);
     CHECK_LAUNCH("copy_rows_kernel");
 }
@@ -1157,10 +1153,9 @@ void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_
 
 void gpu_embedding_backward(const float *forward, float scale, float decay, const EmbeddingGrad *tables, int n,
                             cudaStream_t stream) {
-    EmbeddingGrads jobs = {};
+    EmbeddingGrads jobs;
     dim3 grid;
-    if (!table_grid(tables, n, &grid)) return;
-    for (int t = 0; t < n; t++) jobs.job[t] = tables[t];
+    if (!table_jobs(tables, n, &jobs, &grid)) return;
     embedding_backward_kernel<<<grid, THREADS, 0, stream>>>(forward, scale, decay, jobs);
     CHECK_LAUNCH("embedding_backward_kernel");
 }
@@ -1173,10 +1168,9 @@ void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, 
 
 void gpu_sparse_adam(const SparseAdamRows *tables, int n, const MfStepInputs *inputs, float one_minus_beta1,
                      float one_minus_beta2, float eps, cudaStream_t stream) {
-    SparseAdamTables jobs = {};
+    SparseAdamTables jobs;
     dim3 grid;
-    if (!table_grid(tables, n, &grid)) return;
-    for (int t = 0; t < n; t++) jobs.job[t] = tables[t];
+    if (!table_jobs(tables, n, &jobs, &grid)) return;
     sparse_adam_kernel<<<grid, THREADS, 0, stream>>>(jobs, inputs, one_minus_beta1, one_minus_beta2, eps);
     CHECK_LAUNCH("sparse_adam_kernel");
 }

@@ -131,10 +131,8 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // entry p, written as (p / block) * block_stride + p % block (block = block_stride: p itself),
 // for entries gathered in blocks of a larger stride; group_of[p]: the group of valid entry p.
 // scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
-void gpu_sort_groups(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride, int *scratch,
-                     int *order, int *n_groups, int *group_key, int *group_start, int *group_of, cudaStream_t stream);
-// The same for one or two sorts at once (the batch's users and its movies): those of a batch's size
-// in one launch, a block each.
+// gpu_sort_groups does one or two such sorts (the batch's users and its movies): those of a batch's
+// size in one launch, a block each.
 typedef struct {
     const int *keys;
     int n;
@@ -142,7 +140,7 @@ typedef struct {
     int key_bits, block, block_stride;
     int *scratch, *order, *n_groups, *group_key, *group_start, *group_of;
 } SortGroups;
-void gpu_sort_groups_each(const SortGroups *sorts, int n_sorts, cudaStream_t stream);
+void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream);
 // Step 15's four tables (the user and movie embeddings, their biases): the kernels below that take
 // an array of jobs, one per table, do up to MF_TABLES tables' work in one launch.
 enum { MF_TABLES = 4 };

@@ -663,18 +663,17 @@ static int sort_case_check(const char *what, SortCase *c) {
 
 static int sort_case(const char *what, const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
     SortCase c = sort_case_new(keys, n, n_valid, key_limit, block, stride);
-    gpu_sort_groups(c.sort.keys, n, c.sort.n_valid, c.sort.key_bits, block, stride, c.sort.scratch, c.sort.order,
-                    c.sort.n_groups, c.sort.group_key, c.sort.group_start, c.sort.group_of, device_stream());
+    gpu_sort_groups(&c.sort, 1, device_stream());
     return sort_case_check(what, &c);
 }
 
-// Two sorts in one call (step 15's users and movies: gpu_sort_groups_each), each against its stable sort.
+// Two sorts in one call (step 15's users and movies: gpu_sort_groups), each against its stable sort.
 static void sort_pair_case(const char *what, const int *keys_a, int n_a, int limit_a, const int *keys_b, int n_b,
                            int n_valid_b, int limit_b) {
     SortCase c[2] = {sort_case_new(keys_a, n_a, n_a, limit_a, n_a, n_a),
                      sort_case_new(keys_b, n_b, n_valid_b, limit_b, n_b, n_b)};
     SortGroups sorts[2] = {c[0].sort, c[1].sort};
-    gpu_sort_groups_each(sorts, 2, device_stream());
+    gpu_sort_groups(sorts, 2, device_stream());
     char first[128], second[128];
     snprintf(first, sizeof first, "%s, the first of two", what);
     snprintf(second, sizeof second, "%s, the second of two", what);
@@ -743,7 +742,7 @@ static void test_sort_groups(void) {
     for (int p = 0; p < 1000; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 32768) % 32768 << 16 | p;
     keys[500] = 0x7fffffff, keys[501] = 0, keys[502] = keys[3];
     sort_case("1000 keys of 31 bits", keys, 1000, 1000, 0x7fffffff, 1000, 1000);
-    // Two sorts at once (gpu_sort_groups_each): a batch's users and movies, skewed, in one launch of
+    // Two sorts at once (gpu_sort_groups): a batch's users and movies, skewed, in one launch of
     // the shared-memory kernel, the second counted to a short last batch; one of them past it (5000
     // entries, or keys of 20 bits at 4096: the radix sort) and the other in it; none and some.
     int *other = xmalloc(N * sizeof(int));
