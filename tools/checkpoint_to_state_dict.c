@@ -1,4 +1,4 @@
-// checkpoint_to_state_dict DIR OUT.h5: a sharded checkpoint (steps 16, 17 and 18's --checkpoint DIR)
+// checkpoint_to_state_dict DIR OUT.h5: a sharded checkpoint (steps 13 and 16-20's --checkpoint DIR)
 // made one state_dict file, as torch.distributed.checkpoint's dcp_to_torch_save makes one torch.save
 // file: every weight tensor whole, under its state_dict name, float32, at the file's root, the layout
 // of --save (common/records/h5.h), so that --init and the PyTorch twins load it:
@@ -23,10 +23,10 @@
 #include "base/paths.h"                  // replace_temp_name, replace_commit: OUT.h5 replaced atomically
 #include "records/sharded_checkpoint.h"  // checkpoint_reader_*: a checkpoint's tensors, read box by box
 
-// One line, and exit 1 (no partial OUT.h5: the temporary file goes first).
+// One line, as the programs' (error: ...), and exit 1 (no partial OUT.h5: the temporary file goes first).
 static void die(const char *temp, const char *fmt, const char *a, const char *b) {
     if (temp && temp[0]) replace_abort(NULL, temp);
-    fprintf(stderr, "checkpoint_to_state_dict: ");
+    fprintf(stderr, "error: ");
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     exit(1);
@@ -34,7 +34,7 @@ static void die(const char *temp, const char *fmt, const char *a, const char *b)
 
 int main(int argc, char **argv) {
     if (argc != 3 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s DIR OUT.h5\n  DIR: a sharded checkpoint folder (--checkpoint DIR of steps 16-18) or "
+        fprintf(stderr, "usage: %s DIR OUT.h5\n  DIR: a sharded checkpoint folder (--checkpoint DIR of steps 13 and 16-20) or "
                         "one of its step-NNNNNN folders;\n  OUT.h5: the whole state_dict, which --init and the PyTorch "
                         "twins load\n", argv[0]);
         return 2;

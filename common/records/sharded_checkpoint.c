@@ -22,6 +22,7 @@
 
 #include "base/args.h"
 #include "base/check.h"
+#include "base/quote.h"
 #include "base/paths.h"
 #include "base/timer.h"
 #include "records/h5_file.h"
@@ -197,8 +198,27 @@ static int dataset_dims(hid_t file, const char *name, hsize_t dims[H5S_MAX_RANK]
     return ndim;
 }
 
+// Why a dataset's values would not be the ones a save wrote, or NULL: a type of another class or
+// size than `memory_type`, which the save wrote (HDF5 would convert an integer or a float64 on the
+// way in, and read nothing from strings); storage never written whole (HDF5 would read its fill
+// value); a virtual dataset (its sources elsewhere: a save writes none).
+static const char *stored_problem(hid_t dataset, hid_t memory_type) {
+    hid_t stored = H5Dget_type(dataset), create = H5Dget_create_plist(dataset);
+    bool same_type = stored >= 0 && H5Tget_class(stored) == H5Tget_class(memory_type) &&
+                     H5Tget_size(stored) == H5Tget_size(memory_type);
+    bool is_virtual = create < 0 || H5Pget_layout(create) == H5D_VIRTUAL;
+    if (stored >= 0) H5Tclose(stored);
+    if (create >= 0) H5Pclose(create);
+    H5D_space_status_t written = H5D_SPACE_STATUS_ERROR;
+    if (!same_type) return "is of another type than a checkpoint's";
+    if (is_virtual) return "is virtual, not written";
+    if (H5Dget_space_status(dataset, &written) < 0 || written != H5D_SPACE_STATUS_ALLOCATED)
+        return "was never written whole (HDF5 would read its fill value)";
+    return NULL;
+}
+
 // A dataset read whole, after its shape is checked against `ndim`/`dims` (dims NULL with ndim 1:
-// any length up to *length, which is then set).
+// any length up to *length, which is then set) and its type and storage (stored_problem).
 static bool read_dataset(hid_t file, const char *path, const char *name, hid_t memory_type, int ndim,
                          const hsize_t *dims, long *length, void *data, char *err) {
     hsize_t stored[H5S_MAX_RANK] = {0};
@@ -215,9 +235,11 @@ static bool read_dataset(hid_t file, const char *path, const char *name, hid_t m
         return false;
     }
     hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
-    bool ok = H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    const char *problem = stored_problem(dataset, memory_type);
+    bool ok = !problem && H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
     H5Dclose(dataset);
-    if (!ok) fail(err, "%s: cannot read '%s' (a corrupt file?)", path, name);
+    if (problem) fail(err, "%s: '%s' %s: a damaged index", path, name, problem);
+    else if (!ok) fail(err, "%s: cannot read '%s' (a corrupt file?)", path, name);
     return ok;
 }
 
@@ -240,16 +262,26 @@ static bool remove_folder(const char *path) {
     return rmdir(path) == 0 && ok;
 }
 
-// DIR/current's checkpoint name ("step-000010"); false when there is none.
+// "step-" and its number's digits (at least 6, at most 18), and nothing else: a folder's name that
+// `current` may give.
+static bool is_step_name(const char *name) {
+    size_t digits = strspn(name + 5, "0123456789");
+    return strncmp(name, "step-", 5) == 0 && digits >= 6 && digits <= 18 && name[5 + digits] == '\0';
+}
+
+// DIR/current's first line, the current checkpoint's name ("step-000010"); false when there is no
+// such file. An empty or unreadable one gives "", which no step folder is called: a damaged
+// `current` is refused, never taken for a folder without a checkpoint (whose next saves would
+// then push the real ones out).
 static bool read_current(const char *dir, char *name, size_t size) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/current", dir);
     FILE *file = fopen(path, "r");
     if (!file) return false;
-    bool ok = fgets(name, (int)size, file) != NULL;
+    if (!fgets(name, (int)size, file)) name[0] = '\0';
     fclose(file);
-    if (ok) name[strcspn(name, "\n")] = '\0';
-    return ok && name[0];
+    name[strcspn(name, "\n")] = '\0';
+    return true;
 }
 
 // DIR/current replaced by rename, through current.tmp, synced: it names `name` or the one before.
@@ -884,12 +916,14 @@ static double read_piece(Loading *l, const IndexTensor *t, const CheckpointPiece
         snprintf(name, sizeof name, "%s/%lld", t->name, row[1]);
         hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT), file_space = H5Dget_space(dataset);
         hid_t memory_space = H5Screate_simple(p->ndim, memory_dims, NULL);
-        bool ok = H5Sselect_hyperslab(file_space, H5S_SELECT_SET, in_file, NULL, size, NULL) >= 0 &&
+        const char *problem = dataset < 0 ? NULL : stored_problem(dataset, H5T_NATIVE_FLOAT);
+        bool ok = !problem && H5Sselect_hyperslab(file_space, H5S_SELECT_SET, in_file, NULL, size, NULL) >= 0 &&
                   H5Sselect_hyperslab(memory_space, H5S_SELECT_SET, in_memory, NULL, size, NULL) >= 0 &&
                   H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space, file_space, H5P_DEFAULT, host) >= 0;
         H5Sclose(memory_space), H5Sclose(file_space), H5Dclose(dataset);
         shard_path(l, (int)row[0], path, sizeof path);
-        if (!ok) fail(err, "%s: cannot read '%s' (truncated or corrupt)", path, name);
+        if (problem) fail(err, "%s: '%s' %s: a damaged shard", path, name, problem);
+        else if (!ok) fail(err, "%s: cannot read '%s' (truncated or corrupt)", path, name);
         long long overlap_volume = 1;
         for (int d = 0; d < p->ndim; d++) overlap_volume *= (long long)size[d];
         got += overlap_volume;
@@ -990,6 +1024,10 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     if (!err[0]) read_dataset(file, path, "state/losses/epoch", H5T_NATIVE_INT, 1, NULL, &n_epochs, epochs, err);
     if (!err[0]) read_dataset(file, path, "state/losses/loss", H5T_NATIVE_FLOAT, 1, NULL, &n_losses, losses, err);
     H5Fclose(file);
+    for (long i = 0; !err[0] && i < steps && i < n_losses && i < n_epochs; i++)
+        if (!isfinite(losses[i]) || epochs[i] < 0)
+            fail(err, "%s: inconsistent: the loss log's step %ld: epoch %d, loss %g (a loss logged is finite)", path,
+                 i + 1, epochs[i], losses[i]);
     if (!err[0] && (n_epochs != steps || n_losses != steps || next < 0 || next > 624 || scalars[2] < 0 ||
                     scalars[1] < 0 || scalars[2] >= scalars[5]))
         fail(err, "%s: inconsistent: step %lld, %ld losses logged, epoch %lld with %lld samples done", path, scalars[0],
@@ -1047,10 +1085,10 @@ bool sharded_checkpoint_load(const char *dir, const CheckpointPiece *pieces, int
     memcpy(first, name, sizeof first);
     CHECK_MPI(MPI_Bcast(first, sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD));
     if (!here || strcmp(first, name) != 0)
-        fail(err, "%s/current: %d of %d ranks see it, and rank 0 reads '%s', this rank '%s': every rank must see the "
-             "same folder (a shared file system)", dir, seen_by, world, first, name);
-    else if (strncmp(name, "step-", 5) != 0 || strchr(name, '/'))
-        fail(err, "%s/current names '%s', expected a step-NNNNNN folder", dir, name);
+        fail(err, "%s/current: %d of %d ranks see it, and rank 0 reads %s, this rank %s: every rank must see the "
+             "same folder (a shared file system)", dir, seen_by, world, QUOTE(first), QUOTE(name));
+    else if (!is_step_name(name))
+        fail(err, "%s/current names %s, expected a step-NNNNNN folder", dir, QUOTE(name));
     check_all_ranks(!err[0], err);
 
     Loading l = {.dir = dir};
@@ -1216,8 +1254,9 @@ CheckpointReader *checkpoint_reader_open(const char *dir, char err[CHECKPOINT_ER
     struct stat info;
     if (stat(index, &info) == 0) {  // a step-NNNNNN folder itself
         snprintf(r->l.folder, sizeof r->l.folder, "%s", dir);
-    } else if (read_current(dir, name, sizeof name) && strncmp(name, "step-", 5) == 0 && !strchr(name, '/')) {
-        snprintf(r->l.folder, sizeof r->l.folder, "%s/%s", dir, name);
+    } else if (read_current(dir, name, sizeof name)) {
+        if (is_step_name(name)) snprintf(r->l.folder, sizeof r->l.folder, "%s/%s", dir, name);
+        else fail(err, "%s/current names %s, expected a step-NNNNNN folder", dir, QUOTE(name));
     } else {
         fail(err, "%s: no checkpoint (expected a checkpoint folder with a current file, or a step-NNNNNN folder with "
              "its index.h5)", dir);
