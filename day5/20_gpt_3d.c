@@ -67,7 +67,7 @@
 
 #include "base/args.h"              // args_parse: the flags and --help
 #include "base/check.h"             // xmalloc, usage_error
-#include "base/quote.h"             // QUOTE, PATH_SHOWN: a flag's value in a message
+#include "base/quote.h"             // QUOTE, PATH_SHOWN: a flag's value in a message; escape_lines: the sample
 #include "base/timer.h"             // wall_seconds
 #include "comm/collectives.h"       // group_all_reduce, group_exchange: the tied embedding, stage to stage
 #include "comm/group.h"             // group_split, group_gather_figures: the grid's groups, the per-rank table
@@ -332,9 +332,11 @@ static void sample_text(Gpt *model, const CharText *text, const int *prompt, int
         context[n] = next;
         out[n] = (char)text->chars[next];
     }
-    out[capacity] = '\0';
-    print0("%s\n", out);
-    free(context), free(probs), free(logits), free(sorted), free(out);
+    // The text's characters as they are, a control byte or a byte of no UTF-8 escaped (\x1b): the
+    // training text may hold any byte, and a terminal would obey some.
+    char *shown = xmalloc(4 * (size_t)capacity + 1);
+    print0("%s\n", escape_lines(shown, out, (size_t)capacity));
+    free(context), free(probs), free(logits), free(sorted), free(out), free(shown);
 }
 
 // The whole model again, on the model group's rank 0 (a replica's stage 0, tensor-parallel rank 0):

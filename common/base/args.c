@@ -88,6 +88,16 @@ static long upper_bound(const char *name) {
     return 2147483647L;
 }
 
+// A path flag's value must be text (quote.h's first_non_text: no control byte, valid UTF-8, nothing
+// that acts on the terminal): the programs print their paths in lines of output ("Loss curve: ...",
+// "Checkpoint of step 10 saved in ..."), which such a byte would split or drive the terminal with.
+static void require_text_path(const ArgSpec *f, const char *text) {
+    size_t length = strlen(text), at = first_non_text(text, length);
+    if (at < length)
+        usage_error("--%s expects a path of text, got %s (byte %zu: a control byte, or not UTF-8)", f->name,
+                    QUOTE(text), at);
+}
+
 static void set_value(const ArgSpec *f, const char *text) {
     char *end = NULL;
     errno = 0;
@@ -115,9 +125,11 @@ static void set_value(const ArgSpec *f, const char *text) {
     case ARG_PATH:
     case ARG_OUTPUT:
         if (*text == '\0') usage_error("--%s expects a %s, got ''", f->name, f->metavar);
+        require_text_path(f, text);
         *(const char **)f->value = text;
         break;
     case ARG_OUTPUT_OR_NONE:
+        require_text_path(f, text);
         *(const char **)f->value = text;
         break;
     case ARG_SWITCH:

@@ -97,6 +97,21 @@ const char *quote_text(char *out, size_t out_size, const char *text, size_t len)
     return out;
 }
 
+char *escape_lines(char *out, const char *text, size_t len) {
+    const unsigned char *t = (const unsigned char *)text;
+    size_t written = 0;
+    for (size_t at = 0; at < len;) {
+        char piece[16];
+        size_t n, used = show(t + at, len - at, piece, &n);
+        if (t[at] == '\n' || t[at] == '\t' || t[at] == '\\') piece[0] = (char)t[at], n = 1;  // shown as they are
+        memcpy(out + written, piece, n);  // (at most 4 bytes per byte of the text: \xNN)
+        written += n;
+        at += used;
+    }
+    out[written] = '\0';
+    return out;
+}
+
 const char *quote_unless_text(char *out, size_t out_size, const char *text) {
     size_t len = strlen(text);
     return first_non_text(text, len) == len ? text : quote_text(out, out_size, text, len);

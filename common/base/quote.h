@@ -47,6 +47,12 @@ size_t first_non_text(const char *text, size_t len);
 // newline or an escape sequence.
 const char *quote_unless_text(char *out, size_t out_size, const char *text);
 
+// Text of many lines shown whole and safe (a generated sample, whose characters came from a file):
+// newlines and tabs as they are, and every other character that quote_text escapes (control
+// bytes, bytes that are not UTF-8, characters that act on the terminal) escaped as it does;
+// backslashes as they are. Writes into out, which must hold 4 len + 1 bytes, and returns it.
+char *escape_lines(char *out, const char *text, size_t len);
+
 // A NUL-terminated string, quoted into a buffer that lives until the end of the
 // enclosing block (a compound literal): use it in a message's arguments.
 #define QUOTE(text) quote_text((char[QUOTE_SIZE]){0}, QUOTE_SIZE, (text), strlen(text))

@@ -11,7 +11,9 @@
 // - whatever the input (every byte value, long runs of escapes), the result is
 //   one line of printable ASCII or valid UTF-8, within QUOTE_SIZE;
 // - first_non_text finds where a CSV row stops being text; quote_unless_text
-//   shows a path bare when it is text, and quotes it when not.
+//   shows a path bare when it is text, and quotes it when not;
+// - escape_lines shows a text of many lines whole: its newlines, tabs and
+//   backslashes as they are, the rest escaped as in a quotation.
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -117,5 +119,20 @@ int main(void) {
     EXPECT(quote_unless_text(buffer, sizeof buffer, long_path) == long_path, "a 299-byte path of text is shown bare, whole");
     EXPECT(strcmp(quote_unless_text(buffer, sizeof buffer, "data/\x1b[2J"), "'data/\\x1b[2J'") == 0,
            "a path holding ESC is quoted: %s", buffer);
+
+    // escape_lines: a sample of many lines, whole, its newlines, tabs and backslashes as they are.
+    static const char sample[] = "ROMEO:\n\tAm\xc3\xa9lie \\ \x1b[2J\x00\xff\xc2\x9b\r!";
+    char lines[4 * sizeof sample + 1];
+    escape_lines(lines, sample, sizeof sample - 1);
+    EXPECT(strcmp(lines, "ROMEO:\n\tAm\xc3\xa9lie \\ \\x1b[2J\\x00\\xff\\xc2\\x9b\\r!") == 0,
+           "escape_lines keeps lines, tabs, UTF-8 and backslashes, escapes ESC, NUL, a stray byte, C1 and CR: %s", QUOTE(lines));
+    char every[256], every_shown[4 * 256 + 1];
+    for (int b = 0; b < 256; b++) every[b] = (char)b;
+    escape_lines(every_shown, every, sizeof every);
+    bool lines_safe = true;
+    for (const unsigned char *p = (const unsigned char *)every_shown; *p; p++)
+        lines_safe = lines_safe && (*p >= 0x20 || *p == '\n' || *p == '\t') && *p != 0x7F && *p < 0x80;
+    EXPECT(lines_safe && strlen(every_shown) <= 4 * 256, "escape_lines of every byte value: ASCII, no control byte but "
+           "newline and tab, within 4 bytes a byte (%zu)", strlen(every_shown));
     return test_summary();
 }
