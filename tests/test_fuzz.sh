@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fuzzing target (tests/fuzz/fuzz.py, issue 36): every kind of input the programs read (MovieLens
-# CSVs, --init files, MNIST IDX files, step 13's snapshots, flag values), mutated from a seed, run, and
+# CSVs, --init files, MNIST IDX files, step 13's snapshots, steps 19-20's text, the sharded checkpoints,
+# flag values), mutated from a seed, run, and
 # each run classified as refused (one clean line), trained (finite results), crashed or hung.
 # - At every level: the classifier itself, on stand-in programs that refuse, train, segfault, print two
 #   lines or a control byte, print nan, leave a temporary file, fail an allocation, hang, or leave a

@@ -57,18 +57,24 @@ refused "--lr ending in a carriage return" 2 "^error: --lr expects a number > 0,
 refused "an argument that is not UTF-8" 2 "^error: unexpected argument '\\\\xff\\\\xfeabc'" day1/2_mnist_training $'\xff\xfeabc'
 refused "--epochs of 5000 digits: 60 of them shown, then the length" 2 "^error: --epochs expects an integer from 1 to 2147483647, got '9{60}\.\.\.' \(5000 bytes\)" \
     day1/2_mnist_training --epochs "$(printf '9%.0s' $(seq 5000))"
-refused "--init naming a file that is not there, its name holding a newline and ESC [2J" 1 \
-    "\] '/nowhere/w\\\\n\\\\x1b\[2J\.h5': cannot open: No such file or directory$" day1/2_mnist_training --init $'/nowhere/w\n\x1b[2J.h5'
-refused "--save into a folder that cannot be made, its name holding ESC (2 ranks)" 1 "--save '/proc/no\\\\x1bdir/w\.h5': " \
+# A path flag's value must be text: the programs print their paths in lines of output.
+refused "--init naming a file whose name holds a newline and ESC [2J" 2 \
+    "^error: --init expects a path of text, got '/nowhere/w\\\\n\\\\x1b\[2J\.h5' \(byte 10: a control byte, or not UTF-8\) \(see --help\)$" \
+    day1/2_mnist_training --init $'/nowhere/w\n\x1b[2J.h5'
+refused "--save into a folder whose name holds ESC (2 ranks)" 2 "^error: --save expects a path of text, got '/proc/no\\\\x1bdir/w\.h5'" \
     mpi 2 day1/2_mnist_training --save $'/proc/no\x1bdir/w.h5'
+refused "--plot naming a file in Latin-1 (not UTF-8)" 2 "^error: --plot expects a path of text, got 'caf\\\\xe9\.png' \(byte 3" \
+    day1/2_mnist_training --plot $'caf\xe9.png'
+refused "--plot naming a file that clears the screen, the run's last line would print it" 2 \
+    "^error: --plot expects a path of text, got '\\\\x1b\[2J\.png'" day5/19_gpt --plot $'\x1b[2J.png'
 
 # ---------------------------------------------------------------- MovieLens CSVs (step 15)
 if [ ! -f "$MOVIELENS/ratings.csv" ] || [ ! -f "$MOVIELENS/movies.csv" ]; then
     skip "MovieLens CSVs: no MovieLens in $MOVIELENS (make movielens)"
 else
     ratings=$MOVIELENS/ratings.csv movies=$MOVIELENS/movies.csv
-    refused "--data naming a folder that is not there, its name holding ESC [2J" 1 \
-        "\] '/nowhere/\\\\x1b\[2J/ratings\.csv': No such file or directory" day3/15_recommender_ddp --data $'/nowhere/\x1b[2J'
+    refused "--data naming a folder whose name holds ESC [2J" 2 \
+        "^error: --data expects a path of text, got '/nowhere/\\\\x1b\[2J'" day3/15_recommender_ddp --data $'/nowhere/\x1b[2J'
     step15=(day3/15_recommender_ddp --epochs 1 --max_steps 2 --plot '')
     # with_row DIR LINE ROW [MOVIES]: DIR/ratings.csv with ROW inserted as line LINE; movies.csv as MOVIES.
     with_row() {
@@ -203,4 +209,39 @@ PY
         expect "step 18 --zero 3 on 2 ranks, --init $file.h5 (whole and finite): exit $status (0)$([ $status = 0 ] || echo ": $(grep -m1 '^\[rank' "$tmp/out")")" \
             test $status -eq 0
     done
+fi
+
+# ---------------------------------------------------------------- a damaged sharded checkpoint (step 19's)
+# A resume refuses it in one line: a `current` file that is empty (not taken for a folder without a
+# checkpoint, whose saves would then push the real ones out) or names no step folder (quoted); a
+# loss log holding NaN; a shard's tensor of another type than the float32 a save writes.
+if [ ! -f data/shakespeare/input.txt ]; then
+    skip "damaged checkpoints: no data/shakespeare/input.txt (make shakespeare)"
+else
+    gpt=(day5/19_gpt --n_layer 1 --n_head 1 --n_embd 8 --block_size 8 --batch_size 2 --eval_iters 1 --sample 0 --plot '')
+    run "${gpt[@]}" --max_iters 1 --eval_interval 1 --checkpoint "$tmp/ck" > "$tmp/out" 2>&1 ||
+        fail "step 19 could not save the checkpoint to damage: $(tail -1 "$tmp/out")"
+    damaged() { rm -rf "$tmp/ck_$1" && cp -r "$tmp/ck" "$tmp/ck_$1"; }
+    damaged empty && : > "$tmp/ck_empty/current"
+    refused "step 19 resuming a checkpoint whose current file is empty" 1 "ck_empty/current names '', expected a step-NNNNNN folder$" \
+        "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_empty"
+    damaged esc && printf 'step-\033[2J\n' > "$tmp/ck_esc/current"
+    refused "step 19 resuming a checkpoint whose current file names 'step-ESC[2J'" 1 \
+        "ck_esc/current names 'step-\\\\x1b\[2J', expected a step-NNNNNN folder$" "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_esc"
+    if have_h5py; then
+        damaged nan && "$PYTHON" -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); f['state/losses/loss'][0] = float('nan')" \
+            "$tmp/ck_nan/step-000001/index.h5"
+        refused "step 19 resuming a checkpoint whose loss log holds NaN" 1 \
+            "index\.h5: inconsistent: the loss log's step 1: epoch 0, loss nan \(a loss logged is finite\)$" \
+            "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_nan"
+        damaged f64 && "$PYTHON" -c "
+import h5py, numpy, sys
+f = h5py.File(sys.argv[1], 'r+'); data = f['transformer.wte.weight/0'][()]
+del f['transformer.wte.weight/0']; f['transformer.wte.weight/0'] = data.astype(numpy.float64)" "$tmp/ck_f64/step-000001/shard-00000.h5"
+        refused "step 19 resuming a checkpoint whose shard holds a tensor as float64" 1 \
+            "shard-00000\.h5: 'transformer\.wte\.weight/0' is of another type than a checkpoint's: a damaged shard$" \
+            "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_f64"
+    else
+        skip "damaged checkpoints' contents: $PYTHON has no h5py (./setup.sh --with-reference)"
+    fi
 fi

@@ -4,13 +4,19 @@
 Input kinds (--kinds, all by default):
   csv       MovieLens ratings.csv / movies.csv for step 15 on 1-3 ranks: byte flips, truncation, NUL and
             control bytes, overlong lines, huge or non-finite numbers, empty and header-only files, ...
-  init      --init HDF5 files for steps 2, 6, 15, 16, 17 and 18, and step 11's --h5 MNIST file: NaN, inf,
-            3e38, float64, other types, wrong shapes, missing, unwritten and virtual datasets, soft links
+  init      --init HDF5 files for steps 2, 6, 15, 16, 17, 18, 19 and 20, and step 11's --h5 MNIST file: NaN,
+            inf, 3e38, float64, other types, wrong shapes, missing, unwritten and virtual datasets, soft links
             to nowhere, truncated and byte-flipped files
   idx       MNIST IDX files (plain or gzip) for the MNIST steps and create_mnist_h5: truncation, wrong
             magic, huge counts and dimensions, labels past 9, corrupt gzip, trailing bytes
   snapshot  step 13's snapshots: every dataset and attribute of a real snapshot mutated as above
-  flags     flag values for steps 2-18: numbers at and past their limits, empty, huge, control bytes and
+  text      steps 19 and 20's text (Tiny Shakespeare's input.txt): empty, cut near the least a window needs,
+            NUL and control bytes, every byte value, one character only, a folder or nothing in its place;
+            with an --init of another vocabulary, or a --prompt of characters the text lacks
+  checkpoint  the sharded checkpoints of steps 13, 18, 19 and 20 (index.h5, a rank's shard file, `current`),
+            mutated as the HDF5 files above, resumed on 1-3 ranks under another layout, or converted by
+            tools/checkpoint_to_state_dict
+  flags     flag values for steps 2-20: numbers at and past their limits, empty, huge, control bytes and
             newlines, unknown and repeated flags, paths that cannot be read or written
 Each run is one of:
   refused   a non-zero exit whose output holds exactly one line of ours ("error: ..." or
@@ -53,9 +59,14 @@ MNIST_STEPS = ["day1/2_mnist_training", "day1/3_mnist_distributed", "day1/4_mnis
                "day1/5_mnist_manual_ddp_profile", "day1/6_mnist_ddp", "day1/7_mnist_ddp_timing",
                "day1/8_mnist_ddp_lr", "day2/10_mnist_ddp_multinode", "day3/13_fault_tolerant_ddp",
                "day3/14_cnn_ddp", "day4/16_pipeline_ddp", "day4/17_tensor_parallel", "day4/18_zero_sharding"]
+GPT_STEPS = ["day5/19_gpt", "day5/20_gpt_3d"]
 FLAG_STEPS = MNIST_STEPS[:7] + ["day2/9_dist_multinode"] + MNIST_STEPS[7:8] + [
     "day2/11_multinode_streaming", "day2/create_mnist_h5", "day3/12_collectives"] + MNIST_STEPS[8:11] + [
-    "day3/15_recommender_ddp"] + MNIST_STEPS[11:]
+    "day3/15_recommender_ddp"] + MNIST_STEPS[11:] + GPT_STEPS
+KINDS = ["csv", "init", "idx", "snapshot", "text", "checkpoint", "flags"]
+# A GPT of 2 layers, 16 wide, 2 iterations of 4 windows of 16 characters, evaluated once, no sample.
+GPT_SHORT = {"--n_layer": "2", "--n_head": "2", "--n_embd": "16", "--block_size": "16", "--batch_size": "4",
+             "--max_iters": "2", "--eval_interval": "2", "--eval_iters": "1", "--sample": "0", "--plot": ""}
 
 # What keeps a run short (a few seconds on 2 busy cores); a fuzzed flag replaces its entry. Outputs that
 # a program writes by default land in the run's own folder (the working directory).
@@ -70,6 +81,8 @@ SHORT = {
     "day3/15_recommender_ddp": {"--epochs": "1", "--max_steps": "3", "--plot": ""},
     "day4/17_tensor_parallel": {"--max_steps": "2", "--plot": ""},
     "day4/18_zero_sharding": {"--max_steps": "2", "--plot": ""},
+    "day5/19_gpt": GPT_SHORT,
+    "day5/20_gpt_3d": GPT_SHORT,
 }
 
 
@@ -415,9 +428,33 @@ class Fuzzer:
             self.ratings = f.read()
         with open(os.path.join(self.movielens, "movies.csv"), "rb") as f:
             self.movies = f.read()
+        # Tiny Shakespeare for steps 19 and 20 (make shakespeare): without it their cases are left out.
+        self.text_dir = os.path.join(ROOT, "data/shakespeare")
+        self.have_text = os.path.isfile(os.path.join(self.text_dir, "input.txt"))
+        if self.have_text:
+            with open(os.path.join(self.text_dir, "input.txt"), "rb") as f:
+                self.text = f.read()
         self.h5_files = {}
-        if "init" in self.opts.kinds or "snapshot" in self.opts.kinds:
+        self.checkpoints = {}
+        if "init" in self.opts.kinds or "snapshot" in self.opts.kinds or "text" in self.opts.kinds:
             self.make_h5_bases()
+        if "checkpoint" in self.opts.kinds:
+            self.make_checkpoint_bases()
+
+    def base_run(self, program, np_, args, what):
+        """Runs a program in a scratch folder of the base (data/ linked in) to make a valid input to mutate."""
+        work = os.path.join(self.base, "work")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(os.path.join(work, "data"))
+        os.symlink(self.mnist, os.path.join(work, "data", "mnist"))
+        if self.have_text:
+            os.symlink(self.text_dir, os.path.join(work, "data", "shakespeare"))
+        done = subprocess.run(self.command(program, np_, args), cwd=work, env=self.env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=300)
+        if done.returncode != 0:
+            raise SystemExit("error: making the base %s: %s exited %d: %s" % (
+                what, program, done.returncode, printable(done.stdout.decode(errors="replace"))))
+        shutil.rmtree(work)
 
     def make_h5_bases(self):
         """Each program's own --save (and step 13's snapshot, step 11's MNIST file): valid files to mutate."""
@@ -431,25 +468,42 @@ class Fuzzer:
             "day3/13_fault_tolerant_ddp": ["--total_epochs", "1", "--plot", "", "--snapshot", "{out}"],
             "day2/create_mnist_h5": ["--out", "{out}"],
         }
+        if self.have_text:
+            made["day5/19_gpt"] = self.argv(GPT_SHORT) + ["--save", "{out}"]
         os.makedirs(os.path.join(self.base, "movielens"), exist_ok=True)
         for name in ("ratings.csv", "movies.csv"):
             shutil.copyfile(os.path.join(self.movielens, name), os.path.join(self.base, "movielens", name))
         for program, args in made.items():
             out = os.path.join(self.base, program.split("/")[1] + ".h5")
             if not os.path.exists(out):
-                work = os.path.join(self.base, "work")
-                shutil.rmtree(work, ignore_errors=True)
-                os.makedirs(os.path.join(work, "data"))
-                os.symlink(self.mnist, os.path.join(work, "data", "mnist"))
-                argv = [os.path.join(self.tree, program)] + [a.replace("{out}", out + ".part") for a in args]
-                done = subprocess.run(argv, cwd=work, env=self.env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, timeout=300)
-                if done.returncode != 0:
-                    raise SystemExit("error: making the base file %s: %s exited %d: %s" % (
-                        out, program, done.returncode, printable(done.stdout.decode(errors="replace"))))
+                self.base_run(program, 1, [a.replace("{out}", out + ".part") for a in args], "file " + out)
                 os.rename(out + ".part", out)
-                shutil.rmtree(work)
             self.h5_files[program] = out
+
+    # The sharded checkpoints to mutate: each program's own, saved on 2 ranks after its last step, and
+    # how a run resumes it on np ranks (one step more). A resume may take another layout: the load reshards.
+    CHECKPOINTED = {
+        "day3/13_fault_tolerant_ddp": ({"--total_epochs": "1", "--plot": ""}, lambda rng, np_: ["--total_epochs", "2"]),
+        "day4/18_zero_sharding": ({"--max_steps": "2", "--plot": "", "--zero": "3", "--batch_size": "64"},
+                                  lambda rng, np_: ["--max_steps", "3", "--batch_size", "64", "--zero", str(rng.randrange(4))]),
+        "day5/19_gpt": (GPT_SHORT, lambda rng, np_: ["--max_iters", "3", "--eval_interval", "3"] +
+                        (["--on_resize", rng.choice(["keep_batch", "scale_lr", "off"])] if rng.random() < 0.5 else [])),
+        "day5/20_gpt_3d": (dict(GPT_SHORT, **{"--tp": "2"}),
+                           lambda rng, np_: ["--max_iters", "3", "--eval_interval", "3"] + rng.choice(
+                               [[], ["--tp", "2"], ["--pp", "2"], ["--dp", "2"]] if np_ == 2 else
+                               [[], ["--dp", str(np_)]])),
+    }
+
+    def make_checkpoint_bases(self):
+        for program, (args, _) in self.CHECKPOINTED.items():
+            if program.startswith("day5/") and not self.have_text:
+                continue
+            out = os.path.join(self.base, program.split("/")[1] + ".checkpoint")
+            if not os.path.exists(out):
+                shutil.rmtree(out + ".part", ignore_errors=True)
+                self.base_run(program, 2, self.argv(args) + ["--checkpoint", out + ".part"], "checkpoint " + out)
+                os.rename(out + ".part", out)
+            self.checkpoints[program] = out
 
     def h5(self):
         if self._h5 is None:
@@ -487,6 +541,8 @@ class Fuzzer:
                 f.write(content)
         if "day2/create_mnist_h5" in self.h5_files:
             os.symlink(self.h5_files["day2/create_mnist_h5"], os.path.join(run, "data", "mnist.h5"))
+        if self.have_text:
+            os.symlink(self.text_dir, os.path.join(run, "data", "shakespeare"))
         return run
 
     def command(self, program, np_, args):
@@ -798,9 +854,10 @@ class Fuzzer:
     def case_init(self, rng, run):
         target = rng.choice(["day1/2_mnist_training", "day1/6_mnist_ddp", "day3/15_recommender_ddp",
                              "day4/16_pipeline_ddp", "day4/17_tensor_parallel", "day4/18_zero_sharding",
-                             "day2/11_multinode_streaming"])
+                             "day2/11_multinode_streaming"] + (GPT_STEPS if self.have_text else []))
         base = self.h5_files["day2/create_mnist_h5" if target == "day2/11_multinode_streaming" else
-                             "day1/2_mnist_training" if target == "day1/6_mnist_ddp" else target]
+                             "day1/2_mnist_training" if target == "day1/6_mnist_ddp" else
+                             "day5/19_gpt" if target in GPT_STEPS else target]
         name, mutate = rng.choice(self.h5())
         path = os.path.join(run, "in", "init.h5")
         shutil.copyfile(base, path)
@@ -826,7 +883,105 @@ class Fuzzer:
         elif target == "day4/18_zero_sharding":
             args["--zero"] = str(rng.randrange(4))
             args["--batch_size"] = "64"
+        elif target == "day5/20_gpt_3d":
+            np_ = rng.choice([1, 2])
+            if np_ == 2:
+                args[rng.choice(["--tp", "--pp", "--dp"])] = "2"
         return target, np_, self.argv(args), "%s (%s): %s" % (name, os.path.basename(base), what)
+
+    def case_text(self, rng, run):
+        program = rng.choice(GPT_STEPS)
+        data = os.path.join(run, "in", "shakespeare")
+        os.makedirs(data)
+        path = os.path.join(data, "input.txt")
+        content = bytearray(self.text)
+        block = int(GPT_SHORT["--block_size"])
+        least = 10 * (block + 1) + 10  # about the least a 90/10 split with a window in each part takes
+        how = rng.choice(["empty", "cut", "nul", "control", "bytes", "one", "utf8", "no newline", "folder", "missing"])
+        if how == "empty":
+            content, what = bytearray(), "empty"
+        elif how == "cut":
+            cut = rng.choice([1, block, block + 1, 2 * block + 2, least - 11, least - 1, least, least + 1,
+                              rng.randrange(least, 4 * least)])
+            del content[cut:]
+            what = "cut to %d bytes (a window and the character after it: %d)" % (cut, block + 1)
+        elif how == "nul":
+            for _ in range(rng.randrange(1, 50)):
+                content[rng.randrange(len(content))] = 0
+            what = "NUL bytes in it"
+        elif how == "control":
+            for _ in range(rng.randrange(1, 50)):
+                content[rng.randrange(len(content))] = rng.choice([1, 7, 8, 13, 27, 127])
+            what = "control bytes in it"
+        elif how == "bytes":
+            content = bytearray(range(256)) * rng.choice([1, 10, 100]) + content[:rng.randrange(1 << 16)]
+            what = "every byte value (a vocabulary of 256), %d bytes" % len(content)
+        elif how == "one":
+            content = bytearray(rng.choice([b"a", b"\n", b"\x00", b"\xff"]) * rng.choice([least, 5000]))
+            what = "one character only (a vocabulary of 1), %d bytes" % len(content)
+        elif how == "utf8":
+            content = bytearray("Schön, 日本語 — ünïcödé\n".encode() * rng.choice([20, 2000]))
+            what = "UTF-8 text (multi-byte characters taken byte by byte)"
+        elif how == "no newline":
+            content = content.replace(b"\n", b" ")
+            what = "no newline in 1 MB"
+        elif how == "folder":
+            os.makedirs(path)
+            content, what = None, "a folder in its place"
+        else:
+            content, what = None, "no input.txt"
+        if content is not None:
+            with open(path, "wb") as f:
+                f.write(bytes(content))
+        np_ = rng.choice([1, 2])
+        args = short_args(program)
+        args["--data"] = "in/shakespeare"
+        extra = ""
+        if rng.random() < 0.25 and "day5/19_gpt" in self.h5_files:  # the weights of another vocabulary, or the same
+            args["--init"] = self.h5_files["day5/19_gpt"]
+            extra = "; --init of Tiny Shakespeare's 65 characters"
+        if rng.random() < 0.3:
+            args["--sample"] = str(rng.choice([1, 20]))
+            args["--prompt"] = rng.choice(["ROMEO:", "\x01", "\x1b[2J", "日本", "z" * 100, "é"])
+            extra += "; --sample %s --prompt %s" % (args["--sample"], printable(shell_word(args["--prompt"]), 30))
+        if program == "day5/20_gpt_3d" and np_ == 2:
+            args[rng.choice(["--tp", "--pp", "--dp"])] = "2"
+        return program, np_, self.argv(args), "input.txt: %s%s" % (what, extra)
+
+    def case_checkpoint(self, rng, run):
+        program = rng.choice(sorted(self.checkpoints))
+        folder = os.path.join(run, "checkpoint")
+        shutil.copytree(self.checkpoints[program], folder)
+        with open(os.path.join(folder, "current")) as f:
+            step = f.read().strip()
+        target = rng.choice(["index", "index", "shard", "shard", "current"])
+        if target == "current":
+            content = rng.choice([b"", b"step-999999", b"step-000002\n\x1b[2J", b"../../etc", b"x" * 5000,
+                                  b"step-", os.urandom(64), None])
+            os.remove(os.path.join(folder, "current"))
+            if content is None:
+                os.makedirs(os.path.join(folder, "current"))
+                what = "current: a folder in its place"
+            else:
+                with open(os.path.join(folder, "current"), "wb") as f:
+                    f.write(content)
+                what = "current: %s" % printable(repr(content), 60)
+        else:
+            names = sorted(n for n in os.listdir(os.path.join(folder, step)) if n.startswith("shard-"))
+            name = "index.h5" if target == "index" else rng.choice(names)
+            label, mutate = rng.choice(self.h5())
+            if rng.random() < 0.1:
+                os.remove(os.path.join(folder, step, name))
+                what = "%s/%s: removed" % (step, name)
+            else:
+                what = "%s/%s: %s: %s" % (step, name, label, mutate(os.path.join(folder, step, name), rng))
+        if rng.random() < 0.25:
+            return "tools/checkpoint_to_state_dict", 1, ["checkpoint", "out.h5"], what
+        np_ = rng.choice([1, 2, 3])
+        args = short_args(program)
+        args.update(dict(zip(*[iter(self.CHECKPOINTED[program][1](rng, np_))] * 2)))
+        args["--checkpoint"] = "checkpoint"
+        return program, np_, self.argv(args), what
 
     def case_idx(self, rng, run):
         program = rng.choice(MNIST_STEPS + ["day2/create_mnist_h5"])
@@ -961,6 +1116,10 @@ class Fuzzer:
             if "--max_steps" in self.helps[program]:
                 values.append("1")
             return values
+        if flag == "--dropout":
+            return self.FLOATS + ["1", "0.999999", "1.0000001"]
+        if metavar == "TEXT":
+            return ["", "ROMEO:", "\x01", "\x1b[2J", "a\nb", "日本", "x" * 5000, "\udcff"]
         if flag in ("--mlflow",):
             return ["mlruns", "", "http://", "http://127.0.0.1:1", "ftp://x", "file:mlruns", "mlruns\n",
                     "sub/dir/mlruns", "/proc/nope/mlruns", "http://[::1", "http://" + "a" * 3000, "existing_dir"]
@@ -982,7 +1141,7 @@ class Fuzzer:
         return [""]
 
     def case_flags(self, rng, run):
-        program = rng.choice(FLAG_STEPS)
+        program = rng.choice([p for p in FLAG_STEPS if self.have_text or p not in GPT_STEPS])
         table = self.helps[program]
         args = short_args(program)
         extra = []
@@ -1017,6 +1176,8 @@ class Fuzzer:
         with open(os.path.join(run, "in", "random"), "wb") as f:
             f.write(rng.randbytes(4096) if hasattr(rng, "randbytes") else os.urandom(4096))
         np_ = rng.choice([1, 1, 2, 3])
+        if program == "day5/20_gpt_3d" and np_ > 1 and not {"--dp", "--tp", "--pp"} & set(args):
+            args["--dp"] = str(np_)  # the grid must be the world (else every such run is the same refusal)
         return program, np_, self.argv(args) + extra, "; ".join(chosen) or "the short run's flags"
 
     @staticmethod
@@ -1044,9 +1205,12 @@ class Fuzzer:
     def run(self):
         self.setup()
         self.read_helps()
-        makers = {"csv": self.case_csv, "init": self.case_init, "idx": self.case_idx,
-                  "snapshot": self.case_snapshot, "flags": self.case_flags}
-        kinds = [k for k in ("csv", "init", "idx", "snapshot", "flags") if k in self.opts.kinds]
+        makers = {"csv": self.case_csv, "init": self.case_init, "idx": self.case_idx, "snapshot": self.case_snapshot,
+                  "text": self.case_text, "checkpoint": self.case_checkpoint, "flags": self.case_flags}
+        kinds = [k for k in KINDS if k in self.opts.kinds]
+        if not self.have_text and "text" in kinds:
+            print("  fuzz: text: left out, no %s/input.txt (make shakespeare)" % self.text_dir, flush=True)
+            kinds.remove("text")
         deadline = time.time() + self.opts.minutes * 60 if self.opts.minutes else None
         index = 0
         if self.opts.only:  # KIND:INDEX
@@ -1158,7 +1322,7 @@ def main():
     parser.add_argument("--seed", type=int, default=36, help="seeds every mutation (default: 36)")
     parser.add_argument("--count", type=int, default=5, help="runs per input kind (default: 5)")
     parser.add_argument("--minutes", type=float, default=0, help="run for this long instead, kinds taking turns")
-    parser.add_argument("--kinds", default="csv,init,idx,snapshot,flags", help="which input kinds (default: all)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which input kinds (default: all)")
     parser.add_argument("--only", default="", help="KIND:INDEX: that one case alone (as a FAIL line names it)")
     parser.add_argument("--tree", default=ROOT, help="the built tree whose programs run (default: this checkout)")
     parser.add_argument("--results", default=os.path.join(ROOT, "build/fuzz"),
@@ -1170,9 +1334,9 @@ def main():
     parser.add_argument("-v", "--verbose", action="store_true", help="a line for every run")
     opts = parser.parse_args()
     opts.kinds = [k for k in opts.kinds.split(",") if k]
-    unknown = set(opts.kinds) - {"csv", "init", "idx", "snapshot", "flags"}
+    unknown = set(opts.kinds) - set(KINDS)
     if unknown:
-        parser.error("--kinds: unknown %s (expected csv, init, idx, snapshot, flags)" % ", ".join(sorted(unknown)))
+        parser.error("--kinds: unknown %s (expected %s)" % (", ".join(sorted(unknown)), ", ".join(KINDS)))
     os.makedirs(opts.results, exist_ok=True)
     if opts.self_test:
         return self_test(opts)
