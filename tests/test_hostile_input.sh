@@ -54,6 +54,7 @@ refused "--device holding a newline and ESC [2J" 2 "^error: --device expects one
     day1/2_mnist_training --device $'cu\nda\x1b[2J'
 refused "an unknown flag holding ESC" 2 "^error: unknown flag '--ep\\\\x1bochs'(: did you mean --epochs\?)? \(see --help\)$" day1/2_mnist_training $'--ep\x1bochs=3'
 refused "--lr ending in a carriage return" 2 "^error: --lr expects a number > 0, got '1e-3\\\\r'" day1/2_mnist_training --lr $'1e-3\r'
+refused "--help=1: help is a switch" 2 "^error: --help takes no value \(see --help\)$" day1/2_mnist_training --help=1
 refused "an argument that is not UTF-8" 2 "^error: unexpected argument '\\\\xff\\\\xfeabc'" day1/2_mnist_training $'\xff\xfeabc'
 refused "--epochs of 5000 digits: 60 of them shown, then the length" 2 "^error: --epochs expects an integer from 1 to 2147483647, got '9{60}\.\.\.' \(5000 bytes\)" \
     day1/2_mnist_training --epochs "$(printf '9%.0s' $(seq 5000))"

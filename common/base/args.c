@@ -318,6 +318,7 @@ void args_parse(int argc, char **argv, const ArgSpec *flags, int n_flags, const 
         const ArgSpec *f = NULL;
         for (int k = 0; k < n_flags && !f; k++)
             if (names_equal(flags[k].name, name, name_len)) f = &flags[k];
+        if (!f && names_equal("help", name, name_len)) usage_error("--help takes no value");
         if (!f) {
             // The flag as given ("--name", without its "=value"), quoted: it may hold anything.
             const char *given = QUOTE_N(arg, name_len + 2);
