@@ -233,7 +233,7 @@ else
         damaged nan && "$PYTHON" -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); f['state/losses/loss'][0] = float('nan')" \
             "$tmp/ck_nan/step-000001/index.h5"
         refused "step 19 resuming a checkpoint whose loss log holds NaN" 1 \
-            "index\.h5: inconsistent: the loss log's step 1: epoch 0, loss nan \(a loss logged is finite\)$" \
+            "index\.h5: inconsistent: the loss log's step 1: epoch 0, loss nan \(a logged loss is finite, its epoch >= 0\)$" \
             "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_nan"
         damaged f64 && "$PYTHON" -c "
 import h5py, numpy, sys

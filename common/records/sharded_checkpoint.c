@@ -22,8 +22,8 @@
 
 #include "base/args.h"
 #include "base/check.h"
-#include "base/quote.h"
 #include "base/paths.h"
+#include "base/quote.h"
 #include "base/timer.h"
 #include "records/h5_file.h"
 #include "runtime/device.h"
@@ -1026,7 +1026,7 @@ static void read_index(Loading *l, const CheckpointPiece *pieces, int n_pieces, 
     H5Fclose(file);
     for (long i = 0; !err[0] && i < steps && i < n_losses && i < n_epochs; i++)
         if (!isfinite(losses[i]) || epochs[i] < 0)
-            fail(err, "%s: inconsistent: the loss log's step %ld: epoch %d, loss %g (a loss logged is finite)", path,
+            fail(err, "%s: inconsistent: the loss log's step %ld: epoch %d, loss %g (a logged loss is finite, its epoch >= 0)", path,
                  i + 1, epochs[i], losses[i]);
     if (!err[0] && (n_epochs != steps || n_losses != steps || next < 0 || next > 624 || scalars[2] < 0 ||
                     scalars[1] < 0 || scalars[2] >= scalars[5]))
