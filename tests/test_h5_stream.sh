@@ -239,6 +239,9 @@ write("count", labels=np.zeros((3, 100), np.int64))
 bad = np.zeros((2, 100), np.int64)
 bad[1, 3] = 12
 write("label_value", labels=bad)
+write("test_label_value")
+with h5py.File(f"{tmp}/test_label_value.h5", "r+") as f:
+    f["test/labels"][1, 3] = 12
 EOF
     expect_error 1 "no_labels.h5: no dataset 'test/labels' \(expected int64 \[groups, 100\], as day2/create_mnist_h5 writes\)" \
         mpi 2 "${step11[@]}" --h5 "$tmp/no_labels.h5"
@@ -252,6 +255,12 @@ EOF
     # Found while streaming, on the rank that reads it (rank 1 gets group 1): the job aborts.
     expect_error 1 "label_value.h5: 'train/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \
         mpi 2 "${step11[@]}" --h5 "$tmp/label_value.h5" --no-shuffle --epochs 1
+    # Every rank reads the whole test set, so every rank meets its damage alike: agreed, one line
+    # from one rank (not a line from each and Open MPI's noise as they abort at once).
+    expect_error 1 "test_label_value.h5: 'test/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \
+        mpi 2 "${step11[@]}" --h5 "$tmp/test_label_value.h5" --epochs 1
+    expect "... in one line of ours, and nothing from Open MPI but its blocks: $(grep -c '^\[rank' "$tmp/err") line(s)" \
+        test "$(grep -c '^\[rank' "$tmp/err")" = 1 -a "$(grep -c 'ORTE_ERROR_LOG' "$tmp/err")" = 0
 
     # Damaged chunks in copies of the gzip file, found by a worker of the rank
     # that reads the group (2 ranks, no shuffle: rank 1 reads group 5 in its 1st
