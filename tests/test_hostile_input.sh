@@ -242,6 +242,20 @@ del f['transformer.wte.weight/0']; f['transformer.wte.weight/0'] = data.astype(n
         refused "step 19 resuming a checkpoint whose shard holds a tensor as float64" 1 \
             "shard-00000\.h5: 'transformer\.wte\.weight/0' is of another type than a checkpoint's: a damaged shard$" \
             "${gpt[@]}" --max_iters 2 --checkpoint "$tmp/ck_f64"
+        # A resume from weights of 1e30 trains on (the loss and the weights stay finite) but Adam's
+        # second moment overflows: that save is refused, and the checkpoint before stays current.
+        step18=(day4/18_zero_sharding --zero 1 --batch_size 64 --plot '')
+        run "${step18[@]}" --max_steps 2 --checkpoint "$tmp/ck18" > "$tmp/out" 2>&1 ||
+            fail "step 18 could not save the checkpoint to damage: $(tail -1 "$tmp/out")"
+        "$PYTHON" -c "
+import h5py, numpy, sys
+f = h5py.File(sys.argv[1], 'r+'); name = [n for n in f if n == 'fc.2.weight'][0]; piece = name + '/' + list(f[name])[0]
+data = f[piece][()]; del f[piece]; f[piece] = numpy.full_like(data, 1e30)" "$tmp/ck18/step-000002/shard-00000.h5"
+        refused "step 18 resumed from weights of 1e30: a save of Adam's overflowed moments" 1 \
+            "ck18/tmp-000003/shard-00000\.h5: 'optimizer/exp_avg_sq/.*' holds inf at \[[0-9]+\] of this rank's piece: a checkpoint holds finite numbers; not saved$" \
+            "${step18[@]}" --max_steps 3 --checkpoint "$tmp/ck18"
+        expect "... and the checkpoint before stays current: $(cat "$tmp/ck18/current"), no tmp-000003 left" \
+            test "$(cat "$tmp/ck18/current")" = step-000002 -a ! -e "$tmp/ck18/tmp-000003"
     else
         skip "damaged checkpoints' contents: $PYTHON has no h5py (./setup.sh --with-reference)"
     fi

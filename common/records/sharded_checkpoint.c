@@ -461,7 +461,15 @@ static void write_shard(const char *path, const CheckpointPiece *pieces, int n, 
         }
         char name[NAME_SIZE + 24];
         snprintf(name, sizeof name, "%s/%lld", p->name, r->number);
-        ok = write_dataset(file, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, p->ndim, dims, host);
+        // A load refuses a value that is not finite: a save never writes one (Adam's second moment
+        // overflows to inf where a gradient passes 1.8e19, while the weights and the loss stay finite).
+        for (size_t k = 0; k < numel && ok; k++)
+            if (!isfinite(host[k])) {
+                fail(err, "%s: '%s' holds %s at [%zu] of this rank's piece: a checkpoint holds finite numbers; not saved",
+                     path, p->name, isnan(host[k]) ? "nan" : "inf", k);
+                ok = false;
+            }
+        ok = ok && write_dataset(file, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, p->ndim, dims, host);
         if (host != p->values.data) free(host);
         if (!ok) fail(err, "%s: cannot write '%s': %s", path, name, errno ? strerror(errno) : "an HDF5 error");
     }
