@@ -61,6 +61,17 @@ void dist_init(int *argc, char ***argv) {
         // A singleton of Open MPI's starts its helper (orted) only to serve MPI_Comm_spawn and the
         // like, which no program here calls: isolated, it starts in a third of the time (0.1 s
         // less, for each of the tests' hundreds of runs too). A user's own setting wins.
+        // Isolated singletons all take job family 0, so their session folders are one,
+        // TMPDIR/ompi.HOST.UID/jf.0: one that ends removes it while another starts in it, whose
+        // MPI_Init then fails ("A call to mkdir was unable to create the desired directory", 6 of
+        // 480 starts, 8 at a time). So each gets a folder of its own, which Open MPI removes at
+        // MPI_Finalize as it would its own.
+        if (!getenv("OMPI_MCA_ess_singleton_isolated") && !getenv("OMPI_MCA_orte_top_session_dir")) {
+            const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+            char top[4096];
+            snprintf(top, sizeof top, "%s/ompi.singleton.%ld.%ld", tmp, (long)getuid(), (long)getpid());
+            setenv("OMPI_MCA_orte_top_session_dir", top, 0);
+        }
         setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     }
     // DDP's communication thread calls MPI while the main thread may too.
