@@ -641,6 +641,9 @@ class Fuzzer:
     SANITIZER = re.compile(rb"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer|MemorySanitizer)|runtime error:|"
                            rb"SUMMARY: (Address|UndefinedBehavior)Sanitizer")
     OURS = re.compile(rb"^(error:|\[rank \d+ @ )")
+    # mpirun's own, now and then as a rank ends with an error on a busy machine: libevent finds the
+    # rank's output pipe closed (open-mpi/ompi#2004, a known race; nothing of the program's).
+    LIBEVENT = re.compile(rb"^\[warn\] Epoll (ADD|MOD|DEL)\(\d+\) on fd \d+ failed\.")
     NONFINITE = re.compile(rb"(?<![A-Za-z_])[-+]?(nan|inf)(?![A-Za-z_])", re.I)
     TEMP = re.compile(r"(^|/)(\.tmp\.|\.write-check\.)|\.tmp(\.\d+)?$")
     SIGNAL = re.compile(rb"exited on signal (\d+)|terminated with signal (\d+)|killed by signal (\d+)")
@@ -686,12 +689,12 @@ class Fuzzer:
         ours = [line for line in (stdout + stderr).split(b"\n") if self.OURS.match(line)]
         if np_ == 1:
             strays = [line for line in stderr.split(b"\n") if line and not self.OURS.match(line)]
-        else:  # Open MPI's own messages stand between lines of dashes
+        else:  # Open MPI's own messages stand between lines of dashes, or are mpirun's libevent warning
             strays, inside = [], False
             for line in stderr.split(b"\n"):
                 if re.fullmatch(rb"-{10,}", line):
                     inside = not inside
-                elif line and not inside and not self.OURS.match(line):
+                elif line and not inside and not self.OURS.match(line) and not self.LIBEVENT.match(line):
                     strays.append(line)
         first = printable(ours[0].decode(errors="replace"), 200) if ours else ""
         if len(ours) != 1 or strays:
@@ -1262,6 +1265,8 @@ def self_test(opts):
     cases = [
         ("refused", 1, ["bash", "-c", "echo 'error: --x expects a number, got 'y' (see --help)' >&2; exit 2"]),
         ("refused", 2, ["bash", "-c", "echo '[rank 0 @ h] f.c:1: bad file' >&2; printf -- '-----------\\nOpen MPI says\\n-----------\\n' >&2; exit 1"]),
+        ("refused", 2, ["bash", "-c", "echo '[rank 0 @ h] f.c:1: bad file' >&2; echo '[warn] Epoll MOD(1) on fd 23 failed. Old events "
+                                      "were 6; read change was 0 (none): Bad file descriptor' >&2; exit 1"]),
         ("trained", 1, ["bash", "-c", "echo 'Test accuracy: 97.1%'; echo 'info: inference done'"]),
         ("crashed", 1, ["bash", "-c", "kill -SEGV $$"]),
         ("crashed", 1, ["bash", "-c", "echo '[rank 0 @ h] a' >&2; echo '[rank 1 @ h] a' >&2; exit 1"]),
