@@ -27,14 +27,22 @@ static int g_n_teardowns;
 // and ends, by _exit, which joins nothing. Under a launcher MPI_Init forks nothing, and
 // memory_require (memory_budget.h) refuses what does not fit, as it names the flags.
 enum { SINGLETON_START_MB = 200 };
-// (`environ` read here, not getenv: threads.c defines the program's getenv, and a call from here
-// would link it, and all it needs, into every program, step 0's too: tests/test_layers.sh.)
-static bool launched(void) {
+
+// The value of environment variable `name`, or NULL. (`environ` read here, not getenv: threads.c
+// defines the program's getenv, and a call from here would link it, and all it needs, into every
+// program, step 0's too: tests/test_layers.sh.)
+static const char *environment(const char *name) {
     extern char **environ;
-    static const char *const launchers[] = {"OMPI_COMM_WORLD_SIZE=", "PMIX_RANK=", "PMI_RANK=", "PMI_SIZE=", "SLURM_PROCID="};
+    size_t length = strlen(name);
     for (char **entry = environ; entry && *entry; entry++)
-        for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++)
-            if (strncmp(*entry, launchers[i], strlen(launchers[i])) == 0) return true;
+        if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
+    return NULL;
+}
+
+static bool launched(void) {
+    static const char *const launchers[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++)
+        if (environment(launchers[i])) return true;
     return false;
 }
 static void refuse_singleton_without_room(const char *program) {
@@ -66,8 +74,8 @@ void dist_init(int *argc, char ***argv) {
         // MPI_Init then fails ("A call to mkdir was unable to create the desired directory", 6 of
         // 480 starts, 8 at a time). So each gets a folder of its own, which Open MPI removes at
         // MPI_Finalize as it would its own.
-        if (!getenv("OMPI_MCA_ess_singleton_isolated") && !getenv("OMPI_MCA_orte_top_session_dir")) {
-            const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        if (!environment("OMPI_MCA_ess_singleton_isolated") && !environment("OMPI_MCA_orte_top_session_dir")) {
+            const char *tmp = environment("TMPDIR") && *environment("TMPDIR") ? environment("TMPDIR") : "/tmp";
             char top[4096];
             snprintf(top, sizeof top, "%s/ompi.singleton.%ld.%ld", tmp, (long)getuid(), (long)getpid());
             setenv("OMPI_MCA_orte_top_session_dir", top, 0);
