@@ -148,9 +148,10 @@ static void check_outputs(const ArgSpec *flags, int n_flags) {
         const char *path = output ? *(const char **)flags[i].value : NULL;
         char why[PATH_MAX + 64];
         if (path && *path && !output_file_writable(path, why, sizeof why)) {
-            // A path is shown as it is, unless it holds a byte that would break the line or act on
-            // the terminal; then it is quoted, and so is the reason, which may name its folder.
-            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, PATH_SHOWN(path), PATH_SHOWN(why));
+            // The path as it is: a flag's path is text (require_text_path; a default is the
+            // program's own). The reason is quoted if it is not: it may name the folder of a
+            // symbolic link's target, which no flag gave.
+            snprintf(message, sizeof message, "--%s %s: %s", flags[i].name, path, PATH_SHOWN(why));
             ok = false;
         }
     }

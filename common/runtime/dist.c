@@ -75,7 +75,8 @@ void dist_init(int *argc, char ***argv) {
         // 480 starts, 8 at a time). So each gets a folder of its own, which Open MPI removes at
         // MPI_Finalize as it would its own.
         if (!environment("OMPI_MCA_ess_singleton_isolated") && !environment("OMPI_MCA_orte_top_session_dir")) {
-            const char *tmp = environment("TMPDIR") && *environment("TMPDIR") ? environment("TMPDIR") : "/tmp";
+            const char *tmp = environment("TMPDIR");
+            if (!tmp || !*tmp) tmp = "/tmp";
             char top[4096];
             snprintf(top, sizeof top, "%s/ompi.singleton.%ld.%ld", tmp, (long)getuid(), (long)getpid());
             setenv("OMPI_MCA_orte_top_session_dir", top, 0);
