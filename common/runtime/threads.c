@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <cblas.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -29,6 +30,7 @@ static int g_cores = 1;  // the cores this rank may use
 extern void openblas_set_num_threads(int) __attribute__((weak));
 extern char *openblas_get_config(void) __attribute__((weak));
 extern char *openblas_get_corename(void) __attribute__((weak));
+#pragma weak cblas_sgemm  // linked by every program; weak, so that threads.o links without a BLAS too
 
 // ------------------------------------------------------------------ how idle threads wait
 //
@@ -81,15 +83,23 @@ char *getenv(const char *name) {
     return value;
 }
 
-// ------------------------------------------------------------------ room for the threads' stacks
+// ------------------------------------------------------------------ room for the threads' stacks and BLAS buffers
 //
 // Each thread libgomp starts maps a stack (OMP_STACKSIZE, else the default of
-// new threads: RLIMIT_STACK's, 8 MiB on most systems). Under an address-space
-// limit (ulimit -v, RLIMIT_AS) --threads 1024 asks for some 8 GB of stacks, and
-// libgomp, failing to create one, prints its own message and exits mid-way. So
-// a --threads whose stacks cannot be mapped is refused first, as a flag, on
-// every rank. Without a limit the stacks are address space, not memory (a
-// thread touches a few pages of its stack), and any count is let through.
+// new threads: RLIMIT_STACK's, 8 MiB on most systems), and each thread that
+// calls the BLAS maps a work buffer of the BLAS's own on its first call:
+// every thread of the team does, as each computes its slice of a GEMM with a
+// one-threaded BLAS. OpenBLAS's is 128 MiB in 0.3.21 (Debian 12: one
+// 134217728-byte mmap per thread under strace), 32 MiB in older versions.
+// Under an address-space limit (ulimit -v, RLIMIT_AS) --threads 1024 asks
+// for some 8 GB of stacks, and libgomp, failing to create one, prints its own
+// message and exits mid-way; --threads 32 under 3 GB started, and as its
+// threads met the BLAS at once their buffers took what the test set's
+// evaluation then needed (a malloc failed, 1 run in 30 on a busy machine).
+// So a --threads whose stacks and buffers cannot be mapped is refused first,
+// as a flag, on every rank. Without a limit they are address space, not
+// memory (a thread touches a few pages of each), and any count is let
+// through, unmeasured.
 static double thread_stack_bytes(void) {
     const char *omp = environment_value("OMP_STACKSIZE");
     if (omp && *omp) {  // a number and an optional unit: B, K (the default), M or G
@@ -109,18 +119,51 @@ static double thread_stack_bytes(void) {
     return (double)size;
 }
 
-// Refuse (exit 2, one line, every rank) a --threads whose stacks would take
-// more than half of what the address-space limit leaves: the other half is the
-// model's, which the program's memory estimate checks next.
-static void require_room_for_stacks(int requested) {
-    double figures[2] = {(requested - 1) * thread_stack_bytes(), -memory_rlimit_room(RLIMIT_AS)};  // need, -room
+static double mapped_bytes(void) {  // this process's address space: /proc/self/statm's first field
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+    fclose(f);
+    return (double)pages * (double)sysconf(_SC_PAGESIZE);
+}
+
+// What a thread's first BLAS call maps, measured: a new thread's address space before and after a
+// 1x1 GEMM (the thread's stack is mapped before it runs, so not counted). Whatever the library and
+// its version map, this is it; 0 where the BLAS maps nothing per thread or is not linked.
+static void *first_blas_call(void *mapped) {
+    float a = 1, b = 1, c = 0;
+    double before = mapped_bytes();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+    *(double *)mapped = fmax(0.0, mapped_bytes() - before);
+    return NULL;
+}
+static double blas_buffer_bytes(void) {
+    double mapped = 0;
+    pthread_t thread;
+    if (!cblas_sgemm || pthread_create(&thread, NULL, first_blas_call, &mapped) != 0) return 0;
+    pthread_join(thread, NULL);
+    return mapped;
+}
+
+// Refuse (exit 2, one line, every rank) a --threads whose stacks and BLAS buffers would take more
+// than half of what the address-space limit leaves: the other half is the model's, which the
+// program's memory estimate checks next.
+static void require_room_for_threads(int requested) {
+    double room_here = memory_rlimit_room(RLIMIT_AS);
+    double stack = thread_stack_bytes(), buffer = isinf(room_here) ? 0 : blas_buffer_bytes();
+    double figures[3] = {(requested - 1) * stack + requested * buffer, -room_here, buffer};  // need, -room, buffer
     if (dist_world_size() > 1)  // the most needed and the least room of any rank
-        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     double need = figures[0], room = -figures[1];
+    buffer = figures[2];
     if (need <= room / 2) return;
-    usage_error("--threads %d needs %d thread stacks of %.0f MiB (%.1f GB of address space), more than half of "
+    char buffers[96] = "";
+    if (buffer > 0)
+        snprintf(buffers, sizeof buffers, " and %d BLAS buffers of %.0f MiB", requested, buffer / (1 << 20));
+    usage_error("--threads %d needs %d thread stacks of %.0f MiB%s (%.1f GB of address space), more than half of "
                 "the %.1f GB that this process may still map (ulimit -v); ask for fewer threads, or raise the "
-                "limit", requested, requested - 1, thread_stack_bytes() / (1 << 20), need / 1e9, room / 1e9);
+                "limit", requested, requested - 1, stack / (1 << 20), buffers, need / 1e9, room / 1e9);
 }
 
 int threads_init(int requested) {
@@ -132,7 +175,7 @@ int threads_init(int requested) {
     int fair_share = online / dist_local_world_size();
     g_cores = allowed < fair_share ? allowed : fair_share;
     if (g_cores < 1) g_cores = 1;
-    if (requested > 1) require_room_for_stacks(requested);
+    if (requested > 1) require_room_for_threads(requested);
     int threads = requested;
     g_share = 1;
     if (threads <= 0) {

@@ -33,7 +33,9 @@
 
 // Decide this rank's thread count (requested > 0: exactly that many) and set
 // OpenMP to it and BLAS to one thread. Call it once, after dist_init. Returns
-// the count.
+// the count. Under `ulimit -v`, a count whose stacks and BLAS buffers would
+// take more than half of what the limit leaves is refused (exit 2, one line,
+// collectively: it calls MPI).
 int threads_init(int requested);
 int threads_count(void);
 // The cores this rank may use: its share of the node (cores / ranks on the
