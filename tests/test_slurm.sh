@@ -235,7 +235,7 @@ expect "sbatch slurm/day1.sbatch --epochs 1: step 6 on 2 ranks, one node, equal 
 # `scancel --signal=USR1 --batch` sends the batch shell the same signal now.
 # Its trap passes it on; the ranks save at one step and exit 75; the script
 # requeues the job, and its second run (appended to the same output) resumes
-# mid-epoch and ends with the uninterrupted run's weights. Slurm holds a
+# where the first stopped and ends with the uninterrupted run's weights. Slurm holds a
 # requeued job back (Reason=BeginTime); once the first run's step daemons are
 # gone, the test lets it start at once.
 if [ -x day3/13_fault_tolerant_ddp ]; then
@@ -258,8 +258,11 @@ if [ -x day3/13_fault_tolerant_ddp ]; then
     expect "sbatch slurm/day3.sbatch, SIGUSR1 to its batch shell: the ranks save and exit 75, the job requeues itself (job ${job:-?}: $state)" \
         test "$state" = COMPLETED -a -n "$(grep 'Stopped by SIGUSR1 .* exiting with status 75' "$tmp/day3.out")" \
         -a -n "$(grep "^requeueing job $job" "$tmp/day3.out")" -a -n "$(grep 'run 2 of the job' "$tmp/day3.out")"
-    expect "slurm/day3.sbatch's second run resumes mid-epoch and ends with the uninterrupted run's weights ($(checksum "$tmp/day3.out")) and losses" \
-        test -n "$(grep "^0: Resuming training from snapshot at Epoch [0-9]*, [0-9]* of epoch" "$tmp/day3.out")" \
+    # Where the stop lands is the machine's timing: mid-epoch mostly, at an epoch's end on a busy
+    # machine (once, in a CI rehearsal beside other work); test_fault_tolerance.sh resumes mid-epoch at
+    # a step it chooses.
+    expect "slurm/day3.sbatch's second run resumes ($(grep -o -m1 'Resuming training from snapshot at Epoch [0-9]*\(, [0-9]* of epoch\)*' "$tmp/day3.out")) and ends with the uninterrupted run's weights ($(checksum "$tmp/day3.out")) and losses" \
+        test -n "$(grep "^0: Resuming training from snapshot at Epoch [0-9]*" "$tmp/day3.out")" \
         -a -n "$(checksum "$tmp/13.out")" -a "$(checksum "$tmp/day3.out")" = "$(checksum "$tmp/13.out")" \
         -a -n "$(cmp "$tmp/day3.csv" "$tmp/13.csv" 2> /dev/null && echo same)"
 fi
