@@ -13,6 +13,12 @@ in a build without MKL, as Debian's: a 53-bit uniform of each 64-bit draw).
 
     python3 tests/torch_gpt.py DATA_DIR WORLD_SIZE [--init w.h5] [--save w.h5] [--max_iters N] ...
     python3 tests/torch_gpt.py DATA_DIR 1 --device cuda [--dtype bfloat16] ...   (a GPU's yardstick: tests/bench_gpu.sh)
+    python3 tests/torch_gpt.py DATA_DIR 1 --dtype bfloat16_operands ...   (day5/19_gpt --dtype bfloat16's arithmetic)
+
+--dtype bfloat16 runs the matmuls under torch.autocast, as nanoGPT does; bfloat16_operands rounds
+every matmul's two operands to bfloat16 and multiplies them in float32, forward and backward (the
+products exact, the sums float32's), which is what day5/19_gpt --dtype bfloat16 computes. Autocast
+also rounds each product's result, through kernels that depend on the CPU (oneDNN's).
 
 Prints, per evaluation, "step N: train loss X, val loss Y", and as its last line a JSON object:
 {"losses": [...], "evals": [[iter, train, val], ...], "train_seconds": S, "iters": N}. Weights go
@@ -23,6 +29,39 @@ import argparse, json, math, os, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist, torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+ROUND_OPERANDS = False  # --dtype bfloat16_operands
+
+
+def to_bf16(t):  # t's values rounded to bfloat16 (to nearest, ties to even), kept in t's dtype
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+class RoundedMatmul(torch.autograd.Function):
+    """a @ b with both operands rounded to bfloat16, and so each product of the backward pass."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return to_bf16(a) @ to_bf16(b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad = to_bf16(grad)
+        return grad @ to_bf16(b).transpose(-2, -1), to_bf16(a).transpose(-2, -1) @ grad
+
+
+def matmul(a, b):
+    return RoundedMatmul.apply(a, b) if ROUND_OPERANDS else a @ b
+
+
+class Linear(nn.Linear):  # nn.Linear, its matmul rounded under --dtype bfloat16_operands
+    def forward(self, x):
+        if not ROUND_OPERANDS:
+            return super().forward(x)
+        y = matmul(x.reshape(-1, x.size(-1)), self.weight.t()).view(*x.shape[:-1], -1)
+        return y + self.bias if self.bias is not None else y
 
 
 class LayerNorm(nn.Module):
@@ -39,8 +78,8 @@ class LayerNorm(nn.Module):
 class CausalSelfAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias)
-        self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias)
+        self.c_attn = Linear(c.n_embd, 3 * c.n_embd, bias=c.bias)
+        self.c_proj = Linear(c.n_embd, c.n_embd, bias=c.bias)
         self.attn_dropout = nn.Dropout(c.dropout)
         self.resid_dropout = nn.Dropout(c.dropout)
         self.n_head = c.n_head
@@ -53,19 +92,19 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
         att = self.attn_dropout(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
+        self.c_fc = Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
+        self.c_proj = Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
@@ -94,7 +133,7 @@ class GPT(nn.Module):
             drop=nn.Dropout(c.dropout),
             h=nn.ModuleList([Block(c) for _ in range(c.n_layer)]),
             ln_f=LayerNorm(c.n_embd, c.bias)))
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -143,6 +182,8 @@ def worker(rank, a, queue):
     device = torch.device(a.device)
     # --dtype bfloat16: the matmuls under torch.autocast, the weights and AdamW's state in float32.
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
+    global ROUND_OPERANDS
+    ROUND_OPERANDS = a.dtype == "bfloat16_operands"  # (set here: each spawned rank runs this)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = GPT(a)
     if a.init:
@@ -262,7 +303,7 @@ def main():
         p.add_argument("--" + name, type=kind, default=default)
     p.add_argument("--bias", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "bfloat16_operands"])
     p.add_argument("--init")
     p.add_argument("--save")
     a = p.parse_args()
