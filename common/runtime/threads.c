@@ -119,23 +119,15 @@ static double thread_stack_bytes(void) {
     return (double)size;
 }
 
-static double mapped_bytes(void) {  // this process's address space: /proc/self/statm's first field
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return 0;
-    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
-    fclose(f);
-    return (double)pages * (double)sysconf(_SC_PAGESIZE);
-}
-
-// What a thread's first BLAS call maps, measured: a new thread's address space before and after a
-// 1x1 GEMM (the thread's stack is mapped before it runs, so not counted). Whatever the library and
-// its version map, this is it; 0 where the BLAS maps nothing per thread or is not linked.
+// What a thread's first BLAS call maps, measured: what the address-space limit leaves a new thread
+// before and after a 1x1 GEMM (the thread's stack is mapped before it runs, so not counted).
+// Whatever the library and its version map, this is it; 0 where the BLAS maps nothing per thread
+// or is not linked. (Asked only under a limit: without one there is no room to measure.)
 static void *first_blas_call(void *mapped) {
     float a = 1, b = 1, c = 0;
-    double before = mapped_bytes();
+    double before = memory_rlimit_room(RLIMIT_AS);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
-    *(double *)mapped = fmax(0.0, mapped_bytes() - before);
+    *(double *)mapped = fmax(0.0, before - memory_rlimit_room(RLIMIT_AS));
     return NULL;
 }
 static double blas_buffer_bytes(void) {
