@@ -100,6 +100,8 @@ fi
 
 # ---------------------------------------------------------------- with a GPU
 gpus=$(build/tools/gpu_count 2> /dev/null || echo 0)
+simulated=false  # the GPU is tests/fake_gpu's (make CUDA=1 FAKE_GPU=1: tests/test_fake_gpu.sh)
+grep -q -- '-lfakegpu' build/flags 2> /dev/null && simulated=true
 gpu_checks=("step 1 at world size 1" "step 1 --count: bandwidth and every element"
     "step 1 refuses two ranks on one GPU" "CPU and GPU per-step losses from the same --init, --no-shuffle"
     "step 2 on the GPU" "step 4 on 2 ranks sharing the GPU (MPI fallback)" "step 6 == step 4 on the GPU"
@@ -344,22 +346,20 @@ fi
 # runs 100, and evaluates the first 1000 test images (a copy of the data with the test set cut):
 # a third of the time, for the same checks (tests/test_fake_gpu.sh).
 cnn_steps=100 cnn_data=(--data "$DATA")
-if grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
+if $simulated; then
     cnn_steps=40 cnn_data=(--data "$tmp/mnist_1k")
     mkdir -p "$tmp/mnist_1k"
+    ln -s "$(cd "$DATA" && pwd)"/train-* "$tmp/mnist_1k/"  # the training set as it is
     "$PYTHON" - "$DATA" "$tmp/mnist_1k" 1000 << 'EOF_PY'
 import gzip, os, struct, sys
 source, target, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def read(name):  # the file as it is, or its .gz
-    path = os.path.join(source, name)
-    return open(path, "rb").read() if os.path.exists(path) else gzip.open(path + ".gz").read()
-for part in ("train", "t10k"):
-    for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
-        data = read("%s-%s" % (part, kind))
-        count = struct.unpack(">I", data[4:8])[0] if part == "train" else keep
-        size = (len(data) - header) // struct.unpack(">I", data[4:8])[0]
-        with open(os.path.join(target, "%s-%s" % (part, kind)), "wb") as f:
-            f.write(data[:4] + struct.pack(">I", count) + data[8:header] + data[header:header + count * size])
+for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
+    name = "t10k-" + kind
+    path = os.path.join(source, name)  # the file as it is, or its .gz
+    data = open(path, "rb").read() if os.path.exists(path) else gzip.open(path + ".gz").read()
+    size = (len(data) - header) // struct.unpack(">I", data[4:8])[0]  # an image's or a label's bytes
+    with open(os.path.join(target, name), "wb") as f:
+        f.write(data[:4] + struct.pack(">I", keep) + data[8:header] + data[header:header + keep * size])
 EOF_PY
 fi
 day3/14_cnn_ddp --device cpu "${cnn_data[@]}" --max_steps 0 --save "$tmp/cnn_init.h5" --plot '' > /dev/null 2>&1
@@ -401,7 +401,7 @@ fi
 # holds no collective): the steps replayed take the eager steps' losses and weights bit for bit. On a
 # GPU, 2 epochs of 938 steps: the first step is the warm-up before the capture, and each epoch's last
 # batch (32 images) runs eagerly, so 1873 replayed. On the simulated GPU (minutes an epoch), 40 steps.
-if [ $cnn_steps = 40 ]; then cnn_run=(--max_steps 40 "${cnn_data[@]}") cnn_replayed="39 of 40"
+if $simulated; then cnn_run=(--max_steps 40 "${cnn_data[@]}") cnn_replayed="39 of 40"
 else cnn_run=(--epochs 2) cnn_replayed="1873 of 1876"; fi
 day3/14_cnn_ddp --device cuda "${cnn_run[@]}" --losses "$tmp/cnn_graph.csv" --save "$tmp/cnn_graph.h5" --plot '' > "$tmp/cnn_graph" 2>&1
 day3/14_cnn_ddp --device cuda "${cnn_run[@]}" --losses "$tmp/cnn_eager.csv" --save "$tmp/cnn_eager.h5" --plot '' \
@@ -665,7 +665,7 @@ fi
 # compute-sanitizer (memcheck): no out-of-bounds or misaligned access, no API error.
 sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}"/bin/compute-sanitizer 2> /dev/null)
 if ! thorough; then :  # make test-all and make test-gpu (TEST_LEVEL=all): minutes under memcheck
-elif grep -q -- '-lfakegpu' build/flags 2> /dev/null; then
+elif $simulated; then
     skip "compute-sanitizer (the GPU is tests/fake_gpu's, on the CPU)"
 elif [ -n "$sanitizer" ]; then
     "$sanitizer" --error-exitcode 9 day1/2_mnist_training --epochs 1 --plot '' > "$tmp/cs" 2>&1
