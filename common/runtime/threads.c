@@ -22,6 +22,7 @@
 static int g_threads = 1;
 static int g_share = 1;  // cores / ranks on the node, when a CPU binding allowed fewer
 static int g_cores = 1;  // the cores this rank may use
+static int g_room_for;   // by default, the threads that ulimit -v left room for, when fewer than g_cores
 
 // OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
 // so its count must be set through its API. Weak, so that another CBLAS
@@ -138,24 +139,48 @@ static double blas_buffer_bytes(void) {
     return mapped;
 }
 
+// What n threads take of the address space: n - 1 stacks (the calling thread has its own) and n
+// BLAS buffers (every thread of the team calls the BLAS, the calling thread too).
+typedef struct {
+    double stack, buffer;  // bytes per thread
+    double room;           // what the limit leaves this process; infinite without one
+} ThreadRoom;
+static ThreadRoom thread_room(void) {
+    ThreadRoom r = {thread_stack_bytes(), 0, memory_rlimit_room(RLIMIT_AS)};
+    if (!isinf(r.room)) r.buffer = blas_buffer_bytes();
+    return r;
+}
+static double room_needed(ThreadRoom r, int threads) { return (threads - 1) * r.stack + threads * r.buffer; }
+
 // Refuse (exit 2, one line, every rank) a --threads whose stacks and BLAS buffers would take more
 // than half of what the address-space limit leaves: the other half is the model's, which the
 // program's memory estimate checks next.
 static void require_room_for_threads(int requested) {
-    double room_here = memory_rlimit_room(RLIMIT_AS);
-    double stack = thread_stack_bytes(), buffer = isinf(room_here) ? 0 : blas_buffer_bytes();
-    double figures[3] = {(requested - 1) * stack + requested * buffer, -room_here, buffer};  // need, -room, buffer
+    ThreadRoom r = thread_room();
+    double figures[3] = {room_needed(r, requested), -r.room, r.buffer};  // need, -room, buffer
     if (dist_world_size() > 1)  // the most needed and the least room of any rank
         CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, figures, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    double need = figures[0], room = -figures[1];
-    buffer = figures[2];
+    double need = figures[0], room = -figures[1], buffer = figures[2];
     if (need <= room / 2) return;
     char buffers[96] = "";
     if (buffer > 0)
         snprintf(buffers, sizeof buffers, " and %d BLAS buffers of %.0f MiB", requested, buffer / (1 << 20));
-    usage_error("--threads %d needs %d thread stacks of %.0f MiB%s (%.1f GB of address space), more than half of "
+    usage_error("--threads %d needs %d thread stack%s of %.0f MiB%s (%.1f GB of address space), more than half of "
                 "the %.1f GB that this process may still map (ulimit -v); ask for fewer threads, or raise the "
-                "limit", requested, requested - 1, stack / (1 << 20), buffers, need / 1e9, room / 1e9);
+                "limit", requested, requested - 1, requested == 2 ? "" : "s", r.stack / (1 << 20), buffers,
+                need / 1e9, room / 1e9);
+}
+
+// The default count, one thread per core, under the same rule: where the limit leaves no room for
+// a core's thread, that thread is not started (it is the program's choice, so no error; the first
+// line says so). Without a limit, nothing is measured. Ranks may settle on different counts, as
+// they may have different cores: a result does not depend on the count.
+static int threads_that_fit(int cores) {
+    if (cores <= 1 || isinf(memory_rlimit_room(RLIMIT_AS))) return cores;
+    ThreadRoom r = thread_room();
+    int threads = cores;
+    while (threads > 1 && room_needed(r, threads) > r.room / 2) threads--;
+    return threads;
 }
 
 int threads_init(int requested) {
@@ -170,9 +195,11 @@ int threads_init(int requested) {
     if (requested > 1) require_room_for_threads(requested);
     int threads = requested;
     g_share = 1;
+    g_room_for = 0;
     if (threads <= 0) {
-        threads = g_cores;
-        if (threads < fair_share) g_share = fair_share;
+        threads = threads_that_fit(g_cores);
+        if (g_cores < fair_share) g_share = fair_share;
+        if (threads < g_cores) g_room_for = threads;
     }
     // BLAS at one thread first: an OpenBLAS built with OpenMP (Debian's and
     // Ubuntu's libopenblas0-openmp) sets its count through
@@ -202,14 +229,18 @@ const char *threads_blas_name(void) {
 }
 
 const char *threads_describe(void) {
-    static char text[320];
+    static char text[384];
     // mpirun binds 1 or 2 ranks to one core each by default (and Slurm may bind
     // too): a rank bound to fewer cores than its share says so.
-    char bound[96] = "";
-    if (g_share > g_threads)
-        snprintf(bound, sizeof bound, " (bound to %d of its %d cores: mpirun --bind-to none frees them)", g_threads,
+    char bound[96] = "", room[112] = "";
+    if (g_share > g_cores)
+        snprintf(bound, sizeof bound, " (bound to %d of its %d cores: mpirun --bind-to none frees them)", g_cores,
                  g_share);
-    snprintf(text, sizeof text, "%d thread%s%s%s, %s", g_threads, g_threads == 1 ? "" : "s",
-             dist_world_size() > 1 ? " per rank" : "", bound, threads_blas_name());
+    // Under ulimit -v, the default count may start fewer threads than the cores (threads_that_fit).
+    if (g_room_for)
+        snprintf(room, sizeof room, " (of %d cores: ulimit -v leaves no room for more threads' stacks and BLAS "
+                 "buffers)", g_cores);
+    snprintf(text, sizeof text, "%d thread%s%s%s%s, %s", g_threads, g_threads == 1 ? "" : "s",
+             dist_world_size() > 1 ? " per rank" : "", bound, room, threads_blas_name());
     return text;
 }

@@ -35,7 +35,8 @@
 // OpenMP to it and BLAS to one thread. Call it once, after dist_init. Returns
 // the count. Under `ulimit -v`, a count whose stacks and BLAS buffers would
 // take more than half of what the limit leaves is refused (exit 2, one line,
-// collectively: it calls MPI).
+// collectively: it calls MPI); the default count (requested <= 0: a thread
+// per core) starts only the threads that fit, and threads_describe says so.
 int threads_init(int requested);
 int threads_count(void);
 // The cores this rank may use: its share of the node (cores / ranks on the
