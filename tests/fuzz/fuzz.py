@@ -13,7 +13,7 @@ Input kinds (--kinds, all by default):
   text      steps 19 and 20's text (Tiny Shakespeare's input.txt): empty, cut near the least a window needs,
             NUL and control bytes, every byte value, one character only, a folder or nothing in its place;
             with an --init of another vocabulary, or a --prompt of characters the text lacks
-  checkpoint  the sharded checkpoints of steps 13, 18, 19 and 20 (index.h5, a rank's shard file, `current`),
+  checkpoint  the sharded checkpoints of steps 13, 16, 17, 18, 19 and 20 (index.h5, a rank's shard file, `current`),
             mutated as the HDF5 files above, resumed on 1-3 ranks under another layout, or converted by
             tools/checkpoint_to_state_dict
   flags     flag values for steps 2-20: numbers at and past their limits, empty, huge, control bytes and
@@ -484,6 +484,12 @@ class Fuzzer:
     # how a run resumes it on np ranks (one step more). A resume may take another layout: the load reshards.
     CHECKPOINTED = {
         "day3/13_fault_tolerant_ddp": ({"--total_epochs": "1", "--plot": ""}, lambda rng, np_: ["--total_epochs", "2"]),
+        "day4/16_pipeline_ddp": ({"--max_steps": "2", "--plot": "", "--pp": "2", "--batch_size": "64"},
+                                 lambda rng, np_: ["--max_steps", "3", "--batch_size", "64", "--pp",
+                                                   str(rng.choice([1, 2] if np_ == 2 else [1]))]),
+        "day4/17_tensor_parallel": ({"--max_steps": "2", "--plot": "", "--tp": "2", "--batch_size": "64"},
+                                    lambda rng, np_: ["--max_steps", "3", "--batch_size", "64", "--tp",
+                                                      str(rng.choice([1, 2] if np_ == 2 else [1]))]),
         "day4/18_zero_sharding": ({"--max_steps": "2", "--plot": "", "--zero": "3", "--batch_size": "64"},
                                   lambda rng, np_: ["--max_steps", "3", "--batch_size", "64", "--zero", str(rng.randrange(4))]),
         "day5/19_gpt": (GPT_SHORT, lambda rng, np_: ["--max_iters", "3", "--eval_interval", "3"] +
