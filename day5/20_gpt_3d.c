@@ -296,47 +296,20 @@ static double estimate_loss(Gpt *model, const Grid *grid, const Schedule *schedu
     return loss_over_world(grid, sum) / ((double)o->eval_iters * o->accum_steps * o->dp);
 }
 
-// nanoGPT's generate(): each new character from the last block_size ones; logits / temperature,
-// all but the top_k set to -inf, softmax, one draw.
+// nanoGPT's sample.py, after training: model.eval(), generate from the prompt, decode, print. The
+// text's characters as they are, a control byte or a byte of no UTF-8 escaped (\x1b): the training
+// text may hold any byte, and a terminal would obey some.
 static void sample_text(Gpt *model, const CharText *text, const int *prompt, int prompt_length, const Options *o,
                         Rng *rng) {
-    int capacity = prompt_length + o->sample, V = model->config.vocab_size;
-    int *context = xmalloc((size_t)capacity * sizeof(int));
-    memcpy(context, prompt, (size_t)prompt_length * sizeof(int));
-    double *probs = xmalloc((size_t)V * sizeof(double));
-    float *logits = xmalloc((size_t)V * sizeof(float)), *sorted = xmalloc((size_t)V * sizeof(float));
-    char *out = xmalloc((size_t)capacity + 1);
-    for (int i = 0; i < prompt_length; i++) out[i] = (char)text->chars[prompt[i]];
+    int length = prompt_length + o->sample;
+    int *tokens = xmalloc((size_t)length * sizeof(int));
+    char *out = xmalloc((size_t)length), *shown = xmalloc(4 * (size_t)length + 1);
+    memcpy(tokens, prompt, (size_t)prompt_length * sizeof(int));
     gpt_set_training(model, false);  // model.eval(): no dropout
-    for (int n = prompt_length; n < capacity; n++) {
-        int T = n < o->block_size ? n : o->block_size;
-        gpt_forward(model, context + n - T, 1, T);
-        gpt_logits_row(model, T - 1, logits);  // the last position's
-
-        // The k-th largest logit: everything below it is out (torch.topk, then logits < v[-1]).
-        int k = o->top_k < V ? o->top_k : V;
-        memcpy(sorted, logits, (size_t)V * sizeof(float));
-        for (int i = 0; i < k; i++)  // a partial selection sort: k is small
-            for (int j = i + 1; j < V; j++)
-                if (sorted[j] > sorted[i]) { float swap = sorted[i]; sorted[i] = sorted[j]; sorted[j] = swap; }
-        float threshold = sorted[k - 1], max = sorted[0];
-        double total = 0.0;
-        for (int c = 0; c < V; c++) total += probs[c] = logits[c] < threshold ? 0.0 : exp((logits[c] - max) / o->temperature);
-        double u = rng_uniform(rng, 0.0f, 1.0f) * total, cumulative = 0.0;
-        int next = 0;
-        for (int c = 0; c < V; c++) {
-            cumulative += probs[c];
-            if (probs[c] > 0.0) next = c;  // the last possible one, should rounding leave u beyond the sum
-            if (u < cumulative && probs[c] > 0.0) break;
-        }
-        context[n] = next;
-        out[n] = (char)text->chars[next];
-    }
-    // The text's characters as they are, a control byte or a byte of no UTF-8 escaped (\x1b): the
-    // training text may hold any byte, and a terminal would obey some.
-    char *shown = xmalloc(4 * (size_t)capacity + 1);
-    print0("%s\n", escape_lines(shown, out, (size_t)capacity));
-    free(context), free(probs), free(logits), free(sorted), free(out), free(shown);
+    gpt_generate(model, tokens, prompt_length, o->sample, o->temperature, o->top_k, rng);
+    char_text_decode(text, tokens, length, out);
+    print0("%s\n", escape_lines(shown, out, (size_t)length));
+    free(tokens), free(out), free(shown);
 }
 
 // The whole model again, on the model group's rank 0 (a replica's stage 0, tensor-parallel rank 0):

@@ -116,3 +116,7 @@ bool char_text_encode(const CharText *text, const char *prompt, int *tokens, int
     }
     return true;
 }
+
+void char_text_decode(const CharText *text, const int *tokens, int count, char *out) {
+    for (int i = 0; i < count; i++) out[i] = (char)text->chars[tokens[i]];
+}

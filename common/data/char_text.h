@@ -42,3 +42,5 @@ void char_text_windows(const CharText *text, TextSplit split, const long *offset
 // The tokens of `prompt` (a --sample prompt), into tokens[strlen(prompt)]; false when a character
 // is not in the vocabulary, with *bad its position.
 bool char_text_encode(const CharText *text, const char *prompt, int *tokens, int *bad);
+// The characters of tokens[count], into out[count] (no NUL added): nanoGPT's decode().
+void char_text_decode(const CharText *text, const int *tokens, int count, char *out);

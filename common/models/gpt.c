@@ -758,6 +758,36 @@ void gpt_logits_row(const Gpt *m, int row, float *host) {
     tensor_to_host(&one, host);
 }
 
+void gpt_generate(Gpt *m, int *tokens, int prompt_length, int new_tokens, double temperature, int top_k, Rng *rng) {
+    const int V = m->config.vocab_size, block_size = m->config.block_size;
+    double *probs = xmalloc((size_t)V * sizeof(double));
+    float *logits = xmalloc((size_t)V * sizeof(float)), *sorted = xmalloc((size_t)V * sizeof(float));
+    for (int n = prompt_length; n < prompt_length + new_tokens; n++) {
+        int T = n < block_size ? n : block_size;  // idx_cond: the context cropped to block_size
+        gpt_forward(m, tokens + n - T, 1, T);
+        gpt_logits_row(m, T - 1, logits);  // the last position's
+
+        // The k-th largest logit: everything below it is out (torch.topk, then logits < v[-1]).
+        int k = top_k < V ? top_k : V;
+        memcpy(sorted, logits, (size_t)V * sizeof(float));
+        for (int i = 0; i < k; i++)  // a partial selection sort: k is small
+            for (int j = i + 1; j < V; j++)
+                if (sorted[j] > sorted[i]) { float swap = sorted[i]; sorted[i] = sorted[j]; sorted[j] = swap; }
+        float threshold = sorted[k - 1], max = sorted[0];
+        double total = 0.0;
+        for (int c = 0; c < V; c++) total += probs[c] = logits[c] < threshold ? 0.0 : exp((logits[c] - max) / temperature);
+        double u = rng_uniform(rng, 0.0f, 1.0f) * total, cumulative = 0.0;  // torch.multinomial's one draw
+        int next = 0;
+        for (int c = 0; c < V; c++) {
+            cumulative += probs[c];
+            if (probs[c] > 0.0) next = c;  // the last possible one, should rounding leave u beyond the sum
+            if (u < cumulative && probs[c] > 0.0) break;
+        }
+        tokens[n] = next;
+    }
+    free(probs), free(logits), free(sorted);
+}
+
 float gpt_stage_loss(Gpt *m, int micro, const int *targets, int B, int T, float factor) {
     CHECK(m->has_head, "gpt_stage_loss: the last stage's");
     check_micro_batch(m, micro, B, T);

@@ -235,6 +235,13 @@ const Tensor *gpt_stage_backward(Gpt *model, int micro, int B, int T, GradReadyH
 
 // Row `row` of the last forward's logits [V], copied to the host (the host waits for the forward).
 void gpt_logits_row(const Gpt *model, int row, float *host);
+// model.generate(idx, max_new_tokens, temperature, top_k), nanoGPT's: tokens[n] for n from
+// prompt_length to prompt_length + new_tokens - 1, each drawn from the logits at the last of the
+// (at most block_size) tokens before it: divided by temperature, every logit below the top_k-th
+// largest left out (top_k >= vocab_size: none), softmax, one draw from rng. tokens holds
+// prompt_length + new_tokens, the prompt first. Call gpt_set_training(model, false) first
+// (model.eval(): no dropout), as nanoGPT's sample.py does.
+void gpt_generate(Gpt *model, int *tokens, int prompt_length, int new_tokens, double temperature, int top_k, Rng *rng);
 // F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.
 // Keeps d loss / d logits for backward.
 float gpt_loss(Gpt *model, const int *targets);
