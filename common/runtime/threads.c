@@ -22,7 +22,7 @@
 static int g_threads = 1;
 static int g_share = 1;  // cores / ranks on the node, when a CPU binding allowed fewer
 static int g_cores = 1;  // the cores this rank may use
-static int g_room_for;   // by default, the threads that ulimit -v left room for, when fewer than g_cores
+static bool g_room_capped;  // the default count met ulimit -v: fewer threads than cores (threads_that_fit)
 
 // OpenBLAS reads OPENBLAS_NUM_THREADS when the library loads, before main(),
 // so its count must be set through its API. Weak, so that another CBLAS
@@ -195,11 +195,11 @@ int threads_init(int requested) {
     if (requested > 1) require_room_for_threads(requested);
     int threads = requested;
     g_share = 1;
-    g_room_for = 0;
+    g_room_capped = false;
     if (threads <= 0) {
         threads = threads_that_fit(g_cores);
         if (g_cores < fair_share) g_share = fair_share;
-        if (threads < g_cores) g_room_for = threads;
+        g_room_capped = threads < g_cores;
     }
     // BLAS at one thread first: an OpenBLAS built with OpenMP (Debian's and
     // Ubuntu's libopenblas0-openmp) sets its count through
@@ -237,7 +237,7 @@ const char *threads_describe(void) {
         snprintf(bound, sizeof bound, " (bound to %d of its %d cores: mpirun --bind-to none frees them)", g_cores,
                  g_share);
     // Under ulimit -v, the default count may start fewer threads than the cores (threads_that_fit).
-    if (g_room_for)
+    if (g_room_capped)
         snprintf(room, sizeof room, " (of %d cores: ulimit -v leaves no room for more threads' stacks and BLAS "
                  "buffers)", g_cores);
     snprintf(text, sizeof text, "%d thread%s%s%s%s, %s", g_threads, g_threads == 1 ? "" : "s",
