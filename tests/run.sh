@@ -32,6 +32,10 @@ if [ "$TEST_LEVEL" = quick ]; then
     export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 fi
 
+# The unit tests of a SANITIZE=1 build as the scripts run theirs (tests/lib.sh says why).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
 log=$(mktemp)
 # Seconds and name of each suite, for the budget line at the end; TEST_TIMES=FILE keeps them there.
 times=${TEST_TIMES:-$(mktemp)}
