@@ -197,6 +197,16 @@ def closest(line, printed):
 MARKER = re.compile(r'^<!-- (run|output of)(?: \(([a-z, ]+)\))?: (.*?)(?: \(exit (\d+)( without a GPU)?\))? -->$')
 MPIRUN = r'(?:mpirun(?:\s+--?[\w-]+(?:\s+\d+)?)*\s+)?'  # "mpirun -np 2 " before a program, or nothing
 ALL = os.environ.get('TEST_LEVEL') == 'all'  # make test-all: the slow checks too
+
+
+def sanitized_build():
+    """A SANITIZE=1 build (make test SANITIZE=1): AddressSanitizer reserves terabytes of address space
+    for its shadow as a program starts, so nothing of it runs under `ulimit -v`."""
+    try:
+        with open(os.path.join(ROOT, 'build', 'flags')) as f:
+            return '-fsanitize=address' in f.read()
+    except OSError:
+        return False
 SHOW = False  # --show: a FAIL shows all that the command printed
 
 
@@ -375,6 +385,9 @@ def main(files):
                     continue
                 if program == 'day5/19_gpt' and not os.path.isfile(os.path.join(ROOT, 'data', 'shakespeare', 'input.txt')):
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: no Tiny Shakespeare in data/shakespeare (make shakespeare)')
+                    continue
+                if 'ulimit -v' in command and sanitized_build():
+                    print(f'SKIP guides: {rel} ({where_in_file}): {command}: a SANITIZE=1 build cannot run under ulimit -v')
                     continue
                 if 'slow' in options and not ALL:
                     print(f'SKIP guides: {rel} ({where_in_file}): {command}: slow, make test-all runs it')

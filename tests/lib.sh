@@ -22,7 +22,9 @@ PYTHON=${PYTHON:-/usr/bin/python3}  # with torch and h5py; on GPU nodes python3 
 # does not. A program that stops on an error (usage_error, a refused file, MPI_Abort) leaves its
 # memory to the system, as Open MPI and HDF5 do at any exit; a leak report there would change the
 # exit status and the one-line refusal that the checks read. A user's own settings are kept.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+# (verify_asan_link_order=0: the tests' LD_PRELOAD libraries, which fail a write or an NCCL call, come
+# before AddressSanitizer's runtime in the load order, which it otherwise refuses.)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:verify_asan_link_order=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 # ---------------------------------------------------------------- verdicts
@@ -154,16 +156,24 @@ expect_error() {
 # peak_kb COMMAND...: COMMAND's peak resident memory in kB (GNU time), its output
 # dropped; bounded as run.
 peak_kb() { run /usr/bin/time -f '%M' -o "$tmp/rss" "$@" > /dev/null 2>&1 && cat "$tmp/rss"; }
+# sanitized PROGRAM: PROGRAM is of a SANITIZE=1 build (AddressSanitizer's runtime is in it).
+sanitized() { nm "$1" 2> /dev/null | grep -q __asan_init; }
 # no_peak_memory WHAT PROGRAM: SKIP WHAT (and succeed) where PROGRAM's peak memory
 # cannot be measured or means nothing: no GNU time, or a SANITIZE=1 build.
 no_peak_memory() {
-    if nm "$2" 2> /dev/null | grep -q __asan_init; then
+    if sanitized "$2"; then
         skip "$1 (a SANITIZE=1 build: AddressSanitizer's allocator keeps freed memory)"
     elif [ ! -x /usr/bin/time ]; then
         skip "$1 (needs /usr/bin/time: apt-get install time)"
     else
         return 1
     fi
+}
+# no_address_limit WHAT PROGRAM: SKIP WHAT (and succeed) where PROGRAM cannot run under ulimit -v:
+# a SANITIZE=1 build, whose AddressSanitizer reserves terabytes of address space for its shadow.
+no_address_limit() {
+    sanitized "$2" || return 1
+    skip "$1 (a SANITIZE=1 build: AddressSanitizer reserves terabytes of address space, past any ulimit -v)"
 }
 
 # ---------------------------------------------------------------- comparisons

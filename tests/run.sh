@@ -33,7 +33,7 @@ if [ "$TEST_LEVEL" = quick ]; then
 fi
 
 # The unit tests of a SANITIZE=1 build as the scripts run theirs (tests/lib.sh says why).
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:verify_asan_link_order=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 log=$(mktemp)

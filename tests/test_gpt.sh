@@ -210,9 +210,12 @@ refused "an --init of another vocabulary" 1 "init\.h5: dataset 'transformer\.wte
     --data "$tmp/other" --init "$tmp/init.h5"
 refused "--prompt with a character outside the vocabulary" 2 "^error: --prompt 'Hello\{': its character 6, '\{', is not in the vocabulary of .*input\.txt \(65 characters\)" \
     --data "$SHAKESPEARE" --sample 10 --prompt 'Hello{'
-# --device cuda where there is no GPU: refused by device_from_flag, in one line (exit 1). Where there is
-# one it trains: tests/test_gpu.sh compares its steps with the CPU's.
-if [ "$(build/tools/gpu_count 2> /dev/null || echo 0)" = 0 ]; then
+# --device cuda where there is no GPU: refused by device_from_flag, in one line (exit 1; in a build
+# without CUDA, exit 2: a usage error). Where there is one it trains: tests/test_gpu.sh compares its
+# steps with the CPU's.
+if ! grep -q 'HAVE_CUDA=1' build/flags 2> /dev/null; then
+    refused "--device cuda in a build without CUDA" 2 "^error: --device cuda: this build has no GPU code" --data "$SHAKESPEARE" --device cuda
+elif [ "$(build/tools/gpu_count 2> /dev/null || echo 0)" = 0 ]; then
     refused "--device cuda without a GPU" 1 "--device cuda" --data "$SHAKESPEARE" --device cuda
 fi
 exit_status

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Memory before allocation (common/runtime/memory_budget.h), and step 15's --synthetic on a full disk.
+# - --synthetic on a 1 MB tmpfs: refused before writing, and a disk filled during the write leaves
+#   no temporary file; SIGTERM during the write neither.
 # - Flags that would take more than a rank's share of memory are refused in one line, exit 2,
 #   before anything is allocated: step 17's --hidden 1048576 --tp 2 (once an OOM kill at about
 #   12 GB a rank), step 16's, step 18's, step 15's --dim. Each runs under `ulimit -v 4 GB`:
@@ -11,8 +13,6 @@
 # - A small machine faked with ulimit: a batch that fits the node is refused there.
 # - The estimate against the peak resident set the programs print, within a factor of 1.5 either
 #   way, so that the estimate cannot drift from what the programs allocate.
-# - --synthetic on a 1 MB tmpfs: refused before writing, and a disk filled during the write leaves
-#   no temporary file; SIGTERM during the write neither.
 # Prints one PASS/FAIL/SKIP line per check (tests/run.sh counts them).
 set -u
 cd "$(dirname "$0")/.."
@@ -40,6 +40,50 @@ refused() {
         fail "$label: expected exit 2 and one line naming $what under ulimit -v $kb (got exit $status: $(head -2 "$tmp/out" | tr '\n' ' '))"
     fi
 }
+
+# ---------------------------------------------------------------- --synthetic on a small disk
+leftovers() { find "$1" -name '*.tmp.*' | wc -l; }
+disk="$tmp/disk"
+mkdir -p "$disk"
+if mount -t tmpfs -o size=1m tmpfs "$disk" 2> /dev/null; then
+    mounted=$disk
+    timeout 60 day3/15_recommender_ddp --synthetic 100000 --data "$disk/syn" > "$tmp/out" 2>&1
+    status=$?
+    expect "--synthetic 100000 on a 1 MB tmpfs: exit $status (1), one line, nothing written: $(head -1 "$tmp/out")" \
+        test $status -eq 1 -a "$(wc -l < "$tmp/out")" -eq 1 -a "$(grep -c 'the files need up to 2.3 MB in .*, which has 1.0 MB free' "$tmp/out")" -eq 1 \
+        -a "$(find "$disk" -type f | wc -l)" -eq 0
+    timeout 60 day3/15_recommender_ddp --synthetic 20000 --data "$disk/syn" > "$tmp/out" 2>&1
+    expect "--synthetic 20000 fits it: exit $?, $(wc -l < "$disk/syn/ratings.csv" 2> /dev/null) lines" \
+        test "$(wc -l < "$disk/syn/ratings.csv" 2> /dev/null)" = 20001 -a "$(leftovers "$disk")" -eq 0
+    umount "$disk" && mounted=""
+    # A disk that fills during the write (another writer takes the room once the check has passed).
+    if mount -t tmpfs -o size=120m tmpfs "$disk" 2> /dev/null; then
+        mounted=$disk
+        timeout 120 day3/15_recommender_ddp --synthetic 3000000 --data "$disk/syn" > "$tmp/out" 2>&1 &
+        writer=$!
+        for _ in $(seq 50); do [ -n "$(find "$disk" -name '*.tmp.*')" ] && break; sleep 0.1; done
+        dd if=/dev/zero of="$disk/filler" bs=1M 2> /dev/null  # until the disk is full
+        wait $writer
+        status=$?
+        expect "a disk filled during --synthetic's write: exit $status (non-zero), one line, no temporary file left ($(leftovers "$disk")): $(head -1 "$tmp/out")" \
+            test $status -ne 0 -a "$(leftovers "$disk")" -eq 0 -a "$(grep -c 'No space left on device\|which has .* MB free' "$tmp/out")" -eq 1
+        umount "$disk" && mounted=""
+    fi
+else
+    skip "--synthetic on a small tmpfs: mount -t tmpfs is not allowed here"
+fi
+# A signal during the write removes the temporary file before the process ends by it.
+timeout 120 day3/15_recommender_ddp --synthetic 3000000 --data "$tmp/signalled" > "$tmp/out" 2>&1 &
+writer=$!
+for _ in $(seq 50); do [ -n "$(find "$tmp/signalled" -name '*.tmp.*' 2> /dev/null)" ] && break; sleep 0.1; done
+kill -TERM $writer
+wait $writer
+status=$?
+expect "SIGTERM during --synthetic's write: ended by it (exit $status), no temporary file left ($(leftovers "$tmp/signalled"))" \
+    test $status -eq 143 -a "$(leftovers "$tmp/signalled")" -eq 0
+
+# Every check below runs under ulimit -v: none where AddressSanitizer runs.
+if no_address_limit "the checks under ulimit -v" day1/2_mnist_training; then exit_status; exit; fi
 
 # ---------------------------------------------------------------- refused before allocating
 refused "--hidden 1048576 --tp 2" $LIMIT_KB $MPIRUN -np 2 day4/17_tensor_parallel --tp 2 --hidden 1048576 --max_steps 1
@@ -146,43 +190,3 @@ if thorough; then
     compare_peak "step 17 --tp 2 --batch_size 65536" 8 2 day4/17_tensor_parallel --tp 2 --hidden 2048 --batch_size 65536 --max_steps 1
 fi
 
-# ---------------------------------------------------------------- --synthetic on a small disk
-leftovers() { find "$1" -name '*.tmp.*' | wc -l; }
-disk="$tmp/disk"
-mkdir -p "$disk"
-if mount -t tmpfs -o size=1m tmpfs "$disk" 2> /dev/null; then
-    mounted=$disk
-    timeout 60 day3/15_recommender_ddp --synthetic 100000 --data "$disk/syn" > "$tmp/out" 2>&1
-    status=$?
-    expect "--synthetic 100000 on a 1 MB tmpfs: exit $status (1), one line, nothing written: $(head -1 "$tmp/out")" \
-        test $status -eq 1 -a "$(wc -l < "$tmp/out")" -eq 1 -a "$(grep -c 'the files need up to 2.3 MB in .*, which has 1.0 MB free' "$tmp/out")" -eq 1 \
-        -a "$(find "$disk" -type f | wc -l)" -eq 0
-    timeout 60 day3/15_recommender_ddp --synthetic 20000 --data "$disk/syn" > "$tmp/out" 2>&1
-    expect "--synthetic 20000 fits it: exit $?, $(wc -l < "$disk/syn/ratings.csv" 2> /dev/null) lines" \
-        test "$(wc -l < "$disk/syn/ratings.csv" 2> /dev/null)" = 20001 -a "$(leftovers "$disk")" -eq 0
-    umount "$disk" && mounted=""
-    # A disk that fills during the write (another writer takes the room once the check has passed).
-    if mount -t tmpfs -o size=120m tmpfs "$disk" 2> /dev/null; then
-        mounted=$disk
-        timeout 120 day3/15_recommender_ddp --synthetic 3000000 --data "$disk/syn" > "$tmp/out" 2>&1 &
-        writer=$!
-        for _ in $(seq 50); do [ -n "$(find "$disk" -name '*.tmp.*')" ] && break; sleep 0.1; done
-        dd if=/dev/zero of="$disk/filler" bs=1M 2> /dev/null  # until the disk is full
-        wait $writer
-        status=$?
-        expect "a disk filled during --synthetic's write: exit $status (non-zero), one line, no temporary file left ($(leftovers "$disk")): $(head -1 "$tmp/out")" \
-            test $status -ne 0 -a "$(leftovers "$disk")" -eq 0 -a "$(grep -c 'No space left on device\|which has .* MB free' "$tmp/out")" -eq 1
-        umount "$disk" && mounted=""
-    fi
-else
-    skip "--synthetic on a small tmpfs: mount -t tmpfs is not allowed here"
-fi
-# A signal during the write removes the temporary file before the process ends by it.
-timeout 120 day3/15_recommender_ddp --synthetic 3000000 --data "$tmp/signalled" > "$tmp/out" 2>&1 &
-writer=$!
-for _ in $(seq 50); do [ -n "$(find "$tmp/signalled" -name '*.tmp.*' 2> /dev/null)" ] && break; sleep 0.1; done
-kill -TERM $writer
-wait $writer
-status=$?
-expect "SIGTERM during --synthetic's write: ended by it (exit $status), no temporary file left ($(leftovers "$tmp/signalled"))" \
-    test $status -eq 143 -a "$(leftovers "$tmp/signalled")" -eq 0

@@ -362,6 +362,11 @@ err_lines() { wc -l < "$tmp/$1.err"; }
 err_controls() { tr -d '\n' < "$tmp/$1.err" | LC_ALL=C grep -c '[[:cntrl:]]'; }
 hostile unlogged
 reference_rss=$rss_kb
+# The memory bound: within 64 MiB of the untracked run's. Not in a SANITIZE=1 build, whose allocator
+# keeps what is freed for a while (AddressSanitizer's quarantine): an 8 MiB answer read and dropped
+# there stays resident.
+rss_bound=$((reference_rss + 65536))
+sanitized day1/2_mnist_training && rss_bound=$((1 << 40))
 # hostile_midrun WHAT WANT NAME OPTIONS...: the run goes on to the same losses, exit 0, warnings only
 # (at most 3 lines: the failure, the server answering again, the end's; one naming WANT; no control
 # byte), the end within 4 s, memory within 64 MiB of the untracked run's.
@@ -372,7 +377,7 @@ hostile_midrun() {
     lines=$(err_lines "$name") controls=$(err_controls "$name")
     wanted=$(grep -c -- "$want" "$tmp/$name.err") others=$(grep -vc '^warning: MLflow: ' "$tmp/$name.err")
     if [ $status -eq 0 ] && cmp -s "$tmp/$name.csv" "$tmp/unlogged.csv" && [ "$lines" -le 3 ] && [ "$wanted" -eq 1 ] &&
-            [ "$others" -eq 0 ] && [ "$controls" -eq 0 ] && [ $end_ms -le 4000 ] && [ $rss_kb -le $((reference_rss + 65536)) ]; then
+            [ "$others" -eq 0 ] && [ "$controls" -eq 0 ] && [ $end_ms -le 4000 ] && [ $rss_kb -le $rss_bound ]; then
         pass "$what: the same losses, exit 0, the end in $end_ms ms (bound 3 s), peak memory $((rss_kb / 1024)) MiB (untracked $((reference_rss / 1024)) MiB), $lines warning line(s): $(grep -- "$want" "$tmp/$name.err" | sed 's/^warning: MLflow: //' | cut -c1-190)"
     else
         fail "$what: exit $status, losses $(cmp -s "$tmp/$name.csv" "$tmp/unlogged.csv" && echo same || echo differ), the end in $end_ms ms (bound 3000 + 1000), peak memory $rss_kb KB (untracked $reference_rss), $lines lines ($wanted naming '$want', $others not warnings, $controls control bytes): $(head -3 "$tmp/$name.err" | cut -c1-300 | tr '\n' ' ')"
@@ -386,7 +391,7 @@ hostile_start() {
     local lines controls
     lines=$(err_lines "$name") controls=$(err_controls "$name")
     if [ $status -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- "$want" "$tmp/$name.err" && [ "$controls" -eq 0 ] &&
-            ! grep -q '^epoch' "$tmp/$name.out" && [ $rss_kb -le $((reference_rss + 65536)) ]; then
+            ! grep -q '^epoch' "$tmp/$name.out" && [ $rss_kb -le $rss_bound ]; then
         pass "$what: exit 2, one line, before any training: $(sed "s|$port|PORT|g" "$tmp/$name.err" | cut -c1-230)"
     else
         fail "$what: exit $status, $lines lines ($controls control bytes), peak memory $rss_kb KB, expected exit 2 and one line naming '$want': $(head -3 "$tmp/$name.err" | cut -c1-300 | tr '\n' ' ')"

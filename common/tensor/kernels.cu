@@ -1344,7 +1344,8 @@ __device__ static float exp_nonpositive(float x) {
     p = __fadd_rn(__fmul_rn(p, r), 0.5f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+    int k = n >= -126.0f ? (int)n : -127;  // a NaN x: as transformer_ops.c's, the result NaN
+    return __fmul_rn(p, __int_as_float((k + 127) << 23));
 }
 
 // The end of row t's work (n = t + 1 positions): whole chunks of LANES, at most T (causal_end).

@@ -170,7 +170,11 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    union { int32_t bits; float value; } two_to_n = {.bits = ((int32_t)n + 127) << 23};
+    // n is in [-126, 0]. A NaN x (a diverged run's scores) makes n NaN, which C leaves undefined to
+    // convert (UBSan: a shift of INT_MIN + 127): it takes -127 instead, and p, NaN too, keeps the
+    // result NaN, as the caller's check of the loss needs.
+    int32_t k = n >= -126.0f ? (int32_t)n : -127;
+    union { uint32_t bits; float value; } two_to_n = {.bits = (uint32_t)(k + 127) << 23};
     return p * two_to_n.value;
 }
 

@@ -130,7 +130,7 @@ static void test_need_and_refusal(void) {
     EXPECT(strstr(line, "needs about 12.6 GB on rank 3 (") != NULL, "ranks that need different amounts: the rank: %s", line);
 
     MemoryNeed many = memory_need("--x");
-    char name[16];
+    char name[24];  // "part " and any int
     for (int i = 0; i < MEMORY_PARTS + 3; i++) {
         snprintf(name, sizeof name, "part %d", i);
         memory_need_add(&many, name, 1e6);
