@@ -129,3 +129,11 @@ for step in $zero_wait_steps; do
     waits=$(sed -n "s/^zero-wait step $step: //p" "$tmp/step_counts")
     expect "fake GPU x2: step $step's steady training step makes no host wait (${waits:-no count}; launches above)" test "$waits" = 0
 done
+# tests/bench_gpu.sh, issue 40's one sitting on a GPU machine, runs every line at small sizes on 2
+# simulated GPUs (QUICK=1), so that the script a GPU's few minutes go to cannot break unseen. Its
+# figures mean nothing here: the simulated GPU runs kernels thread by thread.
+(cd "$src" && FAKE_GPU_COUNT=2 QUICK=1 MPIRUN="$MPIRUN" timeout 600 bash tests/bench_gpu.sh) > "$tmp/bench_gpu" 2>&1
+status=$?
+figures=$(grep -cE '^step [0-9]+[^:]*: [0-9.]+ ' "$tmp/bench_gpu")
+expect "fake GPU x2: QUICK=1 tests/bench_gpu.sh runs to its end: exit $status, $figures of its 8 figures printed" \
+    test $status -eq 0 -a "$figures" -eq 8
