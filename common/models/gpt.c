@@ -759,6 +759,8 @@ void gpt_logits_row(const Gpt *m, int row, float *host) {
 }
 
 void gpt_generate(Gpt *m, int *tokens, int prompt_length, int new_tokens, double temperature, int top_k, Rng *rng) {
+    CHECK(top_k >= 1 && temperature > 0, "gpt_generate: top_k %d, temperature %g (expected >= 1 and > 0)", top_k,
+          temperature);
     const int V = m->config.vocab_size, block_size = m->config.block_size;
     double *probs = xmalloc((size_t)V * sizeof(double));
     float *logits = xmalloc((size_t)V * sizeof(float)), *sorted = xmalloc((size_t)V * sizeof(float));

@@ -240,7 +240,7 @@ void gpt_logits_row(const Gpt *model, int row, float *host);
 // (at most block_size) tokens before it: divided by temperature, every logit below the top_k-th
 // largest left out (top_k >= vocab_size: none), softmax, one draw from rng. tokens holds
 // prompt_length + new_tokens, the prompt first. Call gpt_set_training(model, false) first
-// (model.eval(): no dropout), as nanoGPT's sample.py does.
+// (model.eval(): no dropout), as nanoGPT's sample.py does. top_k >= 1, temperature > 0.
 void gpt_generate(Gpt *model, int *tokens, int prompt_length, int new_tokens, double temperature, int top_k, Rng *rng);
 // F.cross_entropy of the last forward's logits against targets [B * T]: the mean over tokens.
 // Keeps d loss / d logits for backward.

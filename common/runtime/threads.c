@@ -197,9 +197,13 @@ int threads_init(int requested) {
     g_share = 1;
     g_room_capped = false;
     if (threads <= 0) {
+#ifdef _OPENMP
         threads = threads_that_fit(g_cores);
-        if (g_cores < fair_share) g_share = fair_share;
         g_room_capped = threads < g_cores;
+#else
+        threads = g_cores;  // (one below, whatever the limit: nothing to fit)
+#endif
+        if (g_cores < fair_share) g_share = fair_share;
     }
     // BLAS at one thread first: an OpenBLAS built with OpenMP (Debian's and
     // Ubuntu's libopenblas0-openmp) sets its count through
