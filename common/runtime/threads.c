@@ -176,6 +176,9 @@ static void require_room_for_threads(int requested) {
 // line says so). Without a limit, nothing is measured. Ranks may settle on different counts, as
 // they may have different cores: a result does not depend on the count.
 static int threads_that_fit(int cores) {
+#ifndef _OPENMP
+    return cores;  // built without OpenMP: one thread computes, whatever the count (threads_init)
+#endif
     if (cores <= 1 || isinf(memory_rlimit_room(RLIMIT_AS))) return cores;
     ThreadRoom r = thread_room();
     int threads = cores;
@@ -197,12 +200,8 @@ int threads_init(int requested) {
     g_share = 1;
     g_room_capped = false;
     if (threads <= 0) {
-#ifdef _OPENMP
         threads = threads_that_fit(g_cores);
         g_room_capped = threads < g_cores;
-#else
-        threads = g_cores;  // (one below, whatever the limit: nothing to fit)
-#endif
         if (g_cores < fair_share) g_share = fair_share;
     }
     // BLAS at one thread first: an OpenBLAS built with OpenMP (Debian's and
