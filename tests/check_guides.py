@@ -197,6 +197,7 @@ def closest(line, printed):
 MARKER = re.compile(r'^<!-- (run|output of)(?: \(([a-z, ]+)\))?: (.*?)(?: \(exit (\d+)( without a GPU)?\))? -->$')
 MPIRUN = r'(?:mpirun(?:\s+--?[\w-]+(?:\s+\d+)?)*\s+)?'  # "mpirun -np 2 " before a program, or nothing
 ALL = os.environ.get('TEST_LEVEL') == 'all'  # make test-all: the slow checks too
+SHOW = False  # --show: a FAIL shows all that the command printed
 
 
 def sanitized_build():
@@ -207,7 +208,6 @@ def sanitized_build():
             return '-fsanitize=address' in f.read()
     except OSError:
         return False
-SHOW = False  # --show: a FAIL shows all that the command printed
 
 
 # One command to run: its expected lines (None: it must only exit with `status`),

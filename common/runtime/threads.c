@@ -179,8 +179,9 @@ static int threads_that_fit(int cores) {
 #ifndef _OPENMP
     return cores;  // built without OpenMP: one thread computes, whatever the count (threads_init)
 #endif
-    if (cores <= 1 || isinf(memory_rlimit_room(RLIMIT_AS))) return cores;
-    ThreadRoom r = thread_room();
+    if (cores <= 1) return cores;
+    ThreadRoom r = thread_room();  // (without a limit, its room is infinite and nothing is measured)
+    if (isinf(r.room)) return cores;
     int threads = cores;
     while (threads > 1 && room_needed(r, threads) > r.room / 2) threads--;
     return threads;
