@@ -1,7 +1,8 @@
 // gpt_ops_bench: where a training iteration of step 19's GPT spends its time, phase by phase and
 // operation by operation, on the CPU or a GPU, at a shape of your choice (default: nanoGPT's
 // train_shakespeare_char, the config issue 40 measures on a GPU):
-//   gpt_ops_bench [cpu|cuda] [B T C H L DROPOUT]     e.g. gpt_ops_bench cuda 64 256 384 6 6 0.2
+//   gpt_ops_bench [cpu|cuda] [B T C H L DROPOUT [DTYPE]]   e.g. gpt_ops_bench cuda 64 256 384 6 6 0.2 bfloat16
+// (DTYPE: float32, the default, or bfloat16: the matrix products as --dtype bfloat16 runs them)
 // Each line is the median of REPEATS timed calls (after one warm-up), with the device synchronised
 // around each call (op_timer.h): the time the operation itself takes, not its launch. Part of
 // make bench's GPU figures (docs/gpus.md); nothing here is asserted.
@@ -25,13 +26,15 @@ int main(int argc, char **argv) {
     int H = argc > 5 ? atoi(argv[5]) : 6, L = argc > 6 ? atoi(argv[6]) : 6;
     double dropout = argc > 7 ? atof(argv[7]) : 0.2;
     if (B < 1 || T < 1 || C < 1 || H < 1 || L < 1 || C % H || !(dropout >= 0 && dropout < 1)) {
-        fprintf(stderr, "usage: %s [cpu|cuda|auto] [B T C H L DROPOUT] (C a multiple of H, 0 <= DROPOUT < 1)\n", argv[0]);
+        fprintf(stderr, "usage: %s [cpu|cuda|auto] [B T C H L DROPOUT [float32|bfloat16]] (C a multiple of H, 0 <= DROPOUT < 1)\n",
+                argv[0]);
         return 2;
     }
+    matmul_set_dtype(matmul_dtype_from_flag(argc > 8 ? argv[8] : "float32"));
     Device device = device_from_flag(flag);
     const int V = 65, N = B * T;
-    printf("GPT ops at B %d, T %d, C %d, %d heads, %d layers, vocabulary %d, dropout %g, on %s\n", B, T, C, H, L, V,
-           dropout, device_name(device));
+    printf("GPT ops at B %d, T %d, C %d, %d heads, %d layers, vocabulary %d, dropout %g, matmuls in %s, on %s\n", B, T, C,
+           H, L, V, dropout, matmul_dtype() == MATMUL_BFLOAT16 ? "bfloat16" : "float32", device_name(device));
 
     // The whole iteration, phase by phase, as day5/19_gpt runs it (one rank, one micro-step).
     GptConfig config = {.vocab_size = V, .block_size = T, .n_layer = L, .n_head = H, .n_embd = C, .dropout = dropout};
