@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): issue 40's figures on one GPU, each beside its PyTorch yardstick on the
 # same GPU, in one sitting (make bench runs it where there is a GPU):
-#   - step 2's steady step and first epoch            (tests/torch_fast_mlp.py: resident data, eager)
+#   - step 2's steady step (float32 and --dtype        (tests/torch_fast_mlp.py: resident data, eager)
+#     bfloat16) and first epoch
 #   - step 14's epoch                                  (tests/torch_cnn_ddp.py --device cuda)
 #   - step 15's epoch at 5 M synthetic ratings         (graph and eager, one CPU core of ours; 2 GPUs)
 #   - step 19's tokens/s at nanoGPT's GPU config,      (tests/torch_gpt.py --device cuda, float32 and
@@ -30,11 +31,15 @@ epochs=50 ratings=5000000 block=256 batch=64 gpt=(--n_layer 6 --n_head 6 --n_emb
 [ "$quick" = 1 ] && epochs=3 ratings=20000 block=16 batch=4 gpt=(--n_layer 2 --n_head 2 --n_embd 32) iters=3
 gpt+=(--block_size "$block" --batch_size "$batch")
 day1/2_mnist_training --data "$DATA" --device cuda --epochs "$epochs" --plot '' > "$out/s2" 2>&1
+day1/2_mnist_training --data "$DATA" --device cuda --epochs "$epochs" --plot '' --dtype bfloat16 > "$out/s2bf16" 2>&1
 # An epoch's seconds are printed to 0.01 s, which a GPU's epoch of 10 steps undercuts: the step is
 # taken from its samples/s instead (60,000 samples an epoch: MNIST's training set).
 first=$(awk '/^epoch 1\// { for (i = 1; i <= NF; i++) if ($i == "samples/s") printf "%.3f\n", 60000 / $(i - 1) }' "$out/s2")
-steady=$(awk '/^epoch [0-9]+\// && !/^epoch 1\// { for (i = 1; i <= NF; i++) { if ($i == "over") n = $(i + 1); if ($i == "samples/s") printf "%.4f\n", 1e3 * 60000 / $(i - 1) / n } }' "$out/s2" |
-         sort -g | awk '{ t[NR] = $1 } END { if (NR) print t[int((NR + 1) / 2)] }')  # the median
+steady_step() {  # the median epoch after the first, over its steps (ms)
+    awk '/^epoch [0-9]+\// && !/^epoch 1\// { for (i = 1; i <= NF; i++) { if ($i == "over") n = $(i + 1); if ($i == "samples/s") printf "%.4f\n", 1e3 * 60000 / $(i - 1) / n } }' "$1" |
+        sort -g | awk '{ t[NR] = $1 } END { if (NR) print t[int((NR + 1) / 2)] }'
+}
+steady=$(steady_step "$out/s2") steady_bf16=$(steady_step "$out/s2bf16")
 torch2=""
 if [ "$torch_cuda" = 1 ]; then
     QUICK=$quick "$PYTHON" tests/torch_fast_mlp.py "$DATA" cuda > "$out/t2" 2>&1 || true
@@ -42,6 +47,7 @@ if [ "$torch_cuda" = 1 ]; then
 fi
 read -r torch2_step torch2_epoch <<< "${torch2:-}"
 echo "step 2, steady step (ms): ${steady:-?} | PyTorch: ${torch2_step:-} | target 0.1"
+echo "step 2, steady step with --dtype bfloat16 (ms): ${steady_bf16:-?} | target 0.1"
 echo "step 2, first epoch (s): ${first:-?} | PyTorch (its cold 5 epochs less 4 warm ones): ${torch2_epoch:-} | target 0.05"
 
 # Step 14: 3 epochs (the last is the steady one); PyTorch's one epoch.

@@ -185,12 +185,15 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
 // samples' order, / global_n: mf.c's arithmetic (the terms in parallel, their sum by one thread).
 void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream);
 // A table's gradient rows j < *count, a thread per element: row j sums, over its samples
-// sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[j]
-// with g = scale * the sample's error (forward's out); a bias table (self NULL) sums g.
+// sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[self_row[j]]
+// (self_row NULL: self[j]) with g = scale * the sample's error (forward's out); a bias table (self
+// NULL) sums g.
 typedef struct {
     const int *start, *sample, *count;
     int n_max, dim;
-    const float *self, *other;
+    const float *self;
+    const int *self_row;
+    const float *other;
     const int *other_slot;
     float *grad;
 } EmbeddingGrad;

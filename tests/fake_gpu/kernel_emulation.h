@@ -62,7 +62,7 @@ template <class Visit> void job_pointers(const RowsCopy &j, Visit v) {
     v(j.src), v(j.src_index), v(j.dst), v(j.dst_index), v(j.dst_flags), v(j.count);
 }
 template <class Visit> void job_pointers(const EmbeddingGrad &j, Visit v) {
-    v(j.start), v(j.sample), v(j.count), v(j.self), v(j.other), v(j.other_slot), v(j.grad);
+    v(j.start), v(j.sample), v(j.count), v(j.self), v(j.self_row), v(j.other), v(j.other_slot), v(j.grad);
 }
 template <class Visit> void job_pointers(const SparseAdamRows &j, Visit v) {
     v(j.weight), v(j.exp_avg), v(j.exp_avg_sq), v(j.rows), v(j.flags), v(j.grad), v(j.count);
