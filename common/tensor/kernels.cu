@@ -156,6 +156,18 @@ __global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, 
     }
 }
 
+// The same, four pixels a thread, where a row's pixels come in fours and the pointers are aligned
+// for it (MNIST's 784 = 196 x 4): a 4-byte load and a 16-byte store, a thread per quad of the batch.
+// A thread per pixel loaded one byte, and its grid, a block row per image, left a quarter of its
+// threads idle (784 of 1,024): 31 us of step 2's step on an H200 (ncu), 0.8 TB/s.
+template <typename Index>
+__global__ void gather_pixel_quads_kernel(const uchar4 *images, const int *indices, Index rows, Index quads, float4 *out) {
+    FOR_EACH_INDEX(Index, i, rows * quads) {
+        const uchar4 p = images[(size_t)indices[i / quads] * quads + i % quads];
+        out[i] = float4{(float)p.x / 255.0f, (float)p.y / 255.0f, (float)p.z / 255.0f, (float)p.w / 255.0f};
+    }
+}
+
 // out[r] = values[indices[r]]: a batch's labels, gathered from the resident set.
 __global__ void gather_ints_kernel(const int *values, const int *indices, int n, int *out) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -526,6 +538,17 @@ void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaSt
 void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
                        cudaStream_t stream) {
     if (rows == 0) return;
+    if (pixels % 4 == 0 && (uintptr_t)images % alignof(uchar4) == 0 && (uintptr_t)out % alignof(float4) == 0) {
+        const size_t quads = (size_t)rows * (pixels / 4);
+        if (index_fits_32_bits(quads))
+            gather_pixel_quads_kernel<uint32_t><<<blocks_for(quads), THREADS, 0, stream>>>(
+                (const uchar4 *)images, indices, (uint32_t)rows, (uint32_t)(pixels / 4), (float4 *)out);
+        else
+            gather_pixel_quads_kernel<size_t><<<blocks_for(quads), THREADS, 0, stream>>>(
+                (const uchar4 *)images, indices, (size_t)rows, (size_t)(pixels / 4), (float4 *)out);
+        CHECK_LAUNCH("gather_pixel_quads_kernel");
+        return;
+    }
     dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
     gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
     CHECK_LAUNCH("gather_pixels_kernel");
