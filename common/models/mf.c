@@ -668,6 +668,7 @@ static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
     int world = dist_world_size(), B = t->bound, dim = t->dim;
     cudaStream_t stream = device_stream();
     GpuGroups *rows = t->batch_rows, *by_owner = t->by_owner;
+    float *looked_up = device_rows(&t->gpu_looked_up, (size_t)B, dim);  // where the rows land, a row per group
     // The touched rows in owner order (each owner's in the order of their ids).
     int *owner = device_ints(&by_owner->keys, (size_t)B);
     gpu_owner_keys(rows->group_key.data, rows->count.data, B, world, owner, stream);
@@ -685,7 +686,7 @@ static void fetch_sharded_gpu(Mf *model, EmbeddingTable *t) {
     float *reply = exchange_buffer(&t->gpu_send, row_bytes), *received = exchange_buffer(&t->gpu_received, row_bytes);
     gpu_keyed_rows(t->gpu_weight, asked, world * B, dim, reply, stream);
     all_to_all_blocks(reply, received, B, dim);
-    gpu_copy_rows(received, place, t->gpu_looked_up.data, by_owner->order.data, NULL, rows->count.data, B, dim, stream);
+    gpu_copy_rows(received, place, looked_up, by_owner->order.data, NULL, rows->count.data, B, dim, stream);
     model->bytes_sent += (double)(world - 1) * ((B + 1) * sizeof(int) + (double)B * dim * sizeof(float));
 }
 
@@ -700,7 +701,7 @@ static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int m
     for (int k = 0; k < 4; k++) {  // (a table held whole is read in place: rows_gpu)
         EmbeddingTable *t = table_of(model, k);
         t->bound = max_n < t->rows ? max_n : t->rows;
-        if (t->sharded) device_rows(&t->gpu_looked_up, (size_t)t->bound, t->dim), fetch_sharded_gpu(model, t);
+        if (t->sharded) fetch_sharded_gpu(model, t);
     }
     if (timed) comm_end(model);
 }

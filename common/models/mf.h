@@ -104,7 +104,7 @@ typedef struct {
     struct GpuGroups *batch_rows;   // the batch's rows of this table's ids (shared with the table of the same ids)
     int bound;                      // the most rows a rank's slice touches: min(the batch's max_n, rows)
     int update_bound;               // the most rows this rank may update after the exchange
-    DeviceBuffer gpu_looked_up, gpu_grad;             // [bound, dim]
+    DeviceBuffer gpu_looked_up, gpu_grad;             // [bound, dim]: sharded, the rows fetched from their owners; the gradients
     DeviceBuffer gpu_send, gpu_received;              // the exchanges' fixed blocks
     DeviceBuffer gpu_send_ids, gpu_received_ids, gpu_asked, gpu_place;  // sharded: the ids asked of each owner
     struct GpuGroups *by_owner, *updates;            // sharded: touched rows by owner; the rows to update
