@@ -256,9 +256,7 @@ static void tp_backward(TpMlp *model, const Tensor *x, GradReadyHook hook, void 
     profile_pop();
 }
 
-static void tp_zero_grad(TpMlp *model) {
-    for (int i = 0; i < model->n_params; i++) tensor_fill(model->params[i].grad, 0.0f);
-}
+static void tp_zero_grad(TpMlp *model) { params_zero_grad(model->params, model->n_params); }
 
 // Correct predictions on x (no gradients), in chunks of max_batch rows: every rank of the group takes part.
 static long tp_correct(TpMlp *model, const Tensor *x, const int *labels) {

@@ -42,11 +42,8 @@ void adamw_count(const AdamW *o, int *decay_tensors, long *decay_values, int *ot
 void adamw_step(AdamW *o, double lr) {
     // param.mul_(1 - lr * weight_decay): the factor in double, as Python computes it, then float.
     float keep = (float)(1.0 - lr * o->weight_decay);
-    if (o->weight_decay != 0.0)
-        for (int i = 0; i < o->adam.n_params; i++)
-            if (o->decays[i]) tensor_scale(o->adam.params[i].value, keep);
     o->adam.lr = lr;
-    adam_step(&o->adam);
+    adam_step_decayed(&o->adam, o->weight_decay != 0.0 ? o->decays : NULL, keep);
 }
 
 void adamw_free(AdamW *o) {

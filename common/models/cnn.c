@@ -194,9 +194,7 @@ void cnn_backward(Cnn *m, GradReadyHook hook, void *context) {
     profile_pop();
 }
 
-void cnn_zero_grad(Cnn *m) {
-    for (int i = 0; i < m->n_params; i++) tensor_fill(m->params[i].grad, 0.0f);
-}
+void cnn_zero_grad(Cnn *m) { params_zero_grad(m->params, m->n_params); }
 
 double cnn_evaluate(Cnn *m, const Tensor *x, const int *labels, int *predictions) {
     double loss_sum = 0.0;

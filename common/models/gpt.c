@@ -936,6 +936,4 @@ void gpt_backward(Gpt *m, GradReadyHook hook, void *context) {
     gpt_stage_backward(m, 0, m->B, m->T, hook, context);
 }
 
-void gpt_zero_grad(Gpt *m) {
-    for (int i = 0; i < m->n_params; i++) tensor_fill(m->params[i].grad, 0.0f);
-}
+void gpt_zero_grad(Gpt *m) { params_zero_grad(m->params, m->n_params); }

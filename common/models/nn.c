@@ -185,8 +185,13 @@ void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context
     profile_pop();
 }
 
-void mlp_zero_grad(Mlp *model) {
-    for (int i = 0; i < model->n_params; i++) tensor_fill(model->params[i].grad, 0.0f);
+void mlp_zero_grad(Mlp *model) { params_zero_grad(model->params, model->n_params); }
+
+void params_zero_grad(const Param *params, int n_params) {
+    Tensor **grads = xmalloc((size_t)(n_params > 0 ? n_params : 1) * sizeof(Tensor *));
+    for (int i = 0; i < n_params; i++) grads[i] = params[i].grad;
+    tensors_fill(grads, n_params, 0.0f);
+    free(grads);
 }
 
 double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
@@ -288,27 +293,45 @@ void adam_prepare_step(Adam *adam) {
 #endif
 }
 
+// Every tensor's update on a GPU in one launch, with the coefficients adam_prepare_step left there;
+// where decays[i] (decays NULL: none), params[i] *= keep first.
+static void update_on_gpu(Adam *adam, const bool *decays, float keep) {
+    CHECK(adam->device_coefficients, "Adam on a GPU: no adam_prepare_step before its update");
+    Tensor **values = xmalloc(2 * (size_t)adam->n_params * sizeof(Tensor *)), **grads = values + adam->n_params;
+    for (int i = 0; i < adam->n_params; i++) values[i] = adam->params[i].value, grads[i] = adam->params[i].grad;
+    adam_update_tensors(&adam->gpu_tensors, values, grads, adam->exp_avg, adam->exp_avg_sq, decays, adam->n_params,
+                        adam->device_coefficients, keep);
+    free(values);
+}
+
+static bool on_gpu(const Adam *adam) { return adam->n_params > 0 && tensor_on_gpu(adam->params[0].value); }
+
 void adam_apply_step(Adam *adam) {
     profile_push("optimizer");
-    bool gpu = adam->n_params > 0 && tensor_on_gpu(adam->params[0].value);
-    CHECK(!gpu || adam->device_coefficients, "adam_apply_step: no adam_prepare_step before it");
-    for (int i = 0; i < adam->n_params; i++) {
-        if (gpu)
-            adam_update_from_device(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i],
-                                    &adam->exp_avg_sq[i], adam->device_coefficients);
-        else
+    if (on_gpu(adam))
+        update_on_gpu(adam, NULL, 1.0f);
+    else
+        for (int i = 0; i < adam->n_params; i++)
             adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
                         &adam->prepared);
-    }
     profile_pop();
 }
 
-void adam_step(Adam *adam) {
+void adam_step(Adam *adam) { adam_step_decayed(adam, NULL, 1.0f); }
+
+void adam_step_decayed(Adam *adam, const bool *decays, float keep) {
     profile_push("optimizer");
-    const AdamCoefficients coefficients = next_coefficients(adam);
-    for (int i = 0; i < adam->n_params; i++)
-        adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
-                    &coefficients);
+    if (on_gpu(adam)) {
+        adam_prepare_step(adam);  // the coefficients to device memory (an asynchronous copy)
+        update_on_gpu(adam, decays, keep);
+    } else {
+        const AdamCoefficients coefficients = next_coefficients(adam);
+        for (int i = 0; i < adam->n_params; i++) {
+            if (decays && decays[i]) tensor_scale(adam->params[i].value, keep);
+            adam_update(adam->params[i].value, adam->params[i].grad, &adam->exp_avg[i], &adam->exp_avg_sq[i],
+                        &coefficients);
+        }
+    }
     profile_pop();
     device_mark_step();  // the step is queued (the simulated GPU counts per step)
 }
@@ -317,6 +340,7 @@ void adam_free(Adam *adam) {
 #if HAVE_CUDA
     if (adam->device_coefficients) device_free(adam->device_coefficients);
 #endif
+    adam_tensors_free(&adam->gpu_tensors);
     for (int i = 0; i < adam->n_params; i++) {
         tensor_free(&adam->exp_avg[i]);
         tensor_free(&adam->exp_avg_sq[i]);

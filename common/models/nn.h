@@ -94,6 +94,8 @@ void mlp_scale_loss(Mlp *model, float factor);
 // parameter's grad. x is the batch given to forward. The hook may be NULL.
 void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context);
 void mlp_zero_grad(Mlp *model);
+// optimizer.zero_grad() for any model's parameters: every gradient 0 (on a GPU in one launch).
+void params_zero_grad(const Param *params, int n_params);
 // Fraction of x's rows whose argmax logit equals the label (no gradients).
 double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels);
 size_t mlp_num_weights(const Mlp *model);
@@ -125,10 +127,14 @@ typedef struct {
     long step;
     AdamCoefficients prepared;              // adam_prepare_step's, for adam_apply_step on a CPU
     AdamCoefficients *device_coefficients;  // adam_prepare_step's on a GPU (NULL until then)
+    AdamTensors *gpu_tensors;               // on a GPU, the tensors' table for one launch (tensor_ops.h)
 } Adam;
 
 Adam adam_new(Param *params, int n_params, double lr);
 void adam_step(Adam *adam);
+// adam_step after AdamW's decoupled weight decay: params[i] *= keep first where decays[i] (decays
+// NULL: none; adamw.h). On a GPU the two are one pass over each tensor, every tensor in one launch.
+void adam_step_decayed(Adam *adam, const bool *decays, float keep);
 // adam_step in two halves, for a step replayed from a CUDA graph (train/step_graph.h), whose
 // kernels' arguments are those of its capture: adam_prepare_step computes the step's coefficients
 // and, on a GPU, copies them to device memory (before the graph's launch); adam_apply_step updates

@@ -212,9 +212,7 @@ void stage_release(Stage *stage, int micro_batch) {
     if (slot) release(stage, slot);
 }
 
-void stage_zero_grad(Stage *stage) {
-    for (int i = 0; i < stage->n_params; i++) tensor_fill(stage->params[i].grad, 0.0f);
-}
+void stage_zero_grad(Stage *stage) { params_zero_grad(stage->params, stage->n_params); }
 
 double stage_flops_per_sample(const Stage *stage) {
     double flops = 0;

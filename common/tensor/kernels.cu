@@ -129,11 +129,43 @@ __global__ void adam_kernel(float *param, const float *grad, float *m, float *v,
     }
 }
 
-// The same, the six coefficients read from device memory (c, in AdamCoefficients' order): a CUDA
+// A launch over many tensors (a model's: gpu_adam_tensors, gpu_fill_spans) gives each SPAN_CHUNK
+// values a block, tensor after tensor: a block finds its tensor as the last whose first block is at
+// or before its own (a binary search over the tensors' table, the same loads in all its threads).
+#define SPAN_CHUNK (8 * THREADS)
+template <class Span> __device__ static int block_span(const Span *spans, int count) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (spans[mid].first_block <= (int)blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Adam's update of a block's chunk with adam_value, a decaying tensor's value first scaled by `keep`
+// as scale_kernel would (a product of its own, rounded: __fmul_rn, never fused into the update's
+// FMA). The six coefficients are read from device memory (c, in AdamCoefficients' order): a CUDA
 // graph's kernel, whose arguments are those of its capture, reads each step's there.
-template <typename Index>
-__global__ void adam_from_device_kernel(float *param, const float *grad, float *m, float *v, Index n, const float *c) {
-    FOR_EACH_INDEX(Index, i, n) { adam_value(param, grad, m, v, i, c[0], c[1], c[2], c[3], c[4], c[5]); }
+__global__ void adam_tensors_kernel(const AdamTensor *tensors, int count, const float *c, float keep) {
+    const AdamTensor t = tensors[block_span(tensors, count)];
+    const size_t begin = (size_t)(blockIdx.x - t.first_block) * SPAN_CHUNK;
+    const unsigned values = (unsigned)(t.n - begin < SPAN_CHUNK ? t.n - begin : SPAN_CHUNK);
+    float *param = t.param + begin, *m = t.exp_avg + begin, *v = t.exp_avg_sq + begin;
+    const float *grad = t.grad + begin;
+    const float step_size = c[0], bias_correction2_sqrt = c[1], one_minus_beta1 = c[2], beta2 = c[3];
+    const float one_minus_beta2 = c[4], eps = c[5];
+    for (unsigned i = threadIdx.x; i < values; i += blockDim.x) {
+        if (t.decays) param[i] = __fmul_rn(param[i], keep);  // param.mul_(1 - lr * weight_decay)
+        adam_value(param, grad, m, v, i, step_size, bias_correction2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps);
+    }
+}
+
+__global__ void fill_spans_kernel(const FillSpan *spans, int count, float value) {
+    const FillSpan span = spans[block_span(spans, count)];
+    const size_t begin = (size_t)(blockIdx.x - span.first_block) * SPAN_CHUNK;
+    const unsigned values = (unsigned)(span.n - begin < SPAN_CHUNK ? span.n - begin : SPAN_CHUNK);
+    for (unsigned i = threadIdx.x; i < values; i += blockDim.x) span.data[begin + i] = value;
 }
 
 template <typename Index>
@@ -508,16 +540,19 @@ void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq
     CHECK_LAUNCH("adam_kernel");
 }
 
-void gpu_adam_from_device(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
-                          const float *coefficients, cudaStream_t stream) {
-    if (n == 0) return;
-    if (index_fits_32_bits(n))
-        adam_from_device_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq,
-                                                                                 (uint32_t)n, coefficients);
-    else
-        adam_from_device_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n,
-                                                                               coefficients);
-    CHECK_LAUNCH("adam_from_device_kernel");
+size_t gpu_span_blocks(size_t n) { return (n + SPAN_CHUNK - 1) / SPAN_CHUNK; }
+
+void gpu_adam_tensors(const AdamTensor *tensors, int count, int blocks, const float *coefficients, float keep,
+                      cudaStream_t stream) {
+    if (blocks == 0) return;
+    adam_tensors_kernel<<<blocks, THREADS, 0, stream>>>(tensors, count, coefficients, keep);
+    CHECK_LAUNCH("adam_tensors_kernel");
+}
+
+void gpu_fill_spans(const FillSpan *spans, int count, int blocks, float value, cudaStream_t stream) {
+    if (blocks == 0) return;
+    fill_spans_kernel<<<blocks, THREADS, 0, stream>>>(spans, count, value);
+    CHECK_LAUNCH("fill_spans_kernel");
 }
 
 void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream) {

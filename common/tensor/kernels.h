@@ -63,10 +63,33 @@ void gpu_clip_scale(float *x, size_t n, const float *coef, cudaStream_t stream);
 void gpu_adam(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n, float step_size,
               float bias_correction2_sqrt, float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
               cudaStream_t stream);
-// The same, the six coefficients (step_size, bias_correction2_sqrt, one_minus_beta1, beta2,
-// one_minus_beta2, eps) read from device memory when it runs: a CUDA graph's step.
-void gpu_adam_from_device(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
-                          const float *coefficients, cudaStream_t stream);
+// A launch over many tensors (a model's), where a launch per tensor made a row of small kernels
+// that their launches bound (PyTorch's foreach implementation): each tensor's values are cut into
+// gpu_span_blocks(n) blocks, tensor after tensor, and each tensor in the table (device memory, in
+// order) carries its first block: the sum of the blocks of the tensors before it. `blocks` is the
+// sum of all of them.
+size_t gpu_span_blocks(size_t n);
+// gpu_adam's update of each tensor, each value's arithmetic the same (the same bits); where a tensor
+// `decays`, param *= keep before it (AdamW's decoupled weight decay, gpu_scale's product). The six
+// coefficients (step_size, bias_correction2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps)
+// are read from device memory when it runs: a CUDA graph's step reads each step's.
+typedef struct {
+    float *param;
+    const float *grad;
+    float *exp_avg, *exp_avg_sq;
+    size_t n;         // its values
+    int first_block;  // its first block in the launch
+    int decays;       // param *= keep first
+} AdamTensor;
+void gpu_adam_tensors(const AdamTensor *tensors, int count, int blocks, const float *coefficients, float keep,
+                      cudaStream_t stream);
+// gpu_fill of each span: a model's zero_grad in one launch.
+typedef struct {
+    float *data;
+    size_t n;
+    int first_block;
+} FillSpan;
+void gpu_fill_spans(const FillSpan *spans, int count, int blocks, float value, cudaStream_t stream);
 void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream);  // param -= lr * grad
 
 // prediction[r] = argmax over c of logits[r, c] (the first, on ties).

@@ -1,6 +1,7 @@
 // tensor.c: tensors on the CPU and the GPU, GEMM through CBLAS or cuBLAS. See tensor.h.
 #include "tensor/tensor.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,54 @@ void tensor_fill(Tensor *t, float value) {
     size_t n = tensor_numel(t);
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) t->data[i] = value;
+}
+
+#if HAVE_CUDA
+// tensors_fill's tables on the GPU, for the last FILL_LISTS lists of tensors filled (a model's
+// gradients are one list, the same every step: sent once), each with the host's copy of what went.
+enum { FILL_LISTS = 4 };
+static struct {
+    DeviceBuffer device;
+    FillSpan *sent;
+    int count, blocks;
+} g_fill_lists[FILL_LISTS];
+static int g_fill_next;  // the list to replace next
+
+static void fill_on_gpu(Tensor *const *tensors, int n, float value) {
+    FillSpan *spans = xmalloc((size_t)n * sizeof *spans);
+    size_t blocks = 0;
+    for (int i = 0; i < n; i++) {
+        spans[i] = (FillSpan){.data = tensors[i]->data, .n = tensor_numel(tensors[i]), .first_block = (int)blocks};
+        blocks += gpu_span_blocks(spans[i].n);
+        CHECK(blocks <= INT_MAX, "tensors_fill: %zu blocks of values in one launch", blocks);
+    }
+    int k = 0;
+    while (k < FILL_LISTS && !(g_fill_lists[k].count == n && memcmp(g_fill_lists[k].sent, spans, (size_t)n * sizeof *spans) == 0))
+        k++;
+    if (k == FILL_LISTS) {  // a list not sent lately: in place of the oldest
+        // (A graph's capture would record the copy out of a slot that later uploads reuse.)
+        CHECK(!device_graph_capturing(), "tensors_fill: a new list of tensors during a CUDA graph's capture");
+        k = g_fill_next, g_fill_next = (g_fill_next + 1) % FILL_LISTS;
+        FillSpan *device_spans = device_buffer_reserve(&g_fill_lists[k].device, (size_t)n * sizeof *spans);
+        device_upload(device_spans, spans, (size_t)n * sizeof *spans, "the tensors to fill");
+        free(g_fill_lists[k].sent);
+        g_fill_lists[k].sent = spans, g_fill_lists[k].count = n, g_fill_lists[k].blocks = (int)blocks;
+    } else {
+        free(spans);
+    }
+    gpu_fill_spans(g_fill_lists[k].device.data, n, g_fill_lists[k].blocks, value, device_stream());
+}
+#endif
+
+void tensors_fill(Tensor *const *tensors, int n, float value) {
+    if (n > 0 && tensor_on_gpu(tensors[0])) {
+        for (int i = 1; i < n; i++) CHECK(tensor_on_gpu(tensors[i]), "tensors_fill: tensor %d of %d is not on the GPU", i, n);
+#if HAVE_CUDA
+        fill_on_gpu(tensors, n, value);
+#endif
+        return;
+    }
+    for (int i = 0; i < n; i++) tensor_fill(tensors[i], value);
 }
 
 void tensor_copy(Tensor *dst, const Tensor *src) {

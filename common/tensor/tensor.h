@@ -30,6 +30,11 @@ static inline bool tensor_on_gpu(const Tensor *t) { return HAVE_CUDA && t->devic
 Tensor tensor_rows(const Tensor *t, int rows);
 
 void tensor_fill(Tensor *t, float value);
+// tensor_fill of each of tensors[0 .. n), all on one device: on a GPU in one launch (a model's
+// zero_grad, where a memset per tensor made a row of small operations), from a table of their
+// addresses on the GPU, sent when the list is not one of the last few sent (which may not happen
+// during a CUDA graph's capture).
+void tensors_fill(Tensor *const *tensors, int n, float value);
 // dst = src, same shape, any pair of devices. Returns when dst may be read by
 // the host (if dst is on the CPU) and src may be reused (if src is).
 void tensor_copy(Tensor *dst, const Tensor *src);

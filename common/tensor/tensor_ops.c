@@ -2,6 +2,7 @@
 // CUDA kernel, the choice made once per operation. See tensor_ops.h.
 #include "tensor/tensor_ops.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -244,18 +245,61 @@ CPU_DISPATCHED void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_a
 _Static_assert(sizeof(AdamCoefficients) == 6 * sizeof(float) && offsetof(AdamCoefficients, eps) == 5 * sizeof(float),
                "AdamCoefficients: six floats, eps last");
 
-void adam_update_from_device(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq,
-                             const AdamCoefficients *device_c) {
-    size_t n = tensor_numel(param);
-    CHECK(tensor_on_gpu(param) && tensor_numel(grad) == n && tensor_numel(exp_avg) == n && tensor_numel(exp_avg_sq) == n,
-          "adam_update_from_device: parameter [%d, %d] on a GPU, gradient [%d, %d]", param->rows, param->cols,
-          grad->rows, grad->cols);
 #if HAVE_CUDA
-    gpu_adam_from_device(param->data, grad->data, exp_avg->data, exp_avg_sq->data, n, (const float *)device_c,
-                         device_stream());
+struct AdamTensors {
+    DeviceBuffer device;  // gpu_adam_tensors' table
+    AdamTensor *sent;     // the host's copy of what went over
+    int count, blocks;
+};
 #else
-    (void)device_c;
+struct AdamTensors {
+    int unused;
+};
 #endif
+
+void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *const *grads, Tensor *exp_avg,
+                         Tensor *exp_avg_sq, const bool *decays, int n, const AdamCoefficients *device_c, float keep) {
+    if (!*table) *table = xcalloc(1, sizeof **table);
+#if HAVE_CUDA
+    AdamTensors *t = *table;
+    AdamTensor *tensors = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *tensors);
+    size_t blocks = 0;
+    for (int i = 0; i < n; i++) {
+        size_t count = tensor_numel(params[i]);
+        CHECK(tensor_on_gpu(params[i]) && tensor_numel(grads[i]) == count && tensor_numel(&exp_avg[i]) == count &&
+                  tensor_numel(&exp_avg_sq[i]) == count,
+              "adam_update_tensors: parameter %d [%d, %d] on a GPU, gradient [%d, %d]", i, params[i]->rows,
+              params[i]->cols, grads[i]->rows, grads[i]->cols);
+        tensors[i] = (AdamTensor){.param = params[i]->data, .grad = grads[i]->data, .exp_avg = exp_avg[i].data,
+                                  .exp_avg_sq = exp_avg_sq[i].data, .n = count, .first_block = (int)blocks,
+                                  .decays = decays && decays[i]};
+        blocks += gpu_span_blocks(count);
+        CHECK(blocks <= INT_MAX, "adam_update_tensors: %zu blocks of values in one launch", blocks);
+    }
+    if (n != t->count || memcmp(tensors, t->sent, (size_t)n * sizeof *tensors) != 0) {
+        // (A graph's capture would record the copy out of a slot that later uploads reuse.)
+        CHECK(!device_graph_capturing(), "adam_update_tensors: the tensors moved during a CUDA graph's capture");
+        AdamTensor *device_tensors = device_buffer_reserve(&t->device, (size_t)n * sizeof *tensors);
+        device_upload(device_tensors, tensors, (size_t)n * sizeof *tensors, "Adam's tensors");
+        free(t->sent);
+        t->sent = tensors, t->count = n, t->blocks = (int)blocks;
+    } else {
+        free(tensors);
+    }
+    gpu_adam_tensors(t->device.data, n, t->blocks, (const float *)device_c, keep, device_stream());
+#else
+    (void)params, (void)grads, (void)exp_avg, (void)exp_avg_sq, (void)decays, (void)n, (void)device_c, (void)keep;
+#endif
+}
+
+void adam_tensors_free(AdamTensors **table) {
+    if (!*table) return;
+#if HAVE_CUDA
+    device_buffer_free(&(*table)->device);
+    free((*table)->sent);
+#endif
+    free(*table);
+    *table = NULL;
 }
 
 CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {

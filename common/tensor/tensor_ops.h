@@ -69,10 +69,18 @@ typedef struct {
 // exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad,
 // 1 - beta2); param.addcdiv_(exp_avg, sqrt(exp_avg_sq) / bc2_sqrt + eps, -step_size).
 void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq, const AdamCoefficients *c);
-// The same on a GPU, the coefficients read from device memory when the kernel runs (`device_c`, an
-// AdamCoefficients there): the update of a step replayed from a CUDA graph (nn.h's adam_apply_step).
-void adam_update_from_device(Tensor *param, const Tensor *grad, Tensor *exp_avg, Tensor *exp_avg_sq,
-                             const AdamCoefficients *device_c);
+// adam_update of n tensors on a GPU in one launch, where a launch per tensor made a model's optimizer
+// step a row of small kernels that their launches bound (PyTorch's foreach implementation): each
+// value's bits are adam_update's on the GPU, and where decays[i] (decays NULL: none), params[i] *=
+// keep first (AdamW's decoupled weight decay, tensor_scale's bits). The coefficients are read from
+// device memory when the kernel runs (`device_c`, an AdamCoefficients there): a step replayed from
+// a CUDA graph reads each step's (nn.h's adam_apply_step). The tensors' addresses go to the GPU in
+// a table that *table holds (made at the first call, NULL before it; adam_tensors_free frees it),
+// sent again only when they change, which may not happen during a graph's capture.
+typedef struct AdamTensors AdamTensors;
+void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *const *grads, Tensor *exp_avg,
+                         Tensor *exp_avg_sq, const bool *decays, int n, const AdamCoefficients *device_c, float keep);
+void adam_tensors_free(AdamTensors **table);
 // SGD without momentum: param -= lr * grad.
 void sgd_update(Tensor *param, const Tensor *grad, float lr);
 // The sum of the squares of every value of tensors[0 .. n), in double (clip_grad_norm's norm), all

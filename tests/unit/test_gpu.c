@@ -337,6 +337,99 @@ static void test_mlp_cross_entropy_adam(void) {
     tensor_free(&x), tensor_free(&gx);
 }
 
+// adam_step_decayed on a GPU updates every tensor in one launch (blocks of 2,048 values, a block
+// finding its tensor): each value's bits those of a launch per tensor, tensor_scale then
+// adam_update, on the GPU, with the coefficients the step used (read back). Sizes below, at and
+// above a block's values, some tensors decaying; before the last step one tensor moves (a new
+// buffer), and the launch must follow it.
+static void test_adam_one_launch(void) {
+    enum { N = 5, STEPS = 3 };
+    const int rows[N] = {1, 1, 2, 1, 7}, cols[N] = {1, 2047, 1024, 2049, 1000};
+    const bool decays[N] = {false, true, false, true, true};
+    Tensor values[2][N], grads[2][N], initial[N];
+    Param params[2][N];
+    for (int i = 0; i < N; i++) {
+        initial[i] = tensor_zeros(rows[i], cols[i], DEVICE_CPU);
+        fill_uniform(&initial[i], -1, 1);
+        for (int k = 0; k < 2; k++) {
+            values[k][i] = on_gpu(&initial[i]), grads[k][i] = tensor_zeros(rows[i], cols[i], DEVICE_CUDA);
+            params[k][i] = (Param){.value = &values[k][i], .grad = &grads[k][i]};
+        }
+    }
+    Adam one = adam_new(params[0], N, 1e-2), each = adam_new(params[1], N, 1e-2);
+    const float keep = 0.999f;
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < N; i++) {
+            Tensor host = tensor_zeros(rows[i], cols[i], DEVICE_CPU);
+            fill_uniform(&host, -1, 1);
+            tensor_copy(&grads[0][i], &host), tensor_copy(&grads[1][i], &host);
+            tensor_free(&host);
+        }
+        if (step == STEPS - 1) {  // tensor 3 moves to a new buffer
+            Tensor moved = on_gpu(&values[0][3]);
+            tensor_free(&values[0][3]);
+            values[0][3] = moved;
+        }
+        adam_step_decayed(&one, decays, keep);
+        AdamCoefficients used;
+        device_read_to_host(&used, one.device_coefficients, sizeof used, "Adam's coefficients");
+        for (int i = 0; i < N; i++) {
+            if (decays[i]) tensor_scale(&values[1][i], keep);
+            adam_update(&values[1][i], &grads[1][i], &each.exp_avg[i], &each.exp_avg_sq[i], &used);
+        }
+    }
+    size_t differ = 0, total = 0, changed = 0;
+    for (int i = 0; i < N; i++) {
+        Tensor reference = on_cpu(&values[1][i]);
+        differ += bits_differ(&values[0][i], &reference);
+        Tensor m = on_cpu(&each.exp_avg[i]), v = on_cpu(&each.exp_avg_sq[i]);
+        differ += bits_differ(&one.exp_avg[i], &m) + bits_differ(&one.exp_avg_sq[i], &v);
+        total += 3 * tensor_numel(&reference);
+        changed += bits_differ(&values[0][i], &initial[i]);  // (every weight moves)
+        tensor_free(&reference), tensor_free(&m), tensor_free(&v), tensor_free(&initial[i]);
+    }
+    EXPECT(differ == 0 && changed == total / 3,
+           "Adam on a GPU, %d tensors of 1 to 7,000 values in one launch, 3 of them decaying (AdamW), %d steps, one "
+           "tensor moved before the last: the weights and both moments of a launch per tensor, bit for bit (%zu of "
+           "%zu differ; %zu of %zu weights moved)", N, STEPS, differ, total, changed, total / 3);
+    adam_free(&one), adam_free(&each);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++) tensor_free(&values[k][i]), tensor_free(&grads[k][i]);
+}
+
+// tensors_fill on a GPU: many tensors in one launch (a model's zero_grad), each value set, nothing
+// past a tensor's end touched; lists of tensors taken in turn, more of them than the GPU keeps
+// tables for, each filled right whenever it comes back.
+static void test_tensors_fill(void) {
+    enum { N = 6, MEMBERS = 3, LISTS = 6, ROUNDS = 2 };
+    const int cols[N] = {1, 2047, 2048, 2049, 7000, 3};
+    Tensor t[N];
+    for (int i = 0; i < N; i++) t[i] = tensor_zeros(1, cols[i] + 1, DEVICE_CUDA);  // a guard value past the view
+    size_t wrong = 0, checked = 0;
+    for (int round = 0; round < ROUNDS; round++)
+        for (int list = 0; list < LISTS; list++) {
+            // List `list`: MEMBERS tensors from `list` on (round the end), as views one shorter than
+            // the tensors: lists of one length, which only their tensors tell apart.
+            Tensor views[MEMBERS], *members[MEMBERS];
+            for (int k = 0; k < MEMBERS; k++) views[k] = t[(list + k) % N], views[k].cols--, members[k] = &views[k];
+            for (int i = 0; i < N; i++) tensor_fill(&t[i], -1.0f);
+            const float value = (float)(list + 10 * round) + 0.5f;
+            tensors_fill(members, MEMBERS, value);
+            for (int i = 0; i < N; i++) {
+                Tensor host = on_cpu(&t[i]);
+                for (int c = 0; c <= cols[i]; c++) {
+                    const bool member = (i - list % N + N) % N < MEMBERS && c < cols[i];
+                    wrong += host.data[c] != (member ? value : -1.0f), checked++;
+                }
+                tensor_free(&host);
+            }
+        }
+    EXPECT(wrong == 0, "tensors_fill on a GPU: %d lists of %d tensors of 1 to 7,000 values, each in one launch, twice "
+           "over (more lists than the GPU keeps tables for): every value set, the one past each view kept (%zu of "
+           "%zu wrong)", LISTS, MEMBERS, wrong, checked);
+    for (int i = 0; i < N; i++) tensor_free(&t[i]);
+}
+
 static void test_mlp_mse_sgd(void) {
     const int sizes[] = {64, 96, 32}, batch = 40;
     Twins t = twins(sizes, 3, batch, 11);
@@ -1047,6 +1140,8 @@ int main(int argc, char **argv) {
     test_device_buffer();
     test_gemm();
     test_mlp_cross_entropy_adam();
+    test_adam_one_launch();
+    test_tensors_fill();
     test_mlp_mse_sgd();
     test_gather();
     test_cnn_ops();
