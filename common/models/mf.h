@@ -148,8 +148,9 @@ typedef struct {
     double *losses, *host_losses;
     int pending, losses_capacity;
     struct CommTimes *comm_times;          // GPU: the exchanges' CUDA events, read once they have happened
-    struct LossBranch *loss_branch;        // GPU: the stream that sums the step's loss beside the backward
-    bool loss_branch_open;                 // forked in this step, not yet joined (mf_adam_step joins it)
+    struct StepBranch *branch;             // GPU: the stream beside the compute stream (the sorts, the loss)
+    bool branch_open;                      // forked in this step, not yet joined (mf_adam_step joins it)
+    bool sorts_beside;                     // this step's sorts are on the branch: the backward waits for them
 } Mf;
 
 const char *embeddings_mode_name(EmbeddingsMode mode);
