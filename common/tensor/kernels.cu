@@ -70,13 +70,25 @@ __global__ void clip_scale_kernel(float *x, Index n, const float *coef) {
 }
 
 // tensor.c's round_to_bfloat16 on the bits, kept as the upper 16: to nearest, ties to even; NaN kept.
+__device__ static uint16_t bfloat16_bits(float x) {
+    uint32_t bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) bits |= 0x00400000u;
+    else bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
 template <typename Index>
 __global__ void round_to_bfloat16_kernel(const float *x, Index n, uint16_t *out) {
-    FOR_EACH_INDEX(Index, i, n) {
-        uint32_t bits = __float_as_uint(x[i]);
-        if ((bits & 0x7fffffffu) > 0x7f800000u) bits |= 0x00400000u;
-        else bits += 0x7fffu + ((bits >> 16) & 1u);
-        out[i] = (uint16_t)(bits >> 16);
+    FOR_EACH_INDEX(Index, i, n) out[i] = bfloat16_bits(x[i]);
+}
+
+// A product's two operands in one launch: a's n_a values, then b's.
+template <typename Index>
+__global__ void round_two_to_bfloat16_kernel(const float *a, Index n_a, uint16_t *out_a, const float *b, Index n_b,
+                                             uint16_t *out_b) {
+    FOR_EACH_INDEX(Index, i, n_a + n_b) {
+        if (i < n_a) out_a[i] = bfloat16_bits(a[i]);
+        else out_b[i - n_a] = bfloat16_bits(b[i - n_a]);
     }
 }
 
@@ -458,6 +470,18 @@ void gpu_round_to_bfloat16(const float *x, size_t n, uint16_t *out, cudaStream_t
     else
         round_to_bfloat16_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(x, n, out);
     CHECK_LAUNCH("round_to_bfloat16_kernel");
+}
+
+void gpu_round_two_to_bfloat16(const float *a, size_t n_a, uint16_t *out_a, const float *b, size_t n_b,
+                               uint16_t *out_b, cudaStream_t stream) {
+    const size_t n = n_a + n_b;
+    if (n == 0) return;
+    if (index_fits_32_bits(n))
+        round_two_to_bfloat16_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(a, (uint32_t)n_a, out_a, b,
+                                                                                       (uint32_t)n_b, out_b);
+    else
+        round_two_to_bfloat16_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(a, n_a, out_a, b, n_b, out_b);
+    CHECK_LAUNCH("round_two_to_bfloat16_kernel");
 }
 
 void gpu_clip_scale(float *x, size_t n, const float *coef, cudaStream_t stream) {

@@ -26,6 +26,9 @@ void gpu_force_64_bit_indices(int force);
 void gpu_fill(float *x, size_t n, float value, cudaStream_t stream);
 // out[i] = x[i] rounded to bfloat16 (its bits: round_to_bfloat16's, tensor.h), for a bf16 GEMM.
 void gpu_round_to_bfloat16(const float *x, size_t n, uint16_t *out, cudaStream_t stream);
+// The same for a product's two operands in one launch: a [n_a] into out_a, b [n_b] into out_b.
+void gpu_round_two_to_bfloat16(const float *a, size_t n_a, uint16_t *out_a, const float *b, size_t n_b,
+                               uint16_t *out_b, cudaStream_t stream);
 void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream);          // x *= factor
 void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream);  // dst = src / divisor
 
