@@ -220,11 +220,6 @@ __global__ void gather_ints_kernel(const int *values, const int *indices, int n,
 
 // *slot = weight * (float)(*sum / rows), or *slot + that: a step's mean loss (or a micro-batch's
 // share of it) where it stays, on the GPU, with the host's operations in the host's order (no FMA).
-__global__ void loss_to_slot_kernel(const double *sum, int rows, float weight, int accumulate, float *slot) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    float term = __fmul_rn(weight, (float)(*sum / rows));
-    *slot = accumulate ? __fadd_rn(*slot, term) : term;
-}
 
 // torch.nn.utils.clip_grad_norm_'s coefficient from the tensors' sums of squares, as the host
 // computes it (adamw.c): their sum in order, in double; max_norm / (norm + 1e-6), norm rounded to float.
@@ -293,6 +288,16 @@ __global__ void sum_kernel(const float *x, size_t n, int squares, double *result
     __shared__ double partial[SUM_THREADS];
     double total = block_sum(x, n, squares, partial);
     if (threadIdx.x == 0) *result = total;
+}
+
+// The rows' losses summed as sum_kernel sums them, then the step's loss into its slot:
+// weight * (float)(sum / rows), added to the slot's value where it accumulates.
+__global__ void loss_to_slot_kernel(const float *row_loss, int rows, float weight, int accumulate, float *slot) {
+    __shared__ double partial[SUM_THREADS];
+    double total = block_sum(row_loss, (size_t)rows, 0, partial);
+    if (threadIdx.x != 0) return;
+    float term = __fmul_rn(weight, (float)(total / rows));
+    *slot = accumulate ? __fadd_rn(*slot, term) : term;
 }
 
 // Block i sums span i's squares, as sum_kernel would: the tensors side by side on the GPU's
@@ -619,8 +624,8 @@ void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cud
     CHECK_LAUNCH("gather_ints_kernel");
 }
 
-void gpu_loss_to_slot(const double *sum, int rows, float weight, int accumulate, float *slot, cudaStream_t stream) {
-    loss_to_slot_kernel<<<1, 1, 0, stream>>>(sum, rows, weight, accumulate, slot);
+void gpu_loss_to_slot(const float *row_loss, int rows, float weight, int accumulate, float *slot, cudaStream_t stream) {
+    loss_to_slot_kernel<<<1, SUM_THREADS, 0, stream>>>(row_loss, rows, weight, accumulate, slot);
     CHECK_LAUNCH("loss_to_slot_kernel");
 }
 

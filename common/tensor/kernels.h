@@ -105,9 +105,10 @@ void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int 
 
 // out[r] = values[indices[r]]: a batch's labels gathered on the GPU from the resident set.
 void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream);
-// *slot = weight * (float)(*sum / rows) (accumulate: *slot += that), in float as the host computes
-// a step's loss from gpu_sum's result: the loss stays on the GPU until the host prints it.
-void gpu_loss_to_slot(const double *sum, int rows, float weight, int accumulate, float *slot, cudaStream_t stream);
+// *slot = weight * (float)(sum / rows) (accumulate: *slot += that), where sum is row_loss[0 .. rows)
+// summed as gpu_sum sums it, in float as the host computes a step's loss from gpu_sum's result: the
+// loss stays on the GPU until the host prints it. One launch: the sum, then the slot.
+void gpu_loss_to_slot(const float *row_loss, int rows, float weight, int accumulate, float *slot, cudaStream_t stream);
 
 // out[i] = pixels[i] / 255 as float32: a streamed batch, copied to the GPU as
 // uint8 (4x fewer bytes over PCIe), converted there.

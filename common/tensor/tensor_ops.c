@@ -161,8 +161,7 @@ void softmax_cross_entropy_to(const Tensor *logits, const int *labels, const int
         device_labels = uploaded;
     }
     gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, row_loss, stream);
-    gpu_sum(row_loss, (size_t)rows, 0, g_sum, stream);
-    gpu_loss_to_slot(g_sum, rows, slot.weight, slot.accumulate, slot.value, stream);
+    gpu_loss_to_slot(row_loss, rows, slot.weight, slot.accumulate, slot.value, stream);
 #else
     (void)labels, (void)device_labels, (void)grad_logits, (void)slot;
 #endif

@@ -321,6 +321,26 @@ static void test_mlp_cross_entropy_adam(void) {
     double worst_accumulated = worst_param_error(&t, true);
     EXPECT(worst_accumulated < 1e-4, "mlp_scale_loss and accumulated gradients: rel err %.1e", worst_accumulated);
 
+    // The loss into a slot on the GPU (the host never waits; mlp_loss_to): the host's arithmetic on
+    // mlp_loss's value, bit for bit, written, then two weighted shares added (micro-batches').
+    {
+        mlp_forward(&t.gpu, &gx);
+        float loss = mlp_loss(&t.gpu, labels), expected[2] = {loss, 0.0f};
+        for (int share = 0; share < 2; share++) expected[1] += 0.25f * loss;
+        Tensor slot = tensor_zeros(1, 1, DEVICE_CUDA);
+        float got[2];
+        mlp_loss_to(&t.gpu, labels, NULL, (LossSlot){.value = slot.data, .weight = 1.0f});
+        tensor_to_host(&slot, &got[0]);
+        tensor_fill(&slot, 0.0f);
+        for (int share = 0; share < 2; share++)
+            mlp_loss_to(&t.gpu, labels, NULL, (LossSlot){.value = slot.data, .weight = 0.25f, .accumulate = true});
+        tensor_to_host(&slot, &got[1]);
+        EXPECT(memcmp(got, expected, sizeof got) == 0,
+               "the loss into a slot on the GPU: %.9g (mlp_loss: %.9g), two shares of a quarter added: %.9g (%.9g)",
+               got[0], expected[0], got[1], expected[1]);
+        tensor_free(&slot);
+    }
+
     // A checkpoint written from the GPU loads into a CPU model bit for bit.
     h5_save_params("/tmp/test_gpu_weights.h5", t.gpu.params, t.gpu.n_params);
     Rng other;
