@@ -76,10 +76,10 @@ static struct {
 static int g_fill_next;  // the list to replace next
 
 static void fill_on_gpu(Tensor *const *tensors, int n, float value) {
-    FillSpan *spans = xmalloc((size_t)n * sizeof *spans);
+    FillSpan *spans = xcalloc((size_t)n, sizeof *spans);  // (its padding zero, for memcmp: set field by field)
     size_t blocks = 0;
     for (int i = 0; i < n; i++) {
-        spans[i] = (FillSpan){.data = tensors[i]->data, .n = tensor_numel(tensors[i]), .first_block = (int)blocks};
+        spans[i].data = tensors[i]->data, spans[i].n = tensor_numel(tensors[i]), spans[i].first_block = (int)blocks;
         blocks += gpu_span_blocks(spans[i].n);
         CHECK(blocks <= INT_MAX, "tensors_fill: %zu blocks of values in one launch", blocks);
     }

@@ -261,7 +261,7 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
     if (!*table) *table = xcalloc(1, sizeof **table);
 #if HAVE_CUDA
     AdamTensors *t = *table;
-    AdamTensor *tensors = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *tensors);
+    AdamTensor *tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof *tensors);  // (any padding zero, for memcmp)
     size_t blocks = 0;
     for (int i = 0; i < n; i++) {
         size_t count = tensor_numel(params[i]);
@@ -269,9 +269,10 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
                   tensor_numel(&exp_avg_sq[i]) == count,
               "adam_update_tensors: parameter %d [%d, %d] on a GPU, gradient [%d, %d]", i, params[i]->rows,
               params[i]->cols, grads[i]->rows, grads[i]->cols);
-        tensors[i] = (AdamTensor){.param = params[i]->data, .grad = grads[i]->data, .exp_avg = exp_avg[i].data,
-                                  .exp_avg_sq = exp_avg_sq[i].data, .n = count, .first_block = (int)blocks,
-                                  .decays = decays && decays[i]};
+        AdamTensor *entry = &tensors[i];  // (field by field: a struct's assignment may copy padding)
+        entry->param = params[i]->data, entry->grad = grads[i]->data, entry->exp_avg = exp_avg[i].data;
+        entry->exp_avg_sq = exp_avg_sq[i].data, entry->n = count, entry->first_block = (int)blocks;
+        entry->decays = decays && decays[i];
         blocks += gpu_span_blocks(count);
         CHECK(blocks <= INT_MAX, "adam_update_tensors: %zu blocks of values in one launch", blocks);
     }

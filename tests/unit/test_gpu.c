@@ -447,6 +447,29 @@ static void test_tensors_fill(void) {
     EXPECT(wrong == 0, "tensors_fill on a GPU: %d lists of %d tensors of 1 to 7,000 values, each in one launch, twice "
            "over (more lists than the GPU keeps tables for): every value set, the one past each view kept (%zu of "
            "%zu wrong)", LISTS, MEMBERS, wrong, checked);
+#if HAVE_CUDA
+    // A list filled once, then again inside a CUDA graph's capture (a model's zero_grad in a captured
+    // step): its table is on the GPU already, and the graph's launches fill it.
+    Tensor *all[N];
+    for (int i = 0; i < N; i++) all[i] = &t[i];
+    tensors_fill(all, N, 1.0f);
+    device_graph_begin();
+    tensors_fill(all, N, 7.0f);
+    DeviceGraph *graph = device_graph_end();
+    size_t captured_wrong = 0;
+    for (int launch = 0; launch < 2; launch++) {
+        for (int i = 0; i < N; i++) tensor_fill(&t[i], -1.0f);
+        device_graph_launch(graph);
+        for (int i = 0; i < N; i++) {
+            Tensor host = on_cpu(&t[i]);
+            for (int c = 0; c <= cols[i]; c++) captured_wrong += host.data[c] != 7.0f;
+            tensor_free(&host);
+        }
+    }
+    device_graph_free(graph);
+    EXPECT(captured_wrong == 0, "tensors_fill inside a CUDA graph's capture, its list sent before: each launch of "
+           "the graph fills every value (%zu wrong)", captured_wrong);
+#endif
     for (int i = 0; i < N; i++) tensor_free(&t[i]);
 }
 
