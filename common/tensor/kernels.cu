@@ -923,9 +923,6 @@ __global__ void sort_groups_small_kernel(SmallSorts jobs) {
 // Step 15's tables pass through one launch of each kind of kernel, a row of blocks per table
 // (blockIdx.y), each table's pointers and sizes in a job of the kernel's arguments: one launch where
 // there were four, in a step made of small kernels, which their launches bound.
-struct RowsCopies {
-    RowsCopy job[MF_TABLES];
-};
 struct EmbeddingGrads {
     EmbeddingGrad job[MF_TABLES];
 };
@@ -933,14 +930,14 @@ struct SparseAdamTables {
     SparseAdamRows job[MF_TABLES];
 };
 
-__global__ void copy_rows_kernel(RowsCopies jobs) {
-    const RowsCopy c = jobs.job[blockIdx.y];
-    const size_t total = (size_t)counted(c.count, c.n_max) * c.dim;
+__global__ void copy_rows_kernel(const float *src, const int *src_index, float *dst, const int *dst_index,
+                                 float *dst_flags, const int *count, int n_max, int dim) {
+    const size_t total = (size_t)counted(count, n_max) * dim;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t j = i / c.dim, d = i % c.dim;
-        const size_t from = c.src_index ? (size_t)c.src_index[j] : j, to = c.dst_index ? (size_t)c.dst_index[j] : j;
-        c.dst[to * c.dim + d] = c.src[from * c.dim + d];
-        if (c.dst_flags && d == 0) c.dst_flags[to] = 1.0f;
+        const size_t j = i / dim, d = i % dim;
+        const size_t from = src_index ? (size_t)src_index[j] : j, to = dst_index ? (size_t)dst_index[j] : j;
+        dst[to * dim + d] = src[from * dim + d];
+        if (dst_flags && d == 0) dst_flags[to] = 1.0f;
     }
 }
 
@@ -1175,18 +1172,13 @@ void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream) 
     CHECK_LAUNCH("sort_groups_small_kernel");
 }
 
-void gpu_copy_rows_tables(const RowsCopy *copies, int n, cudaStream_t stream) {
-    RowsCopies jobs;
-    dim3 grid;
-    if (!table_jobs(copies, n, &jobs, &grid)) return;
-    copy_rows_kernel<<<grid, THREADS, 0, stream>>>(jobs);
-    CHECK_LAUNCH("copy_rows_kernel");
-}
-
 void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
                    const int *count, int n_max, int dim, cudaStream_t stream) {
-    RowsCopy copy = {src, src_index, dst, dst_index, dst_flags, count, n_max, dim};
-    gpu_copy_rows_tables(&copy, 1, stream);
+    if (n_max < 0 || dim < 1) fatal_at(__FILE__, __LINE__, 1, "gpu_copy_rows: %d rows of %d", n_max, dim);
+    if (n_max == 0) return;
+    copy_rows_kernel<<<blocks_for((size_t)n_max * dim), THREADS, 0, stream>>>(src, src_index, dst, dst_index,
+                                                                               dst_flags, count, n_max, dim);
+    CHECK_LAUNCH("copy_rows_kernel");
 }
 
 void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream) {

@@ -173,18 +173,8 @@ void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream);
 enum { MF_TABLES = 4 };
 // dst[dst_index[j]] = src[src_index[j]] (a NULL index: j) for j < *count (NULL: n_max), rows of
 // dim; with dst_flags, dst_flags[dst_index[j]] = 1 too (dense: which rows were touched).
-typedef struct {
-    const float *src;
-    const int *src_index;
-    float *dst;
-    const int *dst_index;
-    float *dst_flags;
-    const int *count;
-    int n_max, dim;
-} RowsCopy;
-void gpu_copy_rows_tables(const RowsCopy *copies, int n, cudaStream_t stream);
 void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,
-                   const int *count, int n_max, int dim, cudaStream_t stream);  // one RowsCopy
+                   const int *count, int n_max, int dim, cudaStream_t stream);
 // out[p] = table[keys[p]] for p < n, zeros where keys[p] < 0.
 void gpu_keyed_rows(const float *table, const int *keys, int n, int dim, float *out, cudaStream_t stream);
 // out[0] = *count, out[1 + i] = ids[i] for i < *count: a block of ids that travels with its count.

@@ -69,8 +69,8 @@ static void kernel_given_host_memory(void) {
 static void kernel_job_given_host_memory(void) {  // a pointer inside a kernel's job (step 15's tables)
     static float host[4];
     float *x = device_floats(4);
-    RowsCopy copies[2] = {{x, NULL, x, NULL, NULL, NULL, 4, 1}, {x, NULL, host, NULL, NULL, NULL, 4, 1}};
-    gpu_copy_rows_tables(copies, 2, 0);
+    SparseAdamRows tables[2] = {{x, x, x, NULL, NULL, x, NULL, 4, 1}, {host, x, x, NULL, NULL, x, NULL, 4, 1}};
+    gpu_sparse_adam(tables, 2, (const MfStepInputs *)device_floats(8), 0.1f, 0.001f, 1e-8f, 0);
 }
 
 static void copy_of_the_wrong_kind(void) {
@@ -280,7 +280,7 @@ int main(void) {
     check(dies(host_reads_device_memory, SIGSEGV, NULL), "host code that reads device memory is a segfault");
     check(dies(kernel_given_host_memory, SIGABRT, "kernel fill_kernel: argument 0"),
           "a kernel given host memory stops the run, named");
-    check(dies(kernel_job_given_host_memory, SIGABRT, "kernel copy_rows_kernel: argument 0"),
+    check(dies(kernel_job_given_host_memory, SIGABRT, "kernel sparse_adam_kernel: argument 0"),
           "a kernel whose job (one of the tables it is given) holds host memory stops the run, named");
     check(dies(copy_of_the_wrong_kind, SIGABRT, "cudaMemcpy's destination"), "a cudaMemcpy of the wrong kind stops the run");
     check(dies(copy_past_the_end, SIGABRT, "not inside one block of device memory"),

@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <functional>
 
-#include "tensor/kernels.h"  // the jobs that some kernels take (RowsCopy, SortGroups, ...): their pointers checked
+#include "tensor/kernels.h"  // the jobs that some kernels take (SortGroups, SparseAdamRows, ...): their pointers checked
 
 #undef __global__
 #undef __shared__
@@ -58,9 +58,6 @@ void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t
 // The pointers of a job, where a kernel takes an array of them (`job[]`: step 15's kernels, a job
 // per table, kernels.h): each checked as the kernel's own pointer arguments are (a NULL, as in
 // the jobs past those launched, is no pointer to check).
-template <class Visit> void job_pointers(const RowsCopy &j, Visit v) {
-    v(j.src), v(j.src_index), v(j.dst), v(j.dst_index), v(j.dst_flags), v(j.count);
-}
 template <class Visit> void job_pointers(const EmbeddingGrad &j, Visit v) {
     v(j.start), v(j.sample), v(j.count), v(j.self), v(j.self_row), v(j.other), v(j.other_slot), v(j.grad);
 }
