@@ -391,8 +391,9 @@ static void test_adam_one_launch(void) {
             values[0][3] = moved;
         }
         adam_step_decayed(&one, decays, keep);
-        AdamCoefficients used;
-        device_read_to_host(&used, one.device_coefficients, sizeof used, "Adam's coefficients");
+        AdamCoefficients used;  // (six floats: tensor_ops.h)
+        Tensor coefficients = {.data = (float *)one.device_coefficients, .rows = 1, .cols = 6, .device = DEVICE_CUDA};
+        tensor_to_host(&coefficients, (float *)&used);
         for (int i = 0; i < N; i++) {
             if (decays[i]) tensor_scale(&values[1][i], keep);
             adam_update(&values[1][i], &grads[1][i], &each.exp_avg[i], &each.exp_avg_sq[i], &used);
