@@ -770,6 +770,13 @@ static double *loss_slot(Mf *model) {
     return model->losses + model->pending++;
 }
 
+// The compute stream waits for this step's sorts where lookup_gpu put them on the branch: before
+// the first work that reads their groups (the backward, or the exchanges of a step without one).
+static void wait_for_sorts(Mf *model) {
+    if (model->sorts_beside) CHECK_CUDA(cudaStreamWaitEvent(device_stream(), model->branch->sorted, 0));
+    model->sorts_beside = false;
+}
+
 // The step's branch joins the compute stream again, if this step forked it: at the step's end
 // (mf_adam_step), and as a guard wherever the compute stream next reads the step's loss or
 // overwrites what the branch reads (mf_end_step, mf_predict).
@@ -799,8 +806,7 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, branch->stream);
     CHECK_CUDA(cudaEventRecord(branch->done, branch->stream));
     model->branch_open = true;
-    if (model->sorts_beside) CHECK_CUDA(cudaStreamWaitEvent(stream, branch->sorted, 0));  // (lookup_gpu)
-    model->sorts_beside = false;
+    wait_for_sorts(model);
     EmbeddingGrad grads[MF_TABLES];  // the four tables' in one launch
     for (int k = 0; k < 4; k++) {
         EmbeddingTable *table = table_of(model, k), *other = k == 0 ? Q : k == 1 ? P : NULL;
@@ -890,6 +896,7 @@ void mf_exchange_gradients(Mf *model) {
         // Timed by events on the compute stream, except in a capture: there an event marks a place in
         // the graph, and replays run no host code to read one (their time is not counted).
         bool timed = dist_world_size() > 1 && !device_graph_capturing();
+        wait_for_sorts(model);  // (forward_backward_gpu has: a guard)
         if (timed) comm_begin(model);
         for (int t = 0; t < 4; t++) {
             EmbeddingTable *table = table_of(model, t);

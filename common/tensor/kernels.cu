@@ -162,6 +162,7 @@ template <class Span> __device__ static int block_span(const Span *spans, int co
 __global__ void adam_tensors_kernel(const AdamTensor *tensors, int count, const float *c, float keep) {
     const AdamTensor t = tensors[block_span(tensors, count)];
     const size_t begin = (size_t)(blockIdx.x - t.first_block) * SPAN_CHUNK;
+    if (begin >= t.n) return;  // (a grid larger than the table's blocks: none past its last tensor)
     const unsigned values = (unsigned)(t.n - begin < SPAN_CHUNK ? t.n - begin : SPAN_CHUNK);
     float *param = t.param + begin, *m = t.exp_avg + begin, *v = t.exp_avg_sq + begin;
     const float *grad = t.grad + begin;
@@ -176,6 +177,7 @@ __global__ void adam_tensors_kernel(const AdamTensor *tensors, int count, const 
 __global__ void fill_spans_kernel(const FillSpan *spans, int count, float value) {
     const FillSpan span = spans[block_span(spans, count)];
     const size_t begin = (size_t)(blockIdx.x - span.first_block) * SPAN_CHUNK;
+    if (begin >= span.n) return;  // (as in adam_tensors_kernel)
     const unsigned values = (unsigned)(span.n - begin < SPAN_CHUNK ? span.n - begin : SPAN_CHUNK);
     for (unsigned i = threadIdx.x; i < values; i += blockDim.x) span.data[begin + i] = value;
 }

@@ -91,6 +91,7 @@ typedef struct {
     float *data;
     size_t n;
     int first_block;
+    int unused;  // (no padding: tables of spans are compared with memcmp)
 } FillSpan;
 void gpu_fill_spans(const FillSpan *spans, int count, int blocks, float value, cudaStream_t stream);
 void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t stream);  // param -= lr * grad

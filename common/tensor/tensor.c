@@ -90,6 +90,9 @@ static void fill_on_gpu(Tensor *const *tensors, int n, float value) {
         // (A graph's capture would record the copy out of a slot that later uploads reuse.)
         CHECK(!device_graph_capturing(), "tensors_fill: a new list of tensors during a CUDA graph's capture");
         k = g_fill_next, g_fill_next = (g_fill_next + 1) % FILL_LISTS;
+        // A new buffer, never the old one rewritten: a graph captured with the old list holds its
+        // address, and device_buffer_moves, which step_graph.h watches, counts only new buffers.
+        device_buffer_free(&g_fill_lists[k].device);
         FillSpan *device_spans = device_buffer_reserve(&g_fill_lists[k].device, (size_t)n * sizeof *spans);
         device_upload(device_spans, spans, (size_t)n * sizeof *spans, "the tensors to fill");
         free(g_fill_lists[k].sent);

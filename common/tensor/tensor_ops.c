@@ -260,6 +260,8 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
                          Tensor *exp_avg_sq, const bool *decays, int n, const AdamCoefficients *device_c, float keep) {
     if (!*table) *table = xcalloc(1, sizeof **table);
 #if HAVE_CUDA
+    CHECK(!decays || !device_graph_capturing(),
+          "adam_update_tensors: AdamW's decay factor is the launch's argument, which a CUDA graph would replay");
     AdamTensors *t = *table;
     AdamTensor *tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof *tensors);  // (any padding zero, for memcmp)
     size_t blocks = 0;

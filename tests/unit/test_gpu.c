@@ -470,6 +470,18 @@ static void test_tensors_fill(void) {
     device_graph_free(graph);
     EXPECT(captured_wrong == 0, "tensors_fill inside a CUDA graph's capture, its list sent before: each launch of "
            "the graph fills every value (%zu wrong)", captured_wrong);
+    // Lists enough to push that one out of the tables kept: its table's buffer must be a new one, which
+    // device_buffer_moves counts (a graph that holds the old address is then captured again:
+    // step_graph.h), not the old buffer rewritten under the graph.
+    long moves = device_buffer_moves();
+    for (int list = 0; list < 4; list++) {
+        Tensor view = t[list], *member = &view;
+        view.cols = 1 + list;
+        tensors_fill(&member, 1, 0.0f);
+    }
+    EXPECT(device_buffer_moves() > moves, "tensors_fill: a list's table pushed out by others is a new buffer, not the "
+           "old one rewritten under a graph that holds it (device_buffer_moves %ld, then %ld)", moves,
+           device_buffer_moves());
 #endif
     for (int i = 0; i < N; i++) tensor_free(&t[i]);
 }
