@@ -225,6 +225,7 @@ void mnist_free(MnistSplit *split) {
     device_buffer_free(&split->device_indices);
     device_buffer_free(&split->device_order);
     device_buffer_free(&split->device_batch_labels);
+    device_buffer_free(&split->device_batch_rounded);
 #if HAVE_CUDA
     if (split->order_copied) CHECK_CUDA(cudaEventDestroy((cudaEvent_t)split->order_copied));
 #endif
@@ -297,7 +298,7 @@ static void gather_on_gpu(MnistSplit *split, const int *indices, int rows, Tenso
     // the copy is staged before it returns: `indices` may change right after.)
     CHECK_CUDA(cudaMemcpyAsync(device_indices, indices, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
                                stream));
-    gpu_gather_pixels(split->device_images, device_indices, rows, MNIST_PIXELS, images->data, stream);
+    gpu_gather_batch(split->device_images, NULL, device_indices, rows, MNIST_PIXELS, images->data, NULL, NULL, stream);
 }
 #endif
 
@@ -422,8 +423,14 @@ Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int bat
         upload_split(split);
         const int *order = epoch_order_on_gpu(split, sampler) + start;
         int *device_labels = device_buffer_reserve(&split->device_batch_labels, (size_t)buffer->rows * sizeof(int));
-        gpu_gather_pixels(split->device_images, order, rows, MNIST_PIXELS, images.data, device_stream());
-        gpu_gather_ints(split->device_labels, order, rows, device_labels, device_stream());
+        // With bfloat16 products, the pixels rounded in the same pass: layer 1's forward and its
+        // weights' gradient read them there (tensor.h), where each rounded the batch again.
+        uint16_t *rounded = NULL;
+        if (matmul_dtype() == MATMUL_BFLOAT16)
+            rounded = device_buffer_reserve(&split->device_batch_rounded, tensor_numel(buffer) * sizeof(uint16_t));
+        gpu_gather_batch(split->device_images, split->device_labels, order, rows, MNIST_PIXELS, images.data, rounded,
+                         device_labels, device_stream());
+        images.bfloat16_copy = rounded;
 #endif
         for (int r = 0; r < rows; r++) labels[r] = split->labels[sampler->indices[start + r]];
     } else {

@@ -54,6 +54,7 @@ typedef struct {
     const void *order_sampler;        // the sampler and epoch that device_order holds
     unsigned long order_serial;
     DeviceBuffer device_batch_labels;  // [rows] the last mnist_batch's labels on the GPU
+    DeviceBuffer device_batch_rounded;  // its pixels rounded to bfloat16 (--dtype bfloat16)
 } MnistSplit;
 
 // Loads train-* or t10k-* from dir (each file plain or .gz). Collective: every
@@ -110,6 +111,8 @@ int sampler_num_batches(const DistributedSampler *sampler, int batch_size);
 
 // Gather batch b of this rank into `buffer` [batch_size, 784] and labels, and
 // return the view of the rows filled: batch_size of them, fewer in the last batch.
+// On a GPU with bfloat16 products (matmul_set_dtype) the view carries the pixels rounded too
+// (Tensor's bfloat16_copy), which the split holds until its next mnist_batch.
 Tensor mnist_batch(MnistSplit *split, const DistributedSampler *sampler, int batch, int batch_size,
                    const Tensor *buffer, int *labels);
 // The labels of the last mnist_batch of `split` on the GPU (for mlp_loss_to), NULL on a CPU rank.

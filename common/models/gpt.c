@@ -465,18 +465,12 @@ Param *gpt_state_dict(const Gpt *m, int *n) {
 
 // Rows [first, first + rows) of a [capacity, cols] buffer: one micro-batch's part of it.
 static Tensor rows_at(const Tensor *t, int first, int rows) {
-    Tensor view = *t;
-    view.data += (size_t)first * t->cols;
-    view.rows = rows;
-    return view;
+    return (Tensor){.data = t->data + (size_t)first * t->cols, .rows = rows, .cols = t->cols, .device = t->device};
 }
 // Values [first, first + n) of a buffer as [1, n] (a LayerNorm's statistics), or as [rows, n / rows]
 // (attention's probabilities of a micro-batch's sequences).
 static Tensor values_at(const Tensor *t, size_t first, int rows, int cols) {
-    Tensor view = *t;
-    view.data += first;
-    view.rows = rows, view.cols = cols;
-    return view;
+    return (Tensor){.data = t->data + first, .rows = rows, .cols = cols, .device = t->device};
 }
 
 static Tensor *block_tensor(Gpt *m, int layer, int kind) { return &m->blocks[layer * GPT_BLOCK_TENSORS + kind]; }

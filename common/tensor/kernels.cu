@@ -206,11 +206,20 @@ __global__ void gather_pixels_kernel(const uint8_t *images, const int *indices, 
 // for it (MNIST's 784 = 196 x 4): a 4-byte load and a 16-byte store, a thread per quad of the batch.
 // A thread per pixel loaded one byte, and its grid, a block row per image, left a quarter of its
 // threads idle (784 of 1,024): 31 us of step 2's step on an H200 (ncu), 0.8 TB/s.
+// Where asked, in the same pass: the pixels rounded to bfloat16 (`rounded`, an 8-byte store: what a
+// bfloat16 product would round again at each product that reads the batch) and the batch's labels
+// (the thread of a row's first quad), each of which was a launch of its own.
 template <typename Index>
-__global__ void gather_pixel_quads_kernel(const uchar4 *images, const int *indices, Index rows, Index quads, float4 *out) {
+__global__ void gather_pixel_quads_kernel(const uchar4 *images, const int *labels, const int *indices, Index rows,
+                                          Index quads, float4 *out, ushort4 *rounded, int *out_labels) {
     FOR_EACH_INDEX(Index, i, rows * quads) {
-        const uchar4 p = images[(size_t)indices[i / quads] * quads + i % quads];
-        out[i] = float4{(float)p.x / 255.0f, (float)p.y / 255.0f, (float)p.z / 255.0f, (float)p.w / 255.0f};
+        const Index row = i / quads, quad = i % quads;
+        const int sample = indices[row];
+        const uchar4 p = images[(size_t)sample * quads + quad];
+        const float4 v = float4{(float)p.x / 255.0f, (float)p.y / 255.0f, (float)p.z / 255.0f, (float)p.w / 255.0f};
+        out[i] = v;
+        if (rounded) rounded[i] = ushort4{bfloat16_bits(v.x), bfloat16_bits(v.y), bfloat16_bits(v.z), bfloat16_bits(v.w)};
+        if (out_labels && quad == 0) out_labels[row] = labels[sample];
     }
 }
 
@@ -601,23 +610,29 @@ void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaSt
     CHECK_LAUNCH("argmax_kernel");
 }
 
-void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
-                       cudaStream_t stream) {
+void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indices, int rows, int pixels, float *out,
+                      uint16_t *rounded, int *out_labels, cudaStream_t stream) {
     if (rows == 0) return;
-    if (pixels % 4 == 0 && (uintptr_t)images % alignof(uchar4) == 0 && (uintptr_t)out % alignof(float4) == 0) {
+    if (pixels % 4 == 0 && (uintptr_t)images % alignof(uchar4) == 0 && (uintptr_t)out % alignof(float4) == 0 &&
+        (uintptr_t)rounded % alignof(ushort4) == 0) {
         const size_t quads = (size_t)rows * (pixels / 4);
         if (index_fits_32_bits(quads))
             gather_pixel_quads_kernel<uint32_t><<<blocks_for(quads), THREADS, 0, stream>>>(
-                (const uchar4 *)images, indices, (uint32_t)rows, (uint32_t)(pixels / 4), (float4 *)out);
+                (const uchar4 *)images, labels, indices, (uint32_t)rows, (uint32_t)(pixels / 4), (float4 *)out,
+                (ushort4 *)rounded, out_labels);
         else
             gather_pixel_quads_kernel<size_t><<<blocks_for(quads), THREADS, 0, stream>>>(
-                (const uchar4 *)images, indices, (size_t)rows, (size_t)(pixels / 4), (float4 *)out);
+                (const uchar4 *)images, labels, indices, (size_t)rows, (size_t)(pixels / 4), (float4 *)out,
+                (ushort4 *)rounded, out_labels);
         CHECK_LAUNCH("gather_pixel_quads_kernel");
         return;
     }
+    // Any other shape: the same values, a launch each.
     dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
     gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
     CHECK_LAUNCH("gather_pixels_kernel");
+    if (rounded) gpu_round_to_bfloat16(out, (size_t)rows * (size_t)pixels, rounded, stream);
+    if (out_labels) gpu_gather_ints(labels, indices, rows, out_labels, stream);
 }
 
 void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream) {

@@ -99,10 +99,11 @@ void gpu_sgd(float *param, const float *grad, size_t n, float lr, cudaStream_t s
 // prediction[r] = argmax over c of logits[r, c] (the first, on ties).
 void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaStream_t stream);
 
-// out[r] = images[indices[r]] / 255 as float32: a batch gathered from the
-// uint8 training set on the GPU (the same correctly rounded division as numpy).
-void gpu_gather_pixels(const uint8_t *images, const int *indices, int rows, int pixels, float *out,
-                       cudaStream_t stream);
+// out[r] = images[indices[r]] / 255 as float32: a batch gathered from the uint8 training set on the
+// GPU (the same correctly rounded division as numpy), in one launch with, where not NULL, rounded[r]
+// = out[r] rounded to bfloat16 (gpu_round_to_bfloat16's bits) and out_labels[r] = labels[indices[r]].
+void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indices, int rows, int pixels, float *out,
+                      uint16_t *rounded, int *out_labels, cudaStream_t stream);
 
 // out[r] = values[indices[r]]: a batch's labels gathered on the GPU from the resident set.
 void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream);

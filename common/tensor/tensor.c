@@ -357,10 +357,16 @@ static const float *rounded_copy(int which, const Tensor *t) {
 // A bfloat16 GEMM's operands on the GPU, rounded (gpu_round_to_bfloat16), grown to the largest.
 static DeviceBuffer g_bf16_operands[2];
 
-// Where operand `which` of a product goes rounded, and whether it must be rounded there (*round).
-static uint16_t *gpu_rounded_slot(int which, const Tensor *t, bool *round) {
-    int slot = rounded_slot(which, t, round);
-    return device_buffer_reserve(&g_bf16_operands[slot], tensor_numel(t) * sizeof(uint16_t));
+// Where operand `which` of a product is read rounded: the copy its writer keeps (Tensor's
+// bfloat16_copy), or a slot of ours, which *round says whether to round it into.
+static const uint16_t *gpu_rounded_operand(int which, const Tensor *t, uint16_t **round_into) {
+    *round_into = NULL;
+    if (t->bfloat16_copy) return t->bfloat16_copy;
+    bool round;
+    int slot = rounded_slot(which, t, &round);
+    uint16_t *copy = device_buffer_reserve(&g_bf16_operands[slot], tensor_numel(t) * sizeof(uint16_t));
+    if (round) *round_into = copy;
+    return copy;
 }
 
 // C = alpha op(A) op(B) + beta C, row-major as gemm's, A and B rounded to bfloat16 and multiplied on
@@ -368,14 +374,14 @@ static uint16_t *gpu_rounded_slot(int which, const Tensor *t, bool *round) {
 // need rounding, one launch rounds both (a step of small kernels is bound by their launches).
 static void gpu_bfloat16_gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const Tensor *a,
                               const Tensor *b, float beta, Tensor *c) {
-    bool round_a, round_b;
-    uint16_t *a16 = gpu_rounded_slot(0, a, &round_a), *b16 = gpu_rounded_slot(1, b, &round_b);
+    uint16_t *round_a, *round_b;
+    const uint16_t *a16 = gpu_rounded_operand(0, a, &round_a), *b16 = gpu_rounded_operand(1, b, &round_b);
     if (round_a && round_b)
-        gpu_round_two_to_bfloat16(a->data, tensor_numel(a), a16, b->data, tensor_numel(b), b16, device_stream());
+        gpu_round_two_to_bfloat16(a->data, tensor_numel(a), round_a, b->data, tensor_numel(b), round_b, device_stream());
     else if (round_a)
-        gpu_round_to_bfloat16(a->data, tensor_numel(a), a16, device_stream());
+        gpu_round_to_bfloat16(a->data, tensor_numel(a), round_a, device_stream());
     else if (round_b)
-        gpu_round_to_bfloat16(b->data, tensor_numel(b), b16, device_stream());
+        gpu_round_to_bfloat16(b->data, tensor_numel(b), round_b, device_stream());
     const int lda = a->cols, ldb = b->cols, ldc = c->cols;
     // Column-major: C^T = op(B)^T op(A)^T, as gemm's cublasSgemm below.
     CHECK_CUBLAS(cublasGemmEx(device_cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -530,6 +530,59 @@ static void test_gather(void) {
     EXPECT(differ == 0 && wrong_labels == 0,
            "mnist_batch gathered on the GPU (uint8 / 255) equals the CPU's bit for bit: %zu pixels, %zu labels differ",
            differ, wrong_labels);
+
+    // With bfloat16 products the gather also writes the batch rounded (Tensor's bfloat16_copy), which
+    // gemm reads where it would round the batch itself: the copy holds round_to_bfloat16's bits, the
+    // products from it are those of the batch rounded by gemm, and gemm reads it (a copy of zeros
+    // gives zeros).
+    matmul_set_dtype(MATMUL_BFLOAT16);
+    Tensor w = tensor_zeros(10, MNIST_PIXELS, DEVICE_CPU);
+    fill_uniform(&w, -1, 1);
+    Tensor gw = on_gpu(&w), from_copy = tensor_zeros(16, 10, DEVICE_CUDA), rounding = tensor_zeros(16, 10, DEVICE_CUDA);
+    Tensor zeros = tensor_zeros(8, MNIST_PIXELS, DEVICE_CUDA);  // as many bytes as 16 rows of bfloat16
+    size_t wrong_copy = 0, wrong_product = 0, missing = 0;
+    int not_zero = 0;
+    for (int b = 0; b < sampler_num_batches(&sampler, 16); b++) {
+        Tensor xc = mnist_batch(&split, &sampler, b, 16, &cpu_buffer, labels_cpu);
+        Tensor xg = mnist_batch(&split, &sampler, b, 16, &gpu_buffer, labels_gpu);
+        for (int r = 0; r < xc.rows; r++) wrong_labels += labels_cpu[r] != labels_gpu[r];
+        if (!xg.bfloat16_copy) {
+            missing++;
+            continue;
+        }
+        // The copy's bits, two bfloat16 values a float, through a float view of its buffer.
+        Tensor pairs = {.data = (float *)xg.bfloat16_copy, .rows = xg.rows, .cols = MNIST_PIXELS / 2, .device = DEVICE_CUDA};
+        Tensor host_pairs = on_cpu(&pairs);
+        const uint16_t *bits = (const uint16_t *)host_pairs.data;
+        for (size_t i = 0; i < tensor_numel(&xc); i++) {
+            float want = round_to_bfloat16(xc.data[i]);
+            uint32_t want_bits;
+            memcpy(&want_bits, &want, sizeof want_bits);
+            wrong_copy += bits[i] != (uint16_t)(want_bits >> 16);
+        }
+        tensor_free(&host_pairs);
+        Tensor plain = {.data = xg.data, .rows = xg.rows, .cols = xg.cols, .device = xg.device};  // rounded by gemm
+        from_copy.rows = rounding.rows = xg.rows;
+        gemm(false, true, 1.0f, &xg, &gw, 0.0f, &from_copy);
+        gemm(false, true, 1.0f, &plain, &gw, 0.0f, &rounding);
+        Tensor want_product = on_cpu(&rounding);
+        wrong_product += bits_differ(&from_copy, &want_product);
+        tensor_free(&want_product);
+        Tensor of_zeros = xg;
+        of_zeros.bfloat16_copy = (const uint16_t *)zeros.data;
+        gemm(false, true, 1.0f, &of_zeros, &gw, 0.0f, &from_copy);
+        Tensor host = on_cpu(&from_copy);
+        for (size_t i = 0; i < tensor_numel(&host); i++) not_zero += host.data[i] != 0.0f;
+        tensor_free(&host);
+    }
+    matmul_set_dtype(MATMUL_FLOAT32);
+    EXPECT(missing == 0 && wrong_copy == 0 && wrong_product == 0 && not_zero == 0 && wrong_labels == 0,
+           "mnist_batch on the GPU with bfloat16 products: the batch rounded in the gather (%zu batches without), "
+           "round_to_bfloat16's bits (%zu differ), gemm's products from it those of the batch it rounds itself (%zu "
+           "differ) and read from it (%d of a copy of zeros not zero), the labels in the same launch (%zu differ)",
+           missing, wrong_copy, wrong_product, not_zero, wrong_labels);
+    Tensor *all[] = {&w, &gw, &from_copy, &rounding, &zeros};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
     tensor_free(&cpu_buffer), tensor_free(&gpu_buffer);
     sampler_free(&sampler);
     mnist_free(&split);
