@@ -297,6 +297,29 @@ void device_upload(void *device_memory, const void *host, size_t bytes, const ch
     g_upload.used[k] = true;
 }
 
+bool device_table_holds(const DeviceTable *table, const void *host, size_t bytes) {
+    return table->device.data && table->bytes == bytes && memcmp(table->sent, host, bytes) == 0;
+}
+
+const void *device_table_send(DeviceTable *table, const void *host, size_t bytes, const char *what) {
+    if (device_table_holds(table, host, bytes)) return table->device.data;
+    CHECK(!device_graph_capturing(), "%s: a new table of tensors during a CUDA graph's capture", what);
+    device_buffer_free(&table->device);  // a new buffer: see device.h
+    void *device = device_buffer_reserve(&table->device, bytes);
+    device_upload(device, host, bytes, what);
+    free(table->sent);
+    table->sent = xmalloc(bytes ? bytes : 1);
+    memcpy(table->sent, host, bytes);
+    table->bytes = bytes;
+    return device;
+}
+
+void device_table_free(DeviceTable *table) {
+    device_buffer_free(&table->device);
+    free(table->sent);
+    *table = (DeviceTable){0};
+}
+
 struct DeviceGraph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;

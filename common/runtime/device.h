@@ -132,6 +132,25 @@ void device_read_to_host(void *host, const void *device_memory, size_t bytes, co
 // page-locked slots, each reused once the copy out of it has run (its event: long done in a steady
 // state; the host waits, polled, only when it is 64 uploads ahead of the GPU). `what` names it.
 void device_upload(void *device_memory, const void *host, size_t bytes, const char *what);
+// A table that one launch over many tensors reads on the GPU (each tensor's address and length:
+// Adam's update, zero_grad, the gradients' norm), sent only when it is not what went last: a model's
+// tensors are the same every step, so their table goes over once. A changed table goes to a new
+// buffer, never over the old one, which a graph captured before may read (device_buffer_moves counts
+// it: step_graph.h captures again), and never during a capture (it would record the copy out of an
+// upload slot that later uploads reuse). Compared byte for byte: build the entries in zeroed memory,
+// field by field (a struct's assignment may leave its padding as it likes). A zeroed one is empty.
+typedef struct {
+    DeviceBuffer device;
+    void *sent;  // the host's copy of what went over
+    size_t bytes;
+} DeviceTable;
+// Does the table hold these bytes?
+bool device_table_holds(const DeviceTable *table, const void *host, size_t bytes);
+// The table's device copy, holding `host`'s bytes for the launches queued after this call on the
+// compute stream (the upload is queued there). `what` names the table (in the error, should it
+// change during a capture).
+const void *device_table_send(DeviceTable *table, const void *host, size_t bytes, const char *what);
+void device_table_free(DeviceTable *table);
 
 // The compute stream's work between device_graph_begin and device_graph_end as a CUDA graph
 // (torch.cuda.CUDAGraph): captured, not run; device_graph_launch queues all of it again in one

@@ -613,7 +613,7 @@ void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaSt
 void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indices, int rows, int pixels, float *out,
                       uint16_t *rounded, int *out_labels, cudaStream_t stream) {
     if (rows == 0) return;
-    if (pixels % 4 == 0 && (uintptr_t)images % alignof(uchar4) == 0 && (uintptr_t)out % alignof(float4) == 0 &&
+    if (pixels > 0 && pixels % 4 == 0 && (uintptr_t)images % alignof(uchar4) == 0 && (uintptr_t)out % alignof(float4) == 0 &&
         (uintptr_t)rounded % alignof(ushort4) == 0) {
         const size_t quads = (size_t)rows * (pixels / 4);
         if (index_fits_32_bits(quads))
@@ -628,9 +628,11 @@ void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indic
         return;
     }
     // Any other shape: the same values, a launch each.
-    dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
-    gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
-    CHECK_LAUNCH("gather_pixels_kernel");
+    if (pixels > 0) {
+        dim3 grid((unsigned)((pixels + THREADS - 1) / THREADS), (unsigned)(rows < 65535 ? rows : 65535));
+        gather_pixels_kernel<<<grid, THREADS, 0, stream>>>(images, indices, rows, pixels, out);
+        CHECK_LAUNCH("gather_pixels_kernel");
+    }
     if (rounded) gpu_round_to_bfloat16(out, (size_t)rows * (size_t)pixels, rounded, stream);
     if (out_labels) gpu_gather_ints(labels, indices, rows, out_labels, stream);
 }

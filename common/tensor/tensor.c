@@ -65,42 +65,26 @@ void tensor_fill(Tensor *t, float value) {
 }
 
 #if HAVE_CUDA
-// tensors_fill's tables on the GPU, for the last FILL_LISTS lists of tensors filled (a model's
-// gradients are one list, the same every step: sent once), each with the host's copy of what went.
+// tensors_fill's tables on the GPU (device.h) for the last FILL_LISTS lists of tensors filled: a
+// model's gradients are one list, the same every step, and a program may have a few models.
 enum { FILL_LISTS = 4 };
-static struct {
-    DeviceBuffer device;
-    FillSpan *sent;
-    int count, blocks;
-} g_fill_lists[FILL_LISTS];
+static DeviceTable g_fill_lists[FILL_LISTS];
 static int g_fill_next;  // the list to replace next
 
 static void fill_on_gpu(Tensor *const *tensors, int n, float value) {
-    FillSpan *spans = xcalloc((size_t)n, sizeof *spans);  // (its padding zero, for memcmp: set field by field)
-    size_t blocks = 0;
+    FillSpan *spans = xcalloc((size_t)n, sizeof *spans);  // (zeroed, and set field by field: device.h)
+    size_t blocks = 0, bytes = (size_t)n * sizeof *spans;
     for (int i = 0; i < n; i++) {
         spans[i].data = tensors[i]->data, spans[i].n = tensor_numel(tensors[i]), spans[i].first_block = (int)blocks;
         blocks += gpu_span_blocks(spans[i].n);
         CHECK(blocks <= INT_MAX, "tensors_fill: %zu blocks of values in one launch", blocks);
     }
     int k = 0;
-    while (k < FILL_LISTS && !(g_fill_lists[k].count == n && memcmp(g_fill_lists[k].sent, spans, (size_t)n * sizeof *spans) == 0))
-        k++;
-    if (k == FILL_LISTS) {  // a list not sent lately: in place of the oldest
-        // (A graph's capture would record the copy out of a slot that later uploads reuse.)
-        CHECK(!device_graph_capturing(), "tensors_fill: a new list of tensors during a CUDA graph's capture");
-        k = g_fill_next, g_fill_next = (g_fill_next + 1) % FILL_LISTS;
-        // A new buffer, never the old one rewritten: a graph captured with the old list holds its
-        // address, and device_buffer_moves, which step_graph.h watches, counts only new buffers.
-        device_buffer_free(&g_fill_lists[k].device);
-        FillSpan *device_spans = device_buffer_reserve(&g_fill_lists[k].device, (size_t)n * sizeof *spans);
-        device_upload(device_spans, spans, (size_t)n * sizeof *spans, "the tensors to fill");
-        free(g_fill_lists[k].sent);
-        g_fill_lists[k].sent = spans, g_fill_lists[k].count = n, g_fill_lists[k].blocks = (int)blocks;
-    } else {
-        free(spans);
-    }
-    gpu_fill_spans(g_fill_lists[k].device.data, n, g_fill_lists[k].blocks, value, device_stream());
+    while (k < FILL_LISTS && !device_table_holds(&g_fill_lists[k], spans, bytes)) k++;
+    if (k == FILL_LISTS) k = g_fill_next, g_fill_next = (g_fill_next + 1) % FILL_LISTS;  // in place of the oldest sent
+    const FillSpan *table = device_table_send(&g_fill_lists[k], spans, bytes, "tensors_fill");
+    free(spans);
+    gpu_fill_spans(table, n, (int)blocks, value, device_stream());
 }
 #endif
 

@@ -21,8 +21,9 @@ typedef struct {
     // On a GPU, where its writer keeps data's values rounded to bfloat16 (round_to_bfloat16's bits)
     // in the same order, or NULL (most tensors): a bfloat16 gemm reads A or B there, where it would
     // round it once more at each product. mnist_batch's batch has one with --dtype bfloat16, written
-    // in the pass that gathers it. A view from the first value (tensor_rows, tensor_view) keeps it;
-    // a writer that does not keep it up must clear it.
+    // in the pass that gathers it, valid until the split's next batch. A view from the first value
+    // (tensor_rows, tensor_view) keeps it; a view at an offset is built anew ({.data = ...}), without
+    // it; a writer that does not keep it up must clear it.
     const uint16_t *bfloat16_copy;
 } Tensor;
 

@@ -246,9 +246,7 @@ _Static_assert(sizeof(AdamCoefficients) == 6 * sizeof(float) && offsetof(AdamCoe
 
 #if HAVE_CUDA
 struct AdamTensors {
-    DeviceBuffer device;  // gpu_adam_tensors' table
-    AdamTensor *sent;     // the host's copy of what went over
-    int count, blocks;
+    DeviceTable table;  // gpu_adam_tensors' (device.h)
 };
 #else
 struct AdamTensors {
@@ -262,8 +260,7 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
 #if HAVE_CUDA
     CHECK(!decays || !device_graph_capturing(),
           "adam_update_tensors: AdamW's decay factor is the launch's argument, which a CUDA graph would replay");
-    AdamTensors *t = *table;
-    AdamTensor *tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof *tensors);  // (any padding zero, for memcmp)
+    AdamTensor *tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof *tensors);  // (zeroed, set field by field: device.h)
     size_t blocks = 0;
     for (int i = 0; i < n; i++) {
         size_t count = tensor_numel(params[i]);
@@ -271,24 +268,17 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
                   tensor_numel(&exp_avg_sq[i]) == count,
               "adam_update_tensors: parameter %d [%d, %d] on a GPU, gradient [%d, %d]", i, params[i]->rows,
               params[i]->cols, grads[i]->rows, grads[i]->cols);
-        AdamTensor *entry = &tensors[i];  // (field by field: a struct's assignment may copy padding)
+        AdamTensor *entry = &tensors[i];
         entry->param = params[i]->data, entry->grad = grads[i]->data, entry->exp_avg = exp_avg[i].data;
         entry->exp_avg_sq = exp_avg_sq[i].data, entry->n = count, entry->first_block = (int)blocks;
         entry->decays = decays && decays[i];
         blocks += gpu_span_blocks(count);
         CHECK(blocks <= INT_MAX, "adam_update_tensors: %zu blocks of values in one launch", blocks);
     }
-    if (n != t->count || memcmp(tensors, t->sent, (size_t)n * sizeof *tensors) != 0) {
-        // (A graph's capture would record the copy out of a slot that later uploads reuse.)
-        CHECK(!device_graph_capturing(), "adam_update_tensors: the tensors moved during a CUDA graph's capture");
-        AdamTensor *device_tensors = device_buffer_reserve(&t->device, (size_t)n * sizeof *tensors);
-        device_upload(device_tensors, tensors, (size_t)n * sizeof *tensors, "Adam's tensors");
-        free(t->sent);
-        t->sent = tensors, t->count = n, t->blocks = (int)blocks;
-    } else {
-        free(tensors);
-    }
-    gpu_adam_tensors(t->device.data, n, t->blocks, (const float *)device_c, keep, device_stream());
+    const AdamTensor *device_tensors =
+        device_table_send(&(*table)->table, tensors, (size_t)n * sizeof *tensors, "adam_update_tensors");
+    free(tensors);
+    gpu_adam_tensors(device_tensors, n, (int)blocks, (const float *)device_c, keep, device_stream());
 #else
     (void)params, (void)grads, (void)exp_avg, (void)exp_avg_sq, (void)decays, (void)n, (void)device_c, (void)keep;
 #endif
@@ -297,8 +287,7 @@ void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *con
 void adam_tensors_free(AdamTensors **table) {
     if (!*table) return;
 #if HAVE_CUDA
-    device_buffer_free(&(*table)->device);
-    free((*table)->sent);
+    device_table_free(&(*table)->table);
 #endif
     free(*table);
     *table = NULL;
@@ -323,24 +312,16 @@ CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {
 #if HAVE_CUDA
 // sum_of_squares's per-tensor sums on the GPU, grown to the most tensors seen, as scratch_terms.
 static DeviceBuffer g_tensor_sums;
-// The tensors' spans on the GPU for gpu_sum_squares_each, and the host's copy of what was last sent:
-// a model's gradients are the same tensors every step, so they go over once.
-static DeviceBuffer g_spans;
-static FloatSpan *g_spans_sent;
-static int g_spans_count;
+// The tensors' spans on the GPU for gpu_sum_squares_each (device.h): a model's gradients, the same
+// tensors every step, go over once.
+static DeviceTable g_spans;
 
 // device_sums[i] = the sum of tensor i's squares, for every tensor in one launch (queued: no wait).
 static void squares_each_on_gpu(Tensor *const *tensors, int n, double *device_sums) {
-    FloatSpan *spans = xmalloc((size_t)n * sizeof *spans);
-    for (int i = 0; i < n; i++) spans[i] = (FloatSpan){.data = tensors[i]->data, .n = tensor_numel(tensors[i])};
-    FloatSpan *device_spans = device_buffer_reserve(&g_spans, (size_t)n * sizeof *spans);
-    if (n != g_spans_count || memcmp(spans, g_spans_sent, (size_t)n * sizeof *spans) != 0) {
-        device_upload(device_spans, spans, (size_t)n * sizeof *spans, "the gradients' spans");
-        free(g_spans_sent);
-        g_spans_sent = spans, g_spans_count = n;
-    } else {
-        free(spans);
-    }
+    FloatSpan *spans = xcalloc((size_t)n, sizeof *spans);  // (zeroed, set field by field: device.h)
+    for (int i = 0; i < n; i++) spans[i].data = tensors[i]->data, spans[i].n = tensor_numel(tensors[i]);
+    const FloatSpan *device_spans = device_table_send(&g_spans, spans, (size_t)n * sizeof *spans, "the gradients' norm");
+    free(spans);
     gpu_sum_squares_each(device_spans, n, device_sums, device_stream());
 }
 #endif

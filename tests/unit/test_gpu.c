@@ -486,6 +486,38 @@ static void test_tensors_fill(void) {
     for (int i = 0; i < N; i++) tensor_free(&t[i]);
 }
 
+#if HAVE_CUDA
+// device.h's DeviceTable, under Adam's one launch, zero_grad's and the gradients' norm: a table the
+// GPU holds already is not sent again (the same buffer, nothing moved); a changed one goes to a new
+// buffer (device_buffer_moves counts it: a graph that read the old one is captured again) and holds
+// the new values; a table of nothing is a buffer all the same.
+static void test_device_table(void) {
+    enum { N = 300 };
+    float a[N], b[N];
+    for (int i = 0; i < N; i++) a[i] = (float)i, b[i] = (float)(N - i);
+    DeviceTable table = {0};
+    const void *first = device_table_send(&table, a, sizeof a, "test a");
+    long moves = device_buffer_moves();
+    const void *again = device_table_send(&table, a, sizeof a, "test a");
+    bool kept = again == first && device_buffer_moves() == moves && device_table_holds(&table, a, sizeof a) &&
+                !device_table_holds(&table, b, sizeof b) && !device_table_holds(&table, a, sizeof a - sizeof(float));
+    const void *changed = device_table_send(&table, b, sizeof b, "test b");
+    bool moved = device_buffer_moves() > moves && device_table_holds(&table, b, sizeof b) && !device_table_holds(&table, a, sizeof a);
+    Tensor view = {.data = (float *)changed, .rows = 1, .cols = N, .device = DEVICE_CUDA};
+    Tensor host = on_cpu(&view);
+    int wrong = 0;
+    for (int i = 0; i < N; i++) wrong += host.data[i] != b[i];
+    tensor_free(&host);
+    DeviceTable empty = {0};
+    bool none = device_table_send(&empty, a, 0, "test empty") != NULL && device_table_holds(&empty, b, 0);
+    device_table_free(&table), device_table_free(&empty);
+    EXPECT(kept && moved && wrong == 0 && none && !table.device.data,
+           "DeviceTable: sent once while it holds the same bytes (%s), a change to a new buffer with the new values "
+           "(%s, %d of %d wrong), an empty table (%s)", kept ? "yes" : "no", moved ? "yes" : "no", wrong, N,
+           none ? "yes" : "no");
+}
+#endif
+
 static void test_mlp_mse_sgd(void) {
     const int sizes[] = {64, 96, 32}, batch = 40;
     Twins t = twins(sizes, 3, batch, 11);
@@ -508,6 +540,18 @@ static void test_mlp_mse_sgd(void) {
     tensor_free(&x), tensor_free(&target), tensor_free(&gx), tensor_free(&gtarget);
 }
 
+// How many of the last mnist_batch's labels on the GPU differ from `want` (the host's).
+static int device_labels_differ(const MnistSplit *split, const int *want, int rows) {
+    const int *device = mnist_batch_device_labels(split);
+    if (!device) return rows;
+    Tensor view = {.data = (float *)device, .rows = 1, .cols = rows, .device = DEVICE_CUDA};  // (the ints' bits)
+    Tensor host = on_cpu(&view);
+    int differ = 0;
+    for (int r = 0; r < rows; r++) differ += memcmp(&host.data[r], &want[r], sizeof(int)) != 0;
+    tensor_free(&host);
+    return differ;
+}
+
 static void test_gather(void) {
     // A small data set of random pixels: the GPU gathers from its uint8 copy.
     MnistSplit split = {.n = 50};
@@ -526,6 +570,7 @@ static void test_gather(void) {
         Tensor xg = mnist_batch(&split, &sampler, b, 16, &gpu_buffer, labels_gpu);
         differ += bits_differ(&xg, &xc) + (size_t)(xg.rows != xc.rows);
         for (int r = 0; r < xc.rows; r++) wrong_labels += labels_cpu[r] != labels_gpu[r];
+        wrong_labels += (size_t)device_labels_differ(&split, labels_cpu, xc.rows);
     }
     EXPECT(differ == 0 && wrong_labels == 0,
            "mnist_batch gathered on the GPU (uint8 / 255) equals the CPU's bit for bit: %zu pixels, %zu labels differ",
@@ -546,6 +591,7 @@ static void test_gather(void) {
         Tensor xc = mnist_batch(&split, &sampler, b, 16, &cpu_buffer, labels_cpu);
         Tensor xg = mnist_batch(&split, &sampler, b, 16, &gpu_buffer, labels_gpu);
         for (int r = 0; r < xc.rows; r++) wrong_labels += labels_cpu[r] != labels_gpu[r];
+        wrong_labels += (size_t)device_labels_differ(&split, labels_cpu, xc.rows);
         if (!xg.bfloat16_copy) {
             missing++;
             continue;
@@ -586,6 +632,47 @@ static void test_gather(void) {
     tensor_free(&cpu_buffer), tensor_free(&gpu_buffer);
     sampler_free(&sampler);
     mnist_free(&split);
+#if HAVE_CUDA
+    // gpu_gather_batch itself on rows of 6 pixels (not in fours: a launch for each output) and of 8
+    // (fours, one launch), every output asked for: the pixels, their rounding, the labels.
+    enum { SAMPLES = 9, ROWS = 5 };
+    const int indices[ROWS] = {4, 0, 8, 4, 2};
+    int gather_wrong = 0;
+    for (int pixels = 6; pixels <= 8; pixels += 2) {
+        uint8_t images[SAMPLES * 8];
+        int labels[SAMPLES], got_labels[ROWS];
+        float got[ROWS * 8];
+        uint16_t got_rounded[ROWS * 8];
+        for (int i = 0; i < SAMPLES * pixels; i++) images[i] = (uint8_t)((37 * i + 11) & 255);
+        for (int i = 0; i < SAMPLES; i++) labels[i] = 100 + i;
+        uint8_t *d_images = device_alloc(sizeof images);
+        int *d_labels = device_alloc(sizeof labels), *d_indices = device_alloc(sizeof indices);
+        int *d_out_labels = device_alloc(sizeof got_labels);
+        float *d_out = device_alloc(sizeof got);
+        uint16_t *d_rounded = device_alloc(sizeof got_rounded);
+        device_upload(d_images, images, sizeof images, "test images");
+        device_upload(d_labels, labels, sizeof labels, "test labels");
+        device_upload(d_indices, indices, sizeof indices, "test indices");
+        gpu_gather_batch(d_images, d_labels, d_indices, ROWS, pixels, d_out, d_rounded, d_out_labels, device_stream());
+        device_read_to_host(got, d_out, sizeof got, "test pixels");
+        device_read_to_host(got_rounded, d_rounded, sizeof got_rounded, "test rounding");
+        device_read_to_host(got_labels, d_out_labels, sizeof got_labels, "test labels");
+        for (int r = 0; r < ROWS; r++) {
+            gather_wrong += got_labels[r] != labels[indices[r]];
+            for (int p = 0; p < pixels; p++) {
+                float want = (float)images[indices[r] * pixels + p] / 255.0f, rounded = round_to_bfloat16(want);
+                uint32_t bits;
+                memcpy(&bits, &rounded, sizeof bits);
+                gather_wrong += got[r * pixels + p] != want;
+                gather_wrong += got_rounded[r * pixels + p] != (uint16_t)(bits >> 16);
+            }
+        }
+        device_free(d_images), device_free(d_labels), device_free(d_indices), device_free(d_out_labels);
+        device_free(d_out), device_free(d_rounded);
+    }
+    EXPECT(gather_wrong == 0, "gpu_gather_batch on rows of 6 pixels (a launch each: pixels, rounding, labels) and of "
+           "8 (in fours, one launch): %d of %d values wrong", gather_wrong, ROWS * (6 * 2 + 1) + ROWS * (8 * 2 + 1));
+#endif
 }
 
 // Step 14's tensor operations: the copies, pooling, reordering and per-row
@@ -1251,6 +1338,9 @@ int main(int argc, char **argv) {
     test_mlp_cross_entropy_adam();
     test_adam_one_launch();
     test_tensors_fill();
+#if HAVE_CUDA
+    test_device_table();
+#endif
     test_mlp_mse_sgd();
     test_gather();
     test_cnn_ops();
@@ -1275,6 +1365,7 @@ int main(int argc, char **argv) {
     test_mlp_mse_sgd();
     test_cnn_ops();
     test_cnn_model();
+    test_gather();
     gpu_force_64_bit_indices(0);
 #endif
     dist_finalize();
