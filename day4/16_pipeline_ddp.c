@@ -131,10 +131,7 @@ static void pipeline_step(Stage *stage, const Schedule *schedule, int stage_inde
 
         if (forward) {
             // The first stage's input is micro-batch i's rows of the batch; the others', what came in.
-            Tensor rows_of_batch = {0};
-            if (stage->is_first)
-                rows_of_batch = (Tensor){.data = images->data + (size_t)offset * images->cols, .rows = rows_i,
-                                         .cols = images->cols, .device = images->device};
+            Tensor rows_of_batch = stage->is_first ? tensor_row_range(images, offset, rows_i) : (Tensor){0};
             const Tensor *out = stage_forward(stage, i, stage->is_first ? &rows_of_batch : receive.tensor);
             if (stage->is_last) {
                 float weight = (float)rows_i / (float)rows;  // its share of the batch

@@ -264,7 +264,7 @@ static long tp_correct(TpMlp *model, const Tensor *x, const int *labels) {
     int *predictions = xmalloc((size_t)model->max_batch * sizeof(int));
     for (int start = 0; start < x->rows; start += model->max_batch) {
         int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
-        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
+        Tensor chunk = tensor_row_range(x, start, rows);
         argmax_rows(tp_forward(model, &chunk), predictions);
         for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
     }

@@ -230,6 +230,14 @@ expect "DDP on the GPU: 2 ranks x batch 3200 == 1 process x batch 6400: $verdict
 mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --no-shuffle --epochs 1 --losses "$tmp/pp2.csv" --plot '' > "$tmp/g16" 2>&1
 verdict=$(same_losses "$tmp/one.csv" "$tmp/pp2.csv" 1e-5)
 expect "step 16 on the GPU, 2 stages x 4 micro-batches: step 2's losses within 1e-5: $verdict" test $? -eq 0
+# With --dtype bfloat16 the first stage's micro-batches read their rows of the batch's rounded copy
+# (tensor_row_range): the CPU's bfloat16 steps, within step 2's 1e-4.
+mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --no-shuffle --epochs 1 --dtype bfloat16 --losses "$tmp/pp2_bf16_gpu.csv" \
+    --plot '' > /dev/null 2>&1
+mpi 2 day4/16_pipeline_ddp --pp 2 --micro_batches 4 --no-shuffle --epochs 1 --dtype bfloat16 --device cpu \
+    --losses "$tmp/pp2_bf16_cpu.csv" --plot '' > /dev/null 2>&1
+expect_same_losses "step 16 --dtype bfloat16 on the GPU, 2 stages x 4 micro-batches, vs on the CPU" \
+    "$tmp/pp2_bf16_cpu.csv" "$tmp/pp2_bf16_gpu.csv" 1e-4
 if [ "$gpus" -ge 4 ]; then
     mpi 4 day4/16_pipeline_ddp --pp 2 --micro_batches 2 --schedule gpipe --no-shuffle --epochs 1 --batch_size 3200 \
         --losses "$tmp/pp2dp2.csv" --plot '' > /dev/null 2>&1

@@ -200,7 +200,7 @@ double cnn_evaluate(Cnn *m, const Tensor *x, const int *labels, int *predictions
     double loss_sum = 0.0;
     for (int start = 0; start < x->rows; start += m->max_batch) {
         int n = x->rows - start < m->max_batch ? x->rows - start : m->max_batch;
-        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = n, .cols = x->cols, .device = x->device};
+        Tensor chunk = tensor_row_range(x, start, n);
         const Tensor *logits = cnn_forward(m, &chunk);
         loss_sum += (double)cnn_loss(m, labels + start) * n;  // the batch's mean, weighed by its rows
         argmax_rows(logits, predictions + start);

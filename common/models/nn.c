@@ -199,7 +199,7 @@ double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
     int *predictions = xmalloc((size_t)model->max_batch * sizeof(int));
     for (int start = 0; start < x->rows; start += model->max_batch) {
         int rows = x->rows - start < model->max_batch ? x->rows - start : model->max_batch;
-        Tensor chunk = {.data = x->data + (size_t)start * x->cols, .rows = rows, .cols = x->cols, .device = x->device};
+        Tensor chunk = tensor_row_range(x, start, rows);
         const Tensor *logits = mlp_forward(model, &chunk);
         argmax_rows(logits, predictions);
         for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];

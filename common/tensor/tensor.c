@@ -47,6 +47,14 @@ Tensor tensor_rows(const Tensor *t, int rows) {
     return view;
 }
 
+Tensor tensor_row_range(const Tensor *t, int first, int rows) {
+    CHECK(first >= 0 && rows >= 0 && first <= t->rows - rows, "view of rows %d to %d of a [%d, %d] tensor", first,
+          first + rows, t->rows, t->cols);
+    size_t at = (size_t)first * (size_t)t->cols;
+    return (Tensor){.data = t->data + at, .rows = rows, .cols = t->cols, .device = t->device,
+                    .bfloat16_copy = t->bfloat16_copy ? t->bfloat16_copy + at : NULL};
+}
+
 void tensor_fill(Tensor *t, float value) {
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA

@@ -36,6 +36,9 @@ static inline bool tensor_on_gpu(const Tensor *t) { return HAVE_CUDA && t->devic
 
 // The first `rows` rows of t, sharing its storage (a partial last batch).
 Tensor tensor_rows(const Tensor *t, int rows);
+// Rows [first, first + rows) of t, sharing its storage, its bfloat16 copy too (a micro-batch, an
+// evaluation's chunk).
+Tensor tensor_row_range(const Tensor *t, int first, int rows);
 
 void tensor_fill(Tensor *t, float value);
 // tensor_fill of each of tensors[0 .. n), all on one device: on a GPU in one launch (a model's

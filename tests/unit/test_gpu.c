@@ -614,6 +614,16 @@ static void test_gather(void) {
         Tensor want_product = on_cpu(&rounding);
         wrong_product += bits_differ(&from_copy, &want_product);
         tensor_free(&want_product);
+        if (xg.rows > 8) {  // rows 3 to 8 through tensor_row_range, its copy from row 3 on too
+            Tensor rows = tensor_row_range(&xg, 3, 5), plain_rows = tensor_row_range(&plain, 3, 5);
+            from_copy.rows = rounding.rows = 5;
+            gemm(false, true, 1.0f, &rows, &gw, 0.0f, &from_copy);
+            gemm(false, true, 1.0f, &plain_rows, &gw, 0.0f, &rounding);
+            want_product = on_cpu(&rounding);
+            wrong_product += bits_differ(&from_copy, &want_product) + (rows.bfloat16_copy != xg.bfloat16_copy + 3 * MNIST_PIXELS);
+            tensor_free(&want_product);
+            from_copy.rows = rounding.rows = xg.rows;
+        }
         Tensor of_zeros = xg;
         of_zeros.bfloat16_copy = (const uint16_t *)zeros.data;
         gemm(false, true, 1.0f, &of_zeros, &gw, 0.0f, &from_copy);
@@ -624,8 +634,8 @@ static void test_gather(void) {
     matmul_set_dtype(MATMUL_FLOAT32);
     EXPECT(missing == 0 && wrong_copy == 0 && wrong_product == 0 && not_zero == 0 && wrong_labels == 0,
            "mnist_batch on the GPU with bfloat16 products: the batch rounded in the gather (%zu batches without), "
-           "round_to_bfloat16's bits (%zu differ), gemm's products from it those of the batch it rounds itself (%zu "
-           "differ) and read from it (%d of a copy of zeros not zero), the labels in the same launch (%zu differ)",
+           "round_to_bfloat16's bits (%zu differ), gemm's products from it (and from rows 3 to 8 of it: tensor_row_range) "
+           "those of the batch it rounds itself (%zu differ) and read from it (%d of a copy of zeros not zero), the labels in the same launch (%zu differ)",
            missing, wrong_copy, wrong_product, not_zero, wrong_labels);
     Tensor *all[] = {&w, &gw, &from_copy, &rounding, &zeros};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tensor_free(all[i]);
