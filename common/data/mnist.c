@@ -342,7 +342,9 @@ Tensor mnist_images(MnistSplit *split, Device device) {
 void mnist_add_memory_need(MemoryNeed *need, int batch_size) {
     const double train = 60000, test = 10000;  // the samples of MNIST's two splits
     double held = (train + test) * (MNIST_PIXELS + sizeof(int));
-    memory_need_add(need, "data", held + ((double)batch_size + test) * MNIST_PIXELS * sizeof(float));
+    double batch = (double)batch_size * MNIST_PIXELS * sizeof(float);
+    if (matmul_dtype() == MATMUL_BFLOAT16) batch += (double)batch_size * MNIST_PIXELS * sizeof(uint16_t);  // its rounded copy
+    memory_need_add(need, "data", held + batch + test * MNIST_PIXELS * sizeof(float));
 }
 
 // ------------------------------------------------------------------ sampler

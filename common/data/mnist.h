@@ -75,7 +75,8 @@ void mnist_gather(MnistSplit *split, const int *indices, int rows, Tensor *image
 Tensor mnist_images(MnistSplit *split, Device device);
 // What the data takes of a rank's memory, added to `need` as "data" (memory_budget.h):
 // both splits as mnist_load holds them (uint8 pixels, labels), a batch of
-// `batch_size` rows as floats, and the test set as floats (mnist_images, the evaluation).
+// `batch_size` rows as floats (with bfloat16 products, matmul_set_dtype before this, its rounded
+// copy too), and the test set as floats (mnist_images, the evaluation).
 void mnist_add_memory_need(MemoryNeed *need, int batch_size);
 
 // ------------------------------------------------------------------ sampler

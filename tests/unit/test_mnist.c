@@ -374,6 +374,17 @@ int main(void) {
 
     test_torch_parity();
 
+    // What the data takes: with bfloat16 products a batch's rounded copy more (mnist_batch keeps one
+    // beside the batch on a GPU), 2 bytes a pixel.
+    MemoryNeed plain = memory_need("--batch_size 6400"), rounded = memory_need("--batch_size 6400");
+    mnist_add_memory_need(&plain, 6400);
+    matmul_set_dtype(MATMUL_BFLOAT16);
+    mnist_add_memory_need(&rounded, 6400);
+    matmul_set_dtype(MATMUL_FLOAT32);
+    double more = memory_need_bytes(&rounded) - memory_need_bytes(&plain);
+    EXPECT(more == 6400.0 * MNIST_PIXELS * 2, "mnist_add_memory_need with bfloat16 products: the batch's rounded copy, "
+           "%.0f bytes more (expected %.0f)", more, 6400.0 * MNIST_PIXELS * 2);
+
     free(images_idx), free(labels_idx);
     char command[600];
     snprintf(command, sizeof command, "rm -rf '%s'", dir);
