@@ -262,7 +262,7 @@ void mf_free(Mf *model) {
         free(branch);
     }
     if (model->losses && on_gpu(model)) device_free(model->losses);
-    if (on_gpu(model)) device_free(model->gpu_step), device_free(model->gpu_step_loss);
+    if (on_gpu(model)) device_free(model->gpu_step);
     if (model->host_losses && on_gpu(model)) device_host_free(model->host_losses);
 #endif
     if (!on_gpu(model)) free(model->losses);
@@ -395,7 +395,13 @@ static void table_lookup(Mf *model, EmbeddingTable *t, const int *index, int n) 
 }
 
 #if HAVE_CUDA
-static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool training);
+// Where a training step's batch is read on the GPU: in the epoch's ratings, where the step's inputs
+// say (mf_prepare_step), or (NULL) in the step's own buffers, ids copied from the host.
+static const MfStepInputs *step_batch(const Mf *model, const RatingBatch *batch) {
+    return batch->gpu_user ? model->gpu_step : NULL;
+}
+static void lookup_gpu(Mf *model, const MfStepInputs *take, const int *user, const int *item, int n, int max_n,
+                       bool training);
 #endif
 
 void mf_lookup(Mf *model, const RatingBatch *batch) {
@@ -403,11 +409,10 @@ void mf_lookup(Mf *model, const RatingBatch *batch) {
 #if HAVE_CUDA
     if (on_gpu(model)) {
         CHECK(model->prepared, "mf_lookup: no mf_prepare_step before it");
-        // The batch into the step's own buffers, from where mf_prepare_step said it is (ids from
-        // the host are there already): the same pointers every step, as a CUDA graph needs.
-        int *user = model->gpu_user.data, *item = model->gpu_item.data;
-        if (batch->gpu_user) gpu_mf_take_batch(model->gpu_step, batch->n, user, item, model->gpu_rating.data, device_stream());
-        lookup_gpu(model, user, item, batch->n, batch->max_n, true);
+        // The batch's ids in the step's own buffers (from the host: mf_prepare_step put them
+        // there), or where mf_prepare_step's inputs say (the epoch's ratings on the GPU), which the
+        // sorts read there: the same pointers every step, as a CUDA graph needs.
+        lookup_gpu(model, step_batch(model, batch), model->gpu_user.data, model->gpu_item.data, batch->n, batch->max_n, true);
         return;
     }
 #endif
@@ -590,16 +595,18 @@ static void *exchange_buffer(DeviceBuffer *b, size_t bytes) {
     return data;
 }
 
-// The sort of n keys below key_limit into g's buffers (grown to n entries).
-static SortGroups sort_of(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
+// The sort of n keys below key_limit (at keys, or where *keys_at says: SortGroups) into g's buffers
+// (grown to n entries).
+static SortGroups sort_of(GpuGroups *g, const int *keys, const int *const *keys_at, int n, const int *n_valid,
+                          long key_limit, int block, int stride) {
     size_t entries = n > 0 ? (size_t)n : 1;
-    return (SortGroups){keys, n, n_valid, key_bits(key_limit), block, stride, device_ints(&g->scratch, 4 * entries),
+    return (SortGroups){keys, keys_at, n, n_valid, key_bits(key_limit), block, stride, device_ints(&g->scratch, 4 * entries),
                         device_ints(&g->order, entries), device_ints(&g->count, 1), device_ints(&g->group_key, entries),
                         device_ints(&g->group_start, entries + 1), device_ints(&g->group_of, entries)};
 }
 
 static void sort_groups(GpuGroups *g, const int *keys, int n, const int *n_valid, long key_limit, int block, int stride) {
-    SortGroups sort = sort_of(g, keys, n, n_valid, key_limit, block, stride);
+    SortGroups sort = sort_of(g, keys, NULL, n, n_valid, key_limit, block, stride);
     gpu_sort_groups(&sort, 1, device_stream());
 }
 
@@ -706,10 +713,12 @@ static bool any_sharded(Mf *model) {
 // A training step's sorts go on the step's branch where no table is sharded: the forward then reads
 // every row in place by its id and needs nothing of them, so it runs beside them (only the
 // backward waits for them: forward_backward_gpu). Along one stream the forward waited for the
-// sorts: 10 and 6 us of a step's 34 on an H200 (ncu).
-static void lookup_gpu(Mf *model, const int *user, const int *item, int n, int max_n, bool training) {
-    SortGroups sorts[2] = {sort_of(model->gpu_users, user, n, NULL, model->user_embedding.rows, n, n),
-                           sort_of(model->gpu_items, item, n, NULL, model->item_embedding.rows, n, n)};
+// sorts: 10 and 6 us of a step's 34 on an H200 (ncu). The ids are user and item, or, where `take` is
+// set, where it says (in device memory: step_batch).
+static void lookup_gpu(Mf *model, const MfStepInputs *take, const int *user, const int *item, int n, int max_n,
+                       bool training) {
+    SortGroups sorts[2] = {sort_of(model->gpu_users, user, take ? &take->user : NULL, n, NULL, model->user_embedding.rows, n, n),
+                           sort_of(model->gpu_items, item, take ? &take->item : NULL, n, NULL, model->item_embedding.rows, n, n)};
     if (training && !any_sharded(model)) {
         StepBranch *branch = model->branch;
         CHECK_CUDA(cudaEventRecord(branch->forked, device_stream()));
@@ -740,16 +749,20 @@ static const float *rows_gpu(const EmbeddingTable *t) { return t->sharded ? t->g
 static const int *sample_rows_gpu(const EmbeddingTable *t, const int *ids) {
     return t->sharded ? t->batch_rows->group_of.data : ids;
 }
+// The same for the forward, where NULL says the sample's id (gpu_mf_forward reads the ids).
+static const int *forward_rows_gpu(const EmbeddingTable *t) { return sample_rows_gpu(t, NULL); }
 static const int *group_rows_gpu(const EmbeddingTable *t) { return t->sharded ? NULL : t->batch_rows->group_key.data; }
 
-// The predictions (and errors, where there are ratings) of the n samples whose ids are in the
-// step's buffers (gpu_user, gpu_item), after lookup_gpu.
-static void forward_gpu(Mf *model, const float *rating, int n, float *forward) {
+// The predictions (and errors, with ratings) of the n samples whose ids are in the step's buffers
+// (gpu_user, gpu_item; the ratings in gpu_rating), after lookup_gpu; or, where `take` is set, where
+// it says, copied into those buffers on the way: the step's first kernel takes its batch, where a
+// launch of its own did (3 us of step 15's 34 on an H200, on its path).
+static void forward_gpu(Mf *model, const MfStepInputs *take, bool ratings, int n, float *forward) {
     EmbeddingTable *P = &model->user_embedding, *Q = &model->item_embedding, *BU = &model->user_bias, *BI = &model->item_bias;
-    const int *user = model->gpu_user.data, *item = model->gpu_item.data;
-    gpu_mf_forward(rows_gpu(P), sample_rows_gpu(P, user), rows_gpu(Q), sample_rows_gpu(Q, item), rows_gpu(BU),
-                   sample_rows_gpu(BU, user), rows_gpu(BI), sample_rows_gpu(BI, item), rating, n, model->dim,
-                   model->global_mean.data[0], forward, device_stream());
+    MfSamples samples = {take, model->gpu_user.data, model->gpu_item.data, ratings ? model->gpu_rating.data : NULL};
+    gpu_mf_forward(rows_gpu(P), forward_rows_gpu(P), rows_gpu(Q), forward_rows_gpu(Q), rows_gpu(BU), forward_rows_gpu(BU),
+                   rows_gpu(BI), forward_rows_gpu(BI), samples, n, model->dim, model->global_mean.data[0], forward,
+                   device_stream());
 }
 
 // Where this step's loss share goes: a double in device memory. The array doubles when full,
@@ -793,7 +806,7 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     int n = batch->n;
     cudaStream_t stream = device_stream();
     float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)n + 1) * sizeof(float));
-    forward_gpu(model, model->gpu_rating.data, n, forward);  // (mf_lookup took the ratings there)
+    forward_gpu(model, step_batch(model, batch), true, n, forward);
     float wd = (float)model->weight_decay, scale = 2.0f / (float)batch->global_n, decay = 2.0f * wd / (float)batch->global_n;
     // The loss's sum (one thread's, in the samples' order: the CPU's bits) is a chain of a thousand
     // additions that nothing in the step reads: on a stream of its own, it runs beside the backward,
@@ -803,7 +816,7 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     StepBranch *branch = model->branch;
     CHECK_CUDA(cudaEventRecord(branch->forked, stream));
     CHECK_CUDA(cudaStreamWaitEvent(branch->stream, branch->forked, 0));
-    gpu_mf_loss(forward, n, wd, (double)batch->global_n, model->gpu_step_loss, branch->stream);
+    gpu_mf_loss(forward, n, wd, (double)batch->global_n, &model->gpu_step->loss, branch->stream);
     CHECK_CUDA(cudaEventRecord(branch->done, branch->stream));
     model->branch_open = true;
     wait_for_sorts(model);
@@ -990,7 +1003,6 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
         int *user = device_buffer_reserve(&model->gpu_user, ints), *item = device_buffer_reserve(&model->gpu_item, ints);
         float *rating = device_buffer_reserve(&model->gpu_rating, ((size_t)batch->max_n + 1) * sizeof(float));
         if (!model->gpu_step) model->gpu_step = device_alloc(sizeof(MfStepInputs));
-        if (!model->gpu_step_loss) model->gpu_step_loss = device_alloc(sizeof(double));
         if (!model->branch) {
             StepBranch *branch = model->branch = xcalloc(1, sizeof *branch);
             CHECK_CUDA(cudaStreamCreateWithFlags(&branch->stream, cudaStreamNonBlocking));
@@ -998,8 +1010,10 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
             CHECK_CUDA(cudaEventCreateWithFlags(&branch->sorted, cudaEventDisableTiming));
             CHECK_CUDA(cudaEventCreateWithFlags(&branch->done, cudaEventDisableTiming));
         }
+        // The loss goes straight to its place among those kept (a replay writes where this says),
+        // where it was copied there from a slot of the step's own, a copy more on the GPU a step.
         MfStepInputs inputs = {.user = batch->gpu_user, .item = batch->gpu_item, .rating = batch->gpu_rating,
-                               .minus_step_size = model->minus_step_size};
+                               .minus_step_size = model->minus_step_size, .loss = loss_slot(model)};
         if (!batch->gpu_user) {  // ids on the host: to the step's buffers through page-locked memory (no wait)
             device_upload(user, batch->user, (size_t)batch->n * sizeof(int), "the batch's users");
             device_upload(item, batch->item, (size_t)batch->n * sizeof(int), "the batch's items");
@@ -1014,11 +1028,7 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
 
 void mf_end_step(Mf *model) {
 #if HAVE_CUDA
-    if (on_gpu(model)) {  // the step's loss share from its slot to the next of those kept (a copy on the GPU)
-        join_branch(model);  // (mf_adam_step has: a guard)
-        CHECK_CUDA(cudaMemcpyAsync(loss_slot(model), model->gpu_step_loss, sizeof(double), cudaMemcpyDeviceToDevice,
-                                   device_stream()));
-    }
+    if (on_gpu(model)) join_branch(model);  // (mf_adam_step has: a guard; the loss is in its place: mf_prepare_step)
 #endif  // (a CPU rank kept its loss in mf_forward_backward)
     if (model->exchanged)  // queued by the host: what it sent
         model->step_bytes = model->bytes_sent - model->bytes_at_prepare;
@@ -1070,9 +1080,9 @@ void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) 
             int *device_user = device_buffer_reserve(&model->gpu_user, bytes), *device_item = device_buffer_reserve(&model->gpu_item, bytes);
             device_upload(device_user, user + start, (size_t)m * sizeof(int), "the users to predict for");
             device_upload(device_item, item + start, (size_t)m * sizeof(int), "the items to predict for");
-            lookup_gpu(model, device_user, device_item, m, max_n, false);
+            lookup_gpu(model, NULL, device_user, device_item, m, max_n, false);
             float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)max_n + 1) * sizeof(float));
-            forward_gpu(model, NULL, m, forward);
+            forward_gpu(model, NULL, false, m, forward);
             if (m > 0) device_read_to_host(model->forward, forward, 4 * (size_t)m * sizeof(float), "the predictions");
             for (int s = 0; s < m; s++) out[start + s] = model->forward[4 * (size_t)s];
         }

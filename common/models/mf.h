@@ -138,8 +138,7 @@ typedef struct {
     Param params[5];
     DeviceBuffer gpu_rating, gpu_forward;  // GPU: the step's ratings; per sample prediction, error, |p|^2, |q|^2
     DeviceBuffer gpu_user, gpu_item;       // GPU: the step's ids (and a prediction's, copied from the host)
-    struct MfStepInputs *gpu_step;         // GPU: where the step's batch is and its step size (mf_prepare_step)
-    double *gpu_step_loss;                 // GPU: the step's loss share, until mf_end_step keeps it
+    struct MfStepInputs *gpu_step;         // GPU: where the step's batch is, its step size, where its loss goes
     struct GpuGroups *gpu_users, *gpu_items;  // GPU: the batch's rows of each, found by gpu_sort_groups
     float *forward;                        // the host's copy of gpu_forward
     int forward_capacity;
@@ -173,20 +172,20 @@ void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int 
 // Collective (every rank calls it).
 //   mf_prepare_step: what changes from step to step, written before the step: Adam's step count
 //     and step size, and on a GPU rank, in device memory, where the batch is (ids from the host:
-//     copied to the step's buffers) and that step size. So the four calls after it read nothing
+//     copied to the step's buffers), that step size and where the step's loss share goes (the
+//     next of those kept for mf_take_losses). So the four calls after it read nothing
 //     that a CUDA graph would have frozen (train/step_graph.h): step 15 captures them once and
 //     replays them, for global batches of the same size (with a GPU per rank, NCCL's collectives
 //     inside);
-//   mf_lookup: the batch into the step's buffers (GPU), then the rows of its users and items
-//     (sharded: from their owners);
+//   mf_lookup: the rows of the batch's users and items (sharded: from their owners);
 //   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses;
 //     on a GPU rank summed on a stream of its own, beside the rest of the step), and each row's
 //     gradient summed over the local samples;
 //   mf_exchange_gradients: the global batch's gradients (dense, sparse or sharded);
 //   mf_adam_step: SparseAdam on the rows the global batch touched; on a GPU rank the loss's
 //     stream joins the compute stream again: the step is whole there;
-//   mf_end_step: the step's loss share kept for mf_take_losses (on a GPU rank copied there on the
-//     GPU from the step's own slot, where a replayed step writes it too); the step is queued.
+//   mf_end_step: the step's loss share kept for mf_take_losses (a GPU rank's is there already);
+//     the step is queued.
 void mf_prepare_step(Mf *model, const RatingBatch *batch);
 void mf_lookup(Mf *model, const RatingBatch *batch);
 void mf_forward_backward(Mf *model, const RatingBatch *batch);

@@ -808,10 +808,11 @@ __device__ static int block_exclusive_scan(int value, int *total) {
 // the thread count or the GPU's timing.
 #define RADIX_BITS 4
 #define RADIX (1 << RADIX_BITS)
-__global__ void sort_groups_kernel(const int *keys, int n, const int *n_valid, int key_bits, int block, int block_stride,
-                                   int *key_a, int *pos_a, int *key_b, int *pos_b, int *order, int *n_groups,
-                                   int *group_key, int *group_start, int *group_of) {
+__global__ void sort_groups_kernel(const int *keys, const int *const *keys_at, int n, const int *n_valid, int key_bits,
+                                   int block, int block_stride, int *key_a, int *pos_a, int *key_b, int *pos_b,
+                                   int *order, int *n_groups, int *group_key, int *group_start, int *group_of) {
     __shared__ int digit_counts[RADIX * SORT_THREADS];
+    if (keys_at) keys = *keys_at;
     const int t = threadIdx.x, limit = counted(n_valid, n);
     int chunk = (n + SORT_THREADS - 1) / SORT_THREADS;
     int lo = t * chunk < n ? t * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
@@ -886,7 +887,7 @@ struct SmallSorts {
 };
 __global__ void sort_groups_small_kernel(SmallSorts jobs) {
     const SortGroups &sort = jobs.job[blockIdx.x];
-    const int *keys = sort.keys, *n_valid = sort.n_valid, n = sort.n, block = sort.block, block_stride = sort.block_stride;
+    const int *keys = sort.keys_at ? *sort.keys_at : sort.keys, *n_valid = sort.n_valid, n = sort.n, block = sort.block, block_stride = sort.block_stride;
     int *order = sort.order, *n_groups = sort.n_groups, *group_key = sort.group_key, *group_start = sort.group_start;
     int *group_of = sort.group_of;
     const int position_bits = bits_below(n);
@@ -1037,16 +1038,21 @@ __global__ void sum_rows_kernel(const float *rows, const int *start, const int *
 #define MF_SAMPLE_THREADS 32  // gpu_mf_forward's blocks: a warp each
 __global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
                                   const float *user_bias, const int *user_slot, const float *item_bias,
-                                  const int *item_slot, const float *rating, int n, int dim, float mean, float *out) {
+                                  const int *item_slot, MfSamples b, int n, int dim, float mean, float *out) {
+    const int *user = b.take ? b.take->user : b.user, *item = b.take ? b.take->item : b.item;
+    const float *rating = b.take ? b.take->rating : b.rating;
     for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
-        const float *p = p_rows + (size_t)p_slot[s] * dim, *q = q_rows + (size_t)q_slot[s] * dim;
+        const int u = user[s], i = item[s];
+        if (b.take) b.user[s] = u, b.item[s] = i, b.rating[s] = rating[s];  // the step's copy, for its backward
+        const float *p = p_rows + (size_t)(p_slot ? p_slot[s] : u) * dim, *q = q_rows + (size_t)(q_slot ? q_slot[s] : i) * dim;
         float dot = 0.0f, p_norm = 0.0f, q_norm = 0.0f;
         for (int d = 0; d < dim; d++) {
             dot = __fadd_rn(dot, __fmul_rn(p[d], q[d]));
             p_norm = __fadd_rn(p_norm, __fmul_rn(p[d], p[d]));
             q_norm = __fadd_rn(q_norm, __fmul_rn(q[d], q[d]));
         }
-        float prediction = __fadd_rn(__fadd_rn(__fadd_rn(dot, user_bias[user_slot[s]]), item_bias[item_slot[s]]), mean);
+        const float bias_u = user_bias[user_slot ? user_slot[s] : u], bias_i = item_bias[item_slot ? item_slot[s] : i];
+        float prediction = __fadd_rn(__fadd_rn(__fadd_rn(dot, bias_u), bias_i), mean);
         out[4 * (size_t)s] = prediction;
         out[4 * (size_t)s + 1] = rating ? prediction - rating[s] : 0.0f;
         out[4 * (size_t)s + 2] = p_norm;
@@ -1060,7 +1066,7 @@ __global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const 
 // same bits, that no longer waits for memory at every sample. A default batch (1,024) is one chunk:
 // its terms loaded in one round, where chunks of 256 waited four times (on an H200: 7.1 us, not 8.1).
 #define MF_LOSS_THREADS 1024
-__global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, double global_n, double *loss) {
+__global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, double global_n, double *const *loss_at) {
     __shared__ double terms[MF_LOSS_THREADS];
     const int t = threadIdx.x;
     double sum = 0.0;  // (thread 0's)
@@ -1078,7 +1084,7 @@ __global__ void mf_loss_kernel(const float *forward, int n, float weight_decay, 
         }
         __syncthreads();  // thread 0 is done with the chunk before it is written again
     }
-    if (t == 0) *loss = __ddiv_rn(sum, global_n);
+    if (t == 0) **loss_at = __ddiv_rn(sum, global_n);
 }
 
 // A row's gradient: its samples' terms added in the batch's order (mf.c's backward on the CPU),
@@ -1109,14 +1115,6 @@ __global__ void embedding_backward_kernel(const float *forward, float scale, flo
             }
         }
         e.grad[i] = sum;
-    }
-}
-
-__global__ void mf_take_batch_kernel(const MfStepInputs *inputs, int n, int *user, int *item, float *rating) {
-    for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
-        user[s] = inputs->user[s];
-        item[s] = inputs->item[s];
-        rating[s] = inputs->rating[s];
     }
 }
 
@@ -1179,7 +1177,7 @@ void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream) 
         // the radix sort, in global memory.
         const int n = sort.n;
         size_t quarter = (size_t)(n > 0 ? n : 1);
-        sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(sort.keys, n, sort.n_valid, sort.key_bits, sort.block,
+        sort_groups_kernel<<<1, SORT_THREADS, 0, stream>>>(sort.keys, sort.keys_at, n, sort.n_valid, sort.key_bits, sort.block,
                                                            sort.block_stride, sort.scratch, sort.scratch + quarter,
                                                            sort.scratch + 2 * quarter, sort.scratch + 3 * quarter,
                                                            sort.order, sort.n_groups, sort.group_key, sort.group_start,
@@ -1242,7 +1240,7 @@ void gpu_sum_rows(const float *rows, const int *start, const int *source, const 
 
 void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
                     const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
-                    const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream) {
+                    MfSamples samples, int n, int dim, float mean, float *out, cudaStream_t stream) {
     if (n <= 0) return;
     // Blocks of one warp: a batch of 1,024 samples on 32 multiprocessors, not 4 (THREADS a block).
     // Each thread reads two rows of its own, 32 rows a warp per load, which an SM's path to L2
@@ -1250,12 +1248,13 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
     // kept), on 32 it takes 5.7 us.
     const unsigned blocks = (unsigned)((n + MF_SAMPLE_THREADS - 1) / MF_SAMPLE_THREADS);
     mf_forward_kernel<<<blocks < MAX_BLOCKS ? blocks : MAX_BLOCKS, MF_SAMPLE_THREADS, 0, stream>>>(
-        p_rows, p_slot, q_rows, q_slot, user_bias, user_slot, item_bias, item_slot, rating, n, dim, mean, out);
+        p_rows, p_slot, q_rows, q_slot, user_bias, user_slot, item_bias, item_slot, samples, n, dim, mean, out);
     CHECK_LAUNCH("mf_forward_kernel");
 }
 
-void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream) {
-    mf_loss_kernel<<<1, MF_LOSS_THREADS, 0, stream>>>(forward, n, weight_decay, global_n, loss);
+void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *const *loss_at,
+                 cudaStream_t stream) {
+    mf_loss_kernel<<<1, MF_LOSS_THREADS, 0, stream>>>(forward, n, weight_decay, global_n, loss_at);
     CHECK_LAUNCH("mf_loss_kernel");
 }
 
@@ -1266,12 +1265,6 @@ void gpu_embedding_backward(const float *forward, float scale, float decay, cons
     if (!table_jobs(tables, n, &jobs, &grid)) return;
     embedding_backward_kernel<<<grid, THREADS, 0, stream>>>(forward, scale, decay, jobs);
     CHECK_LAUNCH("embedding_backward_kernel");
-}
-
-void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream) {
-    if (n <= 0) return;
-    mf_take_batch_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(inputs, n, user, item, rating);
-    CHECK_LAUNCH("mf_take_batch_kernel");
 }
 
 void gpu_sparse_adam(const SparseAdamRows *tables, int n, const MfStepInputs *inputs, float one_minus_beta1,

@@ -161,9 +161,12 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // for entries gathered in blocks of a larger stride; group_of[p]: the group of valid entry p.
 // scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
 // gpu_sort_groups does one or two such sorts (the batch's users and its movies): those of a batch's
-// size in one launch, a block each.
+// size in one launch, a block each. The keys are `keys`, or, where keys_at is set, the array whose
+// address it holds in device memory, read by the kernel: a step replayed from a CUDA graph sorts
+// its own batch where the step's inputs say it is (MfStepInputs).
 typedef struct {
     const int *keys;
+    const int *const *keys_at;
     int n;
     const int *n_valid;
     int key_bits, block, block_stride;
@@ -195,14 +198,38 @@ void gpu_ask_owners(const int *rows, const int *count, int n_max, int world, con
 // out[j] = 0 + rows[source[start[j]]] + rows[source[start[j] + 1]] + ... up to start[j + 1], in that order, j < *count.
 void gpu_sum_rows(const float *rows, const int *start, const int *source, const int *count, int n_max, int dim,
                   float *out, cudaStream_t stream);
+// What changes from one training step to the next, in device memory written before the step
+// (mf_prepare_step), so that a step replayed from a CUDA graph reads it there, not in its kernels'
+// captured arguments: where the batch's samples are (its slice of the epoch's ratings on the GPU),
+// SparseAdam's step size, -lr sqrt(1 - beta2^t) / (1 - beta1^t), computed on the host, and where
+// the step's loss goes (the next of those kept on the GPU until the host reads them).
+typedef struct MfStepInputs {
+    const int *user, *item;
+    const float *rating;
+    float minus_step_size;
+    double *loss;
+} MfStepInputs;
+// The samples a forward reads: the step's own buffers (user and item ids; rating NULL: none, the
+// predictions only), or, where `take` is set, the epoch's ratings where take says the step's batch
+// is, which the forward copies into those buffers as it reads them (for the backward): the batch
+// taken without a launch of its own.
+typedef struct {
+    const MfStepInputs *take;
+    int *user, *item;
+    float *rating;
+} MfSamples;
 // Per sample s < n, a thread: out[4s..4s+3] = the prediction (dot + user bias + item bias + mean),
-// its error (prediction - rating[s]; 0 when rating is NULL), |p|^2 and |q|^2.
+// its error (prediction - its rating; 0 without ratings), |p|^2 and |q|^2. A sample's row of
+// p_rows is p_slot[s], or (p_slot NULL) its user id; likewise q_slot (its item), user_slot and
+// item_slot.
 void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows, const int *q_slot,
                     const float *user_bias, const int *user_slot, const float *item_bias, const int *item_slot,
-                    const float *rating, int n, int dim, float mean, float *out, cudaStream_t stream);
-// *loss = the sum over s < n of error^2 + weight_decay (|p|^2 + |q|^2), in double and in the
+                    MfSamples samples, int n, int dim, float mean, float *out, cudaStream_t stream);
+// **loss_at = the sum over s < n of error^2 + weight_decay (|p|^2 + |q|^2), in double and in the
 // samples' order, / global_n: mf.c's arithmetic (the terms in parallel, their sum by one thread).
-void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *loss, cudaStream_t stream);
+// loss_at (device memory) holds where the loss goes: a replayed step writes where its inputs say.
+void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *const *loss_at,
+                 cudaStream_t stream);
 // A table's gradient rows j < *count, a thread per element: row j sums, over its samples
 // sample[start[j]] .. in the batch's order, g * other[other_slot[s]] + decay * self[self_row[j]]
 // (self_row NULL: self[j]) with g = scale * the sample's error (forward's out); a bias table (self
@@ -218,17 +245,6 @@ typedef struct {
 } EmbeddingGrad;
 void gpu_embedding_backward(const float *forward, float scale, float decay, const EmbeddingGrad *tables, int n,
                             cudaStream_t stream);
-// What changes from one training step to the next, in device memory written before the step
-// (mf_prepare_step), so that a step replayed from a CUDA graph reads it there, not in its kernels'
-// captured arguments: where the batch's samples are (its slice of the epoch's ratings on the GPU)
-// and SparseAdam's step size, -lr sqrt(1 - beta2^t) / (1 - beta1^t), computed on the host.
-typedef struct MfStepInputs {
-    const int *user, *item;
-    const float *rating;
-    float minus_step_size;
-} MfStepInputs;
-// The batch's n samples from where inputs says into the step's own buffers (user, item, rating).
-void gpu_mf_take_batch(const MfStepInputs *inputs, int n, int *user, int *item, float *rating, cudaStream_t stream);
 // torch.optim.SparseAdam on rows[j] (NULL: j) of weight and its moments with gradient row grad[j],
 // j < *count (NULL: n_max), skipping the rows whose flags[j] is 0 (flags NULL: none skipped);
 // mf.c's arithmetic, the step size read from inputs->minus_step_size.

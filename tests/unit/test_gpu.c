@@ -899,20 +899,34 @@ typedef struct {
     const int *keys;  // host memory
     int n, n_valid, block, stride;
     int *device_keys, *device_valid;
+    int **keys_at, *decoy;  // (through_pointer) where the keys' address is; SortGroups.keys, all 0
     SortGroups sort;
 } SortCase;
 
-static SortCase sort_case_new(const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
+// through_pointer: the kernel finds the keys' address in device memory (SortGroups.keys_at, as step
+// 15's steps read their batch's), and SortGroups.keys is a decoy of zeros, which it must not sort.
+static SortCase sort_case_new(const int *keys, int n, int n_valid, int key_limit, int block, int stride,
+                              bool through_pointer) {
     int bits = 0;
     while ((1L << bits) < key_limit) bits++;
     size_t entries = n > 0 ? (size_t)n : 1;
-    SortCase c = {keys, n, n_valid, block, stride, device_alloc(entries * sizeof(int)), device_alloc(sizeof(int)), {0}};
+    SortCase c = {keys, n, n_valid, block, stride, device_alloc(entries * sizeof(int)), device_alloc(sizeof(int)),
+                  NULL, NULL, {0}};
     if (n > 0) device_upload(c.device_keys, keys, (size_t)n * sizeof(int), "the keys");
     device_upload(c.device_valid, &n_valid, sizeof(int), "the count");
-    c.sort = (SortGroups){c.device_keys, n, n_valid < n ? c.device_valid : NULL, bits, block, stride,
-                          device_alloc(4 * entries * sizeof(int)), device_alloc(entries * sizeof(int)),
-                          device_alloc(sizeof(int)), device_alloc(entries * sizeof(int)),
-                          device_alloc((entries + 1) * sizeof(int)), device_alloc(entries * sizeof(int))};
+    c.sort = (SortGroups){.keys = c.device_keys, .n = n, .n_valid = n_valid < n ? c.device_valid : NULL,
+                          .key_bits = bits, .block = block, .block_stride = stride,
+                          .scratch = device_alloc(4 * entries * sizeof(int)), .order = device_alloc(entries * sizeof(int)),
+                          .n_groups = device_alloc(sizeof(int)), .group_key = device_alloc(entries * sizeof(int)),
+                          .group_start = device_alloc((entries + 1) * sizeof(int)),
+                          .group_of = device_alloc(entries * sizeof(int))};
+    if (through_pointer) {
+        c.keys_at = device_alloc(sizeof(int *));
+        device_upload(c.keys_at, &c.device_keys, sizeof(int *), "the keys' address");
+        c.decoy = device_alloc(entries * sizeof(int));
+        CHECK_CUDA(cudaMemsetAsync(c.decoy, 0, entries * sizeof(int), device_stream()));
+        c.sort.keys = c.decoy, c.sort.keys_at = (const int *const *)c.keys_at;
+    }
     return c;
 }
 
@@ -953,24 +967,25 @@ static int sort_case_check(const char *what, SortCase *c) {
     }
     EXPECT(wrong == 0, "gpu_sort_groups, %s: %d entries (%d valid) in %d groups, a stable sort's (%d differences)", what, n,
            m, groups, wrong);
-    void *buffers[] = {c->device_keys, c->device_valid, c->sort.scratch, c->sort.order, c->sort.n_groups,
-                       c->sort.group_key, c->sort.group_start, c->sort.group_of};
+    void *buffers[] = {c->device_keys, c->device_valid, c->keys_at, c->decoy, c->sort.scratch, c->sort.order,
+                       c->sort.n_groups, c->sort.group_key, c->sort.group_start, c->sort.group_of};
     for (size_t k = 0; k < sizeof buffers / sizeof buffers[0]; k++) device_free(buffers[k]);
     free(got_order), free(got_key), free(got_start), free(got_of), free(pairs);
     return wrong;
 }
 
 static int sort_case(const char *what, const int *keys, int n, int n_valid, int key_limit, int block, int stride) {
-    SortCase c = sort_case_new(keys, n, n_valid, key_limit, block, stride);
+    SortCase c = sort_case_new(keys, n, n_valid, key_limit, block, stride, false);
     gpu_sort_groups(&c.sort, 1, device_stream());
     return sort_case_check(what, &c);
 }
 
-// Two sorts in one call (step 15's users and movies: gpu_sort_groups), each against its stable sort.
+// Two sorts in one call (step 15's users and movies: gpu_sort_groups), each against its stable sort;
+// the second's keys read through their address in device memory (SortGroups.keys_at).
 static void sort_pair_case(const char *what, const int *keys_a, int n_a, int limit_a, const int *keys_b, int n_b,
                            int n_valid_b, int limit_b) {
-    SortCase c[2] = {sort_case_new(keys_a, n_a, n_a, limit_a, n_a, n_a),
-                     sort_case_new(keys_b, n_b, n_valid_b, limit_b, n_b, n_b)};
+    SortCase c[2] = {sort_case_new(keys_a, n_a, n_a, limit_a, n_a, n_a, false),
+                     sort_case_new(keys_b, n_b, n_valid_b, limit_b, n_b, n_b, true)};
     SortGroups sorts[2] = {c[0].sort, c[1].sort};
     gpu_sort_groups(sorts, 2, device_stream());
     char first[128], second[128];
@@ -1052,6 +1067,7 @@ static void test_sort_groups(void) {
     sort_pair_case("1024 skewed users and 1024 skewed movies, 700 counted", keys, 1024, 32467, other, 1024, 700, 11820);
     sort_pair_case("5000 users (the radix sort) and 1024 movies", keys, N, 32467, other, 1024, 1024, 11820);
     sort_pair_case("1024 users and 4096 movies of 20 bits (the radix sort)", keys, 1024, 32467, other, 4096, 4096, 1 << 20);
+    sort_pair_case("1024 users and 5000 movies (the radix sort)", keys, 1024, 32467, other, N, 4000, 11820);
     sort_pair_case("no user and 1024 movies", keys, 0, 32467, other, 1024, 1024, 11820);
     free(other);
     free(keys);
