@@ -865,62 +865,78 @@ __global__ void sort_groups_kernel(const int *keys, const int *const *keys_at, i
     if (t == 0) *n_groups = groups, group_start[groups] = m;
 }
 
-// gpu_sort_groups for a batch's sizes (n <= SORT_SMALL_MAX, a key and a position in 31 bits): one
-// block of SORT_SMALL_THREADS, everything in shared memory. Entry p is one word, key <<
-// position_bits | p if it is valid, INVALID | p (above every valid word) if not: the words are
-// distinct and their order is (key, p)'s, so sorting them sorts the valid entries stably, the
-// invalid ones after them. A merge sort whose rounds rank rather than merge: in the round of runs
-// of `width`, a word's place in its pair of runs merged is its place in its own run plus the number
-// of the other run's words below it, found by binary search (distinct words: no tie to break). A
-// round is one barrier, and a word's search log2(width) + 1 reads of shared memory: at n = 1024, a
-// word per thread, 10 rounds and 55 reads and compares in all, where the radix sort takes 4 passes
-// (15-bit keys), each a block-wide scan over 256 threads that walk their chunks in turn and scatter
-// through global memory (and where ranking each entry by counting the entries below it would take
-// n compares per thread). The groups then come from one scan of the group starts, as in
-// sort_groups_kernel. Each word's place depends on the keys alone: the same result whatever the
-// GPU's timing.
+// gpu_sort_groups for a batch's sizes (n <= SORT_SMALL_MAX, a key and a position in 31 bits), in
+// two launches. Entry p is one word, key << position_bits | p if it is valid, INVALID | p (above
+// every valid word) if not: the words are distinct and their order is (key, p)'s, so sorting them
+// sorts the valid entries stably, the invalid ones after them. A word's place is the number of
+// words below it, which sort_rank_kernel counts, a word by RANK_SPLIT threads, each over every
+// RANK_SPLIT-th word (n / 4 compares, reads of shared memory that the warp's threads share), on as
+// many blocks as a batch has words by RANK_ENTRIES: 32 multiprocessors for a batch of 1,024. Then
+// sort_groups_of_sorted_kernel, a block per sort, finds the groups of the sorted words with one
+// scan, as sort_groups_kernel does. The sort they replace ranked by merging in one block of 1,024
+// threads, ten rounds of binary searches, whose instructions one multiprocessor issued: 10 us of
+// step 15's step on an H200 (ncu), its longest kernel. Each word's place depends on the keys alone:
+// the same result whatever the GPU's timing.
 #define SORT_SMALL_THREADS 1024
-#define SORT_SMALL_MAX 4096  // 2 x 16 KiB of words and the scan's 8 KiB: of the 48 KiB a block's static arrays may take
-// A block per sort (blockIdx.x picks the job): the batch's users and movies sorted at once.
+#define SORT_SMALL_MAX 4096  // words of 4 bytes in shared memory: 16 KiB, and the scan's 8 KiB
+#define RANK_THREADS 128     // sort_rank_kernel's blocks: a warp on each of a multiprocessor's 4 schedulers
+#define RANK_SPLIT 4         // threads counting the words below one word
+#define RANK_ENTRIES (RANK_THREADS / RANK_SPLIT)
+#define SORT_INVALID (1u << 31)
+// The sorts of one launch, a row of blocks each (blockIdx.y, or blockIdx.x where a block does one):
+// the batch's users and movies at once.
 struct SmallSorts {
     SortGroups job[2];
 };
-__global__ void sort_groups_small_kernel(SmallSorts jobs) {
-    const SortGroups &sort = jobs.job[blockIdx.x];
-    const int *keys = sort.keys_at ? *sort.keys_at : sort.keys, *n_valid = sort.n_valid, n = sort.n, block = sort.block, block_stride = sort.block_stride;
-    int *order = sort.order, *n_groups = sort.n_groups, *group_key = sort.group_key, *group_start = sort.group_start;
-    int *group_of = sort.group_of;
-    const int position_bits = bits_below(n);
-    __shared__ unsigned words[2][SORT_SMALL_MAX];
-    __shared__ int valid;  // the valid entries: the first invalid word's place once sorted
-    const unsigned INVALID = 1u << 31;
-    const int t = threadIdx.x, limit = counted(n_valid, n);
-    if (t == 0) valid = 0;
-    for (int p = t; p < n; p += SORT_SMALL_THREADS)
-        words[0][p] = (p < limit && keys[p] >= 0 ? (unsigned)keys[p] << position_bits : INVALID) | (unsigned)p;
-    int in = 0;
-    for (int width = 1; width < n; width *= 2) {
-        __syncthreads();  // the last round's words are in
-        const unsigned *from = words[in];
-        unsigned *to = words[1 - in];
-        for (int i = t; i < n; i += SORT_SMALL_THREADS) {
-            const unsigned word = from[i];
-            const int left = (i & width) == 0, other = (i & ~(width - 1)) ^ width;  // the other run's start
-            int lo = other, hi = other + width < n ? other + width : n;             // a last left run may have none
-            if (hi < lo) hi = lo;
-            while (lo < hi) {  // the other run's words below this one
-                const int mid = (lo + hi) >> 1;
-                if (from[mid] < word) lo = mid + 1;
-                else hi = mid;
-            }
-            to[i - (left ? 0 : width) + lo - other] = word;
-        }
-        in = 1 - in;
+
+__device__ static const int *sort_keys(const SortGroups &sort) { return sort.keys_at ? *sort.keys_at : sort.keys; }
+
+// Each block: the words of the entries blockIdx.x * RANK_ENTRIES .. (RANK_ENTRIES of them) placed
+// in the sort's scratch, sorted[place] = word.
+__global__ void sort_rank_kernel(SmallSorts jobs) {
+    const SortGroups &sort = jobs.job[blockIdx.y];
+    const int n = sort.n, first = blockIdx.x * RANK_ENTRIES;
+    if (first >= n) return;  // (the whole block: a shorter sort than the launch's longest)
+    const int *keys = sort_keys(sort), limit = counted(sort.n_valid, n), position_bits = bits_below(n);
+    __shared__ unsigned words[SORT_SMALL_MAX];
+    __shared__ int below_part[RANK_THREADS];
+    const int t = threadIdx.x;
+    for (int p = t; p < n; p += RANK_THREADS) {
+        const int key = keys[p];  // (read whatever its validity: the loads of a thread's words then go together)
+        words[p] = (p < limit && key >= 0 ? (unsigned)key << position_bits : SORT_INVALID) | (unsigned)p;
     }
     __syncthreads();
-    const unsigned *sorted = words[in];
+    // Thread t counts, for entry e, the words q = part, part + RANK_SPLIT, ... below it: the
+    // RANK_SPLIT threads of an entry read adjacent words, in different banks.
+    const int e = first + t / RANK_SPLIT, part = t % RANK_SPLIT;
+    int below = 0;
+    if (e < n) {
+        const unsigned mine = words[e];
+        for (int q = part; q < n; q += RANK_SPLIT) below += words[q] < mine;
+    }
+    below_part[t] = below;
+    __syncthreads();
+    if (part == 0 && e < n) {
+        int place = 0;
+        for (int k = 0; k < RANK_SPLIT; k++) place += below_part[t + k];
+        ((unsigned *)sort.scratch)[place] = words[e];
+    }
+}
+
+// A block per sort: the groups of the words sort_rank_kernel sorted into its scratch.
+__global__ void sort_groups_of_sorted_kernel(SmallSorts jobs) {
+    const SortGroups &sort = jobs.job[blockIdx.x];
+    const int n = sort.n, block = sort.block, block_stride = sort.block_stride, position_bits = bits_below(n);
+    int *order = sort.order, *n_groups = sort.n_groups, *group_key = sort.group_key, *group_start = sort.group_start;
+    int *group_of = sort.group_of;
+    __shared__ unsigned sorted[SORT_SMALL_MAX];
+    __shared__ int valid;  // the valid entries: the first invalid word's place
+    const int t = threadIdx.x;
+    if (t == 0) valid = 0;
+    for (int k = t; k < n; k += SORT_SMALL_THREADS) sorted[k] = ((const unsigned *)sort.scratch)[k];
+    __syncthreads();
     for (int k = t; k < n; k += SORT_SMALL_THREADS)
-        if (sorted[k] < INVALID && (k + 1 == n || sorted[k + 1] >= INVALID)) valid = k + 1;
+        if (sorted[k] < SORT_INVALID && (k + 1 == n || sorted[k + 1] >= SORT_INVALID)) valid = k + 1;
     __syncthreads();
     // The groups: each thread a contiguous chunk of the sorted entries, its starts numbered by a scan.
     const int m = valid, chunk = (m + SORT_SMALL_THREADS - 1) / SORT_SMALL_THREADS;
@@ -1156,7 +1172,7 @@ template <class Jobs, class Job> static bool table_jobs(const Job *tables, int n
     return most > 0;
 }
 
-// gpu_sort_groups' pick: the one-block sort in shared memory, where it fits.
+// gpu_sort_groups' pick: the sort in shared memory (sort_rank_kernel and the groups), where it fits.
 static bool sort_is_small(const SortGroups *sort) {
     return sort->n <= SORT_SMALL_MAX && sort->key_bits + bits_below(sort->n) <= 31;
 }
@@ -1185,8 +1201,13 @@ void gpu_sort_groups(const SortGroups *sorts, int n_sorts, cudaStream_t stream) 
         CHECK_LAUNCH("sort_groups_kernel");
     }
     if (n_small == 0) return;
-    sort_groups_small_kernel<<<n_small, SORT_SMALL_THREADS, 0, stream>>>(small);
-    CHECK_LAUNCH("sort_groups_small_kernel");
+    int most = 0;  // the longest sort's entries, and blocks of RANK_ENTRIES for them (at least one)
+    for (int i = 0; i < n_small; i++) most = small.job[i].n > most ? small.job[i].n : most;
+    sort_rank_kernel<<<dim3((unsigned)((most + RANK_ENTRIES - 1) / RANK_ENTRIES) + (most == 0), (unsigned)n_small),
+                       RANK_THREADS, 0, stream>>>(small);
+    CHECK_LAUNCH("sort_rank_kernel");
+    sort_groups_of_sorted_kernel<<<n_small, SORT_SMALL_THREADS, 0, stream>>>(small);
+    CHECK_LAUNCH("sort_groups_of_sorted_kernel");
 }
 
 void gpu_copy_rows(const float *src, const int *src_index, float *dst, const int *dst_index, float *dst_flags,

@@ -153,7 +153,7 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // kernels that take it, up to the host's n_max (NULL: n_max itself), so that the host never waits
 // to read it.
 //
-// One block sorts the entries p < n that are valid (p < *n_valid, NULL: all; keys[p] >= 0) by
+// A sort of the entries p < n that are valid (p < *n_valid, NULL: all; keys[p] >= 0) by
 // key (keys < 2^key_bits), stably: entries of one key keep their order p. Out: *n_groups, the
 // distinct keys; group g has key group_key[g] and the sorted entries group_start[g] ..
 // group_start[g + 1] (group_start[*n_groups]: the valid entries); order[k]: the k-th sorted
@@ -161,7 +161,7 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // for entries gathered in blocks of a larger stride; group_of[p]: the group of valid entry p.
 // scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
 // gpu_sort_groups does one or two such sorts (the batch's users and its movies): those of a batch's
-// size in one launch, a block each. The keys are `keys`, or, where keys_at is set, the array whose
+// size together, in two launches. The keys are `keys`, or, where keys_at is set, the array whose
 // address it holds in device memory, read by the kernel: a step replayed from a CUDA graph sorts
 // its own batch where the step's inputs say it is (MfStepInputs).
 typedef struct {

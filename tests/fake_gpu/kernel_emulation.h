@@ -65,7 +65,8 @@ template <class Visit> void job_pointers(const SparseAdamRows &j, Visit v) {
     v(j.weight), v(j.exp_avg), v(j.exp_avg_sq), v(j.rows), v(j.flags), v(j.grad), v(j.count);
 }
 template <class Visit> void job_pointers(const SortGroups &j, Visit v) {
-    v(j.keys), v(j.n_valid), v(j.scratch), v(j.order), v(j.n_groups), v(j.group_key), v(j.group_start), v(j.group_of);
+    v(j.keys), v(j.keys_at), v(j.n_valid), v(j.scratch), v(j.order), v(j.n_groups), v(j.group_key), v(j.group_start),
+        v(j.group_of);
 }
 template <class T>
 auto check_jobs(const char *kernel, int argument, const T &jobs, int) -> decltype((void)jobs.job[0]) {
