@@ -723,12 +723,12 @@ static void lookup_gpu(Mf *model, const MfStepInputs *take, const int *user, con
         StepBranch *branch = model->branch;
         CHECK_CUDA(cudaEventRecord(branch->forked, device_stream()));
         CHECK_CUDA(cudaStreamWaitEvent(branch->stream, branch->forked, 0));
-        gpu_sort_groups(sorts, 2, branch->stream);  // (in one launch)
+        gpu_sort_groups(sorts, 2, branch->stream);  // (together: two launches)
         CHECK_CUDA(cudaEventRecord(branch->sorted, branch->stream));
         CHECK_CUDA(cudaEventRecord(branch->done, branch->stream));
         model->branch_open = model->sorts_beside = true;
     } else {
-        gpu_sort_groups(sorts, 2, device_stream());  // (in one launch)
+        gpu_sort_groups(sorts, 2, device_stream());  // (together: two launches)
     }
     bool timed = training && model->mode == EMBEDDINGS_SHARDED && dist_world_size() > 1 && !device_graph_capturing();
     if (timed) comm_begin(model);
@@ -811,7 +811,7 @@ static void forward_backward_gpu(Mf *model, const RatingBatch *batch) {
     // The loss's sum (one thread's, in the samples' order: the CPU's bits) is a chain of a thousand
     // additions that nothing in the step reads: on a stream of its own, it runs beside the backward,
     // the exchanges and SparseAdam (in a CUDA graph, a branch beside theirs), and the step joins it
-    // at its end (mf_adam_step), before mf_end_step keeps it and the next step's forward overwrites
+    // at its end (mf_adam_step), before mf_take_losses reads it and the next step's forward overwrites
     // what it reads.
     StepBranch *branch = model->branch;
     CHECK_CUDA(cudaEventRecord(branch->forked, stream));

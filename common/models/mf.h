@@ -193,7 +193,8 @@ void mf_exchange_gradients(Mf *model);
 void mf_adam_step(Mf *model);
 void mf_end_step(Mf *model);
 // The global batch's loss of each step not yet handed over, in step order at *losses (valid until
-// the next step): how many. Collective: the ranks' shares summed (MPI_Allreduce in double). On a
+// the next step): how many. Between steps (after mf_end_step, before the next mf_prepare_step,
+// which reserves the next step's place: on a GPU rank its loss is written there in the step). Collective: the ranks' shares summed (MPI_Allreduce in double). On a
 // CPU rank each step's at once (`due` or not: the loss is on the host already); on a GPU rank none
 // until `due` (the epoch's last step, or the run's), then all of them with one copy and one
 // allreduce: the host never waits for the GPU inside a step. (The GPU's array doubles, a wait, when

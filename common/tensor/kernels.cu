@@ -870,8 +870,9 @@ __global__ void sort_groups_kernel(const int *keys, const int *const *keys_at, i
 // every valid word) if not: the words are distinct and their order is (key, p)'s, so sorting them
 // sorts the valid entries stably, the invalid ones after them. A word's place is the number of
 // words below it, which sort_rank_kernel counts, a word by RANK_SPLIT threads, each over every
-// RANK_SPLIT-th word (n / 4 compares, reads of shared memory that the warp's threads share), on as
-// many blocks as a batch has words by RANK_ENTRIES: 32 multiprocessors for a batch of 1,024. Then
+// RANK_SPLIT-th word (n / 8 compares, reads of shared memory that the warp's threads share), on as
+// many blocks as a batch has words by RANK_ENTRIES: 64 multiprocessors a sort for a batch of 1,024
+// (a batch's two sorts take 128 of an H100's 132). Then
 // sort_groups_of_sorted_kernel, a block per sort, finds the groups of the sorted words with one
 // scan, as sort_groups_kernel does. The sort they replace ranked by merging in one block of 1,024
 // threads, ten rounds of binary searches, whose instructions one multiprocessor issued: 10 us of
@@ -880,7 +881,7 @@ __global__ void sort_groups_kernel(const int *keys, const int *const *keys_at, i
 #define SORT_SMALL_THREADS 1024
 #define SORT_SMALL_MAX 4096  // words of 4 bytes in shared memory: 16 KiB, and the scan's 8 KiB
 #define RANK_THREADS 128     // sort_rank_kernel's blocks: a warp on each of a multiprocessor's 4 schedulers
-#define RANK_SPLIT 4         // threads counting the words below one word
+#define RANK_SPLIT 8         // threads counting the words below one word
 #define RANK_ENTRIES (RANK_THREADS / RANK_SPLIT)
 #define SORT_INVALID (1u << 31)
 // The sorts of one launch, a row of blocks each (blockIdx.y, or blockIdx.x where a block does one):
@@ -1059,7 +1060,10 @@ __global__ void mf_forward_kernel(const float *p_rows, const int *p_slot, const 
     const float *rating = b.take ? b.take->rating : b.rating;
     for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n; s += gridDim.x * blockDim.x) {
         const int u = user[s], i = item[s];
-        if (b.take) b.user[s] = u, b.item[s] = i, b.rating[s] = rating[s];  // the step's copy, for its backward
+        if (b.take) {  // the step's copy, for its backward
+            b.user[s] = u, b.item[s] = i;
+            if (b.rating) b.rating[s] = rating[s];
+        }
         const float *p = p_rows + (size_t)(p_slot ? p_slot[s] : u) * dim, *q = q_rows + (size_t)(q_slot ? q_slot[s] : i) * dim;
         float dot = 0.0f, p_norm = 0.0f, q_norm = 0.0f;
         for (int d = 0; d < dim; d++) {

@@ -159,7 +159,8 @@ void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cuda
 // group_start[g + 1] (group_start[*n_groups]: the valid entries); order[k]: the k-th sorted
 // entry p, written as (p / block) * block_stride + p % block (block = block_stride: p itself),
 // for entries gathered in blocks of a larger stride; group_of[p]: the group of valid entry p.
-// scratch: 4 max(n, 1) ints. Deterministic: the same result whatever the GPU's timing.
+// scratch: 4 max(n, 1) ints. keys[p] may be read for every p < n, valid or not. Deterministic:
+// the same result whatever the GPU's timing.
 // gpu_sort_groups does one or two such sorts (the batch's users and its movies): those of a batch's
 // size together, in two launches. The keys are `keys`, or, where keys_at is set, the array whose
 // address it holds in device memory, read by the kernel: a step replayed from a CUDA graph sorts
@@ -211,8 +212,8 @@ typedef struct MfStepInputs {
 } MfStepInputs;
 // The samples a forward reads: the step's own buffers (user and item ids; rating NULL: none, the
 // predictions only), or, where `take` is set, the epoch's ratings where take says the step's batch
-// is, which the forward copies into those buffers as it reads them (for the backward): the batch
-// taken without a launch of its own.
+// is (ratings included), which the forward copies into those buffers as it reads them (for the
+// backward; the ratings where rating is set): the batch taken without a launch of its own.
 typedef struct {
     const MfStepInputs *take;
     int *user, *item;

@@ -823,17 +823,24 @@ static void test_cnn_model(void) {
 // Step 15's model (mf.c) in each --embeddings mode: the GPU takes the CPU's
 // steps bit for bit (the kernels keep the CPU's order and roundings), from
 // batches that touch rows many times, and one empty slice (a rank past the
-// data's end); then the predictions and the whole tables are the CPU's.
+// data's end); then the predictions and the whole tables are the CPU's. Two
+// GPU models: one given each batch's ids on the host (copied to the GPU), one
+// given them on the GPU, at a place that moves from step to step, as step 15's
+// epochs on the GPU are (the sorts and the forward read them where the step's
+// inputs say: SortGroups.keys_at, MfSamples.take).
 static void test_mf(void) {
     enum { USERS = 37, ITEMS = 53, DIM = 8, BATCH = 96, STEPS = 6 };
     int user[BATCH], item[BATCH];
     float rating[BATCH], predicted_cpu[BATCH], predicted_gpu[BATCH];
+    int *resident_user = device_alloc(2 * BATCH * sizeof(int)), *resident_item = device_alloc(2 * BATCH * sizeof(int));
+    float *resident_rating = device_alloc(2 * BATCH * sizeof(float));
     for (int m = EMBEDDINGS_DENSE; m <= EMBEDDINGS_SHARDED; m++) {
         EmbeddingsMode mode = (EmbeddingsMode)m;
-        Rng init_cpu, init_gpu, batches;
-        rng_seed(&init_cpu, 7), rng_seed(&init_gpu, 7), rng_seed(&batches, 11);
+        Rng init_cpu, init_gpu, init_resident, batches;
+        rng_seed(&init_cpu, 7), rng_seed(&init_gpu, 7), rng_seed(&init_resident, 7), rng_seed(&batches, 11);
         Mf *cpu = mf_new(mode, DEVICE_CPU, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_cpu);
         Mf *gpu = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_gpu);
+        Mf *resident = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_resident);
         int losses_differ = 0, n = BATCH;
         double cpu_losses[STEPS];
         for (int step = 0; step < STEPS; step++) {
@@ -865,20 +872,45 @@ static void test_mf(void) {
             int taken_gpu = mf_take_losses(gpu, step == STEPS - 1, &loss_gpu);
             losses_differ += taken_gpu != (step == STEPS - 1 ? STEPS : 0);
             for (int k = 0; k < taken_gpu && taken_gpu == STEPS; k++) losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
+            // The same batch on the GPU, at an offset of 0 or 7 entries.
+            const int at = step % 2 ? 7 : 0;
+            if (n > 0) {
+                device_upload(resident_user + at, user, (size_t)n * sizeof(int), "the batch's users");
+                device_upload(resident_item + at, item, (size_t)n * sizeof(int), "the batch's items");
+                device_upload(resident_rating + at, rating, (size_t)n * sizeof(float), "the batch's ratings");
+            }
+            RatingBatch on_gpu = batch;
+            on_gpu.gpu_user = resident_user + at, on_gpu.gpu_item = resident_item + at, on_gpu.gpu_rating = resident_rating + at;
+            mf_prepare_step(resident, &on_gpu);
+            mf_lookup(resident, &on_gpu);
+            mf_forward_backward(resident, &on_gpu);
+            mf_exchange_gradients(resident);
+            mf_adam_step(resident);
+            mf_end_step(resident);
+            int taken_resident = mf_take_losses(resident, step == STEPS - 1, &loss_gpu);
+            losses_differ += taken_resident != (step == STEPS - 1 ? STEPS : 0);
+            for (int k = 0; k < taken_resident && taken_resident == STEPS; k++)
+                losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
         }
         mf_predict(cpu, user, item, n, predicted_cpu);
         mf_predict(gpu, user, item, n, predicted_gpu);
         size_t differ = (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
+        mf_predict(resident, user, item, n, predicted_gpu);
+        differ += (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
         mf_gather_full(cpu);
         mf_gather_full(gpu);
-        for (int t = 0; t < 4; t++) differ += bits_differ(&gpu->full[t], &cpu->full[t]);
+        mf_gather_full(resident);
+        for (int t = 0; t < 4; t++) differ += bits_differ(&gpu->full[t], &cpu->full[t]) + bits_differ(&resident->full[t], &cpu->full[t]);
         EXPECT(losses_differ == 0 && differ == 0,
-               "step 15's model, %s embeddings, on the GPU: %d steps (one of an empty slice) take the CPU's losses "
-               "(%d differ), its predictions and tables bit for bit (%zu values differ)",
+               "step 15's model, %s embeddings, on the GPU: %d steps (one of an empty slice), the batch's ids from the "
+               "host and from the GPU, take the CPU's losses (%d differ), its predictions and tables bit for bit (%zu "
+               "values differ)",
                embeddings_mode_name(mode), STEPS, losses_differ, differ);
         mf_free(cpu);
         mf_free(gpu);
+        mf_free(resident);
     }
+    device_free(resident_user), device_free(resident_item), device_free(resident_rating);
 }
 
 #if HAVE_CUDA
@@ -1023,8 +1055,9 @@ static void test_sort_groups(void) {
     for (int p = 0; p < N; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 162541);
     keys[0] = 162540, keys[N - 1] = 0;
     sort_case("5000 keys of 18 bits (ml-25m's users)", keys, N, N, 162541, N, N);
-    // Sizes about the edges of the runs that the shared-memory kernel merges (powers of two) and of
-    // its 4096 entries, with few keys (long runs of each), a tenth -1, all counted or two thirds.
+    // Sizes about the edges of the shared-memory sort's blocks of entries (16: sort_rank_kernel's, and
+    // its grouping's 1,024 threads) and of its 4096 entries, with few keys (long runs of each), a
+    // tenth -1, all counted or two thirds.
     const int sizes[] = {2, 3, 31, 32, 33, 1023, 1024, 1025, 2048, 2049, 4095, 4096, 4097, 5000};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         int n = sizes[s];
@@ -1056,9 +1089,10 @@ static void test_sort_groups(void) {
     for (int p = 0; p < 1000; p++) keys[p] = (int)(rng_uniform(&rng, 0, 1) * 32768) % 32768 << 16 | p;
     keys[500] = 0x7fffffff, keys[501] = 0, keys[502] = keys[3];
     sort_case("1000 keys of 31 bits", keys, 1000, 1000, 0x7fffffff, 1000, 1000);
-    // Two sorts at once (gpu_sort_groups): a batch's users and movies, skewed, in one launch of
-    // the shared-memory kernel, the second counted to a short last batch; one of them past it (5000
-    // entries, or keys of 20 bits at 4096: the radix sort) and the other in it; none and some.
+    // Two sorts at once (gpu_sort_groups): a batch's users and movies, skewed, in the same launches
+    // of the shared-memory sort, the second counted to a short last batch, or the first shorter (its
+    // blocks past its entries do nothing); one of them past it (5000 entries, or keys of 20 bits at
+    // 4096: the radix sort) and the other in it; none and some.
     int *other = xmalloc(N * sizeof(int));
     for (int p = 0; p < N; p++) {
         float u = rng_uniform(&rng, 0, 1), v = rng_uniform(&rng, 0, 1);
@@ -1069,6 +1103,7 @@ static void test_sort_groups(void) {
     sort_pair_case("1024 users and 4096 movies of 20 bits (the radix sort)", keys, 1024, 32467, other, 4096, 4096, 1 << 20);
     sort_pair_case("1024 users and 5000 movies (the radix sort)", keys, 1024, 32467, other, N, 4000, 11820);
     sort_pair_case("no user and 1024 movies", keys, 0, 32467, other, 1024, 1024, 11820);
+    sort_pair_case("33 users and 1024 movies", keys, 33, 32467, other, 1024, 1024, 11820);
     free(other);
     free(keys);
 }
