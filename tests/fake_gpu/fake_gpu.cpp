@@ -49,7 +49,8 @@
 // FAKE_GPU_COUNTS=FILE: each process counts what its main thread asks of the
 // GPU, per training step (between two device_mark_step() calls: the optimizer
 // marks the end of each step, common/runtime/device.h), and writes the counts
-// to FILE.<rank> at exit. A host wait is a call that returns only once the GPU
+// to FILE.<rank> at exit, each step's line followed by what it launched, in order
+// ("  launched: ..."). A host wait is a call that returns only once the GPU
 // has got somewhere: cudaDeviceSynchronize, cudaStreamSynchronize,
 // cudaEventSynchronize, cudaMemcpy, a cudaMemcpyAsync to or from pageable
 // memory (the driver waits for the stream, or may, to stage it), cudaMalloc,
@@ -119,6 +120,7 @@ double now_seconds() {
 struct Counts {
     long waits = 0, other_thread_waits = 0, launches = 0, copies = 0;
     std::map<std::string, long> wait_kinds;  // what the main thread waited in
+    std::vector<std::string> launched;       // what it launched, in order
 };
 Counts current_counts;                   // since the last step mark
 std::vector<Counts> counted_windows;     // [0]: before the first mark; then one per step
@@ -159,13 +161,21 @@ void count_query(const void *object, bool ready, const char *kind) {
 }
 
 // While a stream is captured its work is recorded, not launched: a graph's launch counts once.
-void count_launch() { current_counts.launches += active_captures == 0; }
+void count_launch(const char *what) {
+    if (active_captures > 0) return;
+    current_counts.launches++;
+    if (on_main_thread()) current_counts.launched.push_back(what);
+}
 void count_copy() { current_counts.copies += active_captures == 0; }
 
 void write_counts_line(FILE *f, const char *label, const Counts &c) {
     fprintf(f, "%s: waits %ld launches %ld copies %ld other_thread_waits %ld", label, c.waits, c.launches, c.copies,
             c.other_thread_waits);
     for (const auto &kind : c.wait_kinds) fprintf(f, " [%s x%ld]", kind.first.c_str(), kind.second);
+    fprintf(f, "\n");
+    if (c.launched.empty()) return;
+    fprintf(f, "  launched:");  // (a line of its own: step_counts.sh reads the lines above)
+    for (size_t i = 0; i < c.launched.size(); i++) fprintf(f, "%s %s", i ? "," : "", c.launched[i].c_str());
     fprintf(f, "\n");
 }
 
@@ -536,7 +546,7 @@ void launch(const char *kernel, bool synced, dim3 grid, dim3 block, cudaStream_t
         fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u) is invalid", kernel, grid.x, grid.y, grid.z,
              block.x, block.y, block.z);
     }
-    count_launch();
+    count_launch(kernel);
     enqueue(stream, [thread, synced, grid, block] {
         Window open;
         run_grid(thread, synced, grid, block);
@@ -969,7 +979,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     CUstream_st *launch_stream = stream_of(stream);
     if (launch_stream->capture) fail("cudaGraphLaunch into a stream being captured: not simulated");
     if (launch_stream == &legacy_stream) fail("cudaGraphLaunch on the legacy default stream: not simulated");
-    count_launch();  // the graph's kernels, copies, GEMMs and NCCL operations: one launch
+    count_launch("cudaGraphLaunch");  // the graph's kernels, copies, GEMMs and NCCL operations: one launch
     std::vector<CUstream_st *> where = exec->branch_streams;
     where[0] = launch_stream;
     std::vector<unsigned long long> base;
@@ -1096,7 +1106,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
     require_host(alpha, sizeof *alpha, "cublasSgemm's alpha");
     require_host(beta, sizeof *beta, "cublasSgemm's beta");
     float a = *alpha, b = *beta;
-    count_launch();
+    count_launch("cublasSgemm");
     enqueue(handle->stream, [=] {
         Window open;
         run_sgemm(transa, transb, m, n, k, a, A, lda, B, ldb, b, C, ldc);
@@ -1141,7 +1151,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     float a = *(const float *)alpha, b = *(const float *)beta;
     const uint16_t *A16 = (const uint16_t *)A, *B16 = (const uint16_t *)B;
     float *C32 = (float *)C;
-    count_launch();
+    count_launch("cublasGemmEx");
     enqueue(handle->stream, [=] {
         Window open;
         std::vector<float> A32 = widen_bfloat16(A16, k > 0 ? a_count : 0), B32 = widen_bfloat16(B16, k > 0 ? b_count : 0);
@@ -1172,7 +1182,7 @@ static cublasStatus_t batched_gemm(const char *name, bool bfloat16, cublasHandle
     size_t a_count = matrix_bytes(ta ? k : m, ta ? m : k, lda) / sizeof(float);
     size_t b_count = matrix_bytes(tb ? n : k, tb ? k : n, ldb) / sizeof(float);
     std::string a_name = what + "'s A[i]", b_name = what + "'s B[i]", c_name = what + "'s C[i]";
-    count_launch();
+    count_launch(name);
     enqueue(handle->stream, [=] {
         Window open;
         for (int i = 0; i < batchCount; i++) {
@@ -1233,7 +1243,7 @@ cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, in
     if (len_x) require_device(x, ((size_t)(len_x - 1) * incx + 1) * sizeof *x, "cublasSgemv's x");
     if (len_y) require_device(y, ((size_t)(len_y - 1) * incy + 1) * sizeof *y, "cublasSgemv's y");
     float a = *alpha, b = *beta;
-    count_launch();
+    count_launch("cublasSgemv");
     enqueue(handle->stream, [=] {
         Window open;
         if (b == 0.0f)
@@ -1399,7 +1409,8 @@ void queue_transfers(std::vector<Transfer> &transfers) {
 
 ncclResult_t submit(Transfer t) {
     Guard guard(big_lock);
-    count_launch();  // (none while captured: the graph's launch counts)
+    // (none while captured: the graph's launch counts)
+    count_launch(t.kind == Transfer::COLLECTIVE ? "an NCCL collective" : t.kind == Transfer::SEND ? "ncclSend" : "ncclRecv");
     t.captured = stream_of(t.stream)->capture != nullptr;
     if (t.captured) stream_of(t.stream)->capture->nccl = true;
     group.push_back(std::move(t));

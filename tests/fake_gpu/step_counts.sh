@@ -13,7 +13,8 @@
 # Then, for each program named in ZERO_WAIT_PROGRAMS (space-separated, e.g. "2 3"), a line
 #   zero-wait step 2: 0
 # or a non-zero count: tests/test_fake_gpu.sh turns those into PASS or FAIL.
-# `[...]`: what the worst rank waited in, in one of its steady steps.
+# `[...]`: what the worst rank waited in, in one of its steady steps. OUT_DIR/kernels_NAME.RANK: what
+# each rank launched in a steady step, in order (kernels, GEMMs, NCCL operations, graphs).
 set -u
 out=$1; shift
 mkdir -p "$out"
@@ -63,7 +64,7 @@ for name in "${names[@]}"; do
     if [ "$name" = 11 ] && [ ! -f "$out/mnist.h5" ]; then
         day2/create_mnist_h5 --data "$DATA" --out "$out/mnist.h5" > /dev/null 2>&1
     fi
-    rm -f "$out/counts_$name".*
+    rm -f "$out/counts_$name".* "$out/kernels_$name".*
     eval "program=(${command[$name]})"
     FAKE_GPU_COUNTS="$out/counts_$name" timeout "$limit" $MPIRUN --bind-to none -x FAKE_GPU_COUNTS -x FAKE_GPU_COUNT \
         -np "${np[$name]}" "${program[@]}" > "$out/run_$name" 2>&1
@@ -76,13 +77,15 @@ for name in "${names[@]}"; do
     # Per rank: the most common waits among its steps, the launches most common among those steps,
     # the steps, the most waits of a step, and (rank 0) the kinds of a steady step's waits.
     for f in "$out/counts_$name".*; do
-        awk '/^step / { n++; w[$4]++; if ($4 > most) most = $4; line[$4] = $0; wl[$4 " " $6]++ }
+        awk '/^step / { n++; w[$4]++; if ($4 > most) most = $4; line[$4] = $0; wl[$4 " " $6]++; key = $4 " " $6 }
+             /^  launched:/ { if (!(key in launched)) launched[key] = $0 }
              END {
                  for (v in w) if (mode == "" || w[v] > w[mode] || (w[v] == w[mode] && v + 0 < mode + 0)) mode = v
                  for (k in wl) { split(k, p, " "); if (p[1] == mode && (best == "" || wl[k] > wl[best])) best = k }
                  split(best, p, " "); kinds = line[mode]; sub(/^[^[]*/, "", kinds)
                  print mode + 0, p[2] + 0, n + 0, most + 0, n - w[mode], kinds
-             }' "$f"
+                 if (best in launched) { sub(/^  launched: /, "", launched[best]); print launched[best] > kernels }
+             }' kernels="$out/kernels_$name.${f##*.}" "$f"
     done > "$out/steady_$name"
     read -r waits launches steps most others kinds < <(sort -k1,1nr "$out/steady_$name" | head -1)
     [ -n "${steps:-}" ] && [ "$steps" -ge 3 ] || {
