@@ -386,8 +386,7 @@ static double sharded_accuracy(Sharded *s, const Tensor *images, const int *labe
     int *predictions = xmalloc((size_t)chunk * sizeof(int));
     for (long c = 0, start = first; c < chunks; c++, start += chunk) {
         int rows = (int)(start >= end ? 0 : end - start < chunk ? end - start : chunk);
-        Tensor x = {.data = images->data + (size_t)(rows ? start : 0) * images->cols, .rows = rows, .cols = images->cols,
-                    .device = images->device};
+        Tensor x = tensor_row_range(images, rows ? (int)start : 0, rows);
         const Tensor *logits = sharded_forward(s, &x);
         if (rows == 0) continue;
         argmax_rows(logits, predictions);

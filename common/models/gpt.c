@@ -463,12 +463,9 @@ Param *gpt_state_dict(const Gpt *m, int *n) {
     return all;
 }
 
-// Rows [first, first + rows) of a [capacity, cols] buffer: one micro-batch's part of it.
-static Tensor rows_at(const Tensor *t, int first, int rows) {
-    return (Tensor){.data = t->data + (size_t)first * t->cols, .rows = rows, .cols = t->cols, .device = t->device};
-}
-// Values [first, first + n) of a buffer as [1, n] (a LayerNorm's statistics), or as [rows, n / rows]
-// (attention's probabilities of a micro-batch's sequences).
+// A micro-batch's part of a buffer: its rows of a [capacity, cols] one (tensor_row_range), or its
+// values [first, first + n) as [1, n] (a LayerNorm's statistics), or as [rows, n / rows]
+// (attention's probabilities of a micro-batch's sequences): values_at.
 static Tensor values_at(const Tensor *t, size_t first, int rows, int cols) {
     return (Tensor){.data = t->data + first, .rows = rows, .cols = cols, .device = t->device};
 }
@@ -495,7 +492,7 @@ static Tensor tensor_parallel_sum(Gpt *m, Tensor *partial) {
         return *partial;
     }
     const int n = token_rows(m, partial->rows);
-    Tensor mine = rows_at(partial, first_token_row(m, partial->rows), n);
+    Tensor mine = tensor_row_range(partial, first_token_row(m, partial->rows), n);
     group_reduce_scatter(m->tensor_group, partial, &mine);
     return mine;
 }
@@ -519,7 +516,8 @@ static void layernorm_back(Gpt *m, const Tensor *x, const Tensor *weight, const 
         layernorm_backward(x, weight, mean, rstd, grad_y, grad_x, grad_weight, grad_bias);
         return;
     }
-    Tensor part_weight = rows_at(&m->grad_layernorm_part, 0, 1), part_bias = rows_at(&m->grad_layernorm_part, 1, 1);
+    Tensor part_weight = tensor_row_range(&m->grad_layernorm_part, 0, 1);
+    Tensor part_bias = tensor_row_range(&m->grad_layernorm_part, 1, 1);
     tensor_fill(&m->grad_layernorm_part, 0.0f);
     layernorm_backward(x, weight, mean, rstd, grad_y, grad_x, &part_weight, grad_bias ? &part_bias : NULL);
     group_all_reduce(m->tensor_group, &m->grad_layernorm_part);
@@ -588,24 +586,25 @@ static BlockViews block_views(Gpt *m, int l, int micro, int B, int T) {
     const int first = inside_micro * N, first_n = inside_micro * n;
     const size_t scores = (size_t)B * H * T * T;
     BlockViews views = {
-        .ln_1 = rows_at(&a->ln_1, first_n, n), .ln_1_mean = values_at(&a->ln_1_mean, first_n, 1, n),
-        .ln_1_rstd = values_at(&a->ln_1_rstd, first_n, 1, n), .qkv = rows_at(&a->qkv, first, N),
-        .att = values_at(&a->att, inside_micro * scores, B * H, T * T), .attn_y = rows_at(&a->attn_y, first, N),
-        .residual_1 = rows_at(&a->residual_1, first_n, n), .ln_2 = rows_at(&a->ln_2, first_n, n),
-        .ln_2_mean = values_at(&a->ln_2_mean, first_n, 1, n), .ln_2_rstd = values_at(&a->ln_2_rstd, first_n, 1, n),
-        .fc = rows_at(&a->fc, first, N), .fc_gelu = rows_at(&a->fc_gelu, first, N)};
-    views.residual_2 = rows_at(&a->residual_2, micro * n, n);  // kept per micro-batch
+        .ln_1 = tensor_row_range(&a->ln_1, first_n, n), .ln_1_mean = values_at(&a->ln_1_mean, first_n, 1, n),
+        .ln_1_rstd = values_at(&a->ln_1_rstd, first_n, 1, n), .qkv = tensor_row_range(&a->qkv, first, N),
+        .att = values_at(&a->att, inside_micro * scores, B * H, T * T),
+        .attn_y = tensor_row_range(&a->attn_y, first, N), .residual_1 = tensor_row_range(&a->residual_1, first_n, n),
+        .ln_2 = tensor_row_range(&a->ln_2, first_n, n), .ln_2_mean = values_at(&a->ln_2_mean, first_n, 1, n),
+        .ln_2_rstd = values_at(&a->ln_2_rstd, first_n, 1, n), .fc = tensor_row_range(&a->fc, first, N),
+        .fc_gelu = tensor_row_range(&a->fc_gelu, first, N)};
+    views.residual_2 = tensor_row_range(&a->residual_2, micro * n, n);  // kept per micro-batch
     if (m->config.dropout > 0) {  // the inside's too
         views.att_mask = values_at(&a->att_mask, inside_micro * scores, B * H, T * T);
         views.att_dropped = values_at(&a->att_dropped, inside_micro * scores, B * H, T * T);
-        views.attn_proj_mask = rows_at(&a->attn_proj_mask, first_n, n);
-        views.mlp_proj_mask = rows_at(&a->mlp_proj_mask, first_n, n);
+        views.attn_proj_mask = tensor_row_range(&a->attn_proj_mask, first_n, n);
+        views.mlp_proj_mask = tensor_row_range(&a->mlp_proj_mask, first_n, n);
     }
     return views;
 }
 
 // transformer.drop's mask of micro-batch slot micro (n token rows).
-static Tensor embed_mask(Gpt *m, int micro, int n) { return rows_at(&m->embed_mask, micro * n, n); }
+static Tensor embed_mask(Gpt *m, int micro, int n) { return tensor_row_range(&m->embed_mask, micro * n, n); }
 
 static void check_micro_batch(const Gpt *m, int micro, int B, int T) {
     CHECK(B >= 1 && T >= 1 && T <= m->config.block_size && micro >= 0 &&
@@ -687,7 +686,7 @@ static Tensor block_forward(Gpt *m, int l, int micro, int B, int T, const Tensor
 Tensor gpt_stage_input(Gpt *m, int micro, int B, int T) {
     check_micro_batch(m, micro, B, T);
     const int n = token_rows(m, B * T);
-    return rows_at(&m->embedded, micro * n, n);
+    return tensor_row_range(&m->embedded, micro * n, n);
 }
 
 const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *inputs, int B, int T) {
@@ -702,7 +701,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
         if (micro_batch == 0) m->dropout_forwards++;
         m->slot_micro_batch[micro] = micro_batch;  // (for its blocks' masks, drawn as they go)
     }
-    Tensor x = rows_at(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
+    Tensor x = tensor_row_range(&m->embedded, micro * n, n);  // [N, C], or this rank's [N / T, C]
     if (m->has_embeddings) {
         TokenBatch *tokens = &m->slot_tokens[micro];
         if (!tokens->capacity) *tokens = token_batch_new(m->max_batch * c->block_size, c->vocab_size, m->device);
@@ -710,7 +709,7 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
         if (m->sequence_parallel) {  // every token's, then this rank's rows of them
             Tensor all = tensor_rows(&m->gathered, N);
             embedding_forward(tokens, &m->wte, &m->wpe, B, T, &all);
-            Tensor mine = rows_at(&all, first_token_row(m, N), n);
+            Tensor mine = tensor_row_range(&all, first_token_row(m, N), n);
             tensor_copy(&x, &mine);
         } else {
             embedding_forward(tokens, &m->wte, &m->wpe, B, T, &x);
@@ -731,9 +730,9 @@ const Tensor *gpt_stage_forward(Gpt *m, int micro, int micro_batch, const int *i
         return &m->stage_output;
     }
     // ln_f on this rank's rows (its block of ln_f's), all-gathered in place: the head takes every token.
-    Tensor ln_f = rows_at(&m->ln_f, first, N), ln_f_mine = rows_at(&ln_f, first_token_row(m, N), n);
+    Tensor ln_f = tensor_row_range(&m->ln_f, first, N), ln_f_mine = tensor_row_range(&ln_f, first_token_row(m, N), n);
     Tensor ln_f_mean = values_at(&m->ln_f_mean, micro * n, 1, n), ln_f_rstd = values_at(&m->ln_f_rstd, micro * n, 1, n);
-    m->last_logits = rows_at(&m->logits, first, N);
+    m->last_logits = tensor_row_range(&m->logits, first, N);
     layernorm_forward(&x, &m->ln_f_weight, c->bias ? &m->ln_f_bias : NULL, &ln_f_mine, &ln_f_mean, &ln_f_rstd);
     if (m->sequence_parallel) group_all_gather(m->tensor_group, &ln_f_mine, &ln_f);
     gemm(false, true, 1.0f, &ln_f, &m->wte, 0.0f, &m->last_logits);  // lm_head: ln_f(x) @ wte^T, [N, V]
@@ -788,7 +787,8 @@ float gpt_stage_loss(Gpt *m, int micro, const int *targets, int B, int T, float 
     CHECK(m->has_head, "gpt_stage_loss: the last stage's");
     check_micro_batch(m, micro, B, T);
     const int N = B * T;
-    Tensor logits = rows_at(&m->logits, micro * N, N), grad_logits = rows_at(&m->grad_logits, micro * N, N);
+    Tensor logits = tensor_row_range(&m->logits, micro * N, N);
+    Tensor grad_logits = tensor_row_range(&m->grad_logits, micro * N, N);
     float loss = softmax_cross_entropy(&logits, targets, &grad_logits);  // the mean over B * T tokens
     if (factor != 1.0f) tensor_scale(&grad_logits, factor);  // x * 1 is x: a pass over [N, V] saved
     return loss;
@@ -798,7 +798,8 @@ void gpt_stage_loss_to(Gpt *m, int micro, const int *targets, int B, int T, floa
     CHECK(m->has_head, "gpt_stage_loss_to: the last stage's");
     check_micro_batch(m, micro, B, T);
     const int N = B * T;
-    Tensor logits = rows_at(&m->logits, micro * N, N), grad_logits = rows_at(&m->grad_logits, micro * N, N);
+    Tensor logits = tensor_row_range(&m->logits, micro * N, N);
+    Tensor grad_logits = tensor_row_range(&m->grad_logits, micro * N, N);
     softmax_cross_entropy_to(&logits, targets, NULL, &grad_logits, slot);  // the mean over B * T tokens
     if (factor != 1.0f) tensor_scale(&grad_logits, factor);
 }
@@ -851,7 +852,7 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
     Tensor grad_qkv = tensor_rows(&m->grad_qkv, N), grad_attn_y = tensor_rows(&m->grad_attn_y, N);
     Tensor grad_fc = tensor_rows(&m->grad_fc, N);
     if (m->has_head) {
-        Tensor grad_logits = rows_at(&m->grad_logits, first, N), ln_f = rows_at(&m->ln_f, first, N);
+        Tensor grad_logits = tensor_row_range(&m->grad_logits, first, N), ln_f = tensor_row_range(&m->ln_f, first, N);
         Tensor ln_f_mean = values_at(&m->ln_f_mean, micro * n, 1, n), ln_f_rstd = values_at(&m->ln_f_rstd, micro * n, 1, n);
         // The head: wte's gradient gets its first part here (its last comes from the embedding).
         gemm_hold_rounded(&grad_logits);
@@ -859,8 +860,9 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
         gemm(false, false, 1.0f, &grad_logits, &m->wte, 0.0f, &grad_ln);    // d ln_f(x), [N, C]
         gemm_release_rounded();
         // ln_f, on this rank's rows: the residual stream's gradient starts here.
-        Tensor x_last = L ? block_views(m, L - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);
-        Tensor grad_ln_mine = rows_at(&grad_ln, first_token_row(m, N), n);
+        Tensor x_last =
+            L ? block_views(m, L - 1, micro, B, T).residual_2 : tensor_row_range(&m->embedded, micro * n, n);
+        Tensor grad_ln_mine = tensor_row_range(&grad_ln, first_token_row(m, N), n);
         tensor_fill(&grad_residual, 0.0f);
         layernorm_back(m, &x_last, &m->ln_f_weight, &ln_f_mean, &ln_f_rstd, &grad_ln_mine, &grad_residual,
                        &m->grad_ln_f_weight, c->bias ? &m->grad_ln_f_bias : NULL);
@@ -874,7 +876,8 @@ const Tensor *gpt_stage_backward(Gpt *m, int micro, int B, int T, GradReadyHook 
     }
     for (int l = L - 1; l >= 0; l--) {
         BlockViews v = block_views(m, l, micro, B, T);
-        Tensor x_in = l ? block_views(m, l - 1, micro, B, T).residual_2 : rows_at(&m->embedded, micro * n, n);  // the block's input
+        Tensor x_in =  // the block's input
+            l ? block_views(m, l - 1, micro, B, T).residual_2 : tensor_row_range(&m->embedded, micro * n, n);
         int slot = l * GPT_BLOCK_TENSORS;
         if (m->recompute_batch) block_forward(m, l, micro, B, T, &x_in, dropout, true);  // the inside again, from the kept input
         // x = x + mlp(ln_2(x)): the residual passes grad_residual through; the MLP adds its part.
