@@ -63,6 +63,12 @@ run() {
         tail -20 "$out" | sed 's/^/    /'
         crashed=$((crashed + 1))
     fi
+    # What a suite printed under its FAIL lines (indented: a log's end, a diff), which the verdicts
+    # shown above leave out, so that a CI log says why.
+    if grep -q '^FAIL ' "$out"; then
+        awk '/^FAIL / { show = 1; next } /^(PASS|SKIP) / { show = 0 } show && /^[ \t]/ && shown++ < 60' "$out" |
+            sed "1s/^/($name, under its FAIL lines:)\n/"
+    fi
     rm -f "$out"
 }
 

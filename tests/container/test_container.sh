@@ -205,7 +205,7 @@ if grep -qE 'Using cache|CACHED' "$tmp/build_deps.log"; then packages="packages 
 else packages="packages installed in $(seconds "$start" "$middle") s"; fi
 if [ $deps_status -ne 0 ] || [ $build_status -ne 0 ]; then
     fail "the image does not build from a clean clone of HEAD (${head:0:12}); the end of the log:"
-    tail -15 "$tmp/build_deps.log" "$tmp/build.log" | sed 's/^/    /'
+    tail -n 15 "$tmp/build_deps.log" "$tmp/build.log" | sed 's/^/    /'
     exit 1
 fi
 size=$("$manage" image inspect --format '{{.Size}}' "$image")

@@ -820,6 +820,20 @@ static void test_cnn_model(void) {
     tensor_free(&x), tensor_free(&gx);
 }
 
+// The n samples of a batch into device memory, `at` entries into each buffer (a build without CUDA
+// runs no GPU test: nothing to copy).
+static void upload_batch(int *device_user, int *device_item, float *device_rating, int at, const int *user,
+                         const int *item, const float *rating, int n) {
+#if HAVE_CUDA
+    if (n == 0) return;
+    device_upload(device_user + at, user, (size_t)n * sizeof(int), "the batch's users");
+    device_upload(device_item + at, item, (size_t)n * sizeof(int), "the batch's items");
+    device_upload(device_rating + at, rating, (size_t)n * sizeof(float), "the batch's ratings");
+#else
+    (void)device_user, (void)device_item, (void)device_rating, (void)at, (void)user, (void)item, (void)rating, (void)n;
+#endif
+}
+
 // Step 15's model (mf.c) in each --embeddings mode: the GPU takes the CPU's
 // steps bit for bit (the kernels keep the CPU's order and roundings), from
 // batches that touch rows many times, and one empty slice (a rank past the
@@ -874,11 +888,7 @@ static void test_mf(void) {
             for (int k = 0; k < taken_gpu && taken_gpu == STEPS; k++) losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
             // The same batch on the GPU, at an offset of 0 or 7 entries.
             const int at = step % 2 ? 7 : 0;
-            if (n > 0) {
-                device_upload(resident_user + at, user, (size_t)n * sizeof(int), "the batch's users");
-                device_upload(resident_item + at, item, (size_t)n * sizeof(int), "the batch's items");
-                device_upload(resident_rating + at, rating, (size_t)n * sizeof(float), "the batch's ratings");
-            }
+            upload_batch(resident_user, resident_item, resident_rating, at, user, item, rating, n);
             RatingBatch on_gpu = batch;
             on_gpu.gpu_user = resident_user + at, on_gpu.gpu_item = resident_item + at, on_gpu.gpu_rating = resident_rating + at;
             mf_prepare_step(resident, &on_gpu);
