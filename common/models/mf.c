@@ -400,8 +400,7 @@ static void table_lookup(Mf *model, EmbeddingTable *t, const int *index, int n) 
 static const MfStepInputs *step_batch(const Mf *model, const RatingBatch *batch) {
     return batch->gpu_user ? model->gpu_step : NULL;
 }
-static void lookup_gpu(Mf *model, const MfStepInputs *take, const int *user, const int *item, int n, int max_n,
-                       bool training);
+static void lookup_gpu(Mf *model, const MfStepInputs *take, int n, int max_n, bool training);
 #endif
 
 void mf_lookup(Mf *model, const RatingBatch *batch) {
@@ -412,7 +411,7 @@ void mf_lookup(Mf *model, const RatingBatch *batch) {
         // The batch's ids in the step's own buffers (from the host: mf_prepare_step put them
         // there), or where mf_prepare_step's inputs say (the epoch's ratings on the GPU), which the
         // sorts read there: the same pointers every step, as a CUDA graph needs.
-        lookup_gpu(model, step_batch(model, batch), model->gpu_user.data, model->gpu_item.data, batch->n, batch->max_n, true);
+        lookup_gpu(model, step_batch(model, batch), batch->n, batch->max_n, true);
         return;
     }
 #endif
@@ -713,10 +712,10 @@ static bool any_sharded(Mf *model) {
 // A training step's sorts go on the step's branch where no table is sharded: the forward then reads
 // every row in place by its id and needs nothing of them, so it runs beside them (only the
 // backward waits for them: forward_backward_gpu). Along one stream the forward waited for the
-// sorts: 10 and 6 us of a step's 34 on an H200 (ncu). The ids are user and item, or, where `take` is
-// set, where it says (in device memory: step_batch).
-static void lookup_gpu(Mf *model, const MfStepInputs *take, const int *user, const int *item, int n, int max_n,
-                       bool training) {
+// sorts: 10 and 6 us of a step's 34 on an H200 (ncu). The ids are in the step's buffers (gpu_user,
+// gpu_item), or, where `take` is set, where it says (in device memory: step_batch).
+static void lookup_gpu(Mf *model, const MfStepInputs *take, int n, int max_n, bool training) {
+    const int *user = model->gpu_user.data, *item = model->gpu_item.data;
     SortGroups sorts[2] = {sort_of(model->gpu_users, user, take ? &take->user : NULL, n, NULL, model->user_embedding.rows, n, n),
                            sort_of(model->gpu_items, item, take ? &take->item : NULL, n, NULL, model->item_embedding.rows, n, n)};
     if (training && !any_sharded(model)) {
@@ -1080,7 +1079,7 @@ void mf_predict(Mf *model, const int *user, const int *item, int n, float *out) 
             int *device_user = device_buffer_reserve(&model->gpu_user, bytes), *device_item = device_buffer_reserve(&model->gpu_item, bytes);
             device_upload(device_user, user + start, (size_t)m * sizeof(int), "the users to predict for");
             device_upload(device_item, item + start, (size_t)m * sizeof(int), "the items to predict for");
-            lookup_gpu(model, NULL, device_user, device_item, m, max_n, false);
+            lookup_gpu(model, NULL, m, max_n, false);  // (the ids are in the step's buffers: just copied)
             float *forward = device_buffer_reserve(&model->gpu_forward, (4 * (size_t)max_n + 1) * sizeof(float));
             forward_gpu(model, NULL, false, m, forward);
             if (m > 0) device_read_to_host(model->forward, forward, 4 * (size_t)m * sizeof(float), "the predictions");
