@@ -834,6 +834,25 @@ static void upload_batch(int *device_user, int *device_item, float *device_ratin
 #endif
 }
 
+// One training step of step 15's model, in mf.h's order.
+static void mf_train_step(Mf *model, const RatingBatch *batch) {
+    mf_prepare_step(model, batch);
+    mf_lookup(model, batch);
+    mf_forward_backward(model, batch);
+    mf_exchange_gradients(model);
+    mf_adam_step(model);
+    mf_end_step(model);
+}
+
+// A GPU model's losses after `step` of `steps`: none handed over until the last, then every step's,
+// each the CPU's bits. The number of differences.
+static int gpu_losses_differ(Mf *model, int step, int steps, const double *cpu_losses) {
+    const double *losses;
+    int taken = mf_take_losses(model, step == steps - 1, &losses), differ = taken != (step == steps - 1 ? steps : 0);
+    for (int k = 0; k < taken && taken == steps; k++) differ += memcmp(&losses[k], &cpu_losses[k], sizeof(double)) != 0;
+    return differ;
+}
+
 // Step 15's model (mf.c) in each --embeddings mode: the GPU takes the CPU's
 // steps bit for bit (the kernels keep the CPU's order and roundings), from
 // batches that touch rows many times, and one empty slice (a rank past the
@@ -866,41 +885,21 @@ static void test_mf(void) {
                 rating[s] = 0.5f * (float)(1 + (int)(rng_uniform(&batches, 0, 10)) % 10);
             }
             RatingBatch batch = {.user = user, .item = item, .rating = rating, .n = n, .global_n = BATCH, .max_n = BATCH};
-            const double *loss_cpu, *loss_gpu;
-            mf_prepare_step(cpu, &batch);
-            mf_lookup(cpu, &batch);
-            mf_forward_backward(cpu, &batch);
-            mf_exchange_gradients(cpu);
-            mf_adam_step(cpu);
-            mf_end_step(cpu);
+            const double *loss_cpu;
+            mf_train_step(cpu, &batch);
             int taken_cpu = mf_take_losses(cpu, false, &loss_cpu);
             losses_differ += taken_cpu != 1;
             cpu_losses[step] = taken_cpu == 1 ? loss_cpu[0] : NAN;
-            mf_prepare_step(gpu, &batch);  // (the ids from the host: copied to the GPU)
-            mf_lookup(gpu, &batch);
-            mf_forward_backward(gpu, &batch);
-            mf_exchange_gradients(gpu);
-            mf_adam_step(gpu);
-            mf_end_step(gpu);
+            mf_train_step(gpu, &batch);  // (the ids from the host: copied to the GPU)
             // The GPU's stay there until due: the steps' losses in one hand-over, at the last.
-            int taken_gpu = mf_take_losses(gpu, step == STEPS - 1, &loss_gpu);
-            losses_differ += taken_gpu != (step == STEPS - 1 ? STEPS : 0);
-            for (int k = 0; k < taken_gpu && taken_gpu == STEPS; k++) losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
+            losses_differ += gpu_losses_differ(gpu, step, STEPS, cpu_losses);
             // The same batch on the GPU, at an offset of 0 or 7 entries.
             const int at = step % 2 ? 7 : 0;
             upload_batch(resident_user, resident_item, resident_rating, at, user, item, rating, n);
             RatingBatch on_gpu = batch;
             on_gpu.gpu_user = resident_user + at, on_gpu.gpu_item = resident_item + at, on_gpu.gpu_rating = resident_rating + at;
-            mf_prepare_step(resident, &on_gpu);
-            mf_lookup(resident, &on_gpu);
-            mf_forward_backward(resident, &on_gpu);
-            mf_exchange_gradients(resident);
-            mf_adam_step(resident);
-            mf_end_step(resident);
-            int taken_resident = mf_take_losses(resident, step == STEPS - 1, &loss_gpu);
-            losses_differ += taken_resident != (step == STEPS - 1 ? STEPS : 0);
-            for (int k = 0; k < taken_resident && taken_resident == STEPS; k++)
-                losses_differ += memcmp(&loss_gpu[k], &cpu_losses[k], sizeof(double)) != 0;
+            mf_train_step(resident, &on_gpu);
+            losses_differ += gpu_losses_differ(resident, step, STEPS, cpu_losses);
         }
         mf_predict(cpu, user, item, n, predicted_cpu);
         mf_predict(gpu, user, item, n, predicted_gpu);
