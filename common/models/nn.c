@@ -64,6 +64,11 @@ Mlp mlp_new(const int *sizes, int n_sizes, int max_batch, Rng *rng, Device devic
         linear_init(layer, sizes[i], sizes[i + 1], rng, device);
         model.outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
         model.grad_outputs[i] = tensor_zeros(max_batch, sizes[i + 1], device);
+        // --dtype bfloat16 on a GPU: each product's operands kept rounded by what writes them (the
+        // weights before a pass, a hidden layer's output, each output gradient), no rounding launch.
+        tensor_keep_bfloat16(&layer->weight);
+        if (i + 1 < model.n_layers) tensor_keep_bfloat16(&model.outputs[i]);
+        tensor_keep_bfloat16(&model.grad_outputs[i]);
         Param *pair = &model.params[2 * i];  // its weight and bias
         pair[0] = (Param){.value = &layer->weight, .grad = &layer->grad_weight};
         pair[1] = (Param){.value = &layer->bias, .grad = &layer->grad_bias};
@@ -117,9 +122,25 @@ void mlp_free(Mlp *model) {
     *model = (Mlp){0};
 }
 
+// The weights as the forward's and the backward's products read them: with --dtype bfloat16 on a
+// GPU, rounded once a pass (two a launch) and kept until the backward is done (the weights do not
+// change in between), where each product would round its weight itself.
+static void round_weights(Mlp *model) {
+    if (matmul_dtype() != MATMUL_BFLOAT16) return;
+    Tensor **weights = xmalloc((size_t)model->n_layers * sizeof(Tensor *));
+    for (int i = 0; i < model->n_layers; i++) weights[i] = &model->layers[i].weight;
+    tensors_round_bfloat16(weights, model->n_layers);
+    free(weights);
+}
+
+static void forget_rounded_weights(Mlp *model) {
+    for (int i = 0; i < model->n_layers; i++) tensor_drop_bfloat16(&model->layers[i].weight);
+}
+
 const Tensor *mlp_forward(Mlp *model, const Tensor *x) {
     CHECK(x->rows <= model->max_batch, "batch of %d rows, model built for %d", x->rows, model->max_batch);
     profile_push("forward");
+    round_weights(model);
     const Tensor *input = x;
     for (int i = 0; i < model->n_layers; i++) {
         model->outputs[i].rows = x->rows;  // this batch's rows of the buffer
@@ -182,6 +203,7 @@ void mlp_backward(Mlp *model, const Tensor *x, GradReadyHook hook, void *context
         if (grad_x) relu_backward(input, grad_x);
         grad_y = grad_x;
     }
+    forget_rounded_weights(model);  // the optimizer writes them next
     profile_pop();
 }
 
@@ -226,6 +248,12 @@ void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int ma
                                       state_floats * weights * sizeof(float));
     memory_need_add(need, "activations", activations * sizeof(float));
     matmul_add_memory_need(need, mlp_largest_operand(sizes, 0, n_sizes - 1, max_batch));  // --dtype bfloat16's copies
+    if (matmul_dtype() == MATMUL_BFLOAT16) {  // the copies kept (mlp_new): weights, hidden outputs, output gradients
+        double kept = 0;
+        for (int i = 0; i + 1 < n_sizes; i++)
+            kept += (double)sizes[i] * sizes[i + 1] + (double)max_batch * sizes[i + 1] * (i + 2 < n_sizes ? 2 : 1);
+        memory_need_add(need, "bfloat16 copies", kept * sizeof(uint16_t));
+    }
 }
 
 double mlp_largest_operand(const int *sizes, int first_layer, int end_layer, int rows) {

@@ -53,6 +53,10 @@ typedef struct {
     Linear *layers;
     Tensor *outputs;       // [n_layers] of [max_batch, out_i]: kept for backward
     Tensor *grad_outputs;  // [n_layers] of [max_batch, out_i]
+    // With --dtype bfloat16 on a GPU (matmul_set_dtype before mlp_new), the products' operands
+    // are kept rounded (tensor.h's bfloat16_room) by what writes them: the weights, rounded in
+    // one launch as a forward begins and kept until its backward ends; the hidden outputs (bias
+    // + ReLU); the output gradients (the loss, ReLU's backward). No product rounds its own.
     int max_batch;
     int n_params;
     Param *params;         // fc.0.weight, fc.0.bias, fc.2.weight, ... (model.parameters() order)
@@ -102,7 +106,8 @@ size_t mlp_num_weights(const Mlp *model);
 // What mlp_new(sizes, n_sizes, max_batch) and its training will hold, added to
 // `need` (memory_budget.h) before anything is allocated: the parameters, their
 // gradients, `state_floats` floats of optimizer state per weight (Adam's 2,
-// SGD's 0), and every layer's output and its gradient for max_batch rows.
+// SGD's 0), and every layer's output and its gradient for max_batch rows (and,
+// with --dtype bfloat16, the rounded copies mlp_new keeps of them).
 void mlp_add_memory_need(MemoryNeed *need, const int *sizes, int n_sizes, int max_batch, int state_floats);
 // The largest matrix a product of Linear layers first_layer .. end_layer - 1 (layer l: sizes[l] ->
 // sizes[l + 1]) reads for `rows` rows: an input, an output's gradient or a weight (whole: a bound

@@ -98,16 +98,22 @@ __global__ void divide_kernel(float *dst, const float *src, Index n, float divis
 }
 
 template <typename Index>
-__global__ void bias_relu_kernel(float *y, const float *bias, Index n, int cols, int relu) {
+__global__ void bias_relu_kernel(float *y, const float *bias, Index n, int cols, int relu, uint16_t *rounded) {
     FOR_EACH_INDEX(Index, i, n) {
         float v = y[i] + bias[i % cols];
-        y[i] = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
+        v = relu ? (v <= 0.0f ? 0.0f : v) : v;  // a NaN passes, as torch.relu's (tensor_ops.c)
+        y[i] = v;
+        if (rounded) rounded[i] = bfloat16_bits(v);
     }
 }
 
 template <typename Index>
-__global__ void relu_backward_kernel(const float *y, float *grad, Index n) {
-    FOR_EACH_INDEX(Index, i, n) grad[i] = y[i] > 0.0f ? grad[i] : 0.0f;
+__global__ void relu_backward_kernel(const float *y, float *grad, Index n, uint16_t *rounded) {
+    FOR_EACH_INDEX(Index, i, n) {
+        float g = y[i] > 0.0f ? grad[i] : 0.0f;
+        grad[i] = g;
+        if (rounded) rounded[i] = bfloat16_bits(g);
+    }
 }
 
 template <typename Index>
@@ -252,7 +258,7 @@ __global__ void sum_in_order_kernel(const double *x, int n, double *total) {
 // ------------------------------------------------------------------ a thread per row
 
 __global__ void cross_entropy_kernel(const float *logits, const int *labels, int rows, int cols, float *grad,
-                                     float *row_loss) {
+                                     uint16_t *grad_rounded, float *row_loss) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float *z = logits + (size_t)r * cols;
@@ -262,9 +268,13 @@ __global__ void cross_entropy_kernel(const float *logits, const int *labels, int
     float sum = 0.0f;
     for (int c = 0; c < cols; c++) sum += expf(z[c] - max);
     float inv_batch = 1.0f / (float)rows;
-    for (int c = 0; c < cols; c++) g[c] = (expf(z[c] - max) / sum) * inv_batch;
     int label = labels[r];
-    g[label] -= inv_batch;
+    for (int c = 0; c < cols; c++) {  // softmax / B, less 1 / B at the label: two roundings (no fused multiply-add)
+        float v = __fmul_rn(expf(z[c] - max) / sum, inv_batch);
+        if (c == label) v = __fsub_rn(v, inv_batch);
+        g[c] = v;
+        if (grad_rounded) grad_rounded[(size_t)r * cols + c] = bfloat16_bits(v);
+    }
     row_loss[r] = logf(sum) - (z[label] - max);  // log_softmax's order, as in tensor_ops.c
 }
 
@@ -518,30 +528,30 @@ void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStrea
     CHECK_LAUNCH("divide_kernel");
 }
 
-void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream) {
+void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, uint16_t *rounded, cudaStream_t stream) {
     size_t n = (size_t)rows * cols;
     if (n == 0) return;
     if (index_fits_32_bits(n))
-        bias_relu_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, (uint32_t)n, cols, relu);
+        bias_relu_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, (uint32_t)n, cols, relu, rounded);
     else
-        bias_relu_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu);
+        bias_relu_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, bias, n, cols, relu, rounded);
     CHECK_LAUNCH("bias_relu_kernel");
 }
 
-void gpu_relu_backward(const float *y, float *grad, size_t n, cudaStream_t stream) {
+void gpu_relu_backward(const float *y, float *grad, size_t n, uint16_t *rounded, cudaStream_t stream) {
     if (n == 0) return;
     if (index_fits_32_bits(n))
-        relu_backward_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, (uint32_t)n);
+        relu_backward_kernel<uint32_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, (uint32_t)n, rounded);
     else
-        relu_backward_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, n);
+        relu_backward_kernel<size_t><<<blocks_for(n), THREADS, 0, stream>>>(y, grad, n, rounded);
     CHECK_LAUNCH("relu_backward_kernel");
 }
 
-void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, float *row_loss,
-                       cudaStream_t stream) {
+void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, uint16_t *grad_rounded,
+                       float *row_loss, cudaStream_t stream) {
     if (rows == 0) return;
     cross_entropy_kernel<<<(rows + THREADS - 1) / THREADS, THREADS, 0, stream>>>(logits, labels, rows, cols, grad,
-                                                                                  row_loss);
+                                                                                  grad_rounded, row_loss);
     CHECK_LAUNCH("cross_entropy_kernel");
 }
 

@@ -33,16 +33,19 @@ void gpu_scale(float *x, size_t n, float factor, cudaStream_t stream);          
 void gpu_divide(float *dst, const float *src, size_t n, float divisor, cudaStream_t stream);  // dst = src / divisor
 
 // y[r, c] += bias[c], then y = max(y, 0) when relu: Linear's bias and the
-// ReLU after it in one pass over y [rows, cols].
-void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, cudaStream_t stream);
-// grad *= (y > 0), where y is the ReLU's output.
-void gpu_relu_backward(const float *y, float *grad, size_t n, cudaStream_t stream);
+// ReLU after it in one pass over y [rows, cols]; where `rounded` is set, y's
+// values rounded to bfloat16 there too (gpu_round_to_bfloat16's bits).
+void gpu_bias_relu(float *y, const float *bias, int rows, int cols, int relu, uint16_t *rounded, cudaStream_t stream);
+// grad *= (y > 0), where y is the ReLU's output; grad's rounded values into
+// `rounded` where it is set.
+void gpu_relu_backward(const float *y, float *grad, size_t n, uint16_t *rounded, cudaStream_t stream);
 
 // Softmax cross-entropy, forward and backward in one kernel, a thread per row:
 // row_loss[r] = logsumexp(logits[r]) - logits[r, label], and
-// grad[r] = (softmax(logits[r]) - onehot(label)) / rows.
-void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, float *row_loss,
-                       cudaStream_t stream);
+// grad[r] = (softmax(logits[r]) - onehot(label)) / rows, and rounded to
+// bfloat16 into `grad_rounded` where it is set.
+void gpu_cross_entropy(const float *logits, const int *labels, int rows, int cols, float *grad, uint16_t *grad_rounded,
+                       float *row_loss, cudaStream_t stream);
 // MSE's per-element terms: diff = output - target, grad = 2 diff / n.
 void gpu_mse(const float *output, const float *target, size_t n, float *grad, float *diff, cudaStream_t stream);
 // *result = sum of x[i] (or of x[i]^2), accumulated in double by one block in

@@ -35,8 +35,12 @@ Tensor tensor_zeros(int rows, int cols, Device device) {
 }
 
 void tensor_free(Tensor *t) {
-    if (tensor_on_gpu(t)) device_free(t->data);
-    else free(t->data);
+    if (tensor_on_gpu(t)) {
+        device_free(t->data);
+        if (t->bfloat16_room) device_free(t->bfloat16_room);
+    } else {
+        free(t->data);
+    }
     *t = (Tensor){0};
 }
 
@@ -52,10 +56,12 @@ Tensor tensor_row_range(const Tensor *t, int first, int rows) {
           first + rows, t->rows, t->cols);
     size_t at = (size_t)first * (size_t)t->cols;
     return (Tensor){.data = t->data + at, .rows = rows, .cols = t->cols, .device = t->device,
-                    .bfloat16_copy = t->bfloat16_copy ? t->bfloat16_copy + at : NULL};
+                    .bfloat16_copy = t->bfloat16_copy ? t->bfloat16_copy + at : NULL,
+                    .bfloat16_room = t->bfloat16_room ? t->bfloat16_room + at : NULL};
 }
 
 void tensor_fill(Tensor *t, float value) {
+    tensor_drop_bfloat16(t);
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA
         if (value == 0.0f) CHECK_CUDA(cudaMemsetAsync(t->data, 0, tensor_numel(t) * sizeof(float), device_stream()));
@@ -97,6 +103,7 @@ static void fill_on_gpu(Tensor *const *tensors, int n, float value) {
 #endif
 
 void tensors_fill(Tensor *const *tensors, int n, float value) {
+    for (int i = 0; i < n; i++) tensor_drop_bfloat16(tensors[i]);
     if (n > 0 && tensor_on_gpu(tensors[0])) {
         for (int i = 1; i < n; i++) CHECK(tensor_on_gpu(tensors[i]), "tensors_fill: tensor %d of %d is not on the GPU", i, n);
 #if HAVE_CUDA
@@ -111,6 +118,7 @@ void tensor_copy(Tensor *dst, const Tensor *src) {
     CHECK(dst->rows == src->rows && dst->cols == src->cols, "copy [%d, %d] into [%d, %d]",
           src->rows, src->cols, dst->rows, dst->cols);
     size_t bytes = tensor_numel(src) * sizeof(float);
+    tensor_drop_bfloat16(dst);
     if (tensor_on_gpu(dst) || tensor_on_gpu(src)) {
 #if HAVE_CUDA
         if (!tensor_on_gpu(dst)) {  // polled, before and after: see device_read_to_host
@@ -138,6 +146,7 @@ void tensor_from_host(Tensor *t, const float *host) {
 }
 
 CPU_DISPATCHED void tensor_divide(Tensor *t, float divisor) {
+    tensor_drop_bfloat16(t);
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA
         gpu_divide(t->data, t->data, tensor_numel(t), divisor, device_stream());
@@ -150,6 +159,7 @@ CPU_DISPATCHED void tensor_divide(Tensor *t, float divisor) {
 }
 
 CPU_DISPATCHED void tensor_scale(Tensor *t, float factor) {
+    tensor_drop_bfloat16(t);
     if (tensor_on_gpu(t)) {
 #if HAVE_CUDA
         gpu_scale(t->data, tensor_numel(t), factor, device_stream());
@@ -383,6 +393,35 @@ static void gpu_bfloat16_gemm(bool transpose_a, bool transpose_b, int m, int n, 
 }
 #endif
 
+void tensor_keep_bfloat16(Tensor *t) {
+    if (!tensor_on_gpu(t) || g_matmul_dtype != MATMUL_BFLOAT16 || t->bfloat16_room) return;
+#if HAVE_CUDA
+    t->bfloat16_room = device_alloc(tensor_numel(t) * sizeof(uint16_t));
+#endif
+}
+
+void tensors_round_bfloat16(Tensor *const *tensors, int n) {
+#if HAVE_CUDA
+    if (g_matmul_dtype != MATMUL_BFLOAT16) return;
+    Tensor *first = NULL;  // one waiting for a second: a launch rounds two
+    for (int i = 0; i < n; i++) {
+        Tensor *t = tensors[i];
+        if (!t->bfloat16_room || !tensor_on_gpu(t)) continue;
+        t->bfloat16_copy = t->bfloat16_room;
+        if (!first) {
+            first = t;
+            continue;
+        }
+        gpu_round_two_to_bfloat16(first->data, tensor_numel(first), first->bfloat16_room, t->data, tensor_numel(t),
+                                  t->bfloat16_room, device_stream());
+        first = NULL;
+    }
+    if (first) gpu_round_to_bfloat16(first->data, tensor_numel(first), first->bfloat16_room, device_stream());
+#else
+    (void)tensors, (void)n;
+#endif
+}
+
 void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, const Tensor *b,
           float beta, Tensor *c) {
     int m = transpose_a ? a->cols : a->rows;  // op(A) is [m, k]
@@ -394,6 +433,7 @@ void gemm(bool transpose_a, bool transpose_b, float alpha, const Tensor *a, cons
     CHECK(a->device == c->device && b->device == c->device, "gemm: operands on different devices");
     CHECK(!g_held.data || ((is_held(a) || is_held(b)) && c->data != g_held.data),
           "gemm: a product between gemm_hold_rounded and its release must read the held operand, and not write it");
+    tensor_drop_bfloat16(c);
     if (m == 0 || n == 0) return;
     if (tensor_on_gpu(c)) {
 #if HAVE_CUDA

@@ -21,10 +21,14 @@ typedef struct {
     // On a GPU, where its writer keeps data's values rounded to bfloat16 (round_to_bfloat16's bits)
     // in the same order, or NULL (most tensors): a bfloat16 gemm reads A or B there, where it would
     // round it once more at each product. mnist_batch's batch has one with --dtype bfloat16, written
-    // in the pass that gathers it, valid until the split's next batch. A view from the first value
-    // (tensor_rows, tensor_view) keeps it; a view at an offset is built anew ({.data = ...}), without
-    // it; a writer that does not keep it up must clear it.
+    // in the pass that gathers it, valid until the split's next batch; so do a model's tensors that
+    // keep one (bfloat16_room). A view (tensor_rows, tensor_row_range) keeps it; a writer that does
+    // not keep it up clears it (gemm's C, tensor_fill, tensor_copy, tensor_scale, ...).
     const uint16_t *bfloat16_copy;
+    // Where the copy is kept, for a tensor given room by tensor_keep_bfloat16 (NULL: none). The
+    // writers that keep the copy there as they write the tensor: add_column_bias (a layer's output),
+    // relu_backward and softmax_cross_entropy_to (gradients), tensors_round_bfloat16 (weights).
+    uint16_t *bfloat16_room;
 } Tensor;
 
 Tensor tensor_zeros(int rows, int cols, Device device);
@@ -39,6 +43,16 @@ Tensor tensor_rows(const Tensor *t, int rows);
 // Rows [first, first + rows) of t, sharing its storage, its bfloat16 copy too (a micro-batch, an
 // evaluation's chunk).
 Tensor tensor_row_range(const Tensor *t, int first, int rows);
+
+// With bfloat16 matmuls on a GPU (matmul_set_dtype first), room for t's rounded copy
+// (bfloat16_room), which its writers then keep (--dtype bfloat16: a product reads the operand its
+// producer rounded as it wrote it, no launch of its own); otherwise nothing. tensor_free frees it.
+void tensor_keep_bfloat16(Tensor *t);
+// Each of tensors[0 .. n) that has room rounded into it, and its copy set (a model's weights
+// before the products of a pass: two in a launch); the others untouched.
+void tensors_round_bfloat16(Tensor *const *tensors, int n);
+// t's copy forgotten (its values are about to change, or may have).
+static inline void tensor_drop_bfloat16(Tensor *t) { t->bfloat16_copy = NULL; }
 
 void tensor_fill(Tensor *t, float value);
 // tensor_fill of each of tensors[0 .. n), all on one device: on a GPU in one launch (a model's

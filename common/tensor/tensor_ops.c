@@ -16,15 +16,25 @@
 
 // ------------------------------------------------------------------ the MLP's operations
 
+// Where a writer of t that can keep its rounded copy (tensor.h) writes it: t's room, if it has one,
+// with bfloat16 matmuls; NULL otherwise. t's copy is then that (valid once the writer is queued).
+static uint16_t *kept_copy(Tensor *t) {
+    uint16_t *room = matmul_dtype() == MATMUL_BFLOAT16 ? t->bfloat16_room : NULL;
+    t->bfloat16_copy = room;
+    return room;
+}
+
 CPU_DISPATCHED void add_column_bias(Tensor *y, const Tensor *bias, bool relu) {
     CHECK(bias->rows == 1 && bias->cols == y->cols && bias->device == y->device, "column bias [%d, %d] for [%d, %d]",
           bias->rows, bias->cols, y->rows, y->cols);
+    uint16_t *rounded = kept_copy(y);
     if (tensor_on_gpu(y)) {
 #if HAVE_CUDA
-        gpu_bias_relu(y->data, bias->data, y->rows, y->cols, relu, device_stream());
+        gpu_bias_relu(y->data, bias->data, y->rows, y->cols, relu, rounded, device_stream());
 #endif
         return;
     }
+    (void)rounded;  // (a CPU tensor has no room: tensor_keep_bfloat16)
     const float *b = bias->data;
 #pragma omp parallel for
     for (int r = 0; r < y->rows; r++) {
@@ -48,12 +58,14 @@ CPU_DISPATCHED void relu_forward(Tensor *x) {
 CPU_DISPATCHED void relu_backward(const Tensor *y, Tensor *grad) {
     CHECK(tensor_numel(y) == tensor_numel(grad) && y->device == grad->device, "relu_backward: y [%d, %d], grad [%d, %d]",
           y->rows, y->cols, grad->rows, grad->cols);
+    uint16_t *rounded = kept_copy(grad);
     if (tensor_on_gpu(grad)) {
 #if HAVE_CUDA
-        gpu_relu_backward(y->data, grad->data, tensor_numel(grad), device_stream());
+        gpu_relu_backward(y->data, grad->data, tensor_numel(grad), rounded, device_stream());
 #endif
         return;
     }
+    (void)rounded;
     const float *out = y->data;
     float *g = grad->data;
     size_t n = tensor_numel(grad);
@@ -101,6 +113,7 @@ CPU_DISPATCHED float softmax_cross_entropy(const Tensor *logits, const int *labe
     const int rows = logits->rows, classes = logits->cols;
     for (int r = 0; r < rows; r++)
         CHECK(labels[r] >= 0 && labels[r] < classes, "label %d of row %d: not a class of %d", labels[r], r, classes);
+    tensor_drop_bfloat16(grad_logits);
     if (tensor_on_gpu(logits)) {
         double total = 0.0;
 #if HAVE_CUDA
@@ -108,7 +121,7 @@ CPU_DISPATCHED float softmax_cross_entropy(const Tensor *logits, const int *labe
         int *device_labels = scratch_indices((size_t)rows);
         float *row_loss = scratch_terms((size_t)rows);
         CHECK_CUDA(cudaMemcpyAsync(device_labels, labels, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, stream));
-        gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, row_loss, stream);
+        gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, NULL, row_loss, stream);
         gpu_sum(row_loss, (size_t)rows, 0, g_sum, stream);
         total = read_sum();
 #endif
@@ -160,7 +173,8 @@ void softmax_cross_entropy_to(const Tensor *logits, const int *labels, const int
         device_upload(uploaded, labels, (size_t)rows * sizeof(int), "a batch's labels");
         device_labels = uploaded;
     }
-    gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, row_loss, stream);
+    gpu_cross_entropy(logits->data, device_labels, rows, classes, grad_logits->data, kept_copy(grad_logits), row_loss,
+                      stream);
     gpu_loss_to_slot(row_loss, rows, slot.weight, slot.accumulate, slot.value, stream);
 #else
     (void)labels, (void)device_labels, (void)grad_logits, (void)slot;
@@ -175,6 +189,7 @@ CPU_DISPATCHED float mse_loss(const Tensor *output, const Tensor *target, Tensor
           "mse: output [%d, %d], gradient [%d, %d]", output->rows, output->cols, grad->rows, grad->cols);
     size_t n = tensor_numel(output);
     double total = 0.0;
+    tensor_drop_bfloat16(grad);
     if (tensor_on_gpu(output)) {
 #if HAVE_CUDA
         float *diff = scratch_terms(n);

@@ -357,6 +357,91 @@ static void test_mlp_cross_entropy_adam(void) {
     tensor_free(&x), tensor_free(&gx);
 }
 
+// Each parameter's gradient (grads) or value of a GPU model against another's, bit for bit: how many
+// values differ.
+static size_t params_bits_differ(const Param *a, const Param *b, int n_params, bool grads) {
+    size_t differ = 0;
+    for (int i = 0; i < n_params; i++) {
+        Tensor host = on_cpu(grads ? b[i].grad : b[i].value);
+        differ += bits_differ(grads ? a[i].grad : a[i].value, &host);
+        tensor_free(&host);
+    }
+    return differ;
+}
+
+// --dtype bfloat16 on the GPU: an MLP made under bfloat16 matmuls keeps its products' operands
+// rounded by what writes them (its weights once a pass, the hidden outputs, the output gradients:
+// nn.h), where one made under float32 has each product round its own. Both take the same steps bit
+// for bit: the losses, gradients and weights of Adam steps; a step of two micro-batches, whose
+// loss gradient mlp_scale_loss rescales after the loss kept its copy (which must be dropped); a
+// loss read back (mlp_loss); the accuracy's forwards between steps.
+static void test_mlp_kept_bfloat16(void) {
+    enum { BATCH = 48, STEPS = 4, N_SIZES = 4 };
+    const int sizes[N_SIZES] = {40, 24, 16, MNIST_CLASSES};
+    Rng rng;
+    rng_seed(&rng, 11);
+    Mlp plain = mlp_new(sizes, N_SIZES, BATCH, &rng, DEVICE_CUDA);  // made under float32: no room for copies
+    matmul_set_dtype(MATMUL_BFLOAT16);
+    rng_seed(&rng, 11);
+    Mlp kept = mlp_new(sizes, N_SIZES, BATCH, &rng, DEVICE_CUDA);
+    int rooms = 0;
+    for (int i = 0; i < kept.n_layers; i++)
+        rooms += !!kept.layers[i].weight.bfloat16_room + !!kept.grad_outputs[i].bfloat16_room + !!kept.outputs[i].bfloat16_room;
+    Tensor x = tensor_zeros(BATCH, sizes[0], DEVICE_CPU);
+    fill_uniform(&x, -1, 1);
+    Tensor gx = on_gpu(&x), slots = tensor_zeros(2, STEPS, DEVICE_CUDA);
+    int labels[BATCH];
+    for (int r = 0; r < BATCH; r++) labels[r] = (int)rng_uniform(&data_rng, 0, 10) % 10;
+    Mlp *models[2] = {&plain, &kept};
+    Adam adams[2] = {adam_new(plain.params, plain.n_params, 1e-2), adam_new(kept.params, kept.n_params, 1e-2)};
+    size_t grads_differ = 0, weights_differ = 0;
+    int losses_differ = 0, accuracy_differs = 0, copies_wrong = 0;
+    for (int step = 0; step < STEPS; step++) {
+        float read_back[2] = {0, 0};
+        for (int m = 0; m < 2; m++) {
+            Mlp *model = models[m];
+            LossSlot slot = {.value = slots.data + m * STEPS + step, .weight = 1.0f};
+            mlp_zero_grad(model);
+            if (step == 1) {  // two micro-batches, each loss's gradient halved after the loss kept it
+                for (int half = 0; half < 2; half++) {
+                    Tensor part = tensor_row_range(&gx, half * BATCH / 2, BATCH / 2);
+                    mlp_forward(model, &part);
+                    mlp_loss_to(model, labels + half * BATCH / 2, NULL, (LossSlot){slot.value, 0.5f, half == 1});
+                    mlp_scale_loss(model, 0.5f);
+                    mlp_backward(model, &part, NULL, NULL);
+                }
+            } else {
+                mlp_forward(model, &gx);
+                if (m == 1)  // the hidden outputs kept, the weights' copies held for the backward
+                    copies_wrong += kept.outputs[0].bfloat16_copy != kept.outputs[0].bfloat16_room ||
+                                    kept.layers[2].weight.bfloat16_copy != kept.layers[2].weight.bfloat16_room;
+                if (step == 2) read_back[m] = mlp_loss(model, labels);
+                else mlp_loss_to(model, labels, NULL, slot);
+                mlp_backward(model, &gx, NULL, NULL);
+                if (m == 1) copies_wrong += kept.layers[0].weight.bfloat16_copy != NULL;  // forgotten: Adam writes next
+            }
+        }
+        losses_differ += memcmp(&read_back[0], &read_back[1], sizeof(float)) != 0;
+        grads_differ += params_bits_differ(plain.params, kept.params, plain.n_params, true);
+        adam_step(&adams[0]), adam_step(&adams[1]);
+        weights_differ += params_bits_differ(plain.params, kept.params, plain.n_params, false);
+        accuracy_differs += mlp_accuracy(&plain, &gx, labels) != mlp_accuracy(&kept, &gx, labels);
+    }
+    Tensor host_slots = on_cpu(&slots);
+    for (int step = 0; step < STEPS; step++) losses_differ += memcmp(&host_slots.data[step], &host_slots.data[STEPS + step], sizeof(float)) != 0;
+    matmul_set_dtype(MATMUL_FLOAT32);
+    EXPECT(rooms == 3 * kept.n_layers - 1 && copies_wrong == 0 && losses_differ == 0 && grads_differ == 0 &&
+               weights_differ == 0 && accuracy_differs == 0,
+           "an MLP %d-%d-%d-%d with bfloat16 matmuls on the GPU, its operands kept rounded by their writers (%d rooms "
+           "of %d; %d copies not as nn.h says), against one whose products round their own, %d Adam steps (one of two "
+           "micro-batches, one loss read back): %d losses, %zu gradients, %zu weights and %d accuracies differ",
+           sizes[0], sizes[1], sizes[2], sizes[3], rooms, 3 * kept.n_layers - 1, copies_wrong, STEPS, losses_differ,
+           grads_differ, weights_differ, accuracy_differs);
+    adam_free(&adams[0]), adam_free(&adams[1]);
+    mlp_free(&plain), mlp_free(&kept);
+    tensor_free(&x), tensor_free(&gx), tensor_free(&slots), tensor_free(&host_slots);
+}
+
 // adam_step_decayed on a GPU updates every tensor in one launch (blocks of 2,048 values, a block
 // finding its tensor): each value's bits those of a launch per tensor, tensor_scale then
 // adam_update, on the GPU, with the coefficients the step used (read back). Sizes below, at and
@@ -1406,6 +1491,7 @@ int main(int argc, char **argv) {
     test_device_buffer();
     test_gemm();
     test_mlp_cross_entropy_adam();
+    test_mlp_kept_bfloat16();
     test_adam_one_launch();
     test_tensors_fill();
 #if HAVE_CUDA
