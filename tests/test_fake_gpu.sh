@@ -62,6 +62,23 @@ done
 status=$?
 expect "fake GPU x2: an NCCL allreduce launched from a graph on one rank and eagerly on the other stops the run (exit $status): $(grep -o -m1 'an NCCL collective launched from a CUDA graph on some ranks and eagerly on others' "$tmp/mismatch")" \
     eval '[ $status -ne 0 ] && grep -q "fake GPU: an NCCL collective launched from a CUDA graph on some ranks and eagerly on others" "$tmp/mismatch"'
+# A CUDA graph that the driver refuses (FAKE_GPU_REFUSE_GRAPHS=1: as a real GPU's would, were an NCCL that
+# cannot be captured in the step) stops the run in one line a rank, naming the failed call and the way
+# round it; with --cuda_graph off the same run trains. Step 2 alone, and step 15 on 2 simulated GPUs
+# (its exchanges' NCCL collectives inside the capture).
+refused_graph() {  # NAME RANKS COMMAND...
+    local name=$1 np=$2 status lines; shift 2
+    (cd "$src" && FAKE_GPU_COUNT=$np FAKE_GPU_REFUSE_GRAPHS=1 RUN_TIMEOUT=120 mpi "$np" -x FAKE_GPU_COUNT -x FAKE_GPU_REFUSE_GRAPHS "$@") > "$tmp/refused" 2>&1
+    status=$?
+    lines=$(grep -c '^\[rank [0-9]* @ .*cudaStreamEndCapture.*failed: .*(while a training step was captured into a CUDA graph; --cuda_graph off launches each kernel by itself)$' "$tmp/refused")
+    expect "fake GPU x$np: $name with its CUDA graph refused: exit $status (want 1), $lines line(s) naming cudaStreamEndCapture and --cuda_graph off: $(grep -m1 '^\[rank [0-9]* @' "$tmp/refused" | cut -c1-160)" \
+        eval '[ $status -eq 1 ] && [ "$lines" -ge 1 ]'
+    (cd "$src" && FAKE_GPU_COUNT=$np FAKE_GPU_REFUSE_GRAPHS=1 RUN_TIMEOUT=120 mpi "$np" -x FAKE_GPU_COUNT -x FAKE_GPU_REFUSE_GRAPHS "$@" --cuda_graph off) > "$tmp/refused" 2>&1
+    status=$?
+    expect "fake GPU x$np: $name with --cuda_graph off where graphs are refused: trains (exit $status)" eval '[ $status -eq 0 ]'
+}
+refused_graph "step 2" 1 day1/2_mnist_training --data "$DATA" --batch_size 2000 --epochs 1 --plot '' --device cuda
+refused_graph "step 15" 2 day3/15_recommender_ddp --data data/movielens --epochs 1 --plot '' --device cuda
 # Every GPU operation against the CPU code (tests/unit/test_gpu.c).
 relabelled test_gpu "fake GPU" build/tests/test_gpu
 # A pipeline stage's timer on the GPU's clock: more steps than its ring of events (tests/unit/test_stage_timer.c).

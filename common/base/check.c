@@ -17,6 +17,9 @@ static int mpi_is_running(void) {
 static void (*g_fatal_hook)(void);
 void check_set_fatal_hook(void (*hook)(void)) { g_fatal_hook = hook; }
 
+static const char *g_context;
+void check_set_context(const char *context) { g_context = context; }
+
 void fatal_at(const char *file, int line, int code, const char *fmt, ...) {
     int rank = 0, world = 1;
     if (mpi_is_running()) {
@@ -34,6 +37,7 @@ void fatal_at(const char *file, int line, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     if (len >= 0 && len < (int)sizeof msg) len += vsnprintf(msg + len, sizeof msg - len, fmt, ap);
     va_end(ap);
+    if (g_context && len >= 0 && len < (int)sizeof msg) len += snprintf(msg + len, sizeof msg - len, " (%s)", g_context);
     if (len < 0 || len >= (int)sizeof msg - 1) len = (int)sizeof msg - 2;
     msg[len] = '\n';
     fflush(stdout);

@@ -331,6 +331,9 @@ void device_graph_begin(void) {
     // Thread-local: only this thread's calls could spoil the capture (step 11's readers may wait meanwhile).
     CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
     g_capturing = true;
+    // Should a call fail from here to the instantiated graph (an NCCL that cannot be captured, a
+    // driver that refuses the graph), the line says so, and what runs without it.
+    check_set_context("while a training step was captured into a CUDA graph; --cuda_graph off launches each kernel by itself");
 }
 
 bool device_graph_capturing(void) { return g_capturing; }
@@ -340,10 +343,15 @@ DeviceGraph *device_graph_end(void) {
     g_capturing = false;
     CHECK_CUDA(cudaStreamEndCapture(g_stream, &graph->graph));
     CHECK_CUDA(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
+    check_set_context(NULL);
     return graph;
 }
 
-void device_graph_launch(const DeviceGraph *graph) { CHECK_CUDA(cudaGraphLaunch(graph->exec, g_stream)); }
+void device_graph_launch(const DeviceGraph *graph) {
+    cudaError_t status = cudaGraphLaunch(graph->exec, g_stream);
+    CHECK(status == cudaSuccess, "cudaGraphLaunch failed: %s (a training step replayed from its CUDA graph; "
+          "--cuda_graph off launches each kernel by itself)", cudaGetErrorString(status));
+}
 
 void device_graph_free(DeviceGraph *graph) {
     if (!graph) return;

@@ -46,6 +46,9 @@
 // has yet to send (NCCL reads when posted), or another host thread reading
 // device memory while a window is open. compute-sanitizer on a GPU does.
 //
+// FAKE_GPU_REFUSE_GRAPHS=1: every cudaStreamEndCapture fails (cudaErrorStreamCaptureInvalidated), to
+// test what a program says where a real GPU's driver or NCCL refuses its CUDA graph.
+//
 // FAKE_GPU_COUNTS=FILE: each process counts what its main thread asks of the
 // GPU, per training step (between two device_mark_step() calls: the optimizer
 // marks the end of each step, common/runtime/device.h), and writes the counts
@@ -622,6 +625,7 @@ const char *cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     default: return "fake GPU: an error it does not name";
     }
 }
@@ -948,6 +952,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
     }
     g->members.clear();
     open_captures.erase(g->id);
+    // FAKE_GPU_REFUSE_GRAPHS=1: the capture ends refused, as CUDA ends one that held an operation it
+    // could not capture (an NCCL too old for graphs, say): what the program says then.
+    const char *refuse = getenv("FAKE_GPU_REFUSE_GRAPHS");
+    if (refuse && strcmp(refuse, "1") == 0) {
+        *graph = nullptr;
+        return last_error = cudaErrorStreamCaptureInvalidated;
+    }
     *graph = g;
     return cudaSuccess;
 }
