@@ -1,7 +1,8 @@
 // mlp_ops_bench: where a training step of step 2 spends its time, phase by phase, on the CPU or a
-// GPU (issue 40's steady step): the batch's gather, each phase of the step, the three GEMMs alone
+// GPU (issue 40's steady step): what the first step pays once (the split's upload, cuBLAS's first
+// call, each phase's first run), the batch's gather, each phase of the step, the three GEMMs alone
 // (with their FLOP rate), and the whole step eager and, on a GPU, replayed from a CUDA graph.
-//   mlp_ops_bench [cpu|cuda] [MNIST_DIR] [BATCH]      e.g. mlp_ops_bench cuda data/mnist 6400
+//   mlp_ops_bench [cpu|cuda] [MNIST_DIR] [BATCH] [float32|bfloat16]   e.g. mlp_ops_bench cuda data/mnist 6400
 // Each line is the median per call of REPEATS timed runs of n calls, the device synchronised around
 // each run (op_timer.h). Part of make bench's GPU figures (docs/gpus.md); nothing here is asserted.
 #include <stdio.h>
@@ -30,10 +31,11 @@ int main(int argc, char **argv) {
     const char *flag = argc > 1 ? argv[1] : "auto", *data = argc > 2 ? argv[2] : "data/mnist";
     int B = argc > 3 ? atoi(argv[3]) : 6400;
     if (B < 1 || B > 60000) {
-        fprintf(stderr, "usage: %s [cpu|cuda|auto] [MNIST_DIR] [BATCH] (1 <= BATCH <= 60000)\n", argv[0]);
+        fprintf(stderr, "usage: %s [cpu|cuda|auto] [MNIST_DIR] [BATCH] [float32|bfloat16] (1 <= BATCH <= 60000)\n", argv[0]);
         return 2;
     }
     Device device = device_from_flag(flag);
+    matmul_set_dtype(matmul_dtype_from_flag(argc > 4 ? argv[4] : "float32"));  // before mlp_new (nn.h)
     MnistSplit train = mnist_load(data, MNIST_TRAIN);
     DistributedSampler sampler = sampler_new(train.n, 1, 0, true, 0);
     sampler_set_epoch(&sampler, 0);
@@ -45,24 +47,45 @@ int main(int argc, char **argv) {
     Tensor images = tensor_zeros(B, MNIST_PIXELS, device);
     int *labels = malloc((size_t)B * sizeof *labels);
     StepGraph graph = step_graph_new(device, true, false);
-    printf("Step 2's step at batch %d, MLP 784-%d-10, on %s (each line: per call)\n", B, HIDDEN, device_name(device));
+    printf("Step 2's step at batch %d, MLP 784-%d-10, %s matmuls, on %s (each line: per call)\n", B, HIDDEN,
+           matmul_dtype() == MATMUL_BFLOAT16 ? "bfloat16" : "float32", device_name(device));
 
-    // What the first epoch pays once: the split's upload (at the first gather on a GPU) and the
-    // first step, which loads its kernels (CUDA loads a module at its first launch).
+    // What the first epoch pays once, each part timed to the device's end of it: the split's upload
+    // (at the first gather on a GPU), the first GEMM (of 1 x 1 matrices: what cuBLAS, or the CPU's BLAS,
+    // does once, whatever the shape), and each phase of the first step, which loads its
+    // kernels (CUDA loads a module at its first launch) and meets each GEMM's shape for the first
+    // time (cuBLAS picks its kernel).
+    printf("once, cold:\n");
     device_synchronize();
     double start = wall_seconds();
     Tensor x = mnist_batch(&train, &sampler, 0, B, &images, labels);
     device_synchronize();
-    double first_gather = wall_seconds() - start;
+    printf("  %-44s %10.3f ms\n", "the first gather (the split's upload)", 1e3 * (wall_seconds() - start));
     const int *device_labels = mnist_batch_device_labels(&train);
     LossSlot slot = step_graph_loss(&graph);
-    start = wall_seconds();
-    adam_prepare_step(&optimizer);
-    train_step(&model, &optimizer, &x, labels, device_labels, slot);
-    device_synchronize();
-    double first_step = wall_seconds() - start;
-    printf("once, cold:\n  %-44s %10.3f ms\n  %-44s %10.3f ms\n", "the first gather (the split's upload)",
-           1e3 * first_gather, "the first step (its kernels loaded)", 1e3 * first_step);
+    {
+        Tensor one[3] = {tensor_zeros(1, 1, device), tensor_zeros(1, 1, device), tensor_zeros(1, 1, device)};
+        start = wall_seconds();
+        gemm(false, false, 1.0f, &one[0], &one[1], 0.0f, &one[2]);
+        device_synchronize();
+        printf("  %-44s %10.3f ms\n", "the first GEMM, 1 x 1 (the library's start)", 1e3 * (wall_seconds() - start));
+        for (int i = 0; i < 3; i++) tensor_free(&one[i]);
+    }
+    double step_start = wall_seconds();
+#define FIRST(what, call)                                                      \
+    do {                                                                       \
+        start = wall_seconds();                                                \
+        call;                                                                  \
+        device_synchronize();                                                  \
+        printf("  %-44s %10.3f ms\n", what, 1e3 * (wall_seconds() - start)); \
+    } while (0)
+    FIRST("the first step: zero_grad", mlp_zero_grad(&model));
+    FIRST("the first step: forward", mlp_forward(&model, &x));
+    FIRST("the first step: loss", mlp_loss_to(&model, labels, device_labels, slot));
+    FIRST("the first step: backward", mlp_backward(&model, &x, NULL, NULL));
+    FIRST("the first step: Adam (prepare + apply)", { adam_prepare_step(&optimizer); adam_apply_step(&optimizer); });
+#undef FIRST
+    printf("  %-44s %10.3f ms\n", "the first step, all of it", 1e3 * (wall_seconds() - step_start));
     printf("the step, by phase:\n");
     TIME("gather the batch (mnist_batch)", CALLS, mnist_batch(&train, &sampler, 0, B, &images, labels));
     TIME("zero_grad", CALLS, mlp_zero_grad(&model));
