@@ -17,7 +17,7 @@ static int mpi_is_running(void) {
 static void (*g_fatal_hook)(void);
 void check_set_fatal_hook(void (*hook)(void)) { g_fatal_hook = hook; }
 
-static const char *g_context;
+static _Thread_local const char *g_context;  // this thread's: another's errors (a reader's) are not about it
 void check_set_context(const char *context) { g_context = context; }
 
 void fatal_at(const char *file, int line, int code, const char *fmt, ...) {

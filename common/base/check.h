@@ -26,9 +26,10 @@
 __attribute__((noreturn, format(printf, 4, 5)))
 void fatal_at(const char *file, int line, int code, const char *fmt, ...);
 
-// A clause that fatal_at adds to every message, in parentheses, until it is cleared (NULL): what
-// the process was doing that a failed call's own words do not say (device.c's: "while a training
-// step was captured into a CUDA graph; --cuda_graph off ..."). A string that outlives its use.
+// A clause that fatal_at adds to every message of the calling thread, in parentheses, until it is
+// cleared (NULL): what the thread was doing that a failed call's own words do not say (device.c's:
+// "while a training step was captured into a CUDA graph; --cuda_graph off ..."). A string that
+// outlives its use.
 void check_set_context(const char *context);
 
 // Usage error: print "error: message (see --help)" once (rank 0) and exit(2)
