@@ -226,6 +226,7 @@ double mlp_accuracy(Mlp *model, const Tensor *x, const int *labels) {
         argmax_rows(logits, predictions);
         for (int r = 0; r < rows; r++) correct += predictions[r] == labels[start + r];
     }
+    forget_rounded_weights(model);  // no backward follows these forwards
     free(predictions);
     return x->rows ? (double)correct / x->rows : 0.0;
 }

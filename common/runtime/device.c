@@ -329,11 +329,11 @@ static bool g_capturing;
 
 void device_graph_begin(void) {
     // Thread-local: only this thread's calls could spoil the capture (step 11's readers may wait meanwhile).
-    CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    g_capturing = true;
     // Should a call fail from here to the instantiated graph (an NCCL that cannot be captured, a
     // driver that refuses the graph), the line says so, and what runs without it.
     check_set_context("while a training step was captured into a CUDA graph; --cuda_graph off launches each kernel by itself");
+    CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    g_capturing = true;
 }
 
 bool device_graph_capturing(void) { return g_capturing; }
@@ -350,7 +350,8 @@ DeviceGraph *device_graph_end(void) {
 void device_graph_launch(const DeviceGraph *graph) {
     cudaError_t status = cudaGraphLaunch(graph->exec, g_stream);
     CHECK(status == cudaSuccess, "cudaGraphLaunch failed: %s (a training step replayed from its CUDA graph; "
-          "--cuda_graph off launches each kernel by itself)", cudaGetErrorString(status));
+          "should the graph be at fault, not an earlier kernel, --cuda_graph off launches each kernel by itself)",
+          cudaGetErrorString(status));
 }
 
 void device_graph_free(DeviceGraph *graph) {

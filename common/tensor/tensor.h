@@ -23,7 +23,10 @@ typedef struct {
     // round it once more at each product. mnist_batch's batch has one with --dtype bfloat16, written
     // in the pass that gathers it, valid until the split's next batch; so do a model's tensors that
     // keep one (bfloat16_room). A view (tensor_rows, tensor_row_range) keeps it; a writer that does
-    // not keep it up clears it (gemm's C, tensor_fill, tensor_copy, tensor_scale, ...).
+    // not keep it up clears it (gemm's C, tensor_fill, tensor_copy, tensor_scale, the optimizers'
+    // updates, ...), in the struct it is given only: so a tensor with a copy is written through that
+    // struct, and a raw write (a collective, a load) comes where it has none (an MLP's weights: not
+    // between a forward and its backward, nn.h).
     const uint16_t *bfloat16_copy;
     // Where the copy is kept, for a tensor given room by tensor_keep_bfloat16 (NULL: none). The
     // writers that keep the copy there as they write the tensor: add_column_bias (a layer's output),

@@ -234,6 +234,7 @@ CPU_DISPATCHED void adam_update(Tensor *param, const Tensor *grad, Tensor *exp_a
     size_t n = tensor_numel(param);
     CHECK(tensor_numel(grad) == n && tensor_numel(exp_avg) == n && tensor_numel(exp_avg_sq) == n,
           "adam: parameter [%d, %d], gradient [%d, %d]", param->rows, param->cols, grad->rows, grad->cols);
+    tensor_drop_bfloat16(param);
     if (tensor_on_gpu(param)) {
 #if HAVE_CUDA
         gpu_adam(param->data, grad->data, exp_avg->data, exp_avg_sq->data, n, c->step_size, c->bias_correction2_sqrt,
@@ -272,6 +273,7 @@ struct AdamTensors {
 void adam_update_tensors(AdamTensors **table, Tensor *const *params, Tensor *const *grads, Tensor *exp_avg,
                          Tensor *exp_avg_sq, const bool *decays, int n, const AdamCoefficients *device_c, float keep) {
     if (!*table) *table = xcalloc(1, sizeof **table);
+    for (int i = 0; i < n; i++) tensor_drop_bfloat16(params[i]);
 #if HAVE_CUDA
     CHECK(!decays || !device_graph_capturing(),
           "adam_update_tensors: AdamW's decay factor is the launch's argument, which a CUDA graph would replay");
@@ -312,6 +314,7 @@ CPU_DISPATCHED void sgd_update(Tensor *param, const Tensor *grad, float lr) {
     size_t n = tensor_numel(param);
     CHECK(tensor_numel(grad) == n, "sgd: parameter [%d, %d], gradient [%d, %d]", param->rows, param->cols, grad->rows,
           grad->cols);
+    tensor_drop_bfloat16(param);
     if (tensor_on_gpu(param)) {
 #if HAVE_CUDA
         gpu_sgd(param->data, grad->data, n, lr, device_stream());

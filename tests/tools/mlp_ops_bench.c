@@ -91,6 +91,8 @@ int main(int argc, char **argv) {
     TIME("zero_grad", CALLS, mlp_zero_grad(&model));
     TIME("forward", CALLS, mlp_forward(&model, &x));
     TIME("loss (cross-entropy into a slot)", CALLS, mlp_loss_to(&model, labels, device_labels, slot));
+    // (With bfloat16, a backward without its forward rounds W2 itself: the weights' copies last from a
+    // forward to its backward, nn.h. The whole step's lines below are the step as it runs.)
     TIME("backward", CALLS, mlp_backward(&model, &x, NULL, NULL));
     TIME("Adam (prepare + apply)", CALLS, { adam_prepare_step(&optimizer); adam_apply_step(&optimizer); });
     TIME("whole step, eager", CALLS, {
