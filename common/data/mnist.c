@@ -377,9 +377,12 @@ void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_positio
     s->serial = ++serials;
     long remaining = s->dataset_size - first_position;
     s->num_samples = (int)((remaining + s->world_size - 1) / s->world_size);
-    for (int k = 0; k < s->num_samples; k++) {
-        long position = first_position + (long)s->rank + (long)k * s->world_size;
-        s->indices[k] = s->order[position % s->dataset_size];
+    // p mod N by subtraction as p steps by W: a division a sample cost MNIST's 60,000 ~0.1 ms an
+    // epoch, at an epoch's start, where a GPU waits for this rank's first batch.
+    long position = first_position + s->rank;
+    for (int k = 0; k < s->num_samples; k++, position += s->world_size) {
+        while (position >= s->dataset_size) position -= s->dataset_size;  // (more than once only where W > N)
+        s->indices[k] = s->order[position];
     }
 }
 
