@@ -454,6 +454,18 @@ else
                       [ -n "$(rmse15 "$tmp/r15c_${mode}_$np")" ] && [ "$(rmse15 "$tmp/r15g_${mode}_$np")" = "$(rmse15 "$tmp/r15c_${mode}_$np")" ]'
         done
     done
+    # An epoch of more steps than mf.c queues the inputs of in one copy (256): at batch 100, about
+    # 900 steps, their inputs in 4 copies, each step's taken by its first kernel inside the graph.
+    s15=(day3/15_recommender_ddp --batch_size 100 --epochs 1 --plot '')
+    mpi 1 "${s15[@]}" --device cpu --losses "$tmp/r15c_b100.csv" > "$tmp/r15c_b100" 2>&1
+    mpi 1 "${s15[@]}" --device cuda --losses "$tmp/r15g_b100.csv" > "$tmp/r15g_b100" 2>&1
+    status=$?
+    verdict=$(same_losses "$tmp/r15c_b100.csv" "$tmp/r15g_b100.csv" 1e-5)
+    same=$?
+    expect "step 15 on the GPU at batch 100, $(grep -o '[0-9]* of [0-9]* steps replayed' "$tmp/r15g_b100"): the CPU's losses within 1e-5 ($verdict), $(rmse15 "$tmp/r15g_b100") (CPU: $(rmse15 "$tmp/r15c_b100"))" \
+        eval '[ $status -eq 0 ] && [ $same -eq 0 ] && [ "$(wc -l < "$tmp/r15g_b100.csv")" -gt 800 ] &&
+              grep -q "^CUDA graph: [0-9]* of [0-9]* steps replayed" "$tmp/r15g_b100" &&
+              [ -n "$(rmse15 "$tmp/r15c_b100")" ] && [ "$(rmse15 "$tmp/r15g_b100")" = "$(rmse15 "$tmp/r15c_b100")" ]'
     # Where 2 ranks share a GPU the exchanges go through MPI on host copies: no graph, and the run
     # says why. (With a GPU each, their NCCL collectives are captured: below.)
     if [ "$gpus" -lt 2 ]; then

@@ -173,8 +173,10 @@ RatingBatch rating_sampler_batch(const RatingSampler *s, int b) {
     // A rank's slice holds at most batch_size samples (a full batch's, exactly).
     RatingBatch batch = {.user = s->epoch_user + at, .item = s->epoch_item + at, .rating = s->epoch_rating + at,
                          .n = (int)(end - first), .global_n = batch_n, .max_n = s->batch_size};
-    if (s->device == DEVICE_CUDA)
+    if (s->device == DEVICE_CUDA) {
         batch.gpu_user = s->gpu_user + at, batch.gpu_item = s->gpu_item + at, batch.gpu_rating = s->gpu_rating + at;
+        batch.following = s->n_batches - 1 - b;  // (slices of batch b start at b x batch_size: owner_of)
+    }
     return batch;
 }
 

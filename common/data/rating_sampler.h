@@ -60,6 +60,9 @@ typedef struct {
     int max_n;        // the most samples of any rank's slice of any batch: the same on every rank
     const int *gpu_user, *gpu_item;  // on a GPU rank, the same samples on the GPU (else NULL)
     const float *gpu_rating;
+    // The batches after this one in its epoch, whose slices follow this one's max_n apart on the
+    // GPU (0 where none is known): a GPU model queues their steps' inputs at once (mf.h).
+    int following;
 } RatingBatch;
 
 // Collective. The arrays are borrowed: they must outlive the sampler.

@@ -1287,6 +1287,15 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
     CHECK_LAUNCH("mf_forward_kernel");
 }
 
+__global__ void mf_take_step_inputs_kernel(int *next, const MfStepInputs *queued, MfStepInputs *current) {
+    *current = queued[(*next)++];
+}
+
+void gpu_mf_take_step_inputs(int *next, const MfStepInputs *queued, MfStepInputs *current, cudaStream_t stream) {
+    mf_take_step_inputs_kernel<<<1, 1, 0, stream>>>(next, queued, current);
+    CHECK_LAUNCH("mf_take_step_inputs_kernel");
+}
+
 void gpu_mf_loss(const float *forward, int n, float weight_decay, double global_n, double *const *loss_at,
                  cudaStream_t stream) {
     mf_loss_kernel<<<1, MF_LOSS_THREADS, 0, stream>>>(forward, n, weight_decay, global_n, loss_at);

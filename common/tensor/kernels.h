@@ -213,6 +213,10 @@ typedef struct MfStepInputs {
     float minus_step_size;
     double *loss;
 } MfStepInputs;
+// *current = queued[*next], then *next += 1, in one thread: a step's first kernel takes its inputs
+// from those queued for the steps ahead (an epoch's, in one copy: mf_prepare_step), so a step
+// replayed from a CUDA graph needs no copy of its own before it.
+void gpu_mf_take_step_inputs(int *next, const MfStepInputs *queued, MfStepInputs *current, cudaStream_t stream);
 // The samples a forward reads: the step's own buffers (user and item ids; rating NULL: none, the
 // predictions only), or, where `take` is set, the epoch's ratings where take says the step's batch
 // is (ratings included), which the forward copies into those buffers as it reads them (for the

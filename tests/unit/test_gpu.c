@@ -953,21 +953,29 @@ static int gpu_losses_differ(Mf *model, int step, int steps, const double *cpu_l
 // GPU models: one given each batch's ids on the host (copied to the GPU), one
 // given them on the GPU, at a place that moves from step to step, as step 15's
 // epochs on the GPU are (the sorts and the forward read them where the step's
-// inputs say: SortGroups.keys_at, MfSamples.take).
+// inputs say: SortGroups.keys_at, MfSamples.take). A fourth is given them as an
+// epoch's, one batch after the other, each saying how many follow it: the steps'
+// inputs go to the GPU for all the batches at once and each step takes its own
+// (mf_prepare_step, RatingBatch.following); the losses handed over after step 3
+// make the next step queue its own and its followers' again, as a new epoch does.
 static void test_mf(void) {
-    enum { USERS = 37, ITEMS = 53, DIM = 8, BATCH = 96, STEPS = 6 };
+    enum { USERS = 37, ITEMS = 53, DIM = 8, BATCH = 96, STEPS = 6, HANDED_AT = 2 };
     int user[BATCH], item[BATCH];
     float rating[BATCH], predicted_cpu[BATCH], predicted_gpu[BATCH];
     int *resident_user = device_alloc(2 * BATCH * sizeof(int)), *resident_item = device_alloc(2 * BATCH * sizeof(int));
     float *resident_rating = device_alloc(2 * BATCH * sizeof(float));
+    int *epoch_user = device_alloc(STEPS * BATCH * sizeof(int)), *epoch_item = device_alloc(STEPS * BATCH * sizeof(int));
+    float *epoch_rating = device_alloc(STEPS * BATCH * sizeof(float));
     for (int m = EMBEDDINGS_DENSE; m <= EMBEDDINGS_SHARDED; m++) {
         EmbeddingsMode mode = (EmbeddingsMode)m;
-        Rng init_cpu, init_gpu, init_resident, batches;
-        rng_seed(&init_cpu, 7), rng_seed(&init_gpu, 7), rng_seed(&init_resident, 7), rng_seed(&batches, 11);
+        Rng init_cpu, init_gpu, init_resident, init_queued, batches;
+        rng_seed(&init_cpu, 7), rng_seed(&init_gpu, 7), rng_seed(&init_resident, 7), rng_seed(&init_queued, 7);
+        rng_seed(&batches, 11);
         Mf *cpu = mf_new(mode, DEVICE_CPU, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_cpu);
         Mf *gpu = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_gpu);
         Mf *resident = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_resident);
-        int losses_differ = 0, n = BATCH;
+        Mf *queued = mf_new(mode, DEVICE_CUDA, USERS, ITEMS, DIM, 3.5f, 0.01, 0.1, &init_queued);
+        int losses_differ = 0, n = BATCH, queued_handed = 0, queues_differ = 0;
         double cpu_losses[STEPS];
         for (int step = 0; step < STEPS; step++) {
             n = step == 3 ? 0 : BATCH;
@@ -993,26 +1001,51 @@ static void test_mf(void) {
             on_gpu.gpu_user = resident_user + at, on_gpu.gpu_item = resident_item + at, on_gpu.gpu_rating = resident_rating + at;
             mf_train_step(resident, &on_gpu);
             losses_differ += gpu_losses_differ(resident, step, STEPS, cpu_losses);
+            // The same batch as the epoch's batch `step`, the others following it.
+            upload_batch(epoch_user, epoch_item, epoch_rating, step * BATCH, user, item, rating, n);
+            RatingBatch in_epoch = batch;
+            in_epoch.gpu_user = epoch_user + step * BATCH, in_epoch.gpu_item = epoch_item + step * BATCH;
+            in_epoch.gpu_rating = epoch_rating + step * BATCH, in_epoch.following = STEPS - 1 - step;
+            mf_train_step(queued, &in_epoch);
+            // Queued: all 6 steps' inputs at step 0, the last 3 again at step 3 (after the hand-over).
+            queues_differ += queued->inputs_queued != (step <= HANDED_AT ? STEPS : STEPS - 1 - HANDED_AT) ||
+                             queued->inputs_next != (step <= HANDED_AT ? step + 1 : step - HANDED_AT);
+            if (step == HANDED_AT || step == STEPS - 1) {
+                const double *losses;
+                int taken = mf_take_losses(queued, true, &losses);
+                losses_differ += taken != step + 1 - queued_handed;
+                for (int k = 0; k < taken && k < step + 1 - queued_handed; k++)
+                    losses_differ += memcmp(&losses[k], &cpu_losses[queued_handed + k], sizeof(double)) != 0;
+                queued_handed = step + 1;
+            }
         }
         mf_predict(cpu, user, item, n, predicted_cpu);
         mf_predict(gpu, user, item, n, predicted_gpu);
         size_t differ = (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
         mf_predict(resident, user, item, n, predicted_gpu);
         differ += (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
+        mf_predict(queued, user, item, n, predicted_gpu);
+        differ += (size_t)(memcmp(predicted_cpu, predicted_gpu, sizeof predicted_cpu) != 0);
         mf_gather_full(cpu);
         mf_gather_full(gpu);
         mf_gather_full(resident);
-        for (int t = 0; t < 4; t++) differ += bits_differ(&gpu->full[t], &cpu->full[t]) + bits_differ(&resident->full[t], &cpu->full[t]);
-        EXPECT(losses_differ == 0 && differ == 0,
+        mf_gather_full(queued);
+        for (int t = 0; t < 4; t++)
+            differ += bits_differ(&gpu->full[t], &cpu->full[t]) + bits_differ(&resident->full[t], &cpu->full[t]) +
+                      bits_differ(&queued->full[t], &cpu->full[t]);
+        EXPECT(losses_differ == 0 && differ == 0 && queues_differ == 0,
                "step 15's model, %s embeddings, on the GPU: %d steps (one of an empty slice), the batch's ids from the "
-               "host and from the GPU, take the CPU's losses (%d differ), its predictions and tables bit for bit (%zu "
-               "values differ)",
-               embeddings_mode_name(mode), STEPS, losses_differ, differ);
+               "host, from the GPU, and from the GPU as an epoch's with the steps' inputs queued at once (%d steps "
+               "found other queues than expected), take the CPU's losses (%d differ), its predictions and tables bit "
+               "for bit (%zu values differ)",
+               embeddings_mode_name(mode), STEPS, queues_differ, losses_differ, differ);
         mf_free(cpu);
         mf_free(gpu);
         mf_free(resident);
+        mf_free(queued);
     }
     device_free(resident_user), device_free(resident_item), device_free(resident_rating);
+    device_free(epoch_user), device_free(epoch_item), device_free(epoch_rating);
 }
 
 #if HAVE_CUDA
