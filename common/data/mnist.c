@@ -353,7 +353,7 @@ DistributedSampler sampler_new(int dataset_size, int world_size, int rank, bool 
     CHECK(dataset_size > 0 && world_size > 0 && rank >= 0 && rank < world_size,
           "sampler of %d samples, rank %d of %d", dataset_size, rank, world_size);
     DistributedSampler s = {.dataset_size = dataset_size, .world_size = world_size, .rank = rank,
-                            .shuffle = shuffle, .seed = seed};
+                            .shuffle = shuffle, .seed = seed, .order_epoch = -1};
     s.num_samples = (dataset_size + world_size - 1) / world_size;
     s.indices = xmalloc((size_t)s.num_samples * sizeof(int));
     s.order = xmalloc((size_t)dataset_size * sizeof(int));
@@ -367,7 +367,10 @@ void sampler_set_epoch_from(DistributedSampler *s, int epoch, long first_positio
     CHECK(first_position >= 0 && first_position < s->dataset_size,
           "sampler: position %ld is not inside an epoch of %d samples", first_position, s->dataset_size);
     if (s->shuffle) {  // a new, reproducible order every epoch: randperm seeded seed + epoch (drawn ahead)
-        perm_ahead_take(&s->ahead, s->seed + (uint64_t)epoch, s->dataset_size, &s->order, s->seed + (uint64_t)epoch + 1);
+        // (Not drawn again for the epoch it holds: sampler_new's epoch 0, set again by the loop.)
+        if (epoch != s->order_epoch)
+            perm_ahead_take(&s->ahead, s->seed + (uint64_t)epoch, s->dataset_size, &s->order, s->seed + (uint64_t)epoch + 1);
+        s->order_epoch = epoch;
     } else {
         for (int i = 0; i < s->dataset_size; i++) s->order[i] = i;
     }

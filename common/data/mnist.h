@@ -91,7 +91,8 @@ typedef struct {
     uint64_t seed;
     int num_samples;  // per rank
     int *indices;     // [num_samples]: this rank's samples for the current epoch
-    int *order;       // [dataset_size]: scratch for the permutation
+    int *order;       // [dataset_size]: the permutation of epoch order_epoch (-1: none yet)
+    int order_epoch;
     PermAhead ahead;  // the next epoch's permutation, drawn on a thread while this one trains
     unsigned long serial;  // new at each sampler_set_epoch_from, unique in the process: a new `indices`
 } DistributedSampler;
