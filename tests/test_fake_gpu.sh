@@ -141,10 +141,16 @@ fi
 zero_wait_steps="2 3 4 6 7 8 10 11 13 14 14-1 15 15-1 16 17 18 19 20"
 (cd "$src" && FAKE_GPU_COUNT=2 RUN_TIMEOUT=600 MPIRUN="$MPIRUN" DATA="$DATA" bash tests/fake_gpu/step_counts.sh "$tmp/counts") \
     > "$tmp/step_counts" 2>&1
-grep -v '^zero-wait ' "$tmp/step_counts" | sed 's/^/  /'
+grep -v -e '^zero-wait ' -e '^steady copies ' "$tmp/step_counts" | sed 's/^/  /'
 for step in $zero_wait_steps; do
     waits=$(sed -n "s/^zero-wait step $step: //p" "$tmp/step_counts")
     expect "fake GPU x2: step $step's steady training step makes no host wait (${waits:-no count}; launches above)" test "$waits" = 0
+done
+# Step 15's steady step is its graph's launch alone: its inputs were queued for the epoch's steps
+# (mf.c's queue_inputs, the sampler's RatingBatch.following), where a copy before each step put them.
+for step in 15 15-1; do
+    copies=$(sed -n "s/^steady copies step $step: //p" "$tmp/step_counts")
+    expect "fake GPU x2: step $step's steady training step copies nothing to or from the GPU (${copies:-no count})" test "$copies" = 0
 done
 # tests/bench_gpu.sh, issue 40's one sitting on a GPU machine, runs every line at small sizes on 2
 # simulated GPUs (QUICK=1), so that the script a GPU's few minutes go to cannot break unseen. Its

@@ -2,6 +2,7 @@
 #include "models/mf.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,8 +264,7 @@ void mf_free(Mf *model) {
     }
     if (model->losses && on_gpu(model)) device_free(model->losses);
     if (on_gpu(model)) device_free(model->gpu_step);
-    if (model->gpu_next_input) device_free(model->gpu_next_input);
-    device_buffer_free(&model->gpu_queued_inputs);
+    if (model->gpu_queued_inputs) device_free(model->gpu_queued_inputs);
     if (model->host_losses && on_gpu(model)) device_host_free(model->host_losses);
 #endif
     if (!on_gpu(model)) free(model->losses);
@@ -412,8 +412,7 @@ void mf_lookup(Mf *model, const RatingBatch *batch) {
     if (on_gpu(model)) {
         CHECK(model->prepared, "mf_lookup: no mf_prepare_step before it");
         if (step_batch(model, batch))  // the step's inputs, from those queued (mf_prepare_step)
-            gpu_mf_take_step_inputs(model->gpu_next_input, model->gpu_queued_inputs.data, model->gpu_step,
-                                    device_stream());
+            gpu_mf_take_step_inputs(model->gpu_queued_inputs, model->gpu_step, device_stream());
         // The batch's ids in the step's own buffers (from the host: mf_prepare_step put them
         // there), or where mf_prepare_step's inputs say (the epoch's ratings on the GPU), which the
         // sorts read there: the same pointers every step, as a CUDA graph needs.
@@ -1010,38 +1009,33 @@ static bool same_inputs(const MfStepInputs *a, const MfStepInputs *b) {
            a->minus_step_size == b->minus_step_size && a->loss == b->loss;
 }
 
-// Steps whose inputs go to the GPU in one copy, at most: an epoch of 4,395 steps (step 15's
-// benchmark) in 18 copies, and at --batch_size 1 the queue still 10 kB (device_upload's slots hold
-// twice an upload, 64 times).
-enum { QUEUED_STEPS = 256 };
-
 // How many steps' inputs a batch queues: its own and those of the batches that follow it in its
-// epoch, up to QUEUED_STEPS.
+// epoch, up to MF_QUEUED_STEPS (at --batch_size 1 the queue is still 10 kB).
 static int steps_to_queue(const RatingBatch *batch) {
-    return batch->following < QUEUED_STEPS - 1 ? 1 + batch->following : QUEUED_STEPS;
+    return batch->following < MF_QUEUED_STEPS - 1 ? 1 + batch->following : MF_QUEUED_STEPS;
 }
 
 // This step's inputs (`first`) and those of the batches that follow it in its epoch, on the GPU in
 // one copy: batch k after this one max_n * k samples further on, Adam's step count k more, its loss
 // k places after this one's (held: reserve_losses). Each step's first kernel takes its own
 // (mf_lookup), where a copy before each step put them, a copy a step beside the graph's launch.
+// The host's copy counts this step's as taken.
 static void queue_inputs(Mf *model, const RatingBatch *batch, const MfStepInputs *first) {
-    int n = steps_to_queue(batch);
-    grow((void **)&model->queued_inputs, &model->queued_capacity, n, sizeof(MfStepInputs));
-    for (int k = 0; k < n; k++) {
-        size_t at = (size_t)k * (size_t)batch->max_n;
-        model->queued_inputs[k] = (MfStepInputs){.user = first->user + at, .item = first->item + at,
-                                                 .rating = first->rating + at,
-                                                 .minus_step_size = sparse_adam_step_size(model, model->step + k),
-                                                 .loss = first->loss + k};
+    if (!model->queued_inputs) {
+        model->queued_inputs = xcalloc(1, sizeof(MfQueuedInputs));
+        model->gpu_queued_inputs = device_alloc(sizeof(MfQueuedInputs));
     }
-    MfStepInputs *queued = device_buffer_reserve(&model->gpu_queued_inputs, (size_t)n * sizeof(MfStepInputs));
-    device_upload(queued, model->queued_inputs, (size_t)n * sizeof(MfStepInputs), "the steps' inputs");
-    if (!model->gpu_next_input) model->gpu_next_input = device_alloc(sizeof(int));
-    const int none_taken = 0;
-    device_upload(model->gpu_next_input, &none_taken, sizeof none_taken, "the steps' inputs");
-    model->inputs_queued = n;
-    model->inputs_next = 0;
+    MfQueuedInputs *queued = model->queued_inputs;
+    queued->next = 0, queued->count = steps_to_queue(batch);
+    for (int k = 0; k < queued->count; k++) {
+        size_t at = (size_t)k * (size_t)batch->max_n;
+        queued->entry[k] = (MfStepInputs){.user = first->user + at, .item = first->item + at, .rating = first->rating + at,
+                                          .minus_step_size = sparse_adam_step_size(model, model->step + k),
+                                          .loss = first->loss + k};
+    }
+    device_upload(model->gpu_queued_inputs, queued,
+                  offsetof(MfQueuedInputs, entry) + (size_t)queued->count * sizeof(MfStepInputs), "the steps' inputs");
+    queued->next = 1;
 }
 #endif
 
@@ -1071,21 +1065,22 @@ void mf_prepare_step(Mf *model, const RatingBatch *batch) {
         }
         // The loss goes straight to its place among those kept (a replay writes where this says),
         // where it was copied there from a slot of the step's own, a copy more on the GPU a step.
-        // (Places for the batches that follow first: theirs come after this one's.)
-        reserve_losses(model, model->pending + steps_to_queue(batch));
         MfStepInputs inputs = {.user = batch->gpu_user, .item = batch->gpu_item, .rating = batch->gpu_rating,
                                .minus_step_size = model->minus_step_size, .loss = loss_slot(model)};
+        MfQueuedInputs *queued = model->queued_inputs;
         if (!batch->gpu_user) {  // ids on the host: to the step's buffers through page-locked memory (no wait)
             device_upload(user, batch->user, (size_t)batch->n * sizeof(int), "the batch's users");
             device_upload(item, batch->item, (size_t)batch->n * sizeof(int), "the batch's items");
             device_upload(rating, batch->rating, (size_t)batch->n * sizeof(float), "the batch's ratings");
             device_upload(model->gpu_step, &inputs, sizeof inputs, "the step's inputs");
-        } else if (model->inputs_next < model->inputs_queued &&
-                   same_inputs(&model->queued_inputs[model->inputs_next], &inputs)) {
-            model->inputs_next++;  // queued already: its first kernel takes them
+        } else if (queued && queued->next < queued->count && same_inputs(&queued->entry[queued->next], &inputs)) {
+            queued->next++;  // queued already: its first kernel takes them
         } else {
+            // Places for this step's loss and its followers' first (the array may move, and this
+            // one's place with it), so that none moves while they are queued.
+            reserve_losses(model, model->pending - 1 + steps_to_queue(batch));
+            inputs.loss = model->losses + model->pending - 1;
             queue_inputs(model, batch, &inputs);
-            model->inputs_next++;
         }
     }
 #else

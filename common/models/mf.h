@@ -139,13 +139,10 @@ typedef struct {
     DeviceBuffer gpu_rating, gpu_forward;  // GPU: the step's ratings; per sample prediction, error, |p|^2, |q|^2
     DeviceBuffer gpu_user, gpu_item;       // GPU: the step's ids (and a prediction's, copied from the host)
     struct MfStepInputs *gpu_step;         // GPU: where the step's batch is, its step size, where its loss goes
-    // GPU: the inputs of the steps ahead, queued at once where the batch says which follow it (an
-    // epoch's), each step's taken by its first kernel (mf_lookup); the host's copy, and how far
-    // the steps have taken them (a step whose inputs are the next queued uploads nothing).
-    DeviceBuffer gpu_queued_inputs;        // [inputs_queued] MfStepInputs
-    int *gpu_next_input;                   // the next a step takes
-    struct MfStepInputs *queued_inputs;
-    int inputs_queued, inputs_next, queued_capacity;
+    // GPU: the inputs of the steps ahead, queued at once where the batch says which follow it (up
+    // to 256 of an epoch's), each step's taken by its first kernel (mf_lookup); the host's copy
+    // (its `next` counts the steps prepared; a step whose inputs are the next queued uploads nothing).
+    struct MfQueuedInputs *gpu_queued_inputs, *queued_inputs;
     struct GpuGroups *gpu_users, *gpu_items;  // GPU: the batch's rows of each, found by gpu_sort_groups
     float *forward;                        // the host's copy of gpu_forward
     int forward_capacity;
@@ -184,10 +181,10 @@ void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int 
 //     that a CUDA graph would have frozen (train/step_graph.h): step 15 captures them once and
 //     replays them, for global batches of the same size (with a GPU per rank, NCCL's collectives
 //     inside). Where the batch is on the GPU and says which batches follow it (the sampler's:
-//     RatingBatch.following), those inputs go for all of them in one copy, and each step's first
-//     kernel takes its own (mf_lookup): the steps after it copy nothing, as long as they are the
-//     batches said, in order, with their losses kept in the places after (no mf_take_losses in
-//     between); any other step queues its own again;
+//     RatingBatch.following), those inputs go for up to 256 of them in one copy, and each step's
+//     first kernel takes its own (mf_lookup): the steps after it copy nothing, as long as they
+//     are the batches said, in order, with their losses kept in the places after (no
+//     mf_take_losses in between); any other step queues its own and its followers' again;
 //   mf_lookup: the rows of the batch's users and items (sharded: from their owners);
 //   mf_forward_backward: this rank's share of the loss sum / global_n (kept: mf_take_losses;
 //     on a GPU rank summed on a stream of its own, beside the rest of the step), and each row's

@@ -1287,12 +1287,12 @@ void gpu_mf_forward(const float *p_rows, const int *p_slot, const float *q_rows,
     CHECK_LAUNCH("mf_forward_kernel");
 }
 
-__global__ void mf_take_step_inputs_kernel(int *next, const MfStepInputs *queued, MfStepInputs *current) {
-    *current = queued[(*next)++];
+__global__ void mf_take_step_inputs_kernel(MfQueuedInputs *queued, MfStepInputs *current) {
+    if (queued->next < queued->count) *current = queued->entry[queued->next++];
 }
 
-void gpu_mf_take_step_inputs(int *next, const MfStepInputs *queued, MfStepInputs *current, cudaStream_t stream) {
-    mf_take_step_inputs_kernel<<<1, 1, 0, stream>>>(next, queued, current);
+void gpu_mf_take_step_inputs(MfQueuedInputs *queued, MfStepInputs *current, cudaStream_t stream) {
+    mf_take_step_inputs_kernel<<<1, 1, 0, stream>>>(queued, current);
     CHECK_LAUNCH("mf_take_step_inputs_kernel");
 }
 

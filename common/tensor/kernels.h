@@ -213,10 +213,16 @@ typedef struct MfStepInputs {
     float minus_step_size;
     double *loss;
 } MfStepInputs;
-// *current = queued[*next], then *next += 1, in one thread: a step's first kernel takes its inputs
-// from those queued for the steps ahead (an epoch's, in one copy: mf_prepare_step), so a step
-// replayed from a CUDA graph needs no copy of its own before it.
-void gpu_mf_take_step_inputs(int *next, const MfStepInputs *queued, MfStepInputs *current, cudaStream_t stream);
+// The inputs of the steps ahead, queued on the GPU in one copy (mf_prepare_step: up to 256 of an
+// epoch's steps; at batch 1,024 of 5 M ratings, 18 copies an epoch of 4,395 steps).
+enum { MF_QUEUED_STEPS = 256 };
+typedef struct MfQueuedInputs {
+    int next, count;  // the entry the next step takes, of those queued
+    MfStepInputs entry[MF_QUEUED_STEPS];
+} MfQueuedInputs;
+// *current = queued->entry[queued->next++], in one thread (none past queued->count): a step's
+// first kernel takes its inputs, so a step replayed from a CUDA graph needs no copy before it.
+void gpu_mf_take_step_inputs(MfQueuedInputs *queued, MfStepInputs *current, cudaStream_t stream);
 // The samples a forward reads: the step's own buffers (user and item ids; rating NULL: none, the
 // predictions only), or, where `take` is set, the epoch's ratings where take says the step's batch
 // is (ratings included), which the forward copies into those buffers as it reads them (for the

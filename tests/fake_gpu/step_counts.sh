@@ -9,10 +9,11 @@
 # and one line per program says, for the steady step, the host waits and launches that most of
 # its steps show (the steps that hold an epoch's end or a print differ; the line says how many
 # and their most waits), over all ranks the worst:
-#   step 2 (1 rank, 59 steps): 4 host waits, 17 launches per steady step (the most in one step: 4) [...]
-# Then, for each program named in ZERO_WAIT_PROGRAMS (space-separated, e.g. "2 3"), a line
+#   step 2 (1 rank, 59 steps): 4 host waits, 17 launches and 2 copies per steady step (the most in one step: 4) [...]
+# Then, for each program, the lines
 #   zero-wait step 2: 0
-# or a non-zero count: tests/test_fake_gpu.sh turns those into PASS or FAIL.
+#   steady copies step 2: 2
+# which tests/test_fake_gpu.sh turns into PASS or FAIL (no wait in any; no copy in step 15's).
 # `[...]`: what the worst rank waited in, in one of its steady steps. OUT_DIR/kernels_NAME.RANK: what
 # each rank launched in a steady step, in order (kernels, GEMMs, NCCL operations, graphs).
 set -u
@@ -77,24 +78,26 @@ for name in "${names[@]}"; do
     # Per rank: the most common waits among its steps, the launches most common among those steps,
     # the steps, the most waits of a step, and (rank 0) the kinds of a steady step's waits.
     for f in "$out/counts_$name".*; do
-        awk '/^step / { n++; w[$4]++; if ($4 > most) most = $4; line[$4] = $0; wl[$4 " " $6]++; key = $4 " " $6 }
+        awk '/^step / { n++; w[$4]++; if ($4 > most) most = $4; line[$4] = $0; wl[$4 " " $6]++; key = $4 " " $6
+                        if (!(key in copies)) copies[key] = $8 }
              /^  launched:/ { if (!(key in launched)) launched[key] = $0 }
              END {
                  for (v in w) if (mode == "" || w[v] > w[mode] || (w[v] == w[mode] && v + 0 < mode + 0)) mode = v
                  for (k in wl) { split(k, p, " "); if (p[1] == mode && (best == "" || wl[k] > wl[best])) best = k }
                  split(best, p, " "); kinds = line[mode]; sub(/^[^[]*/, "", kinds)
-                 print mode + 0, p[2] + 0, n + 0, most + 0, n - w[mode], kinds
+                 print mode + 0, p[2] + 0, copies[best] + 0, n + 0, most + 0, n - w[mode], kinds
                  if (best in launched) { sub(/^  launched: /, "", launched[best]); print launched[best] > kernels }
              }' kernels="$out/kernels_$name.${f##*.}" "$f"
     done > "$out/steady_$name"
-    read -r waits launches steps most others kinds < <(sort -k1,1nr "$out/steady_$name" | head -1)
+    read -r waits launches copies steps most others kinds < <(sort -k1,1nr "$out/steady_$name" | head -1)
     [ -n "${steps:-}" ] && [ "$steps" -ge 3 ] || {
         echo "step $name: too few steps counted (${steps:-0})"
         echo "zero-wait step $name: no counts"
         continue
     }
     ranks=${np[$name]}
-    echo "step $name ($ranks rank$([ "$ranks" = 1 ] || echo s), $steps steps): $waits host waits, $launches launches per steady step" \
-         "($others other steps, at most $most waits in one) ${kinds}"
+    echo "step $name ($ranks rank$([ "$ranks" = 1 ] || echo s), $steps steps): $waits host waits, $launches launches and" \
+         "$copies copies per steady step ($others other steps, at most $most waits in one) ${kinds}"
     echo "zero-wait step $name: $waits"
+    echo "steady copies step $name: $copies"
 done

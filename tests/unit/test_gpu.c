@@ -927,6 +927,17 @@ static void upload_batch(int *device_user, int *device_item, float *device_ratin
 #endif
 }
 
+// Whether a GPU model's queue of steps' inputs (mf.c's queue_inputs) holds `count`, `taken` of them
+// by the steps prepared so far.
+static bool queue_is(const Mf *model, int count, int taken) {
+#if HAVE_CUDA
+    return model->queued_inputs && model->queued_inputs->count == count && model->queued_inputs->next == taken;
+#else
+    (void)model, (void)count, (void)taken;
+    return false;
+#endif
+}
+
 // One training step of step 15's model, in mf.h's order.
 static void mf_train_step(Mf *model, const RatingBatch *batch) {
     mf_prepare_step(model, batch);
@@ -1008,8 +1019,8 @@ static void test_mf(void) {
             in_epoch.gpu_rating = epoch_rating + step * BATCH, in_epoch.following = STEPS - 1 - step;
             mf_train_step(queued, &in_epoch);
             // Queued: all 6 steps' inputs at step 0, the last 3 again at step 3 (after the hand-over).
-            queues_differ += queued->inputs_queued != (step <= HANDED_AT ? STEPS : STEPS - 1 - HANDED_AT) ||
-                             queued->inputs_next != (step <= HANDED_AT ? step + 1 : step - HANDED_AT);
+            queues_differ += !queue_is(queued, step <= HANDED_AT ? STEPS : STEPS - 1 - HANDED_AT,
+                                       step <= HANDED_AT ? step + 1 : step - HANDED_AT);
             if (step == HANDED_AT || step == STEPS - 1) {
                 const double *losses;
                 int taken = mf_take_losses(queued, true, &losses);
