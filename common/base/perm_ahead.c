@@ -22,6 +22,15 @@ static void *draw_perm(void *argument) {
     return NULL;
 }
 
+static int *buffer_alloc(const PermAhead *ahead, int n) {
+    size_t bytes = (size_t)n * sizeof(int) + 1;
+    return ahead->alloc ? ahead->alloc(bytes) : xmalloc(bytes);
+}
+static void buffer_release(const PermAhead *ahead, int *buffer) {
+    if (ahead->release) ahead->release(buffer);
+    else free(buffer);
+}
+
 // Joins the draw ahead and gives it back (NULL: none).
 static struct PermDraw *join(PermAhead *ahead) {
     struct PermDraw *draw = ahead->draw;
@@ -41,23 +50,23 @@ void perm_ahead_take(PermAhead *ahead, uint64_t seed, int n, int **perm, uint64_
         rng_seed(&rng, seed);
         rng_randperm(&rng, n, *perm);
         if (draw && draw->n != n) {
-            free(draw->perm);
+            buffer_release(ahead, draw->perm);
             draw->perm = NULL;
         }
     }
     if (!draw) draw = xcalloc(1, sizeof *draw);
-    if (!draw->perm) draw->perm = xmalloc((size_t)n * sizeof(int) + 1);
+    if (!draw->perm) draw->perm = buffer_alloc(ahead, n);
     draw->seed = next_seed, draw->n = n;
     if (pthread_create(&draw->thread, NULL, draw_perm, draw) == 0) {
         ahead->draw = draw;
     } else {  // no thread to be had: the next call draws its permutation itself
-        free(draw->perm);
+        buffer_release(ahead, draw->perm);
         free(draw);
     }
 }
 
 void perm_ahead_free(PermAhead *ahead) {
     struct PermDraw *draw = join(ahead);
-    if (draw) free(draw->perm);
+    if (draw) buffer_release(ahead, draw->perm);
     free(draw);
 }

@@ -13,16 +13,24 @@
 //   ...
 //   perm_ahead_free(&ahead);                                            // joins a draw still going
 //
+// The buffers swap between the caller and the thread, so they come from one allocator: malloc, or
+// the one the PermAhead names (a GPU rank's step 15 draws into page-locked memory, from which its
+// epoch's permutation goes to the GPU without a wait: rating_sampler.c).
+//
 // Layers: base (rng), and POSIX threads.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
     struct PermDraw *draw;  // the draw ahead, running or done (NULL: none)
+    // Where the buffers come from and go back to (NULL: malloc and free), called on the caller's thread.
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *buffer);
 } PermAhead;
 
-// *perm (n ints, malloc'd) := rng_randperm(n) of a generator seeded `seed`: the one drawn ahead where
+// *perm (n ints, from the PermAhead's allocator) := rng_randperm(n) of a generator seeded `seed`: the one drawn ahead where
 // it was for (seed, n) (the buffers swap: *perm may point elsewhere after), drawn here otherwise.
 // Then the draw for (next_seed, n) starts on a thread (where no thread can start, the next call
 // draws it itself).
