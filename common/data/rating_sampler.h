@@ -20,7 +20,10 @@
 //
 // On a GPU rank the epoch's ratings (the slices of all its batches) go to the GPU once an epoch,
 // from page-locked memory, and each batch points into them there too: a step uploads nothing
-// (docs/gpus.md, "No host wait inside a training step").
+// (docs/gpus.md, "No host wait inside a training step"). On one GPU rank alone (world size 1),
+// the training ratings go to the GPU once, and each epoch only its permutation follows them (4
+// bytes a rating, drawn ahead into page-locked memory): a kernel gathers the epoch's ratings
+// there, and the host holds no copy of them.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -37,9 +40,10 @@ typedef struct {
     int batch_size, world, rank;
     bool shuffle;
     uint64_t seed;
-    int *perm;                // [n_total]: the epoch's permutation (shuffle)
+    int *perm;                // [n_total]: the epoch's permutation (shuffle; page-locked where it goes to a GPU)
     PermAhead ahead;          // the next epoch's, drawn on a thread while this one trains
-    // This epoch: this rank's slices of every global batch, one after the other.
+    // This epoch: this rank's slices of every global batch, one after the other (NULL on a GPU rank
+    // alone: there they are on the GPU only).
     int n_batches;
     long n_mine;
     int *epoch_user, *epoch_item;
@@ -49,11 +53,14 @@ typedef struct {
     long capacity;                         // ratings the arrays hold room for
     int *gpu_user, *gpu_item;
     float *gpu_rating;
-    void *copied;                          // the copies' event (cudaEvent_t): the host arrays are free again
+    // On a GPU rank alone, shuffling: the training ratings as read, and the epoch's permutation.
+    int *gpu_all_user, *gpu_all_item, *gpu_perm;
+    float *gpu_all_rating;
+    void *copied;  // the copies' event (cudaEvent_t): what they read on the host (arrays, perm) is free again
 } RatingSampler;
 
 typedef struct {
-    const int *user, *item;
+    const int *user, *item;  // on the host (NULL on a GPU rank alone: the GPU's below)
     const float *rating;
     int n;            // this rank's samples (may be 0 in a short last batch)
     long global_n;    // the global batch's

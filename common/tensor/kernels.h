@@ -149,6 +149,13 @@ void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, f
 // y [b, a, inner] = x [a, b, inner] with the outer two axes swapped.
 void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream);
 
+// ------------------------------------------------------------------ step 15's epoch (rating_sampler.c)
+// The epoch's ratings through its shuffle: user[p] = all_user[perm[p]], and item and rating alike,
+// for p < n: on a GPU rank of world size 1, where the training ratings stay on the GPU and only
+// the permutation goes over each epoch.
+void gpu_gather_ratings(const int *perm, int n, const int *all_user, const int *all_item, const float *all_rating,
+                        int *user, int *item, float *rating, cudaStream_t stream);
+
 // ------------------------------------------------------------------ step 15's embeddings (mf.c)
 // mf.c's loops on the GPU, the same bits as the CPU's (no FMA contraction: __fmul_rn,
 // __fadd_rn), each sum in a fixed order. Rows are [*, dim], row-major. How many rows a batch

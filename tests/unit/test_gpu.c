@@ -19,6 +19,7 @@ static const char *test_name = "test_gpu";
 #include <string.h>
 
 #include "data/mnist.h"
+#include "data/rating_sampler.h"
 #include "models/adamw.h"
 #include "models/cnn.h"
 #include "models/gpt.h"
@@ -1060,6 +1061,54 @@ static void test_mf(void) {
 }
 
 #if HAVE_CUDA
+// Step 15's sampler on a GPU rank alone (rating_sampler.c): the training ratings go to the GPU once,
+// and each epoch its permutation, drawn ahead into page-locked memory, through which a kernel
+// gathers the epoch's ratings there. Epoch after epoch (the permutation's buffers swapping with the
+// thread that draws ahead), shuffled and not, its arrays on the GPU hold a CPU rank's, its batches
+// point into them where the CPU's batches point into its own, and the host keeps no copy.
+static void test_rating_sampler(void) {
+    enum { N = 5003, BATCH = 64, EPOCHS = 4 };
+    int *user = xmalloc(N * sizeof(int)), *item = xmalloc(N * sizeof(int));
+    float *rating = xmalloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) user[i] = i, item[i] = (i * 7919) % N, rating[i] = 0.5f * (float)(i % 10);
+    int *got_user = xmalloc(N * sizeof(int)), *got_item = xmalloc(N * sizeof(int));
+    float *got_rating = xmalloc(N * sizeof(float));
+    for (int shuffle = 1; shuffle >= 0; shuffle--) {
+        RatingSampler cpu = rating_sampler_new(N, user, item, rating, BATCH, shuffle, 11, DEVICE_CPU);
+        RatingSampler gpu = rating_sampler_new(N, user, item, rating, BATCH, shuffle, 11, DEVICE_CUDA);
+        long wrong = 0, batches_wrong = 0, host_copies = 0;
+        bool moved = false;
+        const int *first_perm = NULL;
+        for (int epoch = 0; epoch < EPOCHS; epoch++) {
+            rating_sampler_set_epoch(&cpu, epoch), rating_sampler_set_epoch(&gpu, epoch);
+            if (epoch == 0) first_perm = gpu.perm;
+            moved |= shuffle && gpu.perm != first_perm;
+            device_read_to_host(got_user, gpu.gpu_user, N * sizeof(int), "the epoch's users");
+            device_read_to_host(got_item, gpu.gpu_item, N * sizeof(int), "the epoch's movies");
+            device_read_to_host(got_rating, gpu.gpu_rating, N * sizeof(float), "the epoch's ratings");
+            for (int p = 0; p < N; p++)
+                wrong += got_user[p] != cpu.epoch_user[p] || got_item[p] != cpu.epoch_item[p] ||
+                         got_rating[p] != cpu.epoch_rating[p];
+            for (int b = 0; b < cpu.n_batches; b++) {
+                RatingBatch c = rating_sampler_batch(&cpu, b), g = rating_sampler_batch(&gpu, b);
+                host_copies += g.user != NULL || g.item != NULL || g.rating != NULL;
+                batches_wrong += g.n != c.n || g.global_n != c.global_n || g.gpu_user != gpu.gpu_user + (c.user - cpu.epoch_user) ||
+                                 g.gpu_item != gpu.gpu_item + (c.item - cpu.epoch_item) ||
+                                 g.gpu_rating != gpu.gpu_rating + (c.rating - cpu.epoch_rating) ||
+                                 g.following != gpu.n_batches - 1 - b;
+            }
+        }
+        EXPECT(wrong == 0 && batches_wrong == 0 && host_copies == 0 && gpu.epoch_user == NULL && (moved || !shuffle),
+               "%s, %d epochs of %d ratings in batches of %d: the GPU's epoch arrays are the CPU sampler's (%ld of %d "
+               "positions wrong), its %d batches point into them as the CPU's into its own (%ld wrong), none on the "
+               "host (%ld)%s", shuffle ? "shuffled" : "not shuffled", EPOCHS, N, BATCH, wrong, EPOCHS * N, cpu.n_batches,
+               batches_wrong, host_copies,
+               !shuffle ? "" : moved ? "; the permutation's buffer swapped with the draw ahead's" : "; the permutation never changed buffers");
+        rating_sampler_free(&cpu), rating_sampler_free(&gpu);
+    }
+    free(user), free(item), free(rating), free(got_user), free(got_item), free(got_rating);
+}
+
 // gpu_sort_groups (step 15's rows of a batch, found on the GPU) against a stable sort on the
 // CPU: the entries' order, the groups and each entry's group, on the edge cases: no entry, one,
 // all of one key, all distinct, keys at the table's two ends, invalid entries (-1, past a count
@@ -1558,6 +1607,7 @@ int main(int argc, char **argv) {
     test_cnn_model();
 #if HAVE_CUDA
     test_sort_groups();
+    test_rating_sampler();
 #endif
     test_mf();
     test_transformer_ops();
