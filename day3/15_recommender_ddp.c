@@ -184,11 +184,13 @@ int main(int argc, char **argv) {
                                                !opt.no_shuffle, (uint64_t)opt.seed, device);  // (GPU: an epoch's ratings there)
     int epochs = max_steps < 0 ? opt.epochs : (max_steps + sampler.n_batches - 1) / sampler.n_batches;
 
-    // Model and optimizer: first what its tables will take on this rank (the figure the
-    // report prints at the end), refused now if it would not fit (exit 2).
-    MemoryNeed need = memory_need("--dim %d --embeddings %s (%d users x %d movies)", dim, embeddings_mode_name(mode),
-                                  ratings.n_users, ratings.n_items);
-    mf_add_memory_need(&need, mode, ratings.n_users, ratings.n_items, dim, world);
+    // Model and optimizer: first what its tables (the figure the report prints at the end), the
+    // epoch's ratings and, on a GPU, an epoch's losses will take on this rank, refused now if it
+    // would not fit (exit 2).
+    MemoryNeed need = memory_need("--dim %d --embeddings %s --batch_size %d (%d users x %d movies)", dim,
+                                  embeddings_mode_name(mode), opt.batch_size, ratings.n_users, ratings.n_items);
+    mf_add_memory_need(&need, mode, ratings.n_users, ratings.n_items, dim, world, device, sampler.n_batches);
+    rating_sampler_add_memory_need(&sampler, &need);
     memory_require(&need, device);
     Rng rng;
     rng_seed(&rng, (uint64_t)opt.seed);

@@ -33,6 +33,15 @@ RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, 
     return s;
 }
 
+void rating_sampler_add_memory_need(const RatingSampler *s, MemoryNeed *need) {
+    // A rank's slices hold batch_size samples a batch, the last one's fewer.
+    double mine = s->world == 1 ? (double)s->n_total : (double)s->n_batches * s->batch_size, rating = 3 * sizeof(int);
+    if (s->device == DEVICE_CUDA)  // the epoch's ratings; alone and shuffled, all of them and the permutation too
+        memory_need_add(need, "ratings", mine * rating + (gathered_on_gpu(s) && s->shuffle ? mine * (rating + sizeof(int)) : 0));
+    else  // the epoch's ratings and two permutations: the epoch's and the next, drawn ahead
+        memory_need_add(need, "ratings", mine * rating + (s->shuffle ? 2.0 * (double)s->n_total * sizeof(int) : 0));
+}
+
 // Where position p of the epoch goes: batch p / G, and in it the slice of the
 // rank r with S r / W <= p - bG < S (r + 1) / W.
 static long slice_start(long batch_n, int r, int world) { return batch_n * r / world; }

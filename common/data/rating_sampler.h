@@ -30,6 +30,7 @@
 
 #include "base/perm_ahead.h"  // PermAhead
 #include "runtime/device.h"
+#include "runtime/memory_budget.h"
 
 typedef struct {
     long n_total;             // training ratings, all ranks
@@ -76,5 +77,8 @@ typedef struct {
 RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, const float *rating, int batch_size,
                                  bool shuffle, uint64_t seed, Device device);
 void rating_sampler_set_epoch(RatingSampler *s, int epoch);
+// What its epochs will hold on this rank's device (the epoch's ratings, the permutation), added to
+// `need` before the first set_epoch allocates it.
+void rating_sampler_add_memory_need(const RatingSampler *s, MemoryNeed *need);
 RatingBatch rating_sampler_batch(const RatingSampler *s, int b);
 void rating_sampler_free(RatingSampler *s);

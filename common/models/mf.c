@@ -1,6 +1,7 @@
 // mf.c: matrix factorisation with biases; dense, sparse and sharded embedding tables. See mf.h.
 #include "models/mf.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -291,13 +292,21 @@ size_t mf_embedding_bytes(const Mf *model) {
     return (size_t)bytes;
 }
 
-void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world) {
+void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world,
+                        Device device, int epoch_steps) {
     bool sharded = mode == EMBEDDINGS_SHARDED, dense = mode == EMBEDDINGS_DENSE;
     double users = n_users, items = n_items;
     double owned_users = sharded ? ceil(users / world) : users, owned_items = sharded ? ceil(items / world) : items;
     memory_need_add(need, "embeddings and Adam's moments",
                     table_bytes(users, owned_users, dim, dense) + table_bytes(items, owned_items, dim, dense) +
                     table_bytes(users, users, 1, dense) + table_bytes(items, items, 1, dense));
+    // A double a step, in room that doubles as it grows (reserve_losses): up to twice the steps
+    // and those queued past them (at --batch_size 1 on 5 M ratings, ~80 MB).
+#if HAVE_CUDA
+    if (device == DEVICE_CUDA) memory_need_add(need, "losses", 2.0 * ((double)epoch_steps + MF_QUEUED_STEPS) * sizeof(double));
+#else
+    (void)device, (void)epoch_steps;
+#endif
 }
 
 // ------------------------------------------------------------------ lookups
@@ -773,8 +782,9 @@ static void forward_gpu(Mf *model, const MfStepInputs *take, bool ratings, int n
 // holds (cudaMalloc and cudaFree wait: in the first epoch only).
 static void reserve_losses(Mf *model, int n) {
     if (n <= model->losses_capacity) return;
-    int capacity = model->losses_capacity ? model->losses_capacity : 1024;
+    long capacity = model->losses_capacity ? model->losses_capacity : 1024;
     while (capacity < n) capacity *= 2;
+    if (capacity > INT_MAX) capacity = n;  // (an epoch of over 2^30 steps: room for them, not twice)
     double *grown = device_alloc((size_t)capacity * sizeof(double));
     if (model->pending > 0)
         CHECK_CUDA(cudaMemcpyAsync(grown, model->losses, (size_t)model->pending * sizeof(double), cudaMemcpyDeviceToDevice,
@@ -783,7 +793,7 @@ static void reserve_losses(Mf *model, int n) {
     device_host_free(model->host_losses);
     model->losses = grown;
     model->host_losses = device_host_alloc((size_t)capacity * sizeof(double));
-    model->losses_capacity = capacity;
+    model->losses_capacity = (int)capacity;
 }
 
 // Where this step's loss share goes: the next double of those kept in device memory.

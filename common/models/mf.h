@@ -167,8 +167,10 @@ void mf_free(Mf *model);
 // whole gradient tables).
 size_t mf_embedding_bytes(const Mf *model);
 // The same, before mf_new: what its tables will take on this rank, added to
-// `need` (memory_budget.h) so that a --dim too large is refused, not killed.
-void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world);
+// `need` (memory_budget.h) so that a --dim too large is refused, not killed; on a
+// GPU, with the losses of an epoch's steps, kept there until the epoch ends.
+void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int n_items, int dim, int world,
+                        Device device, int epoch_steps);
 
 // One training step on this rank's slice of a global batch (rating_sampler.h's
 // RatingBatch: n >= 0 samples of global_n, at most max_n, the same max_n on every
