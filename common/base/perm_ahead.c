@@ -22,13 +22,14 @@ static void *draw_perm(void *argument) {
     return NULL;
 }
 
-static int *buffer_alloc(const PermAhead *ahead, int n) {
+int *perm_ahead_alloc(const PermAhead *ahead, int n) {
     size_t bytes = (size_t)n * sizeof(int) + 1;
     return ahead->alloc ? ahead->alloc(bytes) : xmalloc(bytes);
 }
-static void buffer_release(const PermAhead *ahead, int *buffer) {
-    if (ahead->release) ahead->release(buffer);
-    else free(buffer);
+
+void perm_ahead_release(const PermAhead *ahead, int *perm) {
+    if (ahead->release) ahead->release(perm);
+    else free(perm);
 }
 
 // Joins the draw ahead and gives it back (NULL: none).
@@ -50,23 +51,23 @@ void perm_ahead_take(PermAhead *ahead, uint64_t seed, int n, int **perm, uint64_
         rng_seed(&rng, seed);
         rng_randperm(&rng, n, *perm);
         if (draw && draw->n != n) {
-            buffer_release(ahead, draw->perm);
+            perm_ahead_release(ahead, draw->perm);
             draw->perm = NULL;
         }
     }
     if (!draw) draw = xcalloc(1, sizeof *draw);
-    if (!draw->perm) draw->perm = buffer_alloc(ahead, n);
+    if (!draw->perm) draw->perm = perm_ahead_alloc(ahead, n);
     draw->seed = next_seed, draw->n = n;
     if (pthread_create(&draw->thread, NULL, draw_perm, draw) == 0) {
         ahead->draw = draw;
     } else {  // no thread to be had: the next call draws its permutation itself
-        buffer_release(ahead, draw->perm);
+        perm_ahead_release(ahead, draw->perm);
         free(draw);
     }
 }
 
 void perm_ahead_free(PermAhead *ahead) {
     struct PermDraw *draw = join(ahead);
-    if (draw) buffer_release(ahead, draw->perm);
+    if (draw) perm_ahead_release(ahead, draw->perm);
     free(draw);
 }

@@ -36,3 +36,6 @@ typedef struct {
 // draws it itself).
 void perm_ahead_take(PermAhead *ahead, uint64_t seed, int n, int **perm, uint64_t next_seed);
 void perm_ahead_free(PermAhead *ahead);
+// A buffer of n ints from the PermAhead's allocator, and one given back to it: the caller's *perm.
+int *perm_ahead_alloc(const PermAhead *ahead, int n);
+void perm_ahead_release(const PermAhead *ahead, int *perm);

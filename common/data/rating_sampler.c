@@ -13,6 +13,11 @@
 #include "tensor/kernels.h"  // gpu_gather_ratings
 #endif
 
+typedef struct {
+    int slot, user, item;
+    float rating;
+} Record;
+
 // A GPU rank alone: the epoch's ratings are gathered on the GPU (rating_sampler.h).
 static bool gathered_on_gpu(const RatingSampler *s) { return s->device == DEVICE_CUDA && s->world == 1; }
 
@@ -33,13 +38,22 @@ RatingSampler rating_sampler_new(int n_local, const int *user, const int *item, 
     return s;
 }
 
+static double larger(double a, double b) { return a > b ? a : b; }
+
 void rating_sampler_add_memory_need(const RatingSampler *s, MemoryNeed *need) {
     // A rank's slices hold batch_size samples a batch, the last one's fewer.
-    double mine = s->world == 1 ? (double)s->n_total : (double)s->n_batches * s->batch_size, rating = 3 * sizeof(int);
-    if (s->device == DEVICE_CUDA)  // the epoch's ratings; alone and shuffled, all of them and the permutation too
-        memory_need_add(need, "ratings", mine * rating + (gathered_on_gpu(s) && s->shuffle ? mine * (rating + sizeof(int)) : 0));
-    else  // the epoch's ratings and two permutations: the epoch's and the next, drawn ahead
-        memory_need_add(need, "ratings", mine * rating + (s->shuffle ? 2.0 * (double)s->n_total * sizeof(int) : 0));
+    double n = (double)s->n_total, local = s->n_local, mine = s->world == 1 ? n : (double)s->n_batches * s->batch_size;
+    double rating = 3 * sizeof(int), index = sizeof(int), record = sizeof(Record);
+    if (s->device == DEVICE_CUDA) {  // the epoch's ratings; alone and shuffled, all of them and the permutation too
+        memory_need_add(need, "ratings", mine * rating + (gathered_on_gpu(s) && s->shuffle ? mine * (rating + index) : 0));
+        return;
+    }
+    // The epoch's ratings, two permutations (the epoch's and the next, drawn ahead) and, across
+    // ranks, set_epoch's exchange at its largest: each rating's position (n) with the owners and
+    // slots of this rank's (12 bytes each), then those with the records sent, then the records
+    // sent and received.
+    double exchange = s->world == 1 ? 0 : larger(n * index + local * 12, larger(local * (12 + record), (local + mine) * record));
+    memory_need_add(need, "ratings", mine * rating + (s->shuffle ? 2 * n * index : 0) + exchange);
 }
 
 // Where position p of the epoch goes: batch p / G, and in it the slice of the
@@ -79,11 +93,6 @@ static void epoch_arrays(RatingSampler *s) {
         s->epoch_user = xmalloc(ints), s->epoch_item = xmalloc(ints), s->epoch_rating = xmalloc(floats);
     }
 }
-
-typedef struct {
-    int slot, user, item;
-    float rating;
-} Record;
 
 #if HAVE_CUDA
 // The event after an epoch's copies: what they read on the host may be written again once it is done.
@@ -155,8 +164,7 @@ void rating_sampler_set_epoch(RatingSampler *s, int epoch) {
 #endif
     int *perm = NULL;  // perm[p]: the training rating at position p this epoch (NULL: no shuffle, rating p)
     if (s->shuffle) {  // as DistributedSampler: a new order every epoch, randperm seeded seed + epoch (drawn ahead)
-        size_t bytes = (size_t)n * sizeof(int) + 1;
-        if (!s->perm) s->perm = s->ahead.alloc ? s->ahead.alloc(bytes) : xmalloc(bytes);  // (the draws' allocator: they swap)
+        if (!s->perm) s->perm = perm_ahead_alloc(&s->ahead, (int)n);  // (the draws' allocator: they swap)
         perm_ahead_take(&s->ahead, s->seed + (uint64_t)epoch, (int)n, &s->perm, s->seed + (uint64_t)epoch + 1);
         perm = s->perm;
     }
@@ -242,8 +250,7 @@ RatingBatch rating_sampler_batch(const RatingSampler *s, int b) {
 void rating_sampler_free(RatingSampler *s) {
     if (s->device == DEVICE_CUDA) device_synchronize();  // nothing queued may still read what is freed here
     perm_ahead_free(&s->ahead);
-    if (s->ahead.release) s->ahead.release(s->perm);
-    else free(s->perm);
+    perm_ahead_release(&s->ahead, s->perm);
     if (s->device == DEVICE_CUDA) {
         device_host_free(s->epoch_user), device_host_free(s->epoch_item), device_host_free(s->epoch_rating);
         device_free(s->gpu_user), device_free(s->gpu_item), device_free(s->gpu_rating);

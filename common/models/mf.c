@@ -301,9 +301,10 @@ void mf_add_memory_need(MemoryNeed *need, EmbeddingsMode mode, int n_users, int 
                     table_bytes(users, owned_users, dim, dense) + table_bytes(items, owned_items, dim, dense) +
                     table_bytes(users, users, 1, dense) + table_bytes(items, items, 1, dense));
     // A double a step, in room that doubles as it grows (reserve_losses): up to twice the steps
-    // and those queued past them (at --batch_size 1 on 5 M ratings, ~80 MB).
+    // and those queued past them, and the room before it while it grows (at --batch_size 1 on
+    // 5 M ratings, ~110 MB).
 #if HAVE_CUDA
-    if (device == DEVICE_CUDA) memory_need_add(need, "losses", 2.0 * ((double)epoch_steps + MF_QUEUED_STEPS) * sizeof(double));
+    if (device == DEVICE_CUDA) memory_need_add(need, "losses", 3.0 * ((double)epoch_steps + MF_QUEUED_STEPS) * sizeof(double));
 #else
     (void)device, (void)epoch_steps;
 #endif
@@ -784,7 +785,7 @@ static void reserve_losses(Mf *model, int n) {
     if (n <= model->losses_capacity) return;
     long capacity = model->losses_capacity ? model->losses_capacity : 1024;
     while (capacity < n) capacity *= 2;
-    if (capacity > INT_MAX) capacity = n;  // (an epoch of over 2^30 steps: room for them, not twice)
+    if (capacity > INT_MAX) capacity = INT_MAX;  // (an epoch of over 2^30 steps: room for any, not twice)
     double *grown = device_alloc((size_t)capacity * sizeof(double));
     if (model->pending > 0)
         CHECK_CUDA(cudaMemcpyAsync(grown, model->losses, (size_t)model->pending * sizeof(double), cudaMemcpyDeviceToDevice,

@@ -1104,9 +1104,42 @@ static void test_rating_sampler(void) {
                "host (%ld)%s", shuffle ? "shuffled" : "not shuffled", EPOCHS, N, BATCH, wrong, EPOCHS * N, cpu.n_batches,
                batches_wrong, host_copies,
                !shuffle ? "" : moved ? "; the permutation's buffer swapped with the draw ahead's" : "; the permutation never changed buffers");
+        if (shuffle)
+            EXPECT(gpu.ahead.alloc == device_host_alloc && gpu.ahead.release == device_host_free,
+                   "shuffled: the permutations are drawn into page-locked memory (device_host_alloc), from which "
+                   "their copies to the GPU wait for nothing");
         rating_sampler_free(&cpu), rating_sampler_free(&gpu);
     }
     free(user), free(item), free(rating), free(got_user), free(got_item), free(got_rating);
+
+    // Epochs set one after the other with no wait between them, as the training loop sets them
+    // where the GPU still runs the last epoch's steps: each epoch's ratings copied aside on the
+    // GPU as queued, and compared at the end. The permutation whose copy is still queued must not
+    // go back to the thread that draws ahead (set_epoch waits for that copy first).
+    enum { BIG = 200003, BIG_EPOCHS = 6 };
+    size_t ints = (size_t)BIG * sizeof(int);
+    user = xmalloc(ints), item = xmalloc(ints), rating = xmalloc(ints);
+    for (int i = 0; i < BIG; i++) user[i] = i, item[i] = (int)(((long)i * 7919) % BIG), rating[i] = 0.5f * (float)(i % 10);
+    int *want = xmalloc(ints * BIG_EPOCHS), *got = xmalloc(ints * BIG_EPOCHS), *aside = device_alloc(ints * BIG_EPOCHS);
+    RatingSampler cpu = rating_sampler_new(BIG, user, item, rating, BATCH, true, 5, DEVICE_CPU);
+    for (int epoch = 0; epoch < BIG_EPOCHS; epoch++) {
+        rating_sampler_set_epoch(&cpu, epoch);
+        memcpy(want + (size_t)epoch * BIG, cpu.epoch_user, ints);
+    }
+    RatingSampler gpu = rating_sampler_new(BIG, user, item, rating, BATCH, true, 5, DEVICE_CUDA);
+    for (int epoch = 0; epoch < BIG_EPOCHS; epoch++) {
+        rating_sampler_set_epoch(&gpu, epoch);
+        CHECK_CUDA(cudaMemcpyAsync(aside + (size_t)epoch * BIG, gpu.gpu_user, ints, cudaMemcpyDeviceToDevice, device_stream()));
+    }
+    device_read_to_host(got, aside, ints * BIG_EPOCHS, "the epochs' users");
+    long unqueued_wrong = 0;
+    for (size_t p = 0; p < (size_t)BIG * BIG_EPOCHS; p++) unqueued_wrong += got[p] != want[p];
+    EXPECT(unqueued_wrong == 0, "%d epochs of %d ratings set with no wait between them (the copies of each queued "
+           "behind the last): each epoch's ratings on the GPU are the CPU sampler's (%ld of %d wrong)",
+           BIG_EPOCHS, BIG, unqueued_wrong, BIG_EPOCHS * BIG);
+    rating_sampler_free(&cpu), rating_sampler_free(&gpu);
+    device_free(aside);
+    free(want), free(got), free(user), free(item), free(rating);
 }
 
 // gpu_sort_groups (step 15's rows of a batch, found on the GPU) against a stable sort on the

@@ -82,15 +82,15 @@ int main(void) {
 
     // A named allocator: every buffer from it, every one back.
     PermAhead counted = {.alloc = counted_alloc, .release = counted_release};
-    int *perm = counted_alloc((size_t)N * sizeof(int) + 1);
+    int *perm = perm_ahead_alloc(&counted, N);  // the caller's buffer, from the same allocator
     EXPECT(epochs_match(&counted, &perm, N, seed, 0, 3), "with an allocator named: epochs 0-2 of %d are rng_randperm's", N);
-    EXPECT(allocated == 2 && released == 0, "two buffers in use, the caller's and the thread's, both from the allocator "
+    EXPECT(allocated == 2 && released == 0, "two buffers in use, the caller's (perm_ahead_alloc) and the thread's, both from the allocator "
                                             "(allocated %d, released %d)", allocated, released);
     EXPECT(epochs_match(&counted, &perm, SMALL, seed, 3, 2), "a new size (%d): its epochs are rng_randperm's too", SMALL);
     EXPECT(allocated == 3 && released == 1, "the size's change released the draw ahead's buffer of the old size and "
                                             "allocated one of the new (allocated %d, released %d)", allocated, released);
     perm_ahead_free(&counted);
-    counted_release(perm);
+    perm_ahead_release(&counted, perm);
     int left = 0;
     for (int i = 0; i < MAX_BUFFERS; i++) left += live[i] != NULL;
     EXPECT(allocated == released && left == 0 && unknown_released == 0,
