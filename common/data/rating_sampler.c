@@ -10,7 +10,7 @@
 #if HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "tensor/kernels.h"  // gpu_gather_ratings
+#include "tensor/kernels.h"  // gpu_gather_ints
 #endif
 
 typedef struct {
@@ -147,8 +147,9 @@ static void gather_on_gpu(RatingSampler *s, const int *perm) {
     }
     if (perm) {
         CHECK_CUDA(cudaMemcpyAsync(s->gpu_perm, perm, n * sizeof(int), cudaMemcpyHostToDevice, stream));
-        gpu_gather_ratings(s->gpu_perm, (int)n, s->gpu_all_user, s->gpu_all_item, s->gpu_all_rating, s->gpu_user,
-                           s->gpu_item, s->gpu_rating, stream);
+        gpu_gather_ints(s->gpu_all_user, s->gpu_perm, (int)n, s->gpu_user, stream);
+        gpu_gather_ints(s->gpu_all_item, s->gpu_perm, (int)n, s->gpu_item, stream);
+        gpu_gather_ints((const int *)s->gpu_all_rating, s->gpu_perm, (int)n, (int *)s->gpu_rating, stream);  // (4 bytes each)
     }
     record_copied(s);
 }

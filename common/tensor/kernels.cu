@@ -229,21 +229,11 @@ __global__ void gather_pixel_quads_kernel(const uchar4 *images, const int *label
     }
 }
 
-// out[r] = values[indices[r]]: a batch's labels, gathered from the resident set.
+// out[r] = values[indices[r]]: a batch's labels, gathered from the resident set. (Unsigned: for n
+// near 2^31 the last block's threads count past INT_MAX.)
 __global__ void gather_ints_kernel(const int *values, const int *indices, int n, int *out) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < n) out[r] = values[indices[r]];
-}
-
-// The epoch's ratings gathered through its permutation: a thread a rating, each of its three
-// loads from a place of its own (the perm's consecutive entries are scattered), its stores
-// coalesced.
-__global__ void gather_ratings_kernel(const int *perm, uint32_t n, const int *all_user, const int *all_item,
-                                      const float *all_rating, int *user, int *item, float *rating) {
-    FOR_EACH_INDEX(uint32_t, p, n) {
-        int t = perm[p];
-        user[p] = all_user[t], item[p] = all_item[t], rating[p] = all_rating[t];
-    }
+    unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < (unsigned)n) out[r] = values[indices[r]];
 }
 
 // *slot = weight * (float)(*sum / rows), or *slot + that: a step's mean loss (or a micro-batch's
@@ -662,15 +652,6 @@ void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cud
     if (n == 0) return;
     gather_ints_kernel<<<(n + THREADS - 1) / THREADS, THREADS, 0, stream>>>(values, indices, n, out);
     CHECK_LAUNCH("gather_ints_kernel");
-}
-
-void gpu_gather_ratings(const int *perm, int n, const int *all_user, const int *all_item, const float *all_rating,
-                        int *user, int *item, float *rating, cudaStream_t stream) {
-    if (n <= 0) return;
-    // (n < 2^31: the sampler counts ratings in ints, so 32-bit indices always fit: index_fits_32_bits.)
-    gather_ratings_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(perm, (uint32_t)n, all_user, all_item,
-                                                                         all_rating, user, item, rating);
-    CHECK_LAUNCH("gather_ratings_kernel");
 }
 
 void gpu_loss_to_slot(const float *row_loss, int rows, float weight, int accumulate, float *slot, cudaStream_t stream) {

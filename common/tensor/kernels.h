@@ -108,7 +108,8 @@ void gpu_argmax(const float *logits, int rows, int cols, int *prediction, cudaSt
 void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indices, int rows, int pixels, float *out,
                       uint16_t *rounded, int *out_labels, cudaStream_t stream);
 
-// out[r] = values[indices[r]]: a batch's labels gathered on the GPU from the resident set.
+// out[r] = values[indices[r]] for r < n: a batch's labels gathered on the GPU from the resident set,
+// step 15's epoch through its permutation (rating_sampler.c; its ratings' floats as their bits).
 void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream);
 // *slot = weight * (float)(sum / rows) (accumulate: *slot += that), where sum is row_loss[0 .. rows)
 // summed as gpu_sum sums it, in float as the host computes a step's loss from gpu_sum's result: the
@@ -148,13 +149,6 @@ void gpu_max_pool2d(const float *x, int planes, int height, int width, int size,
 void gpu_max_pool2d_backward(const float *grad_y, const int *argmax, size_t n, float *grad_x, cudaStream_t stream);
 // y [b, a, inner] = x [a, b, inner] with the outer two axes swapped.
 void gpu_swap_outer_axes(const float *x, int a, int b, int inner, float *y, cudaStream_t stream);
-
-// ------------------------------------------------------------------ step 15's epoch (rating_sampler.c)
-// The epoch's ratings through its shuffle: user[p] = all_user[perm[p]], and item and rating alike,
-// for p < n: on a GPU rank of world size 1, where the training ratings stay on the GPU and only
-// the permutation goes over each epoch.
-void gpu_gather_ratings(const int *perm, int n, const int *all_user, const int *all_item, const float *all_rating,
-                        int *user, int *item, float *rating, cudaStream_t stream);
 
 // ------------------------------------------------------------------ step 15's embeddings (mf.c)
 // mf.c's loops on the GPU, the same bits as the CPU's (no FMA contraction: __fmul_rn,
