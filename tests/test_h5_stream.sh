@@ -239,6 +239,7 @@ write("count", labels=np.zeros((3, 100), np.int64))
 bad = np.zeros((2, 100), np.int64)
 bad[1, 3] = 12
 write("label_value", labels=bad)
+write("all_label_value", labels=np.full((3, 100), 12, np.int64), images=np.zeros((3, 100, 1, 28, 28), np.float32))
 write("test_label_value")
 with h5py.File(f"{tmp}/test_label_value.h5", "r+") as f:
     f["test/labels"][1, 3] = 12
@@ -252,9 +253,16 @@ EOF
     expect_error 1 "float_labels.h5: dataset 'train/labels' is float32 \[2, 100\] \(expected int64 \[groups, 100\]\)" \
         mpi 2 "${step11[@]}" --h5 "$tmp/float_labels.h5"
     expect_error 1 "count.h5: 'train/images' has 2 groups but 'train/labels' has 3" mpi 2 "${step11[@]}" --h5 "$tmp/count.h5"
-    # Found while streaming, on the rank that reads it (rank 1 gets group 1): the job aborts.
+    # Found while streaming, on the rank that reads it (rank 1 gets group 1): the ranks agree, one line.
     expect_error 1 "label_value.h5: 'train/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \
         mpi 2 "${step11[@]}" --h5 "$tmp/label_value.h5" --no-shuffle --epochs 1
+    # Every training label bad, on 3 ranks: each meets one in its own first batch, at once. Agreed
+    # at the batch, one line from one rank (with MPI_Abort, a line from each as Open MPI took them
+    # down: the fuzzer's finding).
+    expect_error 1 "all_label_value.h5: 'train/labels' group [0-2], sample 0: label 12 \(expected 0\.\.9\)" \
+        mpi 3 "${step11[@]}" --h5 "$tmp/all_label_value.h5" --epochs 1
+    expect "... in one line of ours, not Open MPI's MPI_ABORT: $(grep -c '^\[rank' "$tmp/err") line(s)" \
+        test "$(grep -c '^\[rank' "$tmp/err")" = 1 -a "$(grep -c 'MPI_ABORT' "$tmp/err")" = 0
     # Every rank reads the whole test set, so every rank meets its damage alike: agreed, one line
     # from one rank (not a line from each and Open MPI's noise as they abort at once).
     expect_error 1 "test_label_value.h5: 'test/labels' group 1, sample 3: label 12 \(expected 0\.\.9\)" \

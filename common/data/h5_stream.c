@@ -263,7 +263,6 @@ struct H5Stream {
     Worker *workers;
     Slot *slots;                 // batch k of the plan goes to slots[k % n_slots]
     bool to_gpu;                 // batches go to the GPU
-    bool every_rank;             // every rank of several reads these batches (a sampler of world 1: step 11's test set)
     Tensor images;               // [B, 784] float32 on the stream's device, for uint8 files
 
     pthread_mutex_t lock;        // guards the slots' state and `stopping`
@@ -419,7 +418,6 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
     s->batches_per_epoch = sampler_num_batches(sampler, groups_per_batch);
     s->n_planned = (long)epochs * s->batches_per_epoch;
     s->n_workers = workers, s->prefetch = prefetch, s->n_slots = workers * prefetch;
-    s->every_rank = sampler->world_size == 1 && dist_world_size() > 1;
     s->to_gpu = device != DEVICE_CPU;
 
     int rows = groups_per_batch * H5_GROUP_SIZE;
@@ -485,21 +483,19 @@ Tensor h5_stream_next(H5Stream *s, int epoch, int batch, int *labels) {
     s->taken++;
     s->wait_seconds += wall_seconds() - start;
     pthread_mutex_unlock(&s->lock);
-    // A damaged chunk. Where every rank reads the same batches, every rank meets it alike: agreed,
-    // one line from one rank, after the readers are stopped (the step's loop is the same on every
-    // rank, so each batch is a collective). Else it is this rank's alone: it ends the job
-    // (MPI_Abort), with the worker's line.
-    if (s->every_rank) {
-        int ok = slot->error == NULL, all_ok = ok;
-        CHECK_MPI(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-        if (!all_ok) {
-            char message[1024];
-            snprintf(message, sizeof message, "%s", ok ? "" : slot->error);
-            h5_stream_stop(s);  // (no reader left inside HDF5 as the ranks leave)
-            check_all_ranks(ok, message);
-        }
-    } else if (slot->error) {
-        FATAL("%s", slot->error);
+    // A damaged chunk or a bad label, found by a worker. Every rank takes as many batches as the
+    // others, in step (the training loop is the same on every rank), so each batch is a collective
+    // and the ranks agree on it: one line, from the lowest rank that met one, once the readers are
+    // stopped. (MPI_Abort from the rank that met it would do where one rank's slice is damaged; where
+    // several are, a file damaged throughout, each printed its line before Open MPI took it down.)
+    // One int's MPI_Allreduce a batch.
+    int ok = slot->error == NULL, all_ok = ok;
+    if (dist_world_size() > 1) CHECK_MPI(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!all_ok) {
+        char message[1024];
+        snprintf(message, sizeof message, "%s", ok ? "" : slot->error);
+        h5_stream_stop(s);  // (no reader left inside HDF5 as the ranks leave)
+        check_all_ranks(ok, message);
     }
 
     memcpy(labels, slot->labels, (size_t)slot->rows * sizeof(int));

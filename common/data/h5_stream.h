@@ -109,8 +109,10 @@ H5Stream *h5_stream_start(const H5Part *part, const DistributedSampler *sampler,
 
 // Batch `batch` of `epoch`, in the plan's order only: the images [rows, 784] as
 // float32 pixels / 255 on the stream's device, and their labels copied into
-// labels[rows]. Waits if the workers are not done with it. A worker's failure
-// (a damaged chunk, a bad label) ends the job here, with the worker's line.
+// labels[rows]. Waits if the workers are not done with it. Collective: every rank
+// takes its batches in step (one int's MPI_Allreduce a batch), so that a worker's
+// failure (a damaged chunk, a bad label) on any rank ends the job here on every
+// rank, with one line: the first failing rank's worker's.
 // The images stay valid until the next call, which hands their slot back.
 Tensor h5_stream_next(H5Stream *stream, int epoch, int batch, int *labels);
 
