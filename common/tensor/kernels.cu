@@ -229,11 +229,10 @@ __global__ void gather_pixel_quads_kernel(const uchar4 *images, const int *label
     }
 }
 
-// out[r] = values[indices[r]]: a batch's labels, gathered from the resident set. (Unsigned: for n
-// near 2^31 the last block's threads count past INT_MAX.)
-__global__ void gather_ints_kernel(const int *values, const int *indices, int n, int *out) {
-    unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < (unsigned)n) out[r] = values[indices[r]];
+// out[r] = values[indices[r]]: a batch's labels, gathered from the resident set. (n < 2^31:
+// 32-bit indices always fit, index_fits_32_bits.)
+__global__ void gather_ints_kernel(const int *values, const int *indices, uint32_t n, int *out) {
+    FOR_EACH_INDEX(uint32_t, r, n) out[r] = values[indices[r]];
 }
 
 // *slot = weight * (float)(*sum / rows), or *slot + that: a step's mean loss (or a micro-batch's
@@ -649,8 +648,8 @@ void gpu_gather_batch(const uint8_t *images, const int *labels, const int *indic
 }
 
 void gpu_gather_ints(const int *values, const int *indices, int n, int *out, cudaStream_t stream) {
-    if (n == 0) return;
-    gather_ints_kernel<<<(n + THREADS - 1) / THREADS, THREADS, 0, stream>>>(values, indices, n, out);
+    if (n <= 0) return;
+    gather_ints_kernel<<<blocks_for((size_t)n), THREADS, 0, stream>>>(values, indices, (uint32_t)n, out);
     CHECK_LAUNCH("gather_ints_kernel");
 }
 
